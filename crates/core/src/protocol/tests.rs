@@ -1,0 +1,491 @@
+use super::*;
+use crate::workflow::{Backoff, StepDef, WorkflowDef};
+use proptest::prelude::*;
+
+fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
+    StepDef {
+        name: name.into(),
+        agent: "sim".into(),
+        timeout_ms: 1_000,
+        max_attempts,
+        backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
+        compensation: comp.map(|c| {
+            Box::new(StepDef {
+                name: c.into(),
+                agent: "sim".into(),
+                timeout_ms: 1_000,
+                max_attempts: 2,
+                backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
+                compensation: None,
+            })
+        }),
+    }
+}
+
+fn order() -> WorkflowDef {
+    WorkflowDef {
+        name: "order".into(),
+        version: 1,
+        description: String::new(),
+        steps: vec![
+            step("reserve", Some("release"), 3),
+            step("charge", Some("refund"), 3),
+            step("ship", None, 3),
+        ],
+    }
+}
+
+fn policy() -> Policy {
+    Policy { start_timeout_ms: 500, history_limit: 50 }
+}
+
+fn ctx(now: u64) -> Ctx {
+    Ctx { now: Millis(now), fresh_token: AttemptToken::fresh(), jitter: 0.5 }
+}
+
+fn new_task(reply: bool) -> Transition {
+    submit(
+        TaskId::try_from("t1").unwrap(),
+        order(),
+        json!({"sku": "a"}),
+        reply.then(|| "http://localhost:4566/queue/us-east-1/000000000000/r".to_owned()),
+        Millis(1_000),
+        &policy(),
+    )
+}
+
+fn go(task: &Task, e: Event, now: u64) -> Transition {
+    apply(task, &e, &ctx(now), &policy()).unwrap_or_else(|s| panic!("{} was stale: {s}", e.name()))
+}
+
+fn claim(task: &Task, now: u64) -> Transition {
+    go(task, Event::Claim { rev: task.rev }, now)
+}
+
+fn token(task: &Task) -> AttemptToken {
+    task.locked_by.clone().expect("an attempt is running")
+}
+
+fn succeed(task: &Task, now: u64) -> Transition {
+    go(task, Event::AgentSucceeded { attempt: token(task), output: json!({"ok": task.rev}) }, now)
+}
+
+fn dispatched(fx: &[Effect]) -> Vec<&AgentRequest> {
+    fx.iter().filter_map(|e| if let Effect::Dispatch(r) = e { Some(r) } else { None }).collect()
+}
+
+fn replies(fx: &[Effect]) -> Vec<ProcessState> {
+    fx.iter().filter_map(|e| if let Effect::Reply(s) = e { Some(s.state) } else { None }).collect()
+}
+
+fn alerts(fx: &[Effect]) -> Vec<AlertKind> {
+    fx.iter().filter_map(|e| if let Effect::Alert(a) = e { Some(a.kind) } else { None }).collect()
+}
+
+#[test]
+fn submission_is_pending_with_a_deadline_and_a_start_message() {
+    let tr = new_task(true);
+    assert_eq!(tr.task.process_state, ProcessState::Pending);
+    assert_eq!(tr.task.complete_by, Some(Millis(1_500)));
+    assert_eq!(tr.task.locked_by, None);
+    assert_eq!(replies(&tr.effects), vec![ProcessState::Pending]);
+    assert!(tr.effects.contains(&Effect::Run { rev: 1, delay_ms: 0, reason: RunReason::Start }));
+}
+
+#[test]
+fn happy_path_runs_every_step_in_order() {
+    let t0 = new_task(true).task;
+    let c = claim(&t0, 1_010);
+    assert_eq!(c.task.process_state, ProcessState::Processing);
+    assert_eq!(c.task.complete_by, Some(Millis(2_010)));
+    let d = dispatched(&c.effects);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].step, "reserve");
+    assert_eq!(d[0].idempotency_key.as_str(), "t1:reserve");
+    assert_eq!(d[0].attempt_no, 1);
+    assert_eq!(d[0].input["input"]["sku"], "a");
+    assert!(c.effects.iter().any(|e| matches!(e, Effect::ArmTimer(t) if t.complete_by == Millis(2_010))));
+
+    let s1 = succeed(&c.task, 1_100);
+    assert_eq!(dispatched(&s1.effects)[0].step, "charge");
+    assert_eq!(dispatched(&s1.effects)[0].input["outputs"]["reserve"], json!({"ok": 2}));
+    assert_ne!(s1.task.locked_by, c.task.locked_by, "each step gets a fresh token");
+    let s2 = succeed(&s1.task, 1_200);
+    assert_eq!(dispatched(&s2.effects)[0].step, "ship");
+    let s3 = succeed(&s2.task, 1_300);
+    assert_eq!(s3.task.process_state, ProcessState::Processed);
+    assert_eq!(s3.task.complete_by, None);
+    assert_eq!(s3.task.locked_by, None);
+    assert!(dispatched(&s3.effects).is_empty());
+    let states: Vec<_> = s3.task.history.iter().map(|h| (h.state, h.step.clone())).collect();
+    assert_eq!(
+        states,
+        vec![
+            (ProcessState::Pending, Some("reserve".into())),
+            (ProcessState::Processing, Some("reserve".into())),
+            (ProcessState::Processing, Some("charge".into())),
+            (ProcessState::Processing, Some("ship".into())),
+            (ProcessState::Processed, None),
+        ]
+    );
+    let seqs: Vec<u64> = s3.task.history.iter().map(|h| h.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn no_reply_effects_without_reply_queue() {
+    let t0 = new_task(false).task;
+    let c = claim(&t0, 1_010);
+    assert!(replies(&c.effects).is_empty());
+    assert_eq!(c.task.history.len(), 2, "history is kept either way");
+}
+
+#[test]
+fn claims_are_fenced_by_rev_and_lock() {
+    let t0 = new_task(false).task;
+    assert_eq!(
+        apply(&t0, &Event::Claim { rev: 0 }, &ctx(1_010), &policy()),
+        Err(Stale::OldRun { message: 0, current: 1 })
+    );
+    let c = claim(&t0, 1_010);
+    assert_eq!(
+        apply(&c.task, &Event::Claim { rev: c.task.rev }, &ctx(1_020), &policy()),
+        Err(Stale::AlreadyClaimed)
+    );
+}
+
+#[test]
+fn results_with_a_stale_token_change_nothing() {
+    let c = claim(&new_task(false).task, 1_010).task;
+    let e = Event::AgentSucceeded { attempt: AttemptToken::from("old"), output: json!(1) };
+    assert_eq!(apply(&c, &e, &ctx(1_020), &policy()), Err(Stale::NotCurrentAttempt));
+    let e = Event::AgentFailed { attempt: AttemptToken::from("old"), error: "x".into(), retryable: false };
+    assert_eq!(apply(&c, &e, &ctx(1_020), &policy()), Err(Stale::NotCurrentAttempt));
+}
+
+#[test]
+fn duplicate_result_is_applied_once() {
+    let c = claim(&new_task(false).task, 1_010).task;
+    let e = Event::AgentSucceeded { attempt: token(&c), output: json!(1) };
+    let once = apply(&c, &e, &ctx(1_020), &policy()).unwrap().task;
+    assert_eq!(apply(&once, &e, &ctx(1_030), &policy()), Err(Stale::NotCurrentAttempt));
+}
+
+#[test]
+fn timeout_then_retry_then_success() {
+    let c = claim(&new_task(true).task, 1_010).task;
+    assert!(matches!(
+        apply(&c, &Event::DeadlineExpired, &ctx(2_000), &policy()),
+        Err(Stale::NotExpired { .. })
+    ));
+    let r = go(&c, Event::DeadlineExpired, 2_010);
+    assert_eq!(r.task.process_state, ProcessState::Pending);
+    assert_eq!(r.task.failure_count, 1);
+    assert_eq!(r.task.locked_by, None);
+    // backoff 100 ms * (0.5 + 0.5*0.5) = 75 ms; CompleteBy leaves start_timeout on top
+    assert!(r.effects.contains(&Effect::Run { rev: r.task.rev, delay_ms: 75, reason: RunReason::Retry }));
+    assert_eq!(r.task.complete_by, Some(Millis(2_010 + 75 + 500)));
+    assert_eq!(replies(&r.effects), vec![ProcessState::Pending]);
+    assert!(r.task.reason.as_deref().unwrap().contains("retry 2/3"), "{:?}", r.task.reason);
+    // the old attempt's late result is stale
+    let late = Event::AgentSucceeded { attempt: token(&c), output: json!(1) };
+    assert_eq!(apply(&r.task, &late, &ctx(2_020), &policy()), Err(Stale::NotCurrentAttempt));
+    let c2 = claim(&r.task, 2_100);
+    assert_eq!(dispatched(&c2.effects)[0].attempt_no, 2);
+    assert_eq!(dispatched(&c2.effects)[0].idempotency_key.as_str(), "t1:reserve");
+    let s = succeed(&c2.task, 2_200);
+    assert_eq!(s.task.failure_count, 1);
+    assert_eq!(s.task.steps[0].status, StepStatus::Succeeded);
+}
+
+fn time_out(task: &Task, now: u64) -> Transition {
+    go(task, Event::DeadlineExpired, now)
+}
+
+#[test]
+fn exhausted_timeouts_compensate_completed_steps_in_reverse_and_alert() {
+    let mut t = claim(&new_task(true).task, 1_010).task;
+    t = succeed(&t, 1_100).task; // reserve done, charge running
+    t = succeed(&t, 1_200).task; // charge done, ship running
+    let mut now = 1_200;
+    for attempt in 1..=3 {
+        now += 2_000;
+        let r = time_out(&t, now);
+        if attempt < 3 {
+            assert_eq!(r.task.process_state, ProcessState::Pending);
+            t = claim(&r.task, now + 100).task;
+        } else {
+            assert_eq!(alerts(&r.effects), vec![AlertKind::RetriesExhausted]);
+            assert_eq!(r.task.process_state, ProcessState::Compensating);
+            // ship has no compensation: refund first, then release
+            assert_eq!(dispatched(&r.effects)[0].step, "refund");
+            assert_eq!(dispatched(&r.effects)[0].phase, Phase::Compensate);
+            assert_eq!(r.task.steps[2].status, StepStatus::TimedOut);
+            t = r.task;
+        }
+    }
+    assert_eq!(t.failure_count, 3);
+    let r = succeed(&t, now + 200);
+    assert_eq!(dispatched(&r.effects)[0].step, "release");
+    let r = succeed(&r.task, now + 300);
+    assert_eq!(r.task.process_state, ProcessState::Compensated);
+    assert_eq!(r.task.complete_by, None);
+    assert_eq!(r.task.steps[0].compensation.as_ref().unwrap().status, CompensationStatus::Done);
+    assert_eq!(r.task.steps[1].compensation.as_ref().unwrap().status, CompensationStatus::Done);
+    assert!(r.task.steps[2].compensation.is_none());
+    assert!(r.task.reason.as_deref().unwrap().contains("all 3 attempts used"));
+}
+
+#[test]
+fn timed_out_step_with_a_compensation_is_compensated_too() {
+    let mut t = claim(&new_task(false).task, 1_010).task;
+    t = succeed(&t, 1_100).task; // charge running
+    let mut now = 1_100;
+    for _ in 0..2 {
+        now += 2_000;
+        t = claim(&time_out(&t, now).task, now + 10).task;
+    }
+    let r = time_out(&t, now + 5_000);
+    let plan: Vec<_> = match &r.task.stage {
+        Stage::Compensating { plan, .. } => plan.clone(),
+        Stage::Forward => panic!("not compensating"),
+    };
+    assert_eq!(plan, vec![1, 0], "the timed-out charge may have happened: refund, then release");
+}
+
+#[test]
+fn permanent_failure_on_step_two_compensates_step_one() {
+    let mut t = claim(&new_task(true).task, 1_010).task;
+    t = succeed(&t, 1_100).task;
+    let r = go(&t, Event::AgentFailed { attempt: token(&t), error: "card declined".into(), retryable: false }, 1_200);
+    assert_eq!(r.task.steps[1].status, StepStatus::Failed);
+    assert_eq!(r.task.failure_count, 1);
+    assert_eq!(dispatched(&r.effects)[0].step, "release");
+    assert!(alerts(&r.effects).is_empty(), "a permanent business failure is not an operator alert");
+    let done = succeed(&r.task, 1_300).task;
+    assert_eq!(done.process_state, ProcessState::Compensated);
+    assert!(done.reason.unwrap().contains("card declined"));
+}
+
+#[test]
+fn permanent_failure_on_first_step_has_nothing_to_undo() {
+    let t = claim(&new_task(false).task, 1_010).task;
+    let r = go(&t, Event::AgentFailed { attempt: token(&t), error: "no stock".into(), retryable: false }, 1_100);
+    assert_eq!(r.task.process_state, ProcessState::Compensated);
+    assert!(dispatched(&r.effects).is_empty());
+}
+
+#[test]
+fn retryable_failure_counts_and_retries() {
+    let t = claim(&new_task(false).task, 1_010).task;
+    let r = go(&t, Event::AgentFailed { attempt: token(&t), error: "503".into(), retryable: true }, 1_100);
+    assert_eq!(r.task.process_state, ProcessState::Pending);
+    assert_eq!(r.task.failure_count, 1);
+    assert_eq!(r.task.steps[0].status, StepStatus::Pending);
+}
+
+#[test]
+fn failing_compensation_ends_in_error_with_an_alert() {
+    let mut t = claim(&new_task(true).task, 1_010).task;
+    t = succeed(&t, 1_100).task;
+    t = go(&t, Event::AgentFailed { attempt: token(&t), error: "declined".into(), retryable: false }, 1_200).task;
+    assert_eq!(t.process_state, ProcessState::Compensating);
+    // release: 2 attempts, both time out
+    let r = time_out(&t, 5_000);
+    assert_eq!(r.task.process_state, ProcessState::Compensating);
+    assert_eq!(r.task.locked_by, None);
+    let t = claim(&r.task, 5_100).task;
+    let r = time_out(&t, 9_000);
+    assert_eq!(r.task.process_state, ProcessState::Error);
+    assert_eq!(alerts(&r.effects), vec![AlertKind::TaskError]);
+    assert_eq!(replies(&r.effects), vec![ProcessState::Error]);
+    assert_eq!(r.task.complete_by, None);
+}
+
+#[test]
+fn cancel_mid_way_compensates_and_ends_cancelled() {
+    let mut t = claim(&new_task(true).task, 1_010).task;
+    t = succeed(&t, 1_100).task; // charge running
+    let r = go(&t, Event::Cancel { reason: "customer asked".into() }, 1_150);
+    assert_eq!(r.task.process_state, ProcessState::Compensating);
+    assert_eq!(r.task.steps[1].status, StepStatus::Cancelled);
+    assert_eq!(dispatched(&r.effects)[0].step, "refund");
+    // the charge attempt's late result is stale
+    let late = Event::AgentSucceeded { attempt: token(&t), output: json!(1) };
+    assert_eq!(apply(&r.task, &late, &ctx(1_160), &policy()), Err(Stale::NotCurrentAttempt));
+    assert_eq!(
+        apply(&r.task, &Event::Cancel { reason: "again".into() }, &ctx(1_170), &policy()),
+        Err(Stale::AlreadyCompensating)
+    );
+    let r = succeed(&r.task, 1_200);
+    let r = succeed(&r.task, 1_300);
+    assert_eq!(r.task.process_state, ProcessState::Cancelled);
+}
+
+#[test]
+fn cancel_before_start_ends_cancelled_at_once() {
+    let r = go(&new_task(false).task, Event::Cancel { reason: "x".into() }, 1_001);
+    assert_eq!(r.task.process_state, ProcessState::Cancelled);
+    assert_eq!(r.task.complete_by, None);
+}
+
+#[test]
+fn lost_start_message_is_reissued_without_counting_a_failure() {
+    let t = new_task(true).task;
+    let r = time_out(&t, 1_600);
+    assert_eq!(r.task.process_state, ProcessState::Pending);
+    assert_eq!(r.task.failure_count, 0);
+    assert_eq!(r.task.complete_by, Some(Millis(2_100)));
+    assert_eq!(r.effects, vec![Effect::Run { rev: 2, delay_ms: 0, reason: RunReason::Restart }]);
+    // the original start message (rev 1) is now stale; the new one claims
+    assert!(matches!(apply(&r.task, &Event::Claim { rev: 1 }, &ctx(1_700), &policy()), Err(Stale::OldRun { .. })));
+    assert_eq!(claim(&r.task, 1_700).task.process_state, ProcessState::Processing);
+}
+
+#[test]
+fn terminal_states_are_never_left() {
+    let mut t = claim(&new_task(false).task, 1_010).task;
+    for _ in 0..3 {
+        t = succeed(&t, 1_100).task;
+    }
+    assert_eq!(t.process_state, ProcessState::Processed);
+    for e in [
+        Event::Claim { rev: t.rev },
+        Event::DeadlineExpired,
+        Event::Cancel { reason: "x".into() },
+        Event::AgentSucceeded { attempt: AttemptToken::from("x"), output: json!(1) },
+    ] {
+        assert_eq!(apply(&t, &e, &ctx(99_999), &policy()), Err(Stale::Terminal(ProcessState::Processed)));
+    }
+}
+
+#[test]
+fn history_is_bounded() {
+    let p = Policy { start_timeout_ms: 500, history_limit: 3 };
+    let mut t = new_task(false).task;
+    t = apply(&t, &Event::Claim { rev: t.rev }, &ctx(1_010), &p).unwrap().task;
+    for _ in 0..3 {
+        t = apply(&t, &Event::AgentSucceeded { attempt: token(&t), output: json!(1) }, &ctx(1_100), &p)
+            .unwrap()
+            .task;
+    }
+    assert_eq!(t.history.len(), 3);
+    assert_eq!(t.history.last().unwrap().state, ProcessState::Processed);
+}
+
+#[test]
+fn process_state_parses_case_insensitively() {
+    assert_eq!("error".parse::<ProcessState>(), Ok(ProcessState::Error));
+    assert!("nope".parse::<ProcessState>().is_err());
+    for s in ProcessState::ALL {
+        assert_eq!(s.as_str().parse::<ProcessState>(), Ok(s));
+    }
+}
+
+// ---- property tests -------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Move {
+    ClaimCurrent,
+    ClaimOld,
+    SucceedCurrent,
+    SucceedStale,
+    FailRetryable,
+    FailPermanent,
+    Expire,
+    ExpireEarly,
+    Cancel,
+}
+
+fn a_move() -> impl Strategy<Value = Move> {
+    prop_oneof![
+        3 => Just(Move::ClaimCurrent),
+        1 => Just(Move::ClaimOld),
+        4 => Just(Move::SucceedCurrent),
+        1 => Just(Move::SucceedStale),
+        2 => Just(Move::FailRetryable),
+        1 => Just(Move::FailPermanent),
+        2 => Just(Move::Expire),
+        1 => Just(Move::ExpireEarly),
+        1 => Just(Move::Cancel),
+    ]
+}
+
+fn a_workflow() -> impl Strategy<Value = WorkflowDef> {
+    prop::collection::vec((any::<bool>(), 1u32..4), 1..5).prop_map(|specs| WorkflowDef {
+        name: "w".into(),
+        version: 1,
+        description: String::new(),
+        steps: specs
+            .into_iter()
+            .enumerate()
+            .map(|(i, (comp, max))| {
+                let undo = format!("undo{i}");
+                step(&format!("s{i}"), comp.then_some(undo.as_str()), max)
+            })
+            .collect(),
+    })
+}
+
+fn event_for(t: &Task, m: &Move, stale_token: &AttemptToken) -> (Event, u64) {
+    let now = t.updated_at.0 + 10;
+    let cur = t.locked_by.clone().unwrap_or_else(|| stale_token.clone());
+    match m {
+        Move::ClaimCurrent => (Event::Claim { rev: t.rev }, now),
+        Move::ClaimOld => (Event::Claim { rev: t.rev.saturating_sub(1) }, now),
+        Move::SucceedCurrent => (Event::AgentSucceeded { attempt: cur, output: json!(1) }, now),
+        Move::SucceedStale => (Event::AgentSucceeded { attempt: stale_token.clone(), output: json!(1) }, now),
+        Move::FailRetryable => (Event::AgentFailed { attempt: cur, error: "e".into(), retryable: true }, now),
+        Move::FailPermanent => (Event::AgentFailed { attempt: cur, error: "e".into(), retryable: false }, now),
+        Move::Expire => (Event::DeadlineExpired, t.complete_by.map_or(now, |c| c.0.max(now))),
+        Move::ExpireEarly => (Event::DeadlineExpired, t.complete_by.map_or(now, |c| c.0.saturating_sub(1))),
+        Move::Cancel => (Event::Cancel { reason: "r".into() }, now),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn invariants_hold_for_any_event_sequence(wf in a_workflow(), moves in prop::collection::vec(a_move(), 1..60)) {
+        let p = policy();
+        let mut t = submit(TaskId::try_from("p").unwrap(), wf, json!({}), None, Millis(1_000), &p).task;
+        let stale = AttemptToken::from("never-issued");
+        for m in &moves {
+            let (event, now) = event_for(&t, m, &stale);
+            let c = Ctx { now: Millis(now.max(t.updated_at.0)), fresh_token: AttemptToken::fresh(), jitter: 0.3 };
+            let before = t.clone();
+            match apply(&t, &event, &c, &p) {
+                Err(_) => {
+                    // a stale event changes nothing (the caller keeps the old task)
+                    if before.process_state.is_terminal() {
+                        prop_assert!(matches!(apply(&before, &event, &c, &p), Err(Stale::Terminal(_))));
+                    }
+                }
+                Ok(tr) => {
+                    prop_assert!(!before.process_state.is_terminal(), "left terminal state {}", before.process_state);
+                    prop_assert_eq!(tr.task.rev, before.rev + 1);
+                    prop_assert!(tr.task.failure_count >= before.failure_count, "FailureCount decreased");
+                    t = tr.task;
+                }
+            }
+            // stale tokens never apply
+            let e = Event::AgentSucceeded { attempt: stale.clone(), output: json!(0) };
+            prop_assert!(apply(&t, &e, &c, &p).is_err());
+            // every non-terminal state has a CompleteBy; terminal ones hold no lock and no deadline
+            if t.process_state.is_terminal() {
+                prop_assert!(t.complete_by.is_none() && t.locked_by.is_none());
+            } else {
+                prop_assert!(t.complete_by.is_some(), "{} without CompleteBy", t.process_state);
+            }
+            if t.process_state == ProcessState::Processing {
+                prop_assert!(t.locked_by.is_some());
+            }
+            if t.process_state == ProcessState::Pending {
+                prop_assert!(t.locked_by.is_none());
+            }
+            let seqs: Vec<u64> = t.history.iter().map(|h| h.seq).collect();
+            prop_assert!(seqs.windows(2).all(|w| w[0] < w[1]), "history out of order: {:?}", seqs);
+        }
+    }
+}

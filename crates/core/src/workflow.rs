@@ -1,0 +1,304 @@
+//! Workflow definitions: named, versioned, ordered steps. Loaded from configuration at deploy time
+//! (`config/workflows.json`, compiled into the binaries, or a file named by `SAS_WORKFLOWS_FILE`);
+//! a task pins a copy of the definition it was submitted with.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{check_name, IdError};
+
+/// The longest a step may run: an agent Lambda's timeout is at most 15 minutes, and SQS
+/// DelaySeconds (the precise deadline timer) is at most 15 minutes.
+pub const MAX_STEP_TIMEOUT_MS: u64 = 15 * 60 * 1000;
+/// The longest backoff one SQS delay can express.
+pub const MAX_BACKOFF_MS: u64 = 15 * 60 * 1000;
+
+/// Exponential backoff between attempts of one step (the delay before attempt n+1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct Backoff {
+    pub base_ms: u64,
+    pub max_ms: u64,
+    #[serde(default = "default_multiplier")]
+    pub multiplier: f64,
+}
+
+fn default_multiplier() -> f64 {
+    2.0
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { base_ms: 1_000, max_ms: 60_000, multiplier: 2.0 }
+    }
+}
+
+impl Backoff {
+    /// Delay after the `failures`-th failure, with "equal jitter": half fixed, half random.
+    /// `jitter` is a number in [0, 1) supplied by the caller, so this stays pure.
+    pub fn delay_ms(&self, failures: u32, jitter: f64) -> u64 {
+        let exp = i32::try_from(failures.saturating_sub(1)).unwrap_or(i32::MAX).min(63);
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let raw = (self.base_ms as f64 * self.multiplier.powi(exp)).min(self.max_ms as f64);
+        let j = jitter.clamp(0.0, 1.0);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let d = (raw / 2.0 + raw / 2.0 * j) as u64;
+        d.min(self.max_ms)
+    }
+}
+
+/// One unit of work handed to an agent: a forward step or a compensating step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct StepDef {
+    pub name: String,
+    /// The logical agent that performs it (an entry of the agent runtime's registry).
+    pub agent: String,
+    /// How long one attempt may take: `CompleteBy = claim time + timeout_ms`.
+    pub timeout_ms: u64,
+    /// Attempts before the step counts as failed for good (1 = no retry).
+    pub max_attempts: u32,
+    #[serde(default)]
+    pub backoff: Backoff,
+    /// The step that undoes this one, run in reverse order when the task fails or is cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensation: Option<Box<StepDef>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct WorkflowDef {
+    pub name: String,
+    pub version: u32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    pub steps: Vec<StepDef>,
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WorkflowError {
+    #[error("workflow {workflow}: {source}")]
+    Name {
+        workflow: String,
+        #[source]
+        source: IdError,
+    },
+    #[error("workflow {0} has no steps")]
+    NoSteps(String),
+    #[error("workflow {workflow}: step name {step} is used twice")]
+    DuplicateStep { workflow: String, step: String },
+    #[error("workflow {workflow}, step {step}: {problem}")]
+    Step { workflow: String, step: String, problem: String },
+    #[error("workflow {name} version {version} is defined twice")]
+    DuplicateVersion { name: String, version: u32 },
+    #[error("workflow configuration is not valid JSON: {0}")]
+    Json(String),
+    #[error("cannot read workflow file {path}: {message}")]
+    Io { path: String, message: String },
+}
+
+impl StepDef {
+    fn validate(&self, workflow: &str) -> Result<(), WorkflowError> {
+        let problem = |p: String| WorkflowError::Step {
+            workflow: workflow.to_owned(),
+            step: self.name.clone(),
+            problem: p,
+        };
+        check_name("step name", &self.name).map_err(|e| problem(e.to_string()))?;
+        if self.agent.is_empty() {
+            return Err(problem("agent is empty".into()));
+        }
+        if self.timeout_ms == 0 || self.timeout_ms > MAX_STEP_TIMEOUT_MS {
+            return Err(problem(format!(
+                "timeout_ms {} is outside 1..={MAX_STEP_TIMEOUT_MS}",
+                self.timeout_ms
+            )));
+        }
+        if self.max_attempts == 0 {
+            return Err(problem("max_attempts must be at least 1".into()));
+        }
+        if self.backoff.max_ms > MAX_BACKOFF_MS || self.backoff.base_ms > self.backoff.max_ms {
+            return Err(problem(format!(
+                "backoff needs base_ms <= max_ms <= {MAX_BACKOFF_MS} (got {} and {})",
+                self.backoff.base_ms, self.backoff.max_ms
+            )));
+        }
+        if !(self.backoff.multiplier >= 1.0 && self.backoff.multiplier <= 10.0) {
+            return Err(problem("backoff multiplier must be within 1..=10".into()));
+        }
+        if let Some(c) = &self.compensation {
+            if c.compensation.is_some() {
+                return Err(problem("a compensating step cannot have a compensation".into()));
+            }
+            c.validate(workflow)?;
+        }
+        Ok(())
+    }
+}
+
+impl WorkflowDef {
+    pub fn validate(&self) -> Result<(), WorkflowError> {
+        check_name("workflow name", &self.name)
+            .map_err(|source| WorkflowError::Name { workflow: self.name.clone(), source })?;
+        if self.steps.is_empty() {
+            return Err(WorkflowError::NoSteps(self.name.clone()));
+        }
+        let mut seen = HashSet::new();
+        for s in &self.steps {
+            s.validate(&self.name)?;
+            let names = std::iter::once(&s.name).chain(s.compensation.as_ref().map(|c| &c.name));
+            for n in names {
+                if !seen.insert(n.clone()) {
+                    return Err(WorkflowError::DuplicateStep {
+                        workflow: self.name.clone(),
+                        step: n.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every agent name the workflow uses, compensations included.
+    pub fn agents(&self) -> impl Iterator<Item = &str> {
+        self.steps.iter().flat_map(|s| {
+            std::iter::once(s.agent.as_str()).chain(s.compensation.as_deref().map(|c| c.agent.as_str()))
+        })
+    }
+}
+
+/// The deployed set of workflows, by name and version.
+#[derive(Debug, Clone, Default)]
+pub struct WorkflowRegistry {
+    by_name: HashMap<String, BTreeMap<u32, WorkflowDef>>,
+}
+
+/// The configuration file's shape: `{"workflows": [ ... ]}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkflowFile {
+    workflows: Vec<WorkflowDef>,
+}
+
+/// The definitions compiled into every binary.
+pub const BUILT_IN_WORKFLOWS: &str = include_str!("../../../config/workflows.json");
+
+impl WorkflowRegistry {
+    pub fn new(defs: impl IntoIterator<Item = WorkflowDef>) -> Result<Self, WorkflowError> {
+        let mut by_name: HashMap<String, BTreeMap<u32, WorkflowDef>> = HashMap::new();
+        for d in defs {
+            d.validate()?;
+            let versions = by_name.entry(d.name.clone()).or_default();
+            if versions.contains_key(&d.version) {
+                return Err(WorkflowError::DuplicateVersion { name: d.name, version: d.version });
+            }
+            versions.insert(d.version, d);
+        }
+        Ok(WorkflowRegistry { by_name })
+    }
+
+    pub fn from_json(json: &str) -> Result<Self, WorkflowError> {
+        let f: WorkflowFile =
+            serde_json::from_str(json).map_err(|e| WorkflowError::Json(e.to_string()))?;
+        Self::new(f.workflows)
+    }
+
+    /// The built-in definitions, or the file named by `SAS_WORKFLOWS_FILE` when it is set.
+    pub fn from_env() -> Result<Self, WorkflowError> {
+        match std::env::var("SAS_WORKFLOWS_FILE") {
+            Ok(path) if !path.is_empty() => {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| WorkflowError::Io { path: path.clone(), message: e.to_string() })?;
+                Self::from_json(&text)
+            }
+            _ => Self::from_json(BUILT_IN_WORKFLOWS),
+        }
+    }
+
+    /// The named workflow at `version`, or its latest version when none is given.
+    pub fn resolve(&self, name: &str, version: Option<u32>) -> Option<&WorkflowDef> {
+        let versions = self.by_name.get(name)?;
+        match version {
+            Some(v) => versions.get(&v),
+            None => versions.values().next_back(),
+        }
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.by_name.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &WorkflowDef> {
+        self.by_name.values().flat_map(BTreeMap::values)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn step(name: &str) -> StepDef {
+        StepDef {
+            name: name.into(),
+            agent: "sim".into(),
+            timeout_ms: 1_000,
+            max_attempts: 3,
+            backoff: Backoff::default(),
+            compensation: None,
+        }
+    }
+
+    #[test]
+    fn built_in_workflows_are_valid() {
+        let r = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).unwrap();
+        assert!(r.resolve("order", None).is_some());
+    }
+
+    #[test]
+    fn latest_version_is_resolved_by_default() {
+        let mut a = WorkflowDef { name: "w".into(), version: 1, description: String::new(), steps: vec![step("a")] };
+        let r = WorkflowRegistry::new([a.clone(), {
+            a.version = 3;
+            a.clone()
+        }])
+        .unwrap();
+        assert_eq!(r.resolve("w", None).unwrap().version, 3);
+        assert_eq!(r.resolve("w", Some(1)).unwrap().version, 1);
+        assert!(r.resolve("w", Some(2)).is_none());
+        assert!(r.resolve("x", None).is_none());
+    }
+
+    #[test]
+    fn invalid_definitions_are_refused() {
+        let mut w = WorkflowDef { name: "w".into(), version: 1, description: String::new(), steps: vec![] };
+        assert_eq!(w.validate(), Err(WorkflowError::NoSteps("w".into())));
+        w.steps = vec![step("a"), step("a")];
+        assert!(matches!(w.validate(), Err(WorkflowError::DuplicateStep { .. })));
+        let mut s = step("a");
+        s.compensation = Some(Box::new(step("a")));
+        w.steps = vec![s];
+        assert!(matches!(w.validate(), Err(WorkflowError::DuplicateStep { .. })));
+        let mut s = step("a");
+        s.timeout_ms = MAX_STEP_TIMEOUT_MS + 1;
+        w.steps = vec![s];
+        assert!(matches!(w.validate(), Err(WorkflowError::Step { .. })));
+        let mut s = step("a");
+        s.max_attempts = 0;
+        w.steps = vec![s];
+        assert!(matches!(w.validate(), Err(WorkflowError::Step { .. })));
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let b = Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 };
+        assert_eq!(b.delay_ms(1, 1.0), 100);
+        assert_eq!(b.delay_ms(2, 1.0), 200);
+        assert_eq!(b.delay_ms(3, 1.0), 400);
+        assert_eq!(b.delay_ms(10, 1.0), 1_000);
+        assert_eq!(b.delay_ms(1, 0.0), 50);
+        assert_eq!(b.delay_ms(u32::MAX, 0.5), 750);
+    }
+}
