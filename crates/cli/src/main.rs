@@ -1,1 +1,248 @@
-fn main() {}
+//! sasctl: deploy the stack onto LocalStack, run the roles locally, and operate tasks.
+#![allow(clippy::print_stdout)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use sas_core::agents::AgentRuntime;
+use sas_core::config::{Resources, Settings};
+use sas_core::ids::{Millis, TaskId};
+use sas_core::messages::{CancelMessage, SchedulerMessage, Submission, VERSION};
+use sas_core::protocol::ProcessState;
+use sas_core::roles::Deps;
+use sas_core::runner::{Runner, RunnerOptions};
+use sas_core::workflow::WorkflowRegistry;
+
+#[derive(Parser)]
+#[command(name = "sasctl", version, about = "Scheduler-Agent-Supervisor: deploy, run locally, operate tasks")]
+struct Cli {
+    /// Stack outputs written by `deploy-local` (ignored when --stack is given).
+    #[arg(long, global = true, env = "SAS_OUTPUTS", default_value = ".local/outputs.json")]
+    outputs: PathBuf,
+    /// Read resource names from this CloudFormation stack instead (works against AWS).
+    #[arg(long, global = true, env = "SAS_STACK")]
+    stack: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Deploy template.yaml with the functions switched off (LocalStack) and write its outputs.
+    DeployLocal {
+        #[arg(long, default_value = "sas-local")]
+        name: String,
+        /// Template parameters, KEY=VALUE.
+        #[arg(long = "param")]
+        params: Vec<String>,
+    },
+    /// Run every role in this process against the stack, until Ctrl-C.
+    Run {
+        /// Seconds between supervisor sweeps.
+        #[arg(long, default_value_t = 5)]
+        sweep_every: u64,
+    },
+    /// Send a submission to the submission queue.
+    Submit {
+        #[arg(long, default_value = "order")]
+        workflow: String,
+        #[arg(long)]
+        task_id: Option<String>,
+        /// The task input, JSON.
+        #[arg(long, default_value = "{}")]
+        input: String,
+        #[arg(long)]
+        reply_to: Option<String>,
+    },
+    /// Show one task: state, steps, FailureCount, LockedBy, CompleteBy, history.
+    Status {
+        task_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List tasks in one ProcessState, most recent first.
+    List {
+        #[arg(long, default_value = "Processing")]
+        state: String,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a task; its completed steps are compensated.
+    Cancel {
+        task_id: String,
+        #[arg(long, default_value = "cancelled by operator")]
+        reason: String,
+    },
+}
+
+async fn resources(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Resources> {
+    let map: HashMap<String, String> = match &cli.stack {
+        Some(stack) => sas_cli::stack::outputs(&aws_sdk_cloudformation::Client::new(sdk), stack).await?,
+        None => {
+            let text = std::fs::read_to_string(&cli.outputs).with_context(|| {
+                format!("cannot read {} (run `make up` or `sasctl deploy-local` first, or pass --stack)", cli.outputs.display())
+            })?;
+            serde_json::from_str(&text).with_context(|| format!("{} is not a JSON object of strings", cli.outputs.display()))?
+        }
+    };
+    Ok(Resources::from_outputs(&map)?)
+}
+
+async fn deps(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Deps> {
+    Ok(Deps::new(sdk, resources(cli, sdk).await?, WorkflowRegistry::from_env()?, Settings::from_env()?))
+}
+
+fn ms(m: Option<Millis>) -> String {
+    m.map_or_else(|| "-".to_owned(), |m| {
+        let now = Millis::now();
+        if m > now { format!("{m} (in {} ms)", now.until(m)) } else { format!("{m} ({} ms ago)", m.until(now)) }
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    sas_core::telemetry::init();
+    let cli = Cli::parse();
+    let sdk = sas_core::aws::load_sdk_config().await;
+    match &cli.cmd {
+        Cmd::DeployLocal { name, params } => {
+            let mut kv: Vec<(&str, &str)> = vec![("DeployFunctions", "false")];
+            for p in params {
+                let (k, v) = p.split_once('=').with_context(|| format!("--param {p}: expected KEY=VALUE"))?;
+                kv.push((k, v));
+            }
+            let cfn = aws_sdk_cloudformation::Client::new(&sdk);
+            let out = sas_cli::stack::deploy(&cfn, name, &sas_cli::stack::local_template(sas_cli::stack::TEMPLATE), &kv).await?;
+            if let Some(dir) = cli.outputs.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let mut sorted: Vec<_> = out.iter().collect();
+            sorted.sort();
+            let json = serde_json::to_string_pretty(&sorted.into_iter().collect::<std::collections::BTreeMap<_, _>>())?;
+            std::fs::write(&cli.outputs, json + "\n")?;
+            println!("stack {name} deployed; outputs in {}", cli.outputs.display());
+            println!("submission queue: {}", out.get("SubmissionQueueUrl").map_or("?", String::as_str));
+        }
+        Cmd::Run { sweep_every } => {
+            let deps = Arc::new(deps(&cli, &sdk).await?);
+            let opts = RunnerOptions { sweep_every: Duration::from_secs(*sweep_every), ..RunnerOptions::default() };
+            let handle = Runner::new(deps, Arc::new(AgentRuntime::with_builtins()), opts).spawn();
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            tracing::info!("stopping the local runner");
+            handle.shutdown().await;
+        }
+        Cmd::Submit { workflow, task_id, input, reply_to } => {
+            let res = resources(&cli, &sdk).await?;
+            let task_id = match task_id {
+                Some(t) => Some(TaskId::try_from(t.as_str())?),
+                None => Some(TaskId::generate()),
+            };
+            let sub = Submission {
+                v: VERSION,
+                task_id: task_id.clone(),
+                workflow: workflow.clone(),
+                workflow_version: None,
+                input: serde_json::from_str(input).context("--input is not JSON")?,
+                reply_to: reply_to.clone(),
+            };
+            aws_sdk_sqs::Client::new(&sdk)
+                .send_message()
+                .queue_url(&res.submission_queue_url)
+                .message_body(serde_json::to_string(&sub)?)
+                .send()
+                .await
+                .map_err(aws_sdk_sqs::Error::from)?;
+            println!("{}", task_id.expect("set above"));
+        }
+        Cmd::Status { task_id, json } => {
+            let deps = deps(&cli, &sdk).await?;
+            let Some(t) = deps.store.get(&TaskId::try_from(task_id.as_str())?).await? else {
+                bail!("no task {task_id}");
+            };
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&t)?);
+                return Ok(());
+            }
+            println!("task          {}", t.task_id);
+            println!("workflow      {}@{}", t.workflow.name, t.workflow.version);
+            println!("ProcessState  {}", t.process_state);
+            println!("FailureCount  {}", t.failure_count);
+            println!("LockedBy      {}", t.locked_by.as_ref().map_or("-", |l| l.as_str()));
+            println!("CompleteBy    {}", ms(t.complete_by));
+            println!("reason        {}", t.reason.as_deref().unwrap_or("-"));
+            println!("\n{:<12} {:<10} {:>8} {:>8}  {:<22} error", "step", "status", "attempts", "failures", "compensation");
+            for s in &t.steps {
+                let comp = s.compensation.as_ref().map_or("-".to_owned(), |c| format!("{} {:?}", c.name, c.status).to_lowercase());
+                println!(
+                    "{:<12} {:<10} {:>8} {:>8}  {:<22} {}",
+                    s.name,
+                    format!("{:?}", s.status).to_lowercase(),
+                    s.attempts,
+                    s.failures,
+                    comp,
+                    s.error.as_deref().unwrap_or("")
+                );
+            }
+            println!("\n{:>4}  {:<13} {:<10} {:>5}  {:<15} reason", "seq", "state", "step", "fails", "at");
+            for h in &t.history {
+                println!(
+                    "{:>4}  {:<13} {:<10} {:>5}  {:<15} {}",
+                    h.seq,
+                    h.state.as_str(),
+                    h.step.as_deref().unwrap_or("-"),
+                    h.failure_count,
+                    h.at,
+                    h.reason.as_deref().unwrap_or("")
+                );
+            }
+        }
+        Cmd::List { state, limit, json } => {
+            let deps = deps(&cli, &sdk).await?;
+            let state: ProcessState = state.parse()?;
+            let rows = deps.store.list_by_state(state, *limit).await?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+                return Ok(());
+            }
+            println!("{:<40} {:<13} {:<10} {:<10} {:>5}  reason", "task", "state", "workflow", "step", "fails");
+            for r in rows {
+                println!(
+                    "{:<40} {:<13} {:<10} {:<10} {:>5}  {}",
+                    r.task_id,
+                    r.process_state.as_str(),
+                    r.workflow_name.as_deref().unwrap_or("-"),
+                    r.current_step.as_deref().unwrap_or("-"),
+                    r.failure_count,
+                    r.reason.as_deref().unwrap_or("")
+                );
+            }
+        }
+        Cmd::Cancel { task_id, reason } => {
+            let res = resources(&cli, &sdk).await?;
+            let msg = SchedulerMessage::Cancel(CancelMessage {
+                v: VERSION,
+                task_id: TaskId::try_from(task_id.as_str())?,
+                reason: reason.clone(),
+            });
+            aws_sdk_sqs::Client::new(&sdk)
+                .send_message()
+                .queue_url(&res.scheduler_queue_url)
+                .message_body(serde_json::to_string(&msg)?)
+                .send()
+                .await
+                .map_err(aws_sdk_sqs::Error::from)?;
+            println!("cancel requested for {task_id}");
+        }
+    }
+    Ok(())
+}

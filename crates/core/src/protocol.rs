@@ -403,6 +403,8 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
                     s.status = StepStatus::Succeeded;
                     s.output = Some(output.clone());
                     s.error = None;
+                    // The step recovered: earlier failures stay in the history and the step records.
+                    t.reason = None;
                     if i + 1 < t.steps.len() {
                         t.step_index = i + 1;
                         t.start_unit(ctx, policy, &mut fx);
