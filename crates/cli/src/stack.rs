@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use aws_sdk_cloudformation::error::ProvideErrorMetadata;
 use aws_sdk_cloudformation::types::{Capability, Parameter, StackStatus};
 use aws_sdk_cloudformation::Client;
 
@@ -69,9 +70,9 @@ pub async fn deploy(
             .send()
             .await;
         if let Err(e) = r {
-            let e = aws_sdk_cloudformation::Error::from(e);
-            if !e.to_string().contains("No updates") && !format!("{e:?}").contains("No updates") {
-                return Err(StackError::Aws { op: "UpdateStack", source: Box::new(e) });
+            let no_updates = e.as_service_error().and_then(ProvideErrorMetadata::message).is_some_and(|m| m.contains("No updates"));
+            if !no_updates {
+                return Err(StackError::Aws { op: "UpdateStack", source: Box::new(e.into()) });
             }
         }
     } else {
@@ -92,11 +93,11 @@ async fn status(cfn: &Client, stack: &str) -> Result<Option<StackStatus>, StackE
     match cfn.describe_stacks().stack_name(stack).send().await {
         Ok(out) => Ok(out.stacks().first().and_then(|s| s.stack_status().cloned())),
         Err(e) => {
-            let e = aws_sdk_cloudformation::Error::from(e);
-            if format!("{e:?}").contains("does not exist") {
+            let missing = e.as_service_error().and_then(ProvideErrorMetadata::message).is_some_and(|m| m.contains("does not exist"));
+            if missing {
                 Ok(None)
             } else {
-                Err(StackError::Aws { op: "DescribeStacks", source: Box::new(e) })
+                Err(StackError::Aws { op: "DescribeStacks", source: Box::new(e.into()) })
             }
         }
     }

@@ -1,0 +1,225 @@
+//! Shared helpers: a fresh stack per test, the local runner, queues to listen on.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::QueueAttributeName;
+use sas_core::agents::AgentRuntime;
+use sas_core::config::{Resources, Settings};
+use sas_core::ids::TaskId;
+use sas_core::protocol::{Policy, Task};
+use sas_core::roles::Deps;
+use sas_core::runner::{Runner, RunnerHandle, RunnerOptions};
+use sas_core::workflow::{Backoff, StepDef, WorkflowDef, WorkflowRegistry};
+use serde_json::Value;
+
+pub struct Stack {
+    pub name: String,
+    pub sdk: aws_config::SdkConfig,
+    pub outputs: HashMap<String, String>,
+    pub res: Resources,
+    pub deps: Arc<Deps>,
+    pub sqs: aws_sdk_sqs::Client,
+}
+
+fn step(name: &str, timeout_ms: u64, comp: Option<&str>) -> StepDef {
+    StepDef {
+        name: name.into(),
+        agent: "sim".into(),
+        timeout_ms,
+        max_attempts: 3,
+        backoff: Backoff { base_ms: 200, max_ms: 1_000, multiplier: 2.0 },
+        compensation: comp.map(|c| Box::new(step(c, timeout_ms, None))),
+    }
+}
+
+/// `three`: a (undone by undo_a) -> b (undone by undo_b) -> c. Short deadlines keep tests quick.
+/// `three-slow`: the same with deadlines no test waits for, for tests that drive the roles by hand
+/// and must not see a deadline pass on a loaded machine.
+pub fn workflows() -> WorkflowRegistry {
+    let three = |name: &str, ms: u64| WorkflowDef {
+        name: name.into(),
+        version: 1,
+        description: "test workflow".into(),
+        steps: vec![step("a", ms, Some("undo_a")), step("b", ms, Some("undo_b")), step("c", ms, None)],
+    };
+    WorkflowRegistry::new([three("three", 2_000), three("three-slow", 60_000)]).expect("valid test workflows")
+}
+
+pub fn settings() -> Settings {
+    Settings {
+        policy: Policy { start_timeout_ms: 3_000, history_limit: 50 },
+        retention_days: 1,
+        max_input_bytes: 16 * 1024,
+    }
+}
+
+pub async fn stack(label: &str) -> Stack {
+    sas_core::telemetry::init();
+    assert!(
+        std::env::var("AWS_ENDPOINT_URL").is_ok() || std::env::var("SAS_TEST_AGAINST_AWS").is_ok(),
+        "set AWS_ENDPOINT_URL (LocalStack: `source infra/env.sh`), or SAS_TEST_AGAINST_AWS=1 for real AWS"
+    );
+    let sdk = sas_core::aws::load_sdk_config().await;
+    let name = format!("t-{label}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]).replace('_', "-");
+    let cfn = aws_sdk_cloudformation::Client::new(&sdk);
+    let template = sas_cli::stack::local_template(sas_cli::stack::TEMPLATE);
+    let outputs = sas_cli::stack::deploy(&cfn, &name, &template, &[("DeployFunctions", "false"), ("SupervisorShards", "2")])
+        .await
+        .unwrap_or_else(|e| panic!("deploying {name}: {e}"));
+    let res = Resources::from_outputs(&outputs).expect("all outputs present");
+    let deps = Arc::new(Deps::new(&sdk, res.clone(), workflows(), settings()));
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    Stack { name, sdk, outputs, res, deps, sqs }
+}
+
+impl Stack {
+    pub fn runner(&self) -> RunnerHandle {
+        let opts = RunnerOptions { sweep_every: Duration::from_millis(700), wait_seconds: 1, ..RunnerOptions::default() };
+        Runner::new(self.deps.clone(), Arc::new(AgentRuntime::with_builtins()), opts).spawn()
+    }
+
+    pub fn out(&self, key: &str) -> &str {
+        self.outputs.get(key).unwrap_or_else(|| panic!("no output {key}"))
+    }
+
+    pub async fn send(&self, queue: &str, body: &str) {
+        self.sqs.send_message().queue_url(queue).message_body(body).send().await.expect("SendMessage");
+    }
+
+    /// A private reply queue for this test (FIFO keeps statuses in order).
+    pub async fn queue(&self, suffix: &str, fifo: bool) -> String {
+        let name = format!("{}-{suffix}{}", self.name, if fifo { ".fifo" } else { "" });
+        let mut req = self.sqs.create_queue().queue_name(name);
+        if fifo {
+            req = req.attributes(QueueAttributeName::FifoQueue, "true");
+        }
+        req.send().await.expect("CreateQueue").queue_url.expect("queue url")
+    }
+
+    /// Receive (and delete) every message currently in `queue`, waiting up to `wait` for the first
+    /// `want` messages.
+    pub async fn drain(&self, queue: &str, want: usize, wait: Duration) -> Vec<aws_sdk_sqs::types::Message> {
+        let deadline = Instant::now() + wait;
+        let mut got = Vec::new();
+        loop {
+            let out = self
+                .sqs
+                .receive_message()
+                .queue_url(queue)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .expect("ReceiveMessage");
+            let msgs = out.messages.unwrap_or_default();
+            let empty = msgs.is_empty();
+            for m in msgs {
+                self.sqs
+                    .delete_message()
+                    .queue_url(queue)
+                    .receipt_handle(m.receipt_handle.clone().unwrap_or_default())
+                    .send()
+                    .await
+                    .expect("DeleteMessage");
+                got.push(m);
+            }
+            if (got.len() >= want && empty) || Instant::now() > deadline {
+                return got;
+            }
+        }
+    }
+
+    pub async fn bodies(&self, queue: &str, want: usize, wait: Duration) -> Vec<Value> {
+        self.drain(queue, want, wait)
+            .await
+            .into_iter()
+            .map(|m| serde_json::from_str(m.body().unwrap_or_default()).expect("JSON body"))
+            .collect()
+    }
+
+    pub async fn task(&self, id: &str) -> Option<Task> {
+        self.deps.store.get(&TaskId::try_from(id).unwrap()).await.expect("GetItem")
+    }
+
+    /// Poll the table until the task satisfies `pred`; panics with the task's state otherwise.
+    pub async fn wait_for(&self, id: &str, wait: Duration, pred: impl Fn(&Task) -> bool) -> Task {
+        let deadline = Instant::now() + wait;
+        loop {
+            let t = self.task(id).await;
+            if let Some(t) = &t {
+                if pred(t) {
+                    return t.clone();
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "task {id} did not reach the expected state within {wait:?}; it is {:#?}",
+                t.map(|t| (t.process_state, t.failure_count, t.history))
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    pub async fn wait_terminal(&self, id: &str) -> Task {
+        self.wait_for(id, Duration::from_secs(60), |t| t.process_state.is_terminal()).await
+    }
+
+    pub async fn depth(&self, queue: &str) -> usize {
+        let out = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(queue)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesDelayed)
+            .send()
+            .await
+            .expect("GetQueueAttributes");
+        let attrs = out.attributes.unwrap_or_default();
+        [
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+        ]
+        .iter()
+        .map(|k| attrs.get(k).and_then(|v| v.parse::<usize>().ok()).unwrap_or(0))
+        .sum()
+    }
+
+    /// Subscribe a fresh queue to the alert topic's task alerts (raw delivery) and return its URL.
+    pub async fn alert_listener(&self) -> String {
+        let url = self.queue("alerts", false).await;
+        let arn = self
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .expect("GetQueueAttributes")
+            .attributes
+            .unwrap_or_default()
+            .remove(&QueueAttributeName::QueueArn)
+            .expect("queue arn");
+        aws_sdk_sns::Client::new(&self.sdk)
+            .subscribe()
+            .topic_arn(&self.res.alert_topic_arn)
+            .protocol("sqs")
+            .endpoint(arn)
+            .attributes("RawMessageDelivery", "true")
+            // The topic also carries CloudWatch alarm notifications; listen to task alerts only.
+            .attributes("FilterPolicy", r#"{"kind": [{"exists": true}]}"#)
+            .return_subscription_arn(true)
+            .send()
+            .await
+            .expect("Subscribe");
+        url
+    }
+
+    pub async fn delete(self) {
+        let _ = sas_cli::stack::delete(&aws_sdk_cloudformation::Client::new(&self.sdk), &self.name).await;
+    }
+}

@@ -1,0 +1,153 @@
+//! The ground is real: the deployed template's queues, DLQs, indexes and topic behave as the
+//! protocol relies on.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use sas_core::ids::{Millis, TaskId};
+use sas_core::messages::{Alert, AlertKind};
+use sas_core::protocol::{self, Policy, ProcessState};
+use sas_core::store::{StoreError, BY_COMPLETE_BY};
+
+use crate::common::stack;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_failing_max_receive_count_times_lands_in_its_dlq() {
+    let s = stack("dlq").await;
+    let q = s.out("SubmissionQueueUrl").to_owned();
+    s.send(&q, "poison").await;
+    // maxReceiveCount is 3: three receives without a delete, then SQS moves it on the next.
+    let mut receives = 0;
+    for _ in 0..20 {
+        let out = s
+            .sqs
+            .receive_message()
+            .queue_url(&q)
+            .visibility_timeout(0)
+            .wait_time_seconds(1)
+            .send()
+            .await
+            .expect("ReceiveMessage");
+        receives += out.messages.unwrap_or_default().len();
+        if s.depth(s.out("SubmissionDlqUrl")).await > 0 {
+            break;
+        }
+    }
+    assert_eq!(receives, 3, "received exactly maxReceiveCount times before the redrive");
+    let dlq = s.bodies_raw(s.out("SubmissionDlqUrl")).await;
+    assert_eq!(dlq, vec!["poison".to_owned()]);
+    assert_eq!(s.depth(&q).await, 0);
+    s.delete().await;
+}
+
+impl crate::common::Stack {
+    async fn bodies_raw(&self, q: &str) -> Vec<String> {
+        self.drain(q, 1, Duration::from_secs(5)).await.into_iter().filter_map(|m| m.body).collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_complete_by_index_is_sparse() {
+    let s = stack("gsi").await;
+    let ddb = aws_sdk_dynamodb::Client::new(&s.sdk);
+    let table = s.out("TaskTableName");
+    let now = Millis::now();
+    let put = |id: &str, keys: bool| {
+        let mut item: HashMap<String, AttributeValue> = HashMap::new();
+        item.insert("TaskId".into(), AttributeValue::S(id.into()));
+        item.insert("ProcessState".into(), AttributeValue::S("Processing".into()));
+        item.insert("UpdatedAt".into(), AttributeValue::N(now.0.to_string()));
+        if keys {
+            item.insert("Shard".into(), AttributeValue::S("0".into()));
+            item.insert("CompleteBy".into(), AttributeValue::N((now.0 - 1_000).to_string()));
+        }
+        ddb.put_item().table_name(table).set_item(Some(item)).send()
+    };
+    put("in-flight", true).await.expect("PutItem");
+    put("finished", false).await.expect("PutItem");
+    let mut later: HashMap<String, AttributeValue> = HashMap::new();
+    later.insert("TaskId".into(), AttributeValue::S("not-yet".into()));
+    later.insert("Shard".into(), AttributeValue::S("0".into()));
+    later.insert("CompleteBy".into(), AttributeValue::N((now.0 + 600_000).to_string()));
+    ddb.put_item().table_name(table).set_item(Some(later)).send().await.expect("PutItem");
+
+    let ids = |out: aws_sdk_dynamodb::operation::query::QueryOutput| -> Vec<String> {
+        out.items
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|i| i.get("TaskId").and_then(|v| v.as_s().ok()).cloned())
+            .collect()
+    };
+    let query = || {
+        ddb.query()
+            .table_name(table)
+            .index_name(BY_COMPLETE_BY)
+            // Shard is a reserved word in DynamoDB expressions.
+            .key_condition_expression("#s = :s AND CompleteBy <= :now")
+            .expression_attribute_names("#s", "Shard")
+            .expression_attribute_values(":s", AttributeValue::S("0".into()))
+            .expression_attribute_values(":now", AttributeValue::N(now.0.to_string()))
+            .send()
+    };
+    assert_eq!(ids(query().await.expect("Query")), vec!["in-flight".to_owned()]);
+
+    // Removing the keys (as a terminal transition does) drops the item from the index.
+    ddb.update_item()
+        .table_name(table)
+        .key("TaskId", AttributeValue::S("in-flight".into()))
+        .update_expression("REMOVE #s, CompleteBy")
+        .expression_attribute_names("#s", "Shard")
+        .send()
+        .await
+        .expect("UpdateItem");
+    assert!(ids(query().await.expect("Query")).is_empty());
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_conditional_write_is_a_typed_conflict() {
+    let s = stack("cond").await;
+    let store = &s.deps.store;
+    let wf = s.deps.workflows.resolve("three", None).unwrap().clone();
+    let t = protocol::submit(TaskId::try_from("c1").unwrap(), wf, serde_json::json!({}), None, Millis::now(), &Policy::default()).task;
+    store.create(&t).await.expect("created");
+    assert!(matches!(store.create(&t).await, Err(StoreError::AlreadyExists)));
+
+    let mut newer = t.clone();
+    newer.rev += 1;
+    store.save(&newer, &t).await.expect("first writer wins");
+    // A second writer that read the same revision loses, and is told what the item is now.
+    let mut other = t.clone();
+    other.rev += 1;
+    other.failure_count = 7;
+    match store.save(&other, &t).await {
+        Err(StoreError::Conflict { current: Some(current) }) => assert_eq!(*current, newer),
+        other => panic!("expected a typed conflict, got {other:?}"),
+    }
+    assert_eq!(store.get(&t.task_id).await.unwrap().unwrap().failure_count, 0);
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_reaches_a_subscribed_queue() {
+    let s = stack("sns").await;
+    let listener = s.alert_listener().await;
+    let alert = Alert {
+        v: 1,
+        kind: AlertKind::TaskError,
+        task_id: TaskId::try_from("order-9").unwrap(),
+        workflow: "three@1".into(),
+        state: ProcessState::Error,
+        step: Some("undo_a".into()),
+        failure_count: 4,
+        reason: "compensation failed".into(),
+        at: Millis::now(),
+    };
+    s.deps.bus.alert(&alert).await.expect("Publish");
+    let got = s.bodies(&listener, 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1);
+    let received: Alert = serde_json::from_value(got[0].clone()).expect("an Alert");
+    assert_eq!(received, alert);
+    s.delete().await;
+}

@@ -1,0 +1,335 @@
+//! The protocol end to end on LocalStack: the real template's queues and table, the real handlers.
+
+use std::time::Duration;
+
+use sas_core::ids::{Millis, TaskId};
+use sas_core::messages::{AgentResult, Outcome, SchedulerMessage, StatusMessage};
+use sas_core::protocol::{CompensationStatus, ProcessState, Stale, StepStatus};
+use sas_core::roles::{self, Applied, Submitted};
+use serde_json::{json, Value};
+
+use crate::common::{stack, Stack};
+
+const SECS: Duration = Duration::from_secs(10);
+
+fn submission(id: &str, input: Value, reply_to: Option<&str>) -> String {
+    submission_to("three", id, input, reply_to)
+}
+
+fn submission_to(workflow: &str, id: &str, input: Value, reply_to: Option<&str>) -> String {
+    let mut v = json!({"v": 1, "task_id": id, "workflow": workflow, "input": input});
+    if let Some(r) = reply_to {
+        v["reply_to"] = json!(r);
+    }
+    v.to_string()
+}
+
+async fn statuses(s: &Stack, q: &str, want: usize) -> Vec<StatusMessage> {
+    s.bodies(q, want, SECS).await.into_iter().map(|b| serde_json::from_value(b).expect("a StatusMessage")).collect()
+}
+
+fn states(st: &[StatusMessage]) -> Vec<(ProcessState, Option<String>)> {
+    st.iter().map(|m| (m.state, m.step.clone())).collect()
+}
+
+fn p(state: ProcessState, step: &str) -> (ProcessState, Option<String>) {
+    (state, if step.is_empty() { None } else { Some(step.to_owned()) })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn happy_path_through_three_steps_with_ordered_statuses() {
+    let s = stack("happy").await;
+    let reply = s.queue("replies", true).await;
+    let runner = s.runner();
+    s.send(&s.res.submission_queue_url, &submission("h1", json!({"sku": "x"}), Some(&reply))).await;
+    let t = s.wait_terminal("h1").await;
+    assert_eq!(t.process_state, ProcessState::Processed);
+    assert_eq!(t.failure_count, 0);
+    assert!(t.steps.iter().all(|st| st.status == StepStatus::Succeeded && st.attempts == 1));
+    assert_eq!(t.steps[1].output.as_ref().unwrap()["idempotency_key"], "h1:b");
+    assert_eq!((t.locked_by.clone(), t.complete_by), (None, None));
+    let got = statuses(&s, &reply, 5).await;
+    use ProcessState::{Pending, Processed, Processing};
+    assert_eq!(
+        states(&got),
+        vec![p(Pending, "a"), p(Processing, "a"), p(Processing, "b"), p(Processing, "c"), p(Processed, "")]
+    );
+    let seqs: Vec<u64> = got.iter().map(|m| m.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "a FIFO reply queue receives statuses in order: {seqs:?}");
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transient_agent_errors_then_success() {
+    let s = stack("transient").await;
+    let runner = s.runner();
+    // b: two failing calls inside the first attempt (agent-side retries) ...
+    s.send(&s.res.submission_queue_url, &submission("tr1", json!({"sim": {"b": {"fail_calls": 2}}}), None)).await;
+    // ... and c: a whole first attempt failing transiently (the scheduler retries it).
+    s.send(&s.res.submission_queue_url, &submission("tr2", json!({"sim": {"c": {"fail_attempts": 1}}}), None)).await;
+    let t1 = s.wait_terminal("tr1").await;
+    assert_eq!((t1.process_state, t1.failure_count), (ProcessState::Processed, 0));
+    assert_eq!(t1.steps[1].output.as_ref().unwrap()["calls"], 3);
+    let t2 = s.wait_terminal("tr2").await;
+    assert_eq!((t2.process_state, t2.failure_count), (ProcessState::Processed, 1));
+    assert_eq!(t2.steps[2].attempts, 2);
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_that_never_replies_is_retried_by_the_supervisor() {
+    let s = stack("crash").await;
+    let runner = s.runner();
+    s.send(&s.res.submission_queue_url, &submission("cr1", json!({"sim": {"b": {"hang_attempts": 1}}}), None)).await;
+    let t = s.wait_terminal("cr1").await;
+    assert_eq!(t.process_state, ProcessState::Processed);
+    assert_eq!(t.failure_count, 1);
+    assert_eq!((t.steps[1].attempts, t.steps[1].failures), (2, 1));
+    assert!(t.history.iter().any(|h| h.state == ProcessState::Pending && h.reason.as_deref().is_some_and(|r| r.contains("passed CompleteBy"))));
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn repeated_timeouts_compensate_in_reverse_alert_and_report() {
+    let s = stack("timeouts").await;
+    let reply = s.queue("replies", true).await;
+    let alerts = s.alert_listener().await;
+    let runner = s.runner();
+    s.send(&s.res.submission_queue_url, &submission("to1", json!({"sim": {"c": {"hang_attempts": 99}}}), Some(&reply))).await;
+    let t = s.wait_for("to1", Duration::from_secs(90), |t| t.process_state.is_terminal()).await;
+    assert_eq!(t.process_state, ProcessState::Compensated);
+    assert_eq!(t.failure_count, 3);
+    assert_eq!(t.steps[2].status, StepStatus::TimedOut);
+    for i in [0, 1] {
+        assert_eq!(t.steps[i].compensation.as_ref().unwrap().status, CompensationStatus::Done);
+    }
+    let got = statuses(&s, &reply, 12).await;
+    let comp: Vec<_> = states(&got).into_iter().filter(|(st, _)| *st == ProcessState::Compensating).collect();
+    assert_eq!(comp, vec![p(ProcessState::Compensating, "undo_b"), p(ProcessState::Compensating, "undo_a")], "reverse order");
+    assert_eq!(got.last().unwrap().state, ProcessState::Compensated);
+    assert_eq!(got.iter().filter(|m| m.state == ProcessState::Pending).count(), 3, "start + two retries");
+    let alert = s.bodies(&alerts, 1, SECS).await;
+    assert_eq!(alert.len(), 1, "{alert:#?}");
+    assert_eq!(alert[0]["kind"], "retries_exhausted");
+    assert_eq!(alert[0]["task_id"], "to1");
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_permanent_error_on_step_two_compensates_step_one() {
+    let s = stack("perm").await;
+    let runner = s.runner();
+    s.send(&s.res.submission_queue_url, &submission("pe1", json!({"sim": {"b": {"permanent": "card declined"}}}), None)).await;
+    let t = s.wait_terminal("pe1").await;
+    assert_eq!(t.process_state, ProcessState::Compensated);
+    assert_eq!(t.steps[1].status, StepStatus::Failed);
+    assert!(t.steps[1].compensation.is_none(), "a definite no leaves nothing to undo");
+    assert_eq!(t.steps[0].compensation.as_ref().unwrap().status, CompensationStatus::Done);
+    assert!(t.reason.unwrap().contains("card declined"));
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_compensation_ends_in_error_with_an_alert() {
+    let s = stack("comperr").await;
+    let alerts = s.alert_listener().await;
+    let runner = s.runner();
+    let input = json!({"sim": {"b": {"permanent": "declined"}, "undo_a": {"permanent": "cannot release"}}});
+    s.send(&s.res.submission_queue_url, &submission("ce1", input, None)).await;
+    let t = s.wait_terminal("ce1").await;
+    assert_eq!(t.process_state, ProcessState::Error);
+    let got = s.bodies(&alerts, 1, SECS).await;
+    assert_eq!(got.len(), 1, "{got:#?}");
+    assert_eq!(got[0]["kind"], "task_error");
+    assert_eq!(got[0]["state"], "Error");
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+/// Run the scheduler on whatever run message the submission produced, without a runner.
+async fn take_run_message(s: &Stack) -> String {
+    let msgs = s.drain(&s.res.scheduler_queue_url, 1, SECS).await;
+    assert_eq!(msgs.len(), 1, "one run message");
+    msgs[0].body.clone().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_schedulers_racing_to_claim_dispatch_once() {
+    let s = stack("race-claim").await;
+    assert_eq!(roles::submit(&s.deps, &submission_to("three-slow", "rc1", json!({}), None)).await.unwrap(), Submitted::Created(TaskId::try_from("rc1").unwrap()));
+    let run = take_run_message(&s).await;
+    let (a, b) = tokio::join!(roles::schedule(&s.deps, &run), roles::schedule(&s.deps, &run));
+    let outcomes = [a.unwrap(), b.unwrap()];
+    assert_eq!(outcomes.iter().filter(|o| matches!(o, Applied::Changed { .. })).count(), 1, "{outcomes:?}");
+    assert_eq!(outcomes.iter().filter(|o| matches!(o, Applied::Stale(_))).count(), 1, "{outcomes:?}");
+    let dispatched = s.drain(&s.res.agent_queue_url, 1, Duration::from_secs(3)).await;
+    assert_eq!(dispatched.len(), 1, "exactly one dispatch");
+    let t = s.task("rc1").await.unwrap();
+    assert_eq!(t.steps[0].attempts, 1);
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_supervisors_racing_on_one_expired_step_recover_once() {
+    let s = stack("race-sup").await;
+    roles::submit(&s.deps, &submission("rs1", json!({}), None)).await.unwrap();
+    let run = take_run_message(&s).await;
+    roles::schedule(&s.deps, &run).await.unwrap();
+    // Nobody runs the agent: wait for CompleteBy to pass.
+    s.wait_for("rs1", SECS, |t| t.complete_by.is_some_and(|c| c < Millis::now())).await;
+    let (a, b) = tokio::join!(roles::sweep(&s.deps), roles::sweep(&s.deps));
+    assert_eq!(a.recovered + b.recovered, 1, "{a:?} {b:?}");
+    let t = s.task("rs1").await.unwrap();
+    assert_eq!((t.process_state, t.failure_count), (ProcessState::Pending, 1));
+    let runs = s.bodies(&s.res.scheduler_queue_url, 1, Duration::from_secs(5)).await;
+    assert_eq!(runs.len(), 1, "one retry message: {runs:?}");
+    assert_eq!(runs[0]["reason"], "retry");
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicate_submission_creates_one_task() {
+    let s = stack("dup").await;
+    let body = submission("d1", json!({"n": 1}), None);
+    let id = TaskId::try_from("d1").unwrap();
+    assert_eq!(roles::submit(&s.deps, &body).await.unwrap(), Submitted::Created(id.clone()));
+    let other = submission("d1", json!({"n": 2}), None);
+    assert_eq!(roles::submit(&s.deps, &other).await.unwrap(), Submitted::Duplicate(id));
+    assert_eq!(s.task("d1").await.unwrap().input, json!({"n": 1}));
+    assert_eq!(s.drain(&s.res.scheduler_queue_url, 1, Duration::from_secs(3)).await.len(), 1, "one start message");
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn duplicate_delivery_of_an_agent_result_is_applied_once_and_late_results_change_nothing() {
+    let s = stack("dup-result").await;
+    roles::submit(&s.deps, &submission_to("three-slow", "dr1", json!({}), None)).await.unwrap();
+    roles::schedule(&s.deps, &take_run_message(&s).await).await.unwrap();
+    let req = s.drain(&s.res.agent_queue_url, 1, SECS).await.remove(0).body.unwrap();
+    let agents = sas_core::agents::AgentRuntime::with_builtins();
+    assert!(roles::agent(&s.deps, &agents, &req).await.unwrap(), "result sent");
+    let result = s.drain(&s.res.scheduler_queue_url, 1, SECS).await.remove(0).body.unwrap();
+    let applied = roles::schedule(&s.deps, &result).await.unwrap();
+    assert!(matches!(applied, Applied::Changed { state: ProcessState::Processing, .. }), "{applied:?} {result}");
+    assert_eq!(roles::schedule(&s.deps, &result).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt));
+    let t = s.task("dr1").await.unwrap();
+    assert_eq!((t.step_index, t.steps[0].attempts), (1, 1));
+
+    // A result from an attempt that is no longer current (here: the step-a token, replayed with a
+    // failure) changes nothing either.
+    let old: AgentResult = match serde_json::from_str::<SchedulerMessage>(&result).unwrap() {
+        SchedulerMessage::Result(r) => r,
+        other => panic!("{other:?}"),
+    };
+    let late = SchedulerMessage::Result(AgentResult {
+        outcome: Outcome::Failed { error: "late".into(), retryable: false },
+        attempt: old.attempt,
+        ..old
+    });
+    let before = s.task("dr1").await.unwrap();
+    assert_eq!(roles::schedule(&s.deps, &serde_json::to_string(&late).unwrap()).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt));
+    assert_eq!(s.task("dr1").await.unwrap(), before);
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_result_from_a_timed_out_attempt_changes_nothing() {
+    let s = stack("late").await;
+    roles::submit(&s.deps, &submission("lt1", json!({}), None)).await.unwrap();
+    roles::schedule(&s.deps, &take_run_message(&s).await).await.unwrap();
+    let first = s.task("lt1").await.unwrap();
+    let token = first.locked_by.clone().unwrap();
+    s.wait_for("lt1", SECS, |t| t.complete_by.is_some_and(|c| c < Millis::now())).await;
+    assert_eq!(roles::sweep(&s.deps).await.recovered, 1);
+    let retried = s.task("lt1").await.unwrap();
+    let late = SchedulerMessage::Result(AgentResult {
+        v: 1,
+        task_id: TaskId::try_from("lt1").unwrap(),
+        step: "a".into(),
+        attempt: token,
+        outcome: Outcome::Succeeded { output: json!({"late": true}) },
+    });
+    let got = roles::schedule(&s.deps, &serde_json::to_string(&late).unwrap()).await.unwrap();
+    assert_eq!(got, Applied::Stale(Stale::NotCurrentAttempt));
+    assert_eq!(s.task("lt1").await.unwrap(), retried, "nothing changed");
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_bad_input_class_is_rejected_with_a_reason_and_kept() {
+    let s = stack("bad").await;
+    let reply = s.queue("replies", false).await;
+    let big = "x".repeat(20 * 1024);
+    let cases: Vec<(String, &str, bool)> = vec![
+        ("{not json".into(), "not JSON", false),
+        (json!({"v": 2, "task_id": "b2", "workflow": "three", "reply_to": reply}).to_string(), "unsupported message version 2", true),
+        (json!({"v": 1, "task_id": "b3", "workflow": "nope", "reply_to": reply}).to_string(), "unknown workflow nope", true),
+        (json!({"v": 1, "task_id": "b4", "workflow": "three", "input": {"blob": big}, "reply_to": reply}).to_string(), "the limit is 16384", true),
+        (json!({"v": 1, "task_id": "b5", "workflow": "three", "reply_to": "https://evil.example/x"}).to_string(), "not an SQS queue URL", false),
+        (json!({"v": 1, "task_id": "b:6", "workflow": "three", "reply_to": reply}).to_string(), "task_id contains ':'", true),
+        (json!({"v": 1, "workflow": "three", "callback": "x", "reply_to": reply}).to_string(), "does not match the contract", true),
+    ];
+    let runner = s.runner();
+    for (body, _, _) in &cases {
+        s.send(&s.res.submission_queue_url, body).await;
+    }
+    let kept = s.drain(s.out("SubmissionDlqUrl"), cases.len(), Duration::from_secs(30)).await;
+    assert_eq!(kept.len(), cases.len(), "every refused message is kept in the DLQ");
+    for (body, why, _) in &cases {
+        let m = kept.iter().find(|m| m.body.as_deref() == Some(body.as_str())).unwrap_or_else(|| panic!("{body} not kept"));
+        let reason = m.message_attributes.as_ref().and_then(|a| a.get("RejectReason")).and_then(|v| v.string_value.clone()).unwrap_or_default();
+        assert!(reason.contains(why), "reason {reason:?} should mention {why:?}");
+    }
+    let answered = cases.iter().filter(|c| c.2).count();
+    let got = statuses(&s, &reply, answered).await;
+    assert_eq!(got.len(), answered, "a Rejected status for each message naming a usable reply queue");
+    assert!(got.iter().all(|m| m.state == ProcessState::Rejected && m.reason.is_some()));
+    for id in ["b2", "b3", "b4"] {
+        assert!(got.iter().any(|m| m.task_id.as_str() == id), "{id} answered");
+        assert!(s.task(id).await.is_none(), "no task created for {id}");
+    }
+    assert_eq!(s.depth(&s.res.submission_queue_url).await, 0, "nothing left to retry");
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cancellation_stops_a_task_mid_way() {
+    let s = stack("cancel").await;
+    let runner = s.runner();
+    s.send(&s.res.submission_queue_url, &submission("ca1", json!({"sim": {"b": {"delay_ms": 1500}}}), None)).await;
+    s.wait_for("ca1", SECS, |t| t.process_state == ProcessState::Processing && t.step_index == 1).await;
+    let cancel = json!({"type": "cancel", "v": 1, "task_id": "ca1", "reason": "customer changed their mind"});
+    s.send(&s.res.scheduler_queue_url, &cancel.to_string()).await;
+    let t = s.wait_terminal("ca1").await;
+    assert_eq!(t.process_state, ProcessState::Cancelled);
+    assert_eq!(t.steps[1].status, StepStatus::Cancelled);
+    assert_eq!(t.steps[2].attempts, 0, "step c never started");
+    assert_eq!(t.steps[1].compensation.as_ref().unwrap().status, CompensationStatus::Done, "b was mid-flight: undone");
+    assert_eq!(t.steps[0].compensation.as_ref().unwrap().status, CompensationStatus::Done);
+    // b's answer arrives after the cancel and is dropped.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(s.task("ca1").await.unwrap().rev, t.rev);
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_start_message_is_recovered_by_the_supervisor() {
+    let s = stack("lost").await;
+    roles::submit(&s.deps, &submission("ls1", json!({}), None)).await.unwrap();
+    // The start message is lost.
+    take_run_message(&s).await;
+    assert_eq!(s.task("ls1").await.unwrap().process_state, ProcessState::Pending);
+    let runner = s.runner();
+    let t = s.wait_terminal("ls1").await;
+    assert_eq!(t.process_state, ProcessState::Processed);
+    assert_eq!(t.failure_count, 0, "a lost message is not a step failure");
+    runner.shutdown().await;
+    s.delete().await;
+}
