@@ -17,6 +17,8 @@ use sas_core::roles::Deps;
 use sas_core::runner::{Runner, RunnerOptions};
 use sas_core::workflow::WorkflowRegistry;
 
+mod demo;
+
 #[derive(Parser)]
 #[command(name = "sasctl", version, about = "Scheduler-Agent-Supervisor: deploy, run locally, operate tasks")]
 struct Cli {
@@ -72,6 +74,12 @@ enum Cmd {
         limit: usize,
         #[arg(long)]
         json: bool,
+    },
+    /// The main job: run every role here, submit sample orders, show them move, check the ends.
+    Demo {
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 240)]
+        timeout: u64,
     },
     /// Stop a task; its completed steps are compensated.
     Cancel {
@@ -225,6 +233,12 @@ async fn main() -> Result<()> {
                     r.failure_count,
                     r.reason.as_deref().unwrap_or("")
                 );
+            }
+        }
+        Cmd::Demo { timeout } => {
+            let ok = demo::run(&sdk, deps(&cli, &sdk).await?, Duration::from_secs(*timeout)).await?;
+            if !ok {
+                std::process::exit(1);
             }
         }
         Cmd::Cancel { task_id, reason } => {

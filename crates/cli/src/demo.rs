@@ -1,0 +1,213 @@
+//! `sasctl demo`: the main job. Runs every role in this process against a deployed stack, submits
+//! sample orders (clean, flaky, hanging, declined, lost in shipping, a duplicate, a malformed one),
+//! shows them move, and checks that each order ended as it was set up to.
+#![allow(clippy::print_stdout)]
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use aws_sdk_sqs::types::QueueAttributeName;
+use sas_core::agents::AgentRuntime;
+use sas_core::ids::TaskId;
+use sas_core::messages::{Submission, VERSION};
+use sas_core::protocol::{ProcessState, Task};
+use sas_core::roles::Deps;
+use sas_core::runner::{Runner, RunnerOptions};
+use serde_json::{json, Value};
+
+struct Order {
+    id: String,
+    what: &'static str,
+    sim: Value,
+    expect: ProcessState,
+    min_failures: u32,
+}
+
+fn orders(run: &str) -> Vec<Order> {
+    let o = |n: &str, what, sim, expect, min_failures| Order { id: format!("{run}-{n}"), what, sim, expect, min_failures };
+    vec![
+        o("clean-1", "clean", json!({}), ProcessState::Processed, 0),
+        o("clean-2", "clean", json!({}), ProcessState::Processed, 0),
+        o("flaky-pay", "payment fails twice, the agent retries", json!({"charge": {"fail_calls": 2}}), ProcessState::Processed, 0),
+        o("retry-pay", "a payment attempt fails, the scheduler retries", json!({"charge": {"fail_attempts": 1}}), ProcessState::Processed, 1),
+        o("hung-stock", "inventory hangs past CompleteBy once", json!({"reserve": {"hang_attempts": 1}}), ProcessState::Processed, 1),
+        o("declined", "card declined: release the stock", json!({"charge": {"permanent": "card declined"}}), ProcessState::Compensated, 1),
+        o("lost-ship", "shipping never answers: refund, release, alert", json!({"ship": {"hang_attempts": 99}}), ProcessState::Compensated, 3),
+    ]
+}
+
+async fn queue_arn(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<String> {
+    sqs.get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(aws_sdk_sqs::Error::from)?
+        .attributes
+        .unwrap_or_default()
+        .remove(&QueueAttributeName::QueueArn)
+        .context("queue has no ARN")
+}
+
+/// Receive and delete everything in `url`: (body, RejectReason attribute if any).
+async fn drain(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<Vec<(String, Option<String>)>> {
+    let mut bodies = Vec::new();
+    loop {
+        let out = sqs
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(1)
+            .message_attribute_names("RejectReason")
+            .send()
+            .await
+            .map_err(aws_sdk_sqs::Error::from)?;
+        let msgs = out.messages.unwrap_or_default();
+        if msgs.is_empty() {
+            return Ok(bodies);
+        }
+        for m in msgs {
+            if let Some(h) = m.receipt_handle {
+                sqs.delete_message().queue_url(url).receipt_handle(h).send().await.map_err(aws_sdk_sqs::Error::from)?;
+            }
+            let reason = m.message_attributes.as_ref().and_then(|a| a.get("RejectReason")).and_then(|v| v.string_value.clone());
+            bodies.push((m.body.unwrap_or_default(), reason));
+        }
+    }
+}
+
+fn render(orders: &[Order], tasks: &BTreeMap<String, Task>, elapsed: Duration) -> String {
+    let mut s = format!("{:<26} {:<13} {:<9} {:>5}  {}\n", "order", "state", "step", "fails", "scenario");
+    for o in orders {
+        let (state, step, fails) = tasks.get(&o.id).map_or(("(queued)".to_owned(), "-".to_owned(), 0), |t| {
+            (t.process_state.to_string(), t.current_step_name().unwrap_or("-").to_owned(), t.failure_count)
+        });
+        s += &format!("{:<26} {:<13} {:<9} {:>5}  {}\n", o.id, state, step, fails, o.what);
+    }
+    s += &format!("[{:>3} s]\n", elapsed.as_secs());
+    s
+}
+
+pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> Result<bool> {
+    let deps = Arc::new(deps);
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let run = format!("demo{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    let res = deps.bus.resources().clone();
+
+    // The caller's private reply queue, and an operator's alert inbox on the topic.
+    let reply = sqs.create_queue().queue_name(format!("{run}-replies")).send().await.map_err(aws_sdk_sqs::Error::from)?;
+    let reply = reply.queue_url.context("no queue url")?;
+    let inbox = sqs.create_queue().queue_name(format!("{run}-alerts")).send().await.map_err(aws_sdk_sqs::Error::from)?;
+    let inbox = inbox.queue_url.context("no queue url")?;
+    aws_sdk_sns::Client::new(sdk)
+        .subscribe()
+        .topic_arn(&res.alert_topic_arn)
+        .protocol("sqs")
+        .endpoint(queue_arn(&sqs, &inbox).await?)
+        .attributes("RawMessageDelivery", "true")
+        .attributes("FilterPolicy", r#"{"kind": [{"exists": true}]}"#)
+        .send()
+        .await
+        .map_err(aws_sdk_sns::Error::from)?;
+
+    let handle = Runner::new(deps.clone(), Arc::new(AgentRuntime::with_builtins()), RunnerOptions {
+        sweep_every: Duration::from_secs(2),
+        ..RunnerOptions::default()
+    })
+    .spawn();
+
+    let orders = orders(&run);
+    let mut bodies: Vec<String> = orders
+        .iter()
+        .map(|o| {
+            serde_json::to_string(&Submission {
+                v: VERSION,
+                task_id: Some(TaskId::try_from(o.id.as_str()).expect("valid id")),
+                workflow: "order".into(),
+                workflow_version: None,
+                input: json!({"customer": "c-42", "items": [{"sku": "book", "qty": 1}], "sim": o.sim}),
+                reply_to: Some(reply.clone()),
+            })
+            .expect("serialises")
+        })
+        .collect();
+    bodies.push(bodies[0].clone()); // a duplicate submission: nothing new is created
+    bodies.push(format!(r#"{{"v": 1, "task_id": "{run}-broken", "workflow": "order", "input": {{"#)); // malformed
+    println!("submitting {} messages ({} orders, 1 duplicate, 1 malformed) to {}\n", bodies.len(), orders.len(), res.submission_queue_url);
+    for b in bodies {
+        sqs.send_message().queue_url(&res.submission_queue_url).message_body(b).send().await.map_err(aws_sdk_sqs::Error::from)?;
+    }
+
+    let started = Instant::now();
+    let tty = std::io::stdout().is_terminal();
+    let mut last = String::new();
+    let mut tasks = BTreeMap::new();
+    loop {
+        for o in &orders {
+            if let Some(t) = deps.store.get(&TaskId::try_from(o.id.as_str())?).await? {
+                tasks.insert(o.id.clone(), t);
+            }
+        }
+        let table = render(&orders, &tasks, started.elapsed());
+        let body = table.rsplit_once('[').map_or(table.as_str(), |(b, _)| b).to_owned();
+        if tty {
+            print!("\x1b[2J\x1b[H{table}");
+        } else if body != last {
+            println!("{table}");
+        }
+        last = body;
+        let done = orders.iter().all(|o| tasks.get(&o.id).is_some_and(|t| t.process_state.is_terminal()));
+        if done || started.elapsed() > timeout {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    handle.shutdown().await;
+
+    let statuses = drain(&sqs, &reply).await?;
+    let alerts = drain(&sqs, &inbox).await?;
+    // Refused submissions are kept in the submission DLQ with their reason.
+    let rejected: Vec<String> = drain(&sqs, &res.submission_dlq_url)
+        .await?
+        .into_iter()
+        .filter(|(body, _)| body.contains(&run))
+        .filter_map(|(_, reason)| reason)
+        .collect();
+
+    println!("\nsummary after {} s", started.elapsed().as_secs());
+    let mut ok = true;
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for o in &orders {
+        let t = tasks.get(&o.id);
+        let state = t.map(|t| t.process_state);
+        *counts.entry(state.map_or("missing".into(), |s| s.to_string())).or_default() += 1;
+        let good = state == Some(o.expect) && t.is_some_and(|t| t.failure_count >= o.min_failures);
+        ok &= good;
+        println!(
+            "  {} {:<26} expected {:<12} got {:<12} failures {}",
+            if good { "ok  " } else { "FAIL" },
+            o.id,
+            o.expect.to_string(),
+            state.map_or("-".into(), |s| s.to_string()),
+            t.map_or(0, |t| t.failure_count)
+        );
+    }
+    let retried = tasks.values().filter(|t| t.failure_count > 0).count();
+    println!("\n  by state: {}", counts.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "));
+    println!("  retried (FailureCount > 0): {retried}");
+    println!("  status messages on the reply queue: {}", statuses.len());
+    println!("  rejected submissions (kept in the submission DLQ): {} ({})", rejected.len(), rejected.join("; "));
+    println!("  operator alerts: {}", alerts.len());
+    for (a, _) in &alerts {
+        let v: Value = serde_json::from_str(a).unwrap_or_default();
+        println!("    - {} {}: {}", v["kind"].as_str().unwrap_or("?"), v["task_id"].as_str().unwrap_or("?"), v["reason"].as_str().unwrap_or(""));
+    }
+    let dup_ok = tasks.get(&orders[0].id).is_some_and(|t| t.history.iter().filter(|h| h.state == ProcessState::Pending).count() == 1);
+    println!("  duplicate submission created nothing new: {}", if dup_ok { "yes" } else { "NO" });
+    ok &= dup_ok && rejected.len() == 1 && !alerts.is_empty();
+    println!("\n{}", if ok { "every order reached the end it was set up for" } else { "SOME ORDERS DID NOT END AS EXPECTED" });
+    Ok(ok)
+}
