@@ -308,6 +308,6 @@ mod tests {
         let c = CallRetry { max_calls: 5, base_ms: 100, max_ms: 1_000 };
         assert_eq!(c.delay(1, 1.0), Duration::from_millis(100));
         assert_eq!(c.delay(3, 1.0), Duration::from_millis(400));
-        assert_eq!(c.delay(30, 1.0), Duration::from_millis(1_000));
+        assert_eq!(c.delay(30, 1.0), Duration::from_secs(1));
     }
 }

@@ -161,7 +161,7 @@ impl Bus {
     /// `seq` as deduplication id, so they receive every task's statuses in order, once.
     pub async fn reply(&self, reply_to: &str, status: &StatusMessage) -> Result<(), BusError> {
         let body = Self::encode(status)?;
-        let fifo = QueueUrl::parse(reply_to).map(|q| q.is_fifo()).unwrap_or(false);
+        let fifo = QueueUrl::parse(reply_to).is_ok_and(|q| q.is_fifo());
         let group = fifo.then(|| (status.task_id.as_str(), format!("{}-{}", status.task_id, status.seq)));
         self.send_raw(reply_to, body, 0, group).await
     }

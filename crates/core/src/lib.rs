@@ -15,7 +15,8 @@
     clippy::missing_errors_doc,
     clippy::missing_panics_doc,
     clippy::must_use_candidate,
-    clippy::too_many_lines
+    clippy::too_many_lines,
+    clippy::doc_markdown
 )]
 
 pub mod agents;

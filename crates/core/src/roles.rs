@@ -115,12 +115,9 @@ pub async fn drive(deps: &Deps, mut task: Task, event: &Event) -> Result<Applied
 }
 
 async fn load_and_drive(deps: &Deps, task_id: &TaskId, event: &Event) -> Result<Applied, HandlerError> {
-    match deps.store.get(task_id).await? {
-        Some(task) => drive(deps, task, event).await,
-        None => {
-            warn!(%task_id, event = event.name(), "no such task; message dropped");
-            Ok(Applied::Missing)
-        }
+    if let Some(task) = deps.store.get(task_id).await? { drive(deps, task, event).await } else {
+        warn!(%task_id, event = event.name(), "no such task; message dropped");
+        Ok(Applied::Missing)
     }
 }
 

@@ -151,7 +151,7 @@ impl TaskStore {
             .await;
         match r {
             Ok(_) => Ok(()),
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_conditional_check_failed_exception()) => {
+            Err(e) if e.as_service_error().is_some_and(aws_sdk_dynamodb::operation::put_item::PutItemError::is_conditional_check_failed_exception) => {
                 Err(StoreError::AlreadyExists)
             }
             Err(e) => Err(aws("PutItem")(e)),
