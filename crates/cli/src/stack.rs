@@ -10,7 +10,7 @@ use aws_sdk_cloudformation::Client;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StackError {
-    #[error("CloudFormation {op}: {source}")]
+    #[error("CloudFormation {op}: {}", aws_sdk_cloudformation::error::DisplayErrorContext(source.as_ref()))]
     Aws {
         op: &'static str,
         #[source]

@@ -21,14 +21,14 @@ pub const MAX_DELAY_SECONDS: u64 = 900;
 pub enum BusError {
     #[error("message is {bytes} bytes; SQS accepts at most {SQS_MAX_MESSAGE_BYTES}")]
     TooLarge { bytes: usize },
-    #[error("SQS {op} to {queue}: {source}")]
+    #[error("SQS {op} to {queue}: {}", aws_sdk_sqs::error::DisplayErrorContext(source.as_ref()))]
     Sqs {
         op: &'static str,
         queue: String,
         #[source]
         source: Box<aws_sdk_sqs::Error>,
     },
-    #[error("SNS Publish: {0}")]
+    #[error("SNS Publish: {}", aws_sdk_sns::error::DisplayErrorContext(.0.as_ref()))]
     Sns(#[source] Box<aws_sdk_sns::Error>),
     #[error("{failed} of {total} batch entries failed: {first}")]
     Batch { failed: usize, total: usize, first: String },
@@ -188,13 +188,12 @@ impl Bus {
         let attr = |v: &str| {
             MessageAttributeValue::builder().data_type("String").string_value(v).build().expect("type is set")
         };
-        let mut reason = reason.to_owned();
-        reason.truncate(1024);
+        let reason = crate::ids::clip(reason, 1024);
         self.sqs
             .send_message()
             .queue_url(&self.res.submission_dlq_url)
             .message_body(if raw.is_empty() { "<empty>" } else { raw })
-            .message_attributes("RejectReason", attr(&reason))
+            .message_attributes("RejectReason", attr(reason))
             .message_attributes("RejectedAt", attr(&Millis::now().to_string()))
             .send()
             .await

@@ -157,6 +157,19 @@ impl fmt::Display for IdempotencyKey {
     }
 }
 
+/// `s` cut to at most `max` bytes, on a character boundary (for echoing caller input in reasons
+/// and attributes without ever splitting a UTF-8 character).
+pub fn clip(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
+}
+
 /// A step, compensation or workflow name.
 pub fn check_name(what: &'static str, s: &str) -> Result<(), IdError> {
     check_token_chars(what, s, 64)
@@ -177,6 +190,16 @@ mod tests {
         );
         let long = "x".repeat(129);
         assert!(matches!(TaskId::try_from(long), Err(IdError::TooLong { len: 129, .. })));
+    }
+
+    #[test]
+    fn clip_never_splits_a_character() {
+        let s = "заказ".repeat(300);
+        for max in 0..40 {
+            let c = clip(&s, max);
+            assert!(c.len() <= max && s.starts_with(c));
+        }
+        assert_eq!(clip("abc", 10), "abc");
     }
 
     #[test]

@@ -158,10 +158,12 @@ fn validate(deps: &Deps, raw: &str) -> Result<(Submission, TaskId), Rejection> {
     match obj.get("v") {
         Some(Value::Number(n)) if n.as_u64() == Some(u64::from(VERSION)) => {}
         other => {
-            return Err(Rejection::Version { got: other.map_or_else(|| "(missing)".to_owned(), Value::to_string) })
+            let got = other.map_or_else(|| "(missing)".to_owned(), Value::to_string);
+            return Err(Rejection::Version { got: crate::ids::clip(&got, 64).to_owned() });
         }
     }
-    let sub: Submission = serde_json::from_value(v).map_err(|e| Rejection::Shape(e.to_string()))?;
+    let sub: Submission =
+        serde_json::from_value(v).map_err(|e| Rejection::Shape(crate::ids::clip(&e.to_string(), 300).to_owned()))?;
     if let Some(r) = &sub.reply_to {
         QueueUrl::parse(r)?;
     }
@@ -170,7 +172,8 @@ fn validate(deps: &Deps, raw: &str) -> Result<(Submission, TaskId), Rejection> {
         return Err(Rejection::TooLarge { bytes, limit: deps.settings.max_input_bytes });
     }
     if deps.workflows.resolve(&sub.workflow, sub.workflow_version).is_none() {
-        return Err(Rejection::UnknownWorkflow { name: sub.workflow.clone(), version: sub.workflow_version });
+        let name = crate::ids::clip(&sub.workflow, 64).to_owned();
+        return Err(Rejection::UnknownWorkflow { name, version: sub.workflow_version });
     }
     let id = sub.task_id.clone().unwrap_or_else(TaskId::generate);
     Ok((sub, id))

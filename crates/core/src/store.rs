@@ -33,7 +33,7 @@ pub enum StoreError {
     Conflict { current: Option<Box<Task>> },
     #[error("task item would be about {bytes} bytes; the limit is {MAX_ITEM_BYTES}")]
     TooLarge { bytes: usize },
-    #[error("DynamoDB {op}: {source}")]
+    #[error("DynamoDB {op}: {}", aws_sdk_dynamodb::error::DisplayErrorContext(source.as_ref()))]
     Aws {
         op: &'static str,
         #[source]

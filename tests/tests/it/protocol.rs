@@ -273,6 +273,8 @@ async fn every_bad_input_class_is_rejected_with_a_reason_and_kept() {
         (json!({"v": 1, "task_id": "b5", "workflow": "three", "reply_to": "https://evil.example/x"}).to_string(), "not an SQS queue URL", false),
         (json!({"v": 1, "task_id": "b:6", "workflow": "three", "reply_to": reply}).to_string(), "task_id contains ':'", true),
         (json!({"v": 1, "workflow": "three", "callback": "x", "reply_to": reply}).to_string(), "does not match the contract", true),
+        // A long multi-byte name echoed in the reason must be cut on a character boundary.
+        (json!({"v": 1, "task_id": "b8", "workflow": "заказ".repeat(120), "reply_to": reply}).to_string(), "unknown workflow заказ", true),
     ];
     let runner = s.runner();
     for (body, _, _) in &cases {
