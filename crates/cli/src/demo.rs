@@ -1,6 +1,8 @@
-//! `sasctl demo`: the main job. Runs every role in this process against a deployed stack, submits
-//! sample orders (clean, flaky, hanging, declined, lost in shipping, a duplicate, a malformed one),
-//! shows them move, and checks that each order ended as it was set up to.
+//! `sasctl demo`: the main job. Starts the order service (inventory, payment, shipping) and runs
+//! every role in this process against a deployed stack, with HTTP agents calling the service;
+//! submits sample orders (clean, flaky, slow, hanging once, declined, lost in shipping, a duplicate,
+//! a malformed one), shows them move, and checks each order's end and the service's ledger: every
+//! effect applied exactly once, every compensated order released and refunded.
 #![allow(clippy::print_stdout)]
 
 use std::collections::BTreeMap;
@@ -10,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use aws_sdk_sqs::types::QueueAttributeName;
-use sas_core::agents::AgentRuntime;
+use sas_core::agents::{AgentRuntime, BUILT_IN_AGENTS};
 use sas_core::ids::TaskId;
 use sas_core::messages::{Submission, VERSION};
 use sas_core::protocol::{ProcessState, Task};
@@ -21,21 +23,61 @@ use serde_json::{json, Value};
 struct Order {
     id: String,
     what: &'static str,
-    sim: Value,
+    /// Faults the order service applies to this order, by endpoint.
+    faults: Value,
     expect: ProcessState,
     min_failures: u32,
+    /// The effects the ledger must show for this order, in order.
+    effects: &'static [&'static str],
 }
 
+const DONE: &[&str] = &["reserve", "charge", "ship"];
+
 fn orders(run: &str) -> Vec<Order> {
-    let o = |n: &str, what, sim, expect, min_failures| Order { id: format!("{run}-{n}"), what, sim, expect, min_failures };
+    let o = |n: &str, what, faults, expect, min_failures, effects| Order {
+        id: format!("{run}-{n}"),
+        what,
+        faults,
+        expect,
+        min_failures,
+        effects,
+    };
     vec![
-        o("clean-1", "clean", json!({}), ProcessState::Processed, 0),
-        o("clean-2", "clean", json!({}), ProcessState::Processed, 0),
-        o("flaky-pay", "payment fails twice, the agent retries", json!({"charge": {"fail_calls": 2}}), ProcessState::Processed, 0),
-        o("retry-pay", "a payment attempt fails, the scheduler retries", json!({"charge": {"fail_attempts": 1}}), ProcessState::Processed, 1),
-        o("hung-stock", "inventory hangs past CompleteBy once", json!({"reserve": {"hang_attempts": 1}}), ProcessState::Processed, 1),
-        o("declined", "card declined: release the stock", json!({"charge": {"permanent": "card declined"}}), ProcessState::Compensated, 1),
-        o("lost-ship", "shipping never answers: refund, release, alert", json!({"ship": {"hang_attempts": 99}}), ProcessState::Compensated, 3),
+        o("clean-1", "clean", json!({}), ProcessState::Processed, 0, DONE),
+        o("clean-2", "clean", json!({}), ProcessState::Processed, 0, DONE),
+        o(
+            "flaky-pay",
+            "payment answers 503 three times",
+            json!({"payment/charge": {"fail_times": 3}}),
+            ProcessState::Processed,
+            0,
+            DONE,
+        ),
+        o(
+            "slow-stock",
+            "inventory takes 1.5 s",
+            json!({"inventory/reserve": {"latency_ms": 1500}}),
+            ProcessState::Processed,
+            0,
+            DONE,
+        ),
+        o("hung-stock", "inventory hangs past CompleteBy once", json!({}), ProcessState::Processed, 1, DONE),
+        o(
+            "declined",
+            "card declined: release the stock",
+            json!({"payment/charge": {"permanent": "card declined"}}),
+            ProcessState::Compensated,
+            1,
+            &["reserve", "release"],
+        ),
+        o(
+            "lost-ship",
+            "shipping never answers: refund, release, alert",
+            json!({"shipping/ship": {"hang": true}}),
+            ProcessState::Compensated,
+            3,
+            &["reserve", "charge", "refund", "release"],
+        ),
     ]
 }
 
@@ -73,7 +115,8 @@ async fn drain(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<Vec<(String, Opti
             if let Some(h) = m.receipt_handle {
                 sqs.delete_message().queue_url(url).receipt_handle(h).send().await.map_err(aws_sdk_sqs::Error::from)?;
             }
-            let reason = m.message_attributes.as_ref().and_then(|a| a.get("RejectReason")).and_then(|v| v.string_value.clone());
+            let reason =
+                m.message_attributes.as_ref().and_then(|a| a.get("RejectReason")).and_then(|v| v.string_value.clone());
             bodies.push((m.body.unwrap_or_default(), reason));
         }
     }
@@ -93,14 +136,19 @@ fn render(orders: &[Order], tasks: &BTreeMap<String, Task>, elapsed: Duration) -
 
 pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> Result<bool> {
     let deps = Arc::new(deps);
+    let (base, service) = sas_order_service::spawn_local().await.context("starting the order service")?;
+    println!("order service (inventory, payment, shipping) listening on {base}");
+    let agents = AgentRuntime::from_config(BUILT_IN_AGENTS, &|k| (k == "ORDER_SERVICE_URL").then(|| base.clone()))?;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let run = format!("demo{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
     let res = deps.bus.resources().clone();
 
     // The caller's private reply queue, and an operator's alert inbox on the topic.
-    let reply = sqs.create_queue().queue_name(format!("{run}-replies")).send().await.map_err(aws_sdk_sqs::Error::from)?;
+    let reply =
+        sqs.create_queue().queue_name(format!("{run}-replies")).send().await.map_err(aws_sdk_sqs::Error::from)?;
     let reply = reply.queue_url.context("no queue url")?;
-    let inbox = sqs.create_queue().queue_name(format!("{run}-alerts")).send().await.map_err(aws_sdk_sqs::Error::from)?;
+    let inbox =
+        sqs.create_queue().queue_name(format!("{run}-alerts")).send().await.map_err(aws_sdk_sqs::Error::from)?;
     let inbox = inbox.queue_url.context("no queue url")?;
     aws_sdk_sns::Client::new(sdk)
         .subscribe()
@@ -113,13 +161,18 @@ pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> 
         .await
         .map_err(aws_sdk_sns::Error::from)?;
 
-    let handle = Runner::new(deps.clone(), Arc::new(AgentRuntime::with_builtins()), RunnerOptions {
-        sweep_every: Duration::from_secs(2),
-        ..RunnerOptions::default()
-    })
+    let handle = Runner::new(
+        deps.clone(),
+        Arc::new(agents),
+        RunnerOptions { sweep_every: Duration::from_secs(2), ..RunnerOptions::default() },
+    )
     .spawn();
 
     let orders = orders(&run);
+    // hung-stock: inventory hangs until the supervisor has counted the timed-out attempt.
+    let hung = orders.iter().find(|o| o.id.ends_with("hung-stock")).map(|o| o.id.clone()).expect("listed");
+    service.add_fault(serde_json::from_value(json!({"order": hung, "endpoint": "/inventory/reserve", "hang": true}))?);
+    let mut hung_lifted = false;
     let mut bodies: Vec<String> = orders
         .iter()
         .map(|o| {
@@ -128,7 +181,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> 
                 task_id: Some(TaskId::try_from(o.id.as_str()).expect("valid id")),
                 workflow: "order".into(),
                 workflow_version: None,
-                input: json!({"customer": "c-42", "items": [{"sku": "book", "qty": 1}], "sim": o.sim}),
+                input: json!({"customer": "c-42", "items": [{"sku": "book", "qty": 1}], "amount_cents": 1999, "faults": o.faults}),
                 reply_to: Some(reply.clone()),
             })
             .expect("serialises")
@@ -136,9 +189,19 @@ pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> 
         .collect();
     bodies.push(bodies[0].clone()); // a duplicate submission: nothing new is created
     bodies.push(format!(r#"{{"v": 1, "task_id": "{run}-broken", "workflow": "order", "input": {{"#)); // malformed
-    println!("submitting {} messages ({} orders, 1 duplicate, 1 malformed) to {}\n", bodies.len(), orders.len(), res.submission_queue_url);
+    println!(
+        "submitting {} messages ({} orders, 1 duplicate, 1 malformed) to {}\n",
+        bodies.len(),
+        orders.len(),
+        res.submission_queue_url
+    );
     for b in bodies {
-        sqs.send_message().queue_url(&res.submission_queue_url).message_body(b).send().await.map_err(aws_sdk_sqs::Error::from)?;
+        sqs.send_message()
+            .queue_url(&res.submission_queue_url)
+            .message_body(b)
+            .send()
+            .await
+            .map_err(aws_sdk_sqs::Error::from)?;
     }
 
     let started = Instant::now();
@@ -150,6 +213,10 @@ pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> 
             if let Some(t) = deps.store.get(&TaskId::try_from(o.id.as_str())?).await? {
                 tasks.insert(o.id.clone(), t);
             }
+        }
+        if !hung_lifted && tasks.get(&hung).is_some_and(|t| t.failure_count >= 1) {
+            service.clear_faults(Some(&hung));
+            hung_lifted = true;
         }
         let table = render(&orders, &tasks, started.elapsed());
         let body = table.rsplit_once('[').map_or(table.as_str(), |(b, _)| b).to_owned();
@@ -203,11 +270,37 @@ pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> 
     println!("  operator alerts: {}", alerts.len());
     for (a, _) in &alerts {
         let v: Value = serde_json::from_str(a).unwrap_or_default();
-        println!("    - {} {}: {}", v["kind"].as_str().unwrap_or("?"), v["task_id"].as_str().unwrap_or("?"), v["reason"].as_str().unwrap_or(""));
+        println!(
+            "    - {} {}: {}",
+            v["kind"].as_str().unwrap_or("?"),
+            v["task_id"].as_str().unwrap_or("?"),
+            v["reason"].as_str().unwrap_or("")
+        );
     }
-    let dup_ok = tasks.get(&orders[0].id).is_some_and(|t| t.history.iter().filter(|h| h.state == ProcessState::Pending).count() == 1);
+    let ledger = service.ledger();
+    let mut ledger_ok = true;
+    println!("\n  order service ledger (effects applied, per order):");
+    for o in &orders {
+        let got: Vec<String> = ledger.iter().filter(|e| e.order == o.id).map(|e| e.op.clone()).collect();
+        let good = got == o.effects;
+        ledger_ok &= good;
+        println!("    {} {:<26} {}", if good { "ok  " } else { "FAIL" }, o.id, got.join(" -> "));
+    }
+    let keys: std::collections::HashSet<&str> = ledger.iter().map(|e| e.idempotency_key.as_str()).collect();
+    let exactly_once = keys.len() == ledger.len();
+    println!(
+        "  every effect applied exactly once (no idempotency key twice in the ledger): {}",
+        if exactly_once { "yes" } else { "NO" }
+    );
+    ok &= ledger_ok && exactly_once;
+    let dup_ok = tasks
+        .get(&orders[0].id)
+        .is_some_and(|t| t.history.iter().filter(|h| h.state == ProcessState::Pending).count() == 1);
     println!("  duplicate submission created nothing new: {}", if dup_ok { "yes" } else { "NO" });
     ok &= dup_ok && rejected.len() == 1 && !alerts.is_empty();
-    println!("\n{}", if ok { "every order reached the end it was set up for" } else { "SOME ORDERS DID NOT END AS EXPECTED" });
+    println!(
+        "\n{}",
+        if ok { "every order reached the end it was set up for" } else { "SOME ORDERS DID NOT END AS EXPECTED" }
+    );
     Ok(ok)
 }

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 use sas_core::agents::AgentRuntime;
 use sas_core::config::{Resources, Settings};
 use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{CancelMessage, SchedulerMessage, Submission, VERSION};
+use sas_core::messages::{Submission, VERSION};
 use sas_core::protocol::ProcessState;
 use sas_core::roles::Deps;
 use sas_core::runner::{Runner, RunnerOptions};
@@ -81,6 +81,16 @@ enum Cmd {
         #[arg(long, default_value_t = 240)]
         timeout: u64,
     },
+    /// Resume Error tasks from their failed step (completed steps are not redone).
+    Resubmit {
+        /// The task to resubmit.
+        task_id: Option<String>,
+        /// Resubmit every task in this state instead (only Error is accepted).
+        #[arg(long, conflicts_with = "task_id")]
+        state: Option<String>,
+        #[arg(long, default_value = "resubmitted by operator")]
+        reason: String,
+    },
     /// Stop a task; its completed steps are compensated.
     Cancel {
         task_id: String,
@@ -94,9 +104,13 @@ async fn resources(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Resources> 
         Some(stack) => sas_cli::stack::outputs(&aws_sdk_cloudformation::Client::new(sdk), stack).await?,
         None => {
             let text = std::fs::read_to_string(&cli.outputs).with_context(|| {
-                format!("cannot read {} (run `make up` or `sasctl deploy-local` first, or pass --stack)", cli.outputs.display())
+                format!(
+                    "cannot read {} (run `make up` or `sasctl deploy-local` first, or pass --stack)",
+                    cli.outputs.display()
+                )
             })?;
-            serde_json::from_str(&text).with_context(|| format!("{} is not a JSON object of strings", cli.outputs.display()))?
+            serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a JSON object of strings", cli.outputs.display()))?
         }
     };
     Ok(Resources::from_outputs(&map)?)
@@ -107,10 +121,17 @@ async fn deps(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Deps> {
 }
 
 fn ms(m: Option<Millis>) -> String {
-    m.map_or_else(|| "-".to_owned(), |m| {
-        let now = Millis::now();
-        if m > now { format!("{m} (in {} ms)", now.until(m)) } else { format!("{m} ({} ms ago)", m.until(now)) }
-    })
+    m.map_or_else(
+        || "-".to_owned(),
+        |m| {
+            let now = Millis::now();
+            if m > now {
+                format!("{m} (in {} ms)", now.until(m))
+            } else {
+                format!("{m} ({} ms ago)", m.until(now))
+            }
+        },
+    )
 }
 
 #[tokio::main]
@@ -126,7 +147,9 @@ async fn main() -> Result<()> {
                 kv.push((k, v));
             }
             let cfn = aws_sdk_cloudformation::Client::new(&sdk);
-            let out = sas_cli::stack::deploy(&cfn, name, &sas_cli::stack::local_template(sas_cli::stack::TEMPLATE), &kv).await?;
+            let out =
+                sas_cli::stack::deploy(&cfn, name, &sas_cli::stack::local_template(sas_cli::stack::TEMPLATE), &kv)
+                    .await?;
             if let Some(dir) = cli.outputs.parent() {
                 std::fs::create_dir_all(dir)?;
             }
@@ -140,7 +163,7 @@ async fn main() -> Result<()> {
         Cmd::Run { sweep_every } => {
             let deps = Arc::new(deps(&cli, &sdk).await?);
             let opts = RunnerOptions { sweep_every: Duration::from_secs(*sweep_every), ..RunnerOptions::default() };
-            let handle = Runner::new(deps, Arc::new(AgentRuntime::with_builtins()), opts).spawn();
+            let handle = Runner::new(deps, Arc::new(AgentRuntime::from_env()?), opts).spawn();
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
@@ -163,13 +186,7 @@ async fn main() -> Result<()> {
                 input: serde_json::from_str(input).context("--input is not JSON")?,
                 reply_to: reply_to.clone(),
             };
-            aws_sdk_sqs::Client::new(&sdk)
-                .send_message()
-                .queue_url(&res.submission_queue_url)
-                .message_body(serde_json::to_string(&sub)?)
-                .send()
-                .await
-                .map_err(aws_sdk_sqs::Error::from)?;
+            sas_cli::ops::send_submission(&aws_sdk_sqs::Client::new(&sdk), &res.submission_queue_url, &sub).await?;
             println!("{}", task_id.expect("set above"));
         }
         Cmd::Status { task_id, json } => {
@@ -188,9 +205,15 @@ async fn main() -> Result<()> {
             println!("LockedBy      {}", t.locked_by.as_ref().map_or("-", |l| l.as_str()));
             println!("CompleteBy    {}", ms(t.complete_by));
             println!("reason        {}", t.reason.as_deref().unwrap_or("-"));
-            println!("\n{:<12} {:<10} {:>8} {:>8}  {:<22} error", "step", "status", "attempts", "failures", "compensation");
+            println!(
+                "\n{:<12} {:<10} {:>8} {:>8}  {:<22} error",
+                "step", "status", "attempts", "failures", "compensation"
+            );
             for s in &t.steps {
-                let comp = s.compensation.as_ref().map_or("-".to_owned(), |c| format!("{} {:?}", c.name, c.status).to_lowercase());
+                let comp = s
+                    .compensation
+                    .as_ref()
+                    .map_or("-".to_owned(), |c| format!("{} {:?}", c.name, c.status).to_lowercase());
                 println!(
                     "{:<12} {:<10} {:>8} {:>8}  {:<22} {}",
                     s.name,
@@ -242,20 +265,30 @@ async fn main() -> Result<()> {
             }
         }
         Cmd::Cancel { task_id, reason } => {
-            let res = resources(&cli, &sdk).await?;
-            let msg = SchedulerMessage::Cancel(CancelMessage {
-                v: VERSION,
-                task_id: TaskId::try_from(task_id.as_str())?,
-                reason: reason.clone(),
-            });
-            aws_sdk_sqs::Client::new(&sdk)
-                .send_message()
-                .queue_url(&res.scheduler_queue_url)
-                .message_body(serde_json::to_string(&msg)?)
-                .send()
-                .await
-                .map_err(aws_sdk_sqs::Error::from)?;
+            let deps = deps(&cli, &sdk).await?;
+            sas_cli::ops::cancel(&deps.bus, &TaskId::try_from(task_id.as_str())?, reason).await?;
             println!("cancel requested for {task_id}");
+        }
+        Cmd::Resubmit { task_id, state, reason } => {
+            let deps = deps(&cli, &sdk).await?;
+            match (task_id, state) {
+                (Some(t), None) => {
+                    let id = TaskId::try_from(t.as_str())?;
+                    sas_cli::ops::resubmit(&deps.bus, std::slice::from_ref(&id), reason).await?;
+                    println!("resubmit requested for {id}");
+                }
+                (None, Some(s)) => {
+                    if s.parse::<ProcessState>()? != ProcessState::Error {
+                        bail!("only Error tasks can be resubmitted");
+                    }
+                    let ids = sas_cli::ops::resubmit_all_in_error(&deps, reason, 10_000).await?;
+                    println!("resubmit requested for {} task(s) in Error", ids.len());
+                    for id in ids {
+                        println!("  {id}");
+                    }
+                }
+                _ => bail!("name a task, or --state Error"),
+            }
         }
     }
     Ok(())

@@ -24,7 +24,9 @@ pub enum StackError {
     Missing(String),
 }
 
-fn aws<E>(op: &'static str) -> impl FnOnce(aws_sdk_cloudformation::error::SdkError<E, aws_smithy_runtime_api_http::Response>) -> StackError
+fn aws<E>(
+    op: &'static str,
+) -> impl FnOnce(aws_sdk_cloudformation::error::SdkError<E, aws_smithy_runtime_api_http::Response>) -> StackError
 where
     aws_sdk_cloudformation::Error:
         From<aws_sdk_cloudformation::error::SdkError<E, aws_smithy_runtime_api_http::Response>>,
@@ -54,10 +56,8 @@ pub async fn deploy(
     template_body: &str,
     params: &[(&str, &str)],
 ) -> Result<HashMap<String, String>, StackError> {
-    let parameters: Vec<Parameter> = params
-        .iter()
-        .map(|(k, v)| Parameter::builder().parameter_key(*k).parameter_value(*v).build())
-        .collect();
+    let parameters: Vec<Parameter> =
+        params.iter().map(|(k, v)| Parameter::builder().parameter_key(*k).parameter_value(*v).build()).collect();
     let caps = [Capability::CapabilityIam, Capability::CapabilityNamedIam, Capability::CapabilityAutoExpand];
     let exists = status(cfn, stack).await?.is_some_and(|s| s != StackStatus::DeleteComplete);
     if exists {
@@ -70,7 +70,8 @@ pub async fn deploy(
             .send()
             .await;
         if let Err(e) = r {
-            let no_updates = e.as_service_error().and_then(ProvideErrorMetadata::message).is_some_and(|m| m.contains("No updates"));
+            let no_updates =
+                e.as_service_error().and_then(ProvideErrorMetadata::message).is_some_and(|m| m.contains("No updates"));
             if !no_updates {
                 return Err(StackError::Aws { op: "UpdateStack", source: Box::new(e.into()) });
             }
@@ -93,7 +94,10 @@ async fn status(cfn: &Client, stack: &str) -> Result<Option<StackStatus>, StackE
     match cfn.describe_stacks().stack_name(stack).send().await {
         Ok(out) => Ok(out.stacks().first().and_then(|s| s.stack_status().cloned())),
         Err(e) => {
-            let missing = e.as_service_error().and_then(ProvideErrorMetadata::message).is_some_and(|m| m.contains("does not exist"));
+            let missing = e
+                .as_service_error()
+                .and_then(ProvideErrorMetadata::message)
+                .is_some_and(|m| m.contains("does not exist"));
             if missing {
                 Ok(None)
             } else {
@@ -112,7 +116,11 @@ async fn wait(cfn: &Client, stack: &str, limit: Duration) -> Result<(), StackErr
             return Ok(());
         }
         if s.ends_with("_FAILED") || (s.contains("ROLLBACK") && s.ends_with("_COMPLETE")) {
-            return Err(StackError::Failed { stack: stack.to_owned(), status: s.to_owned(), reasons: failures(cfn, stack).await });
+            return Err(StackError::Failed {
+                stack: stack.to_owned(),
+                status: s.to_owned(),
+                reasons: failures(cfn, stack).await,
+            });
         }
         if started.elapsed() > limit {
             return Err(StackError::Timeout { stack: stack.to_owned(), secs: limit.as_secs(), status: s.to_owned() });
@@ -148,11 +156,8 @@ async fn failures(cfn: &Client, stack: &str) -> String {
 pub async fn outputs(cfn: &Client, stack: &str) -> Result<HashMap<String, String>, StackError> {
     let out = cfn.describe_stacks().stack_name(stack).send().await.map_err(aws("DescribeStacks"))?;
     let s = out.stacks().first().ok_or_else(|| StackError::Missing(stack.to_owned()))?;
-    let mut map: HashMap<String, String> = s
-        .outputs()
-        .iter()
-        .filter_map(|o| Some((o.output_key()?.to_owned(), o.output_value()?.to_owned())))
-        .collect();
+    let mut map: HashMap<String, String> =
+        s.outputs().iter().filter_map(|o| Some((o.output_key()?.to_owned(), o.output_value()?.to_owned()))).collect();
     map.insert("StackName".into(), stack.to_owned());
     for p in s.parameters() {
         if p.parameter_key() == Some("SupervisorShards") {

@@ -42,7 +42,8 @@ pub trait Agent: Send + Sync {
 }
 
 /// Retries inside one attempt.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CallRetry {
     pub max_calls: u32,
     pub base_ms: u64,
@@ -85,11 +86,53 @@ impl AgentRuntime {
         AgentRuntime { agents: HashMap::new(), retry }
     }
 
-    /// The runtime with the built-in agents (`sim`).
+    /// The runtime with only the simulated agent (`sim`).
     pub fn with_builtins() -> Self {
         let mut rt = AgentRuntime::new(CallRetry::default());
         rt.register("sim", SimAgent);
         rt
+    }
+
+    /// The agents of a configuration file (see `config/agents.json`). `${NAME}` in a URL is taken
+    /// from `vars`; an agent whose URL names an unset variable is registered as unconfigured: its
+    /// calls fail permanently with a message that says which variable is missing.
+    pub fn from_config(json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Result<Self, AgentConfigError> {
+        let file: AgentFile = serde_json::from_str(json).map_err(|e| AgentConfigError::Json(e.to_string()))?;
+        let mut rt = AgentRuntime::new(file.retry.unwrap_or_default());
+        let client = crate::http_agent::client();
+        let max = file.max_response_bytes.unwrap_or(crate::http_agent::DEFAULT_MAX_RESPONSE_BYTES);
+        for (name, spec) in file.agents {
+            match spec {
+                AgentSpec::Sim => {
+                    rt.register(name, SimAgent);
+                }
+                AgentSpec::Http { url } => match expand(&url, vars) {
+                    Ok(url) => {
+                        if !(url.starts_with("http://") || url.starts_with("https://")) {
+                            return Err(AgentConfigError::BadUrl { agent: name, url });
+                        }
+                        rt.register(name, crate::http_agent::HttpAgent::new(client.clone(), url, max));
+                    }
+                    Err(var) => {
+                        let message = format!("agent {name} is not configured: {var} is not set");
+                        warn!("{message}");
+                        rt.register(name, Unconfigured { message });
+                    }
+                },
+            }
+        }
+        Ok(rt)
+    }
+
+    /// The built-in agent configuration, or the file named by `SAS_AGENTS_FILE`, with variables
+    /// from the environment (`ORDER_SERVICE_URL` for the order workflow's agents).
+    pub fn from_env() -> Result<Self, AgentConfigError> {
+        let text = match std::env::var("SAS_AGENTS_FILE") {
+            Ok(path) if !path.is_empty() => std::fs::read_to_string(&path)
+                .map_err(|e| AgentConfigError::Io { path: path.clone(), message: e.to_string() })?,
+            _ => BUILT_IN_AGENTS.to_owned(),
+        };
+        Self::from_config(&text, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
     }
 
     pub fn register(&mut self, name: impl Into<String>, agent: impl Agent + 'static) -> &mut Self {
@@ -158,6 +201,64 @@ impl AgentRuntime {
             }
             return Some(result(outcome));
         }
+    }
+}
+
+/// The agent definitions compiled into every binary.
+pub const BUILT_IN_AGENTS: &str = include_str!("../../../config/agents.json");
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AgentConfigError {
+    #[error("agent configuration is not valid: {0}")]
+    Json(String),
+    #[error("cannot read agent file {path}: {message}")]
+    Io { path: String, message: String },
+    #[error("agent {agent}: {url:?} is not an http(s) URL")]
+    BadUrl { agent: String, url: String },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentFile {
+    agents: std::collections::BTreeMap<String, AgentSpec>,
+    #[serde(default)]
+    retry: Option<CallRetry>,
+    #[serde(default)]
+    max_response_bytes: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+enum AgentSpec {
+    Sim,
+    Http { url: String },
+}
+
+/// Replace every `${NAME}`; `Err(NAME)` for the first one that is not set.
+fn expand(s: &str, vars: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let end = after.find('}').ok_or_else(|| after.to_owned())?;
+        let name = &after[..end];
+        out.push_str(vars(name).ok_or_else(|| name.to_owned())?.trim_end_matches('/'));
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Stands in for an agent whose configuration is incomplete.
+#[derive(Debug)]
+struct Unconfigured {
+    message: String,
+}
+
+impl Agent for Unconfigured {
+    fn call<'a>(&'a self, _call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
+        Box::pin(async move { Err(AgentError::Permanent { message: self.message.clone() }) })
     }
 }
 
@@ -301,6 +402,31 @@ mod tests {
         r.agent = "nope".into();
         let out = fast().run(&r).await.unwrap();
         assert!(matches!(out.outcome, Outcome::Failed { retryable: false, .. }));
+    }
+
+    #[test]
+    fn configuration_expands_variables_and_flags_missing_ones() {
+        assert_eq!(expand("${A}/x", &|_| Some("http://h:1/".into())).unwrap(), "http://h:1/x");
+        assert_eq!(expand("${MISSING}/x", &|_| None), Err("MISSING".to_owned()));
+        let rt = AgentRuntime::from_config(BUILT_IN_AGENTS, &|_| Some("http://127.0.0.1:9".into())).unwrap();
+        for a in ["sim", "inventory.reserve", "inventory.release", "payment.charge", "payment.refund", "shipping.ship"]
+        {
+            assert!(rt.knows(a), "{a}");
+        }
+        let bad = r#"{"agents": {"x": {"kind": "http", "url": "file:///etc/passwd"}}}"#;
+        assert!(matches!(AgentRuntime::from_config(bad, &|_| None), Err(AgentConfigError::BadUrl { .. })));
+    }
+
+    #[tokio::test]
+    async fn an_unconfigured_agent_fails_permanently_with_the_missing_variable() {
+        let rt = AgentRuntime::from_config(BUILT_IN_AGENTS, &|_| None).unwrap();
+        let mut r = req(json!({}), 1, 5_000);
+        r.agent = "payment.charge".into();
+        let out = rt.run(&r).await.unwrap();
+        assert!(
+            matches!(out.outcome, Outcome::Failed { retryable: false, ref error } if error.contains("ORDER_SERVICE_URL")),
+            "{out:?}"
+        );
     }
 
     #[test]

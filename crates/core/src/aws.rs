@@ -6,8 +6,6 @@ use aws_config::{BehaviorVersion, SdkConfig};
 use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
 
 pub async fn load_sdk_config() -> SdkConfig {
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(Provider::Rustls(CryptoMode::Ring))
-        .build_https();
+    let http = aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https();
     aws_config::defaults(BehaviorVersion::latest()).http_client(http).load().await
 }

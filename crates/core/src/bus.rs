@@ -9,7 +9,7 @@ use tracing::{info, warn};
 use crate::config::Resources;
 use crate::ids::Millis;
 use crate::messages::{
-    Alert, AgentRequest, QueueUrl, RunMessage, RunReason, SchedulerMessage, StatusMessage, TimerMessage,
+    AgentRequest, Alert, QueueUrl, RunMessage, RunReason, SchedulerMessage, StatusMessage, TimerMessage,
     SQS_MAX_MESSAGE_BYTES, VERSION,
 };
 use crate::protocol::{Effect, Task};
@@ -114,18 +114,9 @@ impl Bus {
                         .expect("id and body are set")
                 })
                 .collect();
-            let out = self
-                .sqs
-                .send_message_batch()
-                .queue_url(queue)
-                .set_entries(Some(entries))
-                .send()
-                .await
-                .map_err(|e| BusError::Sqs {
-                    op: "SendMessageBatch",
-                    queue: queue.to_owned(),
-                    source: Box::new(e.into()),
-                })?;
+            let out = self.sqs.send_message_batch().queue_url(queue).set_entries(Some(entries)).send().await.map_err(
+                |e| BusError::Sqs { op: "SendMessageBatch", queue: queue.to_owned(), source: Box::new(e.into()) },
+            )?;
             if !out.failed.is_empty() {
                 return Err(BusError::Batch {
                     failed: out.failed.len(),
@@ -168,7 +159,8 @@ impl Bus {
 
     pub async fn alert(&self, alert: &Alert) -> Result<(), BusError> {
         let attr = |v: &str| SnsAttr::builder().data_type("String").string_value(v).build().expect("type is set");
-        let kind = serde_json::to_value(alert.kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        let kind =
+            serde_json::to_value(alert.kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
         self.sns
             .publish()
             .topic_arn(&self.res.alert_topic_arn)

@@ -30,11 +30,7 @@ pub struct Resources {
 }
 
 fn parse_num<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, ConfigError> {
-    v.trim().parse().map_err(|_| ConfigError::Invalid {
-        name,
-        value: v.to_owned(),
-        why: "not a number".into(),
-    })
+    v.trim().parse().map_err(|_| ConfigError::Invalid { name, value: v.to_owned(), why: "not a number".into() })
 }
 
 impl Resources {

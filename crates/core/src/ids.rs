@@ -11,9 +11,7 @@ pub struct Millis(pub u64);
 
 impl Millis {
     pub fn now() -> Self {
-        let d = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
+        let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         Millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 
@@ -52,10 +50,7 @@ fn check_token_chars(what: &'static str, s: &str, max: usize) -> Result<(), IdEr
     if s.len() > max {
         return Err(IdError::TooLong { what, len: s.len(), max });
     }
-    if let Some(ch) = s
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
+    if let Some(ch) = s.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
         return Err(IdError::BadChar { what, ch });
     }
     Ok(())
@@ -184,10 +179,7 @@ mod tests {
         assert!(TaskId::try_from("order-42").is_ok());
         assert!(TaskId::try_from("a.b_c-1").is_ok());
         assert_eq!(TaskId::try_from(""), Err(IdError::Empty { what: "task_id" }));
-        assert_eq!(
-            TaskId::try_from("a:b"),
-            Err(IdError::BadChar { what: "task_id", ch: ':' })
-        );
+        assert_eq!(TaskId::try_from("a:b"), Err(IdError::BadChar { what: "task_id", ch: ':' }));
         let long = "x".repeat(129);
         assert!(matches!(TaskId::try_from(long), Err(IdError::TooLong { len: 129, .. })));
     }

@@ -7,6 +7,7 @@
 //! - [`store`]: the DynamoDB state store (conditional writes, the sparse CompleteBy index);
 //! - [`bus`]: SQS and SNS sends, and the effects of a transition;
 //! - [`agents`]: the Agent trait and the runtime that enforces deadlines and retries;
+//! - [`http_agent`]: the built-in HTTP agent (endpoints from configuration only);
 //! - [`roles`]: Submitter, Scheduler, Agent and Supervisor handlers;
 //! - [`runner`]: the local runner that polls the queues like Lambda does.
 #![warn(clippy::pedantic)]
@@ -23,6 +24,7 @@ pub mod agents;
 pub mod aws;
 pub mod bus;
 pub mod config;
+pub mod http_agent;
 pub mod ids;
 pub mod messages;
 pub mod protocol;

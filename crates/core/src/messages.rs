@@ -54,9 +54,14 @@ pub struct RunMessage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Outcome {
-    Succeeded { output: Value },
+    Succeeded {
+        output: Value,
+    },
     /// `retryable: false` is a permanent failure (the remote service said no for good).
-    Failed { error: String, retryable: bool },
+    Failed {
+        error: String,
+        retryable: bool,
+    },
 }
 
 /// Scheduler queue: an agent's result for one attempt, fenced by the attempt token.
@@ -79,6 +84,15 @@ pub struct CancelMessage {
     pub reason: String,
 }
 
+/// Scheduler queue: an operator resubmits an `Error` task; it resumes from its failed step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResubmitMessage {
+    pub v: u32,
+    pub task_id: TaskId,
+    pub reason: String,
+}
+
 /// Everything the scheduler queue carries, tagged by `type`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -86,6 +100,7 @@ pub enum SchedulerMessage {
     Run(RunMessage),
     Result(AgentResult),
     Cancel(CancelMessage),
+    Resubmit(ResubmitMessage),
 }
 
 impl SchedulerMessage {
@@ -94,6 +109,7 @@ impl SchedulerMessage {
             SchedulerMessage::Run(m) => &m.task_id,
             SchedulerMessage::Result(m) => &m.task_id,
             SchedulerMessage::Cancel(m) => &m.task_id,
+            SchedulerMessage::Resubmit(m) => &m.task_id,
         }
     }
 
@@ -102,6 +118,7 @@ impl SchedulerMessage {
             SchedulerMessage::Run(m) => m.v,
             SchedulerMessage::Result(m) => m.v,
             SchedulerMessage::Cancel(m) => m.v,
+            SchedulerMessage::Resubmit(m) => m.v,
         }
     }
 }

@@ -25,10 +25,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
-use crate::messages::{
-    AgentRequest, Alert, AlertKind, Phase, RunReason, StatusMessage, TimerMessage, VERSION,
-};
-use crate::workflow::{StepDef, WorkflowDef};
+use crate::messages::{AgentRequest, Alert, AlertKind, Phase, RunReason, StatusMessage, TimerMessage, VERSION};
+use crate::workflow::{OnFailure, StepDef, WorkflowDef};
 
 /// The pattern's `ProcessState`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -171,7 +169,11 @@ pub enum EndCause {
 pub enum Stage {
     Forward,
     /// `plan` lists the step indexes to undo, in the order they are undone; `pos` is the one now.
-    Compensating { plan: Vec<usize>, pos: usize, cause: EndCause },
+    Compensating {
+        plan: Vec<usize>,
+        pos: usize,
+        cause: EndCause,
+    },
 }
 
 /// One entry of the status history; each is also sent to `reply_to` as a [`StatusMessage`].
@@ -202,8 +204,11 @@ pub struct Task {
     /// Index of the current forward step.
     pub step_index: usize,
     pub steps: Vec<StepRecord>,
-    /// Failures in this run, all steps together; it never decreases.
+    /// Failures of all steps together; it never decreases.
     pub failure_count: u32,
+    /// 1, then +1 for each operator resubmit.
+    #[serde(default = "first_run")]
+    pub run: u32,
     /// The current attempt's fencing token; absent while no attempt is running.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locked_by: Option<AttemptToken>,
@@ -218,6 +223,10 @@ pub struct Task {
     pub updated_at: Millis,
     #[serde(default)]
     pub history: Vec<HistoryEntry>,
+}
+
+fn first_run() -> u32 {
+    1
 }
 
 /// Tunables of the protocol that are not per step.
@@ -254,12 +263,28 @@ impl Ctx {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// The Scheduler received a run message issued when the task was at `rev`.
-    Claim { rev: u64 },
-    AgentSucceeded { attempt: AttemptToken, output: Value },
-    AgentFailed { attempt: AttemptToken, error: String, retryable: bool },
+    Claim {
+        rev: u64,
+    },
+    AgentSucceeded {
+        attempt: AttemptToken,
+        output: Value,
+    },
+    AgentFailed {
+        attempt: AttemptToken,
+        error: String,
+        retryable: bool,
+    },
     /// The Supervisor found `CompleteBy` in the past.
     DeadlineExpired,
-    Cancel { reason: String },
+    /// Operator: stop the task (also an `Error` task parked in its forward stage).
+    Cancel {
+        reason: String,
+    },
+    /// Operator: an `Error` task resumes from its failed step; completed steps are not redone.
+    Resubmit {
+        reason: String,
+    },
 }
 
 impl Event {
@@ -270,6 +295,7 @@ impl Event {
             Event::AgentFailed { .. } => "agent_failed",
             Event::DeadlineExpired => "deadline_expired",
             Event::Cancel { .. } => "cancel",
+            Event::Resubmit { .. } => "resubmit",
         }
     }
 }
@@ -282,7 +308,11 @@ pub enum Effect {
     Reply(StatusMessage),
     Alert(Alert),
     /// A run message to the scheduler queue, delivered after `delay_ms`.
-    Run { rev: u64, delay_ms: u64, reason: RunReason },
+    Run {
+        rev: u64,
+        delay_ms: u64,
+        reason: RunReason,
+    },
     Dispatch(AgentRequest),
     /// A message to the supervisor queue, due at the attempt's `CompleteBy`.
     ArmTimer(TimerMessage),
@@ -313,6 +343,8 @@ pub enum Stale {
     NotExpired { complete_by: Millis, now: Millis },
     #[error("task is already being compensated")]
     AlreadyCompensating,
+    #[error("task is {0}; only an Error task can be resubmitted")]
+    NotResubmittable(ProcessState),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -354,6 +386,7 @@ pub fn submit(
         step_index: 0,
         steps,
         failure_count: 0,
+        run: 1,
         locked_by: None,
         complete_by: Some(now.plus_ms(policy.start_timeout_ms)),
         rev: 1,
@@ -370,7 +403,15 @@ pub fn submit(
 
 /// Apply one event. `Err(Stale)` means the event changes nothing.
 pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<Transition, Stale> {
-    if task.process_state.is_terminal() {
+    // Terminal states are never left, but for an operator's hand on an Error task.
+    let operator_on_error =
+        task.process_state == ProcessState::Error && matches!(event, Event::Cancel { .. } | Event::Resubmit { .. });
+    if let Event::Resubmit { .. } = event {
+        if task.process_state != ProcessState::Error {
+            return Err(Stale::NotResubmittable(task.process_state));
+        }
+    }
+    if task.process_state.is_terminal() && !operator_on_error {
         return Err(Stale::Terminal(task.process_state));
     }
     let mut t = task.clone();
@@ -444,7 +485,7 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
                         s.failures += 1;
                         s.error = Some(error.clone());
                         let reason = format!("step {name} failed permanently: {error}");
-                        t.begin_compensation(EndCause::Failed, reason, false, ctx, policy, &mut fx);
+                        t.step_failed_for_good(reason, false, ctx, policy, &mut fx);
                     }
                     Stage::Compensating { plan, pos, .. } => {
                         if let Some(c) = t.steps[plan[pos]].compensation.as_mut() {
@@ -487,14 +528,32 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
             if running {
                 t.steps[t.step_index].status = StepStatus::Cancelled;
             }
-            t.begin_compensation(
-                EndCause::Cancelled,
-                format!("cancelled: {reason}"),
-                running,
-                ctx,
-                policy,
-                &mut fx,
-            );
+            // A step whose effect is unknown (running now, or parked after timing out) is undone too.
+            let uncertain = running || t.steps[t.step_index].status == StepStatus::TimedOut;
+            t.begin_compensation(EndCause::Cancelled, format!("cancelled: {reason}"), uncertain, ctx, policy, &mut fx);
+        }
+        Event::Resubmit { reason } => {
+            t.run += 1;
+            t.reason = Some(format!("resubmitted (run {}): {reason}", t.run));
+            t.locked_by = None;
+            t.complete_by = Some(ctx.now.plus_ms(policy.start_timeout_ms));
+            let state = match t.stage.clone() {
+                Stage::Forward => {
+                    let s = &mut t.steps[t.step_index];
+                    s.status = StepStatus::Pending;
+                    s.failures = 0;
+                    ProcessState::Pending
+                }
+                Stage::Compensating { plan, pos, .. } => {
+                    if let Some(c) = t.steps[plan[pos]].compensation.as_mut() {
+                        c.status = CompensationStatus::Pending;
+                        c.failures = 0;
+                    }
+                    ProcessState::Compensating
+                }
+            };
+            t.note(state, ctx.now, policy, &mut fx);
+            fx.push(Effect::Run { rev: t.rev, delay_ms: 0, reason: RunReason::Retry });
         }
     }
     Ok(Transition { task: t, effects: fx })
@@ -590,14 +649,12 @@ impl Task {
                 (ProcessState::Processing, Phase::Forward, s.attempts)
             }
             Stage::Compensating { plan, pos, .. } => {
-                let c = self.steps[plan[pos]].compensation.get_or_insert_with(|| {
-                    CompensationRecord {
-                        name: def.name.clone(),
-                        status: CompensationStatus::Pending,
-                        attempts: 0,
-                        failures: 0,
-                        error: None,
-                    }
+                let c = self.steps[plan[pos]].compensation.get_or_insert_with(|| CompensationRecord {
+                    name: def.name.clone(),
+                    status: CompensationStatus::Pending,
+                    attempts: 0,
+                    failures: 0,
+                    error: None,
                 });
                 c.status = CompensationStatus::Running;
                 c.attempts += 1;
@@ -627,14 +684,7 @@ impl Task {
 
     /// One attempt failed without a definite "no" (timeout or a retryable error): retry after a
     /// backoff, or give up once the unit's attempts are spent.
-    fn attempt_failed(
-        &mut self,
-        reason: &str,
-        timed_out: bool,
-        ctx: &Ctx,
-        policy: &Policy,
-        fx: &mut Vec<Effect>,
-    ) {
+    fn attempt_failed(&mut self, reason: &str, timed_out: bool, ctx: &Ctx, policy: &Policy, fx: &mut Vec<Effect>) {
         let def = self.current_def().clone();
         self.failure_count += 1;
         self.locked_by = None;
@@ -667,11 +717,7 @@ impl Task {
                     ProcessState::Compensating
                 }
             };
-            self.reason = Some(format!(
-                "{reason}; retry {}/{} in {delay} ms",
-                failures + 1,
-                def.max_attempts
-            ));
+            self.reason = Some(format!("{reason}; retry {}/{} in {delay} ms", failures + 1, def.max_attempts));
             self.note(state, ctx.now, policy, fx);
             fx.push(Effect::Run { rev: self.rev, delay_ms: delay, reason: RunReason::Retry });
             return;
@@ -679,17 +725,37 @@ impl Task {
         let gave_up = format!("{reason}; all {} attempts used", def.max_attempts);
         match self.stage.clone() {
             Stage::Forward => {
-                self.steps[self.step_index].status =
-                    if timed_out { StepStatus::TimedOut } else { StepStatus::Failed };
+                self.steps[self.step_index].status = if timed_out { StepStatus::TimedOut } else { StepStatus::Failed };
                 self.reason = Some(gave_up.clone());
-                fx.push(Effect::Alert(self.alert(AlertKind::RetriesExhausted, &gave_up, ctx.now)));
-                self.begin_compensation(EndCause::Failed, gave_up, timed_out, ctx, policy, fx);
+                if self.workflow.on_failure == OnFailure::Compensate {
+                    fx.push(Effect::Alert(self.alert(AlertKind::RetriesExhausted, &gave_up, ctx.now)));
+                }
+                self.step_failed_for_good(gave_up, timed_out, ctx, policy, fx);
             }
             Stage::Compensating { plan, pos, .. } => {
                 if let Some(c) = self.steps[plan[pos]].compensation.as_mut() {
                     c.status = CompensationStatus::Failed;
                 }
                 self.reason = Some(format!("compensation failed: {gave_up}"));
+                self.finish(ProcessState::Error, ctx.now, policy, fx);
+            }
+        }
+    }
+
+    /// A forward step failed for good: compensate, or park in `Error` for an operator, as the
+    /// workflow says.
+    fn step_failed_for_good(
+        &mut self,
+        reason: String,
+        uncertain: bool,
+        ctx: &Ctx,
+        policy: &Policy,
+        fx: &mut Vec<Effect>,
+    ) {
+        match self.workflow.on_failure {
+            OnFailure::Compensate => self.begin_compensation(EndCause::Failed, reason, uncertain, ctx, policy, fx),
+            OnFailure::Error => {
+                self.reason = Some(reason);
                 self.finish(ProcessState::Error, ctx.now, policy, fx);
             }
         }
@@ -713,11 +779,7 @@ impl Task {
         if include_current && has_comp(i) {
             plan.push(i);
         }
-        plan.extend(
-            (0..i)
-                .rev()
-                .filter(|&j| self.steps[j].status == StepStatus::Succeeded && has_comp(j)),
-        );
+        plan.extend((0..i).rev().filter(|&j| self.steps[j].status == StepStatus::Succeeded && has_comp(j)));
         self.reason = Some(reason);
         self.locked_by = None;
         if plan.is_empty() {

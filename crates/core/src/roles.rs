@@ -12,8 +12,7 @@ use crate::bus::Bus;
 use crate::config::{ConfigError, Resources, Settings};
 use crate::ids::{IdError, Millis, TaskId};
 use crate::messages::{
-    AgentRequest, Outcome, QueueUrl, QueueUrlError, SchedulerMessage, StatusMessage, Submission, TimerMessage,
-    VERSION,
+    AgentRequest, Outcome, QueueUrl, QueueUrlError, SchedulerMessage, StatusMessage, Submission, TimerMessage, VERSION,
 };
 use crate::protocol::{self, Ctx, Event, HistoryEntry, ProcessState, Stale, Task};
 use crate::store::{StoreError, TaskStore};
@@ -72,7 +71,10 @@ pub enum HandlerError {
 /// What happened to one event.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Applied {
-    Changed { state: ProcessState, rev: u64 },
+    Changed {
+        state: ProcessState,
+        rev: u64,
+    },
     Stale(Stale),
     /// The task does not exist (deleted, or never created).
     Missing,
@@ -115,7 +117,9 @@ pub async fn drive(deps: &Deps, mut task: Task, event: &Event) -> Result<Applied
 }
 
 async fn load_and_drive(deps: &Deps, task_id: &TaskId, event: &Event) -> Result<Applied, HandlerError> {
-    if let Some(task) = deps.store.get(task_id).await? { drive(deps, task, event).await } else {
+    if let Some(task) = deps.store.get(task_id).await? {
+        drive(deps, task, event).await
+    } else {
         warn!(%task_id, event = event.name(), "no such task; message dropped");
         Ok(Applied::Missing)
     }
@@ -241,7 +245,8 @@ pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
 
 // ---- Scheduler ------------------------------------------------------------------------------
 
-/// Scheduler: run messages (claim the current step), agent results and cancellations.
+/// Scheduler: run messages (claim the current step), agent results, and the operator's cancel and
+/// resubmit.
 pub async fn schedule(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
     let msg: SchedulerMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
     if msg.version() != VERSION {
@@ -250,12 +255,15 @@ pub async fn schedule(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
     let event = match &msg {
         SchedulerMessage::Run(m) => Event::Claim { rev: m.rev },
         SchedulerMessage::Result(r) => match &r.outcome {
-            Outcome::Succeeded { output } => Event::AgentSucceeded { attempt: r.attempt.clone(), output: output.clone() },
+            Outcome::Succeeded { output } => {
+                Event::AgentSucceeded { attempt: r.attempt.clone(), output: output.clone() }
+            }
             Outcome::Failed { error, retryable } => {
                 Event::AgentFailed { attempt: r.attempt.clone(), error: error.clone(), retryable: *retryable }
             }
         },
         SchedulerMessage::Cancel(c) => Event::Cancel { reason: c.reason.clone() },
+        SchedulerMessage::Resubmit(r) => Event::Resubmit { reason: r.reason.clone() },
     };
     load_and_drive(deps, msg.task_id(), &event).await
 }
@@ -325,7 +333,13 @@ pub async fn sweep(deps: &Deps) -> SweepReport {
         total.errors += r.errors;
     }
     if total.expired > 0 || total.errors > 0 {
-        info!(expired = total.expired, recovered = total.recovered, stale = total.stale, errors = total.errors, "sweep");
+        info!(
+            expired = total.expired,
+            recovered = total.recovered,
+            stale = total.stale,
+            errors = total.errors,
+            "sweep"
+        );
     }
     total
 }

@@ -60,7 +60,12 @@ pub struct RunnerOptions {
 
 impl Default for RunnerOptions {
     fn default() -> Self {
-        RunnerOptions { sweep_every: Duration::from_secs(5), wait_seconds: 2, concurrency: 4, roles: Role::ALL.to_vec() }
+        RunnerOptions {
+            sweep_every: Duration::from_secs(5),
+            wait_seconds: 2,
+            concurrency: 4,
+            roles: Role::ALL.to_vec(),
+        }
     }
 }
 
@@ -87,7 +92,12 @@ impl RunnerHandle {
 }
 
 /// Call the handler a role's queue feeds; the Lambda binaries do the same.
-pub fn handle<'a>(role: Role, deps: &'a Deps, agents: &'a AgentRuntime, body: &'a str) -> BoxFuture<'a, Result<(), HandlerError>> {
+pub fn handle<'a>(
+    role: Role,
+    deps: &'a Deps,
+    agents: &'a AgentRuntime,
+    body: &'a str,
+) -> BoxFuture<'a, Result<(), HandlerError>> {
     Box::pin(async move {
         match role {
             Role::Submitter => roles::submit(deps, body).await.map(drop),

@@ -43,7 +43,9 @@ pub enum StoreError {
     Codec(#[from] serde_dynamo::Error),
 }
 
-fn aws<E>(op: &'static str) -> impl FnOnce(aws_sdk_dynamodb::error::SdkError<E, aws_smithy_runtime_api::http::Response>) -> StoreError
+fn aws<E>(
+    op: &'static str,
+) -> impl FnOnce(aws_sdk_dynamodb::error::SdkError<E, aws_smithy_runtime_api::http::Response>) -> StoreError
 where
     aws_sdk_dynamodb::Error: From<aws_sdk_dynamodb::error::SdkError<E, aws_smithy_runtime_api::http::Response>>,
 {
@@ -151,7 +153,11 @@ impl TaskStore {
             .await;
         match r {
             Ok(_) => Ok(()),
-            Err(e) if e.as_service_error().is_some_and(aws_sdk_dynamodb::operation::put_item::PutItemError::is_conditional_check_failed_exception) => {
+            Err(e)
+                if e.as_service_error().is_some_and(
+                    aws_sdk_dynamodb::operation::put_item::PutItemError::is_conditional_check_failed_exception,
+                ) =>
+            {
                 Err(StoreError::AlreadyExists)
             }
             Err(e) => Err(aws("PutItem")(e)),
@@ -204,13 +210,7 @@ impl TaskStore {
 
     /// One page of in-flight tasks in `shard` whose `CompleteBy <= now` (the sparse index).
     /// The index is eventually consistent: callers re-check with a conditional write.
-    pub async fn expired(
-        &self,
-        shard: u32,
-        now: Millis,
-        limit: i32,
-        start: Option<Item>,
-    ) -> Result<Page, StoreError> {
+    pub async fn expired(&self, shard: u32, now: Millis, limit: i32, start: Option<Item>) -> Result<Page, StoreError> {
         let out = self
             .client
             .query()

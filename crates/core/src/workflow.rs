@@ -73,7 +73,28 @@ pub struct WorkflowDef {
     pub version: u32,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub description: String,
+    /// What a step that fails for good (permanently, or with its attempts spent) leads to.
+    #[serde(default, skip_serializing_if = "OnFailure::is_default")]
+    pub on_failure: OnFailure,
     pub steps: Vec<StepDef>,
+}
+
+/// A workflow's answer to a step that failed for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnFailure {
+    /// Undo the completed steps in reverse order; the task ends `Compensated`.
+    #[default]
+    Compensate,
+    /// Park the task in `Error` with an operator alert; an operator resubmits it (it resumes
+    /// from the failed step) or cancels it (its completed steps are compensated).
+    Error,
+}
+
+impl OnFailure {
+    pub fn is_default(&self) -> bool {
+        *self == OnFailure::Compensate
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -100,20 +121,14 @@ pub enum WorkflowError {
 
 impl StepDef {
     fn validate(&self, workflow: &str) -> Result<(), WorkflowError> {
-        let problem = |p: String| WorkflowError::Step {
-            workflow: workflow.to_owned(),
-            step: self.name.clone(),
-            problem: p,
-        };
+        let problem =
+            |p: String| WorkflowError::Step { workflow: workflow.to_owned(), step: self.name.clone(), problem: p };
         check_name("step name", &self.name).map_err(|e| problem(e.to_string()))?;
         if self.agent.is_empty() {
             return Err(problem("agent is empty".into()));
         }
         if self.timeout_ms == 0 || self.timeout_ms > MAX_STEP_TIMEOUT_MS {
-            return Err(problem(format!(
-                "timeout_ms {} is outside 1..={MAX_STEP_TIMEOUT_MS}",
-                self.timeout_ms
-            )));
+            return Err(problem(format!("timeout_ms {} is outside 1..={MAX_STEP_TIMEOUT_MS}", self.timeout_ms)));
         }
         if self.max_attempts == 0 {
             return Err(problem("max_attempts must be at least 1".into()));
@@ -150,10 +165,7 @@ impl WorkflowDef {
             let names = std::iter::once(&s.name).chain(s.compensation.as_ref().map(|c| &c.name));
             for n in names {
                 if !seen.insert(n.clone()) {
-                    return Err(WorkflowError::DuplicateStep {
-                        workflow: self.name.clone(),
-                        step: n.clone(),
-                    });
+                    return Err(WorkflowError::DuplicateStep { workflow: self.name.clone(), step: n.clone() });
                 }
             }
         }
@@ -162,9 +174,9 @@ impl WorkflowDef {
 
     /// Every agent name the workflow uses, compensations included.
     pub fn agents(&self) -> impl Iterator<Item = &str> {
-        self.steps.iter().flat_map(|s| {
-            std::iter::once(s.agent.as_str()).chain(s.compensation.as_deref().map(|c| c.agent.as_str()))
-        })
+        self.steps
+            .iter()
+            .flat_map(|s| std::iter::once(s.agent.as_str()).chain(s.compensation.as_deref().map(|c| c.agent.as_str())))
     }
 }
 
@@ -199,8 +211,7 @@ impl WorkflowRegistry {
     }
 
     pub fn from_json(json: &str) -> Result<Self, WorkflowError> {
-        let f: WorkflowFile =
-            serde_json::from_str(json).map_err(|e| WorkflowError::Json(e.to_string()))?;
+        let f: WorkflowFile = serde_json::from_str(json).map_err(|e| WorkflowError::Json(e.to_string()))?;
         Self::new(f.workflows)
     }
 
@@ -259,7 +270,13 @@ mod tests {
 
     #[test]
     fn latest_version_is_resolved_by_default() {
-        let mut a = WorkflowDef { name: "w".into(), version: 1, description: String::new(), steps: vec![step("a")] };
+        let mut a = WorkflowDef {
+            name: "w".into(),
+            version: 1,
+            description: String::new(),
+            on_failure: OnFailure::Compensate,
+            steps: vec![step("a")],
+        };
         let r = WorkflowRegistry::new([a.clone(), {
             a.version = 3;
             a.clone()
@@ -273,7 +290,13 @@ mod tests {
 
     #[test]
     fn invalid_definitions_are_refused() {
-        let mut w = WorkflowDef { name: "w".into(), version: 1, description: String::new(), steps: vec![] };
+        let mut w = WorkflowDef {
+            name: "w".into(),
+            version: 1,
+            description: String::new(),
+            on_failure: OnFailure::Compensate,
+            steps: vec![],
+        };
         assert_eq!(w.validate(), Err(WorkflowError::NoSteps("w".into())));
         w.steps = vec![step("a"), step("a")];
         assert!(matches!(w.validate(), Err(WorkflowError::DuplicateStep { .. })));

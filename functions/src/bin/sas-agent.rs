@@ -8,7 +8,7 @@ use sas_functions::{boot, handle_sqs, records, run, service_fn, Error, LambdaEve
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let deps = boot().await?;
-    let agents = Arc::new(AgentRuntime::with_builtins());
+    let agents = Arc::new(AgentRuntime::from_env()?);
     run(service_fn(|event: LambdaEvent<SqsEvent>| {
         let (deps, agents) = (deps.clone(), agents.clone());
         async move {

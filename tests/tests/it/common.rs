@@ -42,6 +42,7 @@ pub fn workflows() -> WorkflowRegistry {
         name: name.into(),
         version: 1,
         description: "test workflow".into(),
+        on_failure: sas_core::workflow::OnFailure::Compensate,
         steps: vec![step("a", ms, Some("undo_a")), step("b", ms, Some("undo_b")), step("c", ms, None)],
     };
     WorkflowRegistry::new([three("three", 2_000), three("three-slow", 60_000)]).expect("valid test workflows")
@@ -56,6 +57,11 @@ pub fn settings() -> Settings {
 }
 
 pub async fn stack(label: &str) -> Stack {
+    stack_with(label, workflows()).await
+}
+
+/// A fresh stack whose roles know `workflows`.
+pub async fn stack_with(label: &str, workflows: WorkflowRegistry) -> Stack {
     sas_core::telemetry::init();
     assert!(
         std::env::var("AWS_ENDPOINT_URL").is_ok() || std::env::var("SAS_TEST_AGAINST_AWS").is_ok(),
@@ -65,19 +71,26 @@ pub async fn stack(label: &str) -> Stack {
     let name = format!("t-{label}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]).replace('_', "-");
     let cfn = aws_sdk_cloudformation::Client::new(&sdk);
     let template = sas_cli::stack::local_template(sas_cli::stack::TEMPLATE);
-    let outputs = sas_cli::stack::deploy(&cfn, &name, &template, &[("DeployFunctions", "false"), ("SupervisorShards", "2")])
-        .await
-        .unwrap_or_else(|e| panic!("deploying {name}: {e}"));
+    let outputs =
+        sas_cli::stack::deploy(&cfn, &name, &template, &[("DeployFunctions", "false"), ("SupervisorShards", "2")])
+            .await
+            .unwrap_or_else(|e| panic!("deploying {name}: {e}"));
     let res = Resources::from_outputs(&outputs).expect("all outputs present");
-    let deps = Arc::new(Deps::new(&sdk, res.clone(), workflows(), settings()));
+    let deps = Arc::new(Deps::new(&sdk, res.clone(), workflows, settings()));
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     Stack { name, sdk, outputs, res, deps, sqs }
 }
 
 impl Stack {
     pub fn runner(&self) -> RunnerHandle {
-        let opts = RunnerOptions { sweep_every: Duration::from_millis(700), wait_seconds: 1, ..RunnerOptions::default() };
-        Runner::new(self.deps.clone(), Arc::new(AgentRuntime::with_builtins()), opts).spawn()
+        self.runner_with(AgentRuntime::with_builtins())
+    }
+
+    /// The local runner with these agents, sweeping often so timeouts are noticed quickly.
+    pub fn runner_with(&self, agents: AgentRuntime) -> RunnerHandle {
+        let opts =
+            RunnerOptions { sweep_every: Duration::from_millis(700), wait_seconds: 1, ..RunnerOptions::default() };
+        Runner::new(self.deps.clone(), Arc::new(agents), opts).spawn()
     }
 
     pub fn out(&self, key: &str) -> &str {

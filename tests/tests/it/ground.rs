@@ -110,7 +110,15 @@ async fn a_lost_conditional_write_is_a_typed_conflict() {
     let s = stack("cond").await;
     let store = &s.deps.store;
     let wf = s.deps.workflows.resolve("three", None).unwrap().clone();
-    let t = protocol::submit(TaskId::try_from("c1").unwrap(), wf, serde_json::json!({}), None, Millis::now(), &Policy::default()).task;
+    let t = protocol::submit(
+        TaskId::try_from("c1").unwrap(),
+        wf,
+        serde_json::json!({}),
+        None,
+        Millis::now(),
+        &Policy::default(),
+    )
+    .task;
     store.create(&t).await.expect("created");
     assert!(matches!(store.create(&t).await, Err(StoreError::AlreadyExists)));
 

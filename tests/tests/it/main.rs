@@ -4,4 +4,5 @@
 
 mod common;
 mod ground;
+mod orders;
 mod protocol;

@@ -87,7 +87,11 @@ async fn an_agent_that_never_replies_is_retried_by_the_supervisor() {
     assert_eq!(t.process_state, ProcessState::Processed);
     assert_eq!(t.failure_count, 1);
     assert_eq!((t.steps[1].attempts, t.steps[1].failures), (2, 1));
-    assert!(t.history.iter().any(|h| h.state == ProcessState::Pending && h.reason.as_deref().is_some_and(|r| r.contains("passed CompleteBy"))));
+    assert!(t
+        .history
+        .iter()
+        .any(|h| h.state == ProcessState::Pending
+            && h.reason.as_deref().is_some_and(|r| r.contains("passed CompleteBy"))));
     runner.shutdown().await;
     s.delete().await;
 }
@@ -98,7 +102,8 @@ async fn repeated_timeouts_compensate_in_reverse_alert_and_report() {
     let reply = s.queue("replies", true).await;
     let alerts = s.alert_listener().await;
     let runner = s.runner();
-    s.send(&s.res.submission_queue_url, &submission("to1", json!({"sim": {"c": {"hang_attempts": 99}}}), Some(&reply))).await;
+    s.send(&s.res.submission_queue_url, &submission("to1", json!({"sim": {"c": {"hang_attempts": 99}}}), Some(&reply)))
+        .await;
     let t = s.wait_for("to1", Duration::from_secs(90), |t| t.process_state.is_terminal()).await;
     assert_eq!(t.process_state, ProcessState::Compensated);
     assert_eq!(t.failure_count, 3);
@@ -108,7 +113,11 @@ async fn repeated_timeouts_compensate_in_reverse_alert_and_report() {
     }
     let got = statuses(&s, &reply, 12).await;
     let comp: Vec<_> = states(&got).into_iter().filter(|(st, _)| *st == ProcessState::Compensating).collect();
-    assert_eq!(comp, vec![p(ProcessState::Compensating, "undo_b"), p(ProcessState::Compensating, "undo_a")], "reverse order");
+    assert_eq!(
+        comp,
+        vec![p(ProcessState::Compensating, "undo_b"), p(ProcessState::Compensating, "undo_a")],
+        "reverse order"
+    );
     assert_eq!(got.last().unwrap().state, ProcessState::Compensated);
     assert_eq!(got.iter().filter(|m| m.state == ProcessState::Pending).count(), 3, "start + two retries");
     let alert = s.bodies(&alerts, 1, SECS).await;
@@ -123,7 +132,11 @@ async fn repeated_timeouts_compensate_in_reverse_alert_and_report() {
 async fn a_permanent_error_on_step_two_compensates_step_one() {
     let s = stack("perm").await;
     let runner = s.runner();
-    s.send(&s.res.submission_queue_url, &submission("pe1", json!({"sim": {"b": {"permanent": "card declined"}}}), None)).await;
+    s.send(
+        &s.res.submission_queue_url,
+        &submission("pe1", json!({"sim": {"b": {"permanent": "card declined"}}}), None),
+    )
+    .await;
     let t = s.wait_terminal("pe1").await;
     assert_eq!(t.process_state, ProcessState::Compensated);
     assert_eq!(t.steps[1].status, StepStatus::Failed);
@@ -161,7 +174,10 @@ async fn take_run_message(s: &Stack) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_schedulers_racing_to_claim_dispatch_once() {
     let s = stack("race-claim").await;
-    assert_eq!(roles::submit(&s.deps, &submission_to("three-slow", "rc1", json!({}), None)).await.unwrap(), Submitted::Created(TaskId::try_from("rc1").unwrap()));
+    assert_eq!(
+        roles::submit(&s.deps, &submission_to("three-slow", "rc1", json!({}), None)).await.unwrap(),
+        Submitted::Created(TaskId::try_from("rc1").unwrap())
+    );
     let run = take_run_message(&s).await;
     let (a, b) = tokio::join!(roles::schedule(&s.deps, &run), roles::schedule(&s.deps, &run));
     let outcomes = [a.unwrap(), b.unwrap()];
@@ -232,7 +248,10 @@ async fn duplicate_delivery_of_an_agent_result_is_applied_once_and_late_results_
         ..old
     });
     let before = s.task("dr1").await.unwrap();
-    assert_eq!(roles::schedule(&s.deps, &serde_json::to_string(&late).unwrap()).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt));
+    assert_eq!(
+        roles::schedule(&s.deps, &serde_json::to_string(&late).unwrap()).await.unwrap(),
+        Applied::Stale(Stale::NotCurrentAttempt)
+    );
     assert_eq!(s.task("dr1").await.unwrap(), before);
     s.delete().await;
 }
@@ -267,14 +286,43 @@ async fn every_bad_input_class_is_rejected_with_a_reason_and_kept() {
     let big = "x".repeat(20 * 1024);
     let cases: Vec<(String, &str, bool)> = vec![
         ("{not json".into(), "not JSON", false),
-        (json!({"v": 2, "task_id": "b2", "workflow": "three", "reply_to": reply}).to_string(), "unsupported message version 2", true),
-        (json!({"v": 1, "task_id": "b3", "workflow": "nope", "reply_to": reply}).to_string(), "unknown workflow nope", true),
-        (json!({"v": 1, "task_id": "b4", "workflow": "three", "input": {"blob": big}, "reply_to": reply}).to_string(), "the limit is 16384", true),
-        (json!({"v": 1, "task_id": "b5", "workflow": "three", "reply_to": "https://evil.example/x"}).to_string(), "not an SQS queue URL", false),
-        (json!({"v": 1, "task_id": "b:6", "workflow": "three", "reply_to": reply}).to_string(), "task_id contains ':'", true),
-        (json!({"v": 1, "workflow": "three", "callback": "x", "reply_to": reply}).to_string(), "does not match the contract", true),
+        (
+            json!({"v": 2, "task_id": "b2", "workflow": "three", "reply_to": reply}).to_string(),
+            "unsupported message version 2",
+            true,
+        ),
+        (
+            json!({"v": 1, "task_id": "b3", "workflow": "nope", "reply_to": reply}).to_string(),
+            "unknown workflow nope",
+            true,
+        ),
+        (
+            json!({"v": 1, "task_id": "b4", "workflow": "three", "input": {"blob": big}, "reply_to": reply})
+                .to_string(),
+            "the limit is 16384",
+            true,
+        ),
+        (
+            json!({"v": 1, "task_id": "b5", "workflow": "three", "reply_to": "https://evil.example/x"}).to_string(),
+            "not an SQS queue URL",
+            false,
+        ),
+        (
+            json!({"v": 1, "task_id": "b:6", "workflow": "three", "reply_to": reply}).to_string(),
+            "task_id contains ':'",
+            true,
+        ),
+        (
+            json!({"v": 1, "workflow": "three", "callback": "x", "reply_to": reply}).to_string(),
+            "does not match the contract",
+            true,
+        ),
         // A long multi-byte name echoed in the reason must be cut on a character boundary.
-        (json!({"v": 1, "task_id": "b8", "workflow": "заказ".repeat(120), "reply_to": reply}).to_string(), "unknown workflow заказ", true),
+        (
+            json!({"v": 1, "task_id": "b8", "workflow": "заказ".repeat(120), "reply_to": reply}).to_string(),
+            "unknown workflow заказ",
+            true,
+        ),
     ];
     let runner = s.runner();
     for (body, _, _) in &cases {
@@ -283,8 +331,14 @@ async fn every_bad_input_class_is_rejected_with_a_reason_and_kept() {
     let kept = s.drain(s.out("SubmissionDlqUrl"), cases.len(), Duration::from_secs(30)).await;
     assert_eq!(kept.len(), cases.len(), "every refused message is kept in the DLQ");
     for (body, why, _) in &cases {
-        let m = kept.iter().find(|m| m.body.as_deref() == Some(body.as_str())).unwrap_or_else(|| panic!("{body} not kept"));
-        let reason = m.message_attributes.as_ref().and_then(|a| a.get("RejectReason")).and_then(|v| v.string_value.clone()).unwrap_or_default();
+        let m =
+            kept.iter().find(|m| m.body.as_deref() == Some(body.as_str())).unwrap_or_else(|| panic!("{body} not kept"));
+        let reason = m
+            .message_attributes
+            .as_ref()
+            .and_then(|a| a.get("RejectReason"))
+            .and_then(|v| v.string_value.clone())
+            .unwrap_or_default();
         assert!(reason.contains(why), "reason {reason:?} should mention {why:?}");
     }
     let answered = cases.iter().filter(|c| c.2).count();

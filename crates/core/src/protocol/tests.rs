@@ -1,5 +1,5 @@
 use super::*;
-use crate::workflow::{Backoff, StepDef, WorkflowDef};
+use crate::workflow::{Backoff, OnFailure, StepDef, WorkflowDef};
 use proptest::prelude::*;
 
 fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
@@ -27,11 +27,8 @@ fn order() -> WorkflowDef {
         name: "order".into(),
         version: 1,
         description: String::new(),
-        steps: vec![
-            step("reserve", Some("release"), 3),
-            step("charge", Some("refund"), 3),
-            step("ship", None, 3),
-        ],
+        on_failure: OnFailure::Compensate,
+        steps: vec![step("reserve", Some("release"), 3), step("charge", Some("refund"), 3), step("ship", None, 3)],
     }
 }
 
@@ -148,10 +145,7 @@ fn claims_are_fenced_by_rev_and_lock() {
         Err(Stale::OldRun { message: 0, current: 1 })
     );
     let c = claim(&t0, 1_010);
-    assert_eq!(
-        apply(&c.task, &Event::Claim { rev: c.task.rev }, &ctx(1_020), &policy()),
-        Err(Stale::AlreadyClaimed)
-    );
+    assert_eq!(apply(&c.task, &Event::Claim { rev: c.task.rev }, &ctx(1_020), &policy()), Err(Stale::AlreadyClaimed));
 }
 
 #[test]
@@ -174,10 +168,7 @@ fn duplicate_result_is_applied_once() {
 #[test]
 fn timeout_then_retry_then_success() {
     let c = claim(&new_task(true).task, 1_010).task;
-    assert!(matches!(
-        apply(&c, &Event::DeadlineExpired, &ctx(2_000), &policy()),
-        Err(Stale::NotExpired { .. })
-    ));
+    assert!(matches!(apply(&c, &Event::DeadlineExpired, &ctx(2_000), &policy()), Err(Stale::NotExpired { .. })));
     let r = go(&c, Event::DeadlineExpired, 2_010);
     assert_eq!(r.task.process_state, ProcessState::Pending);
     assert_eq!(r.task.failure_count, 1);
@@ -365,12 +356,83 @@ fn history_is_bounded() {
     let mut t = new_task(false).task;
     t = apply(&t, &Event::Claim { rev: t.rev }, &ctx(1_010), &p).unwrap().task;
     for _ in 0..3 {
-        t = apply(&t, &Event::AgentSucceeded { attempt: token(&t), output: json!(1) }, &ctx(1_100), &p)
-            .unwrap()
-            .task;
+        t = apply(&t, &Event::AgentSucceeded { attempt: token(&t), output: json!(1) }, &ctx(1_100), &p).unwrap().task;
     }
     assert_eq!(t.history.len(), 3);
     assert_eq!(t.history.last().unwrap().state, ProcessState::Processed);
+}
+
+fn parked() -> Task {
+    let mut tr = new_task(true);
+    tr.task.workflow.on_failure = OnFailure::Error;
+    let mut t = claim(&tr.task, 1_010).task;
+    t = succeed(&t, 1_100).task; // charge running
+    t
+}
+
+#[test]
+fn a_parking_workflow_ends_in_error_without_compensating() {
+    let t = parked();
+    let r = go(&t, Event::AgentFailed { attempt: token(&t), error: "gateway down".into(), retryable: false }, 1_200);
+    assert_eq!(r.task.process_state, ProcessState::Error);
+    assert_eq!(alerts(&r.effects), vec![AlertKind::TaskError]);
+    assert!(dispatched(&r.effects).is_empty(), "nothing is compensated");
+    assert_eq!(r.task.complete_by, None);
+    assert_eq!(r.task.steps[0].status, StepStatus::Succeeded);
+}
+
+#[test]
+fn resubmit_resumes_an_error_task_from_its_failed_step() {
+    let t = parked();
+    let e =
+        go(&t, Event::AgentFailed { attempt: token(&t), error: "gateway down".into(), retryable: false }, 1_200).task;
+    let r = go(&e, Event::Resubmit { reason: "gateway fixed".into() }, 5_000);
+    assert_eq!(r.task.process_state, ProcessState::Pending);
+    assert_eq!(r.task.run, 2);
+    assert_eq!(r.task.complete_by, Some(Millis(5_500)));
+    assert_eq!(r.task.failure_count, 1, "FailureCount never decreases");
+    assert!(r.effects.contains(&Effect::Run { rev: r.task.rev, delay_ms: 0, reason: RunReason::Retry }));
+    let c = claim(&r.task, 5_100);
+    let d = dispatched(&c.effects);
+    assert_eq!(
+        (d[0].step.as_str(), d[0].attempt_no),
+        ("charge", 2),
+        "resumes at the failed step, reserve is not redone"
+    );
+    assert_eq!(d[0].idempotency_key.as_str(), "t1:charge");
+    let done = succeed(&succeed(&c.task, 5_200).task, 5_300).task;
+    assert_eq!(done.process_state, ProcessState::Processed);
+    assert_eq!(done.steps[0].attempts, 1);
+}
+
+#[test]
+fn resubmit_finishes_a_failed_compensation() {
+    let mut t = claim(&new_task(false).task, 1_010).task;
+    t = succeed(&t, 1_100).task;
+    t = go(&t, Event::AgentFailed { attempt: token(&t), error: "declined".into(), retryable: false }, 1_200).task;
+    t = go(&t, Event::AgentFailed { attempt: token(&t), error: "release refused".into(), retryable: false }, 1_300)
+        .task;
+    assert_eq!(t.process_state, ProcessState::Error);
+    let r = go(&t, Event::Resubmit { reason: "fixed".into() }, 2_000);
+    assert_eq!(r.task.process_state, ProcessState::Compensating);
+    let c = claim(&r.task, 2_100);
+    assert_eq!(dispatched(&c.effects)[0].step, "release");
+    assert_eq!(succeed(&c.task, 2_200).task.process_state, ProcessState::Compensated);
+}
+
+#[test]
+fn only_error_tasks_are_resubmitted_and_cancel_undoes_a_parked_task() {
+    let t = claim(&new_task(false).task, 1_010).task;
+    assert_eq!(
+        apply(&t, &Event::Resubmit { reason: "x".into() }, &ctx(1_020), &policy()),
+        Err(Stale::NotResubmittable(ProcessState::Processing))
+    );
+    let t = parked();
+    let e = go(&t, Event::AgentFailed { attempt: token(&t), error: "down".into(), retryable: false }, 1_200).task;
+    let r = go(&e, Event::Cancel { reason: "give up".into() }, 1_300);
+    assert_eq!(r.task.process_state, ProcessState::Compensating);
+    assert_eq!(dispatched(&r.effects)[0].step, "release", "the definite failure of charge leaves only reserve to undo");
+    assert_eq!(succeed(&r.task, 1_400).task.process_state, ProcessState::Cancelled);
 }
 
 #[test]
@@ -395,6 +457,7 @@ enum Move {
     Expire,
     ExpireEarly,
     Cancel,
+    Resubmit,
 }
 
 fn a_move() -> impl Strategy<Value = Move> {
@@ -408,14 +471,16 @@ fn a_move() -> impl Strategy<Value = Move> {
         2 => Just(Move::Expire),
         1 => Just(Move::ExpireEarly),
         1 => Just(Move::Cancel),
+        1 => Just(Move::Resubmit),
     ]
 }
 
 fn a_workflow() -> impl Strategy<Value = WorkflowDef> {
-    prop::collection::vec((any::<bool>(), 1u32..4), 1..5).prop_map(|specs| WorkflowDef {
+    (prop::collection::vec((any::<bool>(), 1u32..4), 1..5), any::<bool>()).prop_map(|(specs, park)| WorkflowDef {
         name: "w".into(),
         version: 1,
         description: String::new(),
+        on_failure: if park { OnFailure::Error } else { OnFailure::Compensate },
         steps: specs
             .into_iter()
             .enumerate()
@@ -440,6 +505,7 @@ fn event_for(t: &Task, m: &Move, stale_token: &AttemptToken) -> (Event, u64) {
         Move::Expire => (Event::DeadlineExpired, t.complete_by.map_or(now, |c| c.0.max(now))),
         Move::ExpireEarly => (Event::DeadlineExpired, t.complete_by.map_or(now, |c| c.0.saturating_sub(1))),
         Move::Cancel => (Event::Cancel { reason: "r".into() }, now),
+        Move::Resubmit => (Event::Resubmit { reason: "r".into() }, now),
     }
 }
 
@@ -458,12 +524,19 @@ proptest! {
             match apply(&t, &event, &c, &p) {
                 Err(_) => {
                     // a stale event changes nothing (the caller keeps the old task)
-                    if before.process_state.is_terminal() {
-                        prop_assert!(matches!(apply(&before, &event, &c, &p), Err(Stale::Terminal(_))));
+                    if before.process_state.is_terminal() && before.process_state != ProcessState::Error {
+                        prop_assert!(matches!(
+                            apply(&before, &event, &c, &p),
+                            Err(Stale::Terminal(_) | Stale::NotResubmittable(_))
+                        ));
                     }
                 }
                 Ok(tr) => {
-                    prop_assert!(!before.process_state.is_terminal(), "left terminal state {}", before.process_state);
+                    let operator = matches!(event, Event::Cancel { .. } | Event::Resubmit { .. });
+                    prop_assert!(
+                        !before.process_state.is_terminal() || (before.process_state == ProcessState::Error && operator),
+                        "{} left terminal state {}", event.name(), before.process_state
+                    );
                     prop_assert_eq!(tr.task.rev, before.rev + 1);
                     prop_assert!(tr.task.failure_count >= before.failure_count, "FailureCount decreased");
                     t = tr.task;

@@ -1,0 +1,397 @@
+//! A stand-in for the remote services of the seed's e-commerce example (inventory, payment,
+//! shipping), built to be called by the HTTP agent and to show what the agent must get right.
+//!
+//! * Every effect endpoint requires an `Idempotency-Key` header. The first request with a key
+//!   applies the effect once and saves the response; later requests with the key (including ones
+//!   that arrive while the first is still being handled) get the saved response with
+//!   `Idempotent-Replayed: true` and apply nothing. Injected transient failures (503, 429) are not
+//!   saved, so a retry can succeed; permanent failures (422) are.
+//! * Every applied effect is appended to a ledger (`GET /ledger`), which is what tests check to
+//!   prove "exactly once".
+//! * Faults (latency, hangs, transient and permanent failures) are injected by rules registered
+//!   with `POST /faults` or carried in the request body at `input.input.faults`.
+//!
+//! See [`OrderService::router`] for the endpoints.
+
+mod faults;
+mod ledger;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{info, warn, Instrument};
+
+pub use faults::{FaultEntry, FaultRule};
+pub use ledger::LedgerEntry;
+
+use faults::{normalize_endpoint, Faults};
+use ledger::{Books, Op, OrderInput};
+
+/// The request header carrying the idempotency key (required on every effect endpoint).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// The response header set (to `true`) on a replayed response.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+/// The request header carrying the caller's deadline in epoch milliseconds (informational).
+pub const REQUEST_DEADLINE: &str = "x-request-deadline";
+
+/// The service: cheap to clone, every clone shares the same state.
+#[derive(Clone, Default)]
+pub struct OrderService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// One slot per idempotency key ever seen.
+    keys: Mutex<HashMap<String, Arc<KeySlot>>>,
+    books: Mutex<Books>,
+    faults: Mutex<Faults>,
+    /// Turns `true` when the server begins shutting down; releases hanging requests.
+    shutdown: watch::Sender<bool>,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Inner {
+            keys: Mutex::default(),
+            books: Mutex::default(),
+            faults: Mutex::default(),
+            shutdown: watch::Sender::new(false),
+        }
+    }
+}
+
+/// What an idempotency key is bound to, and its saved response once there is one. The async mutex
+/// serializes requests with the same key: a duplicate waits for the first to finish.
+struct KeySlot {
+    op: Op,
+    order: String,
+    saved: tokio::sync::Mutex<Option<Saved>>,
+}
+
+#[derive(Clone)]
+struct Saved {
+    status: StatusCode,
+    body: Value,
+}
+
+impl std::fmt::Debug for OrderService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrderService")
+            .field("keys", &lock(&self.inner.keys).len())
+            .field("ledger_entries", &lock(&self.inner.books).entries(None).len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl OrderService {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// All routes, with this service's state attached:
+    ///
+    /// * `POST /inventory/reserve`, `/inventory/release`, `/payment/charge`, `/payment/refund`,
+    ///   `/shipping/ship`: the effects (header `Idempotency-Key` required);
+    /// * `GET /ledger[?order=ID]` → `{"entries": [...]}`;
+    /// * `GET /faults` → `{"faults": [...]}`, `POST /faults` (a [`FaultRule`]) → `{"id": n}`,
+    ///   `DELETE /faults[?order=ID]` → `{"removed": n}`;
+    /// * `GET /healthz` → `{"ok": true}`.
+    pub fn router(&self) -> Router {
+        let mut router = Router::new();
+        for op in Op::ALL {
+            router = router.route(
+                op.path(),
+                post(move |State(svc): State<OrderService>, headers: HeaderMap, body: Bytes| {
+                    effect(svc, op, headers, body)
+                }),
+            );
+        }
+        router
+            .route("/ledger", get(get_ledger))
+            .route("/faults", get(list_faults).post(post_fault).delete(delete_faults))
+            .route("/healthz", get(healthz))
+            .fallback(not_found)
+            .with_state(self.clone())
+    }
+
+    /// Serves until the listener fails; never returns otherwise.
+    ///
+    /// # Errors
+    /// The listener's I/O error.
+    pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+        self.serve_with_shutdown(listener, std::future::pending()).await
+    }
+
+    /// Serves until `signal` completes, then stops accepting, answers hanging requests with 503 and
+    /// waits for open requests to finish.
+    ///
+    /// # Errors
+    /// The listener's I/O error.
+    pub async fn serve_with_shutdown<F>(self, listener: TcpListener, signal: F) -> std::io::Result<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let router = self.router();
+        let inner = self.inner.clone();
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                signal.await;
+                inner.shutdown.send_replace(true);
+            })
+            .await
+    }
+
+    /// Every ledger entry, in order (what `GET /ledger` answers).
+    pub fn ledger(&self) -> Vec<LedgerEntry> {
+        lock(&self.inner.books).entries(None)
+    }
+
+    /// Registers a fault rule and returns its id (what `POST /faults` does). An `error_rate`
+    /// outside `0..=1` is clamped (NaN counts as 0); `POST /faults` rejects it instead.
+    pub fn add_fault(&self, mut rule: FaultRule) -> u64 {
+        rule.error_rate = if rule.error_rate.is_nan() { 0.0 } else { rule.error_rate.clamp(0.0, 1.0) };
+        lock(&self.inner.faults).add(rule)
+    }
+
+    /// The registered fault rules (what `GET /faults` lists).
+    pub fn faults(&self) -> Vec<FaultEntry> {
+        lock(&self.inner.faults).list()
+    }
+
+    /// Removes every registered rule (`None`) or those whose `order` is the given one; returns how
+    /// many were removed (what `DELETE /faults[?order=]` does).
+    pub fn clear_faults(&self, order: Option<&str>) -> usize {
+        lock(&self.inner.faults).clear(order)
+    }
+
+    /// Finds or creates the slot of `key`; `Err` if the key is bound to another operation.
+    fn slot(&self, key: &str, op: Op, order: &str) -> Result<Arc<KeySlot>, Arc<KeySlot>> {
+        let mut keys = lock(&self.inner.keys);
+        let slot = keys
+            .entry(key.to_owned())
+            .or_insert_with(|| Arc::new(KeySlot { op, order: order.to_owned(), saved: tokio::sync::Mutex::new(None) }))
+            .clone();
+        if slot.op == op && slot.order == order {
+            Ok(slot)
+        } else {
+            Err(slot)
+        }
+    }
+
+    async fn wait_for_shutdown(&self) {
+        let mut rx = self.inner.shutdown.subscribe();
+        // The sender lives as long as `self`, so this only returns once shutdown began.
+        let _ = rx.wait_for(|down| *down).await;
+    }
+}
+
+/// Starts a service on `127.0.0.1:0` in a background task; returns its base URL
+/// (`http://127.0.0.1:PORT`) and a handle sharing its state.
+///
+/// # Errors
+/// Binding the port failed.
+pub async fn spawn_local() -> std::io::Result<(String, OrderService)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let svc = OrderService::new();
+    let server = svc.clone();
+    tokio::spawn(async move {
+        if let Err(err) = server.serve(listener).await {
+            warn!(%err, "order service stopped");
+        }
+    });
+    Ok((url, svc))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({"error": message.into()}))).into_response()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// An effect request as the agent sends it:
+/// `{"task_id": "order-42", "step": "charge", "attempt_no": 1, "input": {"input": {...order...}, "outputs": {...}}}`.
+struct EffectRequest {
+    order: String,
+    step: Option<String>,
+    attempt_no: Option<u64>,
+    input: OrderInput,
+    /// The fault this request carries for its endpoint, from `input.input.faults`.
+    fault: Option<FaultRule>,
+}
+
+impl EffectRequest {
+    fn parse(body: &[u8], op: Op) -> Result<Self, String> {
+        let body: Value = serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+        let order = match body.get("task_id") {
+            Some(Value::String(id)) if !id.trim().is_empty() => id.clone(),
+            Some(_) => return Err("task_id must be a non-empty string".into()),
+            None => return Err("missing task_id".into()),
+        };
+        // The order is at `input.input`; a bare order at `input` is accepted too.
+        let input = body.get("input").filter(|v| v.is_object());
+        let order_json =
+            input.and_then(|i| i.get("input")).filter(|v| v.is_object()).or(input).cloned().unwrap_or(Value::Null);
+        let fault = order_json.get("faults").and_then(Value::as_object).and_then(|faults| {
+            let (name, spec) =
+                faults.iter().find(|(name, _)| normalize_endpoint(name) == normalize_endpoint(op.path()))?;
+            match serde_json::from_value::<FaultRule>(spec.clone()) {
+                Ok(rule) => Some(rule),
+                Err(err) => {
+                    warn!(order = %order, fault = %name, %err, "ignoring a malformed fault in the request body");
+                    None
+                }
+            }
+        });
+        Ok(EffectRequest {
+            step: body.get("step").and_then(Value::as_str).map(str::to_owned),
+            attempt_no: body.get("attempt_no").and_then(Value::as_u64),
+            input: OrderInput::from_json(&order_json),
+            fault,
+            order,
+        })
+    }
+}
+
+async fn effect(svc: OrderService, op: Op, headers: HeaderMap, body: Bytes) -> Response {
+    let key = headers
+        .get(IDEMPOTENCY_KEY)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(str::to_owned);
+    let Some(key) = key else {
+        warn!(endpoint = op.path(), "rejected: missing Idempotency-Key header");
+        return error(StatusCode::BAD_REQUEST, "missing Idempotency-Key header");
+    };
+    let req = match EffectRequest::parse(&body, op) {
+        Ok(req) => req,
+        Err(message) => {
+            warn!(endpoint = op.path(), %key, %message, "rejected: bad request");
+            return error(StatusCode::BAD_REQUEST, message);
+        }
+    };
+    let span = tracing::info_span!("effect", op = op.name(), order = %req.order, key = %key);
+    async move {
+        let deadline = headers.get(REQUEST_DEADLINE).and_then(|v| v.to_str().ok());
+        let deadline_in_ms = deadline.and_then(|d| d.trim().parse::<i128>().ok()).map(|d| d - i128::from(now_ms()));
+        info!(step = req.step.as_deref(), attempt_no = req.attempt_no, deadline, deadline_in_ms, "request");
+        handle_effect(&svc, op, &key, req).await
+    }
+    .instrument(span)
+    .await
+}
+
+async fn handle_effect(svc: &OrderService, op: Op, key: &str, req: EffectRequest) -> Response {
+    let slot = match svc.slot(key, op, &req.order) {
+        Ok(slot) => slot,
+        Err(other) => {
+            warn!(bound_op = other.op.name(), bound_order = %other.order, "rejected: idempotency key reused for another operation");
+            return error(StatusCode::UNPROCESSABLE_ENTITY, "idempotency key reused for another operation");
+        }
+    };
+    // A duplicate waits here until the request holding the key is done.
+    let mut saved = slot.saved.lock().await;
+    if let Some(saved) = saved.as_ref() {
+        info!(status = saved.status.as_u16(), "replayed");
+        let mut response = (saved.status, Json(saved.body.clone())).into_response();
+        response.headers_mut().insert(HeaderName::from_static(IDEMPOTENT_REPLAYED), HeaderValue::from_static("true"));
+        return response;
+    }
+
+    let plan = lock(&svc.inner.faults).plan(&req.order, op.path(), req.fault.as_ref());
+    if plan.latency_ms > 0 {
+        info!(latency_ms = plan.latency_ms, "injected latency");
+        tokio::time::sleep(Duration::from_millis(plan.latency_ms)).await;
+    }
+    if plan.hang {
+        // Release the key first, so a retry is not stuck behind a request nobody waits for.
+        drop(saved);
+        info!("injected hang: not answering");
+        svc.wait_for_shutdown().await;
+        return error(StatusCode::SERVICE_UNAVAILABLE, "service shutting down");
+    }
+    if let Some(message) = plan.permanent {
+        info!(%message, "injected permanent failure (saved)");
+        let body = json!({"error": message});
+        *saved = Some(Saved { status: StatusCode::UNPROCESSABLE_ENTITY, body: body.clone() });
+        return (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response();
+    }
+    if let Some(transient) = plan.transient {
+        return match transient.retry_after_s {
+            Some(secs) => {
+                info!(reason = %transient.reason, retry_after_s = secs, "injected throttling (429, not saved)");
+                let mut response = error(StatusCode::TOO_MANY_REQUESTS, transient.reason);
+                response.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
+                response
+            }
+            None => {
+                info!(reason = %transient.reason, "injected transient failure (503, not saved)");
+                error(StatusCode::SERVICE_UNAVAILABLE, transient.reason)
+            }
+        };
+    }
+
+    let body = lock(&svc.inner.books).apply(op, &req.order, key, &req.input);
+    info!(response = %body, "applied");
+    *saved = Some(Saved { status: StatusCode::OK, body: body.clone() });
+    (StatusCode::OK, Json(body)).into_response()
+}
+
+#[derive(Deserialize)]
+struct OrderQuery {
+    order: Option<String>,
+}
+
+async fn get_ledger(State(svc): State<OrderService>, Query(q): Query<OrderQuery>) -> Json<Value> {
+    Json(json!({"entries": lock(&svc.inner.books).entries(q.order.as_deref())}))
+}
+
+async fn list_faults(State(svc): State<OrderService>) -> Json<Value> {
+    Json(json!({"faults": svc.faults()}))
+}
+
+async fn post_fault(State(svc): State<OrderService>, body: Bytes) -> Response {
+    let rule: FaultRule = match serde_json::from_slice(&body) {
+        Ok(rule) => rule,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("invalid fault rule: {e}")),
+    };
+    if !(0.0..=1.0).contains(&rule.error_rate) {
+        return error(StatusCode::BAD_REQUEST, format!("error_rate must be within 0..=1, got {}", rule.error_rate));
+    }
+    let id = svc.add_fault(rule.clone());
+    info!(id, ?rule, "fault rule added");
+    Json(json!({"id": id})).into_response()
+}
+
+async fn delete_faults(State(svc): State<OrderService>, Query(q): Query<OrderQuery>) -> Json<Value> {
+    let removed = svc.clear_faults(q.order.as_deref());
+    info!(order = q.order.as_deref(), removed, "fault rules cleared");
+    Json(json!({"removed": removed}))
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({"ok": true}))
+}
+
+async fn not_found() -> Response {
+    error(StatusCode::NOT_FOUND, "no such endpoint")
+}

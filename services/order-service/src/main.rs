@@ -1,0 +1,82 @@
+//! `order-service --listen 127.0.0.1:8080`: the stand-in remote services, over HTTP.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use sas_order_service::OrderService;
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+use tracing_subscriber::EnvFilter;
+
+/// How long open requests may take to finish after a shutdown signal.
+const GRACE: Duration = Duration::from_secs(10);
+
+/// Inventory, payment and shipping endpoints with idempotency keys, a ledger and fault injection.
+#[derive(Parser, Debug)]
+#[command(name = "order-service", version, about)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, env = "ORDER_SERVICE_LISTEN", default_value = "127.0.0.1:8080")]
+    listen: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .compact()
+        .with_ansi(std::io::stdout().is_terminal())
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+
+    let listener = TcpListener::bind(&args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    info!(addr = %listener.local_addr()?, "order service listening");
+
+    let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = OrderService::new().serve_with_shutdown(listener, async move {
+        shutdown_signal().await;
+        info!("shutting down");
+        let _ = signalled_tx.send(());
+    });
+    let grace = async move {
+        match signalled_rx.await {
+            Ok(()) => tokio::time::sleep(GRACE).await,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        served = server => served.context("serving")?,
+        () = grace => warn!(grace_s = GRACE.as_secs(), "requests still open after the grace period; exiting"),
+    }
+    info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(err) = tokio::signal::ctrl_c().await {
+            warn!(%err, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(err) => {
+                warn!(%err, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}
