@@ -7,9 +7,8 @@ set -euo pipefail
 source "$(dirname -- "${BASH_SOURCE[0]}")/env.sh"
 cd "$SAS_ROOT"
 
-started_here=0
+# Stop LocalStack afterwards only if this script is the one that starts it.
 if ! infra/localstack.sh healthy; then
-  started_here=1
   trap 'echo; infra/localstack.sh stop' EXIT
 fi
 infra/localstack.sh ensure

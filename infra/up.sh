@@ -9,27 +9,41 @@ cd "$SAS_ROOT"
 OUTPUTS="$SAS_LOCAL_DIR/outputs.json"
 PIDFILE="$SAS_LOCAL_DIR/runner.pid"
 LOG="$SAS_LOCAL_DIR/runner.log"
+SVC_PIDFILE="$SAS_LOCAL_DIR/order-service.pid"
+SVC_LOG="$SAS_LOCAL_DIR/order-service.log"
+export ORDER_SERVICE_URL="${ORDER_SERVICE_URL:-http://127.0.0.1:${ORDER_SERVICE_PORT:-8081}}"
+
+# stop_pid FILE: stop the process a pid file names, if it runs.
+stop_pid() {
+  if [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; then
+    kill "$(cat "$1")" && sleep 1
+  fi
+  rm -f "$1"
+}
 
 infra/localstack.sh ensure
-cargo build -q -p sas-cli --bin sasctl
+cargo build -q -p sas-cli --bin sasctl -p sas-order-service --bin order-service
 target/debug/sasctl --outputs "$OUTPUTS" deploy-local --name "${SAS_STACK_NAME:-sas-local}"
 
-if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
-  echo "local runner already running (pid $(cat "$PIDFILE")); restarting it on the new outputs"
-  kill "$(cat "$PIDFILE")" && sleep 1
-fi
+stop_pid "$SVC_PIDFILE"
+nohup target/debug/order-service --listen "${ORDER_SERVICE_URL#http://}" >"$SVC_LOG" 2>&1 &
+echo $! >"$SVC_PIDFILE"
+stop_pid "$PIDFILE"
 SAS_OUTPUTS="$OUTPUTS" nohup target/debug/sasctl run >"$LOG" 2>&1 &
 echo $! >"$PIDFILE"
 sleep 1
+kill -0 "$(cat "$SVC_PIDFILE")" 2>/dev/null || { echo "the order service died at start:"; tail -20 "$SVC_LOG"; exit 1; }
 kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { echo "the runner died at start:"; tail -20 "$LOG"; exit 1; }
 cat <<TXT
 
 Up. The runner (pid $(cat "$PIDFILE")) polls every queue; its log is $LOG.
+The order service (pid $(cat "$SVC_PIDFILE")) listens on $ORDER_SERVICE_URL; its log is $SVC_LOG.
 Stack outputs: $OUTPUTS
 Submission queue: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["SubmissionQueueUrl"])' "$OUTPUTS")
 
 Try:
-  target/debug/sasctl submit --input '{"sku": "book"}'          # prints the task id
+  target/debug/sasctl submit --input '{"customer": "c-1", "items": [{"sku": "book", "qty": 1}]}'   # prints the task id
+  curl -s $ORDER_SERVICE_URL/ledger                              # the effects the order service applied
   target/debug/sasctl status <task id>
   target/debug/sasctl list --state Processed
   make down

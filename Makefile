@@ -1,0 +1,47 @@
+# Entry points; the logic lives in infra/*.sh (see infra/NOTES.md).
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+
+ARGS ?=
+
+.PHONY: demo up down lambda-smoke localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
+
+demo: ## the main job: LocalStack, the stack, the order service, every role, sample orders, a summary
+	infra/demo.sh
+
+up: ## LocalStack + stack sas-local + order service + local runner in the background (.local/outputs.json)
+	infra/up.sh
+
+down: ## stop the local runner, the order service and LocalStack
+	infra/down.sh
+
+lambda-smoke: ## boot each Lambda binary under cargo lambda watch and invoke it with its events/ fixture
+	infra/lambda-smoke.sh
+
+localstack-install: ## install LocalStack 4.13.1 + DynamoDB Local into .local/localstack
+	infra/localstack.sh install
+
+localstack-start: ## start LocalStack in the background (installs first if needed)
+	infra/localstack.sh ensure
+
+localstack-stop:
+	infra/localstack.sh stop
+
+localstack-status:
+	infra/localstack.sh status
+
+tools: ## sam, cfn-lint, cargo-lambda, awslocal into .local/tools/venv
+	infra/tools.sh install
+
+lint: ## sam validate --lint + cfn-lint (+ shellcheck when installed)
+	infra/lint.sh
+
+sam-build: ## sam build for x86_64 (arm64 needs rustup's aarch64 target: infra/sam-build.sh arm64)
+	infra/sam-build.sh x86_64
+
+stack-smoke: ## deploy template.yaml on LocalStack (functions off), check it, delete it
+	infra/localstack.sh ensure
+	infra/stack.sh smoke
+
+test: ## cargo tests against LocalStack (started and stopped here if it was not running)
+	infra/test.sh $(ARGS)

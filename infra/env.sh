@@ -1,0 +1,40 @@
+# shellcheck shell=bash
+# Environment for working against the project's LocalStack. Source it, do not run it:
+#
+#   source infra/env.sh
+#
+# - AWS_ENDPOINT_URL points every AWS SDK and CLI at LocalStack (kept when already set, e.g. for a
+#   LocalStack on another host or port).
+# - Credentials are LocalStack's dummy ones (always set: real secrets have no business here).
+# - Region defaults to us-east-1 when none is set.
+# - Paths of the project-local installs (all under the git-ignored .local/).
+# - The tools venv (sam, cfn-lint, awslocal, cargo-lambda) is appended to PATH when it exists, so
+#   the system python3 is not shadowed; scripts that need the venv first put it first themselves.
+
+_sas_env_dir="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)"
+SAS_ROOT="$(dirname -- "$_sas_env_dir")"
+unset _sas_env_dir
+export SAS_ROOT
+export SAS_LOCAL_DIR="$SAS_ROOT/.local"
+
+export LOCALSTACK_PORT="${LOCALSTACK_PORT:-4566}"
+export LOCALSTACK_DIR="$SAS_LOCAL_DIR/localstack"
+export LOCALSTACK_VENV="$LOCALSTACK_DIR/venv"
+export LOCALSTACK_FS="$LOCALSTACK_DIR/fs"
+export LOCALSTACK_LOG="$LOCALSTACK_DIR/localstack.log"
+export LOCALSTACK_PIDFILE="$LOCALSTACK_DIR/localstack.pid"
+export TOOLS_VENV="$SAS_LOCAL_DIR/tools/venv"
+
+export AWS_ENDPOINT_URL="${AWS_ENDPOINT_URL:-http://localhost:$LOCALSTACK_PORT}"
+export AWS_ACCESS_KEY_ID=test
+export AWS_SECRET_ACCESS_KEY=test
+unset AWS_SESSION_TOKEN
+export AWS_REGION="${AWS_REGION:-${AWS_DEFAULT_REGION:-us-east-1}}"
+export AWS_DEFAULT_REGION="${AWS_DEFAULT_REGION:-$AWS_REGION}"
+
+export SAM_CLI_TELEMETRY=0
+
+case ":$PATH:" in
+  *":$TOOLS_VENV/bin:"*) ;;
+  *) if [ -d "$TOOLS_VENV/bin" ]; then export PATH="$PATH:$TOOLS_VENV/bin"; fi ;;
+esac
