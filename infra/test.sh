@@ -20,13 +20,18 @@ if [ "$started_here" = 0 ]; then
 fi
 
 status=0
+# The runner's summary is kept in .local/ so that CI can print one closing line for the run.
+mkdir -p "$SAS_LOCAL_DIR"
 if cargo nextest --version >/dev/null 2>&1; then
-  echo "[test] cargo nextest run --workspace --no-fail-fast $*"
-  cargo nextest run --workspace --no-fail-fast "$@" || status=$?
+  # Doc tests first (nextest does not run them), so the last runner output is nextest's summary.
   echo "[test] cargo test --workspace --doc"
-  cargo test --workspace --doc || { rc=$?; [ "$status" -ne 0 ] || status=$rc; }
+  cargo test --workspace --doc || status=$?
+  echo "[test] cargo nextest run --workspace --no-fail-fast $*"
+  rc=0
+  cargo nextest run --workspace --no-fail-fast "$@" 2>&1 | tee "$SAS_LOCAL_DIR/test-output.log" || rc=$?
+  [ "$status" -ne 0 ] || status=$rc
 else
   echo "[test] cargo test --workspace $*"
-  cargo test --workspace "$@" || status=$?
+  cargo test --workspace "$@" 2>&1 | tee "$SAS_LOCAL_DIR/test-output.log" || status=$?
 fi
 exit "$status"

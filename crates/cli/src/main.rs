@@ -153,10 +153,8 @@ async fn main() -> Result<()> {
             if let Some(dir) = cli.outputs.parent() {
                 std::fs::create_dir_all(dir)?;
             }
-            let mut sorted: Vec<_> = out.iter().collect();
-            sorted.sort();
-            let json = serde_json::to_string_pretty(&sorted.into_iter().collect::<std::collections::BTreeMap<_, _>>())?;
-            std::fs::write(&cli.outputs, json + "\n")?;
+            let json = sas_cli::stack::outputs_json(&out);
+            std::fs::write(&cli.outputs, json)?;
             println!("stack {name} deployed; outputs in {}", cli.outputs.display());
             println!("submission queue: {}", out.get("SubmissionQueueUrl").map_or("?", String::as_str));
         }

@@ -173,3 +173,45 @@ pub async fn delete(cfn: &Client, stack: &str) -> Result<(), StackError> {
     cfn.delete_stack().stack_name(stack).send().await.map_err(aws("DeleteStack"))?;
     Ok(())
 }
+
+/// The outputs as a JSON object, `SubmissionQueueUrl` first (what an application needs), then the
+/// rest by name.
+pub fn outputs_json(outputs: &HashMap<String, String>) -> String {
+    let mut keys: Vec<&String> = outputs.keys().collect();
+    keys.sort_by_key(|k| (k.as_str() != "SubmissionQueueUrl", k.as_str()));
+    let lines: Vec<String> = keys
+        .iter()
+        .map(|k| {
+            format!("  {}: {}", serde_json::Value::from(k.as_str()), serde_json::Value::from(outputs[*k].as_str()))
+        })
+        .collect();
+    format!("{{\n{}\n}}\n", lines.join(",\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_json_puts_the_submission_queue_first_and_parses() {
+        let m: HashMap<String, String> =
+            [("AlertTopicArn", "arn:x"), ("SubmissionQueueUrl", "http://q"), ("Zeta", "\"z\"")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+        let j = outputs_json(&m);
+        assert!(j.starts_with("{\n  \"SubmissionQueueUrl\": \"http://q\""), "{j}");
+        let back: HashMap<String, String> = serde_json::from_str(&j).unwrap();
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn local_template_replaces_every_local_code_uri() {
+        let t = local_template(TEMPLATE);
+        assert!(!t.contains("CodeUri: ./"));
+        assert_eq!(
+            t.matches("s3://sas-local-placeholder/function.zip").count(),
+            TEMPLATE.matches("CodeUri: ./").count()
+        );
+    }
+}

@@ -95,11 +95,13 @@ pub struct Settings {
     /// The largest accepted submission `input`, serialised. It keeps task items under DynamoDB's
     /// 400 KB and agent messages under SQS's 256 KiB with room for outputs.
     pub max_input_bytes: usize,
+    /// Items per page of the Supervisor's index query.
+    pub sweep_page_size: i32,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { policy: Policy::default(), retention_days: 30, max_input_bytes: 64 * 1024 }
+        Settings { policy: Policy::default(), retention_days: 30, max_input_bytes: 64 * 1024, sweep_page_size: 100 }
     }
 }
 

@@ -348,7 +348,7 @@ async fn sweep_shard(deps: &Deps, shard: u32, now: Millis) -> SweepReport {
     let mut report = SweepReport::default();
     let mut start = None;
     loop {
-        let page = match deps.store.expired(shard, now, 100, start).await {
+        let page = match deps.store.expired(shard, now, deps.settings.sweep_page_size, start).await {
             Ok(p) => p,
             Err(e) => {
                 error!(shard, error = %e, "supervisor query failed");

@@ -53,6 +53,7 @@ pub fn settings() -> Settings {
         policy: Policy { start_timeout_ms: 3_000, history_limit: 50 },
         retention_days: 1,
         max_input_bytes: 16 * 1024,
+        sweep_page_size: 100,
     }
 }
 

@@ -97,6 +97,30 @@ async fn an_agent_that_never_replies_is_retried_by_the_supervisor() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_deadline_timer_alone_recovers_a_timed_out_step() {
+    let s = stack("timer").await;
+    // No sweep in this test's lifetime: only the delayed message on the supervisor queue can act.
+    let opts = sas_core::runner::RunnerOptions {
+        sweep_every: Duration::from_secs(3_600),
+        wait_seconds: 1,
+        ..Default::default()
+    };
+    let agents = std::sync::Arc::new(sas_core::agents::AgentRuntime::with_builtins());
+    let runner = sas_core::runner::Runner::new(s.deps.clone(), agents, opts).spawn();
+    tokio::time::sleep(Duration::from_millis(200)).await; // let the interval's first, immediate tick pass
+    s.send(&s.res.submission_queue_url, &submission("tm1", json!({"sim": {"a": {"hang_attempts": 1}}}), None)).await;
+    let t = s.wait_terminal("tm1").await;
+    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 1));
+    // Without the timer the task would wait an hour for the sweep; it was retried after a timeout.
+    assert!(
+        t.history.iter().any(|h| h.state == ProcessState::Pending && h.failure_count == 1),
+        "a retry after the timeout"
+    );
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn repeated_timeouts_compensate_in_reverse_alert_and_report() {
     let s = stack("timeouts").await;
     let reply = s.queue("replies", true).await;
@@ -387,5 +411,49 @@ async fn a_lost_start_message_is_recovered_by_the_supervisor() {
     assert_eq!(t.process_state, ProcessState::Processed);
     assert_eq!(t.failure_count, 0, "a lost message is not a step failure");
     runner.shutdown().await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_supervisor_reads_only_expired_tasks_page_by_page() {
+    let mut s = stack("bounded").await;
+    let deps = std::sync::Arc::get_mut(&mut s.deps).expect("not shared yet");
+    deps.settings.sweep_page_size = 2;
+    let wf = s.deps.workflows.resolve("three", None).unwrap().clone();
+    let policy = s.deps.settings.policy.clone();
+    let now = Millis::now();
+    let make = |id: String, created: u64, done: bool| {
+        let mut t = sas_core::protocol::submit(
+            TaskId::try_from(id).unwrap(),
+            wf.clone(),
+            json!({}),
+            None,
+            Millis(created),
+            &policy,
+        )
+        .task;
+        if done {
+            t.process_state = ProcessState::Processed;
+            t.complete_by = None;
+        }
+        t
+    };
+    let mut tasks = Vec::new();
+    for i in 0..7 {
+        tasks.push(make(format!("expired-{i}"), now.0 - 60_000, false)); // CompleteBy a minute ago
+    }
+    for i in 0..10 {
+        tasks.push(make(format!("waiting-{i}"), now.0, false)); // CompleteBy still ahead
+        tasks.push(make(format!("finished-{i}"), now.0 - 60_000, true)); // terminal: not in the index
+    }
+    for t in &tasks {
+        s.deps.store.create(t).await.unwrap();
+    }
+    let report = roles::sweep(&s.deps).await;
+    assert_eq!(report.expired, 7, "only the expired tasks are read: {report:?}");
+    assert_eq!(report.recovered, 7, "every page was followed: {report:?}");
+    assert_eq!(report.errors, 0);
+    assert_eq!(s.drain(&s.res.scheduler_queue_url, 7, SECS).await.len(), 7, "one restart message each");
+    assert_eq!(roles::sweep(&s.deps).await.expired, 0, "recovered tasks carry a new CompleteBy");
     s.delete().await;
 }
