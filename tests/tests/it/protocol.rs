@@ -443,7 +443,7 @@ async fn the_supervisor_reads_only_expired_tasks_page_by_page() {
         tasks.push(make(format!("expired-{i}"), now.0 - 60_000, false)); // CompleteBy a minute ago
     }
     for i in 0..10 {
-        tasks.push(make(format!("waiting-{i}"), now.0, false)); // CompleteBy still ahead
+        tasks.push(make(format!("waiting-{i}"), now.0 + 600_000, false)); // CompleteBy ten minutes ahead
         tasks.push(make(format!("finished-{i}"), now.0 - 60_000, true)); // terminal: not in the index
     }
     for t in &tasks {
