@@ -34,9 +34,9 @@ fn step(name: &str, timeout_ms: u64, comp: Option<&str>) -> StepDef {
     }
 }
 
-/// `three`: a (undone by undo_a) -> b (undone by undo_b) -> c. Short deadlines keep tests quick.
-/// `three-slow`: the same with deadlines no test waits for, for tests that drive the roles by hand
-/// and must not see a deadline pass on a loaded machine.
+/// `three`: a (undone by undo_a) -> b (undone by undo_b) -> c, 3 s steps: for the tests about
+/// deadlines. `three-slow`: the same with 60 s steps, for every test that must not see a deadline
+/// pass on a loaded machine.
 pub fn workflows() -> WorkflowRegistry {
     let three = |name: &str, ms: u64| WorkflowDef {
         name: name.into(),
@@ -45,7 +45,7 @@ pub fn workflows() -> WorkflowRegistry {
         on_failure: sas_core::workflow::OnFailure::Compensate,
         steps: vec![step("a", ms, Some("undo_a")), step("b", ms, Some("undo_b")), step("c", ms, None)],
     };
-    WorkflowRegistry::new([three("three", 2_000), three("three-slow", 60_000)]).expect("valid test workflows")
+    WorkflowRegistry::new([three("three", 3_000), three("three-slow", 60_000)]).expect("valid test workflows")
 }
 
 pub fn settings() -> Settings {

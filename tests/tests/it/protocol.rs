@@ -41,7 +41,7 @@ async fn happy_path_through_three_steps_with_ordered_statuses() {
     let s = stack("happy").await;
     let reply = s.queue("replies", true).await;
     let runner = s.runner();
-    s.send(&s.res.submission_queue_url, &submission("h1", json!({"sku": "x"}), Some(&reply))).await;
+    s.send(&s.res.submission_queue_url, &submission_to("three-slow", "h1", json!({"sku": "x"}), Some(&reply))).await;
     let t = s.wait_terminal("h1").await;
     assert_eq!(t.process_state, ProcessState::Processed);
     assert_eq!(t.failure_count, 0);
@@ -65,9 +65,9 @@ async fn transient_agent_errors_then_success() {
     let s = stack("transient").await;
     let runner = s.runner();
     // b: two failing calls inside the first attempt (agent-side retries) ...
-    s.send(&s.res.submission_queue_url, &submission("tr1", json!({"sim": {"b": {"fail_calls": 2}}}), None)).await;
+    s.send(&s.res.submission_queue_url, &submission_to("three-slow", "tr1", json!({"sim": {"b": {"fail_calls": 2}}}), None)).await;
     // ... and c: a whole first attempt failing transiently (the scheduler retries it).
-    s.send(&s.res.submission_queue_url, &submission("tr2", json!({"sim": {"c": {"fail_attempts": 1}}}), None)).await;
+    s.send(&s.res.submission_queue_url, &submission_to("three-slow", "tr2", json!({"sim": {"c": {"fail_attempts": 1}}}), None)).await;
     let t1 = s.wait_terminal("tr1").await;
     assert_eq!((t1.process_state, t1.failure_count), (ProcessState::Processed, 0));
     assert_eq!(t1.steps[1].output.as_ref().unwrap()["calls"], 3);
@@ -158,7 +158,7 @@ async fn a_permanent_error_on_step_two_compensates_step_one() {
     let runner = s.runner();
     s.send(
         &s.res.submission_queue_url,
-        &submission("pe1", json!({"sim": {"b": {"permanent": "card declined"}}}), None),
+        &submission_to("three-slow", "pe1", json!({"sim": {"b": {"permanent": "card declined"}}}), None),
     )
     .await;
     let t = s.wait_terminal("pe1").await;
@@ -177,7 +177,7 @@ async fn a_failing_compensation_ends_in_error_with_an_alert() {
     let alerts = s.alert_listener().await;
     let runner = s.runner();
     let input = json!({"sim": {"b": {"permanent": "declined"}, "undo_a": {"permanent": "cannot release"}}});
-    s.send(&s.res.submission_queue_url, &submission("ce1", input, None)).await;
+    s.send(&s.res.submission_queue_url, &submission_to("three-slow", "ce1", input, None)).await;
     let t = s.wait_terminal("ce1").await;
     assert_eq!(t.process_state, ProcessState::Error);
     let got = s.bodies(&alerts, 1, SECS).await;
@@ -235,10 +235,10 @@ async fn two_supervisors_racing_on_one_expired_step_recover_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicate_submission_creates_one_task() {
     let s = stack("dup").await;
-    let body = submission("d1", json!({"n": 1}), None);
+    let body = submission_to("three-slow", "d1", json!({"n": 1}), None);
     let id = TaskId::try_from("d1").unwrap();
     assert_eq!(roles::submit(&s.deps, &body).await.unwrap(), Submitted::Created(id.clone()));
-    let other = submission("d1", json!({"n": 2}), None);
+    let other = submission_to("three-slow", "d1", json!({"n": 2}), None);
     assert_eq!(roles::submit(&s.deps, &other).await.unwrap(), Submitted::Duplicate(id));
     assert_eq!(s.task("d1").await.unwrap().input, json!({"n": 1}));
     assert_eq!(s.drain(&s.res.scheduler_queue_url, 1, Duration::from_secs(3)).await.len(), 1, "one start message");
@@ -382,7 +382,7 @@ async fn every_bad_input_class_is_rejected_with_a_reason_and_kept() {
 async fn cancellation_stops_a_task_mid_way() {
     let s = stack("cancel").await;
     let runner = s.runner();
-    s.send(&s.res.submission_queue_url, &submission("ca1", json!({"sim": {"b": {"delay_ms": 1500}}}), None)).await;
+    s.send(&s.res.submission_queue_url, &submission_to("three-slow", "ca1", json!({"sim": {"b": {"delay_ms": 5000}}}), None)).await;
     s.wait_for("ca1", SECS, |t| t.process_state == ProcessState::Processing && t.step_index == 1).await;
     let cancel = json!({"type": "cancel", "v": 1, "task_id": "ca1", "reason": "customer changed their mind"});
     s.send(&s.res.scheduler_queue_url, &cancel.to_string()).await;
@@ -393,7 +393,7 @@ async fn cancellation_stops_a_task_mid_way() {
     assert_eq!(t.steps[1].compensation.as_ref().unwrap().status, CompensationStatus::Done, "b was mid-flight: undone");
     assert_eq!(t.steps[0].compensation.as_ref().unwrap().status, CompensationStatus::Done);
     // b's answer arrives after the cancel and is dropped.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(s.task("ca1").await.unwrap().rev, t.rev);
     runner.shutdown().await;
     s.delete().await;
