@@ -263,8 +263,15 @@ pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> 
         );
     }
     let retried = tasks.values().filter(|t| t.failure_count > 0).count();
-    println!("\n  by state: {}", counts.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", "));
-    println!("  retried (FailureCount > 0): {retried}");
+    let count = |state: &str| counts.get(state).copied().unwrap_or(0);
+    println!(
+        "\n  processed {}, compensated {}, error {}, cancelled {}, rejected {}; retried (FailureCount > 0) {retried}",
+        count("Processed"),
+        count("Compensated"),
+        count("Error"),
+        count("Cancelled"),
+        rejected.len()
+    );
     println!("  status messages on the reply queue: {}", statuses.len());
     println!("  rejected submissions (kept in the submission DLQ): {} ({})", rejected.len(), rejected.join("; "));
     println!("  operator alerts: {}", alerts.len());
