@@ -197,6 +197,32 @@ impl Bus {
         Ok(())
     }
 
+    /// Perform the effects of several committed transitions (a supervisor sweep's page): each task's
+    /// notifications and other work as [`Bus::perform`] does, and all their run messages to the
+    /// scheduler queue in batches of ten (SendMessageBatch), after every notification.
+    pub async fn perform_many(&self, done: Vec<crate::roles::Committed>) -> usize {
+        let mut failed = 0;
+        let mut runs = Vec::new();
+        for c in done {
+            let (run, rest): (Vec<_>, Vec<_>) = c.effects.into_iter().partition(|e| matches!(e, Effect::Run { .. }));
+            failed += self.perform(&c.task, rest, c.now).await;
+            for e in run {
+                if let Effect::Run { rev, delay_ms, reason } = e {
+                    let body = Self::encode(&Self::run_message(&c.task, rev, reason)).expect("run messages are small");
+                    runs.push(Outgoing { body, delay_seconds: delay_seconds(delay_ms) });
+                }
+            }
+        }
+        let n = runs.len();
+        if n > 0 {
+            if let Err(e) = self.send_batch(&self.res.scheduler_queue_url, runs).await {
+                failed += n;
+                warn!(error = %e, messages = n, "run messages not delivered; the next sweep recovers those tasks again");
+            }
+        }
+        failed
+    }
+
     /// Perform a committed transition's effects: notifications first, then work. A failed send is
     /// logged, not retried here: the task is already written with a CompleteBy, so the Supervisor
     /// recovers anything a lost message would have moved. Returns how many sends failed.

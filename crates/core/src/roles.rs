@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use serde_json::Value;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
@@ -84,14 +85,31 @@ const MAX_CONFLICTS: u32 = 5;
 
 /// Apply `event` to `task` and commit it: the single place where transitions are written. A lost
 /// conditional write re-decides on the current item that DynamoDB returned with the failure.
-pub async fn drive(deps: &Deps, mut task: Task, event: &Event) -> Result<Applied, HandlerError> {
+pub async fn drive(deps: &Deps, task: Task, event: &Event) -> Result<Applied, HandlerError> {
+    let (applied, committed) = commit(deps, task, event).await?;
+    if let Some(c) = committed {
+        deps.bus.perform(&c.task, c.effects, c.now).await;
+    }
+    Ok(applied)
+}
+
+/// A written transition whose effects are still to be performed.
+#[derive(Debug)]
+pub struct Committed {
+    pub task: Task,
+    pub effects: Vec<crate::protocol::Effect>,
+    pub now: Millis,
+}
+
+/// Decide and write, without performing the effects (the caller does, possibly batched).
+async fn commit(deps: &Deps, mut task: Task, event: &Event) -> Result<(Applied, Option<Committed>), HandlerError> {
     for _ in 0..MAX_CONFLICTS {
         let ctx = Ctx::new(Millis::now());
         let tr = match protocol::apply(&task, event, &ctx, &deps.settings.policy) {
             Ok(tr) => tr,
             Err(stale) => {
                 info!(task_id = %task.task_id, event = event.name(), state = %task.process_state, reason = %stale, "stale event dropped");
-                return Ok(Applied::Stale(stale));
+                return Ok((Applied::Stale(stale), None));
             }
         };
         match deps.store.save(&tr.task, &task).await {
@@ -102,14 +120,14 @@ pub async fn drive(deps: &Deps, mut task: Task, event: &Event) -> Result<Applied
                     step = tr.task.current_step_name().unwrap_or("-"), failure_count = tr.task.failure_count, rev,
                     "transition"
                 );
-                deps.bus.perform(&tr.task, tr.effects, ctx.now).await;
-                return Ok(Applied::Changed { state, rev });
+                let committed = Committed { task: tr.task, effects: tr.effects, now: ctx.now };
+                return Ok((Applied::Changed { state, rev }, Some(committed)));
             }
             Err(StoreError::Conflict { current: Some(current) }) => {
                 debug!(task_id = %task.task_id, event = event.name(), "conditional write lost; re-deciding on the current item");
                 task = *current;
             }
-            Err(StoreError::Conflict { current: None }) => return Ok(Applied::Missing),
+            Err(StoreError::Conflict { current: None }) => return Ok((Applied::Missing, None)),
             Err(e) => return Err(e.into()),
         }
     }
@@ -356,10 +374,20 @@ async fn sweep_shard(deps: &Deps, shard: u32, now: Millis) -> SweepReport {
                 return report;
             }
         };
-        for task in page.tasks {
-            report.expired += 1;
-            match drive(deps, task, &Event::DeadlineExpired).await {
-                Ok(Applied::Changed { .. }) => report.recovered += 1,
+        // Recover the page's tasks concurrently, then send their run messages in batches of ten.
+        report.expired += page.tasks.len();
+        let commits = futures::stream::iter(page.tasks)
+            .map(|task| commit(deps, task, &Event::DeadlineExpired))
+            .buffer_unordered(8)
+            .collect::<Vec<_>>()
+            .await;
+        let mut done = Vec::new();
+        for c in commits {
+            match c {
+                Ok((Applied::Changed { .. }, Some(c))) => {
+                    report.recovered += 1;
+                    done.push(c);
+                }
                 Ok(_) => report.stale += 1,
                 Err(e) => {
                     error!(error = %e, "recovery failed; the next sweep retries");
@@ -367,6 +395,7 @@ async fn sweep_shard(deps: &Deps, shard: u32, now: Millis) -> SweepReport {
                 }
             }
         }
+        deps.bus.perform_many(done).await;
         match page.next {
             Some(k) => start = Some(k),
             None => return report,

@@ -65,9 +65,17 @@ async fn transient_agent_errors_then_success() {
     let s = stack("transient").await;
     let runner = s.runner();
     // b: two failing calls inside the first attempt (agent-side retries) ...
-    s.send(&s.res.submission_queue_url, &submission_to("three-slow", "tr1", json!({"sim": {"b": {"fail_calls": 2}}}), None)).await;
+    s.send(
+        &s.res.submission_queue_url,
+        &submission_to("three-slow", "tr1", json!({"sim": {"b": {"fail_calls": 2}}}), None),
+    )
+    .await;
     // ... and c: a whole first attempt failing transiently (the scheduler retries it).
-    s.send(&s.res.submission_queue_url, &submission_to("three-slow", "tr2", json!({"sim": {"c": {"fail_attempts": 1}}}), None)).await;
+    s.send(
+        &s.res.submission_queue_url,
+        &submission_to("three-slow", "tr2", json!({"sim": {"c": {"fail_attempts": 1}}}), None),
+    )
+    .await;
     let t1 = s.wait_terminal("tr1").await;
     assert_eq!((t1.process_state, t1.failure_count), (ProcessState::Processed, 0));
     assert_eq!(t1.steps[1].output.as_ref().unwrap()["calls"], 3);
@@ -382,7 +390,11 @@ async fn every_bad_input_class_is_rejected_with_a_reason_and_kept() {
 async fn cancellation_stops_a_task_mid_way() {
     let s = stack("cancel").await;
     let runner = s.runner();
-    s.send(&s.res.submission_queue_url, &submission_to("three-slow", "ca1", json!({"sim": {"b": {"delay_ms": 5000}}}), None)).await;
+    s.send(
+        &s.res.submission_queue_url,
+        &submission_to("three-slow", "ca1", json!({"sim": {"b": {"delay_ms": 5000}}}), None),
+    )
+    .await;
     s.wait_for("ca1", SECS, |t| t.process_state == ProcessState::Processing && t.step_index == 1).await;
     let cancel = json!({"type": "cancel", "v": 1, "task_id": "ca1", "reason": "customer changed their mind"});
     s.send(&s.res.scheduler_queue_url, &cancel.to_string()).await;
