@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
+use sas_core::agents::AgentRuntime;
 use sas_core::roles::{process_batch, Deps, HandlerError, Record};
+use sas_core::runner::{self, Role};
 
 pub use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 
@@ -43,4 +45,19 @@ where
     Fut: std::future::Future<Output = Result<T, HandlerError>>,
 {
     batch_response(process_batch(records, handler).await)
+}
+
+/// The whole of an SQS-triggered function: boot once, then hand every record of every event to
+/// the role's handler through [`runner::handle`], the dispatcher the local runner uses too.
+pub async fn serve(role: Role) -> Result<(), Error> {
+    let deps = boot().await?;
+    let agents = Arc::new(if role == Role::Agent { AgentRuntime::from_env()? } else { AgentRuntime::default() });
+    run(service_fn(move |event: LambdaEvent<SqsEvent>| {
+        let (deps, agents) = (deps.clone(), agents.clone());
+        async move {
+            let records = records(event.payload);
+            Ok::<SqsBatchResponse, Error>(handle_sqs(&records, |body| runner::handle(role, &deps, &agents, body)).await)
+        }
+    }))
+    .await
 }

@@ -1,16 +1,6 @@
-//! Scheduler: SchedulerQueue -> claim steps, apply agent results, cancel.
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use sas_functions::{boot, handle_sqs, records, run, service_fn, Error, LambdaEvent};
+//! Scheduler: SchedulerQueue -> claim steps, apply agent results, cancel, resubmit.
 
 #[tokio::main]
-async fn main() -> Result<(), Error> {
-    let deps = boot().await?;
-    run(service_fn(|event: LambdaEvent<SqsEvent>| {
-        let deps = deps.clone();
-        async move {
-            let records = records(event.payload);
-            Ok::<SqsBatchResponse, Error>(handle_sqs(&records, |body| sas_core::roles::schedule(&deps, body)).await)
-        }
-    }))
-    .await
+async fn main() -> Result<(), sas_functions::Error> {
+    sas_functions::serve(sas_core::runner::Role::Scheduler).await
 }

@@ -1,16 +1,6 @@
 //! Submitter: SubmissionQueue -> validate, record the task, hand it to the Scheduler.
-use aws_lambda_events::event::sqs::{SqsBatchResponse, SqsEvent};
-use sas_functions::{boot, handle_sqs, records, run, service_fn, Error, LambdaEvent};
 
 #[tokio::main]
-async fn main() -> Result<(), Error> {
-    let deps = boot().await?;
-    run(service_fn(|event: LambdaEvent<SqsEvent>| {
-        let deps = deps.clone();
-        async move {
-            let records = records(event.payload);
-            Ok::<SqsBatchResponse, Error>(handle_sqs(&records, |body| sas_core::roles::submit(&deps, body)).await)
-        }
-    }))
-    .await
+async fn main() -> Result<(), sas_functions::Error> {
+    sas_functions::serve(sas_core::runner::Role::Submitter).await
 }

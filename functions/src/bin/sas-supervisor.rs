@@ -1,6 +1,7 @@
 //! Supervisor: the scheduled rule (sweep the CompleteBy index) and SupervisorQueue (precise
 //! deadline timers). One function, two event shapes.
 use aws_lambda_events::event::sqs::SqsEvent;
+use sas_core::runner::Role;
 use sas_functions::{boot, handle_sqs, records, run, service_fn, Error, LambdaEvent};
 use serde_json::{json, Value};
 
@@ -13,7 +14,9 @@ async fn main() -> Result<(), Error> {
             if event.payload.get("Records").is_some() {
                 let sqs: SqsEvent = serde_json::from_value(event.payload)?;
                 let records = records(sqs);
-                let resp = handle_sqs(&records, |body| sas_core::roles::timer(&deps, body)).await;
+                let agents = sas_core::agents::AgentRuntime::default();
+                let resp =
+                    handle_sqs(&records, |body| sas_core::runner::handle(Role::Supervisor, &deps, &agents, body)).await;
                 return Ok::<Value, Error>(serde_json::to_value(resp)?);
             }
             // EventBridge scheduled event ("detail-type": "Scheduled Event") or a manual invoke.
