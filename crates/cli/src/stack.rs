@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aws_sdk_cloudformation::error::ProvideErrorMetadata;
+use aws_sdk_cloudformation::config::http::HttpResponse;
+use aws_sdk_cloudformation::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_cloudformation::types::{Capability, Parameter, StackStatus};
 use aws_sdk_cloudformation::Client;
 
@@ -24,18 +25,11 @@ pub enum StackError {
     Missing(String),
 }
 
-fn aws<E>(
-    op: &'static str,
-) -> impl FnOnce(aws_sdk_cloudformation::error::SdkError<E, aws_smithy_runtime_api_http::Response>) -> StackError
+fn aws<E>(op: &'static str) -> impl FnOnce(SdkError<E, HttpResponse>) -> StackError
 where
-    aws_sdk_cloudformation::Error:
-        From<aws_sdk_cloudformation::error::SdkError<E, aws_smithy_runtime_api_http::Response>>,
+    aws_sdk_cloudformation::Error: From<SdkError<E, HttpResponse>>,
 {
     move |e| StackError::Aws { op, source: Box::new(e.into()) }
-}
-
-mod aws_smithy_runtime_api_http {
-    pub use aws_sdk_cloudformation::config::http::HttpResponse as Response;
 }
 
 /// The template, as shipped with the project.

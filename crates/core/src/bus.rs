@@ -229,30 +229,37 @@ impl Bus {
     pub async fn perform(&self, task: &Task, effects: Vec<Effect>, now: Millis) -> usize {
         let (notes, work): (Vec<_>, Vec<_>) = effects.into_iter().partition(Effect::is_notification);
         let mut failed = 0;
-        for e in notes.into_iter().chain(work) {
-            let (what, r) = match &e {
-                Effect::Reply(s) => match &task.reply_to {
-                    Some(q) => ("reply", self.reply(q, s).await),
-                    None => continue,
-                },
-                Effect::Alert(a) => ("alert", self.alert(a).await),
-                Effect::Run { rev, delay_ms, reason } => ("run", self.send_run(task, *rev, *delay_ms, *reason).await),
-                Effect::Dispatch(r) => ("dispatch", self.dispatch(r).await),
-                Effect::ArmTimer(t) => ("timer", self.arm_timer(t, now).await),
-            };
-            match r {
-                Ok(()) => {
-                    if let Effect::Alert(a) = &e {
-                        info!(task_id = %task.task_id, kind = ?a.kind, "operator alert published");
+        // Within a group the sends go to different queues and need no order: send them together.
+        for group in [notes, work] {
+            let results = futures::future::join_all(group.iter().map(|e| self.perform_one(task, e, now))).await;
+            for (e, r) in group.iter().zip(results) {
+                match r {
+                    Ok(()) => {
+                        if let Effect::Alert(a) = e {
+                            info!(task_id = %task.task_id, kind = ?a.kind, "operator alert published");
+                        }
                     }
-                }
-                Err(err) => {
-                    failed += 1;
-                    warn!(task_id = %task.task_id, effect = what, error = %err, "effect not delivered; the supervisor will recover the task if it stalls");
+                    Err(err) => {
+                        failed += 1;
+                        warn!(task_id = %task.task_id, effect = e.name(), error = %err, "effect not delivered; the supervisor will recover the task if it stalls");
+                    }
                 }
             }
         }
         failed
+    }
+
+    async fn perform_one(&self, task: &Task, e: &Effect, now: Millis) -> Result<(), BusError> {
+        match e {
+            Effect::Reply(s) => match &task.reply_to {
+                Some(q) => self.reply(q, s).await,
+                None => Ok(()),
+            },
+            Effect::Alert(a) => self.alert(a).await,
+            Effect::Run { rev, delay_ms, reason } => self.send_run(task, *rev, *delay_ms, *reason).await,
+            Effect::Dispatch(r) => self.dispatch(r).await,
+            Effect::ArmTimer(t) => self.arm_timer(t, now).await,
+        }
     }
 }
 

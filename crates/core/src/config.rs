@@ -36,39 +36,37 @@ fn parse_num<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, Con
 impl Resources {
     /// From the environment the template gives every function.
     pub fn from_env() -> Result<Self, ConfigError> {
-        let get = |name: &'static str| std::env::var(name).map_err(|_| ConfigError::Missing(name));
-        let shards = match std::env::var("SUPERVISOR_SHARDS") {
-            Ok(v) => parse_num("SUPERVISOR_SHARDS", &v)?,
-            Err(_) => 4,
-        };
-        Self {
-            task_table: get("TASK_TABLE")?,
-            submission_queue_url: get("SUBMISSION_QUEUE_URL")?,
-            submission_dlq_url: get("SUBMISSION_DLQ_URL")?,
-            scheduler_queue_url: get("SCHEDULER_QUEUE_URL")?,
-            agent_queue_url: get("AGENT_QUEUE_URL")?,
-            supervisor_queue_url: get("SUPERVISOR_QUEUE_URL")?,
-            alert_topic_arn: get("ALERT_TOPIC_ARN")?,
-            shards,
-        }
-        .checked()
+        Self::assemble(|env, _| env, |name| std::env::var(name).ok())
     }
 
     /// From CloudFormation stack outputs (`SubmissionQueueUrl`, `TaskTableName`, ...).
     pub fn from_outputs(outputs: &HashMap<String, String>) -> Result<Self, ConfigError> {
-        let get = |name: &'static str| outputs.get(name).cloned().ok_or(ConfigError::Missing(name));
-        let shards = match outputs.get("SupervisorShards") {
-            Some(v) => parse_num("SupervisorShards", v)?,
+        Self::assemble(|_, output| output, |name| outputs.get(name).cloned())
+    }
+
+    /// Each setting has an environment variable and a stack output name; `pick` chooses which
+    /// one `get` is asked for.
+    fn assemble(
+        pick: impl Fn(&'static str, &'static str) -> &'static str,
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let required = |env, output| {
+            let name = pick(env, output);
+            get(name).ok_or(ConfigError::Missing(name))
+        };
+        let shards_name = pick("SUPERVISOR_SHARDS", "SupervisorShards");
+        let shards = match get(shards_name) {
+            Some(v) => parse_num(shards_name, &v)?,
             None => 4,
         };
         Self {
-            task_table: get("TaskTableName")?,
-            submission_queue_url: get("SubmissionQueueUrl")?,
-            submission_dlq_url: get("SubmissionDlqUrl")?,
-            scheduler_queue_url: get("SchedulerQueueUrl")?,
-            agent_queue_url: get("AgentQueueUrl")?,
-            supervisor_queue_url: get("SupervisorQueueUrl")?,
-            alert_topic_arn: get("AlertTopicArn")?,
+            task_table: required("TASK_TABLE", "TaskTableName")?,
+            submission_queue_url: required("SUBMISSION_QUEUE_URL", "SubmissionQueueUrl")?,
+            submission_dlq_url: required("SUBMISSION_DLQ_URL", "SubmissionDlqUrl")?,
+            scheduler_queue_url: required("SCHEDULER_QUEUE_URL", "SchedulerQueueUrl")?,
+            agent_queue_url: required("AGENT_QUEUE_URL", "AgentQueueUrl")?,
+            supervisor_queue_url: required("SUPERVISOR_QUEUE_URL", "SupervisorQueueUrl")?,
+            alert_topic_arn: required("ALERT_TOPIC_ARN", "AlertTopicArn")?,
             shards,
         }
         .checked()
@@ -118,5 +116,35 @@ impl Settings {
             s.max_input_bytes = parse_num("MAX_INPUT_BYTES", &v)?;
         }
         Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_map_to_resources_and_missing_ones_are_named() {
+        let mut o: HashMap<String, String> = [
+            "TaskTableName",
+            "SubmissionQueueUrl",
+            "SubmissionDlqUrl",
+            "SchedulerQueueUrl",
+            "AgentQueueUrl",
+            "SupervisorQueueUrl",
+            "AlertTopicArn",
+        ]
+        .iter()
+        .map(|k| ((*k).to_owned(), format!("v-{k}")))
+        .collect();
+        let r = Resources::from_outputs(&o).unwrap();
+        assert_eq!(
+            (r.task_table.as_str(), r.alert_topic_arn.as_str(), r.shards),
+            ("v-TaskTableName", "v-AlertTopicArn", 4)
+        );
+        o.insert("SupervisorShards".into(), "0".into());
+        assert!(matches!(Resources::from_outputs(&o), Err(ConfigError::Invalid { .. })));
+        o.remove("AgentQueueUrl");
+        assert_eq!(Resources::from_outputs(&o), Err(ConfigError::Missing("AgentQueueUrl")));
     }
 }

@@ -319,6 +319,16 @@ pub enum Effect {
 }
 
 impl Effect {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Effect::Reply(_) => "reply",
+            Effect::Alert(_) => "alert",
+            Effect::Run { .. } => "run",
+            Effect::Dispatch(_) => "dispatch",
+            Effect::ArmTimer(_) => "timer",
+        }
+    }
+
     /// Notifications go before work.
     pub fn is_notification(&self) -> bool {
         matches!(self, Effect::Reply(_) | Effect::Alert(_))
