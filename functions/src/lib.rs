@@ -1,19 +1,74 @@
-//! Glue shared by the four Lambda binaries: build the dependencies once, turn an SQS event into
-//! records for [`sas_core::roles::process_batch`], and report partial batch failures.
+//! The four Lambda functions as one plain function, [`handle_event`]: parse the invocation's
+//! event, hand it to the role, and shape the response. The binaries only build the dependencies
+//! once ([`serve`]); tests call [`handle_event`] directly with the fixtures in `events/`.
+//!
+//! Events, by role:
+//! - Submitter, Scheduler, Agent: an SQS batch from their queue's event source mapping; the
+//!   response names the records that failed (`ReportBatchItemFailures`), so only those return;
+//! - Supervisor: an SQS batch from the supervisor queue (deadline timers), or the EventBridge
+//!   scheduled rule's event (`"source": "aws.events"`, `"detail-type": "Scheduled Event"`), which
+//!   sweeps the `CompleteBy` index and answers with the [`SweepReport`].
+//!
+//! Any other event is refused with an error (a misconfigured trigger shows as a function error).
 
 use std::sync::Arc;
 
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
-use sas_core::agents::AgentRuntime;
-use sas_core::roles::{process_batch, Deps, HandlerError, Record};
-use sas_core::runner::{self, Role};
+use sas_core::agent::AgentRuntime;
+use sas_core::deps::Deps;
+use sas_core::role::{handle, process_batch, Record, Role};
+use sas_core::supervisor::{self, SweepReport};
+use serde::Deserialize;
+use serde_json::Value;
 
 pub use lambda_runtime::{run, service_fn, Error, LambdaEvent};
 
-/// The composition root of every function: logs, clients, configuration. Once per cold start.
-pub async fn boot() -> Result<Arc<Deps>, Error> {
-    sas_core::telemetry::init();
-    Ok(Arc::new(Deps::from_env().await?))
+/// The EventBridge event of a scheduled rule (only the fields that identify it).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ScheduledEvent {
+    pub source: String,
+    #[serde(rename = "detail-type")]
+    pub detail_type: String,
+    #[serde(default)]
+    pub resources: Vec<String>,
+}
+
+/// What a function was invoked with.
+#[derive(Debug, Clone)]
+pub enum Invocation {
+    Sqs(SqsEvent),
+    Scheduled(ScheduledEvent),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    #[error("the {role} function does not handle this event: {why}")]
+    Unrecognised { role: &'static str, why: String },
+}
+
+/// Tell the event apart by its identifying fields, strictly.
+pub fn parse_event(role: Role, payload: Value) -> Result<Invocation, EventError> {
+    let unrecognised = |why: String| EventError::Unrecognised { role: role.name(), why };
+    let is_scheduled = payload.get("source").is_some() && payload.get("detail-type").is_some();
+    if is_scheduled {
+        if role != Role::Supervisor {
+            return Err(unrecognised("only the supervisor runs on a schedule".into()));
+        }
+        let ev: ScheduledEvent = serde_json::from_value(payload).map_err(|e| unrecognised(e.to_string()))?;
+        if ev.source != "aws.events" || ev.detail_type != "Scheduled Event" {
+            return Err(unrecognised(format!("an event from {} ({}) is not a scheduled event", ev.source, ev.detail_type)));
+        }
+        return Ok(Invocation::Scheduled(ev));
+    }
+    let ev: SqsEvent = serde_json::from_value(payload)
+        .map_err(|e| unrecognised(format!("neither an SQS batch nor a scheduled event: {e}")))?;
+    if ev.records.is_empty() {
+        return Err(unrecognised("an SQS batch with no records".into()));
+    }
+    if let Some(src) = ev.records.iter().filter_map(|r| r.event_source.as_deref()).find(|s| *s != "aws:sqs") {
+        return Err(unrecognised(format!("records from {src}, not aws:sqs")));
+    }
+    Ok(Invocation::Sqs(ev))
 }
 
 pub fn records(event: SqsEvent) -> Vec<Record> {
@@ -38,26 +93,43 @@ pub fn batch_response(failed: Vec<String>) -> SqsBatchResponse {
     resp
 }
 
-/// Handle an SQS event with `handler`, one future per record.
-pub async fn handle_sqs<'a, F, Fut, T>(records: &'a [Record], handler: F) -> SqsBatchResponse
-where
-    F: Fn(&'a str) -> Fut,
-    Fut: std::future::Future<Output = Result<T, HandlerError>>,
-{
-    batch_response(process_batch(records, handler).await)
+/// What a function answers.
+#[derive(Debug, Clone)]
+pub enum Response {
+    Batch(SqsBatchResponse),
+    Sweep(SweepReport),
 }
 
-/// The whole of an SQS-triggered function: boot once, then hand every record of every event to
-/// the role's handler through [`runner::handle`], the dispatcher the local runner uses too.
-pub async fn serve(role: Role) -> Result<(), Error> {
-    let deps = boot().await?;
-    let agents = Arc::new(if role == Role::Agent { AgentRuntime::from_env()? } else { AgentRuntime::default() });
-    run(service_fn(move |event: LambdaEvent<SqsEvent>| {
-        let (deps, agents) = (deps.clone(), agents.clone());
-        async move {
-            let records = records(event.payload);
-            Ok::<SqsBatchResponse, Error>(handle_sqs(&records, |body| runner::handle(role, &deps, &agents, body)).await)
+impl Response {
+    pub fn to_json(&self) -> Value {
+        match self {
+            Response::Batch(b) => serde_json::to_value(b).expect("batch responses serialise"),
+            Response::Sweep(r) => serde_json::to_value(r).expect("sweep reports serialise"),
         }
+    }
+}
+
+/// The whole of a function's invocation, for any role.
+pub async fn handle_event(role: Role, deps: &Deps, agents: &AgentRuntime, payload: Value) -> Result<Response, EventError> {
+    match parse_event(role, payload)? {
+        Invocation::Sqs(ev) => {
+            let records = records(ev);
+            let failed = process_batch(&records, |body| handle(role, deps, agents, body)).await;
+            Ok(Response::Batch(batch_response(failed)))
+        }
+        Invocation::Scheduled(_) => Ok(Response::Sweep(supervisor::sweep(deps).await)),
+    }
+}
+
+/// A function's `main`: logs, clients and agents built once per cold start, then every event
+/// through [`handle_event`].
+pub async fn serve(role: Role) -> Result<(), Error> {
+    sas_core::telemetry::init();
+    let deps = Arc::new(Deps::from_env().await?);
+    let agents = Arc::new(if role == Role::Agent { AgentRuntime::from_env()? } else { AgentRuntime::default() });
+    run(service_fn(move |event: LambdaEvent<Value>| {
+        let (deps, agents) = (deps.clone(), agents.clone());
+        async move { Ok::<Value, Error>(handle_event(role, &deps, &agents, event.payload).await?.to_json()) }
     }))
     .await
 }

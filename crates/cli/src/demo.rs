@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use aws_sdk_sqs::types::QueueAttributeName;
-use sas_core::agents::{AgentRuntime, BUILT_IN_AGENTS};
+use sas_core::agent::{AgentRuntime, BUILT_IN_AGENTS};
 use sas_core::ids::TaskId;
 use sas_core::messages::{Submission, VERSION};
 use sas_core::protocol::{ProcessState, Task};
-use sas_core::roles::Deps;
+use sas_core::deps::Deps;
 use sas_core::runner::{Runner, RunnerOptions};
 use serde_json::{json, Value};
 
@@ -141,7 +141,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> 
     let agents = AgentRuntime::from_config(BUILT_IN_AGENTS, &|k| (k == "ORDER_SERVICE_URL").then(|| base.clone()))?;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let run = format!("demo{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
-    let res = deps.bus.resources().clone();
+    let res = deps.resources.clone();
 
     // The caller's private reply queue, and an operator's alert inbox on the topic.
     let reply =

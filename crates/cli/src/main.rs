@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use sas_core::agents::AgentRuntime;
+use sas_core::agent::AgentRuntime;
 use sas_core::config::{Resources, Settings};
 use sas_core::ids::{Millis, TaskId};
 use sas_core::messages::{Submission, VERSION};
 use sas_core::protocol::ProcessState;
-use sas_core::roles::Deps;
+use sas_core::deps::Deps;
 use sas_core::runner::{Runner, RunnerOptions};
 use sas_core::workflow::WorkflowRegistry;
 
@@ -117,7 +117,7 @@ async fn resources(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Resources> 
 }
 
 async fn deps(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Deps> {
-    Ok(Deps::new(sdk, resources(cli, sdk).await?, WorkflowRegistry::from_env()?, Settings::from_env()?))
+    Ok(Deps::aws(sdk, resources(cli, sdk).await?, WorkflowRegistry::from_env()?, Settings::from_env()?))
 }
 
 fn ms(m: Option<Millis>) -> String {
@@ -264,7 +264,7 @@ async fn main() -> Result<()> {
         }
         Cmd::Cancel { task_id, reason } => {
             let deps = deps(&cli, &sdk).await?;
-            sas_cli::ops::cancel(&deps.bus, &TaskId::try_from(task_id.as_str())?, reason).await?;
+            sas_cli::ops::cancel(&deps, &TaskId::try_from(task_id.as_str())?, reason).await?;
             println!("cancel requested for {task_id}");
         }
         Cmd::Resubmit { task_id, state, reason } => {
@@ -272,7 +272,7 @@ async fn main() -> Result<()> {
             match (task_id, state) {
                 (Some(t), None) => {
                     let id = TaskId::try_from(t.as_str())?;
-                    sas_cli::ops::resubmit(&deps.bus, std::slice::from_ref(&id), reason).await?;
+                    sas_cli::ops::resubmit(&deps, std::slice::from_ref(&id), reason).await?;
                     println!("resubmit requested for {id}");
                 }
                 (None, Some(s)) => {

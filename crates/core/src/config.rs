@@ -94,7 +94,7 @@ pub struct Settings {
     /// 400 KB and agent messages under SQS's 256 KiB with room for outputs.
     pub max_input_bytes: usize,
     /// Items per page of the Supervisor's index query.
-    pub sweep_page_size: i32,
+    pub sweep_page_size: usize,
 }
 
 impl Default for Settings {

@@ -1,15 +1,20 @@
 //! sas-core: the Scheduler-Agent-Supervisor pattern on AWS serverless.
 //!
+//! The pattern, one place each:
 //! - [`protocol`]: the pure state machine (no I/O) that every role drives;
-//! - [`workflow`]: named, versioned workflow definitions;
-//! - [`messages`]: the JSON contracts on every queue and topic;
-//! - [`ids`]: validated identifiers (task ids, attempt tokens, idempotency keys);
-//! - [`store`]: the DynamoDB state store (conditional writes, the sparse CompleteBy index);
-//! - [`bus`]: SQS and SNS sends, and the effects of a transition;
-//! - [`agents`]: the Agent trait and the runtime that enforces deadlines and retries;
-//! - [`http_agent`]: the built-in HTTP agent (endpoints from configuration only);
-//! - [`roles`]: Submitter, Scheduler, Agent and Supervisor handlers;
-//! - [`runner`]: the local runner that polls the queues like Lambda does.
+//! - [`submitter`], [`scheduler`], [`agent`], [`supervisor`]: the four roles' handlers;
+//! - [`transition`]: the one path that writes a transition (decide, conditional write);
+//! - [`effects`]: the one path that performs a written transition's effects.
+//!
+//! The ports, each with an AWS implementation and an in-memory twin:
+//! - [`store`]: the state store (DynamoDB; [`store::MemoryStore`]);
+//! - [`bus`]: queues and the alert topic (SQS and SNS; [`bus::MemoryBus`]);
+//! - [`clock`]: the time ([`clock::SystemClock`]; [`clock::ManualClock`]).
+//!
+//! Around them: [`messages`] (the JSON contracts), [`state`] (`ProcessState`), [`workflow`]
+//! (definitions), [`ids`], [`config`], [`deps`] (the composition root), [`twins`] (the stack on the
+//! in-memory twins), [`role`] (the role enum and dispatch), [`runner`] (the local runner that polls
+//! queues as Lambda does), [`aws`] (SDK clients), [`telemetry`] (logs).
 #![warn(clippy::pedantic)]
 #![allow(
     clippy::module_name_repetitions,
@@ -20,16 +25,24 @@
     clippy::doc_markdown
 )]
 
-pub mod agents;
+pub mod agent;
 pub mod aws;
 pub mod bus;
+pub mod clock;
 pub mod config;
-pub mod http_agent;
+pub mod deps;
+pub mod effects;
 pub mod ids;
 pub mod messages;
 pub mod protocol;
-pub mod roles;
+pub mod role;
 pub mod runner;
+pub mod scheduler;
+pub mod state;
 pub mod store;
+pub mod submitter;
+pub mod supervisor;
 pub mod telemetry;
+pub mod transition;
+pub mod twins;
 pub mod workflow;

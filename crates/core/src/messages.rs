@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
-use crate::protocol::{HistoryEntry, ProcessState};
+use crate::state::ProcessState;
 
 /// The only message version this build speaks.
 pub const VERSION: u32 = 1;
@@ -178,21 +178,6 @@ pub struct StatusMessage {
     pub reason: Option<String>,
     /// Epoch milliseconds.
     pub at: Millis,
-}
-
-impl StatusMessage {
-    pub fn new(task_id: &TaskId, e: &HistoryEntry) -> Self {
-        StatusMessage {
-            v: VERSION,
-            task_id: task_id.clone(),
-            seq: e.seq,
-            state: e.state,
-            step: e.step.clone(),
-            failure_count: e.failure_count,
-            reason: e.reason.clone(),
-            at: e.at,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

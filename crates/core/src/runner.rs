@@ -6,53 +6,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
-use futures::future::BoxFuture;
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::agents::AgentRuntime;
-use crate::roles::{self, Deps, HandlerError, Record};
-
-/// Which handler a queue feeds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Submitter,
-    Scheduler,
-    Agent,
-    Supervisor,
-}
-
-impl Role {
-    pub const ALL: [Role; 4] = [Role::Submitter, Role::Scheduler, Role::Agent, Role::Supervisor];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Submitter => "submitter",
-            Role::Scheduler => "scheduler",
-            Role::Agent => "agent",
-            Role::Supervisor => "supervisor",
-        }
-    }
-
-    /// The visibility timeouts of the template (6x each function's timeout).
-    pub fn default_visibility_seconds(self) -> i32 {
-        match self {
-            Role::Submitter => 60,
-            Role::Scheduler => 90,
-            Role::Agent => 720,
-            Role::Supervisor => 360,
-        }
-    }
-}
+use crate::agent::AgentRuntime;
+use crate::deps::Deps;
+use crate::role::{handle, process_batch, Record, Role};
+use crate::supervisor;
 
 #[derive(Debug, Clone)]
 pub struct RunnerOptions {
     /// How often the Supervisor sweeps (the scheduled rule's rate; 1 minute on AWS).
     pub sweep_every: Duration,
     /// Long-poll wait per ReceiveMessage.
-    pub wait_seconds: i32,
+    pub wait: Duration,
     /// Batches in flight per queue (Lambda's concurrency).
     pub concurrency: usize,
     pub roles: Vec<Role>,
@@ -62,7 +30,7 @@ impl Default for RunnerOptions {
     fn default() -> Self {
         RunnerOptions {
             sweep_every: Duration::from_secs(5),
-            wait_seconds: 2,
+            wait: Duration::from_secs(2),
             concurrency: 4,
             roles: Role::ALL.to_vec(),
         }
@@ -91,23 +59,6 @@ impl RunnerHandle {
     }
 }
 
-/// Call the handler a role's queue feeds; the Lambda binaries do the same.
-pub fn handle<'a>(
-    role: Role,
-    deps: &'a Deps,
-    agents: &'a AgentRuntime,
-    body: &'a str,
-) -> BoxFuture<'a, Result<(), HandlerError>> {
-    Box::pin(async move {
-        match role {
-            Role::Submitter => roles::submit(deps, body).await.map(drop),
-            Role::Scheduler => roles::schedule(deps, body).await.map(drop),
-            Role::Agent => roles::agent(deps, agents, body).await.map(drop),
-            Role::Supervisor => roles::timer(deps, body).await.map(drop),
-        }
-    })
-}
-
 impl Runner {
     pub fn new(deps: Arc<Deps>, agents: Arc<AgentRuntime>, opts: RunnerOptions) -> Self {
         Runner { deps, agents, opts }
@@ -117,15 +68,7 @@ impl Runner {
         let (stop, rx) = watch::channel(false);
         let mut tasks = Vec::new();
         for role in self.opts.roles.clone() {
-            let url = {
-                let r = self.deps.bus.resources();
-                match role {
-                    Role::Submitter => r.submission_queue_url.clone(),
-                    Role::Scheduler => r.scheduler_queue_url.clone(),
-                    Role::Agent => r.agent_queue_url.clone(),
-                    Role::Supervisor => r.supervisor_queue_url.clone(),
-                }
-            };
+            let url = role.queue(&self.deps.resources).to_owned();
             tasks.push(tokio::spawn(poll(
                 role,
                 url,
@@ -144,7 +87,7 @@ impl Runner {
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {
-                        _ = tick.tick() => { roles::sweep(&deps).await; }
+                        _ = tick.tick() => { supervisor::sweep(&deps).await; }
                         _ = rx.changed() => break,
                     }
                 }
@@ -163,8 +106,8 @@ async fn poll(
     opts: RunnerOptions,
     mut stop: watch::Receiver<bool>,
 ) {
-    let sqs = deps.bus.sqs().clone();
     let slots = Arc::new(Semaphore::new(opts.concurrency.max(1)));
+    let visibility = Duration::from_secs(role.default_visibility_seconds());
     let mut in_flight = Vec::new();
     loop {
         if *stop.borrow() {
@@ -174,22 +117,14 @@ async fn poll(
             p = slots.clone().acquire_owned() => p.expect("semaphore is never closed"),
             _ = stop.changed() => break,
         };
-        let recv = sqs
-            .receive_message()
-            .queue_url(&url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(opts.wait_seconds)
-            .visibility_timeout(role.default_visibility_seconds())
-            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
-            .send();
         let out = tokio::select! {
-            r = recv => r,
+            r = deps.bus.receive(&url, 10, opts.wait, visibility) => r,
             _ = stop.changed() => break,
         };
         let msgs = match out {
-            Ok(o) => o.messages.unwrap_or_default(),
+            Ok(m) => m,
             Err(e) => {
-                warn!(role = role.name(), error = %aws_sdk_sqs::Error::from(e), "ReceiveMessage failed; retrying in 1 s");
+                warn!(role = role.name(), error = %e, "ReceiveMessage failed; retrying in 1 s");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
@@ -197,34 +132,19 @@ async fn poll(
         if msgs.is_empty() {
             continue;
         }
-        let (deps, agents, sqs, url) = (deps.clone(), agents.clone(), sqs.clone(), url.clone());
+        let (deps, agents, url) = (deps.clone(), agents.clone(), url.clone());
         in_flight.retain(|h: &JoinHandle<()>| !h.is_finished());
         in_flight.push(tokio::spawn(async move {
             let _permit = permit;
-            let records: Vec<Record> = msgs
-                .iter()
-                .map(|m| Record {
-                    message_id: m.message_id.clone().unwrap_or_default(),
-                    body: m.body.clone().unwrap_or_default(),
-                })
-                .collect();
-            let failed = roles::process_batch(&records, |body| handle(role, &deps, &agents, body)).await;
-            let done: Vec<DeleteMessageBatchRequestEntry> = msgs
-                .iter()
-                .enumerate()
-                .filter(|(_, m)| !failed.contains(m.message_id.as_ref().unwrap_or(&String::new())))
-                .filter_map(|(i, m)| {
-                    DeleteMessageBatchRequestEntry::builder()
-                        .id(i.to_string())
-                        .set_receipt_handle(m.receipt_handle.clone())
-                        .build()
-                        .ok()
-                })
-                .collect();
+            let records: Vec<Record> =
+                msgs.iter().map(|m| Record { message_id: m.message_id.clone(), body: m.body.clone() }).collect();
+            let failed = process_batch(&records, |body| handle(role, &deps, &agents, body)).await;
+            let done: Vec<String> =
+                msgs.iter().filter(|m| !failed.contains(&m.message_id)).map(|m| m.receipt.clone()).collect();
             debug!(role = role.name(), received = msgs.len(), failed = failed.len(), "batch done");
             if !done.is_empty() {
-                if let Err(e) = sqs.delete_message_batch().queue_url(&url).set_entries(Some(done)).send().await {
-                    warn!(role = role.name(), error = %aws_sdk_sqs::Error::from(e), "DeleteMessageBatch failed; the messages will be delivered again");
+                if let Err(e) = deps.bus.delete(&url, done).await {
+                    warn!(role = role.name(), error = %e, "DeleteMessageBatch failed; the messages will be delivered again");
                 }
             }
         }));

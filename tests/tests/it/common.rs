@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::QueueAttributeName;
-use sas_core::agents::AgentRuntime;
+use sas_core::agent::AgentRuntime;
 use sas_core::config::{Resources, Settings};
 use sas_core::ids::TaskId;
 use sas_core::protocol::{Policy, Task};
-use sas_core::roles::Deps;
+use sas_core::deps::Deps;
 use sas_core::runner::{Runner, RunnerHandle, RunnerOptions};
 use sas_core::workflow::{Backoff, StepDef, WorkflowDef, WorkflowRegistry};
 use serde_json::Value;
@@ -77,7 +77,7 @@ pub async fn stack_with(label: &str, workflows: WorkflowRegistry) -> Stack {
             .await
             .unwrap_or_else(|e| panic!("deploying {name}: {e}"));
     let res = Resources::from_outputs(&outputs).expect("all outputs present");
-    let deps = Arc::new(Deps::new(&sdk, res.clone(), workflows, settings()));
+    let deps = Arc::new(Deps::aws(&sdk, res.clone(), workflows, settings()));
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     Stack { name, sdk, outputs, res, deps, sqs }
 }
@@ -90,7 +90,7 @@ impl Stack {
     /// The local runner with these agents, sweeping often so timeouts are noticed quickly.
     pub fn runner_with(&self, agents: AgentRuntime) -> RunnerHandle {
         let opts =
-            RunnerOptions { sweep_every: Duration::from_millis(700), wait_seconds: 1, ..RunnerOptions::default() };
+            RunnerOptions { sweep_every: Duration::from_millis(700), wait: Duration::from_secs(1), ..RunnerOptions::default() };
         Runner::new(self.deps.clone(), Arc::new(agents), opts).spawn()
     }
 

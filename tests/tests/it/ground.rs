@@ -152,7 +152,7 @@ async fn an_alert_reaches_a_subscribed_queue() {
         reason: "compensation failed".into(),
         at: Millis::now(),
     };
-    s.deps.bus.alert(&alert).await.expect("Publish");
+    s.deps.outbox().alert(&alert).await.expect("Publish");
     let got = s.bodies(&listener, 1, Duration::from_secs(10)).await;
     assert_eq!(got.len(), 1);
     let received: Alert = serde_json::from_value(got[0].clone()).expect("an Alert");

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use sas_core::agents::{AgentRuntime, BUILT_IN_AGENTS};
+use sas_core::agent::{AgentRuntime, BUILT_IN_AGENTS};
 use sas_core::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
 use sas_core::messages::{AgentRequest, Outcome, Phase};
 use sas_core::protocol::ProcessState;
@@ -204,7 +204,7 @@ async fn cancel_stops_an_order_and_undoes_what_it_did() {
     svc.add_fault(FaultRule { latency_ms: 2_500, ..rule("x-1", "/shipping/ship") });
     s.send(&s.res.submission_queue_url, &order("x-1", "order", json!({}))).await;
     s.wait_for("x-1", Duration::from_secs(30), |t| t.current_step_name() == Some("ship")).await;
-    sas_cli::ops::cancel(&s.deps.bus, &TaskId::try_from("x-1").unwrap(), "customer cancelled").await.unwrap();
+    sas_cli::ops::cancel(&s.deps, &TaskId::try_from("x-1").unwrap(), "customer cancelled").await.unwrap();
     let t = s.wait_terminal("x-1").await;
     assert_eq!(t.process_state, ProcessState::Cancelled);
     // ship was in flight when cancelled: its late answer is dropped; charge and reserve are undone.

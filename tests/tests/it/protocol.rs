@@ -5,7 +5,9 @@ use std::time::Duration;
 use sas_core::ids::{Millis, TaskId};
 use sas_core::messages::{AgentResult, Outcome, SchedulerMessage, StatusMessage};
 use sas_core::protocol::{CompensationStatus, ProcessState, Stale, StepStatus};
-use sas_core::roles::{self, Applied, Submitted};
+use sas_core::submitter::Submitted;
+use sas_core::transition::Applied;
+use sas_core::{agent, scheduler, submitter, supervisor};
 use serde_json::{json, Value};
 
 use crate::common::{stack, Stack};
@@ -110,10 +112,10 @@ async fn the_deadline_timer_alone_recovers_a_timed_out_step() {
     // No sweep in this test's lifetime: only the delayed message on the supervisor queue can act.
     let opts = sas_core::runner::RunnerOptions {
         sweep_every: Duration::from_secs(3_600),
-        wait_seconds: 1,
+        wait: Duration::from_secs(1),
         ..Default::default()
     };
-    let agents = std::sync::Arc::new(sas_core::agents::AgentRuntime::with_builtins());
+    let agents = std::sync::Arc::new(sas_core::agent::AgentRuntime::with_builtins());
     let runner = sas_core::runner::Runner::new(s.deps.clone(), agents, opts).spawn();
     tokio::time::sleep(Duration::from_millis(200)).await; // let the interval's first, immediate tick pass
     s.send(&s.res.submission_queue_url, &submission("tm1", json!({"sim": {"a": {"hang_attempts": 1}}}), None)).await;
@@ -207,11 +209,11 @@ async fn take_run_message(s: &Stack) -> String {
 async fn two_schedulers_racing_to_claim_dispatch_once() {
     let s = stack("race-claim").await;
     assert_eq!(
-        roles::submit(&s.deps, &submission_to("three-slow", "rc1", json!({}), None)).await.unwrap(),
+        submitter::submit(&s.deps, &submission_to("three-slow", "rc1", json!({}), None)).await.unwrap(),
         Submitted::Created(TaskId::try_from("rc1").unwrap())
     );
     let run = take_run_message(&s).await;
-    let (a, b) = tokio::join!(roles::schedule(&s.deps, &run), roles::schedule(&s.deps, &run));
+    let (a, b) = tokio::join!(scheduler::schedule(&s.deps, &run), scheduler::schedule(&s.deps, &run));
     let outcomes = [a.unwrap(), b.unwrap()];
     assert_eq!(outcomes.iter().filter(|o| matches!(o, Applied::Changed { .. })).count(), 1, "{outcomes:?}");
     assert_eq!(outcomes.iter().filter(|o| matches!(o, Applied::Stale(_))).count(), 1, "{outcomes:?}");
@@ -225,12 +227,12 @@ async fn two_schedulers_racing_to_claim_dispatch_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_supervisors_racing_on_one_expired_step_recover_once() {
     let s = stack("race-sup").await;
-    roles::submit(&s.deps, &submission("rs1", json!({}), None)).await.unwrap();
+    submitter::submit(&s.deps, &submission("rs1", json!({}), None)).await.unwrap();
     let run = take_run_message(&s).await;
-    roles::schedule(&s.deps, &run).await.unwrap();
+    scheduler::schedule(&s.deps, &run).await.unwrap();
     // Nobody runs the agent: wait for CompleteBy to pass.
     s.wait_for("rs1", SECS, |t| t.complete_by.is_some_and(|c| c < Millis::now())).await;
-    let (a, b) = tokio::join!(roles::sweep(&s.deps), roles::sweep(&s.deps));
+    let (a, b) = tokio::join!(supervisor::sweep(&s.deps), supervisor::sweep(&s.deps));
     assert_eq!(a.recovered + b.recovered, 1, "{a:?} {b:?}");
     let t = s.task("rs1").await.unwrap();
     assert_eq!((t.process_state, t.failure_count), (ProcessState::Pending, 1));
@@ -245,9 +247,9 @@ async fn duplicate_submission_creates_one_task() {
     let s = stack("dup").await;
     let body = submission_to("three-slow", "d1", json!({"n": 1}), None);
     let id = TaskId::try_from("d1").unwrap();
-    assert_eq!(roles::submit(&s.deps, &body).await.unwrap(), Submitted::Created(id.clone()));
+    assert_eq!(submitter::submit(&s.deps, &body).await.unwrap(), Submitted::Created(id.clone()));
     let other = submission_to("three-slow", "d1", json!({"n": 2}), None);
-    assert_eq!(roles::submit(&s.deps, &other).await.unwrap(), Submitted::Duplicate(id));
+    assert_eq!(submitter::submit(&s.deps, &other).await.unwrap(), Submitted::Duplicate(id));
     assert_eq!(s.task("d1").await.unwrap().input, json!({"n": 1}));
     assert_eq!(s.drain(&s.res.scheduler_queue_url, 1, Duration::from_secs(3)).await.len(), 1, "one start message");
     s.delete().await;
@@ -256,15 +258,15 @@ async fn duplicate_submission_creates_one_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn duplicate_delivery_of_an_agent_result_is_applied_once_and_late_results_change_nothing() {
     let s = stack("dup-result").await;
-    roles::submit(&s.deps, &submission_to("three-slow", "dr1", json!({}), None)).await.unwrap();
-    roles::schedule(&s.deps, &take_run_message(&s).await).await.unwrap();
+    submitter::submit(&s.deps, &submission_to("three-slow", "dr1", json!({}), None)).await.unwrap();
+    scheduler::schedule(&s.deps, &take_run_message(&s).await).await.unwrap();
     let req = s.drain(&s.res.agent_queue_url, 1, SECS).await.remove(0).body.unwrap();
-    let agents = sas_core::agents::AgentRuntime::with_builtins();
-    assert!(roles::agent(&s.deps, &agents, &req).await.unwrap(), "result sent");
+    let agents = sas_core::agent::AgentRuntime::with_builtins();
+    assert!(agent::handle(&s.deps, &agents, &req).await.unwrap(), "result sent");
     let result = s.drain(&s.res.scheduler_queue_url, 1, SECS).await.remove(0).body.unwrap();
-    let applied = roles::schedule(&s.deps, &result).await.unwrap();
+    let applied = scheduler::schedule(&s.deps, &result).await.unwrap();
     assert!(matches!(applied, Applied::Changed { state: ProcessState::Processing, .. }), "{applied:?} {result}");
-    assert_eq!(roles::schedule(&s.deps, &result).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt));
+    assert_eq!(scheduler::schedule(&s.deps, &result).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt));
     let t = s.task("dr1").await.unwrap();
     assert_eq!((t.step_index, t.steps[0].attempts), (1, 1));
 
@@ -281,7 +283,7 @@ async fn duplicate_delivery_of_an_agent_result_is_applied_once_and_late_results_
     });
     let before = s.task("dr1").await.unwrap();
     assert_eq!(
-        roles::schedule(&s.deps, &serde_json::to_string(&late).unwrap()).await.unwrap(),
+        scheduler::schedule(&s.deps, &serde_json::to_string(&late).unwrap()).await.unwrap(),
         Applied::Stale(Stale::NotCurrentAttempt)
     );
     assert_eq!(s.task("dr1").await.unwrap(), before);
@@ -291,12 +293,12 @@ async fn duplicate_delivery_of_an_agent_result_is_applied_once_and_late_results_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_late_result_from_a_timed_out_attempt_changes_nothing() {
     let s = stack("late").await;
-    roles::submit(&s.deps, &submission("lt1", json!({}), None)).await.unwrap();
-    roles::schedule(&s.deps, &take_run_message(&s).await).await.unwrap();
+    submitter::submit(&s.deps, &submission("lt1", json!({}), None)).await.unwrap();
+    scheduler::schedule(&s.deps, &take_run_message(&s).await).await.unwrap();
     let first = s.task("lt1").await.unwrap();
     let token = first.locked_by.clone().unwrap();
     s.wait_for("lt1", SECS, |t| t.complete_by.is_some_and(|c| c < Millis::now())).await;
-    assert_eq!(roles::sweep(&s.deps).await.recovered, 1);
+    assert_eq!(supervisor::sweep(&s.deps).await.recovered, 1);
     let retried = s.task("lt1").await.unwrap();
     let late = SchedulerMessage::Result(AgentResult {
         v: 1,
@@ -305,7 +307,7 @@ async fn a_late_result_from_a_timed_out_attempt_changes_nothing() {
         attempt: token,
         outcome: Outcome::Succeeded { output: json!({"late": true}) },
     });
-    let got = roles::schedule(&s.deps, &serde_json::to_string(&late).unwrap()).await.unwrap();
+    let got = scheduler::schedule(&s.deps, &serde_json::to_string(&late).unwrap()).await.unwrap();
     assert_eq!(got, Applied::Stale(Stale::NotCurrentAttempt));
     assert_eq!(s.task("lt1").await.unwrap(), retried, "nothing changed");
     s.delete().await;
@@ -414,7 +416,7 @@ async fn cancellation_stops_a_task_mid_way() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_start_message_is_recovered_by_the_supervisor() {
     let s = stack("lost").await;
-    roles::submit(&s.deps, &submission("ls1", json!({}), None)).await.unwrap();
+    submitter::submit(&s.deps, &submission("ls1", json!({}), None)).await.unwrap();
     // The start message is lost.
     take_run_message(&s).await;
     assert_eq!(s.task("ls1").await.unwrap().process_state, ProcessState::Pending);
@@ -461,11 +463,11 @@ async fn the_supervisor_reads_only_expired_tasks_page_by_page() {
     for t in &tasks {
         s.deps.store.create(t).await.unwrap();
     }
-    let report = roles::sweep(&s.deps).await;
+    let report = supervisor::sweep(&s.deps).await;
     assert_eq!(report.expired, 7, "only the expired tasks are read: {report:?}");
     assert_eq!(report.recovered, 7, "every page was followed: {report:?}");
     assert_eq!(report.errors, 0);
     assert_eq!(s.drain(&s.res.scheduler_queue_url, 7, SECS).await.len(), 7, "one restart message each");
-    assert_eq!(roles::sweep(&s.deps).await.expired, 0, "recovered tasks carry a new CompleteBy");
+    assert_eq!(supervisor::sweep(&s.deps).await.expired, 0, "recovered tasks carry a new CompleteBy");
     s.delete().await;
 }

@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use crate::agents::{Agent, AgentError, Call};
+use super::runtime::{Agent, AgentError, Call};
 use crate::ids::Millis;
 
 /// The default limit on a response body that becomes step output (it is stored in the task item

@@ -1,10 +1,11 @@
-//! The state store: one DynamoDB table, one item per task. Every write is conditional; a lost
-//! condition is the typed outcome [`StoreError::Conflict`] (carrying the current item, so the
-//! caller can re-decide without another read) or [`StoreError::AlreadyExists`].
+//! The DynamoDB state store: one table, one item per task, one conditional `PutItem` per
+//! transition (with `ReturnValuesOnConditionCheckFailure`, so a lost write returns the current
+//! item at no extra read).
 //!
-//! Besides the task's own attributes, the store writes derived ones:
+//! Besides the task's own attributes, it writes derived ones:
 //! - `Shard` (with `CompleteBy`): the keys of the sparse `ByCompleteBy` index, present only while
-//!   the task is in flight, so the Supervisor's queries cost what is expired, not the table;
+//!   the task is in flight ([`super::index_key`]), so the Supervisor's queries cost what is
+//!   expired, not the table;
 //! - `WorkflowName`, `CurrentStep`: for operators (projected into `ByProcessState`);
 //! - `ExpiresAt`: the TTL of a terminal task.
 
@@ -12,36 +13,16 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValuesOnConditionCheckFailure};
 use aws_sdk_dynamodb::Client;
+use futures::future::BoxFuture;
 
+use super::{check_size, index_key, Page, PageKey, StateStore, StoreError, TaskSummary};
 use crate::ids::{Millis, TaskId};
 use crate::protocol::{ProcessState, Task};
 
 pub const BY_COMPLETE_BY: &str = "ByCompleteBy";
 pub const BY_PROCESS_STATE: &str = "ByProcessState";
-/// DynamoDB's item limit is 400 KB; stay clear of it.
-pub const MAX_ITEM_BYTES: usize = 380 * 1024;
 
 type Item = HashMap<String, AttributeValue>;
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("a task with this id already exists")]
-    AlreadyExists,
-    /// The conditional write lost: the task changed since it was read. `current` is the item as
-    /// it is now (absent if it was deleted).
-    #[error("conditional write lost: the task changed since it was read")]
-    Conflict { current: Option<Box<Task>> },
-    #[error("task item would be about {bytes} bytes; the limit is {MAX_ITEM_BYTES}")]
-    TooLarge { bytes: usize },
-    #[error("DynamoDB {op}: {}", aws_sdk_dynamodb::error::DisplayErrorContext(source.as_ref()))]
-    Aws {
-        op: &'static str,
-        #[source]
-        source: Box<aws_sdk_dynamodb::Error>,
-    },
-    #[error("task item does not match the expected shape: {0}")]
-    Codec(#[from] serde_dynamo::Error),
-}
 
 fn aws<E>(
     op: &'static str,
@@ -49,64 +30,37 @@ fn aws<E>(
 where
     aws_sdk_dynamodb::Error: From<aws_sdk_dynamodb::error::SdkError<E, aws_smithy_runtime_api::http::Response>>,
 {
-    move |e| StoreError::Aws { op, source: Box::new(e.into()) }
+    move |e| backend(op, e.into())
 }
 
-/// One page of the Supervisor's query.
-#[derive(Debug)]
-pub struct Page {
-    pub tasks: Vec<Task>,
-    pub next: Option<Item>,
+fn backend(op: &'static str, e: aws_sdk_dynamodb::Error) -> StoreError {
+    StoreError::Backend {
+        op,
+        message: format!("DynamoDB {op}: {}", aws_sdk_dynamodb::error::DisplayErrorContext(&e)),
+        source: Some(Box::new(e)),
+    }
 }
 
-/// A row of the operators' `ByProcessState` index.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "PascalCase")]
-pub struct TaskSummary {
-    pub task_id: TaskId,
-    pub process_state: ProcessState,
-    #[serde(default)]
-    pub workflow_name: Option<String>,
-    #[serde(default)]
-    pub current_step: Option<String>,
-    #[serde(default)]
-    pub failure_count: u32,
-    #[serde(default)]
-    pub reason: Option<String>,
-    #[serde(default)]
-    pub created_at: Option<Millis>,
-    pub updated_at: Millis,
+fn codec(e: serde_dynamo::Error) -> StoreError {
+    StoreError::Codec(e.to_string())
 }
 
+/// The DynamoDB implementation of [`StateStore`].
 #[derive(Debug, Clone)]
-pub struct TaskStore {
+pub struct DynamoStore {
     client: Client,
     table: String,
     shards: u32,
     retention_days: u32,
 }
 
-/// The shard a task's index entry lives in: a stable hash of its id (FNV-1a).
-pub fn shard_of(task_id: &TaskId, shards: u32) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in task_id.as_str().bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h % shards.max(1)
-}
-
-impl TaskStore {
+impl DynamoStore {
     pub fn new(client: Client, table: impl Into<String>, shards: u32, retention_days: u32) -> Self {
-        TaskStore { client, table: table.into(), shards, retention_days }
+        DynamoStore { client, table: table.into(), shards, retention_days }
     }
 
     pub fn table(&self) -> &str {
         &self.table
-    }
-
-    pub fn shards(&self) -> u32 {
-        self.shards
     }
 
     pub fn client(&self) -> &Client {
@@ -115,11 +69,8 @@ impl TaskStore {
 
     /// The item as written: the task plus the derived attributes.
     pub fn to_item(&self, task: &Task) -> Result<Item, StoreError> {
-        let bytes = serde_json::to_vec(task).map_or(0, |v| v.len());
-        if bytes > MAX_ITEM_BYTES {
-            return Err(StoreError::TooLarge { bytes });
-        }
-        let mut item: Item = serde_dynamo::to_item(task)?;
+        check_size(task)?;
+        let mut item: Item = serde_dynamo::to_item(task).map_err(codec)?;
         item.insert("WorkflowName".into(), AttributeValue::S(task.workflow.name.clone()));
         if let Some(step) = task.current_step_name() {
             item.insert("CurrentStep".into(), AttributeValue::S(step.to_owned()));
@@ -129,19 +80,17 @@ impl TaskStore {
                 let expires = task.updated_at.0 / 1000 + u64::from(self.retention_days) * 86_400;
                 item.insert("ExpiresAt".into(), AttributeValue::N(expires.to_string()));
             }
-        } else if task.complete_by.is_some() {
-            let shard = shard_of(&task.task_id, self.shards);
+        } else if let Some((shard, _)) = index_key(task, self.shards) {
             item.insert("Shard".into(), AttributeValue::S(shard.to_string()));
         }
         Ok(item)
     }
 
     pub fn from_item(item: Item) -> Result<Task, StoreError> {
-        Ok(serde_dynamo::from_item(item)?)
+        serde_dynamo::from_item(item).map_err(codec)
     }
 
-    /// Create a new task; `AlreadyExists` if its id is taken (duplicate submission).
-    pub async fn create(&self, task: &Task) -> Result<(), StoreError> {
+    async fn create_item(&self, task: &Task) -> Result<(), StoreError> {
         let item = self.to_item(task)?;
         let r = self
             .client
@@ -164,8 +113,7 @@ impl TaskStore {
         }
     }
 
-    /// Strongly consistent read of one task.
-    pub async fn get(&self, task_id: &TaskId) -> Result<Option<Task>, StoreError> {
+    async fn get_item(&self, task_id: &TaskId) -> Result<Option<Task>, StoreError> {
         let out = self
             .client
             .get_item()
@@ -178,9 +126,7 @@ impl TaskStore {
         out.item.map(Self::from_item).transpose()
     }
 
-    /// Write `task` if the stored item is still `read` (same `Rev`, and the same `LockedBy`: the
-    /// attempt's fencing token is re-checked on every write). One request per transition.
-    pub async fn save(&self, task: &Task, read: &Task) -> Result<(), StoreError> {
+    async fn save_item(&self, task: &Task, read: &Task) -> Result<(), StoreError> {
         let item = self.to_item(task)?;
         let mut req = self
             .client
@@ -203,14 +149,25 @@ impl TaskStore {
                     let current = c.item.map(Self::from_item).transpose()?.map(Box::new);
                     Err(StoreError::Conflict { current })
                 }
-                other => Err(StoreError::Aws { op: "PutItem", source: Box::new(other.into()) }),
+                other => Err(backend("PutItem", other.into())),
             },
         }
     }
 
-    /// One page of in-flight tasks in `shard` whose `CompleteBy <= now` (the sparse index).
-    /// The index is eventually consistent: callers re-check with a conditional write.
-    pub async fn expired(&self, shard: u32, now: Millis, limit: i32, start: Option<Item>) -> Result<Page, StoreError> {
+    async fn query_expired(
+        &self,
+        shard: u32,
+        now: Millis,
+        limit: usize,
+        start: Option<PageKey>,
+    ) -> Result<Page, StoreError> {
+        let start = start.map(|k| {
+            Item::from([
+                ("TaskId".to_owned(), AttributeValue::S(k.task_id.to_string())),
+                ("Shard".to_owned(), AttributeValue::S(shard.to_string())),
+                ("CompleteBy".to_owned(), AttributeValue::N(k.complete_by.0.to_string())),
+            ])
+        });
         let out = self
             .client
             .query()
@@ -220,17 +177,20 @@ impl TaskStore {
             .expression_attribute_names("#s", "Shard")
             .expression_attribute_values(":s", AttributeValue::S(shard.to_string()))
             .expression_attribute_values(":now", AttributeValue::N(now.0.to_string()))
-            .limit(limit)
+            .limit(i32::try_from(limit.clamp(1, 1000)).unwrap_or(1000))
             .set_exclusive_start_key(start)
             .send()
             .await
             .map_err(aws("Query"))?;
         let tasks = out.items.unwrap_or_default().into_iter().map(Self::from_item).collect::<Result<_, _>>()?;
-        Ok(Page { tasks, next: out.last_evaluated_key })
+        let next = match out.last_evaluated_key {
+            None => None,
+            Some(k) => Some(page_key(&k)?),
+        };
+        Ok(Page { tasks, next })
     }
 
-    /// Tasks in `state`, most recently updated first, for operators (paged internally up to `max`).
-    pub async fn list_by_state(&self, state: ProcessState, max: usize) -> Result<Vec<TaskSummary>, StoreError> {
+    async fn query_by_state(&self, state: ProcessState, max: usize) -> Result<Vec<TaskSummary>, StoreError> {
         let mut rows = Vec::new();
         let mut start = None;
         loop {
@@ -248,7 +208,7 @@ impl TaskStore {
                 .await
                 .map_err(aws("Query"))?;
             for item in out.items.unwrap_or_default() {
-                rows.push(serde_dynamo::from_item(item)?);
+                rows.push(serde_dynamo::from_item(item).map_err(codec)?);
             }
             start = out.last_evaluated_key;
             if start.is_none() || rows.len() >= max {
@@ -260,17 +220,63 @@ impl TaskStore {
     }
 }
 
+/// The typed page key of a `ByCompleteBy` LastEvaluatedKey.
+fn page_key(k: &Item) -> Result<PageKey, StoreError> {
+    let bad = || StoreError::Codec(format!("unexpected LastEvaluatedKey {k:?}"));
+    let task_id = match k.get("TaskId") {
+        Some(AttributeValue::S(s)) => TaskId::try_from(s.as_str()).map_err(|_| bad())?,
+        _ => return Err(bad()),
+    };
+    let complete_by = match k.get("CompleteBy") {
+        Some(AttributeValue::N(n)) => Millis(n.parse().map_err(|_| bad())?),
+        _ => return Err(bad()),
+    };
+    Ok(PageKey { task_id, complete_by })
+}
+
+impl StateStore for DynamoStore {
+    fn create<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.create_item(task))
+    }
+
+    fn get<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<Task>, StoreError>> {
+        Box::pin(self.get_item(task_id))
+    }
+
+    fn save<'a>(&'a self, task: &'a Task, read: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.save_item(task, read))
+    }
+
+    fn expired<'a>(
+        &'a self,
+        shard: u32,
+        now: Millis,
+        limit: usize,
+        start: Option<PageKey>,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(self.query_expired(shard, now, limit, start))
+    }
+
+    fn list_by_state(&self, state: ProcessState, max: usize) -> BoxFuture<'_, Result<Vec<TaskSummary>, StoreError>> {
+        Box::pin(self.query_by_state(state, max))
+    }
+
+    fn shards(&self) -> u32 {
+        self.shards
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::protocol::{submit, Policy};
     use crate::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 
-    fn store() -> TaskStore {
+    fn store() -> DynamoStore {
         let conf = aws_sdk_dynamodb::Config::builder()
             .behavior_version(aws_sdk_dynamodb::config::BehaviorVersion::latest())
             .build();
-        TaskStore::new(Client::from_conf(conf), "t", 4, 30)
+        DynamoStore::new(Client::from_conf(conf), "t", 4, 30)
     }
 
     fn task() -> Task {
@@ -297,7 +303,7 @@ mod tests {
         assert_eq!(item.get("CurrentStep"), Some(&AttributeValue::S("reserve".into())));
         assert!(!item.contains_key("LockedBy"), "absent, not NULL");
         assert!(!item.contains_key("ExpiresAt"));
-        assert_eq!(TaskStore::from_item(item).unwrap(), t);
+        assert_eq!(DynamoStore::from_item(item).unwrap(), t);
 
         let mut done = t.clone();
         done.process_state = ProcessState::Processed;
@@ -308,11 +314,13 @@ mod tests {
     }
 
     #[test]
-    fn shards_are_stable_and_in_range() {
-        let id = TaskId::try_from("abc").unwrap();
-        assert_eq!(shard_of(&id, 8), shard_of(&id, 8));
-        let hits: std::collections::HashSet<u32> =
-            (0..200).map(|i| shard_of(&TaskId::try_from(format!("t{i}")).unwrap(), 4)).collect();
-        assert_eq!(hits.len(), 4, "ids spread over every shard");
+    fn page_keys_round_trip_through_last_evaluated_key() {
+        let k = Item::from([
+            ("TaskId".to_owned(), AttributeValue::S("t-1".into())),
+            ("Shard".to_owned(), AttributeValue::S("3".into())),
+            ("CompleteBy".to_owned(), AttributeValue::N("1234".into())),
+        ]);
+        assert_eq!(page_key(&k).unwrap(), PageKey { task_id: TaskId::try_from("t-1").unwrap(), complete_by: Millis(1234) });
+        assert!(matches!(page_key(&Item::new()), Err(StoreError::Codec(_))));
     }
 }

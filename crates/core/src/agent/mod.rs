@@ -1,0 +1,45 @@
+//! The Agent role: run one attempt of a unit of work with the agent it names, and report the
+//! result to the Scheduler, unless `CompleteBy` has passed.
+//!
+//! - [`runtime`]: the [`Agent`] trait and the [`AgentRuntime`] that enforces deadlines, retries
+//!   with backoff and stable idempotency keys around every call;
+//! - [`http`]: the built-in HTTP agent;
+//! - [`sim`]: the simulated agent for tests and demos;
+//! - [`config`]: which agents a function hosts (`config/agents.json`).
+
+use tracing::{info, info_span, Instrument};
+
+use crate::deps::{Deps, HandlerError};
+use crate::messages::{AgentRequest, SchedulerMessage, VERSION};
+
+pub mod config;
+pub mod http;
+pub mod runtime;
+pub mod sim;
+#[cfg(test)]
+mod tests;
+
+pub use config::{AgentConfigError, BUILT_IN_AGENTS};
+pub use http::HttpAgent;
+pub use runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
+pub use sim::SimAgent;
+
+/// Handle one message of the agent queue. `Ok(true)` when a result was sent back.
+pub async fn handle(deps: &Deps, runtime: &AgentRuntime, raw: &str) -> Result<bool, HandlerError> {
+    let req: AgentRequest = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
+    if req.v != VERSION {
+        return Err(HandlerError::Malformed(format!("unsupported version {}", req.v)));
+    }
+    let span = info_span!("agent", task_id = %req.task_id, step = %req.step, attempt_no = req.attempt_no);
+    async {
+        let Some(result) = runtime.run(&req).await else { return Ok(false) };
+        if deps.now() >= req.complete_by {
+            info!("CompleteBy passed: result not sent");
+            return Ok(false);
+        }
+        deps.outbox().to_scheduler(&SchedulerMessage::Result(result), 0).await?;
+        Ok(true)
+    }
+    .instrument(span)
+    .await
+}

@@ -1,0 +1,166 @@
+//! The agent runtime: an [`Agent`] wraps one remote service; the [`AgentRuntime`] hosts several
+//! of them in one Lambda and enforces the pattern's rules around every call:
+//! - no call is started once `CompleteBy` has passed, and a call still running at `CompleteBy` is
+//!   cancelled (its future is dropped);
+//! - transient errors are retried with exponential backoff and jitter, inside the deadline;
+//! - permanent errors are reported at once; nothing is reported after `CompleteBy`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::Deserialize;
+use serde_json::Value;
+use tracing::{info, warn};
+
+use super::sim::SimAgent;
+
+use crate::ids::Millis;
+use crate::messages::{AgentRequest, AgentResult, Outcome, VERSION};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AgentError {
+    /// Worth another try (timeouts, 5xx, throttling); `retry_after` honours a server's hint.
+    #[error("transient: {message}")]
+    Transient { message: String, retry_after: Option<Duration> },
+    /// The service said no for good (4xx, declined): retrying cannot help.
+    #[error("permanent: {message}")]
+    Permanent { message: String },
+}
+
+/// One call of an agent within one attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    pub request: &'a AgentRequest,
+    /// 1 for the first call of this attempt.
+    pub call_no: u32,
+}
+
+/// A wrapper around one remote service. Implementations pass `request.idempotency_key` to the
+/// service so that retries apply the effect once.
+pub trait Agent: Send + Sync {
+    fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>>;
+}
+
+/// Retries inside one attempt.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallRetry {
+    pub max_calls: u32,
+    pub base_ms: u64,
+    pub max_ms: u64,
+}
+
+impl Default for CallRetry {
+    fn default() -> Self {
+        CallRetry { max_calls: 5, base_ms: 100, max_ms: 5_000 }
+    }
+}
+
+impl CallRetry {
+    /// Full-jitter exponential backoff before call `call_no + 1`.
+    pub fn delay(&self, call_no: u32, jitter: f64) -> Duration {
+        let exp = call_no.saturating_sub(1).min(20);
+        let cap = self.base_ms.saturating_mul(1u64 << exp).min(self.max_ms);
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let ms = (cap as f64 * jitter.clamp(0.0, 1.0)) as u64;
+        Duration::from_millis(ms.max(1))
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct AgentRuntime {
+    agents: HashMap<String, Arc<dyn Agent>>,
+    retry: CallRetry,
+}
+
+impl std::fmt::Debug for AgentRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut names: Vec<_> = self.agents.keys().collect();
+        names.sort();
+        f.debug_struct("AgentRuntime").field("agents", &names).field("retry", &self.retry).finish()
+    }
+}
+
+impl AgentRuntime {
+    pub fn new(retry: CallRetry) -> Self {
+        AgentRuntime { agents: HashMap::new(), retry }
+    }
+
+    /// The runtime with only the simulated agent (`sim`).
+    pub fn with_builtins() -> Self {
+        let mut rt = AgentRuntime::new(CallRetry::default());
+        rt.register("sim", SimAgent);
+        rt
+    }
+
+    pub fn register(&mut self, name: impl Into<String>, agent: impl Agent + 'static) -> &mut Self {
+        self.agents.insert(name.into(), Arc::new(agent));
+        self
+    }
+
+    pub fn knows(&self, name: &str) -> bool {
+        self.agents.contains_key(name)
+    }
+
+    /// Run one attempt. `None`: nothing may be sent back (CompleteBy passed, or the call was cut).
+    pub async fn run(&self, req: &AgentRequest) -> Option<AgentResult> {
+        let result = |outcome| AgentResult {
+            v: VERSION,
+            task_id: req.task_id.clone(),
+            step: req.step.clone(),
+            attempt: req.attempt.clone(),
+            outcome,
+        };
+        if Millis::now() >= req.complete_by {
+            info!(task_id = %req.task_id, step = %req.step, "CompleteBy passed before the attempt started: nothing started");
+            return None;
+        }
+        let Some(agent) = self.agents.get(&req.agent) else {
+            warn!(task_id = %req.task_id, agent = %req.agent, "no such agent in this runtime");
+            return Some(result(Outcome::Failed {
+                error: format!("no agent named {:?} is deployed", req.agent),
+                retryable: false,
+            }));
+        };
+        let mut call_no = 1;
+        loop {
+            let left = Millis::now().until(req.complete_by);
+            if left == 0 {
+                return None;
+            }
+            let call = agent.call(Call { request: req, call_no });
+            let answer = match tokio::time::timeout(Duration::from_millis(left), call).await {
+                Err(_) => {
+                    warn!(task_id = %req.task_id, step = %req.step, call_no, "call cancelled at CompleteBy; nothing is sent back");
+                    return None;
+                }
+                Ok(a) => a,
+            };
+            let outcome = match answer {
+                Ok(output) => Outcome::Succeeded { output },
+                Err(AgentError::Permanent { message }) => Outcome::Failed { error: message, retryable: false },
+                Err(AgentError::Transient { message, retry_after }) => {
+                    let backoff = retry_after.unwrap_or_else(|| self.retry.delay(call_no, rand::random()));
+                    let time_left = Millis::now().until(req.complete_by);
+                    if call_no >= self.retry.max_calls || u128::from(time_left) <= backoff.as_millis() {
+                        info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, "giving up this attempt");
+                        Outcome::Failed { error: format!("{message} (after {call_no} calls)"), retryable: true }
+                    } else {
+                        info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, backoff_ms = backoff.as_millis(), "transient error; retrying");
+                        tokio::time::sleep(backoff).await;
+                        call_no += 1;
+                        continue;
+                    }
+                }
+            };
+            if Millis::now() >= req.complete_by {
+                info!(task_id = %req.task_id, step = %req.step, "answer came after CompleteBy: not sent");
+                return None;
+            }
+            return Some(result(outcome));
+        }
+    }
+}
+

@@ -1,0 +1,119 @@
+//! Tests of the agent runtime, the simulated agent and the agent configuration.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::config::{expand, AgentConfigError, BUILT_IN_AGENTS};
+use super::runtime::{AgentRuntime, CallRetry};
+use super::sim::SimAgent;
+use crate::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
+use crate::messages::{AgentRequest, Outcome, Phase};
+
+fn req(sim: Value, attempt_no: u32, deadline_in_ms: u64) -> AgentRequest {
+    let task_id = TaskId::try_from("t").unwrap();
+    AgentRequest {
+        v: 1,
+        idempotency_key: IdempotencyKey::for_step(&task_id, "charge"),
+        task_id,
+        step: "charge".into(),
+        phase: Phase::Forward,
+        agent: "sim".into(),
+        attempt: AttemptToken::from("a"),
+        attempt_no,
+        complete_by: Millis::now().plus_ms(deadline_in_ms),
+        input: json!({"input": {"sim": {"charge": sim}}, "outputs": {}}),
+    }
+}
+
+fn fast() -> AgentRuntime {
+    let mut rt = AgentRuntime::new(CallRetry { max_calls: 4, base_ms: 1, max_ms: 5 });
+    rt.register("sim", SimAgent);
+    rt
+}
+
+#[tokio::test]
+async fn success_carries_output() {
+    let r = fast().run(&req(json!({}), 1, 5_000)).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::Succeeded { ref output } if output["idempotency_key"] == "t:charge"));
+}
+
+#[tokio::test]
+async fn transient_errors_are_retried_within_the_attempt() {
+    let r = fast().run(&req(json!({"fail_calls": 2}), 1, 5_000)).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::Succeeded { ref output } if output["calls"] == 3), "{r:?}");
+}
+
+#[tokio::test]
+async fn too_many_transient_errors_report_a_retryable_failure() {
+    let r = fast().run(&req(json!({"fail_calls": 10}), 1, 5_000)).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::Failed { retryable: true, .. }), "{r:?}");
+}
+
+#[tokio::test]
+async fn permanent_errors_are_reported_at_once() {
+    let r = fast().run(&req(json!({"permanent": "declined"}), 1, 5_000)).await.unwrap();
+    assert_eq!(r.outcome, Outcome::Failed { error: "declined".into(), retryable: false });
+}
+
+#[tokio::test]
+async fn a_hung_call_is_cut_at_complete_by_and_nothing_is_sent() {
+    let started = std::time::Instant::now();
+    assert!(fast().run(&req(json!({"hang_attempts": 1}), 1, 200)).await.is_none());
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // the next attempt answers
+    assert!(fast().run(&req(json!({"hang_attempts": 1}), 2, 2_000)).await.is_some());
+}
+
+#[tokio::test]
+async fn nothing_starts_after_complete_by() {
+    let mut r = req(json!({}), 1, 0);
+    r.complete_by = Millis(r.complete_by.0 - 1);
+    assert!(fast().run(&r).await.is_none());
+}
+
+#[tokio::test]
+async fn answers_after_complete_by_are_dropped() {
+    assert!(fast().run(&req(json!({"delay_ms": 300}), 1, 100)).await.is_none());
+}
+
+#[tokio::test]
+async fn unknown_agents_fail_permanently() {
+    let mut r = req(json!({}), 1, 5_000);
+    r.agent = "nope".into();
+    let out = fast().run(&r).await.unwrap();
+    assert!(matches!(out.outcome, Outcome::Failed { retryable: false, .. }));
+}
+
+#[test]
+fn configuration_expands_variables_and_flags_missing_ones() {
+    assert_eq!(expand("${A}/x", &|_| Some("http://h:1/".into())).unwrap(), "http://h:1/x");
+    assert_eq!(expand("${MISSING}/x", &|_| None), Err("MISSING".to_owned()));
+    let rt = AgentRuntime::from_config(BUILT_IN_AGENTS, &|_| Some("http://127.0.0.1:9".into())).unwrap();
+    for a in ["sim", "inventory.reserve", "inventory.release", "payment.charge", "payment.refund", "shipping.ship"]
+    {
+        assert!(rt.knows(a), "{a}");
+    }
+    let bad = r#"{"agents": {"x": {"kind": "http", "url": "file:///etc/passwd"}}}"#;
+    assert!(matches!(AgentRuntime::from_config(bad, &|_| None), Err(AgentConfigError::BadUrl { .. })));
+}
+
+#[tokio::test]
+async fn an_unconfigured_agent_fails_permanently_with_the_missing_variable() {
+    let rt = AgentRuntime::from_config(BUILT_IN_AGENTS, &|_| None).unwrap();
+    let mut r = req(json!({}), 1, 5_000);
+    r.agent = "payment.charge".into();
+    let out = rt.run(&r).await.unwrap();
+    assert!(
+        matches!(out.outcome, Outcome::Failed { retryable: false, ref error } if error.contains("ORDER_SERVICE_URL")),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn call_backoff_is_capped() {
+    let c = CallRetry { max_calls: 5, base_ms: 100, max_ms: 1_000 };
+    assert_eq!(c.delay(1, 1.0), Duration::from_millis(100));
+    assert_eq!(c.delay(3, 1.0), Duration::from_millis(400));
+    assert_eq!(c.delay(30, 1.0), Duration::from_secs(1));
+}

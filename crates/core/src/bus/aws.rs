@@ -1,0 +1,203 @@
+//! The AWS implementation of [`Bus`]: SQS for queues, SNS for the alert topic.
+
+use std::time::Duration;
+
+use aws_sdk_sns::types::MessageAttributeValue as SnsAttr;
+use aws_sdk_sqs::types::{
+    DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName, SendMessageBatchRequestEntry,
+};
+use futures::future::BoxFuture;
+
+use super::{Bus, BusError, Outgoing, Publication, Received, MAX_BATCH};
+
+#[derive(Debug, Clone)]
+pub struct AwsBus {
+    sqs: aws_sdk_sqs::Client,
+    sns: aws_sdk_sns::Client,
+}
+
+fn sqs_error(op: &'static str, queue: &str, e: aws_sdk_sqs::Error) -> BusError {
+    BusError::Backend {
+        op,
+        target: queue.to_owned(),
+        message: aws_sdk_sqs::error::DisplayErrorContext(&e).to_string(),
+        source: Some(Box::new(e)),
+    }
+}
+
+fn sqs_attr(v: &str) -> MessageAttributeValue {
+    MessageAttributeValue::builder().data_type("String").string_value(v).build().expect("type is set")
+}
+
+fn to_i32(n: u32) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+impl AwsBus {
+    pub fn new(sqs: aws_sdk_sqs::Client, sns: aws_sdk_sns::Client) -> Self {
+        AwsBus { sqs, sns }
+    }
+
+    pub fn from_sdk(sdk: &aws_config::SdkConfig) -> Self {
+        Self::new(aws_sdk_sqs::Client::new(sdk), aws_sdk_sns::Client::new(sdk))
+    }
+
+    async fn send_one(&self, queue: &str, msg: Outgoing) -> Result<(), BusError> {
+        let mut req = self.sqs.send_message().queue_url(queue).message_body(msg.body);
+        if let Some(f) = msg.fifo {
+            req = req.message_group_id(f.group).message_deduplication_id(f.dedup);
+        } else if msg.delay_seconds > 0 {
+            req = req.delay_seconds(to_i32(msg.delay_seconds));
+        }
+        for (k, v) in &msg.attributes {
+            req = req.message_attributes(k, sqs_attr(v));
+        }
+        req.send().await.map_err(|e| sqs_error("SendMessage", queue, e.into()))?;
+        Ok(())
+    }
+
+    async fn send_many(&self, queue: &str, msgs: Vec<Outgoing>) -> Result<(), BusError> {
+        let total = msgs.len();
+        let mut failed = 0;
+        let mut first = None;
+        for chunk in msgs.chunks(MAX_BATCH) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    let mut e = SendMessageBatchRequestEntry::builder().id(i.to_string()).message_body(m.body.clone());
+                    if let Some(f) = &m.fifo {
+                        e = e.message_group_id(&f.group).message_deduplication_id(&f.dedup);
+                    } else {
+                        e = e.delay_seconds(to_i32(m.delay_seconds));
+                    }
+                    for (k, v) in &m.attributes {
+                        e = e.message_attributes(k, sqs_attr(v));
+                    }
+                    e.build().expect("id and body are set")
+                })
+                .collect();
+            match self.sqs.send_message_batch().queue_url(queue).set_entries(Some(entries)).send().await {
+                Ok(out) if out.failed.is_empty() => {}
+                Ok(out) => {
+                    failed += out.failed.len();
+                    first.get_or_insert_with(|| out.failed[0].message.clone().unwrap_or_default());
+                }
+                Err(e) => {
+                    failed += chunk.len();
+                    first.get_or_insert_with(|| sqs_error("SendMessageBatch", queue, e.into()).to_string());
+                }
+            }
+        }
+        match first {
+            None => Ok(()),
+            Some(first) => Err(BusError::Batch { failed, total, first }),
+        }
+    }
+
+    async fn publish_one(&self, topic: &str, note: Publication) -> Result<(), BusError> {
+        let mut req = self.sns.publish().topic_arn(topic).subject(note.subject).message(note.message);
+        for (k, v) in &note.attributes {
+            let attr = SnsAttr::builder().data_type("String").string_value(v).build().expect("type is set");
+            req = req.message_attributes(k, attr);
+        }
+        req.send().await.map_err(|e| {
+            let e = aws_sdk_sns::Error::from(e);
+            BusError::Backend {
+                op: "Publish",
+                target: topic.to_owned(),
+                message: aws_sdk_sns::error::DisplayErrorContext(&e).to_string(),
+                source: Some(Box::new(e)),
+            }
+        })?;
+        Ok(())
+    }
+
+    async fn receive_some(
+        &self,
+        queue: &str,
+        max: usize,
+        wait: Duration,
+        visibility: Duration,
+    ) -> Result<Vec<Received>, BusError> {
+        let out = self
+            .sqs
+            .receive_message()
+            .queue_url(queue)
+            .max_number_of_messages(i32::try_from(max.clamp(1, MAX_BATCH)).unwrap_or(10))
+            .wait_time_seconds(i32::try_from(wait.as_secs().min(20)).unwrap_or(20))
+            .visibility_timeout(i32::try_from(visibility.as_secs()).unwrap_or(i32::MAX))
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .send()
+            .await
+            .map_err(|e| sqs_error("ReceiveMessage", queue, e.into()))?;
+        Ok(out
+            .messages
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| Received {
+                receive_count: m
+                    .attributes
+                    .as_ref()
+                    .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(1),
+                message_id: m.message_id.unwrap_or_default(),
+                receipt: m.receipt_handle.unwrap_or_default(),
+                body: m.body.unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    async fn delete_some(&self, queue: &str, receipts: Vec<String>) -> Result<(), BusError> {
+        for chunk in receipts.chunks(MAX_BATCH) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    DeleteMessageBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(r)
+                        .build()
+                        .expect("id and receipt are set")
+                })
+                .collect();
+            self.sqs
+                .delete_message_batch()
+                .queue_url(queue)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|e| sqs_error("DeleteMessageBatch", queue, e.into()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Bus for AwsBus {
+    fn send<'a>(&'a self, queue: &'a str, msg: Outgoing) -> BoxFuture<'a, Result<(), BusError>> {
+        Box::pin(self.send_one(queue, msg))
+    }
+
+    fn send_batch<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Result<(), BusError>> {
+        Box::pin(self.send_many(queue, msgs))
+    }
+
+    fn publish<'a>(&'a self, topic: &'a str, note: Publication) -> BoxFuture<'a, Result<(), BusError>> {
+        Box::pin(self.publish_one(topic, note))
+    }
+
+    fn receive<'a>(
+        &'a self,
+        queue: &'a str,
+        max: usize,
+        wait: Duration,
+        visibility: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Received>, BusError>> {
+        Box::pin(self.receive_some(queue, max, wait, visibility))
+    }
+
+    fn delete<'a>(&'a self, queue: &'a str, receipts: Vec<String>) -> BoxFuture<'a, Result<(), BusError>> {
+        Box::pin(self.delete_some(queue, receipts))
+    }
+}

@@ -1,0 +1,212 @@
+//! The message bus port: SQS-like queues addressed by URL and an SNS-like topic. Two
+//! implementations keep the same semantics:
+//! - [`AwsBus`]: SQS and SNS through the AWS SDK;
+//! - [`MemoryBus`]: an in-memory twin with delayed messages, visibility timeouts and redelivery
+//!   (at-least-once), a DLQ after `maxReceiveCount` receives, FIFO deduplication, and failure
+//!   injection, for fast tests of the roles and for the simulator.
+//!
+//! [`Outbox`] turns the roles' typed messages into sends on the stack's queues; it is the only
+//! place that knows which message goes to which queue.
+
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::Serialize;
+
+use crate::config::Resources;
+use crate::ids::{clip, Millis};
+use crate::messages::{AgentRequest, Alert, QueueUrl, SchedulerMessage, StatusMessage, TimerMessage, SQS_MAX_MESSAGE_BYTES};
+
+mod aws;
+mod memory;
+
+pub use aws::AwsBus;
+pub use memory::{MemoryBus, QueueConfig};
+
+/// SQS's longest per-message delay.
+pub const MAX_DELAY_SECONDS: u64 = 900;
+/// SQS's largest batch.
+pub const MAX_BATCH: usize = 10;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    /// The message can never be sent: retrying cannot help.
+    #[error("message is {bytes} bytes; SQS accepts at most {SQS_MAX_MESSAGE_BYTES}")]
+    TooLarge { bytes: usize },
+    /// The queue or topic could not be reached or refused the request: worth a retry.
+    #[error("{op} to {target}: {message}")]
+    Backend {
+        op: &'static str,
+        target: String,
+        message: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// Some entries of a batch were not sent (every chunk was tried).
+    #[error("{failed} of {total} batch entries failed: {first}")]
+    Batch { failed: usize, total: usize, first: String },
+}
+
+/// Seconds to delay a message due after `ms`, rounded up, within SQS's limit.
+pub fn delay_seconds(ms: u64) -> u32 {
+    u32::try_from(ms.div_ceil(1000).min(MAX_DELAY_SECONDS)).unwrap_or(0)
+}
+
+/// A FIFO queue's message group and deduplication id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fifo {
+    pub group: String,
+    pub dedup: String,
+}
+
+/// One message to send.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Outgoing {
+    pub body: String,
+    pub delay_seconds: u32,
+    pub fifo: Option<Fifo>,
+    /// String message attributes.
+    pub attributes: Vec<(String, String)>,
+}
+
+impl Outgoing {
+    pub fn new(body: String) -> Self {
+        Outgoing { body, ..Outgoing::default() }
+    }
+
+    pub fn delayed(body: String, delay_seconds: u32) -> Self {
+        Outgoing { body, delay_seconds, ..Outgoing::default() }
+    }
+}
+
+/// A message as a consumer receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    pub message_id: String,
+    /// What [`Bus::delete`] takes; valid for this receive only.
+    pub receipt: String,
+    pub body: String,
+    /// 1 on the first delivery.
+    pub receive_count: u32,
+}
+
+/// A notification for a topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Publication {
+    pub subject: String,
+    pub message: String,
+    /// String message attributes (subscribers filter on them).
+    pub attributes: Vec<(String, String)>,
+}
+
+/// Queues and a topic, as the roles and the local runner use them.
+pub trait Bus: Send + Sync + std::fmt::Debug {
+    fn send<'a>(&'a self, queue: &'a str, msg: Outgoing) -> BoxFuture<'a, Result<(), BusError>>;
+
+    /// Many messages to one queue, in requests of up to [`MAX_BATCH`]. Every chunk is tried even
+    /// when one fails; the error counts what was not sent.
+    fn send_batch<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Result<(), BusError>>;
+
+    fn publish<'a>(&'a self, topic: &'a str, note: Publication) -> BoxFuture<'a, Result<(), BusError>>;
+
+    /// Up to `max` visible messages, hidden for `visibility` afterwards; waits up to `wait` for
+    /// the first one.
+    fn receive<'a>(
+        &'a self,
+        queue: &'a str,
+        max: usize,
+        wait: Duration,
+        visibility: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Received>, BusError>>;
+
+    /// Delete received messages by their receipts.
+    fn delete<'a>(&'a self, queue: &'a str, receipts: Vec<String>) -> BoxFuture<'a, Result<(), BusError>>;
+}
+
+/// Serialise a message and check it fits in SQS.
+pub fn encode<T: Serialize>(msg: &T) -> Result<String, BusError> {
+    let body = serde_json::to_string(msg).expect("message types serialise");
+    if body.len() > SQS_MAX_MESSAGE_BYTES {
+        return Err(BusError::TooLarge { bytes: body.len() });
+    }
+    Ok(body)
+}
+
+/// The roles' typed sends onto the stack's queues and topic.
+#[derive(Clone, Copy)]
+pub struct Outbox<'a> {
+    pub bus: &'a dyn Bus,
+    pub res: &'a Resources,
+}
+
+impl Outbox<'_> {
+    /// A message for the Scheduler (a run message, an agent's result, an operator's command).
+    pub async fn to_scheduler(&self, msg: &SchedulerMessage, delay_seconds: u32) -> Result<(), BusError> {
+        self.bus.send(&self.res.scheduler_queue_url, Outgoing::delayed(encode(msg)?, delay_seconds)).await
+    }
+
+    /// Several messages for the Scheduler, batched.
+    pub async fn to_scheduler_batch(&self, msgs: Vec<Outgoing>) -> Result<(), BusError> {
+        self.bus.send_batch(&self.res.scheduler_queue_url, msgs).await
+    }
+
+    pub async fn dispatch(&self, req: &AgentRequest) -> Result<(), BusError> {
+        self.bus.send(&self.res.agent_queue_url, Outgoing::new(encode(req)?)).await
+    }
+
+    /// A timer due at the attempt's CompleteBy (capped at 15 minutes: a timer that fires early is
+    /// re-armed by the Supervisor; the scheduled sweep is the backstop).
+    pub async fn arm_timer(&self, timer: &TimerMessage, now: Millis) -> Result<(), BusError> {
+        let delay = delay_seconds(now.until(timer.complete_by));
+        self.bus.send(&self.res.supervisor_queue_url, Outgoing::delayed(encode(timer)?, delay)).await
+    }
+
+    /// A status message to the caller's queue; FIFO queues get the task as message group and
+    /// `seq` as deduplication id, so they receive every task's statuses in order, once.
+    pub async fn reply(&self, reply_to: &str, status: &StatusMessage) -> Result<(), BusError> {
+        let mut msg = Outgoing::new(encode(status)?);
+        if QueueUrl::parse(reply_to).is_ok_and(|q| q.is_fifo()) {
+            msg.fifo = Some(Fifo { group: status.task_id.to_string(), dedup: format!("{}-{}", status.task_id, status.seq) });
+        }
+        self.bus.send(reply_to, msg).await
+    }
+
+    pub async fn alert(&self, alert: &Alert) -> Result<(), BusError> {
+        let kind =
+            serde_json::to_value(alert.kind).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        let note = Publication {
+            subject: alert.subject(),
+            message: serde_json::to_string(alert).expect("alerts serialise"),
+            attributes: vec![("kind".into(), kind), ("task_id".into(), alert.task_id.to_string())],
+        };
+        self.bus.publish(&self.res.alert_topic_arn, note).await
+    }
+
+    /// Keep a refused submission: its raw body goes to the submission DLQ with the reason as a
+    /// message attribute.
+    pub async fn reject_to_dlq(&self, raw: &str, reason: &str, now: Millis) -> Result<(), BusError> {
+        let msg = Outgoing {
+            body: if raw.is_empty() { "<empty>".to_owned() } else { raw.to_owned() },
+            attributes: vec![
+                ("RejectReason".into(), clip(reason, 1024).to_owned()),
+                ("RejectedAt".into(), now.to_string()),
+            ],
+            ..Outgoing::default()
+        };
+        self.bus.send(&self.res.submission_dlq_url, msg).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_round_up_and_cap() {
+        assert_eq!(delay_seconds(0), 0);
+        assert_eq!(delay_seconds(1), 1);
+        assert_eq!(delay_seconds(1_000), 1);
+        assert_eq!(delay_seconds(1_001), 2);
+        assert_eq!(delay_seconds(10_000_000), 900);
+    }
+}

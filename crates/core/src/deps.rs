@@ -1,0 +1,79 @@
+//! What every role needs, built once per process (the composition root), and the error a
+//! handler reports for one message.
+
+use std::sync::Arc;
+
+use crate::bus::{AwsBus, Bus, BusError, Outbox};
+use crate::clock::{Clock, SystemClock};
+use crate::config::{ConfigError, Resources, Settings};
+use crate::ids::Millis;
+use crate::store::{DynamoStore, StateStore, StoreError};
+use crate::workflow::{WorkflowError, WorkflowRegistry};
+
+/// The ports and settings of a role. Cheap to clone (everything shared is behind an `Arc`).
+#[derive(Debug, Clone)]
+pub struct Deps {
+    pub store: Arc<dyn StateStore>,
+    pub bus: Arc<dyn Bus>,
+    pub resources: Resources,
+    pub workflows: Arc<WorkflowRegistry>,
+    pub settings: Settings,
+    pub clock: Arc<dyn Clock>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Workflow(#[from] WorkflowError),
+}
+
+impl Deps {
+    /// The AWS adapters: DynamoDB for the store, SQS and SNS for the bus, the wall clock.
+    pub fn aws(sdk: &aws_config::SdkConfig, res: Resources, workflows: WorkflowRegistry, settings: Settings) -> Self {
+        let store = DynamoStore::new(
+            aws_sdk_dynamodb::Client::new(sdk),
+            res.task_table.clone(),
+            res.shards,
+            settings.retention_days,
+        );
+        Deps {
+            store: Arc::new(store),
+            bus: Arc::new(AwsBus::from_sdk(sdk)),
+            resources: res,
+            workflows: Arc::new(workflows),
+            settings,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// The Lambda composition root: resources and settings from the environment.
+    pub async fn from_env() -> Result<Self, SetupError> {
+        let sdk = crate::aws::load_sdk_config().await;
+        Ok(Self::aws(&sdk, Resources::from_env()?, WorkflowRegistry::from_env()?, Settings::from_env()?))
+    }
+
+    /// The typed sends onto this stack's queues and topic.
+    pub fn outbox(&self) -> Outbox<'_> {
+        Outbox { bus: self.bus.as_ref(), res: &self.resources }
+    }
+
+    pub fn now(&self) -> Millis {
+        self.clock.now()
+    }
+}
+
+/// Why a message could not be handled. Every error makes the record fail, so SQS delivers it
+/// again (and, after maxReceiveCount, moves it to the DLQ).
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error("the task kept changing under us ({0} conflicting writes)")]
+    Contended(u32),
+}

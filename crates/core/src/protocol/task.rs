@@ -1,0 +1,361 @@
+//! The task as the state store keeps it, and the vocabulary of its parts.
+//!
+//! A task runs a workflow's steps in order. While something goes wrong it may switch to undoing
+//! its completed steps. Either way it is always on one **unit of work**: a forward step, or the
+//! compensation of a step. [`Phase`] names which kind of unit; [`Stage`] says where the task is in
+//! its plan (forward, or at position `pos` of a compensation plan). Both kinds of unit run the same
+//! way (claim, attempt, retry after a backoff, give up), so the transitions handle them through one
+//! [`UnitRecord`] view; only what success and giving up lead to differs.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::{AttemptToken, Millis, TaskId};
+use crate::messages::{Phase, StatusMessage, VERSION};
+use crate::state::ProcessState;
+use crate::workflow::{StepDef, WorkflowDef};
+
+/// The state of one forward step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepStatus {
+    Pending,
+    Running,
+    Succeeded,
+    /// Failed for good with a definite answer: no effect to undo.
+    Failed,
+    /// The last attempt ran out of time: its effect is unknown, so it is compensated.
+    TimedOut,
+    /// Cancelled while running: its effect is unknown, so it is compensated.
+    Cancelled,
+}
+
+/// The state of one step's compensation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompensationStatus {
+    Pending,
+    Running,
+    Done,
+    Failed,
+}
+
+/// A step's compensation, created when it is first claimed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompensationRecord {
+    pub name: String,
+    pub status: CompensationStatus,
+    pub attempts: u32,
+    pub failures: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A forward step: its progress, its output once it succeeded, and its compensation if one ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub name: String,
+    pub status: StepStatus,
+    pub attempts: u32,
+    pub failures: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensation: Option<CompensationRecord>,
+}
+
+impl StepRecord {
+    pub fn new(name: &str) -> Self {
+        StepRecord {
+            name: name.to_owned(),
+            status: StepStatus::Pending,
+            attempts: 0,
+            failures: 0,
+            output: None,
+            error: None,
+            compensation: None,
+        }
+    }
+}
+
+/// The bookkeeping every unit of work has, whichever its kind.
+pub(crate) trait UnitRecord {
+    /// A new attempt is claimed; returns its number (1 for the first).
+    fn begin_attempt(&mut self) -> u32;
+    /// An attempt ended without a definite answer; returns the unit's failures so far.
+    fn attempt_failed(&mut self, reason: &str) -> u32;
+    /// Waiting for the next attempt (after a backoff, or a resubmit).
+    fn await_retry(&mut self);
+    fn succeeded(&mut self);
+    /// A definite "no" from the agent: counts as a failure.
+    fn refused(&mut self, error: &str);
+    /// No attempt is left; `timed_out` when the last one ran out of time.
+    fn exhausted(&mut self, timed_out: bool);
+    /// An operator resubmits: the unit starts over with a clean failure count.
+    fn reset(&mut self);
+}
+
+impl UnitRecord for StepRecord {
+    fn begin_attempt(&mut self) -> u32 {
+        self.status = StepStatus::Running;
+        self.attempts += 1;
+        self.attempts
+    }
+    fn attempt_failed(&mut self, reason: &str) -> u32 {
+        self.failures += 1;
+        self.error = Some(reason.to_owned());
+        self.failures
+    }
+    fn await_retry(&mut self) {
+        self.status = StepStatus::Pending;
+    }
+    fn succeeded(&mut self) {
+        self.status = StepStatus::Succeeded;
+        self.error = None;
+    }
+    fn refused(&mut self, error: &str) {
+        self.status = StepStatus::Failed;
+        self.failures += 1;
+        self.error = Some(error.to_owned());
+    }
+    fn exhausted(&mut self, timed_out: bool) {
+        self.status = if timed_out { StepStatus::TimedOut } else { StepStatus::Failed };
+    }
+    fn reset(&mut self) {
+        self.status = StepStatus::Pending;
+        self.failures = 0;
+    }
+}
+
+impl UnitRecord for CompensationRecord {
+    fn begin_attempt(&mut self) -> u32 {
+        self.status = CompensationStatus::Running;
+        self.attempts += 1;
+        self.attempts
+    }
+    fn attempt_failed(&mut self, reason: &str) -> u32 {
+        self.failures += 1;
+        self.error = Some(reason.to_owned());
+        self.failures
+    }
+    fn await_retry(&mut self) {
+        self.status = CompensationStatus::Pending;
+    }
+    fn succeeded(&mut self) {
+        self.status = CompensationStatus::Done;
+        self.error = None;
+    }
+    fn refused(&mut self, error: &str) {
+        self.status = CompensationStatus::Failed;
+        self.failures += 1;
+        self.error = Some(error.to_owned());
+    }
+    fn exhausted(&mut self, _timed_out: bool) {
+        self.status = CompensationStatus::Failed;
+    }
+    fn reset(&mut self) {
+        self.status = CompensationStatus::Pending;
+        self.failures = 0;
+    }
+}
+
+/// Why compensation runs, which decides the state it ends in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndCause {
+    Failed,
+    Cancelled,
+}
+
+impl EndCause {
+    /// The terminal state once every planned compensation is done.
+    pub fn end_state(self) -> ProcessState {
+        match self {
+            EndCause::Failed => ProcessState::Compensated,
+            EndCause::Cancelled => ProcessState::Cancelled,
+        }
+    }
+}
+
+/// Where the task is: running its steps forward, or undoing them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Stage {
+    Forward,
+    /// `plan` lists the step indexes to undo, in the order they are undone; `pos` is the one now.
+    Compensating {
+        plan: Vec<usize>,
+        pos: usize,
+        cause: EndCause,
+    },
+}
+
+impl Stage {
+    /// The kind of unit of work this stage runs.
+    pub fn phase(&self) -> Phase {
+        match self {
+            Stage::Forward => Phase::Forward,
+            Stage::Compensating { .. } => Phase::Compensate,
+        }
+    }
+}
+
+/// The `ProcessState` of a task waiting for the next attempt of a unit of this kind.
+pub(crate) fn waiting_state(phase: Phase) -> ProcessState {
+    match phase {
+        Phase::Forward => ProcessState::Pending,
+        Phase::Compensate => ProcessState::Compensating,
+    }
+}
+
+/// The `ProcessState` of a task whose unit of this kind is with its agent.
+pub(crate) fn running_state(phase: Phase) -> ProcessState {
+    match phase {
+        Phase::Forward => ProcessState::Processing,
+        Phase::Compensate => ProcessState::Compensating,
+    }
+}
+
+/// What a unit of this kind is called in reasons and alerts.
+pub(crate) fn noun(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Forward => "step",
+        Phase::Compensate => "compensation",
+    }
+}
+
+/// One entry of the status history; each is also sent to `reply_to` as a [`StatusMessage`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    pub seq: u64,
+    pub state: ProcessState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    pub failure_count: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub at: Millis,
+}
+
+impl HistoryEntry {
+    /// The status message that tells the caller about this entry.
+    pub fn status(&self, task_id: &TaskId) -> StatusMessage {
+        StatusMessage {
+            v: VERSION,
+            task_id: task_id.clone(),
+            seq: self.seq,
+            state: self.state,
+            step: self.step.clone(),
+            failure_count: self.failure_count,
+            reason: self.reason.clone(),
+            at: self.at,
+        }
+    }
+}
+
+/// A task as the state store keeps it. Field names are the pattern's, as DynamoDB attributes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Task {
+    pub task_id: TaskId,
+    /// The definition pinned at submission.
+    pub workflow: WorkflowDef,
+    pub input: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    pub process_state: ProcessState,
+    pub stage: Stage,
+    /// Index of the current forward step.
+    pub step_index: usize,
+    pub steps: Vec<StepRecord>,
+    /// Failures of all steps together; it never decreases.
+    pub failure_count: u32,
+    /// 1, then +1 for each operator resubmit.
+    #[serde(default = "first_run")]
+    pub run: u32,
+    /// The current attempt's fencing token; absent while no attempt is running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locked_by: Option<AttemptToken>,
+    /// The deadline of whatever the task waits for; present exactly while not terminal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complete_by: Option<Millis>,
+    /// Bumped by every transition; every write is conditional on the value read.
+    pub rev: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+    #[serde(default)]
+    pub history: Vec<HistoryEntry>,
+}
+
+fn first_run() -> u32 {
+    1
+}
+
+impl Task {
+    pub fn is_compensating(&self) -> bool {
+        matches!(self.stage, Stage::Compensating { .. })
+    }
+
+    /// The kind of the unit of work the task is on.
+    pub fn phase(&self) -> Phase {
+        self.stage.phase()
+    }
+
+    /// The index of the step the current unit belongs to: the forward step itself, or the step
+    /// being compensated.
+    pub fn unit_step(&self) -> usize {
+        match &self.stage {
+            Stage::Forward => self.step_index,
+            Stage::Compensating { plan, pos, .. } => plan[*pos],
+        }
+    }
+
+    /// The definition of the unit of work the task is on: a forward step or a compensation.
+    pub fn current_def(&self) -> &StepDef {
+        let step = &self.workflow.steps[self.unit_step()];
+        match self.stage {
+            Stage::Forward => step,
+            Stage::Compensating { .. } => {
+                step.compensation.as_deref().expect("compensation plans only name steps that have a compensation")
+            }
+        }
+    }
+
+    /// The name of the current unit (for status messages and the `CurrentStep` attribute).
+    pub fn current_step_name(&self) -> Option<&str> {
+        if self.process_state.is_terminal() {
+            return None;
+        }
+        Some(self.current_def().name.as_str())
+    }
+
+    /// Attempts claimed so far for the current unit.
+    pub(crate) fn unit_attempts(&self) -> u32 {
+        let step = &self.steps[self.unit_step()];
+        match self.stage {
+            Stage::Forward => step.attempts,
+            Stage::Compensating { .. } => step.compensation.as_ref().map_or(0, |c| c.attempts),
+        }
+    }
+
+    /// The current unit's record (a compensation's is created on first use).
+    pub(crate) fn unit_record(&mut self) -> &mut dyn UnitRecord {
+        let i = self.unit_step();
+        if let Stage::Compensating { .. } = self.stage {
+            let name = self.current_def().name.clone();
+            self.steps[i].compensation.get_or_insert_with(|| CompensationRecord {
+                name,
+                status: CompensationStatus::Pending,
+                attempts: 0,
+                failures: 0,
+                error: None,
+            })
+        } else {
+            &mut self.steps[i]
+        }
+    }
+}

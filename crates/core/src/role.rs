@@ -1,0 +1,101 @@
+//! The four roles by name, and the dispatch every host uses: the Lambda binaries, the local
+//! runner and the tests hand a queue's records to [`handle`] through [`process_batch`].
+
+use futures::future::BoxFuture;
+use tracing::{error, info_span, Instrument};
+
+use crate::agent::{self, AgentRuntime};
+use crate::config::Resources;
+use crate::deps::{Deps, HandlerError};
+use crate::{scheduler, submitter, supervisor};
+
+/// Which handler a queue feeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Submitter,
+    Scheduler,
+    Agent,
+    Supervisor,
+}
+
+impl Role {
+    pub const ALL: [Role; 4] = [Role::Submitter, Role::Scheduler, Role::Agent, Role::Supervisor];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Submitter => "submitter",
+            Role::Scheduler => "scheduler",
+            Role::Agent => "agent",
+            Role::Supervisor => "supervisor",
+        }
+    }
+
+    /// The queue that triggers this role.
+    pub fn queue(self, res: &Resources) -> &str {
+        match self {
+            Role::Submitter => &res.submission_queue_url,
+            Role::Scheduler => &res.scheduler_queue_url,
+            Role::Agent => &res.agent_queue_url,
+            Role::Supervisor => &res.supervisor_queue_url,
+        }
+    }
+
+    /// The visibility timeouts of the template (6x each function's timeout).
+    pub fn default_visibility_seconds(self) -> u64 {
+        match self {
+            Role::Submitter => 60,
+            Role::Scheduler => 90,
+            Role::Agent => 720,
+            Role::Supervisor => 360,
+        }
+    }
+}
+
+/// Call the handler a role's queue feeds, for one message body.
+pub fn handle<'a>(
+    role: Role,
+    deps: &'a Deps,
+    agents: &'a AgentRuntime,
+    body: &'a str,
+) -> BoxFuture<'a, Result<(), HandlerError>> {
+    Box::pin(async move {
+        match role {
+            Role::Submitter => submitter::submit(deps, body).await.map(drop),
+            Role::Scheduler => scheduler::schedule(deps, body).await.map(drop),
+            Role::Agent => agent::handle(deps, agents, body).await.map(drop),
+            Role::Supervisor => supervisor::timer(deps, body).await.map(drop),
+        }
+    })
+}
+
+/// One SQS record, whether from a Lambda event or a ReceiveMessage call.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub message_id: String,
+    pub body: String,
+}
+
+/// Handle a batch the way an SQS-triggered Lambda with `ReportBatchItemFailures` does: every record
+/// concurrently, each in its own span; the ids of the records that failed are returned, so only
+/// those are delivered again.
+pub async fn process_batch<'a, F, Fut, T>(records: &'a [Record], handler: F) -> Vec<String>
+where
+    F: Fn(&'a str) -> Fut,
+    Fut: std::future::Future<Output = Result<T, HandlerError>>,
+{
+    let runs = records.iter().map(|r| {
+        let span = info_span!("record", message_id = %r.message_id);
+        let fut = handler(&r.body);
+        async move {
+            match fut.await {
+                Ok(_) => None,
+                Err(e) => {
+                    error!(error = %e, "record failed; SQS will deliver it again");
+                    Some(r.message_id.clone())
+                }
+            }
+        }
+        .instrument(span)
+    });
+    futures::future::join_all(runs).await.into_iter().flatten().collect()
+}

@@ -1,0 +1,43 @@
+//! The Scheduler: every message of the scheduler queue becomes one protocol event on one task.
+//! Run messages claim the current unit of work (dispatching it to its Agent), agent results move
+//! the task on, and operators' cancel and resubmit commands stop or resume it.
+
+use tracing::warn;
+
+use crate::deps::{Deps, HandlerError};
+use crate::effects::drive;
+use crate::ids::TaskId;
+use crate::messages::{Outcome, SchedulerMessage, VERSION};
+use crate::protocol::Event;
+use crate::transition::Applied;
+
+/// Parse a scheduler-queue message into the event it carries.
+pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
+    let msg: SchedulerMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
+    if msg.version() != VERSION {
+        return Err(HandlerError::Malformed(format!("unsupported version {}", msg.version())));
+    }
+    let event = match &msg {
+        SchedulerMessage::Run(m) => Event::Claim { rev: m.rev },
+        SchedulerMessage::Result(r) => match &r.outcome {
+            Outcome::Succeeded { output } => Event::AgentSucceeded { attempt: r.attempt.clone(), output: output.clone() },
+            Outcome::Failed { error, retryable } => {
+                Event::AgentFailed { attempt: r.attempt.clone(), error: error.clone(), retryable: *retryable }
+            }
+        },
+        SchedulerMessage::Cancel(c) => Event::Cancel { reason: c.reason.clone() },
+        SchedulerMessage::Resubmit(r) => Event::Resubmit { reason: r.reason.clone() },
+    };
+    Ok((msg.task_id().clone(), event))
+}
+
+/// Handle one message of the scheduler queue.
+pub async fn schedule(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
+    let (task_id, event) = event_of(raw)?;
+    if let Some(task) = deps.store.get(&task_id).await? {
+        drive(deps, task, &event).await
+    } else {
+        warn!(%task_id, event = event.name(), "no such task; message dropped");
+        Ok(Applied::Missing)
+    }
+}

@@ -1,0 +1,249 @@
+//! The in-memory twin of the state store, for fast tests of the roles and for the simulator. It
+//! keeps the semantics the protocol relies on: conditional writes on `Rev` and `LockedBy` with the
+//! typed conflict carrying the current item, `AlreadyExists` on a taken id, the size limit, the
+//! sparse and sharded `CompleteBy` index queried page by page, and the operators' state listing.
+//! Failures can be injected ([`MemoryStore::fail_next`]) to drive a role's error paths.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::future::BoxFuture;
+
+use super::{check_size, index_key, Page, PageKey, StateStore, StoreError, TaskSummary};
+use crate::ids::{Millis, TaskId};
+use crate::protocol::{ProcessState, Task};
+
+/// Which operation an injected failure hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreOp {
+    Create,
+    Get,
+    Save,
+    Expired,
+    ListByState,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    tasks: BTreeMap<TaskId, Task>,
+    /// Failures to return, in order, the next time each operation runs.
+    failures: Vec<(StoreOp, VecDeque<StoreError>)>,
+    /// Requests served, by operation (for tests that count round-trips).
+    calls: BTreeMap<&'static str, u64>,
+}
+
+/// The in-memory implementation of [`StateStore`]. Clones share the same tasks.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<Inner>>,
+    shards: u32,
+}
+
+impl MemoryStore {
+    pub fn new(shards: u32) -> Self {
+        MemoryStore { inner: Arc::default(), shards: shards.max(1) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Make the next call of `op` fail with `error` (calls after it succeed again).
+    pub fn fail_next(&self, op: StoreOp, error: StoreError) {
+        let mut inner = self.lock();
+        if let Some((_, q)) = inner.failures.iter_mut().find(|(o, _)| *o == op) {
+            q.push_back(error);
+        } else {
+            inner.failures.push((op, VecDeque::from([error])));
+        }
+    }
+
+    /// Every task, as stored now.
+    pub fn tasks(&self) -> Vec<Task> {
+        self.lock().tasks.values().cloned().collect()
+    }
+
+    /// Put a task as is, bypassing every condition (to set up a test).
+    pub fn put_unchecked(&self, task: Task) {
+        self.lock().tasks.insert(task.task_id.clone(), task);
+    }
+
+    /// How many requests of `op` were served (`"create"`, `"get"`, `"save"`, `"expired"`, `"list"`).
+    pub fn calls(&self, op: &str) -> u64 {
+        self.lock().calls.get(op).copied().unwrap_or(0)
+    }
+
+    fn begin(&self, op: StoreOp, name: &'static str) -> Result<MutexGuard<'_, Inner>, StoreError> {
+        let mut inner = self.lock();
+        *inner.calls.entry(name).or_default() += 1;
+        if let Some((_, q)) = inner.failures.iter_mut().find(|(o, _)| *o == op) {
+            if let Some(e) = q.pop_front() {
+                return Err(e);
+            }
+        }
+        Ok(inner)
+    }
+
+    fn create_now(&self, task: &Task) -> Result<(), StoreError> {
+        let mut inner = self.begin(StoreOp::Create, "create")?;
+        check_size(task)?;
+        if inner.tasks.contains_key(&task.task_id) {
+            return Err(StoreError::AlreadyExists);
+        }
+        inner.tasks.insert(task.task_id.clone(), task.clone());
+        Ok(())
+    }
+
+    fn save_now(&self, task: &Task, read: &Task) -> Result<(), StoreError> {
+        let mut inner = self.begin(StoreOp::Save, "save")?;
+        check_size(task)?;
+        match inner.tasks.get(&task.task_id) {
+            None => Err(StoreError::Conflict { current: None }),
+            Some(current) if current.rev != read.rev || current.locked_by != read.locked_by => {
+                Err(StoreError::Conflict { current: Some(Box::new(current.clone())) })
+            }
+            Some(_) => {
+                inner.tasks.insert(task.task_id.clone(), task.clone());
+                Ok(())
+            }
+        }
+    }
+
+    fn expired_now(&self, shard: u32, now: Millis, limit: usize, start: Option<&PageKey>) -> Result<Page, StoreError> {
+        let inner = self.begin(StoreOp::Expired, "expired")?;
+        let mut entries: Vec<(Millis, &TaskId, &Task)> = inner
+            .tasks
+            .values()
+            .filter_map(|t| index_key(t, self.shards).map(|(s, cb)| (s, cb, t)))
+            .filter(|(s, cb, _)| *s == shard && *cb <= now)
+            .map(|(_, cb, t)| (cb, &t.task_id, t))
+            .collect();
+        entries.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        let after = |e: &(Millis, &TaskId, &Task)| match start {
+            None => true,
+            Some(k) => (e.0, e.1) > (k.complete_by, &k.task_id),
+        };
+        let limit = limit.max(1);
+        let page: Vec<_> = entries.into_iter().filter(after).take(limit).collect();
+        // As DynamoDB does: a full page carries a key, even when nothing follows it.
+        let next = (page.len() == limit)
+            .then(|| page.last().map(|(cb, id, _)| PageKey { task_id: (*id).clone(), complete_by: *cb }))
+            .flatten();
+        Ok(Page { tasks: page.into_iter().map(|(_, _, t)| t.clone()).collect(), next })
+    }
+
+    fn list_now(&self, state: ProcessState, max: usize) -> Result<Vec<TaskSummary>, StoreError> {
+        let inner = self.begin(StoreOp::ListByState, "list")?;
+        let mut rows: Vec<TaskSummary> =
+            inner.tasks.values().filter(|t| t.process_state == state).map(TaskSummary::of).collect();
+        rows.sort_by(|a, b| b.updated_at.cmp(&a.updated_at));
+        rows.truncate(max);
+        Ok(rows)
+    }
+}
+
+impl StateStore for MemoryStore {
+    fn create<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { self.create_now(task) })
+    }
+
+    fn get<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<Task>, StoreError>> {
+        Box::pin(async move { Ok(self.begin(StoreOp::Get, "get")?.tasks.get(task_id).cloned()) })
+    }
+
+    fn save<'a>(&'a self, task: &'a Task, read: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move { self.save_now(task, read) })
+    }
+
+    fn expired<'a>(
+        &'a self,
+        shard: u32,
+        now: Millis,
+        limit: usize,
+        start: Option<PageKey>,
+    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+        Box::pin(async move { self.expired_now(shard, now, limit, start.as_ref()) })
+    }
+
+    fn list_by_state(&self, state: ProcessState, max: usize) -> BoxFuture<'_, Result<Vec<TaskSummary>, StoreError>> {
+        Box::pin(async move { self.list_now(state, max) })
+    }
+
+    fn shards(&self) -> u32 {
+        self.shards
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::AttemptToken;
+    use crate::protocol::{submit, Policy};
+    use crate::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+
+    fn task(id: &str, created: u64) -> Task {
+        let wf = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).unwrap().resolve("order", None).unwrap().clone();
+        submit(TaskId::try_from(id).unwrap(), wf, serde_json::json!({}), None, Millis(created), &Policy::default()).task
+    }
+
+    #[tokio::test]
+    async fn writes_are_conditional_and_conflicts_carry_the_current_item() {
+        let s = MemoryStore::new(2);
+        let t = task("a", 0);
+        s.create(&t).await.unwrap();
+        assert!(matches!(s.create(&t).await, Err(StoreError::AlreadyExists)));
+        let mut next = t.clone();
+        next.rev += 1;
+        next.locked_by = Some(AttemptToken::from("tok"));
+        s.save(&next, &t).await.unwrap();
+        // a second writer that read the old revision loses and is handed what is there now
+        let mut other = t.clone();
+        other.rev += 1;
+        match s.save(&other, &t).await {
+            Err(StoreError::Conflict { current: Some(cur) }) => assert_eq!(*cur, next),
+            r => panic!("expected a conflict, got {r:?}"),
+        }
+        // the same revision but another lock holder loses too
+        let mut forged = next.clone();
+        forged.locked_by = Some(AttemptToken::from("other"));
+        let mut after = next.clone();
+        after.rev += 1;
+        assert!(matches!(s.save(&after, &forged).await, Err(StoreError::Conflict { current: Some(_) })));
+        // a missing task is a conflict with nothing current
+        let ghost = task("ghost", 0);
+        assert!(matches!(s.save(&ghost, &ghost).await, Err(StoreError::Conflict { current: None })));
+    }
+
+    #[tokio::test]
+    async fn the_index_is_sparse_sharded_and_paged() {
+        let s = MemoryStore::new(1);
+        for i in 0..5 {
+            s.create(&task(&format!("t{i}"), i * 10)).await.unwrap();
+        }
+        let mut done = task("done", 0);
+        done.process_state = ProcessState::Processed;
+        done.complete_by = None;
+        s.put_unchecked(done);
+        let far = Millis(10_000_000);
+        let p1 = s.expired(0, far, 2, None).await.unwrap();
+        assert_eq!(p1.tasks.len(), 2);
+        let p2 = s.expired(0, far, 2, p1.next.clone()).await.unwrap();
+        let p3 = s.expired(0, far, 2, p2.next.clone()).await.unwrap();
+        let ids: Vec<String> =
+            [p1.tasks, p2.tasks, p3.tasks].concat().into_iter().map(|t| t.task_id.to_string()).collect();
+        assert_eq!(ids, vec!["t0", "t1", "t2", "t3", "t4"], "CompleteBy order, each once, the terminal task absent");
+        assert!(p3.next.is_none());
+        // nothing has expired yet at the start
+        assert!(s.expired(0, Millis(0), 10, None).await.unwrap().tasks.is_empty());
+    }
+
+    #[tokio::test]
+    async fn injected_failures_hit_once() {
+        let s = MemoryStore::new(1);
+        s.fail_next(StoreOp::Get, StoreError::Backend { op: "GetItem", message: "down".into(), source: None });
+        let id = TaskId::try_from("x").unwrap();
+        assert!(matches!(s.get(&id).await, Err(StoreError::Backend { .. })));
+        assert!(s.get(&id).await.unwrap().is_none());
+        assert_eq!(s.calls("get"), 2);
+    }
+}

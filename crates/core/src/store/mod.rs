@@ -1,0 +1,171 @@
+//! The state store port: one item per task, every write conditional. A lost condition is the
+//! typed outcome [`StoreError::Conflict`] (carrying the current item, so the caller can re-decide
+//! without another read) or [`StoreError::AlreadyExists`].
+//!
+//! Two implementations keep the same semantics:
+//! - [`DynamoStore`]: one DynamoDB table, the sparse and sharded `ByCompleteBy` index for the
+//!   Supervisor, `ByProcessState` for operators;
+//! - [`MemoryStore`]: an in-memory twin for fast tests of the roles and for the simulator.
+//!
+//! The rules both follow are written here once: which tasks the Supervisor's index holds
+//! ([`index_key`]), how they are sharded ([`shard_of`]) and how large a task may grow
+//! ([`check_size`]).
+
+use futures::future::BoxFuture;
+
+use crate::ids::{Millis, TaskId};
+use crate::protocol::{ProcessState, Task};
+
+mod dynamo;
+mod memory;
+
+pub use dynamo::{DynamoStore, BY_COMPLETE_BY, BY_PROCESS_STATE};
+pub use memory::{MemoryStore, StoreOp};
+
+/// DynamoDB's item limit is 400 KB; stay clear of it.
+pub const MAX_ITEM_BYTES: usize = 380 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Duplicate submission: nothing to do.
+    #[error("a task with this id already exists")]
+    AlreadyExists,
+    /// The conditional write lost: the task changed since it was read. `current` is the item as
+    /// it is now (absent if it was deleted). Re-decide on it.
+    #[error("conditional write lost: the task changed since it was read")]
+    Conflict { current: Option<Box<Task>> },
+    /// The task would not fit in an item: retrying cannot help.
+    #[error("task item would be about {bytes} bytes; the limit is {MAX_ITEM_BYTES}")]
+    TooLarge { bytes: usize },
+    /// The store could not be reached or refused the request: worth a retry.
+    #[error("{op}: {message}")]
+    Backend {
+        op: &'static str,
+        message: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// A stored item is not a task this build can read.
+    #[error("task item does not match the expected shape: {0}")]
+    Codec(String),
+}
+
+/// Where a page of the Supervisor's query ends; pass it back to read the next one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PageKey {
+    pub task_id: TaskId,
+    pub complete_by: Millis,
+}
+
+/// One page of the Supervisor's query.
+#[derive(Debug)]
+pub struct Page {
+    pub tasks: Vec<Task>,
+    pub next: Option<PageKey>,
+}
+
+/// A row of the operators' `ByProcessState` index.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct TaskSummary {
+    pub task_id: TaskId,
+    pub process_state: ProcessState,
+    #[serde(default)]
+    pub workflow_name: Option<String>,
+    #[serde(default)]
+    pub current_step: Option<String>,
+    #[serde(default)]
+    pub failure_count: u32,
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub created_at: Option<Millis>,
+    pub updated_at: Millis,
+}
+
+impl TaskSummary {
+    pub fn of(task: &Task) -> Self {
+        TaskSummary {
+            task_id: task.task_id.clone(),
+            process_state: task.process_state,
+            workflow_name: Some(task.workflow.name.clone()),
+            current_step: task.current_step_name().map(str::to_owned),
+            failure_count: task.failure_count,
+            reason: task.reason.clone(),
+            created_at: Some(task.created_at),
+            updated_at: task.updated_at,
+        }
+    }
+}
+
+/// The state store the roles write through.
+pub trait StateStore: Send + Sync + std::fmt::Debug {
+    /// Create a new task; `AlreadyExists` if its id is taken (duplicate submission).
+    fn create<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Strongly consistent read of one task.
+    fn get<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<Task>, StoreError>>;
+
+    /// Write `task` if the stored item is still `read`: the same `Rev` and the same `LockedBy`
+    /// (the attempt's fencing token is re-checked on every write). One request per transition.
+    fn save<'a>(&'a self, task: &'a Task, read: &'a Task) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// One page (at most `limit` tasks) of the in-flight tasks in `shard` whose
+    /// `CompleteBy <= now`, in `CompleteBy` order, starting after `start`. The index may lag the
+    /// table: callers re-check with a conditional write.
+    fn expired<'a>(
+        &'a self,
+        shard: u32,
+        now: Millis,
+        limit: usize,
+        start: Option<PageKey>,
+    ) -> BoxFuture<'a, Result<Page, StoreError>>;
+
+    /// Tasks in `state`, most recently updated first, for operators (at most `max`).
+    fn list_by_state(&self, state: ProcessState, max: usize) -> BoxFuture<'_, Result<Vec<TaskSummary>, StoreError>>;
+
+    /// How many shards the Supervisor's index is spread over.
+    fn shards(&self) -> u32;
+}
+
+/// The shard a task's index entry lives in: a stable hash of its id (FNV-1a).
+pub fn shard_of(task_id: &TaskId, shards: u32) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in task_id.as_str().bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % shards.max(1)
+}
+
+/// The task's entry in the Supervisor's index, `(shard, CompleteBy)`: present only while the task
+/// is in flight, so the index stays as small as the work in progress.
+pub fn index_key(task: &Task, shards: u32) -> Option<(u32, Millis)> {
+    if task.process_state.is_terminal() {
+        return None;
+    }
+    task.complete_by.map(|cb| (shard_of(&task.task_id, shards), cb))
+}
+
+/// Refuse a task that would not fit in one item.
+pub fn check_size(task: &Task) -> Result<(), StoreError> {
+    let bytes = serde_json::to_vec(task).map_or(0, |v| v.len());
+    if bytes > MAX_ITEM_BYTES {
+        return Err(StoreError::TooLarge { bytes });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_stable_and_in_range() {
+        let id = TaskId::try_from("abc").unwrap();
+        assert_eq!(shard_of(&id, 8), shard_of(&id, 8));
+        let hits: std::collections::HashSet<u32> =
+            (0..200).map(|i| shard_of(&TaskId::try_from(format!("t{i}")).unwrap(), 4)).collect();
+        assert_eq!(hits.len(), 4, "ids spread over every shard");
+    }
+}

@@ -1,0 +1,131 @@
+//! The Submitter: validate an application's submission, record the task and its steps
+//! idempotently, and hand it to the Scheduler. A refused message is kept in the submission DLQ
+//! with its reason and answered with a `Rejected` status when it names a usable reply queue; it is
+//! never retried.
+
+use serde_json::Value;
+use tracing::{info, warn};
+
+use crate::deps::{Deps, HandlerError};
+use crate::effects;
+use crate::ids::{clip, IdError, TaskId};
+use crate::messages::{QueueUrl, QueueUrlError, StatusMessage, Submission, VERSION};
+use crate::protocol::{self, ProcessState};
+use crate::store::{StoreError, MAX_ITEM_BYTES};
+use crate::transition::Committed;
+
+/// Why a submission was refused. The reason is sent to the caller and kept with the raw message.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Rejection {
+    #[error("the message is not JSON: {0}")]
+    NotJson(String),
+    #[error("the message must be a JSON object")]
+    NotObject,
+    #[error("unsupported message version {got}; this deployment accepts v={VERSION}")]
+    Version { got: String },
+    #[error("the submission does not match the contract: {0}")]
+    Shape(String),
+    #[error("invalid task_id: {0}")]
+    TaskId(#[from] IdError),
+    #[error("unknown workflow {name}{}", version.map(|v| format!(" version {v}")).unwrap_or_default())]
+    UnknownWorkflow { name: String, version: Option<u32> },
+    #[error("input is {bytes} bytes; the limit is {limit}")]
+    TooLarge { bytes: usize, limit: usize },
+    #[error(transparent)]
+    ReplyTo(#[from] QueueUrlError),
+}
+
+/// The submitter's verdict on one message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Submitted {
+    Created(TaskId),
+    Duplicate(TaskId),
+    Rejected(Rejection),
+}
+
+fn validate(deps: &Deps, raw: &str) -> Result<(Submission, TaskId), Rejection> {
+    let v: Value = serde_json::from_str(raw).map_err(|e| Rejection::NotJson(e.to_string()))?;
+    let obj = v.as_object().ok_or(Rejection::NotObject)?;
+    match obj.get("v") {
+        Some(Value::Number(n)) if n.as_u64() == Some(u64::from(VERSION)) => {}
+        other => {
+            let got = other.map_or_else(|| "(missing)".to_owned(), Value::to_string);
+            return Err(Rejection::Version { got: clip(&got, 64).to_owned() });
+        }
+    }
+    let sub: Submission = serde_json::from_value(v).map_err(|e| Rejection::Shape(clip(&e.to_string(), 300).to_owned()))?;
+    if let Some(r) = &sub.reply_to {
+        QueueUrl::parse(r)?;
+    }
+    let bytes = serde_json::to_vec(&sub.input).map_or(0, |b| b.len());
+    if bytes > deps.settings.max_input_bytes {
+        return Err(Rejection::TooLarge { bytes, limit: deps.settings.max_input_bytes });
+    }
+    if deps.workflows.resolve(&sub.workflow, sub.workflow_version).is_none() {
+        let name = clip(&sub.workflow, 64).to_owned();
+        return Err(Rejection::UnknownWorkflow { name, version: sub.workflow_version });
+    }
+    let id = sub.task_id.clone().unwrap_or_else(TaskId::generate);
+    Ok((sub, id))
+}
+
+/// Best effort for a refused message: whatever `task_id` and `reply_to` it names, if usable.
+fn salvage(raw: &str) -> (Option<TaskId>, Option<QueueUrl>) {
+    let Ok(v) = serde_json::from_str::<Value>(raw) else { return (None, None) };
+    let id = v.get("task_id").and_then(Value::as_str).and_then(|s| TaskId::try_from(s).ok());
+    let reply = v.get("reply_to").and_then(Value::as_str).and_then(|s| QueueUrl::parse(s).ok());
+    (id, reply)
+}
+
+/// Keep the refused message with its reason and tell the caller, if it named a reply queue.
+async fn reject(deps: &Deps, raw: &str, rejection: Rejection) -> Result<Submitted, HandlerError> {
+    let reason = rejection.to_string();
+    let (id, reply) = salvage(raw);
+    warn!(task_id = id.as_ref().map(TaskId::as_str), %reason, "submission rejected");
+    let now = deps.now();
+    deps.outbox().reject_to_dlq(raw, &reason, now).await?;
+    if let Some(q) = reply {
+        let status = StatusMessage {
+            v: VERSION,
+            task_id: id.unwrap_or_else(|| TaskId::try_from("unknown").expect("valid id")),
+            seq: 0,
+            state: ProcessState::Rejected,
+            step: None,
+            failure_count: 0,
+            reason: Some(reason),
+            at: now,
+        };
+        if let Err(e) = deps.outbox().reply(q.as_str(), &status).await {
+            warn!(error = %e, "could not send the Rejected status");
+        }
+    }
+    Ok(Submitted::Rejected(rejection))
+}
+
+/// Handle one message of the submission queue.
+pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
+    let (sub, task_id) = match validate(deps, raw) {
+        Ok(ok) => ok,
+        Err(rejection) => return reject(deps, raw, rejection).await,
+    };
+    let def = deps.workflows.resolve(&sub.workflow, sub.workflow_version).expect("validated").clone();
+    let now = deps.now();
+    let tr = protocol::submit(task_id.clone(), def, sub.input, sub.reply_to, now, &deps.settings.policy);
+    match deps.store.create(&tr.task).await {
+        Ok(()) => {
+            info!(%task_id, workflow = %tr.task.workflow.name, version = tr.task.workflow.version, "task created");
+            effects::perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await;
+            Ok(Submitted::Created(task_id))
+        }
+        Err(StoreError::AlreadyExists) => {
+            info!(%task_id, "duplicate submission: the task exists, nothing created");
+            Ok(Submitted::Duplicate(task_id))
+        }
+        Err(StoreError::TooLarge { bytes }) => {
+            let rejection = Rejection::TooLarge { bytes, limit: MAX_ITEM_BYTES };
+            deps.outbox().reject_to_dlq(raw, &rejection.to_string(), now).await?;
+            Ok(Submitted::Rejected(rejection))
+        }
+        Err(e) => Err(e.into()),
+    }
+}

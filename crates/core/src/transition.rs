@@ -1,0 +1,68 @@
+//! The one path that writes a transition: let [`protocol::apply`] decide, then commit the new
+//! task with a conditional write. A lost write re-decides on the current item the store returned
+//! with the conflict (no extra read). Effects are not performed here: see [`crate::effects`].
+
+use tracing::{debug, info};
+
+use crate::deps::{Deps, HandlerError};
+use crate::ids::Millis;
+use crate::protocol::{self, Ctx, Effect, Event, ProcessState, Stale, Task};
+use crate::store::StoreError;
+
+/// What happened to one event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Applied {
+    Changed {
+        state: ProcessState,
+        rev: u64,
+    },
+    Stale(Stale),
+    /// The task does not exist (deleted, or never created).
+    Missing,
+}
+
+/// A written transition whose effects are still to be performed.
+#[derive(Debug)]
+pub struct Committed {
+    pub task: Task,
+    pub effects: Vec<Effect>,
+    pub now: Millis,
+}
+
+/// How many lost conditional writes in a row one event may meet before giving up (the message is
+/// then delivered again).
+pub const MAX_CONFLICTS: u32 = 5;
+
+/// Decide and write. `Ok((Changed, Some(committed)))` when the transition was written; the caller
+/// performs its effects.
+pub async fn commit(deps: &Deps, mut task: Task, event: &Event) -> Result<(Applied, Option<Committed>), HandlerError> {
+    for _ in 0..MAX_CONFLICTS {
+        let ctx = Ctx::new(deps.now());
+        let tr = match protocol::apply(&task, event, &ctx, &deps.settings.policy) {
+            Ok(tr) => tr,
+            Err(stale) => {
+                info!(task_id = %task.task_id, event = event.name(), state = %task.process_state, reason = %stale, "stale event dropped");
+                return Ok((Applied::Stale(stale), None));
+            }
+        };
+        match deps.store.save(&tr.task, &task).await {
+            Ok(()) => {
+                let (state, rev) = (tr.task.process_state, tr.task.rev);
+                info!(
+                    task_id = %task.task_id, event = event.name(), from = %task.process_state, to = %state,
+                    step = tr.task.current_step_name().unwrap_or("-"), failure_count = tr.task.failure_count, rev,
+                    "transition"
+                );
+                let committed = Committed { task: tr.task, effects: tr.effects, now: ctx.now };
+                return Ok((Applied::Changed { state, rev }, Some(committed)));
+            }
+            Err(StoreError::Conflict { current: Some(current) }) => {
+                debug!(task_id = %task.task_id, event = event.name(), "conditional write lost; re-deciding on the current item");
+                task = *current;
+            }
+            Err(StoreError::Conflict { current: None }) => return Ok((Applied::Missing, None)),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(HandlerError::Contended(MAX_CONFLICTS))
+}

@@ -1,0 +1,63 @@
+//! The whole stack on in-memory twins: a [`MemoryStore`], a [`MemoryBus`] with the stack's queues
+//! (and their DLQs) and a [`ManualClock`]. Tests of the roles, of the Lambda handlers and of the
+//! local runner use it; so does the simulator.
+
+use std::sync::Arc;
+
+use crate::bus::MemoryBus;
+use crate::clock::{Clock, ManualClock};
+use crate::config::{Resources, Settings};
+use crate::deps::Deps;
+use crate::ids::Millis;
+use crate::store::MemoryStore;
+use crate::workflow::WorkflowRegistry;
+
+/// The stack's resources as in-memory queue names.
+pub fn resources(shards: u32) -> Resources {
+    Resources {
+        task_table: "mem-tasks".into(),
+        submission_queue_url: "mem://submission".into(),
+        submission_dlq_url: "mem://submission-dlq".into(),
+        scheduler_queue_url: "mem://scheduler".into(),
+        agent_queue_url: "mem://agent".into(),
+        supervisor_queue_url: "mem://supervisor".into(),
+        alert_topic_arn: "mem://alerts".into(),
+        shards,
+    }
+}
+
+/// Deps wired to in-memory twins, with handles to inspect and steer them.
+#[derive(Debug, Clone)]
+pub struct Twins {
+    pub deps: Deps,
+    pub store: MemoryStore,
+    pub bus: MemoryBus,
+    pub clock: ManualClock,
+}
+
+impl Twins {
+    /// The twins on a manual clock starting at `now`.
+    pub fn new(workflows: WorkflowRegistry, settings: Settings, now: Millis) -> Self {
+        let clock = ManualClock::at(now);
+        let run_on: Arc<dyn Clock> = Arc::new(clock.clone());
+        let res = resources(2);
+        let store = MemoryStore::new(res.shards);
+        let bus = MemoryBus::for_stack(run_on.clone(), &res);
+        let deps = Deps {
+            store: Arc::new(store.clone()),
+            bus: Arc::new(bus.clone()),
+            resources: res,
+            workflows: Arc::new(workflows),
+            settings,
+            clock: run_on,
+        };
+        Twins { deps, store, bus, clock }
+    }
+
+    /// Create a private reply queue.
+    pub fn reply_queue(&self, name: &str) -> String {
+        let url = format!("http://localhost:4566/000000000000/{name}");
+        self.bus.create_queue(&url, crate::bus::QueueConfig::default());
+        url
+    }
+}

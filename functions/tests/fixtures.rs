@@ -1,0 +1,143 @@
+//! Every fixture in `events/` through the functions' one handler, on the in-memory twins.
+
+use std::path::PathBuf;
+
+use sas_core::agent::{AgentRuntime, BUILT_IN_AGENTS};
+use sas_core::config::Settings;
+use sas_core::ids::{AttemptToken, Millis, TaskId};
+use sas_core::protocol::{self, Ctx, Event, ProcessState, Policy};
+use sas_core::role::Role;
+use sas_core::twins::Twins;
+use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+use sas_functions::{handle_event, parse_event, EventError, Invocation};
+use serde_json::{json, Value};
+
+/// 2024-01-01T00:05:00Z, after every fixture's `complete_by`.
+const FIXTURE_NOW: Millis = Millis(1_704_067_500_000);
+
+fn fixture(name: &str) -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../events").join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .expect("fixtures are JSON")
+}
+
+fn twins() -> Twins {
+    Twins::new(WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).unwrap(), Settings::default(), FIXTURE_NOW)
+}
+
+fn agents() -> AgentRuntime {
+    AgentRuntime::from_config(BUILT_IN_AGENTS, &|_| None).unwrap()
+}
+
+async fn invoke(tw: &Twins, role: Role, event: Value) -> Value {
+    handle_event(role, &tw.deps, &agents(), event).await.expect("a recognised event").to_json()
+}
+
+fn no_failures() -> Value {
+    json!({"batchItemFailures": []})
+}
+
+#[tokio::test]
+async fn a_submission_creates_the_task_and_its_start_message() {
+    let tw = twins();
+    assert_eq!(invoke(&tw, Role::Submitter, fixture("submitter-sqs.json")).await, no_failures());
+    let tasks = tw.store.tasks();
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0].task_id.as_str(), "fixture-1");
+    assert_eq!(tasks[0].process_state, ProcessState::Pending);
+    let runs = tw.bus.bodies(&tw.deps.resources.scheduler_queue_url);
+    assert_eq!(runs.len(), 1);
+    assert!(runs[0].contains(r#""type":"run""#) && runs[0].contains("fixture-1"), "{runs:?}");
+}
+
+#[tokio::test]
+async fn malformed_submissions_are_kept_in_the_dlq_with_their_reason_and_not_retried() {
+    for (name, reason) in [
+        ("submitter-sqs-malformed.json", "the message is not JSON"),
+        ("submitter-sqs-long-reason.json", "unknown workflow"),
+    ] {
+        let tw = twins();
+        assert_eq!(invoke(&tw, Role::Submitter, fixture(name)).await, no_failures(), "{name}");
+        assert!(tw.store.tasks().is_empty());
+        let dlq = &tw.deps.resources.submission_dlq_url;
+        assert_eq!(tw.bus.depth(dlq), 1, "{name}");
+        let attrs = &tw.bus.attributes(dlq)[0];
+        let kept = attrs.iter().find(|(k, _)| k == "RejectReason").map(|(_, v)| v.clone()).expect("a reason");
+        assert!(kept.contains(reason), "{name}: {kept}");
+        assert!(kept.len() <= 1024, "{name}: the reason is clipped to 1024 bytes, got {}", kept.len());
+    }
+}
+
+#[tokio::test]
+async fn a_run_message_for_a_missing_task_is_dropped() {
+    let tw = twins();
+    assert_eq!(invoke(&tw, Role::Scheduler, fixture("scheduler-sqs.json")).await, no_failures());
+    assert_eq!(tw.bus.depth(&tw.deps.resources.agent_queue_url), 0);
+}
+
+#[tokio::test]
+async fn in_a_batch_with_one_bad_record_only_that_record_fails() {
+    let tw = twins();
+    let ev = fixture("scheduler-sqs-partial-failure.json");
+    let bad_id = ev["Records"][1]["messageId"].clone();
+    assert_eq!(
+        invoke(&tw, Role::Scheduler, ev).await,
+        json!({"batchItemFailures": [{"itemIdentifier": bad_id}]})
+    );
+}
+
+#[tokio::test]
+async fn an_agent_request_past_its_complete_by_starts_nothing_and_sends_nothing() {
+    let tw = twins();
+    assert_eq!(invoke(&tw, Role::Agent, fixture("agent-sqs.json")).await, no_failures());
+    assert_eq!(tw.bus.depth(&tw.deps.resources.scheduler_queue_url), 0);
+}
+
+/// A task of the `order` workflow whose first attempt (the fixtures' token) has timed out.
+fn timed_out_task(tw: &Twins) {
+    let wf = tw.deps.workflows.resolve("order", None).unwrap().clone();
+    let policy = Policy::default();
+    let t = protocol::submit(TaskId::try_from("fixture-missing").unwrap(), wf, json!({}), None, Millis(1_704_067_000_000), &policy)
+        .task;
+    let ctx = Ctx { now: Millis(1_704_067_380_000), fresh_token: AttemptToken::from("0f8e7d6c5b4a39281706f5e4d3c2b1a0"), jitter: 0.5 };
+    let claimed = protocol::apply(&t, &Event::Claim { rev: t.rev }, &ctx, &policy).unwrap().task;
+    assert!(claimed.complete_by.unwrap() < FIXTURE_NOW);
+    tw.store.put_unchecked(claimed);
+}
+
+#[tokio::test]
+async fn the_deadline_timer_recovers_its_attempt_and_ignores_a_missing_task() {
+    let tw = twins();
+    assert_eq!(invoke(&tw, Role::Supervisor, fixture("supervisor-sqs.json")).await, no_failures());
+    timed_out_task(&tw);
+    assert_eq!(invoke(&tw, Role::Supervisor, fixture("supervisor-sqs.json")).await, no_failures());
+    let t = &tw.store.tasks()[0];
+    assert_eq!((t.process_state, t.failure_count), (ProcessState::Pending, 1), "the timed-out attempt counts and retries");
+}
+
+#[tokio::test]
+async fn the_scheduled_event_sweeps_the_index() {
+    let tw = twins();
+    let report = invoke(&tw, Role::Supervisor, fixture("supervisor-scheduled.json")).await;
+    assert_eq!(report, json!({"expired": 0, "recovered": 0, "stale": 0, "errors": 0}));
+    timed_out_task(&tw);
+    let report = invoke(&tw, Role::Supervisor, fixture("supervisor-scheduled.json")).await;
+    assert_eq!(report, json!({"expired": 1, "recovered": 1, "stale": 0, "errors": 0}));
+    assert_eq!(tw.store.tasks()[0].failure_count, 1);
+}
+
+#[tokio::test]
+async fn unrecognised_events_are_refused() {
+    let tw = twins();
+    for (role, event) in [
+        (Role::Supervisor, json!({})),
+        (Role::Supervisor, json!({"source": "aws.s3", "detail-type": "Object Created"})),
+        (Role::Scheduler, fixture("supervisor-scheduled.json")),
+        (Role::Scheduler, json!({"Records": []})),
+        (Role::Agent, json!({"Records": [{"eventSource": "aws:kinesis", "body": "{}"}]})),
+    ] {
+        let r = handle_event(role, &tw.deps, &agents(), event.clone()).await;
+        assert!(matches!(r, Err(EventError::Unrecognised { .. })), "{} accepted {event}", role.name());
+    }
+    assert!(matches!(parse_event(Role::Supervisor, fixture("supervisor-scheduled.json")), Ok(Invocation::Scheduled(_))));
+}
