@@ -12,6 +12,13 @@ use super::runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 use super::sim::SimAgent;
 
 impl AgentRuntime {
+    /// The runtime with only the simulated agent (`sim`).
+    pub fn with_builtins() -> Self {
+        let mut rt = AgentRuntime::new(CallRetry::default());
+        rt.register("sim", SimAgent);
+        rt
+    }
+
     /// The agents of a configuration file (see `config/agents.json`). `${NAME}` in a URL is taken
     /// from `vars`; an agent whose URL names an unset variable is registered as unconfigured: its
     /// calls fail permanently with a message that says which variable is missing.

@@ -14,8 +14,6 @@ use serde::Deserialize;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use super::sim::SimAgent;
-
 use crate::ids::Millis;
 use crate::messages::{AgentRequest, AgentResult, Outcome, VERSION};
 
@@ -86,13 +84,6 @@ impl std::fmt::Debug for AgentRuntime {
 impl AgentRuntime {
     pub fn new(retry: CallRetry) -> Self {
         AgentRuntime { agents: HashMap::new(), retry }
-    }
-
-    /// The runtime with only the simulated agent (`sim`).
-    pub fn with_builtins() -> Self {
-        let mut rt = AgentRuntime::new(CallRetry::default());
-        rt.register("sim", SimAgent);
-        rt
     }
 
     pub fn register(&mut self, name: impl Into<String>, agent: impl Agent + 'static) -> &mut Self {

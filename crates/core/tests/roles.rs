@@ -1,0 +1,373 @@
+//! Every role on the in-memory twins: the happy path and the error paths (conflict, missing task,
+//! stale event, malformed message, a failing store or queue). Milliseconds, no LocalStack.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sas_core::agent::{self, AgentRuntime};
+use sas_core::bus::{Bus, Outgoing};
+use sas_core::config::Settings;
+use sas_core::deps::HandlerError;
+use sas_core::ids::{AttemptToken, Millis, TaskId};
+use sas_core::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage, StatusMessage, TimerMessage};
+use sas_core::protocol::{Policy, ProcessState, Stale, Task};
+use sas_core::runner::{Runner, RunnerOptions};
+use sas_core::store::{StoreError, StoreOp};
+use sas_core::submitter::Submitted;
+use sas_core::transition::{self, Applied, MAX_CONFLICTS};
+use sas_core::twins::Twins;
+use sas_core::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
+use sas_core::{scheduler, submitter, supervisor};
+use serde_json::{json, Value};
+
+const T0: Millis = Millis(1_700_000_000_000);
+
+fn step(name: &str, comp: Option<&str>) -> StepDef {
+    StepDef {
+        name: name.into(),
+        agent: "sim".into(),
+        timeout_ms: 5_000,
+        max_attempts: 3,
+        backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
+        compensation: comp.map(|c| Box::new(step(c, None))),
+    }
+}
+
+fn twins() -> Twins {
+    let wf = WorkflowDef {
+        name: "two".into(),
+        version: 1,
+        description: String::new(),
+        on_failure: OnFailure::Compensate,
+        steps: vec![step("a", Some("undo_a")), step("b", None)],
+    };
+    let settings = Settings {
+        policy: Policy { start_timeout_ms: 1_000, history_limit: 50 },
+        retention_days: 1,
+        max_input_bytes: 1_024,
+        sweep_page_size: 2,
+    };
+    Twins::new(WorkflowRegistry::new([wf]).unwrap(), settings, T0)
+}
+
+fn submission(id: &str, reply_to: Option<&str>) -> String {
+    let mut v = json!({"v": 1, "task_id": id, "workflow": "two", "input": {"n": 1}});
+    if let Some(r) = reply_to {
+        v["reply_to"] = json!(r);
+    }
+    v.to_string()
+}
+
+fn backend() -> StoreError {
+    StoreError::Backend { op: "test", message: "unavailable".into(), source: None }
+}
+
+fn queue(tw: &Twins, which: &str) -> Vec<Value> {
+    let r = &tw.deps.resources;
+    let url = match which {
+        "scheduler" => &r.scheduler_queue_url,
+        "agent" => &r.agent_queue_url,
+        "supervisor" => &r.supervisor_queue_url,
+        _ => unreachable!(),
+    };
+    tw.bus.take(url).into_iter().map(|b| serde_json::from_str(&b).unwrap()).collect()
+}
+
+fn task(tw: &Twins, id: &str) -> Task {
+    tw.store.tasks().into_iter().find(|t| t.task_id.as_str() == id).expect("task exists")
+}
+
+/// Submit and claim: the task is Processing step `a`; returns the agent request.
+async fn started(tw: &Twins, id: &str) -> AgentRequest {
+    assert!(matches!(submitter::submit(&tw.deps, &submission(id, None)).await.unwrap(), Submitted::Created(_)));
+    let run = queue(tw, "scheduler").pop().expect("a run message");
+    scheduler::schedule(&tw.deps, &run.to_string()).await.unwrap();
+    serde_json::from_value(queue(tw, "agent").pop().expect("a dispatch")).unwrap()
+}
+
+fn result(req: &AgentRequest, outcome: Outcome) -> String {
+    serde_json::to_string(&SchedulerMessage::Result(AgentResult {
+        v: 1,
+        task_id: req.task_id.clone(),
+        step: req.step.clone(),
+        attempt: req.attempt.clone(),
+        outcome,
+    }))
+    .unwrap()
+}
+
+// ---- Submitter ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn submitter_creates_the_task_starts_it_and_tells_the_caller() {
+    let tw = twins();
+    let reply = tw.reply_queue("replies");
+    let got = submitter::submit(&tw.deps, &submission("s1", Some(&reply))).await.unwrap();
+    assert_eq!(got, Submitted::Created(TaskId::try_from("s1").unwrap()));
+    let t = task(&tw, "s1");
+    assert_eq!((t.process_state, t.complete_by), (ProcessState::Pending, Some(T0.plus_ms(1_000))));
+    assert_eq!(queue(&tw, "scheduler"), vec![json!({"type": "run", "v": 1, "task_id": "s1", "rev": 1, "reason": "start"})]);
+    let statuses: Vec<StatusMessage> = tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str(b).unwrap()).collect();
+    assert_eq!(statuses.len(), 1);
+    assert_eq!(statuses[0].state, ProcessState::Pending);
+}
+
+#[tokio::test]
+async fn submitter_creates_nothing_twice() {
+    let tw = twins();
+    submitter::submit(&tw.deps, &submission("s2", None)).await.unwrap();
+    let again = submitter::submit(&tw.deps, &submission("s2", None)).await.unwrap();
+    assert_eq!(again, Submitted::Duplicate(TaskId::try_from("s2").unwrap()));
+    assert_eq!(tw.store.tasks().len(), 1);
+    assert_eq!(queue(&tw, "scheduler").len(), 1, "one start message");
+}
+
+#[tokio::test]
+async fn submitter_rejects_bad_input_keeps_it_and_answers_with_the_reason() {
+    let tw = twins();
+    let reply = tw.reply_queue("replies");
+    let big = json!({"v": 1, "task_id": "big", "workflow": "two", "input": {"x": "y".repeat(2_000)}, "reply_to": reply});
+    for (raw, want) in [
+        ("{not json".to_owned(), "not JSON"),
+        (json!({"v": 2, "workflow": "two", "reply_to": reply}).to_string(), "version"),
+        (json!({"v": 1, "workflow": "nope", "reply_to": reply}).to_string(), "unknown workflow"),
+        (json!({"v": 1, "workflow": "two", "extra": 1, "reply_to": reply}).to_string(), "contract"),
+        (big.to_string(), "the limit is 1024"),
+    ] {
+        match submitter::submit(&tw.deps, &raw).await.unwrap() {
+            Submitted::Rejected(r) => assert!(r.to_string().contains(want), "{raw}: {r}"),
+            other => panic!("{raw} was {other:?}"),
+        }
+    }
+    assert!(tw.store.tasks().is_empty());
+    assert_eq!(tw.bus.depth(&tw.deps.resources.submission_dlq_url), 5, "every refused message is kept");
+    let rejected: Vec<StatusMessage> = tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str(b).unwrap()).collect();
+    assert_eq!(rejected.len(), 4, "the non-JSON message names no reply queue");
+    assert!(rejected.iter().all(|s| s.state == ProcessState::Rejected && s.reason.is_some()));
+}
+
+#[tokio::test]
+async fn submitter_fails_the_record_when_the_store_is_down() {
+    let tw = twins();
+    tw.store.fail_next(StoreOp::Create, backend());
+    let err = submitter::submit(&tw.deps, &submission("s3", None)).await.unwrap_err();
+    assert!(matches!(err, HandlerError::Store(StoreError::Backend { .. })), "{err}");
+    // SQS delivers it again; this time it goes through
+    assert!(matches!(submitter::submit(&tw.deps, &submission("s3", None)).await.unwrap(), Submitted::Created(_)));
+}
+
+// ---- Scheduler ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn scheduler_claims_dispatches_and_arms_a_timer_once() {
+    let tw = twins();
+    submitter::submit(&tw.deps, &submission("c1", None)).await.unwrap();
+    let run = queue(&tw, "scheduler").pop().unwrap().to_string();
+    let first = scheduler::schedule(&tw.deps, &run).await.unwrap();
+    assert_eq!(first, Applied::Changed { state: ProcessState::Processing, rev: 2 });
+    // the same run message delivered again changes nothing
+    let again = scheduler::schedule(&tw.deps, &run).await.unwrap();
+    assert_eq!(again, Applied::Stale(Stale::OldRun { message: 1, current: 2 }));
+    let dispatched = queue(&tw, "agent");
+    assert_eq!(dispatched.len(), 1);
+    assert_eq!(dispatched[0]["step"], "a");
+    let timers = queue(&tw, "supervisor");
+    assert_eq!(timers.len(), 1);
+    assert_eq!(timers[0]["attempt"], dispatched[0]["attempt"]);
+    assert_eq!(task(&tw, "c1").locked_by.as_ref().map(AttemptToken::as_str), dispatched[0]["attempt"].as_str());
+}
+
+#[tokio::test]
+async fn scheduler_applies_a_result_once_and_drops_stale_ones() {
+    let tw = twins();
+    let req = started(&tw, "r1").await;
+    let ok = result(&req, Outcome::Succeeded { output: json!({"done": 1}) });
+    assert!(matches!(scheduler::schedule(&tw.deps, &ok).await.unwrap(), Applied::Changed { .. }));
+    assert_eq!(scheduler::schedule(&tw.deps, &ok).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt));
+    let t = task(&tw, "r1");
+    assert_eq!(t.step_index, 1, "moved on to b");
+    assert_eq!(queue(&tw, "agent").len(), 1, "b dispatched once");
+}
+
+#[tokio::test]
+async fn scheduler_drops_messages_for_missing_tasks_and_fails_malformed_ones() {
+    let tw = twins();
+    let run = json!({"type": "run", "v": 1, "task_id": "ghost", "rev": 1, "reason": "start"}).to_string();
+    assert_eq!(scheduler::schedule(&tw.deps, &run).await.unwrap(), Applied::Missing);
+    for bad in ["", "{}", r#"{"type":"run","v":9,"task_id":"x","rev":1,"reason":"start"}"#] {
+        assert!(matches!(scheduler::schedule(&tw.deps, bad).await, Err(HandlerError::Malformed(_))), "{bad:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_lost_conditional_write_re_decides_on_the_current_item() {
+    let tw = twins();
+    submitter::submit(&tw.deps, &submission("k1", None)).await.unwrap();
+    let read = task(&tw, "k1");
+    let run = queue(&tw, "scheduler").pop().unwrap().to_string();
+    scheduler::schedule(&tw.deps, &run).await.unwrap(); // another scheduler claimed first
+    queue(&tw, "agent");
+    // this one still holds the old read: its write loses and it re-decides on what is there now
+    let (applied, committed) =
+        transition::commit(&tw.deps, read, &sas_core::protocol::Event::Claim { rev: 1 }).await.unwrap();
+    assert_eq!(applied, Applied::Stale(Stale::OldRun { message: 1, current: 2 }));
+    assert!(committed.is_none());
+    assert_eq!(tw.store.calls("save"), 2, "one write each, no extra read");
+}
+
+#[tokio::test]
+async fn endless_conflicts_give_up_and_the_message_comes_back() {
+    let tw = twins();
+    submitter::submit(&tw.deps, &submission("k2", None)).await.unwrap();
+    let t = task(&tw, "k2");
+    for _ in 0..MAX_CONFLICTS {
+        tw.store.fail_next(StoreOp::Save, StoreError::Conflict { current: Some(Box::new(t.clone())) });
+    }
+    let run = queue(&tw, "scheduler").pop().unwrap().to_string();
+    assert!(matches!(scheduler::schedule(&tw.deps, &run).await, Err(HandlerError::Contended(n)) if n == MAX_CONFLICTS));
+    assert_eq!(task(&tw, "k2").process_state, ProcessState::Pending, "nothing was written");
+}
+
+#[tokio::test]
+async fn a_failed_send_after_the_write_leaves_the_task_to_the_supervisor() {
+    let tw = twins();
+    submitter::submit(&tw.deps, &submission("f1", None)).await.unwrap();
+    let run = queue(&tw, "scheduler").pop().unwrap().to_string();
+    tw.bus.fail_sends(&tw.deps.resources.agent_queue_url, 1);
+    assert!(matches!(scheduler::schedule(&tw.deps, &run).await.unwrap(), Applied::Changed { .. }));
+    assert!(queue(&tw, "agent").is_empty(), "the dispatch was lost");
+    // the deadline timer still went out, and at CompleteBy the attempt is retried
+    let timer = queue(&tw, "supervisor").pop().expect("a timer");
+    tw.clock.advance(5_000);
+    assert!(matches!(supervisor::timer(&tw.deps, &timer.to_string()).await.unwrap(), Applied::Changed { state: ProcessState::Pending, .. }));
+}
+
+// ---- Agent ----------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn agent_runs_the_attempt_and_reports_to_the_scheduler() {
+    let tw = twins();
+    let mut req = started(&tw, "a1").await;
+    req.complete_by = Millis::now().plus_ms(5_000); // the agent runs on the wall clock
+    tw.clock.set(Millis::now());
+    let sent = agent::handle(&tw.deps, &AgentRuntime::with_builtins(), &serde_json::to_string(&req).unwrap()).await;
+    assert!(sent.unwrap(), "a result was sent");
+    let results = queue(&tw, "scheduler");
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0]["type"], "result");
+    assert_eq!(results[0]["attempt"], json!(req.attempt));
+    assert_eq!(results[0]["outcome"]["status"], "succeeded");
+}
+
+#[tokio::test]
+async fn agent_sends_nothing_after_complete_by_and_fails_malformed_requests() {
+    let tw = twins();
+    let req = started(&tw, "a2").await; // CompleteBy is in 2023 on the wall clock
+    let sent = agent::handle(&tw.deps, &AgentRuntime::with_builtins(), &serde_json::to_string(&req).unwrap()).await;
+    assert!(!sent.unwrap());
+    assert!(queue(&tw, "scheduler").is_empty());
+    assert!(matches!(agent::handle(&tw.deps, &AgentRuntime::with_builtins(), "{").await, Err(HandlerError::Malformed(_))));
+}
+
+#[tokio::test]
+async fn agent_fails_the_record_when_its_result_cannot_be_sent() {
+    let tw = twins();
+    let mut req = started(&tw, "a3").await;
+    req.complete_by = Millis::now().plus_ms(5_000);
+    tw.clock.set(Millis::now());
+    tw.bus.fail_sends(&tw.deps.resources.scheduler_queue_url, 1);
+    let r = agent::handle(&tw.deps, &AgentRuntime::with_builtins(), &serde_json::to_string(&req).unwrap()).await;
+    assert!(matches!(r, Err(HandlerError::Bus(_))), "{r:?}");
+}
+
+// ---- Supervisor -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn supervisor_timer_recovers_an_expired_attempt_and_re_arms_an_early_one() {
+    let tw = twins();
+    let req = started(&tw, "t1").await;
+    let timer = queue(&tw, "supervisor").pop().unwrap().to_string();
+    // early (a timer may fire before CompleteBy): waits again
+    let early = supervisor::timer(&tw.deps, &timer).await.unwrap();
+    assert!(matches!(early, Applied::Stale(Stale::NotExpired { .. })), "{early:?}");
+    assert_eq!(queue(&tw, "supervisor").len(), 1, "re-armed");
+    tw.clock.advance(5_000);
+    assert!(matches!(supervisor::timer(&tw.deps, &timer).await.unwrap(), Applied::Changed { state: ProcessState::Pending, .. }));
+    let t = task(&tw, "t1");
+    assert_eq!((t.failure_count, t.locked_by.clone()), (1, None));
+    // the same timer again, and a late result of the timed-out attempt, change nothing
+    assert_eq!(supervisor::timer(&tw.deps, &timer).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt));
+    let late = result(&req, Outcome::Succeeded { output: json!(1) });
+    assert_eq!(scheduler::schedule(&tw.deps, &late).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt));
+}
+
+#[tokio::test]
+async fn supervisor_timer_error_paths() {
+    let tw = twins();
+    let ghost = TimerMessage { v: 1, task_id: TaskId::try_from("ghost").unwrap(), attempt: AttemptToken::from("x"), complete_by: T0 };
+    assert_eq!(supervisor::timer(&tw.deps, &serde_json::to_string(&ghost).unwrap()).await.unwrap(), Applied::Missing);
+    assert!(matches!(supervisor::timer(&tw.deps, "[]").await, Err(HandlerError::Malformed(_))));
+    tw.store.fail_next(StoreOp::Get, backend());
+    assert!(matches!(supervisor::timer(&tw.deps, &serde_json::to_string(&ghost).unwrap()).await, Err(HandlerError::Store(_))));
+}
+
+#[tokio::test]
+async fn the_sweep_recovers_every_expired_task_page_by_page_once_even_with_two_supervisors() {
+    let tw = twins();
+    for i in 0..5 {
+        started(&tw, &format!("w{i}")).await;
+    }
+    submitter::submit(&tw.deps, &submission("lost-start", None)).await.unwrap();
+    queue(&tw, "scheduler"); // the start message is lost
+    tw.clock.advance(10_000);
+    let (a, b) = tokio::join!(supervisor::sweep(&tw.deps), supervisor::sweep(&tw.deps));
+    assert_eq!(a.recovered + b.recovered, 6, "{a:?} {b:?}");
+    assert_eq!(a.errors + b.errors, 0);
+    let runs = queue(&tw, "scheduler");
+    assert_eq!(runs.len(), 6, "one run message per recovered task: {runs:?}");
+    assert!(runs.iter().any(|r| r["task_id"] == "lost-start" && r["reason"] == "restart"));
+    let failures: u32 = tw.store.tasks().iter().map(|t| t.failure_count).sum();
+    assert_eq!(failures, 5, "each timed-out attempt counted once; a lost start is no failure");
+    assert_eq!(supervisor::sweep(&tw.deps).await.expired, 0, "recovered tasks carry a new CompleteBy");
+}
+
+#[tokio::test]
+async fn a_failing_index_query_is_counted_not_fatal() {
+    let tw = twins();
+    tw.store.fail_next(StoreOp::Expired, backend());
+    let r = supervisor::sweep(&tw.deps).await;
+    assert_eq!(r.errors, 1);
+}
+
+// ---- the local runner, on the twins ----------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_runner_drives_a_task_to_its_end_through_the_bus_port() {
+    let tw = twins();
+    tw.clock.set(Millis::now());
+    let reply = tw.reply_queue("runner-replies");
+    let opts = RunnerOptions { sweep_every: Duration::from_secs(3_600), wait: Duration::from_millis(20), ..RunnerOptions::default() };
+    let handle = Runner::new(Arc::new(tw.deps.clone()), Arc::new(AgentRuntime::with_builtins()), opts).spawn();
+    let sub = tw.deps.resources.submission_queue_url.clone();
+    tw.bus.send(&sub, Outgoing::new(submission("run1", Some(&reply)))).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        tw.clock.set(Millis::now());
+        if tw.store.tasks().first().is_some_and(|t| t.process_state.is_terminal()) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not finished: {:?}", tw.store.tasks());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.shutdown().await;
+    assert_eq!(task(&tw, "run1").process_state, ProcessState::Processed);
+    let states: Vec<ProcessState> =
+        tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str::<StatusMessage>(b).unwrap().state).collect();
+    assert_eq!(
+        states,
+        vec![ProcessState::Pending, ProcessState::Processing, ProcessState::Processing, ProcessState::Processed]
+    );
+    for q in [&tw.deps.resources.submission_queue_url, &tw.deps.resources.scheduler_queue_url, &tw.deps.resources.agent_queue_url] {
+        assert_eq!(tw.bus.depth(q), 0, "{q}: every handled message deleted");
+    }
+}
