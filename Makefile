@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 ARGS ?=
 
-.PHONY: demo up down lambda-smoke localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
+.PHONY: demo up down check lambda-smoke localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
 
 demo: ## the main job: LocalStack, the stack, the order service, every role, sample orders, a summary
 	infra/demo.sh
@@ -15,7 +15,11 @@ up: ## LocalStack + stack sas-local + order service + local runner in the backgr
 down: ## stop the local runner, the order service and LocalStack
 	infra/down.sh
 
-lambda-smoke: ## boot each Lambda binary under cargo lambda watch and invoke it with its events/ fixture
+check: ## cargo fmt --check and cargo clippy (workspace lints, pedantic) with warnings as errors
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+lambda-smoke: ## build the four function binaries and boot each under a minimal Lambda Runtime API
 	infra/lambda-smoke.sh
 
 localstack-install: ## install LocalStack 4.13.1 + DynamoDB Local into .local/localstack
@@ -39,9 +43,8 @@ lint: ## sam validate --lint + cfn-lint (+ shellcheck when installed)
 sam-build: ## sam build for x86_64 (arm64 needs rustup's aarch64 target: infra/sam-build.sh arm64)
 	infra/sam-build.sh x86_64
 
-stack-smoke: ## deploy template.yaml on LocalStack (functions off), check it, delete it
-	infra/localstack.sh ensure
-	infra/stack.sh smoke
+stack-smoke: ## deploy template.yaml on LocalStack, read back what it promises (indexes, TTL, redrive, KMS), delete it
+	infra/test.sh the_deployed_template
 
 test: ## cargo tests against LocalStack (started and stopped here if it was not running)
 	infra/test.sh $(ARGS)

@@ -19,8 +19,10 @@ echo "== cfn-lint (config: .cfnlintrc)"
 cfn-lint
 echo "cfn-lint: no findings"
 
-echo "== python: infra/stack.py parses"
-"$TOOLS_VENV/bin/python" -c 'import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])' infra/stack.py
+echo "== python: infra/*.py parse"
+for f in infra/*.py; do
+  "$TOOLS_VENV/bin/python" -c 'import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])' "$f"
+done
 
 if command -v shellcheck >/dev/null 2>&1; then
   echo "== shellcheck (advisory)"

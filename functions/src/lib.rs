@@ -56,7 +56,10 @@ pub fn parse_event(role: Role, payload: Value) -> Result<Invocation, EventError>
         }
         let ev: ScheduledEvent = serde_json::from_value(payload).map_err(|e| unrecognised(e.to_string()))?;
         if ev.source != "aws.events" || ev.detail_type != "Scheduled Event" {
-            return Err(unrecognised(format!("an event from {} ({}) is not a scheduled event", ev.source, ev.detail_type)));
+            return Err(unrecognised(format!(
+                "an event from {} ({}) is not a scheduled event",
+                ev.source, ev.detail_type
+            )));
         }
         return Ok(Invocation::Scheduled(ev));
     }
@@ -110,7 +113,12 @@ impl Response {
 }
 
 /// The whole of a function's invocation, for any role.
-pub async fn handle_event(role: Role, deps: &Deps, agents: &AgentRuntime, payload: Value) -> Result<Response, EventError> {
+pub async fn handle_event(
+    role: Role,
+    deps: &Deps,
+    agents: &AgentRuntime,
+    payload: Value,
+) -> Result<Response, EventError> {
     match parse_event(role, payload)? {
         Invocation::Sqs(ev) => {
             let records = records(ev);

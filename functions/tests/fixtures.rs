@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use sas_core::agent::{AgentRuntime, BUILT_IN_AGENTS};
 use sas_core::config::Settings;
 use sas_core::ids::{AttemptToken, Millis, TaskId};
-use sas_core::protocol::{self, Ctx, Event, ProcessState, Policy};
+use sas_core::protocol::{self, Ctx, Event, Policy, ProcessState};
 use sas_core::role::Role;
 use sas_core::twins::Twins;
 use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
@@ -80,10 +80,7 @@ async fn in_a_batch_with_one_bad_record_only_that_record_fails() {
     let tw = twins();
     let ev = fixture("scheduler-sqs-partial-failure.json");
     let bad_id = ev["Records"][1]["messageId"].clone();
-    assert_eq!(
-        invoke(&tw, Role::Scheduler, ev).await,
-        json!({"batchItemFailures": [{"itemIdentifier": bad_id}]})
-    );
+    assert_eq!(invoke(&tw, Role::Scheduler, ev).await, json!({"batchItemFailures": [{"itemIdentifier": bad_id}]}));
 }
 
 #[tokio::test]
@@ -97,9 +94,20 @@ async fn an_agent_request_past_its_complete_by_starts_nothing_and_sends_nothing(
 fn timed_out_task(tw: &Twins) {
     let wf = tw.deps.workflows.resolve("order", None).unwrap().clone();
     let policy = Policy::default();
-    let t = protocol::submit(TaskId::try_from("fixture-missing").unwrap(), wf, json!({}), None, Millis(1_704_067_000_000), &policy)
-        .task;
-    let ctx = Ctx { now: Millis(1_704_067_380_000), fresh_token: AttemptToken::from("0f8e7d6c5b4a39281706f5e4d3c2b1a0"), jitter: 0.5 };
+    let t = protocol::submit(
+        TaskId::try_from("fixture-missing").unwrap(),
+        wf,
+        json!({}),
+        None,
+        Millis(1_704_067_000_000),
+        &policy,
+    )
+    .task;
+    let ctx = Ctx {
+        now: Millis(1_704_067_380_000),
+        fresh_token: AttemptToken::from("0f8e7d6c5b4a39281706f5e4d3c2b1a0"),
+        jitter: 0.5,
+    };
     let claimed = protocol::apply(&t, &Event::Claim { rev: t.rev }, &ctx, &policy).unwrap().task;
     assert!(claimed.complete_by.unwrap() < FIXTURE_NOW);
     tw.store.put_unchecked(claimed);
@@ -112,7 +120,11 @@ async fn the_deadline_timer_recovers_its_attempt_and_ignores_a_missing_task() {
     timed_out_task(&tw);
     assert_eq!(invoke(&tw, Role::Supervisor, fixture("supervisor-sqs.json")).await, no_failures());
     let t = &tw.store.tasks()[0];
-    assert_eq!((t.process_state, t.failure_count), (ProcessState::Pending, 1), "the timed-out attempt counts and retries");
+    assert_eq!(
+        (t.process_state, t.failure_count),
+        (ProcessState::Pending, 1),
+        "the timed-out attempt counts and retries"
+    );
 }
 
 #[tokio::test]
@@ -139,5 +151,8 @@ async fn unrecognised_events_are_refused() {
         let r = handle_event(role, &tw.deps, &agents(), event.clone()).await;
         assert!(matches!(r, Err(EventError::Unrecognised { .. })), "{} accepted {event}", role.name());
     }
-    assert!(matches!(parse_event(Role::Supervisor, fixture("supervisor-scheduled.json")), Ok(Invocation::Scheduled(_))));
+    assert!(matches!(
+        parse_event(Role::Supervisor, fixture("supervisor-scheduled.json")),
+        Ok(Invocation::Scheduled(_))
+    ));
 }

@@ -6,6 +6,7 @@
 #![allow(clippy::print_stdout)]
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,10 +14,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use aws_sdk_sqs::types::QueueAttributeName;
 use sas_core::agent::{AgentRuntime, BUILT_IN_AGENTS};
+use sas_core::deps::Deps;
 use sas_core::ids::TaskId;
 use sas_core::messages::{Submission, VERSION};
 use sas_core::protocol::{ProcessState, Task};
-use sas_core::deps::Deps;
 use sas_core::runner::{Runner, RunnerOptions};
 use serde_json::{json, Value};
 
@@ -128,9 +129,9 @@ fn render(orders: &[Order], tasks: &BTreeMap<String, Task>, elapsed: Duration) -
         let (state, step, fails) = tasks.get(&o.id).map_or(("(queued)".to_owned(), "-".to_owned(), 0), |t| {
             (t.process_state.to_string(), t.current_step_name().unwrap_or("-").to_owned(), t.failure_count)
         });
-        s += &format!("{:<26} {:<13} {:<9} {:>5}  {}\n", o.id, state, step, fails, o.what);
+        let _ = writeln!(s, "{:<26} {:<13} {:<9} {:>5}  {}", o.id, state, step, fails, o.what);
     }
-    s += &format!("[{:>3} s]\n", elapsed.as_secs());
+    let _ = writeln!(s, "[{:>3} s]", elapsed.as_secs());
     s
 }
 

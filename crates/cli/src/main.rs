@@ -10,10 +10,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use sas_core::agent::AgentRuntime;
 use sas_core::config::{Resources, Settings};
+use sas_core::deps::Deps;
 use sas_core::ids::{Millis, TaskId};
 use sas_core::messages::{Submission, VERSION};
 use sas_core::protocol::ProcessState;
-use sas_core::deps::Deps;
 use sas_core::runner::{Runner, RunnerOptions};
 use sas_core::workflow::WorkflowRegistry;
 
@@ -41,6 +41,11 @@ enum Cmd {
         /// Template parameters, KEY=VALUE.
         #[arg(long = "param")]
         params: Vec<String>,
+    },
+    /// Delete a stack deployed with deploy-local, and wait until it is gone.
+    DeleteLocal {
+        #[arg(long, default_value = "sas-local")]
+        name: String,
     },
     /// Run every role in this process against the stack, until Ctrl-C.
     Run {
@@ -100,18 +105,17 @@ enum Cmd {
 }
 
 async fn resources(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Resources> {
-    let map: HashMap<String, String> = match &cli.stack {
-        Some(stack) => sas_cli::stack::outputs(&aws_sdk_cloudformation::Client::new(sdk), stack).await?,
-        None => {
-            let text = std::fs::read_to_string(&cli.outputs).with_context(|| {
-                format!(
-                    "cannot read {} (run `make up` or `sasctl deploy-local` first, or pass --stack)",
-                    cli.outputs.display()
-                )
-            })?;
-            serde_json::from_str(&text)
-                .with_context(|| format!("{} is not a JSON object of strings", cli.outputs.display()))?
-        }
+    let map: HashMap<String, String> = if let Some(stack) = &cli.stack {
+        sas_cli::stack::outputs(&aws_sdk_cloudformation::Client::new(sdk), stack).await?
+    } else {
+        let text = std::fs::read_to_string(&cli.outputs).with_context(|| {
+            format!(
+                "cannot read {} (run `make up` or `sasctl deploy-local` first, or pass --stack)",
+                cli.outputs.display()
+            )
+        })?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a JSON object of strings", cli.outputs.display()))?
     };
     Ok(Resources::from_outputs(&map)?)
 }
@@ -157,6 +161,11 @@ async fn main() -> Result<()> {
             std::fs::write(&cli.outputs, json)?;
             println!("stack {name} deployed; outputs in {}", cli.outputs.display());
             println!("submission queue: {}", out.get("SubmissionQueueUrl").map_or("?", String::as_str));
+        }
+        Cmd::DeleteLocal { name } => {
+            let cfn = aws_sdk_cloudformation::Client::new(&sdk);
+            sas_cli::stack::delete_and_wait(&cfn, name, Duration::from_mins(2)).await?;
+            println!("stack {name} deleted");
         }
         Cmd::Run { sweep_every } => {
             let deps = Arc::new(deps(&cli, &sdk).await?);

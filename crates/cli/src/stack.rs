@@ -1,5 +1,7 @@
-//! Deploying `template.yaml` through CloudFormation (LocalStack, with the functions switched off,
-//! while the handlers run in-process) and reading a stack's outputs.
+//! The project's one stack deployer: `template.yaml` through CloudFormation (LocalStack, with the
+//! functions switched off while the handlers run in-process), a stack's outputs, and its deletion.
+//! `sasctl deploy-local`, `sasctl delete-local`, `make up`, `make demo` and every integration test
+//! deploy through it.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -80,7 +82,7 @@ pub async fn deploy(
             .await
             .map_err(aws("CreateStack"))?;
     }
-    wait(cfn, stack, Duration::from_secs(300)).await?;
+    wait(cfn, stack, Duration::from_mins(5)).await?;
     outputs(cfn, stack).await
 }
 
@@ -163,14 +165,41 @@ pub async fn outputs(cfn: &Client, stack: &str) -> Result<HashMap<String, String
     Ok(map)
 }
 
+/// Ask CloudFormation to delete the stack (returns at once).
 pub async fn delete(cfn: &Client, stack: &str) -> Result<(), StackError> {
     cfn.delete_stack().stack_name(stack).send().await.map_err(aws("DeleteStack"))?;
     Ok(())
 }
 
+/// Delete the stack and wait until it is gone.
+pub async fn delete_and_wait(cfn: &Client, stack: &str, limit: Duration) -> Result<(), StackError> {
+    delete(cfn, stack).await?;
+    let started = std::time::Instant::now();
+    loop {
+        match status(cfn, stack).await? {
+            None | Some(StackStatus::DeleteComplete) => return Ok(()),
+            Some(StackStatus::DeleteFailed) => {
+                return Err(StackError::Failed {
+                    stack: stack.to_owned(),
+                    status: "DELETE_FAILED".into(),
+                    reasons: failures(cfn, stack).await,
+                })
+            }
+            Some(s) if started.elapsed() > limit => {
+                return Err(StackError::Timeout {
+                    stack: stack.to_owned(),
+                    secs: limit.as_secs(),
+                    status: s.to_string(),
+                })
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
 /// The outputs as a JSON object, `SubmissionQueueUrl` first (what an application needs), then the
 /// rest by name.
-pub fn outputs_json(outputs: &HashMap<String, String>) -> String {
+pub fn outputs_json<S: std::hash::BuildHasher>(outputs: &HashMap<String, String, S>) -> String {
     let mut keys: Vec<&String> = outputs.keys().collect();
     keys.sort_by_key(|k| (k.as_str() != "SubmissionQueueUrl", k.as_str()));
     let lines: Vec<String> = keys

@@ -15,15 +15,6 @@
 //! (definitions), [`ids`], [`config`], [`deps`] (the composition root), [`twins`] (the stack on the
 //! in-memory twins), [`role`] (the role enum and dispatch), [`runner`] (the local runner that polls
 //! queues as Lambda does), [`aws`] (SDK clients), [`telemetry`] (logs).
-#![warn(clippy::pedantic)]
-#![allow(
-    clippy::module_name_repetitions,
-    clippy::missing_errors_doc,
-    clippy::missing_panics_doc,
-    clippy::must_use_candidate,
-    clippy::too_many_lines,
-    clippy::doc_markdown
-)]
 
 pub mod agent;
 pub mod aws;

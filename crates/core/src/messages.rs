@@ -272,7 +272,10 @@ impl QueueUrl {
     }
 
     pub fn is_fifo(&self) -> bool {
-        self.0.ends_with(".fifo")
+        // SQS requires the suffix in lower case.
+        #[allow(clippy::case_sensitive_file_extension_comparisons)]
+        let fifo = self.0.ends_with(".fifo");
+        fifo
     }
 }
 

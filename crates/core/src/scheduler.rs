@@ -20,7 +20,9 @@ pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
     let event = match &msg {
         SchedulerMessage::Run(m) => Event::Claim { rev: m.rev },
         SchedulerMessage::Result(r) => match &r.outcome {
-            Outcome::Succeeded { output } => Event::AgentSucceeded { attempt: r.attempt.clone(), output: output.clone() },
+            Outcome::Succeeded { output } => {
+                Event::AgentSucceeded { attempt: r.attempt.clone(), output: output.clone() }
+            }
             Outcome::Failed { error, retryable } => {
                 Event::AgentFailed { attempt: r.attempt.clone(), error: error.clone(), retryable: *retryable }
             }

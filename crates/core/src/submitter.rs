@@ -53,7 +53,8 @@ fn validate(deps: &Deps, raw: &str) -> Result<(Submission, TaskId), Rejection> {
             return Err(Rejection::Version { got: clip(&got, 64).to_owned() });
         }
     }
-    let sub: Submission = serde_json::from_value(v).map_err(|e| Rejection::Shape(clip(&e.to_string(), 300).to_owned()))?;
+    let sub: Submission =
+        serde_json::from_value(v).map_err(|e| Rejection::Shape(clip(&e.to_string(), 300).to_owned()))?;
     if let Some(r) = &sub.reply_to {
         QueueUrl::parse(r)?;
     }

@@ -55,7 +55,13 @@ pub async fn sweep(deps: &Deps) -> SweepReport {
         total.errors += r.errors;
     }
     if total.expired > 0 || total.errors > 0 {
-        info!(expired = total.expired, recovered = total.recovered, stale = total.stale, errors = total.errors, "sweep");
+        info!(
+            expired = total.expired,
+            recovered = total.recovered,
+            stale = total.stale,
+            errors = total.errors,
+            "sweep"
+        );
     }
     total
 }

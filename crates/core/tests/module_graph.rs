@@ -115,13 +115,11 @@ fn no_module_imports_a_module_that_imports_it_back() {
     let parents: BTreeSet<&ModPath> = edges.iter().map(|(p, _, _)| p).collect();
     let mut cycles = Vec::new();
     for parent in parents {
-        let graph: BTreeMap<&str, Vec<&str>> = edges.iter().filter(|(p, _, _)| p == parent).fold(
-            BTreeMap::new(),
-            |mut g, (_, a, b)| {
+        let graph: BTreeMap<&str, Vec<&str>> =
+            edges.iter().filter(|(p, _, _)| p == parent).fold(BTreeMap::new(), |mut g, (_, a, b)| {
                 g.entry(a.as_str()).or_default().push(b.as_str());
                 g
-            },
-        );
+            });
         for start in graph.keys() {
             let mut stack = vec![(*start, vec![*start])];
             let mut seen = BTreeSet::new();
@@ -143,7 +141,9 @@ fn no_module_imports_a_module_that_imports_it_back() {
 
 #[test]
 fn the_scan_resolves_paths_and_groups() {
-    let refs = references("use crate::{agent, scheduler};\nuse super::sim::SimAgent;\n// crate::ignored\nlet x = crate::ids::clip(s);");
+    let refs = references(
+        "use crate::{agent, scheduler};\nuse super::sim::SimAgent;\n// crate::ignored\nlet x = crate::ids::clip(s);",
+    );
     let flat: Vec<String> = refs.iter().map(|(a, s)| format!("{a}{}", s.join("::"))).collect();
     assert_eq!(flat, vec!["crate::agent", "crate::scheduler", "super::sim::SimAgent", "crate::ids::clip"]);
 }

@@ -106,7 +106,10 @@ async fn submitter_creates_the_task_starts_it_and_tells_the_caller() {
     assert_eq!(got, Submitted::Created(TaskId::try_from("s1").unwrap()));
     let t = task(&tw, "s1");
     assert_eq!((t.process_state, t.complete_by), (ProcessState::Pending, Some(T0.plus_ms(1_000))));
-    assert_eq!(queue(&tw, "scheduler"), vec![json!({"type": "run", "v": 1, "task_id": "s1", "rev": 1, "reason": "start"})]);
+    assert_eq!(
+        queue(&tw, "scheduler"),
+        vec![json!({"type": "run", "v": 1, "task_id": "s1", "rev": 1, "reason": "start"})]
+    );
     let statuses: Vec<StatusMessage> = tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str(b).unwrap()).collect();
     assert_eq!(statuses.len(), 1);
     assert_eq!(statuses[0].state, ProcessState::Pending);
@@ -126,7 +129,8 @@ async fn submitter_creates_nothing_twice() {
 async fn submitter_rejects_bad_input_keeps_it_and_answers_with_the_reason() {
     let tw = twins();
     let reply = tw.reply_queue("replies");
-    let big = json!({"v": 1, "task_id": "big", "workflow": "two", "input": {"x": "y".repeat(2_000)}, "reply_to": reply});
+    let big =
+        json!({"v": 1, "task_id": "big", "workflow": "two", "input": {"x": "y".repeat(2_000)}, "reply_to": reply});
     for (raw, want) in [
         ("{not json".to_owned(), "not JSON"),
         (json!({"v": 2, "workflow": "two", "reply_to": reply}).to_string(), "version"),
@@ -239,7 +243,10 @@ async fn a_failed_send_after_the_write_leaves_the_task_to_the_supervisor() {
     // the deadline timer still went out, and at CompleteBy the attempt is retried
     let timer = queue(&tw, "supervisor").pop().expect("a timer");
     tw.clock.advance(5_000);
-    assert!(matches!(supervisor::timer(&tw.deps, &timer.to_string()).await.unwrap(), Applied::Changed { state: ProcessState::Pending, .. }));
+    assert!(matches!(
+        supervisor::timer(&tw.deps, &timer.to_string()).await.unwrap(),
+        Applied::Changed { state: ProcessState::Pending, .. }
+    ));
 }
 
 // ---- Agent ----------------------------------------------------------------------------------
@@ -266,7 +273,10 @@ async fn agent_sends_nothing_after_complete_by_and_fails_malformed_requests() {
     let sent = agent::handle(&tw.deps, &AgentRuntime::with_builtins(), &serde_json::to_string(&req).unwrap()).await;
     assert!(!sent.unwrap());
     assert!(queue(&tw, "scheduler").is_empty());
-    assert!(matches!(agent::handle(&tw.deps, &AgentRuntime::with_builtins(), "{").await, Err(HandlerError::Malformed(_))));
+    assert!(matches!(
+        agent::handle(&tw.deps, &AgentRuntime::with_builtins(), "{").await,
+        Err(HandlerError::Malformed(_))
+    ));
 }
 
 #[tokio::test]
@@ -292,7 +302,10 @@ async fn supervisor_timer_recovers_an_expired_attempt_and_re_arms_an_early_one()
     assert!(matches!(early, Applied::Stale(Stale::NotExpired { .. })), "{early:?}");
     assert_eq!(queue(&tw, "supervisor").len(), 1, "re-armed");
     tw.clock.advance(5_000);
-    assert!(matches!(supervisor::timer(&tw.deps, &timer).await.unwrap(), Applied::Changed { state: ProcessState::Pending, .. }));
+    assert!(matches!(
+        supervisor::timer(&tw.deps, &timer).await.unwrap(),
+        Applied::Changed { state: ProcessState::Pending, .. }
+    ));
     let t = task(&tw, "t1");
     assert_eq!((t.failure_count, t.locked_by.clone()), (1, None));
     // the same timer again, and a late result of the timed-out attempt, change nothing
@@ -304,11 +317,19 @@ async fn supervisor_timer_recovers_an_expired_attempt_and_re_arms_an_early_one()
 #[tokio::test]
 async fn supervisor_timer_error_paths() {
     let tw = twins();
-    let ghost = TimerMessage { v: 1, task_id: TaskId::try_from("ghost").unwrap(), attempt: AttemptToken::from("x"), complete_by: T0 };
+    let ghost = TimerMessage {
+        v: 1,
+        task_id: TaskId::try_from("ghost").unwrap(),
+        attempt: AttemptToken::from("x"),
+        complete_by: T0,
+    };
     assert_eq!(supervisor::timer(&tw.deps, &serde_json::to_string(&ghost).unwrap()).await.unwrap(), Applied::Missing);
     assert!(matches!(supervisor::timer(&tw.deps, "[]").await, Err(HandlerError::Malformed(_))));
     tw.store.fail_next(StoreOp::Get, backend());
-    assert!(matches!(supervisor::timer(&tw.deps, &serde_json::to_string(&ghost).unwrap()).await, Err(HandlerError::Store(_))));
+    assert!(matches!(
+        supervisor::timer(&tw.deps, &serde_json::to_string(&ghost).unwrap()).await,
+        Err(HandlerError::Store(_))
+    ));
 }
 
 #[tokio::test]
@@ -346,7 +367,11 @@ async fn the_local_runner_drives_a_task_to_its_end_through_the_bus_port() {
     let tw = twins();
     tw.clock.set(Millis::now());
     let reply = tw.reply_queue("runner-replies");
-    let opts = RunnerOptions { sweep_every: Duration::from_secs(3_600), wait: Duration::from_millis(20), ..RunnerOptions::default() };
+    let opts = RunnerOptions {
+        sweep_every: Duration::from_hours(1),
+        wait: Duration::from_millis(20),
+        ..RunnerOptions::default()
+    };
     let handle = Runner::new(Arc::new(tw.deps.clone()), Arc::new(AgentRuntime::with_builtins()), opts).spawn();
     let sub = tw.deps.resources.submission_queue_url.clone();
     tw.bus.send(&sub, Outgoing::new(submission("run1", Some(&reply)))).await.unwrap();
@@ -367,7 +392,11 @@ async fn the_local_runner_drives_a_task_to_its_end_through_the_bus_port() {
         states,
         vec![ProcessState::Pending, ProcessState::Processing, ProcessState::Processing, ProcessState::Processed]
     );
-    for q in [&tw.deps.resources.submission_queue_url, &tw.deps.resources.scheduler_queue_url, &tw.deps.resources.agent_queue_url] {
+    for q in [
+        &tw.deps.resources.submission_queue_url,
+        &tw.deps.resources.scheduler_queue_url,
+        &tw.deps.resources.agent_queue_url,
+    ] {
         assert_eq!(tw.bus.depth(q), 0, "{q}: every handled message deleted");
     }
 }

@@ -336,17 +336,14 @@ async fn handle_effect(svc: &OrderService, op: Op, key: &str, req: EffectRequest
         return (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response();
     }
     if let Some(transient) = plan.transient {
-        return match transient.retry_after_s {
-            Some(secs) => {
-                info!(reason = %transient.reason, retry_after_s = secs, "injected throttling (429, not saved)");
-                let mut response = error(StatusCode::TOO_MANY_REQUESTS, transient.reason);
-                response.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
-                response
-            }
-            None => {
-                info!(reason = %transient.reason, "injected transient failure (503, not saved)");
-                error(StatusCode::SERVICE_UNAVAILABLE, transient.reason)
-            }
+        return if let Some(secs) = transient.retry_after_s {
+            info!(reason = %transient.reason, retry_after_s = secs, "injected throttling (429, not saved)");
+            let mut response = error(StatusCode::TOO_MANY_REQUESTS, transient.reason);
+            response.headers_mut().insert(axum::http::header::RETRY_AFTER, HeaderValue::from(secs));
+            response
+        } else {
+            info!(reason = %transient.reason, "injected transient failure (503, not saved)");
+            error(StatusCode::SERVICE_UNAVAILABLE, transient.reason)
         };
     }
 

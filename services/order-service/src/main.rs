@@ -47,7 +47,7 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     tokio::select! {
-        served = server => served.context("serving")?,
+        result = server => result.context("serving")?,
         () = grace => warn!(grace_s = GRACE.as_secs(), "requests still open after the grace period; exiting"),
     }
     info!("stopped");

@@ -32,6 +32,7 @@ async fn start() -> Api {
 }
 
 /// A request body as the HTTP agent sends it.
+#[allow(clippy::needless_pass_by_value)]
 fn body(order: &str, step: &str, attempt_no: u32, order_input: Value) -> Value {
     json!({"task_id": order, "step": step, "attempt_no": attempt_no, "input": {"input": order_input, "outputs": {}}})
 }

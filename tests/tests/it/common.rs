@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use aws_sdk_sqs::types::QueueAttributeName;
 use sas_core::agent::AgentRuntime;
 use sas_core::config::{Resources, Settings};
+use sas_core::deps::Deps;
 use sas_core::ids::TaskId;
 use sas_core::protocol::{Policy, Task};
-use sas_core::deps::Deps;
 use sas_core::runner::{Runner, RunnerHandle, RunnerOptions};
 use sas_core::workflow::{Backoff, StepDef, WorkflowDef, WorkflowRegistry};
 use serde_json::Value;
@@ -89,8 +89,11 @@ impl Stack {
 
     /// The local runner with these agents, sweeping often so timeouts are noticed quickly.
     pub fn runner_with(&self, agents: AgentRuntime) -> RunnerHandle {
-        let opts =
-            RunnerOptions { sweep_every: Duration::from_millis(700), wait: Duration::from_secs(1), ..RunnerOptions::default() };
+        let opts = RunnerOptions {
+            sweep_every: Duration::from_millis(700),
+            wait: Duration::from_secs(1),
+            ..RunnerOptions::default()
+        };
         Runner::new(self.deps.clone(), Arc::new(agents), opts).spawn()
     }
 
@@ -178,7 +181,7 @@ impl Stack {
     }
 
     pub async fn wait_terminal(&self, id: &str) -> Task {
-        self.wait_for(id, Duration::from_secs(60), |t| t.process_state.is_terminal()).await
+        self.wait_for(id, Duration::from_mins(1), |t| t.process_state.is_terminal()).await
     }
 
     pub async fn depth(&self, queue: &str) -> usize {

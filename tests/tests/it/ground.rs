@@ -159,3 +159,66 @@ async fn an_alert_reaches_a_subscribed_queue() {
     assert_eq!(received, alert);
     s.delete().await;
 }
+
+/// What `template.yaml` promises the protocol, read back from the deployed stack: every output,
+/// the two indexes with their keys and projections, TTL, each queue's redrive to its own DLQ,
+/// and the alert topic's encryption.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deployed_template_has_its_indexes_ttl_redrive_and_encryption() {
+    let s = stack("template").await;
+    for queue in ["Submission", "Scheduler", "Agent", "Supervisor"] {
+        for kind in ["Queue", "Dlq"] {
+            for attr in ["Url", "Arn"] {
+                let key = format!("{queue}{kind}{attr}");
+                assert!(s.outputs.contains_key(&key), "output {key} missing");
+            }
+        }
+    }
+    for key in ["TaskTableName", "TaskTableArn", "AlertTopicArn"] {
+        assert!(s.outputs.contains_key(key), "output {key} missing");
+    }
+
+    let ddb = aws_sdk_dynamodb::Client::new(&s.sdk);
+    let table = ddb.describe_table().table_name(s.out("TaskTableName")).send().await.expect("DescribeTable");
+    let table = table.table.expect("a table");
+    let indexes: HashMap<String, _> =
+        table.global_secondary_indexes().iter().map(|i| (i.index_name().unwrap_or_default().to_owned(), i)).collect();
+    let mut names: Vec<&String> = indexes.keys().collect();
+    names.sort();
+    assert_eq!(names, vec!["ByCompleteBy", "ByProcessState"]);
+    let keys: Vec<&str> = indexes["ByCompleteBy"]
+        .key_schema()
+        .iter()
+        .map(aws_sdk_dynamodb::types::KeySchemaElement::attribute_name)
+        .collect();
+    assert_eq!(keys, vec!["Shard", "CompleteBy"]);
+    let projection = |i: &str| indexes[i].projection().and_then(|p| p.projection_type()).map(|t| t.as_str().to_owned());
+    assert_eq!(projection("ByProcessState").as_deref(), Some("INCLUDE"));
+    let ttl = ddb.describe_time_to_live().table_name(s.out("TaskTableName")).send().await.expect("DescribeTimeToLive");
+    let ttl = ttl.time_to_live_description().expect("a TTL description");
+    assert_eq!(ttl.attribute_name(), Some("ExpiresAt"));
+    assert_eq!(ttl.time_to_live_status().map(aws_sdk_dynamodb::types::TimeToLiveStatus::as_str), Some("ENABLED"));
+
+    for (queue, limit) in [("Submission", 3), ("Scheduler", 5), ("Agent", 3), ("Supervisor", 3)] {
+        let attrs = s
+            .sqs
+            .get_queue_attributes()
+            .queue_url(s.out(&format!("{queue}QueueUrl")))
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy)
+            .send()
+            .await
+            .expect("GetQueueAttributes");
+        let policy = attrs.attributes().and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::RedrivePolicy));
+        let policy: serde_json::Value = serde_json::from_str(policy.expect("a redrive policy")).expect("JSON");
+        assert_eq!(policy["deadLetterTargetArn"], s.out(&format!("{queue}DlqArn")), "{queue}Queue redrives to its DLQ");
+        assert_eq!(policy["maxReceiveCount"].to_string().trim_matches('"'), limit.to_string(), "{queue}Queue");
+    }
+
+    let sns = aws_sdk_sns::Client::new(&s.sdk);
+    let topic = sns.get_topic_attributes().topic_arn(s.out("AlertTopicArn")).send().await.expect("GetTopicAttributes");
+    assert!(
+        topic.attributes().and_then(|a| a.get("KmsMasterKeyId")).is_some_and(|k| !k.is_empty()),
+        "the alert topic is encrypted with its KMS key"
+    );
+    s.delete().await;
+}

@@ -87,7 +87,7 @@ async fn http_agent_treats_4xx_as_permanent_and_honours_retry_after() {
     let out = agents(&base).run(&request("h-4", "payment.charge", "charge", 10_000)).await.unwrap();
     match out.outcome {
         Outcome::Failed { retryable: false, error } => {
-            assert!(error.contains("422") && error.contains("card declined"), "{error}")
+            assert!(error.contains("422") && error.contains("card declined"), "{error}");
         }
         other => panic!("{other:?}"),
     }
@@ -165,7 +165,7 @@ async fn the_order_workflow_end_to_end_with_each_fault_kind() {
     svc.clear_faults(Some("o-hung-once"));
 
     for (id, (_, end, effects)) in &cases {
-        let t = s.wait_for(id, Duration::from_secs(120), |t| t.process_state.is_terminal()).await;
+        let t = s.wait_for(id, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
         assert_eq!(t.process_state, *end, "{id}: {:?}", t.reason);
         assert_eq!(ops(&svc, id), *effects, "{id}: every effect applied exactly once, undone in reverse");
     }
@@ -190,7 +190,7 @@ async fn an_error_task_resubmitted_after_the_fault_is_lifted_completes() {
     svc.clear_faults(Some("r-1"));
     let ids = sas_cli::ops::resubmit_all_in_error(&s.deps, "payment provider is back", 100).await.unwrap();
     assert_eq!(ids.len(), 1);
-    let t = s.wait_for("r-1", Duration::from_secs(60), |t| t.run == 2 && t.process_state.is_terminal()).await;
+    let t = s.wait_for("r-1", Duration::from_mins(1), |t| t.run == 2 && t.process_state.is_terminal()).await;
     assert_eq!(t.process_state, ProcessState::Processed);
     assert_eq!(t.steps[0].attempts, 1, "completed steps are not redone");
     assert_eq!(ops(&svc, "r-1"), vec!["reserve", "charge", "ship"]);

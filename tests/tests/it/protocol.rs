@@ -111,7 +111,7 @@ async fn the_deadline_timer_alone_recovers_a_timed_out_step() {
     let s = stack("timer").await;
     // No sweep in this test's lifetime: only the delayed message on the supervisor queue can act.
     let opts = sas_core::runner::RunnerOptions {
-        sweep_every: Duration::from_secs(3_600),
+        sweep_every: Duration::from_hours(1),
         wait: Duration::from_secs(1),
         ..Default::default()
     };

@@ -60,7 +60,6 @@ impl AgentRuntime {
         };
         Self::from_config(&text, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
     }
-
 }
 
 /// The agent definitions compiled into every binary.
@@ -120,4 +119,3 @@ impl Agent for Unconfigured {
         Box::pin(async move { Err(AgentError::Permanent { message: self.message.clone() }) })
     }
 }
-

@@ -122,12 +122,9 @@ impl AgentRuntime {
                 return None;
             }
             let call = agent.call(Call { request: req, call_no });
-            let answer = match tokio::time::timeout(Duration::from_millis(left), call).await {
-                Err(_) => {
-                    warn!(task_id = %req.task_id, step = %req.step, call_no, "call cancelled at CompleteBy; nothing is sent back");
-                    return None;
-                }
-                Ok(a) => a,
+            let Ok(answer) = tokio::time::timeout(Duration::from_millis(left), call).await else {
+                warn!(task_id = %req.task_id, step = %req.step, call_no, "call cancelled at CompleteBy; nothing is sent back");
+                return None;
             };
             let outcome = match answer {
                 Ok(output) => Outcome::Succeeded { output },
@@ -154,4 +151,3 @@ impl AgentRuntime {
         }
     }
 }
-

@@ -68,4 +68,3 @@ impl Agent for SimAgent {
         })
     }
 }
-

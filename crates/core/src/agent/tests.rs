@@ -10,6 +10,7 @@ use super::sim::SimAgent;
 use crate::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
 use crate::messages::{AgentRequest, Outcome, Phase};
 
+#[allow(clippy::needless_pass_by_value)]
 fn req(sim: Value, attempt_no: u32, deadline_in_ms: u64) -> AgentRequest {
     let task_id = TaskId::try_from("t").unwrap();
     AgentRequest {
@@ -90,8 +91,7 @@ fn configuration_expands_variables_and_flags_missing_ones() {
     assert_eq!(expand("${A}/x", &|_| Some("http://h:1/".into())).unwrap(), "http://h:1/x");
     assert_eq!(expand("${MISSING}/x", &|_| None), Err("MISSING".to_owned()));
     let rt = AgentRuntime::from_config(BUILT_IN_AGENTS, &|_| Some("http://127.0.0.1:9".into())).unwrap();
-    for a in ["sim", "inventory.reserve", "inventory.release", "payment.charge", "payment.refund", "shipping.ship"]
-    {
+    for a in ["sim", "inventory.reserve", "inventory.release", "payment.charge", "payment.refund", "shipping.ship"] {
         assert!(rt.knows(a), "{a}");
     }
     let bad = r#"{"agents": {"x": {"kind": "http", "url": "file:///etc/passwd"}}}"#;

@@ -205,7 +205,12 @@ impl MemoryBus {
             m.visible_at = now.plus_ms(u64::try_from(visibility.as_millis()).unwrap_or(u64::MAX));
             let receipt = format!("{}-r{round}", m.id);
             m.receipt = Some(receipt.clone());
-            out.push(Received { message_id: m.id.clone(), receipt, body: m.body.clone(), receive_count: m.receive_count });
+            out.push(Received {
+                message_id: m.id.clone(),
+                receipt,
+                body: m.body.clone(),
+                receive_count: m.receive_count,
+            });
             i += 1;
         }
         if let Some(dlq) = dlq {
@@ -284,7 +289,8 @@ impl Bus for MemoryBus {
             }
             inner.published.push((topic.to_owned(), note.clone()));
             for q in inner.subscribers.get(topic).cloned().unwrap_or_default() {
-                let msg = Outgoing { body: note.message.clone(), attributes: note.attributes.clone(), ..Outgoing::default() };
+                let msg =
+                    Outgoing { body: note.message.clone(), attributes: note.attributes.clone(), ..Outgoing::default() };
                 self.enqueue(&mut inner, &q, msg)?;
             }
             Ok(())

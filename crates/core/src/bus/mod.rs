@@ -15,7 +15,9 @@ use serde::Serialize;
 
 use crate::config::Resources;
 use crate::ids::{clip, Millis};
-use crate::messages::{AgentRequest, Alert, QueueUrl, SchedulerMessage, StatusMessage, TimerMessage, SQS_MAX_MESSAGE_BYTES};
+use crate::messages::{
+    AgentRequest, Alert, QueueUrl, SchedulerMessage, StatusMessage, TimerMessage, SQS_MAX_MESSAGE_BYTES,
+};
 
 mod aws;
 mod memory;
@@ -125,6 +127,8 @@ pub trait Bus: Send + Sync + std::fmt::Debug {
 
 /// Serialise a message and check it fits in SQS.
 pub fn encode<T: Serialize>(msg: &T) -> Result<String, BusError> {
+    // The message types have string keys and no fallible Serialize impls.
+    #[allow(clippy::unwrap_in_result)]
     let body = serde_json::to_string(msg).expect("message types serialise");
     if body.len() > SQS_MAX_MESSAGE_BYTES {
         return Err(BusError::TooLarge { bytes: body.len() });
@@ -166,7 +170,8 @@ impl Outbox<'_> {
     pub async fn reply(&self, reply_to: &str, status: &StatusMessage) -> Result<(), BusError> {
         let mut msg = Outgoing::new(encode(status)?);
         if QueueUrl::parse(reply_to).is_ok_and(|q| q.is_fifo()) {
-            msg.fifo = Some(Fifo { group: status.task_id.to_string(), dedup: format!("{}-{}", status.task_id, status.seq) });
+            msg.fifo =
+                Some(Fifo { group: status.task_id.to_string(), dedup: format!("{}-{}", status.task_id, status.seq) });
         }
         self.bus.send(reply_to, msg).await
     }

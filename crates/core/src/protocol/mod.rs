@@ -32,10 +32,8 @@ use crate::workflow::{OnFailure, WorkflowDef};
 pub mod task;
 
 pub use crate::state::{ProcessState, UnknownState};
-pub use task::{
-    CompensationRecord, CompensationStatus, EndCause, HistoryEntry, Stage, StepRecord, StepStatus, Task,
-};
 use task::{noun, running_state, waiting_state};
+pub use task::{CompensationRecord, CompensationStatus, EndCause, HistoryEntry, Stage, StepRecord, StepStatus, Task};
 
 /// Tunables of the protocol that are not per step.
 #[derive(Debug, Clone, PartialEq)]
@@ -268,7 +266,13 @@ fn agent_succeeded(task: &Task, attempt: &AttemptToken, output: &Value, c: &mut 
 
 /// The current attempt failed: a retryable failure counts and retries, a definite "no" gives the
 /// unit up (nothing to undo for it: the service said no).
-fn agent_failed(task: &Task, attempt: &AttemptToken, error: &str, retryable: bool, c: &mut Change) -> Result<(), Stale> {
+fn agent_failed(
+    task: &Task,
+    attempt: &AttemptToken,
+    error: &str,
+    retryable: bool,
+    c: &mut Change,
+) -> Result<(), Stale> {
     check_attempt(task, attempt)?;
     if retryable {
         c.attempt_failed(error, false);
@@ -530,4 +534,5 @@ impl Change<'_> {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_pass_by_value, clippy::many_single_char_names)]
 mod tests;

@@ -347,7 +347,7 @@ impl Task {
         let i = self.unit_step();
         if let Stage::Compensating { .. } = self.stage {
             let name = self.current_def().name.clone();
-            self.steps[i].compensation.get_or_insert_with(|| CompensationRecord {
+            self.steps[i].compensation.get_or_insert(CompensationRecord {
                 name,
                 status: CompensationStatus::Pending,
                 attempts: 0,

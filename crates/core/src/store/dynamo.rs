@@ -41,6 +41,7 @@ fn backend(op: &'static str, e: aws_sdk_dynamodb::Error) -> StoreError {
     }
 }
 
+#[allow(clippy::needless_pass_by_value)] // used as `map_err(codec)`
 fn codec(e: serde_dynamo::Error) -> StoreError {
     StoreError::Codec(e.to_string())
 }
@@ -247,13 +248,13 @@ impl StateStore for DynamoStore {
         Box::pin(self.save_item(task, read))
     }
 
-    fn expired<'a>(
-        &'a self,
+    fn expired(
+        &self,
         shard: u32,
         now: Millis,
         limit: usize,
         start: Option<PageKey>,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+    ) -> BoxFuture<'_, Result<Page, StoreError>> {
         Box::pin(self.query_expired(shard, now, limit, start))
     }
 
@@ -320,7 +321,10 @@ mod tests {
             ("Shard".to_owned(), AttributeValue::S("3".into())),
             ("CompleteBy".to_owned(), AttributeValue::N("1234".into())),
         ]);
-        assert_eq!(page_key(&k).unwrap(), PageKey { task_id: TaskId::try_from("t-1").unwrap(), complete_by: Millis(1234) });
+        assert_eq!(
+            page_key(&k).unwrap(),
+            PageKey { task_id: TaskId::try_from("t-1").unwrap(), complete_by: Millis(1234) }
+        );
         assert!(matches!(page_key(&Item::new()), Err(StoreError::Codec(_))));
     }
 }

@@ -136,7 +136,7 @@ impl MemoryStore {
         let inner = self.begin(StoreOp::ListByState, "list")?;
         let mut rows: Vec<TaskSummary> =
             inner.tasks.values().filter(|t| t.process_state == state).map(TaskSummary::of).collect();
-        rows.sort_by(|a, b| b.updated_at.cmp(&a.updated_at));
+        rows.sort_by_key(|r| std::cmp::Reverse(r.updated_at));
         rows.truncate(max);
         Ok(rows)
     }
@@ -155,13 +155,13 @@ impl StateStore for MemoryStore {
         Box::pin(async move { self.save_now(task, read) })
     }
 
-    fn expired<'a>(
-        &'a self,
+    fn expired(
+        &self,
         shard: u32,
         now: Millis,
         limit: usize,
         start: Option<PageKey>,
-    ) -> BoxFuture<'a, Result<Page, StoreError>> {
+    ) -> BoxFuture<'_, Result<Page, StoreError>> {
         Box::pin(async move { self.expired_now(shard, now, limit, start.as_ref()) })
     }
 

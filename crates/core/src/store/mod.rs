@@ -113,13 +113,13 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
     /// One page (at most `limit` tasks) of the in-flight tasks in `shard` whose
     /// `CompleteBy <= now`, in `CompleteBy` order, starting after `start`. The index may lag the
     /// table: callers re-check with a conditional write.
-    fn expired<'a>(
-        &'a self,
+    fn expired(
+        &self,
         shard: u32,
         now: Millis,
         limit: usize,
         start: Option<PageKey>,
-    ) -> BoxFuture<'a, Result<Page, StoreError>>;
+    ) -> BoxFuture<'_, Result<Page, StoreError>>;
 
     /// Tasks in `state`, most recently updated first, for operators (at most `max`).
     fn list_by_state(&self, state: ProcessState, max: usize) -> BoxFuture<'_, Result<Vec<TaskSummary>, StoreError>>;
