@@ -97,69 +97,52 @@ pub(crate) trait UnitRecord {
     fn reset(&mut self);
 }
 
-impl UnitRecord for StepRecord {
-    fn begin_attempt(&mut self) -> u32 {
-        self.status = StepStatus::Running;
-        self.attempts += 1;
-        self.attempts
-    }
-    fn attempt_failed(&mut self, reason: &str) -> u32 {
-        self.failures += 1;
-        self.error = Some(reason.to_owned());
-        self.failures
-    }
-    fn await_retry(&mut self) {
-        self.status = StepStatus::Pending;
-    }
-    fn succeeded(&mut self) {
-        self.status = StepStatus::Succeeded;
-        self.error = None;
-    }
-    fn refused(&mut self, error: &str) {
-        self.status = StepStatus::Failed;
-        self.failures += 1;
-        self.error = Some(error.to_owned());
-    }
-    fn exhausted(&mut self, timed_out: bool) {
-        self.status = if timed_out { StepStatus::TimedOut } else { StepStatus::Failed };
-    }
-    fn reset(&mut self) {
-        self.status = StepStatus::Pending;
-        self.failures = 0;
-    }
+/// One definition of the bookkeeping for both kinds of record; only the status names differ.
+macro_rules! unit_record {
+    ($record:ty, $status:ident { pending: $p:ident, running: $r:ident, succeeded: $s:ident, failed: $f:ident, timed_out: $t:ident }) => {
+        impl UnitRecord for $record {
+            fn begin_attempt(&mut self) -> u32 {
+                self.status = $status::$r;
+                self.attempts += 1;
+                self.attempts
+            }
+            fn attempt_failed(&mut self, reason: &str) -> u32 {
+                self.failures += 1;
+                self.error = Some(reason.to_owned());
+                self.failures
+            }
+            fn await_retry(&mut self) {
+                self.status = $status::$p;
+            }
+            fn succeeded(&mut self) {
+                self.status = $status::$s;
+                self.error = None;
+            }
+            fn refused(&mut self, error: &str) {
+                self.status = $status::$f;
+                self.failures += 1;
+                self.error = Some(error.to_owned());
+            }
+            fn exhausted(&mut self, timed_out: bool) {
+                self.status = if timed_out { $status::$t } else { $status::$f };
+            }
+            fn reset(&mut self) {
+                self.status = $status::$p;
+                self.failures = 0;
+            }
+        }
+    };
 }
 
-impl UnitRecord for CompensationRecord {
-    fn begin_attempt(&mut self) -> u32 {
-        self.status = CompensationStatus::Running;
-        self.attempts += 1;
-        self.attempts
-    }
-    fn attempt_failed(&mut self, reason: &str) -> u32 {
-        self.failures += 1;
-        self.error = Some(reason.to_owned());
-        self.failures
-    }
-    fn await_retry(&mut self) {
-        self.status = CompensationStatus::Pending;
-    }
-    fn succeeded(&mut self) {
-        self.status = CompensationStatus::Done;
-        self.error = None;
-    }
-    fn refused(&mut self, error: &str) {
-        self.status = CompensationStatus::Failed;
-        self.failures += 1;
-        self.error = Some(error.to_owned());
-    }
-    fn exhausted(&mut self, _timed_out: bool) {
-        self.status = CompensationStatus::Failed;
-    }
-    fn reset(&mut self) {
-        self.status = CompensationStatus::Pending;
-        self.failures = 0;
-    }
-}
+unit_record!(
+    StepRecord,
+    StepStatus { pending: Pending, running: Running, succeeded: Succeeded, failed: Failed, timed_out: TimedOut }
+);
+// A compensation that ran out of attempts has failed, whatever its last attempt did.
+unit_record!(
+    CompensationRecord,
+    CompensationStatus { pending: Pending, running: Running, succeeded: Done, failed: Failed, timed_out: Failed }
+);
 
 /// Why compensation runs, which decides the state it ends in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
