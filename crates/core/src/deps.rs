@@ -6,7 +6,9 @@ use std::sync::Arc;
 use crate::bus::{AwsBus, Bus, BusError, Outbox};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, Resources, Settings};
+use crate::entropy::{Entropy, OsEntropy};
 use crate::ids::Millis;
+use crate::protocol::Ctx;
 use crate::store::{DynamoStore, StateStore, StoreError};
 use crate::workflow::{WorkflowError, WorkflowRegistry};
 
@@ -19,6 +21,7 @@ pub struct Deps {
     pub workflows: Arc<WorkflowRegistry>,
     pub settings: Settings,
     pub clock: Arc<dyn Clock>,
+    pub entropy: Arc<dyn Entropy>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +48,7 @@ impl Deps {
             workflows: Arc::new(workflows),
             settings,
             clock: Arc::new(SystemClock),
+            entropy: Arc::new(OsEntropy),
         }
     }
 
@@ -61,6 +65,11 @@ impl Deps {
 
     pub fn now(&self) -> Millis {
         self.clock.now()
+    }
+
+    /// What a transition needs from the world: the time, a fresh token, a jitter.
+    pub fn ctx(&self) -> Ctx {
+        Ctx { now: self.now(), fresh_token: self.entropy.token(), jitter: self.entropy.jitter() }
     }
 }
 

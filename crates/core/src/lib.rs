@@ -9,12 +9,14 @@
 //! The ports, each with an AWS implementation and an in-memory twin:
 //! - [`store`]: the state store (DynamoDB; [`store::MemoryStore`]);
 //! - [`bus`]: queues and the alert topic (SQS and SNS; [`bus::MemoryBus`]);
-//! - [`clock`]: the time ([`clock::SystemClock`]; [`clock::ManualClock`]).
+//! - [`clock`]: the time ([`clock::SystemClock`]; [`clock::ManualClock`]);
+//! - [`entropy`]: attempt tokens and jitter ([`entropy::OsEntropy`]; [`entropy::SeededEntropy`]).
 //!
 //! Around them: [`messages`] (the JSON contracts), [`state`] (`ProcessState`), [`workflow`]
 //! (definitions), [`ids`], [`config`], [`deps`] (the composition root), [`twins`] (the stack on the
 //! in-memory twins), [`role`] (the role enum and dispatch), [`runner`] (the local runner that polls
-//! queues as Lambda does), [`aws`] (SDK clients), [`telemetry`] (logs).
+//! queues as Lambda does), [`sim`] (the deterministic simulation of the whole system), [`aws`] (SDK
+//! clients), [`telemetry`] (logs).
 
 pub mod agent;
 pub mod aws;
@@ -23,12 +25,14 @@ pub mod clock;
 pub mod config;
 pub mod deps;
 pub mod effects;
+pub mod entropy;
 pub mod ids;
 pub mod messages;
 pub mod protocol;
 pub mod role;
 pub mod runner;
 pub mod scheduler;
+pub mod sim;
 pub mod state;
 pub mod store;
 pub mod submitter;

@@ -6,7 +6,7 @@ use tracing::{debug, info};
 
 use crate::deps::{Deps, HandlerError};
 use crate::ids::Millis;
-use crate::protocol::{self, Ctx, Effect, Event, ProcessState, Stale, Task};
+use crate::protocol::{self, Effect, Event, ProcessState, Stale, Task};
 use crate::store::StoreError;
 
 /// What happened to one event.
@@ -37,7 +37,7 @@ pub const MAX_CONFLICTS: u32 = 5;
 /// performs its effects.
 pub async fn commit(deps: &Deps, mut task: Task, event: &Event) -> Result<(Applied, Option<Committed>), HandlerError> {
     for _ in 0..MAX_CONFLICTS {
-        let ctx = Ctx::new(deps.now());
+        let ctx = deps.ctx();
         let tr = match protocol::apply(&task, event, &ctx, &deps.settings.policy) {
             Ok(tr) => tr,
             Err(stale) => {

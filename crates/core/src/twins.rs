@@ -8,6 +8,7 @@ use crate::bus::MemoryBus;
 use crate::clock::{Clock, ManualClock};
 use crate::config::{Resources, Settings};
 use crate::deps::Deps;
+use crate::entropy::SeededEntropy;
 use crate::ids::Millis;
 use crate::store::MemoryStore;
 use crate::workflow::WorkflowRegistry;
@@ -50,6 +51,7 @@ impl Twins {
             workflows: Arc::new(workflows),
             settings,
             clock: run_on,
+            entropy: Arc::new(SeededEntropy::new(now.0)),
         };
         Twins { deps, store, bus, clock }
     }

@@ -101,6 +101,11 @@ impl MemoryBus {
         *self.lock().send_failures.entry(queue.to_owned()).or_default() += n;
     }
 
+    /// Forget every injected send failure not used yet.
+    pub fn clear_send_failures(&self) {
+        self.lock().send_failures.clear();
+    }
+
     /// The bodies of every message in `queue`, visible or not, oldest first.
     pub fn bodies(&self, queue: &str) -> Vec<String> {
         self.lock().queues.get(queue).map(|q| q.messages.iter().map(|m| m.body.clone()).collect()).unwrap_or_default()
@@ -118,6 +123,11 @@ impl MemoryBus {
     /// Remove and return every message in `queue`, visible or not.
     pub fn take(&self, queue: &str) -> Vec<String> {
         self.lock().queues.get_mut(queue).map(|q| q.messages.drain(..).map(|m| m.body).collect()).unwrap_or_default()
+    }
+
+    /// When the next message of `queue` becomes visible (now or later), if it holds any.
+    pub fn next_visible(&self, queue: &str) -> Option<Millis> {
+        self.lock().queues.get(queue).and_then(|q| q.messages.iter().map(|m| m.visible_at).min())
     }
 
     /// Messages in `queue`, visible or not.

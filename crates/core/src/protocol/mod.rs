@@ -60,12 +60,6 @@ pub struct Ctx {
     pub jitter: f64,
 }
 
-impl Ctx {
-    pub fn new(now: Millis) -> Self {
-        Ctx { now, fresh_token: AttemptToken::fresh(), jitter: rand::random::<f64>() }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// The Scheduler received a run message issued when the task was at `rev`.

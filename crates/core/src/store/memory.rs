@@ -37,11 +37,41 @@ struct Inner {
 pub struct MemoryStore {
     inner: Arc<Mutex<Inner>>,
     shards: u32,
+    /// Yield to the executor before each operation, so that handlers polled together interleave
+    /// between a read and a write (as two Lambdas do).
+    interleave: bool,
+}
+
+/// A future that is pending once, then ready: a point where another handler may run.
+struct YieldOnce(bool);
+
+impl std::future::Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if self.0 {
+            std::task::Poll::Ready(())
+        } else {
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    }
 }
 
 impl MemoryStore {
     pub fn new(shards: u32) -> Self {
-        MemoryStore { inner: Arc::default(), shards: shards.max(1) }
+        MemoryStore { inner: Arc::default(), shards: shards.max(1), interleave: false }
+    }
+
+    /// A store whose every operation first yields to the executor (see the field).
+    pub fn interleaved(shards: u32) -> Self {
+        MemoryStore { interleave: true, ..MemoryStore::new(shards) }
+    }
+
+    async fn turn(&self) {
+        if self.interleave {
+            YieldOnce(false).await;
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -144,15 +174,24 @@ impl MemoryStore {
 
 impl StateStore for MemoryStore {
     fn create<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { self.create_now(task) })
+        Box::pin(async move {
+            self.turn().await;
+            self.create_now(task)
+        })
     }
 
     fn get<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<Task>, StoreError>> {
-        Box::pin(async move { Ok(self.begin(StoreOp::Get, "get")?.tasks.get(task_id).cloned()) })
+        Box::pin(async move {
+            self.turn().await;
+            Ok(self.begin(StoreOp::Get, "get")?.tasks.get(task_id).cloned())
+        })
     }
 
     fn save<'a>(&'a self, task: &'a Task, read: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(async move { self.save_now(task, read) })
+        Box::pin(async move {
+            self.turn().await;
+            self.save_now(task, read)
+        })
     }
 
     fn expired(
@@ -162,11 +201,17 @@ impl StateStore for MemoryStore {
         limit: usize,
         start: Option<PageKey>,
     ) -> BoxFuture<'_, Result<Page, StoreError>> {
-        Box::pin(async move { self.expired_now(shard, now, limit, start.as_ref()) })
+        Box::pin(async move {
+            self.turn().await;
+            self.expired_now(shard, now, limit, start.as_ref())
+        })
     }
 
     fn list_by_state(&self, state: ProcessState, max: usize) -> BoxFuture<'_, Result<Vec<TaskSummary>, StoreError>> {
-        Box::pin(async move { self.list_now(state, max) })
+        Box::pin(async move {
+            self.turn().await;
+            self.list_now(state, max)
+        })
     }
 
     fn shards(&self) -> u32 {

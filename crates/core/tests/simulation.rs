@@ -1,0 +1,71 @@
+//! The deterministic simulation of the whole system (see `sas_core::sim`): many seeds, every
+//! fault on, invariants checked against the remote services' ledger. `SIM_SEEDS=<n>` sets how
+//! many seeds (default 300), `SIM_SEED=<seed>` replays one.
+
+use sas_core::sim::{self, Faults, SimConfig};
+
+fn seed_count() -> u64 {
+    std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300)
+}
+
+#[test]
+fn every_seed_keeps_the_invariants() {
+    let seeds = sim::seeds(1, seed_count());
+    let started = std::time::Instant::now();
+    let mut failed = Vec::new();
+    let (mut handled, mut attempts) = (0, 0);
+    for &seed in &seeds {
+        let r = sim::run(&SimConfig::for_seed(seed));
+        handled += r.handled;
+        attempts += r.attempts;
+        if !r.violations.is_empty() {
+            failed.push(sim::describe(&r));
+        }
+    }
+    eprintln!(
+        "simulation: {} seeds, {} failed, {handled} messages handled, {attempts} agent attempts, in {:.1} s",
+        seeds.len(),
+        failed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {} seeds broke an invariant:\n{}",
+        failed.len(),
+        seeds.len(),
+        failed.iter().take(5).cloned().collect::<String>()
+    );
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    let a = sim::run(&SimConfig::for_seed(42));
+    let b = sim::run(&SimConfig::for_seed(42));
+    assert_eq!(
+        (a.handled, a.attempts, a.virtual_ms, &a.end_states, &a.violations),
+        (b.handled, b.attempts, b.virtual_ms, &b.end_states, &b.violations)
+    );
+    let c = sim::run(&SimConfig::for_seed(43));
+    assert_ne!((a.handled, a.attempts, a.virtual_ms), (c.handled, c.attempts, c.virtual_ms), "seeds differ");
+}
+
+#[test]
+fn a_burst_far_beyond_capacity_drains_with_every_task_processed() {
+    // 300 three-step tasks at once; the agents start 20 requests a second: 45 s of queue for
+    // 5 s steps. No fault: every task must end Processed, at about one attempt per step.
+    let cfg =
+        SimConfig { seed: 7, burst: 300, trickle: 0, agent_rate: 20, faults: Faults::none(), horizon_ms: 3_600_000 };
+    let r = sim::run(&cfg);
+    let processed = r.end_states.get("Processed").copied().unwrap_or(0);
+    #[allow(clippy::cast_precision_loss)]
+    let per_unit = r.attempts as f64 / r.units.max(1) as f64;
+    eprintln!(
+        "burst: {:?}, {} attempts for {} units ({per_unit:.2} per step), {} s virtual",
+        r.end_states,
+        r.attempts,
+        r.units,
+        r.virtual_ms / 1000
+    );
+    assert_eq!(processed, 300, "{}", sim::describe(&r));
+    assert!(per_unit < 1.05, "attempts per step {per_unit:.2}");
+}
