@@ -35,6 +35,7 @@ pub async fn resubmit(deps: &Deps, task_ids: &[TaskId], reason: &str) -> anyhow:
                 v: VERSION,
                 task_id: t.clone(),
                 reason: reason.to_owned(),
+                run: None,
             });
             encode(&msg).map(Outgoing::new)
         })

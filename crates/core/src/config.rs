@@ -112,6 +112,15 @@ impl Settings {
         if let Ok(v) = std::env::var("START_TIMEOUT_MS") {
             s.policy.start_timeout_ms = parse_num("START_TIMEOUT_MS", &v)?;
         }
+        if let Ok(v) = std::env::var("QUEUE_BUDGET_MS") {
+            s.policy.queue_budget_ms = parse_num("QUEUE_BUDGET_MS", &v)?;
+        }
+        if let Ok(v) = std::env::var("RESULT_GRACE_MS") {
+            s.policy.result_grace_ms = parse_num("RESULT_GRACE_MS", &v)?;
+        }
+        if let Ok(v) = std::env::var("SETTLE_MS") {
+            s.policy.settle_ms = parse_num("SETTLE_MS", &v)?;
+        }
         if let Ok(v) = std::env::var("MAX_INPUT_BYTES") {
             s.max_input_bytes = parse_num("MAX_INPUT_BYTES", &v)?;
         }

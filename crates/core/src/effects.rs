@@ -92,6 +92,6 @@ async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Resul
             out.to_scheduler(&run_message(task, *rev, *reason), delay_seconds(*delay_ms)).await
         }
         Effect::Dispatch(r) => out.dispatch(r).await,
-        Effect::ArmTimer(t) => out.arm_timer(t, now).await,
+        Effect::ArmTimer(t) => out.arm_timer(t, now, deps.settings.policy.result_grace_ms).await,
     }
 }

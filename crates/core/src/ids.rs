@@ -141,6 +141,17 @@ impl IdempotencyKey {
         IdempotencyKey(format!("{task}:{step}"))
     }
 
+    /// The key of a unit (a step or a compensation) in its `generation`: 0 is `{task}:{step}`; an
+    /// operator's resume of a refused unit moves to `{task}:{step}#1`, and so on, because the
+    /// service spent the old key on a refusal.
+    pub fn for_unit(task: &TaskId, unit: &str, generation: u32) -> Self {
+        if generation == 0 {
+            Self::for_step(task, unit)
+        } else {
+            IdempotencyKey(format!("{task}:{unit}#{generation}"))
+        }
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

@@ -38,6 +38,8 @@ pub enum RunReason {
     Start,
     Retry,
     Restart,
+    /// Compensation may begin: the forward attempt it waited for can no longer apply.
+    Compensate,
 }
 
 /// Scheduler queue: claim and run the task's current step, if the task is still at `rev`.
@@ -91,6 +93,10 @@ pub struct ResubmitMessage {
     pub v: u32,
     pub task_id: TaskId,
     pub reason: String,
+    /// The run the operator saw in `Error`: a resubmit applies once, to that run only (a
+    /// duplicate delivery, or one that arrives after the task failed again, changes nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<u32>,
 }
 
 /// Everything the scheduler queue carries, tagged by `type`.
@@ -144,7 +150,12 @@ pub struct AgentRequest {
     pub attempt: AttemptToken,
     /// 1 for the first attempt of this step, 2 for the first retry...
     pub attempt_no: u32,
-    /// Nothing may be started or sent back after this instant (epoch ms).
+    /// The attempt may start until this instant (epoch ms); a request still queued after it is
+    /// dropped unstarted. Started at `s`, it may run until `s + (complete_by - start_by)`: time
+    /// spent waiting in the queue is not taken from the step's execution time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_by: Option<Millis>,
+    /// Nothing may be started, applied or sent back after this instant (epoch ms).
     pub complete_by: Millis,
     /// `{task}:{step}`, stable across retries: the remote service applies the effect once.
     pub idempotency_key: IdempotencyKey,

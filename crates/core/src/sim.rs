@@ -28,6 +28,7 @@ use futures::executor::block_on;
 use futures::future::join_all;
 use serde_json::json;
 
+use crate::agent::runtime::execution_deadline;
 use crate::bus::{Bus, MemoryBus, Outgoing, Received};
 use crate::clock::{Clock, ManualClock};
 use crate::config::Settings;
@@ -188,6 +189,7 @@ fn step(name: &str, comp: Option<&str>) -> StepDef {
         name: name.into(),
         agent: "sim".into(),
         timeout_ms: STEP_TIMEOUT_MS,
+        schedule_to_start_ms: None,
         max_attempts: 3,
         backoff: Backoff { base_ms: 500, max_ms: 5_000, multiplier: 2.0 },
         compensation: comp.map(|c| Box::new(step(c, None))),
@@ -214,7 +216,14 @@ pub fn run(cfg: &SimConfig) -> SimReport {
     let store = MemoryStore::interleaved(res.shards);
     let bus = MemoryBus::for_stack(Arc::new(clock.clone()), &res);
     let settings = Settings {
-        policy: Policy { start_timeout_ms: 10_000, history_limit: 50 },
+        policy: Policy {
+            start_timeout_ms: 10_000,
+            history_limit: 50,
+            queue_budget_ms: 120_000,
+            result_grace_ms: 2_000,
+            settle_ms: 500,
+            max_restarts: 8,
+        },
         retention_days: 1,
         max_input_bytes: 16 * 1024,
         sweep_page_size: 5,
@@ -395,16 +404,21 @@ impl Sim {
 
     /// Operators resubmit what is parked in Error, sometimes, and sometimes cancel it instead.
     fn operators(&mut self) {
-        let parked: Vec<TaskId> = self
+        let parked: Vec<(TaskId, u32)> = self
             .store
             .tasks()
             .into_iter()
             .filter(|t| t.process_state == ProcessState::Error)
-            .map(|t| t.task_id)
+            .map(|t| (t.task_id, t.run))
             .collect();
-        for task_id in parked {
+        for (task_id, run) in parked {
             let msg = if self.chance(self.cfg.faults.resubmit) {
-                SchedulerMessage::Resubmit(ResubmitMessage { v: VERSION, task_id, reason: "simulated operator".into() })
+                SchedulerMessage::Resubmit(ResubmitMessage {
+                    v: VERSION,
+                    task_id,
+                    reason: "simulated operator".into(),
+                    run: Some(run),
+                })
             } else {
                 SchedulerMessage::Cancel(CancelMessage { v: VERSION, task_id, reason: "simulated operator".into() })
             };
@@ -434,12 +448,12 @@ impl Sim {
         if now >= self.agents_free_at {
             let per_ms = u64::from(self.cfg.agent_rate.max(1));
             let take = 10usize;
-            let got = block_on(self.bus.receive(&res.agent_queue_url, take, Duration::ZERO, Duration::from_secs(720)))
+            let got = block_on(self.bus.receive(&res.agent_queue_url, take, Duration::ZERO, Duration::from_mins(12)))
                 .unwrap_or_default();
             if !got.is_empty() {
                 self.agents_free_at = now.plus_ms(got.len() as u64 * 1_000 / per_ms);
             }
-            for m in got {
+            for m in &got {
                 self.agent(&res.agent_queue_url, m);
             }
         }
@@ -458,7 +472,9 @@ impl Sim {
             }
             runs.push((role, url, m, delete));
         }
-        if self.chance(f.lost_sends * runs.len() as f64) {
+        #[allow(clippy::cast_precision_loss)] // a few hundred at most
+        let lost = f.lost_sends * runs.len() as f64;
+        if self.chance(lost) {
             self.bus.fail_sends("*", u32::try_from(self.between(1, 4)).unwrap_or(1));
         }
         let deps = &self.deps;
@@ -480,7 +496,7 @@ impl Sim {
     }
 
     /// The agent fleet and the remote services, for one request.
-    fn agent(&mut self, url: &str, m: Received) {
+    fn agent(&mut self, url: &str, m: &Received) {
         let now = self.now();
         let f = self.cfg.faults.clone();
         if self.chance(f.crash_before) {
@@ -489,16 +505,15 @@ impl Sim {
         block_on(self.bus.delete(url, vec![m.receipt.clone()])).ok();
         let Ok(req) = serde_json::from_str::<AgentRequest>(&m.body) else { return };
         self.report.attempts += 1;
-        if now >= req.complete_by {
-            return; // nothing starts after CompleteBy
-        }
+        // nothing starts after its start_by; started now, it has its whole timeout
+        let Some(deadline) = execution_deadline(&req, now) else { return };
         let latency = if self.chance(f.slow) { self.between(3_000, 9_000) } else { self.between(20, 1_500) };
         let done = now.plus_ms(latency);
         let apply = Action::Apply {
             key: req.idempotency_key.to_string(),
             task: req.task_id.to_string(),
             applied: Applied { at: done, phase: req.phase },
-            deadline: req.complete_by,
+            deadline,
         };
         let reply = |outcome| {
             Action::Reply(Box::new(AgentResult {
@@ -518,9 +533,9 @@ impl Sim {
         // Compensations must eventually succeed for a task to end Compensated: they fail less.
         let k = if req.phase == Phase::Compensate { 0.5 } else { 1.0 };
         if pick(f.transient * k) {
-            self.answer(done, &req, reply(Outcome::Failed { error: "503".into(), retryable: true }));
+            self.answer(done, deadline, reply(Outcome::Failed { error: "503".into(), retryable: true }));
         } else if pick(f.permanent * k) {
-            self.answer(done, &req, reply(Outcome::Failed { error: "declined".into(), retryable: false }));
+            self.answer(done, deadline, reply(Outcome::Failed { error: "declined".into(), retryable: false }));
         } else if pick(f.hang * k) {
             // no effect, no answer
         } else if pick(f.effect_no_answer * k) {
@@ -528,16 +543,16 @@ impl Sim {
         } else if pick(f.effect_then_retryable * k) {
             self.at(done, apply);
             let later = done.plus_ms(self.between(10, 500));
-            self.answer(later, &req, reply(Outcome::Failed { error: "timeout, then 503".into(), retryable: true }));
+            self.answer(later, deadline, reply(Outcome::Failed { error: "timeout, then 503".into(), retryable: true }));
         } else {
             self.at(done, apply);
-            self.answer(done, &req, reply(Outcome::Succeeded { output: json!({"ok": true}) }));
+            self.answer(done, deadline, reply(Outcome::Succeeded { output: json!({"ok": true}) }));
         }
     }
 
     /// An agent sends its result only before the attempt's deadline.
-    fn answer(&mut self, when: Millis, req: &AgentRequest, action: Action) {
-        if when < req.complete_by {
+    fn answer(&mut self, when: Millis, deadline: Millis, action: Action) {
+        if when < deadline {
             self.at(when, action);
         }
     }
@@ -553,13 +568,26 @@ impl Sim {
                         .push(format!("{id}: terminal state {first} overwritten by {}", t.process_state));
                     self.terminal.insert(id, t.process_state);
                 }
-                Some(_) => {}
                 None if t.process_state.is_terminal() && t.process_state != ProcessState::Error => {
                     self.terminal.insert(id, t.process_state);
                 }
-                None => {}
+                Some(_) | None => {}
             }
         }
+    }
+
+    /// The effect of a unit under any generation of its key (`{task}:{unit}`, `{task}:{unit}#n`):
+    /// the earliest, if several generations applied (which an operator's resume allows only after
+    /// a refusal).
+    fn applied(&self, task: &str, unit: &str) -> Option<&Applied> {
+        let key = format!("{task}:{unit}");
+        self.ledger
+            .applied
+            .range(key.clone()..)
+            .take_while(|(k, _)| k.starts_with(&key))
+            .filter(|(k, _)| k.len() == key.len() || k[key.len()..].starts_with('#'))
+            .map(|(_, a)| a)
+            .min_by_key(|a| a.at)
     }
 
     fn check(&mut self) {
@@ -596,8 +624,8 @@ impl Sim {
             }
             for def in &t.workflow.steps {
                 let Some(comp) = &def.compensation else { continue };
-                let fwd = self.ledger.applied.get(&format!("{id}:{}", def.name));
-                let undo = self.ledger.applied.get(&format!("{id}:{}", comp.name));
+                let fwd = self.applied(&id, &def.name);
+                let undo = self.applied(&id, &comp.name);
                 match (fwd, undo) {
                     (Some(f), None) if t.process_state != ProcessState::Error => v.push(format!(
                         "{id}: ended {} but {} applied at {} was never undone",
@@ -624,7 +652,9 @@ pub fn seeds(first: u64, count: u64) -> Vec<u64> {
 }
 
 /// A short account of a run, for a failing seed.
+#[allow(clippy::cast_precision_loss)]
 pub fn describe(r: &SimReport) -> String {
+    use std::fmt::Write as _;
     let mut s = format!(
         "seed {} ({} tasks, {} messages handled, {} agent attempts, {:.0} s virtual): {:?}\n",
         r.seed,
@@ -640,8 +670,8 @@ pub fn describe(r: &SimReport) -> String {
         s.push('\n');
     }
     if r.violations.len() > 10 {
-        s.push_str(&format!("  ... and {} more\n", r.violations.len() - 10));
+        let _ = writeln!(s, "  ... and {} more", r.violations.len() - 10);
     }
-    s.push_str(&format!("  replay: SIM_SEED={} cargo test -p sas-core --test simulation\n", r.seed));
+    let _ = writeln!(s, "  replay: SIM_SEED={} cargo test -p sas-core --test simulation", r.seed);
     s
 }

@@ -26,9 +26,10 @@ pub async fn timer(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
         return Ok(Applied::Stale(Stale::NotCurrentAttempt));
     }
     let now = deps.now();
-    if let Some(cb) = task.complete_by.filter(|cb| *cb > now) {
-        // Due later than one SQS delay can reach: wait again.
-        deps.outbox().arm_timer(&TimerMessage { complete_by: cb, ..t }, now).await?;
+    let grace = deps.settings.policy.result_grace_ms;
+    if let Some(cb) = task.complete_by.filter(|cb| cb.plus_ms(grace) > now) {
+        // Due later than one SQS delay can reach (or a result may still be on its way): wait again.
+        deps.outbox().arm_timer(&TimerMessage { complete_by: cb, ..t }, now, grace).await?;
         return Ok(Applied::Stale(Stale::NotExpired { complete_by: cb, now }));
     }
     drive(deps, task, &Event::DeadlineExpired).await
@@ -43,9 +44,10 @@ pub struct SweepReport {
     pub errors: usize,
 }
 
-/// Sweep every shard of the `CompleteBy` index once.
+/// Sweep every shard of the `CompleteBy` index once, for what expired more than the result grace
+/// ago.
 pub async fn sweep(deps: &Deps) -> SweepReport {
-    let now = deps.now();
+    let now = Millis(deps.now().0.saturating_sub(deps.settings.policy.result_grace_ms));
     let shards = (0..deps.store.shards()).map(|shard| sweep_shard(deps, shard, now));
     let mut total = SweepReport::default();
     for r in futures::future::join_all(shards).await {

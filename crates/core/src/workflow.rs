@@ -10,7 +10,11 @@ use crate::ids::{check_name, IdError};
 
 /// The longest a step may run: an agent Lambda's timeout is at most 15 minutes, and SQS
 /// DelaySeconds (the precise deadline timer) is at most 15 minutes.
-pub const MAX_STEP_TIMEOUT_MS: u64 = 15 * 60 * 1000;
+/// One attempt runs inside one invocation of the Agent function (its timeout is 120 s in
+/// `template.yaml`); 10 s stay for the function's own work around the call.
+pub const MAX_STEP_TIMEOUT_MS: u64 = 110 * 1000;
+/// The longest a request may wait in the agent queue before it starts.
+pub const MAX_QUEUE_BUDGET_MS: u64 = 60 * 60 * 1000;
 /// The longest backoff one SQS delay can express.
 pub const MAX_BACKOFF_MS: u64 = 15 * 60 * 1000;
 
@@ -55,8 +59,12 @@ pub struct StepDef {
     pub name: String,
     /// The logical agent that performs it (an entry of the agent runtime's registry).
     pub agent: String,
-    /// How long one attempt may take: `CompleteBy = claim time + timeout_ms`.
+    /// How long one attempt may run once an agent starts it (start-to-close).
     pub timeout_ms: u64,
+    /// How long its request may wait in the agent queue before it starts (schedule-to-start); the
+    /// deployment's default when absent. `CompleteBy = claim time + this + timeout_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_to_start_ms: Option<u64>,
     /// Attempts before the step counts as failed for good (1 = no retry).
     pub max_attempts: u32,
     #[serde(default)]
@@ -129,6 +137,9 @@ impl StepDef {
         }
         if self.timeout_ms == 0 || self.timeout_ms > MAX_STEP_TIMEOUT_MS {
             return Err(problem(format!("timeout_ms {} is outside 1..={MAX_STEP_TIMEOUT_MS}", self.timeout_ms)));
+        }
+        if self.schedule_to_start_ms.is_some_and(|b| b > MAX_QUEUE_BUDGET_MS) {
+            return Err(problem(format!("schedule_to_start_ms is over {MAX_QUEUE_BUDGET_MS}")));
         }
         if self.max_attempts == 0 {
             return Err(problem("max_attempts must be at least 1".into()));
@@ -256,6 +267,7 @@ mod tests {
             name: name.into(),
             agent: "sim".into(),
             timeout_ms: 1_000,
+            schedule_to_start_ms: None,
             max_attempts: 3,
             backoff: Backoff::default(),
             compensation: None,

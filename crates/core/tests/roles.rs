@@ -27,6 +27,7 @@ fn step(name: &str, comp: Option<&str>) -> StepDef {
         name: name.into(),
         agent: "sim".into(),
         timeout_ms: 5_000,
+        schedule_to_start_ms: None,
         max_attempts: 3,
         backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
         compensation: comp.map(|c| Box::new(step(c, None))),
@@ -42,7 +43,14 @@ fn twins() -> Twins {
         steps: vec![step("a", Some("undo_a")), step("b", None)],
     };
     let settings = Settings {
-        policy: Policy { start_timeout_ms: 1_000, history_limit: 50 },
+        policy: Policy {
+            start_timeout_ms: 1_000,
+            history_limit: 50,
+            queue_budget_ms: 0,
+            result_grace_ms: 0,
+            settle_ms: 0,
+            max_restarts: 8,
+        },
         retention_days: 1,
         max_input_bytes: 1_024,
         sweep_page_size: 2,
@@ -171,7 +179,7 @@ async fn scheduler_claims_dispatches_and_arms_a_timer_once() {
     assert_eq!(first, Applied::Changed { state: ProcessState::Processing, rev: 2 });
     // the same run message delivered again changes nothing
     let again = scheduler::schedule(&tw.deps, &run).await.unwrap();
-    assert_eq!(again, Applied::Stale(Stale::OldRun { message: 1, current: 2 }));
+    assert_eq!(again, Applied::Stale(Stale::AlreadyClaimed));
     let dispatched = queue(&tw, "agent");
     assert_eq!(dispatched.len(), 1);
     assert_eq!(dispatched[0]["step"], "a");
@@ -214,7 +222,7 @@ async fn a_lost_conditional_write_re_decides_on_the_current_item() {
     // this one still holds the old read: its write loses and it re-decides on what is there now
     let (applied, committed) =
         transition::commit(&tw.deps, read, &sas_core::protocol::Event::Claim { rev: 1 }).await.unwrap();
-    assert_eq!(applied, Applied::Stale(Stale::OldRun { message: 1, current: 2 }));
+    assert_eq!(applied, Applied::Stale(Stale::AlreadyClaimed));
     assert!(committed.is_none());
     assert_eq!(tw.store.calls("save"), 2, "one write each, no extra read");
 }
@@ -308,10 +316,18 @@ async fn supervisor_timer_recovers_an_expired_attempt_and_re_arms_an_early_one()
     ));
     let t = task(&tw, "t1");
     assert_eq!((t.failure_count, t.locked_by.clone()), (1, None));
-    // the same timer again, and a late result of the timed-out attempt, change nothing
+    // the same timer again changes nothing
     assert_eq!(supervisor::timer(&tw.deps, &timer).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt));
+    // a late failure of the timed-out attempt changes nothing; its late success (produced in time:
+    // agents answer only before CompleteBy) is taken, and the retry is no longer needed
+    let late_no = result(&req, Outcome::Failed { error: "503".into(), retryable: true });
+    assert_eq!(scheduler::schedule(&tw.deps, &late_no).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt));
     let late = result(&req, Outcome::Succeeded { output: json!(1) });
-    assert_eq!(scheduler::schedule(&tw.deps, &late).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt));
+    assert!(matches!(
+        scheduler::schedule(&tw.deps, &late).await.unwrap(),
+        Applied::Changed { state: ProcessState::Processing, .. }
+    ));
+    assert_eq!(task(&tw, "t1").step_index, 1);
 }
 
 #[tokio::test]

@@ -2,6 +2,9 @@
 //! fault on, invariants checked against the remote services' ledger. `SIM_SEEDS=<n>` sets how
 //! many seeds (default 300), `SIM_SEED=<seed>` replays one.
 
+// The seed count and the burst figures are the point of running these: print them.
+#![allow(clippy::print_stderr)]
+
 use sas_core::sim::{self, Faults, SimConfig};
 
 fn seed_count() -> u64 {

@@ -28,6 +28,7 @@ fn step(name: &str, timeout_ms: u64, comp: Option<&str>) -> StepDef {
         name: name.into(),
         agent: "sim".into(),
         timeout_ms,
+        schedule_to_start_ms: None,
         max_attempts: 3,
         backoff: Backoff { base_ms: 200, max_ms: 1_000, multiplier: 2.0 },
         compensation: comp.map(|c| Box::new(step(c, timeout_ms, None))),
@@ -50,7 +51,15 @@ pub fn workflows() -> WorkflowRegistry {
 
 pub fn settings() -> Settings {
     Settings {
-        policy: Policy { start_timeout_ms: 3_000, history_limit: 50 },
+        // Short budgets, so that the deadline tests see a lost attempt within seconds.
+        policy: Policy {
+            start_timeout_ms: 3_000,
+            history_limit: 50,
+            queue_budget_ms: 2_000,
+            result_grace_ms: 500,
+            settle_ms: 500,
+            max_restarts: 8,
+        },
         retention_days: 1,
         max_input_bytes: 16 * 1024,
         sweep_page_size: 100,

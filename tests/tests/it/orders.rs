@@ -32,6 +32,7 @@ fn request(order: &str, agent: &str, step: &str, deadline_ms: u64) -> AgentReque
         agent: agent.into(),
         attempt: AttemptToken::fresh(),
         attempt_no: 1,
+        start_by: None,
         complete_by: Millis::now().plus_ms(deadline_ms),
         input: json!({"input": {"customer": "c-1", "items": [{"sku": "book", "qty": 2}]}, "outputs": {}}),
     }

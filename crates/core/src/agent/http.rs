@@ -71,7 +71,7 @@ impl Agent for HttpAgent {
     fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
         Box::pin(async move {
             let req = call.request;
-            let left = Millis::now().until(req.complete_by);
+            let left = Millis::now().until(call.deadline);
             if left == 0 {
                 return Err(AgentError::Transient { message: "CompleteBy has passed".into(), retry_after: None });
             }
@@ -86,7 +86,7 @@ impl Agent for HttpAgent {
                 .post(&self.url)
                 .timeout(Duration::from_millis(left))
                 .header("Idempotency-Key", req.idempotency_key.as_str())
-                .header("X-Request-Deadline", req.complete_by.to_string())
+                .header("X-Request-Deadline", call.deadline.to_string())
                 .header("X-Task-Id", req.task_id.as_str())
                 .json(&body)
                 .send()

@@ -33,6 +33,22 @@ pub struct Call<'a> {
     pub request: &'a AgentRequest,
     /// 1 for the first call of this attempt.
     pub call_no: u32,
+    /// The attempt's own deadline (see [`execution_deadline`]): nothing may be started or applied
+    /// after it; services get it as `X-Request-Deadline`.
+    pub deadline: Millis,
+}
+
+/// When an attempt that starts at `now` must be done: it has the unit's whole execution time,
+/// whatever it waited in the queue (`start_by` to `complete_by`), and never runs past
+/// `complete_by`. `None` when it may no longer start.
+pub fn execution_deadline(req: &AgentRequest, now: Millis) -> Option<Millis> {
+    if now >= req.complete_by || req.start_by.is_some_and(|sb| now > sb) {
+        return None;
+    }
+    Some(match req.start_by {
+        Some(sb) => now.plus_ms(sb.until(req.complete_by)).min(req.complete_by),
+        None => req.complete_by,
+    })
 }
 
 /// A wrapper around one remote service. Implementations pass `request.idempotency_key` to the
@@ -104,10 +120,10 @@ impl AgentRuntime {
             attempt: req.attempt.clone(),
             outcome,
         };
-        if Millis::now() >= req.complete_by {
-            info!(task_id = %req.task_id, step = %req.step, "CompleteBy passed before the attempt started: nothing started");
+        let Some(deadline) = execution_deadline(req, Millis::now()) else {
+            info!(task_id = %req.task_id, step = %req.step, "the request waited past its start_by (or CompleteBy): nothing started");
             return None;
-        }
+        };
         let Some(agent) = self.agents.get(&req.agent) else {
             warn!(task_id = %req.task_id, agent = %req.agent, "no such agent in this runtime");
             return Some(result(Outcome::Failed {
@@ -117,11 +133,11 @@ impl AgentRuntime {
         };
         let mut call_no = 1;
         loop {
-            let left = Millis::now().until(req.complete_by);
+            let left = Millis::now().until(deadline);
             if left == 0 {
                 return None;
             }
-            let call = agent.call(Call { request: req, call_no });
+            let call = agent.call(Call { request: req, call_no, deadline });
             let Ok(answer) = tokio::time::timeout(Duration::from_millis(left), call).await else {
                 warn!(task_id = %req.task_id, step = %req.step, call_no, "call cancelled at CompleteBy; nothing is sent back");
                 return None;
@@ -131,7 +147,7 @@ impl AgentRuntime {
                 Err(AgentError::Permanent { message }) => Outcome::Failed { error: message, retryable: false },
                 Err(AgentError::Transient { message, retry_after }) => {
                     let backoff = retry_after.unwrap_or_else(|| self.retry.delay(call_no, rand::random()));
-                    let time_left = Millis::now().until(req.complete_by);
+                    let time_left = Millis::now().until(deadline);
                     if call_no >= self.retry.max_calls || u128::from(time_left) <= backoff.as_millis() {
                         info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, "giving up this attempt");
                         Outcome::Failed { error: format!("{message} (after {call_no} calls)"), retryable: true }
@@ -143,7 +159,7 @@ impl AgentRuntime {
                     }
                 }
             };
-            if Millis::now() >= req.complete_by {
+            if Millis::now() >= deadline {
                 info!(task_id = %req.task_id, step = %req.step, "answer came after CompleteBy: not sent");
                 return None;
             }

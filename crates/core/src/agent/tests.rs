@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::config::{expand, AgentConfigError, BUILT_IN_AGENTS};
-use super::runtime::{AgentRuntime, CallRetry};
+use super::runtime::{execution_deadline, AgentRuntime, CallRetry};
 use super::sim::SimAgent;
 use crate::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
 use crate::messages::{AgentRequest, Outcome, Phase};
@@ -22,6 +22,7 @@ fn req(sim: Value, attempt_no: u32, deadline_in_ms: u64) -> AgentRequest {
         agent: "sim".into(),
         attempt: AttemptToken::from("a"),
         attempt_no,
+        start_by: None,
         complete_by: Millis::now().plus_ms(deadline_in_ms),
         input: json!({"input": {"sim": {"charge": sim}}, "outputs": {}}),
     }
@@ -116,4 +117,28 @@ fn call_backoff_is_capped() {
     assert_eq!(c.delay(1, 1.0), Duration::from_millis(100));
     assert_eq!(c.delay(3, 1.0), Duration::from_millis(400));
     assert_eq!(c.delay(30, 1.0), Duration::from_secs(1));
+}
+
+#[test]
+fn queue_wait_is_not_taken_from_the_execution_time() {
+    let mut r = req(json!({}), 1, 0);
+    r.start_by = Some(Millis(10_000));
+    r.complete_by = Millis(15_000); // a 5 s step with a 10 s queue budget
+                                    // started early or late within the budget, the attempt has its 5 s
+    assert_eq!(execution_deadline(&r, Millis(1_000)), Some(Millis(6_000)));
+    assert_eq!(execution_deadline(&r, Millis(9_000)), Some(Millis(14_000)));
+    assert_eq!(execution_deadline(&r, Millis(10_000)), Some(Millis(15_000)));
+    // past its start_by the request is dropped unstarted
+    assert_eq!(execution_deadline(&r, Millis(10_001)), None);
+    // without a budget, CompleteBy bounds it as before
+    r.start_by = None;
+    assert_eq!(execution_deadline(&r, Millis(9_000)), Some(Millis(15_000)));
+    assert_eq!(execution_deadline(&r, Millis(15_000)), None);
+}
+
+#[tokio::test]
+async fn a_request_that_waited_past_its_start_by_starts_nothing() {
+    let mut r = req(json!({}), 1, 5_000);
+    r.start_by = Some(Millis::now().plus_ms(0).0.checked_sub(1).map(Millis).unwrap());
+    assert!(fast().run(&r).await.is_none());
 }

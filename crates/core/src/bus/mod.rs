@@ -158,10 +158,10 @@ impl Outbox<'_> {
         self.bus.send(&self.res.agent_queue_url, Outgoing::new(encode(req)?)).await
     }
 
-    /// A timer due at the attempt's CompleteBy (capped at 15 minutes: a timer that fires early is
-    /// re-armed by the Supervisor; the scheduled sweep is the backstop).
-    pub async fn arm_timer(&self, timer: &TimerMessage, now: Millis) -> Result<(), BusError> {
-        let delay = delay_seconds(now.until(timer.complete_by));
+    /// A timer due `grace_ms` after the attempt's CompleteBy (capped at 15 minutes: a timer that
+    /// fires early is re-armed by the Supervisor; the scheduled sweep is the backstop).
+    pub async fn arm_timer(&self, timer: &TimerMessage, now: Millis, grace_ms: u64) -> Result<(), BusError> {
+        let delay = delay_seconds(now.until(timer.complete_by.plus_ms(grace_ms)));
         self.bus.send(&self.res.supervisor_queue_url, Outgoing::delayed(encode(timer)?, delay)).await
     }
 

@@ -38,15 +38,34 @@ pub use task::{CompensationRecord, CompensationStatus, EndCause, HistoryEntry, S
 /// Tunables of the protocol that are not per step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
-    /// How long a `Pending` task may wait for its run message before the Supervisor restarts it.
+    /// How long a waiting task may wait for its run message before the Supervisor restarts it
+    /// (doubled at each restart in a row).
     pub start_timeout_ms: u64,
     /// History entries kept on the task item (the oldest are dropped).
     pub history_limit: usize,
+    /// How long an agent request may wait in the agent queue before it starts (schedule-to-start),
+    /// unless the step sets its own. Not taken from the step's `timeout_ms` (start-to-close).
+    pub queue_budget_ms: u64,
+    /// How long past `CompleteBy` the Supervisor waits before it declares an attempt lost, so a
+    /// result produced in time but delayed in the scheduler queue still counts.
+    pub result_grace_ms: u64,
+    /// Margin after a forward attempt's `CompleteBy` before its compensation may start (clock
+    /// skew between agents, services and the Scheduler).
+    pub settle_ms: u64,
+    /// Restarts in a row (run messages lost or never claimed) before the task ends in `Error`.
+    pub max_restarts: u32,
 }
 
 impl Default for Policy {
     fn default() -> Self {
-        Policy { start_timeout_ms: 30_000, history_limit: 50 }
+        Policy {
+            start_timeout_ms: 30_000,
+            history_limit: 50,
+            queue_budget_ms: 300_000,
+            result_grace_ms: 10_000,
+            settle_ms: 2_000,
+            max_restarts: 8,
+        }
     }
 }
 
@@ -155,6 +174,8 @@ pub enum Stale {
     AlreadyCompensating,
     #[error("task is {0}; only an Error task can be resubmitted")]
     NotResubmittable(ProcessState),
+    #[error("the task may not be claimed before {not_before} (now {now})")]
+    TooEarly { not_before: Millis, now: Millis },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -192,11 +213,16 @@ pub fn submit(
         created_at: now,
         updated_at: now,
         history: Vec::new(),
+        wait_rev: 1,
+        not_before: None,
+        restarts: 0,
+        outstanding: Vec::new(),
+        awaits: None,
     };
     let ctx = Ctx { now, fresh_token: AttemptToken::from("unused"), jitter: 0.0 };
     let mut c = Change { t: task, fx: Vec::new(), ctx: &ctx, policy };
     c.note(ProcessState::Pending);
-    c.fx.push(Effect::Run { rev: c.t.rev, delay_ms: 0, reason: RunReason::Start });
+    c.fx.push(Effect::Run { rev: c.t.wait_rev, delay_ms: 0, reason: RunReason::Start });
     Transition { task: c.t, effects: c.fx }
 }
 
@@ -228,11 +254,11 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
     Ok(Transition { task: c.t, effects: c.fx })
 }
 
-/// The Scheduler claims the current unit, if the run message is for this revision and nothing
-/// holds the lock.
+/// The Scheduler claims the current unit, if the run message is for the wait the task is in,
+/// nothing holds the lock and the task may start now.
 fn claim(task: &Task, rev: u64, c: &mut Change) -> Result<(), Stale> {
-    if rev != task.rev {
-        return Err(Stale::OldRun { message: rev, current: task.rev });
+    if rev != task.wait_rev {
+        return Err(Stale::OldRun { message: rev, current: task.wait_rev });
     }
     if task.locked_by.is_some() {
         return Err(Stale::AlreadyClaimed);
@@ -240,12 +266,20 @@ fn claim(task: &Task, rev: u64, c: &mut Change) -> Result<(), Stale> {
     if task.process_state != waiting_state(task.phase()) {
         return Err(Stale::NotClaimable(task.process_state));
     }
+    if let Some(not_before) = task.not_before.filter(|nb| *nb > c.ctx.now) {
+        return Err(Stale::TooEarly { not_before, now: c.ctx.now });
+    }
     c.start_unit();
     Ok(())
 }
 
-/// The current attempt succeeded: record it and move on.
+/// An attempt succeeded: the current one, or an earlier attempt of the same unit that timed out
+/// but had answered in time (its effect and the retry's share one idempotency key). A compensation
+/// waiting for its forward attempt may start as soon as that attempt has answered.
 fn agent_succeeded(task: &Task, attempt: &AttemptToken, output: &Value, c: &mut Change) -> Result<(), Stale> {
+    if c.releases_compensation(attempt) {
+        return Ok(());
+    }
     check_attempt(task, attempt)?;
     c.t.unit_record().succeeded();
     if c.t.phase() == Phase::Forward {
@@ -259,7 +293,7 @@ fn agent_succeeded(task: &Task, attempt: &AttemptToken, output: &Value, c: &mut 
 }
 
 /// The current attempt failed: a retryable failure counts and retries, a definite "no" gives the
-/// unit up (nothing to undo for it: the service said no).
+/// unit up (nothing to undo for this attempt: the service said no).
 fn agent_failed(
     task: &Task,
     attempt: &AttemptToken,
@@ -267,7 +301,12 @@ fn agent_failed(
     retryable: bool,
     c: &mut Change,
 ) -> Result<(), Stale> {
-    check_attempt(task, attempt)?;
+    if c.releases_compensation(attempt) {
+        return Ok(());
+    }
+    if task.locked_by.as_ref() != Some(attempt) {
+        return Err(Stale::NotCurrentAttempt);
+    }
     if retryable {
         c.attempt_failed(error, false);
         return Ok(());
@@ -275,22 +314,20 @@ fn agent_failed(
     c.t.failure_count += 1;
     c.t.unit_record().refused(error);
     let reason = format!("{} {} failed permanently: {error}", noun(c.t.phase()), c.t.current_def().name);
-    c.give_up(reason, false);
+    c.give_up(reason);
     Ok(())
 }
 
-/// The Supervisor found `CompleteBy` in the past: a lost run message is re-issued, a running
-/// attempt has timed out.
+/// The Supervisor found `CompleteBy` (plus the result grace) in the past: a lost or delayed run
+/// message is re-issued (the wait it belongs to does not change, so the first to arrive claims),
+/// a running attempt has timed out.
 fn deadline_expired(task: &Task, c: &mut Change) -> Result<(), Stale> {
     let complete_by = task.complete_by.unwrap_or(Millis(0));
-    if complete_by > c.ctx.now {
+    if complete_by.plus_ms(c.policy.result_grace_ms) > c.ctx.now {
         return Err(Stale::NotExpired { complete_by, now: c.ctx.now });
     }
     if task.locked_by.is_none() {
-        // The run message was lost (or its sender crashed): issue a new one. Not a failure of the
-        // unit, and not a state change.
-        c.t.complete_by = Some(c.ctx.now.plus_ms(c.policy.start_timeout_ms));
-        c.fx.push(Effect::Run { rev: c.t.rev, delay_ms: 0, reason: RunReason::Restart });
+        c.restart();
     } else {
         let reason = format!(
             "{} {} attempt {} passed CompleteBy {complete_by}",
@@ -298,41 +335,51 @@ fn deadline_expired(task: &Task, c: &mut Change) -> Result<(), Stale> {
             c.t.current_def().name,
             c.t.unit_attempts()
         );
+        if let Some(token) = c.t.locked_by.clone() {
+            c.t.outstanding.push(token);
+        }
         c.attempt_failed(&reason, true);
     }
     Ok(())
 }
 
-/// Operator: stop the task. Completed steps are compensated, and so is the current step when its
-/// effect is unknown (running now, or parked after timing out).
+/// Operator: stop the task. Completed steps are compensated, and so is the current step when any
+/// attempt of it may have applied (running now, timed out, or failed retryably). An `Error` task
+/// whose compensation failed resumes compensating, with fresh keys for refused units.
 fn cancel(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stale> {
-    if task.is_compensating() {
-        return Err(Stale::AlreadyCompensating);
+    if let Stage::Compensating { plan, pos, .. } = &task.stage {
+        if task.process_state != ProcessState::Error {
+            return Err(Stale::AlreadyCompensating);
+        }
+        c.t.stage = Stage::Compensating { plan: plan.clone(), pos: *pos, cause: EndCause::Cancelled };
+        c.t.run += 1;
+        c.t.reason = Some(format!("cancelled (run {}): {reason}", c.t.run));
+        c.t.unit_record().reset();
+        c.wait_for_claim(c.ctx.now, RunReason::Retry);
+        return Ok(());
     }
-    let running = task.locked_by.is_some();
     let i = c.t.step_index;
-    if running {
+    if let Some(token) = task.locked_by.clone() {
         c.t.steps[i].status = StepStatus::Cancelled;
+        c.t.steps[i].maybe_applied = true;
+        c.t.awaits = Some(token);
     }
-    let uncertain = running || c.t.steps[i].status == StepStatus::TimedOut;
-    c.begin_compensation(EndCause::Cancelled, format!("cancelled: {reason}"), uncertain);
+    c.begin_compensation(EndCause::Cancelled, format!("cancelled: {reason}"));
     Ok(())
 }
 
 /// Operator: an `Error` task resumes at its failed unit, forward or compensating; completed steps
-/// are not redone.
+/// are not redone. A unit whose last attempt was refused gets a new idempotency key.
 fn resubmit(reason: &str, c: &mut Change) {
     c.t.run += 1;
     c.t.reason = Some(format!("resubmitted (run {}): {reason}", c.t.run));
     c.t.locked_by = None;
-    c.t.complete_by = Some(c.ctx.now.plus_ms(c.policy.start_timeout_ms));
     c.t.unit_record().reset();
-    c.note(waiting_state(c.t.phase()));
-    c.fx.push(Effect::Run { rev: c.t.rev, delay_ms: 0, reason: RunReason::Retry });
+    c.wait_for_claim(c.ctx.now, RunReason::Retry);
 }
 
 fn check_attempt(task: &Task, attempt: &AttemptToken) -> Result<(), Stale> {
-    if task.locked_by.as_ref() == Some(attempt) {
+    if task.locked_by.as_ref() == Some(attempt) || task.outstanding.contains(attempt) {
         Ok(())
     } else {
         Err(Stale::NotCurrentAttempt)
@@ -387,27 +434,84 @@ impl Change<'_> {
         v
     }
 
-    /// Claim the current unit: fresh token, deadline, dispatch and timer.
+    /// Wait (unlocked) for a claim of the current unit from `due`: a run message for this wait,
+    /// delayed until then, and a `CompleteBy` by which the Supervisor restarts a lost one.
+    fn wait_for_claim(&mut self, due: Millis, reason: RunReason) {
+        let now = self.ctx.now;
+        self.t.locked_by = None;
+        self.t.restarts = 0;
+        self.t.wait_rev = self.t.rev;
+        self.t.not_before = None;
+        self.t.complete_by = Some(due.max(now).plus_ms(self.policy.start_timeout_ms));
+        self.t.unit_record().await_retry();
+        self.note(waiting_state(self.t.phase()));
+        self.fx.push(Effect::Run { rev: self.t.wait_rev, delay_ms: now.until(due), reason });
+    }
+
+    /// The run message of the current wait was lost or is stuck behind a lagging queue: send it
+    /// again (the first copy to arrive claims), waiting twice as long each time in a row; after
+    /// `max_restarts` the task is stuck for a reason no retry fixes, and ends in `Error`.
+    fn restart(&mut self) {
+        self.t.restarts += 1;
+        if self.t.restarts > self.policy.max_restarts {
+            self.t.reason = Some(format!(
+                "{} {} was not claimed after {} restarts",
+                noun(self.t.phase()),
+                self.t.current_def().name,
+                self.policy.max_restarts
+            ));
+            self.finish(ProcessState::Error);
+            return;
+        }
+        let wait = self.policy.start_timeout_ms.saturating_mul(1 << (self.t.restarts - 1).min(6));
+        self.t.complete_by = Some(self.ctx.now.plus_ms(wait));
+        self.fx.push(Effect::Run { rev: self.t.wait_rev, delay_ms: 0, reason: RunReason::Restart });
+    }
+
+    /// A compensation waiting for its forward attempt starts once that attempt has answered.
+    fn releases_compensation(&mut self, attempt: &AttemptToken) -> bool {
+        let waiting = self.t.is_compensating() && self.t.locked_by.is_none() && self.t.awaits.as_ref() == Some(attempt);
+        if waiting {
+            self.t.awaits = None;
+            self.wait_for_claim(self.ctx.now, RunReason::Compensate);
+        }
+        waiting
+    }
+
+    /// Claim the current unit: fresh token, deadlines, dispatch and timer. The request may wait
+    /// in the agent queue until `start_by` (the queue budget); the attempt then has the unit's full
+    /// `timeout_ms`, so `CompleteBy = start_by + timeout_ms`.
     fn start_unit(&mut self) {
         let def = self.t.current_def().clone();
         let token = self.ctx.fresh_token.clone();
-        let complete_by = self.ctx.now.plus_ms(def.timeout_ms);
+        let budget = def.schedule_to_start_ms.unwrap_or(self.policy.queue_budget_ms);
+        let start_by = self.ctx.now.plus_ms(budget);
+        let complete_by = start_by.plus_ms(def.timeout_ms);
         self.t.locked_by = Some(token.clone());
         self.t.complete_by = Some(complete_by);
+        self.t.not_before = None;
+        self.t.restarts = 0;
+        self.t.awaits = None;
         let attempt_no = self.t.unit_record().begin_attempt();
+        let key_gen = self.t.unit_record().key_gen();
         let phase = self.t.phase();
+        if phase == Phase::Forward {
+            let i = self.t.step_index;
+            self.t.steps[i].settles_at = Some(complete_by);
+        }
         self.note(running_state(phase));
         let input = self.input_for_current();
         let task_id = self.t.task_id.clone();
         self.fx.push(Effect::Dispatch(AgentRequest {
             v: VERSION,
-            idempotency_key: IdempotencyKey::for_step(&task_id, &def.name),
+            idempotency_key: IdempotencyKey::for_unit(&task_id, &def.name, key_gen),
             task_id: task_id.clone(),
             step: def.name.clone(),
             phase,
             agent: def.agent.clone(),
             attempt: token.clone(),
             attempt_no,
+            start_by: (budget > 0).then_some(start_by),
             complete_by,
             input,
         }));
@@ -416,6 +520,7 @@ impl Change<'_> {
 
     /// The current unit is done: start the next one, or end the task.
     fn advance(&mut self) {
+        self.t.outstanding.clear();
         match &mut self.t.stage {
             Stage::Forward if self.t.step_index + 1 < self.t.steps.len() => {
                 self.t.step_index += 1;
@@ -433,20 +538,21 @@ impl Change<'_> {
         }
     }
 
-    /// One attempt failed without a definite "no" (timeout or a retryable error): retry after a
-    /// backoff, or give up once the unit's attempts are spent.
+    /// One attempt failed without a definite "no" (timeout or a retryable error): its effect is
+    /// uncertain. Retry after a backoff, or give up once the unit's attempts are spent.
     fn attempt_failed(&mut self, reason: &str, timed_out: bool) {
         let def = self.t.current_def().clone();
         self.t.failure_count += 1;
         self.t.locked_by = None;
+        if self.t.phase() == Phase::Forward {
+            let i = self.t.step_index;
+            self.t.steps[i].maybe_applied = true;
+        }
         let failures = self.t.unit_record().attempt_failed(reason);
         if failures < def.max_attempts {
             let delay = def.backoff.delay_ms(failures, self.ctx.jitter);
-            self.t.complete_by = Some(self.ctx.now.plus_ms(delay).plus_ms(self.policy.start_timeout_ms));
-            self.t.unit_record().await_retry();
             self.t.reason = Some(format!("{reason}; retry {}/{} in {delay} ms", failures + 1, def.max_attempts));
-            self.note(waiting_state(self.t.phase()));
-            self.fx.push(Effect::Run { rev: self.t.rev, delay_ms: delay, reason: RunReason::Retry });
+            self.wait_for_claim(self.ctx.now.plus_ms(delay), RunReason::Retry);
             return;
         }
         let gave_up = format!("{reason}; all {} attempts used", def.max_attempts);
@@ -457,18 +563,18 @@ impl Change<'_> {
                     let alert = self.alert(AlertKind::RetriesExhausted, &gave_up);
                     self.fx.push(Effect::Alert(alert));
                 }
-                self.give_up(gave_up, timed_out);
+                self.give_up(gave_up);
             }
-            Phase::Compensate => self.give_up(format!("compensation failed: {gave_up}"), timed_out),
+            Phase::Compensate => self.give_up(format!("compensation failed: {gave_up}")),
         }
     }
 
-    /// The current unit failed for good. A forward step is compensated (with itself when its
-    /// effect is `uncertain`), or parks the task in `Error` for an operator, as the workflow says;
-    /// a compensation that fails for good leaves the task in `Error`.
-    fn give_up(&mut self, reason: String, uncertain: bool) {
+    /// The current unit failed for good. A forward step is compensated (with itself when some
+    /// attempt of it may have applied), or parks the task in `Error` for an operator, as the
+    /// workflow says; a compensation that fails for good leaves the task in `Error`.
+    fn give_up(&mut self, reason: String) {
         match (self.t.phase(), self.t.workflow.on_failure) {
-            (Phase::Forward, OnFailure::Compensate) => self.begin_compensation(EndCause::Failed, reason, uncertain),
+            (Phase::Forward, OnFailure::Compensate) => self.begin_compensation(EndCause::Failed, reason),
             (Phase::Forward, OnFailure::Error) | (Phase::Compensate, _) => {
                 self.t.reason = Some(reason);
                 self.finish(ProcessState::Error);
@@ -476,26 +582,38 @@ impl Change<'_> {
         }
     }
 
-    /// Undo, in reverse order, every completed step that has a compensation; with
-    /// `include_current`, the current step too (its outcome is unknown: timed out or cancelled
-    /// mid-flight; compensations must tolerate having nothing to undo).
-    fn begin_compensation(&mut self, cause: EndCause, reason: String, include_current: bool) {
+    /// Undo, in reverse order, every completed step that has a compensation, and the current step
+    /// too when some attempt of it may have applied (compensations must tolerate having nothing to
+    /// undo). A compensation never races its forward attempt: while that attempt may still start
+    /// or apply (until its `CompleteBy` and a settling margin, or until it answers), the first
+    /// compensation waits.
+    fn begin_compensation(&mut self, cause: EndCause, reason: String) {
         let t = &self.t;
         let i = t.step_index;
         let has_comp = |j: usize| t.workflow.steps[j].compensation.is_some();
         let mut plan = Vec::new();
-        if include_current && has_comp(i) {
+        let current = t.steps[i].maybe_applied && has_comp(i);
+        if current {
             plan.push(i);
         }
         plan.extend((0..i).rev().filter(|&j| t.steps[j].status == StepStatus::Succeeded && has_comp(j)));
+        let settles = if current { t.steps[i].settles_at.map(|at| at.plus_ms(self.policy.settle_ms)) } else { None };
         self.t.reason = Some(reason);
         self.t.locked_by = None;
+        self.t.outstanding.clear();
         if plan.is_empty() {
             self.finish(cause.end_state());
             return;
         }
         self.t.stage = Stage::Compensating { plan, pos: 0, cause };
-        self.start_unit();
+        match settles.filter(|at| *at > self.ctx.now) {
+            Some(at) => {
+                // no claim before then, whichever run message arrives first
+                self.wait_for_claim(at, RunReason::Compensate);
+                self.t.not_before = Some(at);
+            }
+            None => self.start_unit(),
+        }
     }
 
     /// End the task in a terminal state; `Error` alerts an operator.
@@ -503,6 +621,9 @@ impl Change<'_> {
         debug_assert!(end.is_terminal());
         self.t.locked_by = None;
         self.t.complete_by = None;
+        self.t.not_before = None;
+        self.t.outstanding.clear();
+        self.t.awaits = None;
         self.note(end);
         if end == ProcessState::Error {
             let reason = self.t.reason.clone().unwrap_or_default();

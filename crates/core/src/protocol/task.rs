@@ -40,6 +40,16 @@ pub enum CompensationStatus {
     Failed,
 }
 
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 /// A step's compensation, created when it is first claimed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompensationRecord {
@@ -49,6 +59,12 @@ pub struct CompensationRecord {
     pub failures: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The last attempt got a definite "no": its idempotency key was used up without an effect.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub refused: bool,
+    /// Bumped when an operator resumes a refused unit, so the service sees a new key.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub key_gen: u32,
 }
 
 /// A forward step: its progress, its output once it succeeded, and its compensation if one ran.
@@ -64,6 +80,18 @@ pub struct StepRecord {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compensation: Option<CompensationRecord>,
+    /// Some attempt of this step may have applied its effect (it timed out, failed retryably or
+    /// was cancelled while running), whatever later attempts said: the step is compensated.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub maybe_applied: bool,
+    /// The latest CompleteBy of an attempt of this step: after it (and a settling margin) no
+    /// attempt can start or apply, so its compensation may run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settles_at: Option<Millis>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub refused: bool,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub key_gen: u32,
 }
 
 impl StepRecord {
@@ -76,6 +104,10 @@ impl StepRecord {
             output: None,
             error: None,
             compensation: None,
+            maybe_applied: false,
+            settles_at: None,
+            refused: false,
+            key_gen: 0,
         }
     }
 }
@@ -93,8 +125,11 @@ pub(crate) trait UnitRecord {
     fn refused(&mut self, error: &str);
     /// No attempt is left; `timed_out` when the last one ran out of time.
     fn exhausted(&mut self, timed_out: bool);
-    /// An operator resubmits: the unit starts over with a clean failure count.
+    /// An operator resubmits: the unit starts over with a clean failure count (and a new
+    /// idempotency key if its last attempt was refused: the old key is spent).
     fn reset(&mut self);
+    /// The generation of the unit's idempotency key.
+    fn key_gen(&self) -> u32;
 }
 
 /// One definition of the bookkeeping for both kinds of record; only the status names differ.
@@ -103,6 +138,7 @@ macro_rules! unit_record {
         impl UnitRecord for $record {
             fn begin_attempt(&mut self) -> u32 {
                 self.status = $status::$r;
+                self.refused = false;
                 self.attempts += 1;
                 self.attempts
             }
@@ -120,6 +156,7 @@ macro_rules! unit_record {
             }
             fn refused(&mut self, error: &str) {
                 self.status = $status::$f;
+                self.refused = true;
                 self.failures += 1;
                 self.error = Some(error.to_owned());
             }
@@ -129,6 +166,13 @@ macro_rules! unit_record {
             fn reset(&mut self) {
                 self.status = $status::$p;
                 self.failures = 0;
+                if self.refused {
+                    self.refused = false;
+                    self.key_gen += 1;
+                }
+            }
+            fn key_gen(&self) -> u32 {
+                self.key_gen
             }
         }
     };
@@ -272,6 +316,25 @@ pub struct Task {
     pub updated_at: Millis,
     #[serde(default)]
     pub history: Vec<HistoryEntry>,
+    /// The revision at which the task began to wait for its current claim. Run messages carry it;
+    /// a restart re-sends it unchanged, so a run message delayed in a lagging queue still claims.
+    #[serde(default)]
+    pub wait_rev: u64,
+    /// No claim before this instant (a retry's backoff, a compensation waiting for its forward
+    /// attempt to settle).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<Millis>,
+    /// Restarts since the last claim (a lost or never-claimed run message).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+    /// Timed-out attempts of the current unit: they answered in time if they answer at all (an
+    /// agent sends nothing after `CompleteBy`), so a success of one is taken.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outstanding: Vec<AttemptToken>,
+    /// The forward attempt a compensation waits for (cancelled while running): compensation starts
+    /// when it answers, or once it can no longer apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaits: Option<AttemptToken>,
 }
 
 fn first_run() -> u32 {
@@ -336,6 +399,8 @@ impl Task {
                 attempts: 0,
                 failures: 0,
                 error: None,
+                refused: false,
+                key_gen: 0,
             })
         } else {
             &mut self.steps[i]

@@ -7,6 +7,7 @@ fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
         name: name.into(),
         agent: "sim".into(),
         timeout_ms: 1_000,
+        schedule_to_start_ms: None,
         max_attempts,
         backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
         compensation: comp.map(|c| {
@@ -14,6 +15,7 @@ fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
                 name: c.into(),
                 agent: "sim".into(),
                 timeout_ms: 1_000,
+                schedule_to_start_ms: None,
                 max_attempts: 2,
                 backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
                 compensation: None,
@@ -33,7 +35,14 @@ fn order() -> WorkflowDef {
 }
 
 fn policy() -> Policy {
-    Policy { start_timeout_ms: 500, history_limit: 50 }
+    Policy {
+        start_timeout_ms: 500,
+        history_limit: 50,
+        queue_budget_ms: 0,
+        result_grace_ms: 0,
+        settle_ms: 0,
+        max_restarts: 8,
+    }
 }
 
 fn ctx(now: u64) -> Ctx {
@@ -55,8 +64,9 @@ fn go(task: &Task, e: Event, now: u64) -> Transition {
     apply(task, &e, &ctx(now), &policy()).unwrap_or_else(|s| panic!("{} was stale: {s}", e.name()))
 }
 
+/// The Scheduler takes the run message of the task's current wait.
 fn claim(task: &Task, now: u64) -> Transition {
-    go(task, Event::Claim { rev: task.rev }, now)
+    go(task, Event::Claim { rev: task.wait_rev }, now)
 }
 
 fn token(task: &Task) -> AttemptToken {
@@ -145,7 +155,15 @@ fn claims_are_fenced_by_rev_and_lock() {
         Err(Stale::OldRun { message: 0, current: 1 })
     );
     let c = claim(&t0, 1_010);
-    assert_eq!(apply(&c.task, &Event::Claim { rev: c.task.rev }, &ctx(1_020), &policy()), Err(Stale::AlreadyClaimed));
+    // the same run message delivered again
+    assert_eq!(apply(&c.task, &Event::Claim { rev: t0.rev }, &ctx(1_020), &policy()), Err(Stale::AlreadyClaimed));
+    // a run message from an earlier wait (before a retry) claims nothing
+    let retry =
+        go(&c.task, Event::AgentFailed { attempt: token(&c.task), error: "503".into(), retryable: true }, 1_030);
+    assert_eq!(
+        apply(&retry.task, &Event::Claim { rev: t0.rev }, &ctx(1_040), &policy()),
+        Err(Stale::OldRun { message: 1, current: retry.task.wait_rev })
+    );
 }
 
 #[test]
@@ -178,9 +196,16 @@ fn timeout_then_retry_then_success() {
     assert_eq!(r.task.complete_by, Some(Millis(2_010 + 75 + 500)));
     assert_eq!(replies(&r.effects), vec![ProcessState::Pending]);
     assert!(r.task.reason.as_deref().unwrap().contains("retry 2/3"), "{:?}", r.task.reason);
-    // the old attempt's late result is stale
+    // F8: the timed-out attempt's result, produced in time (an agent sends nothing after
+    // CompleteBy) but delayed, is taken while the task is still on that step...
     let late = Event::AgentSucceeded { attempt: token(&c), output: json!(1) };
-    assert_eq!(apply(&r.task, &late, &ctx(2_020), &policy()), Err(Stale::NotCurrentAttempt));
+    let took = go(&r.task, late.clone(), 2_020);
+    assert_eq!((took.task.step_index, took.task.steps[0].status), (1, StepStatus::Succeeded));
+    assert_eq!(dispatched(&took.effects)[0].step, "charge");
+    // ...and a failure it reports late changes nothing
+    let late_no = Event::AgentFailed { attempt: token(&c), error: "503".into(), retryable: true };
+    assert_eq!(apply(&r.task, &late_no, &ctx(2_020), &policy()), Err(Stale::NotCurrentAttempt));
+    // without it, the retry runs
     let c2 = claim(&r.task, 2_100);
     assert_eq!(dispatched(&c2.effects)[0].attempt_no, 2);
     assert_eq!(dispatched(&c2.effects)[0].idempotency_key.as_str(), "t1:reserve");
@@ -300,17 +325,86 @@ fn cancel_mid_way_compensates_and_ends_cancelled() {
     let r = go(&t, Event::Cancel { reason: "customer asked".into() }, 1_150);
     assert_eq!(r.task.process_state, ProcessState::Compensating);
     assert_eq!(r.task.steps[1].status, StepStatus::Cancelled);
-    assert_eq!(dispatched(&r.effects)[0].step, "refund");
-    // the charge attempt's late result is stale
-    let late = Event::AgentSucceeded { attempt: token(&t), output: json!(1) };
-    assert_eq!(apply(&r.task, &late, &ctx(1_160), &policy()), Err(Stale::NotCurrentAttempt));
+    // F1: the charge may still land until its CompleteBy (2_100): the refund must not race it
+    assert!(dispatched(&r.effects).is_empty(), "no refund while the charge attempt may still apply");
+    assert!(r.effects.contains(&Effect::Run { rev: r.task.rev, delay_ms: 950, reason: RunReason::Compensate }));
+    assert_eq!(
+        apply(&r.task, &Event::Claim { rev: r.task.rev }, &ctx(1_160), &policy()),
+        Err(Stale::TooEarly { not_before: Millis(2_100), now: Millis(1_160) })
+    );
     assert_eq!(
         apply(&r.task, &Event::Cancel { reason: "again".into() }, &ctx(1_170), &policy()),
         Err(Stale::AlreadyCompensating)
     );
+    // the charge attempt answers (whatever it says): it can no longer apply, the refund may start
+    let late = Event::AgentSucceeded { attempt: token(&t), output: json!(1) };
+    let released = go(&r.task, late.clone(), 1_180);
+    assert_eq!(released.task.process_state, ProcessState::Compensating);
+    assert!(released.effects.iter().any(|e| matches!(e, Effect::Run { delay_ms: 0, .. })));
+    assert_eq!(apply(&released.task, &late, &ctx(1_185), &policy()), Err(Stale::NotCurrentAttempt), "once");
+    let r = claim(&released.task, 1_190);
+    assert_eq!(dispatched(&r.effects)[0].step, "refund");
     let r = succeed(&r.task, 1_200);
     let r = succeed(&r.task, 1_300);
     assert_eq!(r.task.process_state, ProcessState::Cancelled);
+}
+
+#[test]
+fn a_compensation_waits_out_a_forward_attempt_that_never_answers() {
+    let mut t = claim(&new_task(false).task, 1_010).task;
+    t = succeed(&t, 1_100).task; // charge running until 2_100
+    let r = go(&t, Event::Cancel { reason: "x".into() }, 1_150);
+    let at = |now| apply(&r.task, &Event::Claim { rev: r.task.rev }, &ctx(now), &policy());
+    assert!(matches!(at(2_099), Err(Stale::TooEarly { .. })));
+    assert_eq!(dispatched(&at(2_100).unwrap().effects)[0].step, "refund");
+}
+
+#[test]
+fn may_have_applied_is_remembered_across_every_attempt_of_a_step() {
+    // F2, cancel during backoff: attempt 1 timed out (it may have charged), attempt 2 waits
+    let mut t = claim(&new_task(false).task, 1_010).task;
+    t = succeed(&t, 1_100).task; // charge attempt 1 until 2_100
+    t = time_out(&t, 2_100).task;
+    assert_eq!(t.process_state, ProcessState::Pending);
+    let plan = |t: &Task| match &t.stage {
+        Stage::Compensating { plan, .. } => plan.clone(),
+        Stage::Forward => vec![],
+    };
+    let c = go(&t, Event::Cancel { reason: "x".into() }, 2_150);
+    assert_eq!(plan(&c.task), vec![1, 0], "the timed-out charge is refunded");
+    // F2, retries that end on a retryable error, after a timeout
+    let t2 = claim(&t, 2_300).task;
+    let r = go(&t2, Event::AgentFailed { attempt: token(&t2), error: "503".into(), retryable: true }, 2_400);
+    let t3 = claim(&r.task, 2_600).task;
+    let gave_up =
+        go(&t3, Event::AgentFailed { attempt: token(&t3), error: "declined".into(), retryable: false }, 2_700);
+    assert_eq!(plan(&gave_up.task), vec![1, 0], "a refusal at the end does not undo the uncertainty of attempt 1");
+    // F2, cancel of a parked Error task whose step timed out earlier
+    let mut p = parked();
+    p = time_out(&p, 3_000).task;
+    p = claim(&p, 3_200).task;
+    let e = go(&p, Event::AgentFailed { attempt: token(&p), error: "down".into(), retryable: false }, 3_300).task;
+    assert_eq!(e.process_state, ProcessState::Error);
+    assert_eq!(plan(&go(&e, Event::Cancel { reason: "give up".into() }, 3_400).task), vec![1, 0]);
+}
+
+#[test]
+fn an_error_left_by_a_failed_compensation_can_be_resubmitted_or_cancelled_with_fresh_keys() {
+    let mut t = claim(&new_task(false).task, 1_010).task;
+    t = succeed(&t, 1_100).task;
+    t = go(&t, Event::AgentFailed { attempt: token(&t), error: "declined".into(), retryable: false }, 1_200).task;
+    t = go(&t, Event::AgentFailed { attempt: token(&t), error: "release refused".into(), retryable: false }, 1_300)
+        .task;
+    assert_eq!(t.process_state, ProcessState::Error);
+    for e in [Event::Resubmit { reason: "r".into() }, Event::Cancel { reason: "c".into() }] {
+        let r = go(&t, e.clone(), 2_000);
+        assert_eq!(r.task.process_state, ProcessState::Compensating, "{}", e.name());
+        let d = claim(&r.task, 2_100);
+        assert_eq!(dispatched(&d.effects)[0].idempotency_key.as_str(), "t1:release#1", "{}", e.name());
+        let end = succeed(&d.task, 2_200).task.process_state;
+        let want = if e.name() == "cancel" { ProcessState::Cancelled } else { ProcessState::Compensated };
+        assert_eq!(end, want);
+    }
 }
 
 #[test]
@@ -327,10 +421,31 @@ fn lost_start_message_is_reissued_without_counting_a_failure() {
     assert_eq!(r.task.process_state, ProcessState::Pending);
     assert_eq!(r.task.failure_count, 0);
     assert_eq!(r.task.complete_by, Some(Millis(2_100)));
-    assert_eq!(r.effects, vec![Effect::Run { rev: 2, delay_ms: 0, reason: RunReason::Restart }]);
-    // the original start message (rev 1) is now stale; the new one claims
-    assert!(matches!(apply(&r.task, &Event::Claim { rev: 1 }, &ctx(1_700), &policy()), Err(Stale::OldRun { .. })));
-    assert_eq!(claim(&r.task, 1_700).task.process_state, ProcessState::Processing);
+    // F7: the restart re-sends the same wait's run message, so whichever copy arrives first
+    // claims, however late the original is (a restart no longer invalidates it)
+    assert_eq!(r.effects, vec![Effect::Run { rev: 1, delay_ms: 0, reason: RunReason::Restart }]);
+    let claimed = claim(&r.task, 1_700).task;
+    assert_eq!(claimed.process_state, ProcessState::Processing);
+    assert_eq!(apply(&claimed, &Event::Claim { rev: 1 }, &ctx(1_710), &policy()), Err(Stale::AlreadyClaimed));
+}
+
+#[test]
+fn restarts_back_off_and_a_task_never_claimed_ends_in_error() {
+    let p = Policy { max_restarts: 3, ..policy() };
+    let mut t = new_task(true).task;
+    let mut waits = Vec::new();
+    for _ in 0..3 {
+        let now = t.complete_by.unwrap().0;
+        let r = apply(&t, &Event::DeadlineExpired, &ctx(now), &p).unwrap();
+        waits.push(r.task.complete_by.unwrap().0 - now);
+        t = r.task;
+    }
+    assert_eq!(waits, vec![500, 1_000, 2_000], "each restart in a row waits twice as long");
+    let now = t.complete_by.unwrap().0;
+    let r = apply(&t, &Event::DeadlineExpired, &ctx(now), &p).unwrap();
+    assert_eq!(r.task.process_state, ProcessState::Error, "a claim that never happens escalates");
+    assert_eq!(alerts(&r.effects), vec![AlertKind::TaskError]);
+    assert!(r.task.reason.unwrap().contains("not claimed after 3 restarts"));
 }
 
 #[test]
@@ -352,7 +467,7 @@ fn terminal_states_are_never_left() {
 
 #[test]
 fn history_is_bounded() {
-    let p = Policy { start_timeout_ms: 500, history_limit: 3 };
+    let p = Policy { history_limit: 3, ..policy() };
     let mut t = new_task(false).task;
     t = apply(&t, &Event::Claim { rev: t.rev }, &ctx(1_010), &p).unwrap().task;
     for _ in 0..3 {
@@ -399,7 +514,9 @@ fn resubmit_resumes_an_error_task_from_its_failed_step() {
         ("charge", 2),
         "resumes at the failed step, reserve is not redone"
     );
-    assert_eq!(d[0].idempotency_key.as_str(), "t1:charge");
+    // F4: the refused attempt spent its key at the service (which may keep the refusal); the
+    // resumed step asks with a new one
+    assert_eq!(d[0].idempotency_key.as_str(), "t1:charge#1");
     let done = succeed(&succeed(&c.task, 5_200).task, 5_300).task;
     assert_eq!(done.process_state, ProcessState::Processed);
     assert_eq!(done.steps[0].attempts, 1);
@@ -496,8 +613,8 @@ fn event_for(t: &Task, m: &Move, stale_token: &AttemptToken) -> (Event, u64) {
     let now = t.updated_at.0 + 10;
     let cur = t.locked_by.clone().unwrap_or_else(|| stale_token.clone());
     match m {
-        Move::ClaimCurrent => (Event::Claim { rev: t.rev }, now),
-        Move::ClaimOld => (Event::Claim { rev: t.rev.saturating_sub(1) }, now),
+        Move::ClaimCurrent => (Event::Claim { rev: t.wait_rev }, now),
+        Move::ClaimOld => (Event::Claim { rev: t.wait_rev.saturating_sub(1) }, now),
         Move::SucceedCurrent => (Event::AgentSucceeded { attempt: cur, output: json!(1) }, now),
         Move::SucceedStale => (Event::AgentSucceeded { attempt: stale_token.clone(), output: json!(1) }, now),
         Move::FailRetryable => (Event::AgentFailed { attempt: cur, error: "e".into(), retryable: true }, now),
