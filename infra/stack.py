@@ -183,6 +183,16 @@ def verify(out: dict[str, str]) -> None:
         policy = json.loads(attrs["RedrivePolicy"])
         check(policy["deadLetterTargetArn"] == out[f"{queue}DlqArn"] and int(policy["maxReceiveCount"]) == limit,
               f"{queue}Queue redrives to its DLQ after {limit} receives")
+    # The checkov skips of CKV_AWS_27 in template.yaml rest on this: every queue has SSE-SQS.
+    sse = {
+        f"{queue}{kind}": sqs.get_queue_attributes(QueueUrl=out[f"{queue}{kind}Url"], AttributeNames=["All"])[
+            "Attributes"
+        ].get("SqsManagedSseEnabled")
+        for queue in ("Submission", "Scheduler", "Agent", "Supervisor")
+        for kind in ("Queue", "Dlq")
+    }
+    unencrypted = [name for name, enabled in sse.items() if enabled != "true"]
+    check(not unencrypted, f"all 8 queues encrypted with SSE-SQS (not: {unencrypted or 'none'})")
     url, dlq = out["AgentQueueUrl"], out["AgentDlqUrl"]
     sqs.send_message(QueueUrl=url, MessageBody='{"v":1,"redrive":"test"}')
     received = 0
