@@ -1,27 +1,37 @@
 #!/usr/bin/env python3
-"""Deploy template.yaml onto LocalStack (functions off) and check it, with boto3.
+"""Deploy template.yaml onto LocalStack and check it, with boto3.
 
 Run with the LocalStack venv's Python (it has boto3), after `source infra/env.sh`:
 
-    .local/localstack/venv/bin/python infra/stack.py deploy NAME [Key=Value ...]
+    .local/localstack/venv/bin/python infra/stack.py deploy NAME [Key=Value ...] [--code DIR]
     .local/localstack/venv/bin/python infra/stack.py outputs NAME
     .local/localstack/venv/bin/python infra/stack.py delete NAME
     .local/localstack/venv/bin/python infra/stack.py smoke      # deploy, verify, delete
 
-(or `make stack-smoke`). This is the same call the project's Rust deployer makes: CreateStack with
-the template body, DeployFunctions=false, CAPABILITY_IAM + CAPABILITY_AUTO_EXPAND. The SAM transform
-checks every function's CodeUri before conditions are evaluated and accepts only s3:// URIs there,
-so `CodeUri: ./` (what sam build needs) is rewritten to a placeholder S3 URI that nothing reads.
+(or `make stack-smoke`, or infra/stack.sh). CreateStack with the template body,
+CAPABILITY_IAM + CAPABILITY_AUTO_EXPAND, DeployFunctions=false unless given. The SAM transform
+checks every function's CodeUri before conditions are evaluated and accepts only s3:// URIs there:
+
+- functions off (the default, the same call the project's Rust deployer makes): `CodeUri: ./`
+  (what sam build needs) is rewritten to a placeholder S3 URI that nothing reads;
+- functions on (`DeployFunctions=true Architecture=x86_64 --code DIR`, LocalStack started with the
+  host Lambda executor): DIR holds each function's code as sam build lays it out,
+  `<LogicalId>/bootstrap` (e.g. `.aws-sam/build` after `make sam-build`), or as
+  `<LogicalId>.zip`; each is zipped, uploaded to LocalStack S3 (bucket CODE_BUCKET, key
+  `<stack>/<LogicalId>-<sha256>.zip`) and its function's `CodeUri: ./` becomes that s3:// URI.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import re
 import sys
 import time
 import uuid
+import zipfile
 from pathlib import Path
 
 import boto3
@@ -30,6 +40,9 @@ from botocore.config import Config
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = Path(os.environ.get("SAS_TEMPLATE", ROOT / "template.yaml"))
 PLACEHOLDER_CODE_URI = "s3://sas-placeholder/functions.zip"
+CODE_BUCKET = "sas-local-code"
+CODE_URI_LINE = re.compile(r"^(\s*CodeUri:\s*)\./\s*$")
+RESOURCE_LINE = re.compile(r"^  ([A-Za-z0-9]+):\s*$")  # a logical ID under Resources
 
 OUTPUT_KEYS = [
     f"{queue}{kind}{attr}"
@@ -61,14 +74,81 @@ def localstack_body(template: str) -> str:
     return body
 
 
-def parse_params(args: list[str]) -> dict[str, str]:
-    params = {"DeployFunctions": "false"}
-    for arg in args:
+def function_code_uris() -> list[str]:
+    """Logical IDs of the functions whose CodeUri is `./`, in template order."""
+    current, found = None, []
+    for line in TEMPLATE.read_text().splitlines():
+        if match := RESOURCE_LINE.match(line):
+            current = match.group(1)
+        elif CODE_URI_LINE.match(line):
+            found.append(current)
+    return found
+
+
+def zip_for(code_dir: Path, logical_id: str) -> bytes:
+    """The function's code from DIR: <LogicalId>.zip as it is, or <LogicalId>/ zipped."""
+    ready = code_dir / f"{logical_id}.zip"
+    if ready.is_file():
+        return ready.read_bytes()
+    folder = code_dir / logical_id
+    if not (folder / "bootstrap").is_file():
+        raise SystemExit(f"--code {code_dir}: neither {ready.name} nor {logical_id}/bootstrap found")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            info = zipfile.ZipInfo(str(path.relative_to(folder)), date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = (path.stat().st_mode & 0o777 | 0o100000) << 16  # keep the x bit
+            info.create_system = 3
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, path.read_bytes())
+    return buf.getvalue()
+
+
+def upload_code(name: str, code_dir: Path) -> dict[str, str]:
+    """Upload each function's zip to LocalStack S3; returns logical ID -> s3:// URI."""
+    s3 = client("s3")
+    try:
+        s3.create_bucket(Bucket=CODE_BUCKET)
+    except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
+        pass
+    uris = {}
+    for logical_id in function_code_uris():
+        body = zip_for(code_dir, logical_id)
+        key = f"{name}/{logical_id}-{hashlib.sha256(body).hexdigest()[:16]}.zip"
+        s3.put_object(Bucket=CODE_BUCKET, Key=key, Body=body)
+        uris[logical_id] = f"s3://{CODE_BUCKET}/{key}"
+    return uris
+
+
+def with_code_uris(template: str, uris: dict[str, str]) -> str:
+    """The template with each function's `CodeUri: ./` replaced by its URI."""
+    lines, current = [], None
+    for line in template.splitlines(keepends=True):
+        if match := RESOURCE_LINE.match(line):
+            current = match.group(1)
+        elif (match := CODE_URI_LINE.match(line)) and current in uris:
+            line = f"{match.group(1)}{uris[current]}\n"
+        lines.append(line)
+    return "".join(lines)
+
+
+def parse_args(args: list[str]) -> tuple[dict[str, str], Path | None]:
+    params, code_dir = {"DeployFunctions": "false"}, None
+    args = list(args)
+    while args:
+        arg = args.pop(0)
+        if arg == "--code":
+            if not args:
+                raise SystemExit("--code needs a folder")
+            code_dir = Path(args.pop(0))
+            continue
         key, sep, value = arg.partition("=")
         if not sep:
             raise SystemExit(f"parameter {arg!r}: expected Key=Value")
         params[key] = value
-    return params
+    if params.get("DeployFunctions") == "true" and code_dir is None:
+        raise SystemExit("DeployFunctions=true needs --code DIR (the functions' code; see the docstring)")
+    return params, code_dir
 
 
 def wait_stack(cfn, name: str, timeout: float = 180.0) -> dict:
@@ -92,10 +172,12 @@ def failed_events(cfn, name: str) -> list[str]:
     ]
 
 
-def deploy(name: str, params: dict[str, str]) -> dict[str, str]:
+def deploy(name: str, params: dict[str, str], code_dir: Path | None = None) -> dict[str, str]:
     cfn = client("cloudformation")
     body = TEMPLATE.read_text()
-    if params.get("DeployFunctions", "true") == "false":
+    if code_dir is not None:
+        body = with_code_uris(body, upload_code(name, code_dir))
+    elif params.get("DeployFunctions", "true") == "false":
         body = localstack_body(body)
     started = time.monotonic()
     cfn.create_stack(
@@ -128,6 +210,13 @@ def delete(name: str) -> None:
     if stack["StackStatus"] != "DELETE_COMPLETE":
         raise SystemExit(f"stack {name}: {stack['StackStatus']}: {failed_events(cfn, name)}")
     print(f"stack {name}: DELETE_COMPLETE in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    s3 = client("s3")  # the code zips uploaded by `deploy --code`
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=CODE_BUCKET, Prefix=f"{name}/"):
+            for obj in page.get("Contents", []):
+                s3.delete_object(Bucket=CODE_BUCKET, Key=obj["Key"])
+    except s3.exceptions.ClientError:  # no such bucket (nothing was uploaded), or no S3 service
+        pass
 
 
 def check(condition: bool, what: str) -> None:
@@ -214,14 +303,18 @@ def main(argv: list[str]) -> None:
         raise SystemExit(__doc__)
     cmd, rest = argv[0], argv[1:]
     if cmd == "deploy" and rest:
-        print(json.dumps(deploy(rest[0], parse_params(rest[1:])), indent=2))
+        params, code_dir = parse_args(rest[1:])
+        print(json.dumps(deploy(rest[0], params, code_dir), indent=2))
     elif cmd == "outputs" and len(rest) == 1:
         print(json.dumps(outputs(rest[0]), indent=2))
     elif cmd == "delete" and len(rest) == 1:
         delete(rest[0])
     elif cmd == "smoke":
         name = f"sas-smoke-{uuid.uuid4().hex[:8]}"
-        out = deploy(name, parse_params(rest))
+        params, code_dir = parse_args(rest)
+        if params.get("DeployFunctions") == "true":
+            raise SystemExit("smoke checks the stack with the functions off (it reads the queues itself)")
+        out = deploy(name, params, code_dir)
         try:
             verify(out)
         finally:

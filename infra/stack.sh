@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Deploy/inspect/delete template.yaml on LocalStack with DeployFunctions=false (see infra/stack.py):
-#   infra/stack.sh deploy NAME [Key=Value ...] | outputs NAME | delete NAME | smoke
+# Deploy/inspect/delete template.yaml on LocalStack (see infra/stack.py; functions off by default):
+#   infra/stack.sh deploy NAME [Key=Value ...] [--code DIR] | outputs NAME | delete NAME | smoke
 set -euo pipefail
 
 # shellcheck source=infra/env.sh
