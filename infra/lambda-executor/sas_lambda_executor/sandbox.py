@@ -90,6 +90,17 @@ def exit_text(code: int) -> str:
     return f"signal: {name.lower()}"
 
 
+def _exit_document(request_id: str, code: int | None) -> bytes:
+    """The Runtime.ExitError an invocation gets when the process is gone (None: it was stopped)."""
+    if code is None:
+        why = "environment stopped"
+    elif code == 0:
+        why = "Runtime exited without providing a reason"
+    else:
+        why = f"Runtime exited with error: {exit_text(code)}"
+    return error_document("Runtime.ExitError", f"RequestId: {request_id} Error: {why}")
+
+
 # -- spawning ----------------------------------------------------------------------------------
 
 
@@ -223,6 +234,7 @@ class Sandbox:
 
         def failed(error_type: str, message: str, **extra) -> InitResult:
             self.kill(grace_s=0)
+            self.wait_for_output_end(0.5)  # its last words belong in the log
             return InitResult(False, (time.perf_counter() - begun) * 1000, error_type, message, **extra)
 
         problem = bootstrap_problem(self.bootstrap)
@@ -328,9 +340,9 @@ class Sandbox:
             # Wait without reaping: while the leader is a zombie its PID (= the group's id) cannot be
             # reused, so the SIGKILL below reaches only the children it left behind.
             os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-            _killpg(proc.pid, signal.SIGKILL)
-        except ChildProcessError:  # already reaped by kill()
+        except ChildProcessError:  # already reaped (Popen.poll() in kill() or alive) a moment ago
             pass
+        _killpg(proc.pid, signal.SIGKILL)
         code = proc.wait()
         with self._cond:
             self._exit_code = code
@@ -340,12 +352,7 @@ class Sandbox:
             self._pending = None
             self._cond.notify_all()
         for event in orphans:
-            message = (
-                "Runtime exited without providing a reason"
-                if code == 0
-                else f"Runtime exited with error: {exit_text(code)}"
-            )
-            event.finish(error_document("Runtime.ExitError", f"RequestId: {event.request_id} Error: {message}"), True)
+            event.finish(_exit_document(event.request_id, code), True)
         LOG.debug("%s: pid %s ended (%s)", self.name, proc.pid, exit_text(code))
         self._close_server()
         _LIVE.discard(self)
@@ -356,14 +363,7 @@ class Sandbox:
         Returns (body, is_error), or None when the deadline passed (the caller resets the runtime)."""
         with self._cond:
             if self._closed:
-                code = self._exit_code
-                if code is None:
-                    why = "environment stopped"
-                elif code == 0:
-                    why = "Runtime exited without providing a reason"
-                else:
-                    why = f"Runtime exited with error: {exit_text(code)}"
-                event.finish(error_document("Runtime.ExitError", f"RequestId: {event.request_id} Error: {why}"), True)
+                event.finish(_exit_document(event.request_id, self._exit_code), True)
             else:
                 self._pending = event
                 self._cond.notify_all()
