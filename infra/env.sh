@@ -24,6 +24,8 @@ export LOCALSTACK_FS="$LOCALSTACK_DIR/fs"
 export LOCALSTACK_LOG="$LOCALSTACK_DIR/localstack.log"
 export LOCALSTACK_PIDFILE="$LOCALSTACK_DIR/localstack.pid"
 export TOOLS_VENV="$SAS_LOCAL_DIR/tools/venv"
+# checkov has its own venv (its pins clash with the tools venv); not put on PATH.
+export CHECKOV_VENV="$SAS_LOCAL_DIR/tools/checkov-venv"
 
 export AWS_ENDPOINT_URL="${AWS_ENDPOINT_URL:-http://localhost:$LOCALSTACK_PORT}"
 export AWS_ACCESS_KEY_ID=test

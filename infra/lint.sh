@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Lint the infrastructure: sam validate --lint and cfn-lint on template.yaml (tools venv) gate it.
+# Lint the infrastructure: sam validate --lint, cfn-lint and checkov on template.yaml (tools venvs)
+# gate it; checkov fails on any failed check or parsing error (skips are in the template, each with
+# its reason).
 # ShellCheck findings on the scripts are advisory (printed, never fatal): ShellCheck is not part
 # of the pinned tools and is present on some machines only, so it must not change the verdict.
 set -euo pipefail
@@ -19,10 +21,41 @@ echo "== cfn-lint (config: .cfnlintrc)"
 cfn-lint
 echo "cfn-lint: no findings"
 
-echo "== python: infra/*.py parse"
-for f in infra/*.py; do
-  "$TOOLS_VENV/bin/python" -c 'import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])' "$f"
-done
+echo "== checkov (config: .checkov.yaml)"
+checkov_json="$SAS_LOCAL_DIR/checkov-results.json"
+rm -f -- "$checkov_json"
+checkov_rc=0
+"$CHECKOV_VENV/bin/checkov" --quiet -o cli -o json --output-file-path "console,$checkov_json" || checkov_rc=$?
+"$CHECKOV_VENV/bin/python" - "$checkov_json" "$checkov_rc" <<'PY'
+import json
+import sys
+
+path, rc = sys.argv[1], int(sys.argv[2])
+try:
+    with open(path) as f:
+        report = json.load(f)
+except (OSError, ValueError) as exc:
+    sys.exit(f"checkov: no report ({exc}); exit {rc}")
+reports = report if isinstance(report, list) else [report]
+summary = {key: sum(r["summary"][key] for r in reports) for key in ("passed", "failed", "skipped", "parsing_errors", "resource_count")}
+print(
+    f"checkov {reports[0]['summary']['checkov_version']}: {summary['passed']} passed, {summary['failed']} failed, "
+    f"{summary['skipped']} skipped, {summary['parsing_errors']} parsing errors, {summary['resource_count']} resources"
+)
+if rc != 0 or summary["failed"] or summary["parsing_errors"] or not summary["resource_count"]:
+    sys.exit("checkov: failed (fix the template, or skip the check on the resource with a one-line reason)")
+PY
+
+echo "== python: infra/*.py and the Lambda executor parse"
+"$TOOLS_VENV/bin/python" - infra/*.py infra/lambda-executor/*/*.py <<'PY'
+import ast
+import sys
+
+for path in sys.argv[1:]:
+    with open(path) as f:
+        ast.parse(f.read(), path)
+print(f"{len(sys.argv) - 1} files parse")
+PY
 
 if command -v shellcheck >/dev/null 2>&1; then
   echo "== shellcheck (advisory)"

