@@ -78,7 +78,11 @@ pub fn records(event: SqsEvent) -> Vec<Record> {
     event
         .records
         .into_iter()
-        .map(|m| Record { message_id: m.message_id.unwrap_or_default(), body: m.body.unwrap_or_default() })
+        .map(|m| Record {
+            receive_count: m.attributes.get("ApproximateReceiveCount").and_then(|n| n.parse().ok()).unwrap_or(1),
+            message_id: m.message_id.unwrap_or_default(),
+            body: m.body.unwrap_or_default(),
+        })
         .collect()
 }
 
@@ -122,7 +126,7 @@ pub async fn handle_event(
     match parse_event(role, payload)? {
         Invocation::Sqs(ev) => {
             let records = records(ev);
-            let failed = process_batch(&records, |body| handle(role, deps, agents, body)).await;
+            let failed = process_batch(&records, |r| handle(role, deps, agents, r)).await;
             Ok(Response::Batch(batch_response(failed)))
         }
         Invocation::Scheduled(_) => Ok(Response::Sweep(supervisor::sweep(deps).await)),

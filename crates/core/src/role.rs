@@ -5,6 +5,7 @@ use futures::future::BoxFuture;
 use tracing::{error, info_span, Instrument};
 
 use crate::agent::{self, AgentRuntime};
+pub use crate::bus::Record;
 use crate::config::Resources;
 use crate::deps::{Deps, HandlerError};
 use crate::{scheduler, submitter, supervisor};
@@ -51,16 +52,17 @@ impl Role {
     }
 }
 
-/// Call the handler a role's queue feeds, for one message body.
+/// Call the handler a role's queue feeds, for one message.
 pub fn handle<'a>(
     role: Role,
     deps: &'a Deps,
     agents: &'a AgentRuntime,
-    body: &'a str,
+    record: &'a Record,
 ) -> BoxFuture<'a, Result<(), HandlerError>> {
+    let body = record.body.as_str();
     Box::pin(async move {
         match role {
-            Role::Submitter => submitter::submit(deps, body).await.map(drop),
+            Role::Submitter => submitter::submit_message(deps, record).await.map(drop),
             Role::Scheduler => scheduler::schedule(deps, body).await.map(drop),
             Role::Agent => agent::handle(deps, agents, body).await.map(drop),
             Role::Supervisor => supervisor::timer(deps, body).await.map(drop),
@@ -68,24 +70,17 @@ pub fn handle<'a>(
     })
 }
 
-/// One SQS record, whether from a Lambda event or a ReceiveMessage call.
-#[derive(Debug, Clone)]
-pub struct Record {
-    pub message_id: String,
-    pub body: String,
-}
-
 /// Handle a batch the way an SQS-triggered Lambda with `ReportBatchItemFailures` does: every record
 /// concurrently, each in its own span; the ids of the records that failed are returned, so only
 /// those are delivered again.
 pub async fn process_batch<'a, F, Fut, T>(records: &'a [Record], handler: F) -> Vec<String>
 where
-    F: Fn(&'a str) -> Fut,
+    F: Fn(&'a Record) -> Fut,
     Fut: std::future::Future<Output = Result<T, HandlerError>>,
 {
     let runs = records.iter().map(|r| {
         let span = info_span!("record", message_id = %r.message_id);
-        let fut = handler(&r.body);
+        let fut = handler(r);
         async move {
             match fut.await {
                 Ok(_) => None,

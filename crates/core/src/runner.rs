@@ -137,8 +137,14 @@ async fn poll(
         in_flight.push(tokio::spawn(async move {
             let _permit = permit;
             let records: Vec<Record> =
-                msgs.iter().map(|m| Record { message_id: m.message_id.clone(), body: m.body.clone() }).collect();
-            let failed = process_batch(&records, |body| handle(role, &deps, &agents, body)).await;
+                msgs.iter()
+                    .map(|m| Record {
+                        message_id: m.message_id.clone(),
+                        body: m.body.clone(),
+                        receive_count: m.receive_count,
+                    })
+                    .collect();
+            let failed = process_batch(&records, |r| handle(role, &deps, &agents, r)).await;
             let done: Vec<String> =
                 msgs.iter().filter(|m| !failed.contains(&m.message_id)).map(|m| m.receipt.clone()).collect();
             debug!(role = role.name(), received = msgs.len(), failed = failed.len(), "batch done");

@@ -39,7 +39,7 @@ use crate::messages::{
     AgentRequest, AgentResult, CancelMessage, Outcome, Phase, ResubmitMessage, SchedulerMessage, VERSION,
 };
 use crate::protocol::{Policy, ProcessState};
-use crate::role::{self, Role};
+use crate::role::{self, Record, Role};
 use crate::store::MemoryStore;
 use crate::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use crate::{agent::AgentRuntime, supervisor, twins};
@@ -277,8 +277,12 @@ impl Sim {
         self.clock.now()
     }
 
+    /// A submission; one in five names no task id (the Submitter derives one from the message).
     fn submission(&self, id: &str) -> String {
         let workflow = if self.chance(0.3) { "order-parked" } else { "order" };
+        if self.chance(0.2) {
+            return json!({"v": VERSION, "workflow": workflow, "input": {"sku": "a", "ref": id}}).to_string();
+        }
         json!({"v": VERSION, "task_id": id, "workflow": workflow, "input": {"sku": "a"}}).to_string()
     }
 
@@ -461,16 +465,18 @@ impl Sim {
             return;
         }
         let f = self.cfg.faults.clone();
-        let mut runs: Vec<(Role, String, Received, bool)> = Vec::new();
+        // (role, queue, receipt, record, delete afterwards)
+        let mut runs: Vec<(Role, String, String, Record, bool)> = Vec::new();
         for (role, url, m) in batch {
             if self.chance(f.crash_before) {
                 continue; // the consumer died: the message comes back after its visibility timeout
             }
+            let record = Record { message_id: m.message_id, body: m.body, receive_count: m.receive_count };
             let delete = !self.chance(f.crash_after);
             if self.chance(f.duplicate) {
-                runs.push((role, url.clone(), m.clone(), false));
+                runs.push((role, url.clone(), m.receipt.clone(), record.clone(), false));
             }
-            runs.push((role, url, m, delete));
+            runs.push((role, url, m.receipt, record, delete));
         }
         #[allow(clippy::cast_precision_loss)] // a few hundred at most
         let lost = f.lost_sends * runs.len() as f64;
@@ -479,14 +485,13 @@ impl Sim {
         }
         let deps = &self.deps;
         let agents = AgentRuntime::default();
-        let results =
-            block_on(join_all(runs.iter().map(|(role, _, m, _)| role::handle(*role, deps, &agents, &m.body))));
+        let results = block_on(join_all(runs.iter().map(|(role, _, _, r, _)| role::handle(*role, deps, &agents, r))));
         self.bus.clear_send_failures();
         self.report.handled += runs.len() as u64;
         let mut deletes: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for ((_, url, m, delete), r) in runs.into_iter().zip(results) {
+        for ((_, url, receipt, _, delete), r) in runs.into_iter().zip(results) {
             if delete && r.is_ok() {
-                deletes.entry(url).or_default().push(m.receipt);
+                deletes.entry(url).or_default().push(receipt);
             }
         }
         for (url, receipts) in deletes {

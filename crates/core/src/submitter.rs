@@ -6,6 +6,7 @@
 use serde_json::Value;
 use tracing::{info, warn};
 
+use crate::bus::Record;
 use crate::deps::{Deps, HandlerError};
 use crate::effects;
 use crate::ids::{clip, IdError, TaskId};
@@ -43,7 +44,7 @@ pub enum Submitted {
     Rejected(Rejection),
 }
 
-fn validate(deps: &Deps, raw: &str) -> Result<(Submission, TaskId), Rejection> {
+fn validate(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<(Submission, TaskId), Rejection> {
     let v: Value = serde_json::from_str(raw).map_err(|e| Rejection::NotJson(e.to_string()))?;
     let obj = v.as_object().ok_or(Rejection::NotObject)?;
     match obj.get("v") {
@@ -66,8 +67,21 @@ fn validate(deps: &Deps, raw: &str) -> Result<(Submission, TaskId), Rejection> {
         let name = clip(&sub.workflow, 64).to_owned();
         return Err(Rejection::UnknownWorkflow { name, version: sub.workflow_version });
     }
-    let id = sub.task_id.clone().unwrap_or_else(TaskId::generate);
+    let id = match (&sub.task_id, message_id) {
+        (Some(id), _) => id.clone(),
+        // A redelivery of the same message must not create a second task: the id comes from the
+        // message, which SQS keeps across deliveries.
+        (None, Some(m)) => task_id_for_message(m),
+        (None, None) => TaskId::generate(),
+    };
     Ok((sub, id))
+}
+
+/// The task id of a submission that names none: stable for one SQS message.
+pub fn task_id_for_message(message_id: &str) -> TaskId {
+    let clean: String =
+        message_id.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')).take(100).collect();
+    TaskId::try_from(format!("msg-{clean}")).unwrap_or_else(|_| TaskId::generate())
 }
 
 /// Best effort for a refused message: whatever `task_id` and `reply_to` it names, if usable.
@@ -103,9 +117,19 @@ async fn reject(deps: &Deps, raw: &str, rejection: Rejection) -> Result<Submitte
     Ok(Submitted::Rejected(rejection))
 }
 
-/// Handle one message of the submission queue.
+/// Handle one message of the submission queue (a submission without `task_id` gets one derived
+/// from the message id, the same on every delivery).
+pub async fn submit_message(deps: &Deps, record: &Record) -> Result<Submitted, HandlerError> {
+    submit_with(deps, &record.body, Some(&record.message_id)).await
+}
+
+/// Handle one submission body (a submission without `task_id` gets a fresh random id).
 pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
-    let (sub, task_id) = match validate(deps, raw) {
+    submit_with(deps, raw, None).await
+}
+
+async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<Submitted, HandlerError> {
+    let (sub, task_id) = match validate(deps, raw, message_id) {
         Ok(ok) => ok,
         Err(rejection) => return reject(deps, raw, rejection).await,
     };

@@ -11,6 +11,7 @@ use sas_core::deps::HandlerError;
 use sas_core::ids::{AttemptToken, Millis, TaskId};
 use sas_core::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage, StatusMessage, TimerMessage};
 use sas_core::protocol::{Policy, ProcessState, Stale, Task};
+use sas_core::role::{self, Record, Role};
 use sas_core::runner::{Runner, RunnerOptions};
 use sas_core::store::{StoreError, StoreOp};
 use sas_core::submitter::Submitted;
@@ -131,6 +132,22 @@ async fn submitter_creates_nothing_twice() {
     assert_eq!(again, Submitted::Duplicate(TaskId::try_from("s2").unwrap()));
     assert_eq!(tw.store.tasks().len(), 1);
     assert_eq!(queue(&tw, "scheduler").len(), 1, "one start message");
+}
+
+#[tokio::test]
+async fn a_redelivered_submission_without_a_task_id_creates_one_task() {
+    // F3: the id used to be random per delivery, so a redelivery ran every effect twice
+    let tw = twins();
+    let body = json!({"v": 1, "workflow": "two", "input": {}}).to_string();
+    let record = Record::new("5fea7756-0ea4-451a-a703-a558b933e274", body);
+    let agents = AgentRuntime::default();
+    for _ in 0..2 {
+        role::handle(Role::Submitter, &tw.deps, &agents, &record).await.unwrap();
+    }
+    let tasks = tw.store.tasks();
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0].task_id.as_str(), "msg-5fea7756-0ea4-451a-a703-a558b933e274");
+    assert_eq!(queue(&tw, "scheduler").len(), 1, "started once");
 }
 
 #[tokio::test]

@@ -28,7 +28,8 @@ fn step(name: &str, timeout_ms: u64, comp: Option<&str>) -> StepDef {
         name: name.into(),
         agent: "sim".into(),
         timeout_ms,
-        schedule_to_start_ms: None,
+        // the slow workflow is for tests that must never see a deadline: a long queue budget too
+        schedule_to_start_ms: (timeout_ms >= 60_000).then_some(60_000),
         max_attempts: 3,
         backoff: Backoff { base_ms: 200, max_ms: 1_000, multiplier: 2.0 },
         compensation: comp.map(|c| Box::new(step(c, timeout_ms, None))),

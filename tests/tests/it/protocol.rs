@@ -230,8 +230,9 @@ async fn two_supervisors_racing_on_one_expired_step_recover_once() {
     submitter::submit(&s.deps, &submission("rs1", json!({}), None)).await.unwrap();
     let run = take_run_message(&s).await;
     scheduler::schedule(&s.deps, &run).await.unwrap();
-    // Nobody runs the agent: wait for CompleteBy to pass.
-    s.wait_for("rs1", SECS, |t| t.complete_by.is_some_and(|c| c < Millis::now())).await;
+    // Nobody runs the agent: wait for CompleteBy and the result grace to pass.
+    let grace = s.deps.settings.policy.result_grace_ms;
+    s.wait_for("rs1", SECS, |t| t.complete_by.is_some_and(|c| c.plus_ms(grace) < Millis::now())).await;
     let (a, b) = tokio::join!(supervisor::sweep(&s.deps), supervisor::sweep(&s.deps));
     assert_eq!(a.recovered + b.recovered, 1, "{a:?} {b:?}");
     let t = s.task("rs1").await.unwrap();
@@ -291,25 +292,38 @@ async fn duplicate_delivery_of_an_agent_result_is_applied_once_and_late_results_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_late_result_from_a_timed_out_attempt_changes_nothing() {
+async fn a_late_result_of_a_timed_out_attempt_is_taken_while_its_step_is_current_and_only_then() {
+    // F8: an agent answers only before its deadline, so a late result was produced in time: it
+    // must not lose to the timer. Once the task has moved on, it changes nothing.
     let s = stack("late").await;
     submitter::submit(&s.deps, &submission("lt1", json!({}), None)).await.unwrap();
     scheduler::schedule(&s.deps, &take_run_message(&s).await).await.unwrap();
     let first = s.task("lt1").await.unwrap();
     let token = first.locked_by.clone().unwrap();
-    s.wait_for("lt1", SECS, |t| t.complete_by.is_some_and(|c| c < Millis::now())).await;
+    let grace = s.deps.settings.policy.result_grace_ms;
+    s.wait_for("lt1", SECS, |t| t.complete_by.is_some_and(|c| c.plus_ms(grace) < Millis::now())).await;
     assert_eq!(supervisor::sweep(&s.deps).await.recovered, 1);
     let retried = s.task("lt1").await.unwrap();
-    let late = SchedulerMessage::Result(AgentResult {
-        v: 1,
-        task_id: TaskId::try_from("lt1").unwrap(),
-        step: "a".into(),
-        attempt: token,
-        outcome: Outcome::Succeeded { output: json!({"late": true}) },
-    });
-    let got = scheduler::schedule(&s.deps, &serde_json::to_string(&late).unwrap()).await.unwrap();
-    assert_eq!(got, Applied::Stale(Stale::NotCurrentAttempt));
-    assert_eq!(s.task("lt1").await.unwrap(), retried, "nothing changed");
+    assert_eq!(retried.process_state, ProcessState::Pending);
+    let late = |outcome| {
+        serde_json::to_string(&SchedulerMessage::Result(AgentResult {
+            v: 1,
+            task_id: TaskId::try_from("lt1").unwrap(),
+            step: "a".into(),
+            attempt: token.clone(),
+            outcome,
+        }))
+        .unwrap()
+    };
+    let failed = scheduler::schedule(&s.deps, &late(Outcome::Failed { error: "late".into(), retryable: true })).await;
+    assert_eq!(failed.unwrap(), Applied::Stale(Stale::NotCurrentAttempt), "a late failure changes nothing");
+    assert_eq!(s.task("lt1").await.unwrap(), retried);
+    let ok = late(Outcome::Succeeded { output: json!({"late": true}) });
+    let got = scheduler::schedule(&s.deps, &ok).await.unwrap();
+    assert!(matches!(got, Applied::Changed { state: ProcessState::Processing, .. }), "{got:?}");
+    let moved = s.task("lt1").await.unwrap();
+    assert_eq!((moved.step_index, moved.steps[0].output.clone()), (1, Some(json!({"late": true}))));
+    assert_eq!(scheduler::schedule(&s.deps, &ok).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt), "once");
     s.delete().await;
 }
 

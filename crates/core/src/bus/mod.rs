@@ -92,6 +92,22 @@ pub struct Received {
     pub receive_count: u32,
 }
 
+/// One SQS record, whether from a Lambda event or a ReceiveMessage call.
+#[derive(Debug, Clone, Default)]
+pub struct Record {
+    /// SQS's id of the message: the same on every delivery of it.
+    pub message_id: String,
+    pub body: String,
+    /// 1 on the first delivery (`ApproximateReceiveCount`).
+    pub receive_count: u32,
+}
+
+impl Record {
+    pub fn new(message_id: impl Into<String>, body: impl Into<String>) -> Self {
+        Record { message_id: message_id.into(), body: body.into(), receive_count: 1 }
+    }
+}
+
 /// A notification for a topic.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Publication {
