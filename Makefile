@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 ARGS ?=
 
-.PHONY: demo up down check lambda-smoke localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
+.PHONY: demo up down check sim lambda-smoke localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
 
 demo: ## the main job: LocalStack, the stack, the order service, every role, sample orders, a summary
 	infra/demo.sh
@@ -18,6 +18,9 @@ down: ## stop the local runner, the order service and LocalStack
 check: ## cargo fmt --check and cargo clippy (workspace lints, pedantic) with warnings as errors
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+
+sim: ## the deterministic simulation of the whole system: SIM_SEEDS seeds (default 2000); SIM_SEED=n replays one
+	SIM_SEEDS=$${SIM_SEEDS:-2000} cargo test -p sas-core --test simulation -- --nocapture
 
 lambda-smoke: ## build the four function binaries and boot each under a minimal Lambda Runtime API
 	infra/lambda-smoke.sh

@@ -10,16 +10,36 @@ use crate::bus::{delay_seconds, encode, BusError, Outgoing};
 use crate::deps::{Deps, HandlerError};
 use crate::ids::Millis;
 use crate::messages::{RunMessage, RunReason, SchedulerMessage, VERSION};
-use crate::protocol::{Effect, Event, Task};
+use crate::protocol::{self, Effect, Event, Task};
 use crate::transition::{commit, Applied, Committed};
 
-/// Commit a transition, then perform its effects.
-pub async fn drive(deps: &Deps, task: Task, event: &Event) -> Result<Applied, HandlerError> {
+/// Commit a transition, then perform its effects. `redelivered`: the message that carries the
+/// event was delivered before, so its earlier handler may have died between a terminal write and
+/// its notices: if the task is terminal, they are sent again.
+pub async fn drive(deps: &Deps, task: Task, event: &Event, redelivered: bool) -> Result<Applied, HandlerError> {
+    let ended = (redelivered && task.process_state.is_terminal()).then(|| task.clone());
     let (applied, committed) = commit(deps, task, event).await?;
-    if let Some(c) = committed {
-        perform(deps, c).await;
+    let sent = match (committed, ended) {
+        (Some(c), _) => perform(deps, c).await,
+        (None, Some(task)) => {
+            let effects = protocol::terminal_notices(&task);
+            perform(deps, Committed { task, effects, now: deps.now() }).await
+        }
+        (None, None) => Sent::default(),
+    };
+    match sent.essential {
+        Some(e) => Err(HandlerError::Bus(e)),
+        None => Ok(applied),
     }
-    Ok(applied)
+}
+
+/// What performing a transition's effects achieved.
+#[derive(Debug, Default)]
+pub struct Sent {
+    /// Sends that failed (logged; the Supervisor recovers what a lost work message stalls).
+    pub failed: usize,
+    /// The first failed essential notice (an alert or a terminal status), if any.
+    pub essential: Option<BusError>,
 }
 
 /// The Scheduler's run message for `task` at `rev`.
@@ -27,10 +47,10 @@ pub fn run_message(task: &Task, rev: u64, reason: RunReason) -> SchedulerMessage
     SchedulerMessage::Run(RunMessage { v: VERSION, task_id: task.task_id.clone(), rev, reason })
 }
 
-/// Perform one transition's effects. Returns how many sends failed.
-pub async fn perform(deps: &Deps, c: Committed) -> usize {
+/// Perform one transition's effects.
+pub async fn perform(deps: &Deps, c: Committed) -> Sent {
     let (notes, work): (Vec<_>, Vec<_>) = c.effects.into_iter().partition(Effect::is_notification);
-    let mut failed = 0;
+    let mut sent = Sent::default();
     // Within a group the sends go to different queues and need no order: send them together.
     for group in [notes, work] {
         let results = join_all(group.iter().map(|e| perform_one(deps, &c.task, e, c.now))).await;
@@ -42,13 +62,18 @@ pub async fn perform(deps: &Deps, c: Committed) -> usize {
                     }
                 }
                 Err(err) => {
-                    failed += 1;
-                    warn!(task_id = %c.task.task_id, effect = e.name(), error = %err, "effect not delivered; the supervisor will recover the task if it stalls");
+                    sent.failed += 1;
+                    if e.is_essential() {
+                        warn!(task_id = %c.task.task_id, effect = e.name(), error = %err, "alert or final status not delivered; the message will be handled again and the notice re-sent");
+                        sent.essential.get_or_insert(err);
+                    } else {
+                        warn!(task_id = %c.task.task_id, effect = e.name(), error = %err, "effect not delivered; the supervisor will recover the task if it stalls");
+                    }
                 }
             }
         }
     }
-    failed
+    sent
 }
 
 /// Perform the effects of several transitions (a supervisor sweep's page): each task's
@@ -65,7 +90,7 @@ pub async fn perform_many(deps: &Deps, done: Vec<Committed>) -> usize {
                 runs.push(Outgoing::delayed(body, delay_seconds(delay_ms)));
             }
         }
-        failed += perform(deps, Committed { task: c.task, effects: rest, now: c.now }).await;
+        failed += perform(deps, Committed { task: c.task, effects: rest, now: c.now }).await.failed;
     }
     let n = runs.len();
     if n > 0 {

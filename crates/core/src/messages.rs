@@ -168,7 +168,10 @@ pub struct AgentRequest {
 pub struct TimerMessage {
     pub v: u32,
     pub task_id: TaskId,
-    pub attempt: AttemptToken,
+    /// The attempt to check; absent when the sweep hands over a task whose decision ends it (so
+    /// that the terminal transition, and its alert, happen in a handler SQS retries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<AttemptToken>,
     pub complete_by: Millis,
 }
 

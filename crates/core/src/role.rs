@@ -63,9 +63,9 @@ pub fn handle<'a>(
     Box::pin(async move {
         match role {
             Role::Submitter => submitter::submit_message(deps, record).await.map(drop),
-            Role::Scheduler => scheduler::schedule(deps, body).await.map(drop),
+            Role::Scheduler => scheduler::handle(deps, record).await.map(drop),
             Role::Agent => agent::handle(deps, agents, body).await.map(drop),
-            Role::Supervisor => supervisor::timer(deps, body).await.map(drop),
+            Role::Supervisor => supervisor::handle(deps, record).await.map(drop),
         }
     })
 }

@@ -4,6 +4,7 @@
 
 use tracing::warn;
 
+use crate::bus::Record;
 use crate::deps::{Deps, HandlerError};
 use crate::effects::drive;
 use crate::ids::TaskId;
@@ -33,11 +34,21 @@ pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
     Ok((msg.task_id().clone(), event))
 }
 
-/// Handle one message of the scheduler queue.
+/// Handle one message of the scheduler queue, as delivered (a redelivery re-sends the notices of
+/// a task it finds terminal).
+pub async fn handle(deps: &Deps, record: &Record) -> Result<Applied, HandlerError> {
+    schedule_with(deps, &record.body, record.receive_count > 1).await
+}
+
+/// Handle one scheduler-queue message body.
 pub async fn schedule(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
+    schedule_with(deps, raw, false).await
+}
+
+async fn schedule_with(deps: &Deps, raw: &str, redelivered: bool) -> Result<Applied, HandlerError> {
     let (task_id, event) = event_of(raw)?;
     if let Some(task) = deps.store.get(&task_id).await? {
-        drive(deps, task, &event).await
+        drive(deps, task, &event, redelivered).await
     } else {
         warn!(%task_id, event = event.name(), "no such task; message dropped");
         Ok(Applied::Missing)

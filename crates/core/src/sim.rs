@@ -70,6 +70,8 @@ pub struct Faults {
     pub duplicate: f64,
     /// The sends right after a handler's write fail (a crash between a write and its effects).
     pub lost_sends: f64,
+    /// The next operator alert of a handler batch fails to publish.
+    pub lost_alerts: f64,
     /// Remote calls: transient failure, permanent failure, hang, effect without an answer,
     /// effect then a retryable failure, a slow answer.
     pub transient: f64,
@@ -90,6 +92,7 @@ impl Faults {
             crash_after: 0.0,
             duplicate: 0.0,
             lost_sends: 0.0,
+            lost_alerts: 0.0,
             transient: 0.0,
             permanent: 0.0,
             hang: 0.0,
@@ -107,6 +110,7 @@ impl Faults {
             crash_after: 0.02,
             duplicate: 0.05,
             lost_sends: 0.02,
+            lost_alerts: 0.3,
             transient: 0.05,
             permanent: 0.02,
             hang: 0.03,
@@ -468,11 +472,15 @@ impl Sim {
         // (role, queue, receipt, record, delete afterwards)
         let mut runs: Vec<(Role, String, String, Record, bool)> = Vec::new();
         for (role, url, m) in batch {
-            if self.chance(f.crash_before) {
+            // Consumers die on a message's first delivery only: a message that kills every consumer
+            // ends in its DLQ after maxReceiveCount deliveries, as SQS promises (the DLQ alarm's
+            // case, not the protocol's).
+            let first = m.receive_count == 1;
+            if first && self.chance(f.crash_before) {
                 continue; // the consumer died: the message comes back after its visibility timeout
             }
             let record = Record { message_id: m.message_id, body: m.body, receive_count: m.receive_count };
-            let delete = !self.chance(f.crash_after);
+            let delete = !(first && self.chance(f.crash_after));
             if self.chance(f.duplicate) {
                 runs.push((role, url.clone(), m.receipt.clone(), record.clone(), false));
             }
@@ -482,6 +490,9 @@ impl Sim {
         let lost = f.lost_sends * runs.len() as f64;
         if self.chance(lost) {
             self.bus.fail_sends("*", u32::try_from(self.between(1, 4)).unwrap_or(1));
+        }
+        if self.chance(f.lost_alerts) {
+            self.bus.fail_sends(&self.deps.resources.alert_topic_arn, 1);
         }
         let deps = &self.deps;
         let agents = AgentRuntime::default();
@@ -601,6 +612,12 @@ impl Sim {
         let tasks = self.store.tasks();
         if tasks.len() != self.report.tasks {
             v.push(format!("{} of {} submissions became tasks", tasks.len(), self.report.tasks));
+        }
+        let r = &self.deps.resources;
+        for q in [&r.submission_queue_url, &r.scheduler_queue_url, &r.agent_queue_url, &r.supervisor_queue_url] {
+            for body in self.bus.bodies(&format!("{q}-dlq")) {
+                v.push(format!("dead-lettered from {q}: {}", crate::ids::clip(&body, 200)));
+            }
         }
         let alerts: BTreeSet<String> = self
             .bus

@@ -10,18 +10,33 @@
 use futures::StreamExt;
 use tracing::{debug, error, info};
 
+use crate::bus::Record;
+use crate::bus::{encode, Outgoing};
 use crate::deps::{Deps, HandlerError};
 use crate::effects::{drive, perform_many};
 use crate::ids::Millis;
 use crate::messages::TimerMessage;
-use crate::protocol::{Event, Stale};
+use crate::messages::VERSION;
+use crate::protocol::{self, Event, Stale, Task};
 use crate::transition::{commit, Applied};
 
-/// Handle one deadline timer from the supervisor queue.
+/// Handle one deadline timer from the supervisor queue, as delivered.
+pub async fn handle(deps: &Deps, record: &Record) -> Result<Applied, HandlerError> {
+    timer_with(deps, &record.body, record.receive_count > 1).await
+}
+
+/// Handle one deadline timer body.
 pub async fn timer(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
+    timer_with(deps, raw, false).await
+}
+
+async fn timer_with(deps: &Deps, raw: &str, redelivered: bool) -> Result<Applied, HandlerError> {
     let t: TimerMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
     let Some(task) = deps.store.get(&t.task_id).await? else { return Ok(Applied::Missing) };
-    if task.locked_by.as_ref() != Some(&t.attempt) {
+    if redelivered && task.process_state.is_terminal() {
+        return drive(deps, task, &Event::DeadlineExpired, true).await;
+    }
+    if t.attempt.as_ref().is_some_and(|a| task.locked_by.as_ref() != Some(a)) {
         debug!(task_id = %t.task_id, "timer for an attempt that is no longer current");
         return Ok(Applied::Stale(Stale::NotCurrentAttempt));
     }
@@ -32,7 +47,14 @@ pub async fn timer(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
         deps.outbox().arm_timer(&TimerMessage { complete_by: cb, ..t }, now, grace).await?;
         return Ok(Applied::Stale(Stale::NotExpired { complete_by: cb, now }));
     }
-    drive(deps, task, &Event::DeadlineExpired).await
+    drive(deps, task, &Event::DeadlineExpired, redelivered).await
+}
+
+/// Whether the deadline decision for `task` would end it (decided on the task as read; the handler
+/// that takes it over decides again).
+fn ends_task(deps: &Deps, task: &Task) -> bool {
+    protocol::apply(task, &Event::DeadlineExpired, &deps.ctx(), &deps.settings.policy)
+        .is_ok_and(|tr| tr.task.process_state.is_terminal())
 }
 
 /// What one sweep did.
@@ -80,9 +102,33 @@ async fn sweep_shard(deps: &Deps, shard: u32, now: Millis) -> SweepReport {
                 return report;
             }
         };
-        // Recover the page's tasks concurrently, then send their run messages in batches.
+        // A decision that ends a task (Error, with its alert) is handed to the timer queue, where a
+        // handler that dies after the write is retried by SQS; the sweep itself has no message to
+        // come back. The rest is recovered here, concurrently, run messages sent in batches.
         report.expired += page.tasks.len();
-        let commits = futures::stream::iter(page.tasks)
+        let (ending, page_tasks): (Vec<_>, Vec<_>) = page.tasks.into_iter().partition(|t| ends_task(deps, t));
+        if !ending.is_empty() {
+            let timers = ending
+                .iter()
+                .filter_map(|t| {
+                    let timer = TimerMessage {
+                        v: VERSION,
+                        task_id: t.task_id.clone(),
+                        attempt: t.locked_by.clone(),
+                        complete_by: t.complete_by?,
+                    };
+                    encode(&timer).ok().map(Outgoing::new)
+                })
+                .collect();
+            match deps.bus.send_batch(&deps.resources.supervisor_queue_url, timers).await {
+                Ok(()) => report.recovered += ending.len(),
+                Err(e) => {
+                    error!(error = %e, tasks = ending.len(), "could not hand ending tasks to the timer queue; the next sweep retries");
+                    report.errors += 1;
+                }
+            }
+        }
+        let commits = futures::stream::iter(page_tasks)
             .map(|task| commit(deps, task, &Event::DeadlineExpired))
             .buffer_unordered(8)
             .collect::<Vec<_>>()

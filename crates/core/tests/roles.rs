@@ -274,6 +274,32 @@ async fn a_failed_send_after_the_write_leaves_the_task_to_the_supervisor() {
     ));
 }
 
+#[tokio::test]
+async fn an_alert_lost_after_the_write_is_sent_again_when_the_message_comes_back() {
+    // F6: the alert used to be sent once, after the write, its failure swallowed
+    let tw = twins();
+    let a = started(&tw, "e1").await;
+    scheduler::schedule(&tw.deps, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
+    let b: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    scheduler::schedule(&tw.deps, &result(&b, Outcome::Failed { error: "no".into(), retryable: false })).await.unwrap();
+    let undo: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    assert_eq!(undo.step, "undo_a");
+    // the compensation is refused for good: Error, and the alert's publish fails
+    let last = Record { receive_count: 1, ..Record::new("m-1", result(&undo, Outcome::Failed { error: "stuck".into(), retryable: false })) };
+    tw.bus.fail_sends(&tw.deps.resources.alert_topic_arn, 1);
+    let agents = AgentRuntime::default();
+    let first = role::handle(Role::Scheduler, &tw.deps, &agents, &last).await;
+    assert!(matches!(first, Err(HandlerError::Bus(_))), "the record fails, so SQS delivers it again: {first:?}");
+    assert_eq!(task(&tw, "e1").process_state, ProcessState::Error, "the write stands");
+    assert!(tw.bus.published().is_empty());
+    // the redelivery finds the task ended and re-sends what it owes
+    let again = Record { receive_count: 2, ..last };
+    role::handle(Role::Scheduler, &tw.deps, &agents, &again).await.unwrap();
+    let alerts = tw.bus.published();
+    assert_eq!(alerts.len(), 1);
+    assert!(alerts[0].1.attributes.contains(&("kind".to_owned(), "task_error".to_owned())));
+}
+
 // ---- Agent ----------------------------------------------------------------------------------
 
 #[tokio::test]
@@ -353,7 +379,7 @@ async fn supervisor_timer_error_paths() {
     let ghost = TimerMessage {
         v: 1,
         task_id: TaskId::try_from("ghost").unwrap(),
-        attempt: AttemptToken::from("x"),
+        attempt: Some(AttemptToken::from("x")),
         complete_by: T0,
     };
     assert_eq!(supervisor::timer(&tw.deps, &serde_json::to_string(&ghost).unwrap()).await.unwrap(), Applied::Missing);

@@ -13,6 +13,10 @@ fn seed_count() -> u64 {
 
 #[test]
 fn every_seed_keeps_the_invariants() {
+    if std::env::var("SIM_SEED").is_ok() {
+        // replaying one seed: show the roles' logs (RUST_LOG, default info)
+        sas_core::telemetry::init();
+    }
     let seeds = sim::seeds(1, seed_count());
     let started = std::time::Instant::now();
     let mut failed = Vec::new();

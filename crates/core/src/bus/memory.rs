@@ -288,14 +288,16 @@ impl Bus for MemoryBus {
         Box::pin(async move {
             let mut inner = self.lock();
             Self::count(&mut inner, "publish");
-            if let Some(n) = inner.send_failures.get_mut(topic).filter(|n| **n > 0) {
-                *n -= 1;
-                return Err(BusError::Backend {
-                    op: "Publish",
-                    target: topic.to_owned(),
-                    message: "injected failure".into(),
-                    source: None,
-                });
+            for key in [topic, "*"] {
+                if let Some(n) = inner.send_failures.get_mut(key).filter(|n| **n > 0) {
+                    *n -= 1;
+                    return Err(BusError::Backend {
+                        op: "Publish",
+                        target: topic.to_owned(),
+                        message: "injected failure".into(),
+                        source: None,
+                    });
+                }
             }
             inner.published.push((topic.to_owned(), note.clone()));
             for q in inner.subscribers.get(topic).cloned().unwrap_or_default() {

@@ -152,6 +152,16 @@ impl Effect {
     pub fn is_notification(&self) -> bool {
         matches!(self, Effect::Reply(_) | Effect::Alert(_))
     }
+
+    /// Must reach its destination at least once: an operator alert, or a terminal status. If its
+    /// send fails, the handler fails, so its message comes back and the notice is sent again.
+    pub fn is_essential(&self) -> bool {
+        match self {
+            Effect::Alert(_) => true,
+            Effect::Reply(s) => s.state.is_terminal(),
+            _ => false,
+        }
+    }
 }
 
 /// Why an event changes nothing. Stale events are normal under at-least-once delivery: they are
@@ -386,6 +396,35 @@ fn check_attempt(task: &Task, attempt: &AttemptToken) -> Result<(), Stale> {
     }
 }
 
+/// What a terminal task owes the world, sent again when the message that ended it comes back
+/// (its handler may have died after the write): the caller's last status and, for `Error`, the
+/// operator's alert. Both are idempotent for their consumers (`seq`, and the alert's task id).
+pub fn terminal_notices(task: &Task) -> Vec<Effect> {
+    if !task.process_state.is_terminal() {
+        return Vec::new();
+    }
+    let mut fx = Vec::new();
+    if task.reply_to.is_some() {
+        if let Some(last) = task.history.last().filter(|h| h.state == task.process_state) {
+            fx.push(Effect::Reply(last.status(&task.task_id)));
+        }
+    }
+    if task.process_state == ProcessState::Error {
+        fx.push(Effect::Alert(Alert {
+            v: VERSION,
+            kind: AlertKind::TaskError,
+            task_id: task.task_id.clone(),
+            workflow: format!("{}@{}", task.workflow.name, task.workflow.version),
+            state: task.process_state,
+            step: Some(task.current_def().name.clone()),
+            failure_count: task.failure_count,
+            reason: task.reason.clone().unwrap_or_default(),
+            at: task.updated_at,
+        }));
+    }
+    fx
+}
+
 /// A transition being built: the new task, its effects, and what the shell supplied.
 struct Change<'a> {
     t: Task,
@@ -515,7 +554,7 @@ impl Change<'_> {
             complete_by,
             input,
         }));
-        self.fx.push(Effect::ArmTimer(TimerMessage { v: VERSION, task_id, attempt: token, complete_by }));
+        self.fx.push(Effect::ArmTimer(TimerMessage { v: VERSION, task_id, attempt: Some(token), complete_by }));
     }
 
     /// The current unit is done: start the next one, or end the task.

@@ -77,7 +77,8 @@ impl DynamoStore {
             item.insert("CurrentStep".into(), AttributeValue::S(step.to_owned()));
         }
         if task.process_state.is_terminal() {
-            if self.retention_days > 0 {
+            // An Error task waits for an operator: it never expires.
+            if self.retention_days > 0 && task.process_state != ProcessState::Error {
                 let expires = task.updated_at.0 / 1000 + u64::from(self.retention_days) * 86_400;
                 item.insert("ExpiresAt".into(), AttributeValue::N(expires.to_string()));
             }
