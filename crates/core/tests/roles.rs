@@ -285,7 +285,10 @@ async fn an_alert_lost_after_the_write_is_sent_again_when_the_message_comes_back
     let undo: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
     assert_eq!(undo.step, "undo_a");
     // the compensation is refused for good: Error, and the alert's publish fails
-    let last = Record { receive_count: 1, ..Record::new("m-1", result(&undo, Outcome::Failed { error: "stuck".into(), retryable: false })) };
+    let last = Record {
+        receive_count: 1,
+        ..Record::new("m-1", result(&undo, Outcome::Failed { error: "stuck".into(), retryable: false }))
+    };
     tw.bus.fail_sends(&tw.deps.resources.alert_topic_arn, 1);
     let agents = AgentRuntime::default();
     let first = role::handle(Role::Scheduler, &tw.deps, &agents, &last).await;
