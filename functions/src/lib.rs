@@ -44,6 +44,10 @@ pub enum Invocation {
 pub enum EventError {
     #[error("the {role} function does not handle this event: {why}")]
     Unrecognised { role: &'static str, why: String },
+    /// The sweep did what it could, but part of it failed: reported as a function error, so the
+    /// Errors alarm fires (the details are in the log).
+    #[error("the sweep met {errors} error(s): {0:?}", errors = .0.errors)]
+    Sweep(SweepReport),
 }
 
 /// Tell the event apart by its identifying fields, strictly.
@@ -129,7 +133,13 @@ pub async fn handle_event(
             let failed = process_batch(&records, |r| handle(role, deps, agents, r)).await;
             Ok(Response::Batch(batch_response(failed)))
         }
-        Invocation::Scheduled(_) => Ok(Response::Sweep(supervisor::sweep(deps).await)),
+        Invocation::Scheduled(_) => {
+            let report = supervisor::sweep(deps).await;
+            if report.errors > 0 {
+                return Err(EventError::Sweep(report));
+            }
+            Ok(Response::Sweep(report))
+        }
     }
 }
 

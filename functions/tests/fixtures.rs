@@ -141,6 +141,18 @@ async fn the_scheduled_event_sweeps_the_index() {
 }
 
 #[tokio::test]
+async fn a_sweep_that_meets_an_error_is_a_function_error() {
+    // F10: sweep errors were only logged, so no alarm fired
+    let tw = twins();
+    tw.store.fail_next(
+        sas_core::store::StoreOp::Expired,
+        sas_core::store::StoreError::Backend { op: "Query", message: "throttled".into(), source: None },
+    );
+    let r = handle_event(Role::Supervisor, &tw.deps, &agents(), fixture("supervisor-scheduled.json")).await;
+    assert!(matches!(r, Err(EventError::Sweep(ref report)) if report.errors == 1), "{r:?}");
+}
+
+#[tokio::test]
 async fn unrecognised_events_are_refused() {
     let tw = twins();
     for (role, event) in [

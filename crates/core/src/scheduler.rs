@@ -2,18 +2,23 @@
 //! Run messages claim the current unit of work (dispatching it to its Agent), agent results move
 //! the task on, and operators' cancel and resubmit commands stop or resume it.
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::bus::Record;
 use crate::deps::{Deps, HandlerError};
 use crate::effects::drive;
 use crate::ids::TaskId;
 use crate::messages::{Outcome, SchedulerMessage, VERSION};
-use crate::protocol::Event;
+use crate::protocol::{Event, Stale};
 use crate::transition::Applied;
 
-/// Parse a scheduler-queue message into the event it carries.
+/// Parse a scheduler-queue message into the event it carries (and, for a resubmit, the run it
+/// is for).
 pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
+    event_and_run(raw).map(|(id, e, _)| (id, e))
+}
+
+fn event_and_run(raw: &str) -> Result<(TaskId, Event, Option<u32>), HandlerError> {
     let msg: SchedulerMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
     if msg.version() != VERSION {
         return Err(HandlerError::Malformed(format!("unsupported version {}", msg.version())));
@@ -31,7 +36,11 @@ pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
         SchedulerMessage::Cancel(c) => Event::Cancel { reason: c.reason.clone() },
         SchedulerMessage::Resubmit(r) => Event::Resubmit { reason: r.reason.clone() },
     };
-    Ok((msg.task_id().clone(), event))
+    let run = match &msg {
+        SchedulerMessage::Resubmit(r) => r.run,
+        _ => None,
+    };
+    Ok((msg.task_id().clone(), event, run))
 }
 
 /// Handle one message of the scheduler queue, as delivered (a redelivery re-sends the notices of
@@ -46,8 +55,15 @@ pub async fn schedule(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
 }
 
 async fn schedule_with(deps: &Deps, raw: &str, redelivered: bool) -> Result<Applied, HandlerError> {
-    let (task_id, event) = event_of(raw)?;
+    let (task_id, event, run) = event_and_run(raw)?;
     if let Some(task) = deps.store.get(&task_id).await? {
+        // A resubmit is fenced by the run the operator saw in Error: a duplicate delivery, or one
+        // that arrives after the task failed again, changes nothing (a conflicting write in
+        // between re-decides on the new item, which is no longer in Error).
+        if let Some(run) = run.filter(|r| *r != task.run) {
+            info!(%task_id, message_run = run, task_run = task.run, "resubmit for another run dropped");
+            return Ok(Applied::Stale(Stale::OtherRun { message: run, current: task.run }));
+        }
         drive(deps, task, &event, redelivered).await
     } else {
         warn!(%task_id, event = event.name(), "no such task; message dropped");

@@ -102,6 +102,10 @@ async fn sweep_shard(deps: &Deps, shard: u32, now: Millis) -> SweepReport {
                 return report;
             }
         };
+        for bad in &page.unreadable {
+            error!(shard, item = %bad, "unreadable item in the CompleteBy index: skipped; an operator must look");
+            report.errors += 1;
+        }
         // A decision that ends a task (Error, with its alert) is handed to the timer queue, where a
         // handler that dies after the write is retried by SQS; the sweep itself has no message to
         // come back. The rest is recovered here, concurrently, run messages sent in batches.

@@ -485,3 +485,30 @@ async fn the_supervisor_reads_only_expired_tasks_page_by_page() {
     assert_eq!(supervisor::sweep(&s.deps).await.expired, 0, "recovered tasks carry a new CompleteBy");
     s.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreadable_item_in_the_index_is_skipped_and_reported_not_blocking_its_shard() {
+    // F10: one undecodable item used to fail its shard's every page, forever
+    let s = stack("unreadable").await;
+    let ddb = aws_sdk_dynamodb::Client::new(&s.sdk);
+    let table = s.out("TaskTableName").to_owned();
+    for shard in ["0", "1"] {
+        ddb.put_item()
+            .table_name(&table)
+            .item("TaskId", aws_sdk_dynamodb::types::AttributeValue::S(format!("garbage-{shard}")))
+            .item("Shard", aws_sdk_dynamodb::types::AttributeValue::S(shard.into()))
+            .item("CompleteBy", aws_sdk_dynamodb::types::AttributeValue::N("1".into()))
+            .item("ProcessState", aws_sdk_dynamodb::types::AttributeValue::S("Pending".into()))
+            .send()
+            .await
+            .expect("PutItem");
+    }
+    submitter::submit(&s.deps, &submission("ur1", json!({}), None)).await.unwrap();
+    let _lost = take_run_message(&s).await; // the start message is lost
+    let grace = s.deps.settings.policy.result_grace_ms;
+    s.wait_for("ur1", SECS, |t| t.complete_by.is_some_and(|c| c.plus_ms(grace) < Millis::now())).await;
+    let report = supervisor::sweep(&s.deps).await;
+    assert_eq!(report.errors, 2, "both bad items reported: {report:?}");
+    assert_eq!(report.recovered, 1, "the real task behind them is recovered: {report:?}");
+    s.delete().await;
+}

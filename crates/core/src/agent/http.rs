@@ -2,9 +2,10 @@
 //! so a caller cannot make an agent call an arbitrary URL), with the step's idempotency key as the
 //! `Idempotency-Key` header and each request's timeout bounded by `CompleteBy`.
 //!
-//! Classification: connection errors, timeouts, 5xx and 408 are transient; 429 is transient and
-//! its `Retry-After` (seconds) is honoured by the runtime; any other 4xx, a redirect and a response
-//! over the size limit are permanent. A 2xx JSON response becomes the step's output.
+//! Classification: connection errors, timeouts, 5xx, 408 and 409 (the key is busy) are transient;
+//! 429 is transient and its `Retry-After` (seconds) is honoured by the runtime; any other 4xx and a
+//! redirect are permanent. A 2xx JSON response becomes the step's output; a 2xx over the size limit
+//! is a success whose output only says it was truncated (the effect happened).
 
 use std::time::Duration;
 
@@ -97,11 +98,12 @@ impl Agent for HttpAgent {
                 return Err(AgentError::Permanent { message: format!("HTTP {status}: redirects are not followed") });
             }
             let hint = retry_after(&resp);
+            // A 2xx means the effect happened, whatever its size: an oversized answer is kept out of
+            // the task (it would not fit) but the step succeeded, so it is compensated if need be.
+            let oversized = |bytes: String| json!({"status": status.as_u16(), "truncated": true, "bytes": bytes, "limit": self.max_response_bytes});
             if let Some(len) = resp.content_length() {
                 if usize::try_from(len).unwrap_or(usize::MAX) > self.max_response_bytes && status.is_success() {
-                    return Err(AgentError::Permanent {
-                        message: format!("response is {len} bytes; the limit is {}", self.max_response_bytes),
-                    });
+                    return Ok(oversized(len.to_string()));
                 }
             }
             let mut buf: Vec<u8> = Vec::new();
@@ -109,9 +111,7 @@ impl Agent for HttpAgent {
                 buf.extend_from_slice(&chunk);
                 if buf.len() > self.max_response_bytes {
                     if status.is_success() {
-                        return Err(AgentError::Permanent {
-                            message: format!("response exceeds the limit of {} bytes", self.max_response_bytes),
-                        });
+                        return Ok(oversized(format!("more than {}", self.max_response_bytes)));
                     }
                     break;
                 }
@@ -124,7 +124,9 @@ impl Agent for HttpAgent {
             if status == StatusCode::TOO_MANY_REQUESTS {
                 return Err(AgentError::Transient { message, retry_after: hint });
             }
-            if status.is_server_error() || status == StatusCode::REQUEST_TIMEOUT {
+            // 409: the service is still working on this idempotency key (or saw it conflict):
+            // asking again later may succeed.
+            if status.is_server_error() || status == StatusCode::REQUEST_TIMEOUT || status == StatusCode::CONFLICT {
                 return Err(AgentError::Transient { message, retry_after: hint });
             }
             Err(AgentError::Permanent { message })

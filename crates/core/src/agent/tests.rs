@@ -142,3 +142,48 @@ async fn a_request_that_waited_past_its_start_by_starts_nothing() {
     r.start_by = Some(Millis::now().plus_ms(0).0.checked_sub(1).map(Millis).unwrap());
     assert!(fast().run(&r).await.is_none());
 }
+
+/// A one-shot HTTP server on loopback that answers every request with `status` and `body`.
+async fn serve_once(status: &'static str, body: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 64 * 1024];
+            let _ = sock.read(&mut buf).await;
+            let head = format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n", body.len());
+            let _ = sock.write_all(head.as_bytes()).await;
+            let _ = sock.write_all(body.as_bytes()).await;
+        }
+    });
+    format!("http://{addr}/call")
+}
+
+fn http_runtime(url: &str, max: usize) -> AgentRuntime {
+    let mut rt = AgentRuntime::new(CallRetry { max_calls: 2, base_ms: 1, max_ms: 5 });
+    rt.register("h", super::http::HttpAgent::new(super::http::client(), url, max));
+    rt
+}
+
+#[tokio::test]
+async fn an_oversized_2xx_is_a_success_whose_output_says_it_was_truncated() {
+    // F5: it used to be a permanent "no": the effect happened and was never compensated
+    let url = serve_once("200 OK", format!("{{\"blob\": \"{}\"}}", "x".repeat(4_000))).await;
+    let mut r = req(json!({}), 1, 5_000);
+    r.agent = "h".into();
+    let out = http_runtime(&url, 1_000).run(&r).await.unwrap();
+    match out.outcome {
+        Outcome::Succeeded { output } => assert_eq!(output["truncated"], json!(true), "{output}"),
+        other @ Outcome::Failed { .. } => panic!("expected a success, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_409_is_worth_another_try() {
+    let url = serve_once("409 Conflict", "{\"error\": \"in progress\"}".into()).await;
+    let mut r = req(json!({}), 1, 5_000);
+    r.agent = "h".into();
+    let out = http_runtime(&url, 1_000).run(&r).await.unwrap();
+    assert!(matches!(out.outcome, Outcome::Failed { retryable: true, .. }), "{out:?}");
+}

@@ -186,6 +186,8 @@ pub enum Stale {
     NotResubmittable(ProcessState),
     #[error("the task may not be claimed before {not_before} (now {now})")]
     TooEarly { not_before: Millis, now: Millis },
+    #[error("the command was for run {message}, the task is on run {current}")]
+    OtherRun { message: u32, current: u32 },
 }
 
 #[derive(Debug, Clone, PartialEq)]

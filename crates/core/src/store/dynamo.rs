@@ -184,12 +184,23 @@ impl DynamoStore {
             .send()
             .await
             .map_err(aws("Query"))?;
-        let tasks = out.items.unwrap_or_default().into_iter().map(Self::from_item).collect::<Result<_, _>>()?;
+        let mut tasks = Vec::new();
+        let mut unreadable = Vec::new();
+        for item in out.items.unwrap_or_default() {
+            let key = match item.get("TaskId") {
+                Some(AttributeValue::S(s)) => s.clone(),
+                _ => "(no TaskId)".to_owned(),
+            };
+            match Self::from_item(item) {
+                Ok(t) => tasks.push(t),
+                Err(e) => unreadable.push(format!("{key}: {e}")),
+            }
+        }
         let next = match out.last_evaluated_key {
             None => None,
             Some(k) => Some(page_key(&k)?),
         };
-        Ok(Page { tasks, next })
+        Ok(Page { tasks, next, unreadable })
     }
 
     async fn query_by_state(&self, state: ProcessState, max: usize) -> Result<Vec<TaskSummary>, StoreError> {

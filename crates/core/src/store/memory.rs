@@ -159,7 +159,7 @@ impl MemoryStore {
         let next = (page.len() == limit)
             .then(|| page.last().map(|(cb, id, _)| PageKey { task_id: (*id).clone(), complete_by: *cb }))
             .flatten();
-        Ok(Page { tasks: page.into_iter().map(|(_, _, t)| t.clone()).collect(), next })
+        Ok(Page { tasks: page.into_iter().map(|(_, _, t)| t.clone()).collect(), next, unreadable: Vec::new() })
     }
 
     fn list_now(&self, state: ProcessState, max: usize) -> Result<Vec<TaskSummary>, StoreError> {

@@ -62,6 +62,9 @@ pub struct PageKey {
 pub struct Page {
     pub tasks: Vec<Task>,
     pub next: Option<PageKey>,
+    /// Items of the page that are not tasks this build can read (their key and why): skipped, so
+    /// one bad item never blocks its shard, and reported.
+    pub unreadable: Vec<String>,
 }
 
 /// A row of the operators' `ByProcessState` index.
