@@ -9,7 +9,7 @@ use tracing::{info, warn};
 use crate::bus::{delay_seconds, encode, BusError, Outgoing};
 use crate::deps::{Deps, HandlerError};
 use crate::ids::Millis;
-use crate::messages::{RunMessage, RunReason, SchedulerMessage, VERSION};
+use crate::messages::{AgentResult, Outcome, RunMessage, RunReason, SchedulerMessage, SQS_MAX_MESSAGE_BYTES, VERSION};
 use crate::protocol::{self, Effect, Event, Task};
 use crate::transition::{commit, Applied, Committed};
 
@@ -116,7 +116,27 @@ async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Resul
         Effect::Run { rev, delay_ms, reason } => {
             out.to_scheduler(&run_message(task, *rev, *reason), delay_seconds(*delay_ms)).await
         }
-        Effect::Dispatch(r) => out.dispatch(r).await,
+        Effect::Dispatch(r) => match out.dispatch(r).await {
+            // The request can never be sent (its input and the earlier steps' outputs exceed
+            // SQS's limit): the attempt fails for good at once instead of timing out again and
+            // again.
+            Err(BusError::TooLarge { bytes }) => {
+                let failed = SchedulerMessage::Result(AgentResult {
+                    v: VERSION,
+                    task_id: r.task_id.clone(),
+                    step: r.step.clone(),
+                    attempt: r.attempt.clone(),
+                    outcome: Outcome::Failed {
+                        error: format!(
+                            "the agent request is {bytes} bytes; SQS accepts at most {SQS_MAX_MESSAGE_BYTES}"
+                        ),
+                        retryable: false,
+                    },
+                });
+                out.to_scheduler(&failed, 0).await
+            }
+            other => other,
+        },
         Effect::ArmTimer(t) => out.arm_timer(t, now, deps.settings.policy.result_grace_ms).await,
     }
 }

@@ -32,6 +32,7 @@ pub mod protocol;
 pub mod role;
 pub mod runner;
 pub mod scheduler;
+pub mod screen;
 pub mod sim;
 pub mod state;
 pub mod store;

@@ -12,6 +12,9 @@ use crate::messages::{Outcome, SchedulerMessage, VERSION};
 use crate::protocol::{Event, Stale};
 use crate::transition::Applied;
 
+/// The longest agent error kept on a task.
+pub const MAX_ERROR_BYTES: usize = 1024;
+
 /// Parse a scheduler-queue message into the event it carries (and, for a resubmit, the run it
 /// is for).
 pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
@@ -29,9 +32,12 @@ fn event_and_run(raw: &str) -> Result<(TaskId, Event, Option<u32>), HandlerError
             Outcome::Succeeded { output } => {
                 Event::AgentSucceeded { attempt: r.attempt.clone(), output: output.clone() }
             }
-            Outcome::Failed { error, retryable } => {
-                Event::AgentFailed { attempt: r.attempt.clone(), error: error.clone(), retryable: *retryable }
-            }
+            Outcome::Failed { error, retryable } => Event::AgentFailed {
+                attempt: r.attempt.clone(),
+                // an agent's error is stored on the task: bounded
+                error: crate::ids::clip(error, MAX_ERROR_BYTES).to_owned(),
+                retryable: *retryable,
+            },
         },
         SchedulerMessage::Cancel(c) => Event::Cancel { reason: c.reason.clone() },
         SchedulerMessage::Resubmit(r) => Event::Resubmit { reason: r.reason.clone() },

@@ -12,6 +12,7 @@ use crate::effects;
 use crate::ids::{clip, IdError, TaskId};
 use crate::messages::{QueueUrl, QueueUrlError, StatusMessage, Submission, VERSION};
 use crate::protocol::{self, ProcessState};
+use crate::screen;
 use crate::store::{StoreError, MAX_ITEM_BYTES};
 use crate::transition::Committed;
 
@@ -34,6 +35,10 @@ pub enum Rejection {
     TooLarge { bytes: usize, limit: usize },
     #[error(transparent)]
     ReplyTo(#[from] QueueUrlError),
+    #[error("reply_to names one of this stack's own queues; name a queue of your own")]
+    ReplyToOwnQueue,
+    #[error("the input cannot be stored: {0}")]
+    Unstorable(String),
 }
 
 /// The submitter's verdict on one message.
@@ -47,6 +52,7 @@ pub enum Submitted {
 fn validate(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<(Submission, TaskId), Rejection> {
     let v: Value = serde_json::from_str(raw).map_err(|e| Rejection::NotJson(e.to_string()))?;
     let obj = v.as_object().ok_or(Rejection::NotObject)?;
+    screen::no_duplicate_keys(raw).map_err(|e| Rejection::Shape(clip(&e, 300).to_owned()))?;
     match obj.get("v") {
         Some(Value::Number(n)) if n.as_u64() == Some(u64::from(VERSION)) => {}
         other => {
@@ -58,7 +64,19 @@ fn validate(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<(Submiss
         serde_json::from_value(v).map_err(|e| Rejection::Shape(clip(&e.to_string(), 300).to_owned()))?;
     if let Some(r) = &sub.reply_to {
         QueueUrl::parse(r)?;
+        let res = &deps.resources;
+        let own = [
+            &res.submission_queue_url,
+            &res.submission_dlq_url,
+            &res.scheduler_queue_url,
+            &res.agent_queue_url,
+            &res.supervisor_queue_url,
+        ];
+        if own.iter().any(|q| q.as_str() == r.as_str()) {
+            return Err(Rejection::ReplyToOwnQueue);
+        }
     }
+    screen::storable(&sub.input).map_err(Rejection::Unstorable)?;
     let bytes = serde_json::to_vec(&sub.input).map_or(0, |b| b.len());
     if bytes > deps.settings.max_input_bytes {
         return Err(Rejection::TooLarge { bytes, limit: deps.settings.max_input_bytes });
@@ -93,16 +111,24 @@ fn salvage(raw: &str) -> (Option<TaskId>, Option<QueueUrl>) {
 }
 
 /// Keep the refused message with its reason and tell the caller, if it named a reply queue.
-async fn reject(deps: &Deps, raw: &str, rejection: Rejection) -> Result<Submitted, HandlerError> {
+async fn reject(
+    deps: &Deps,
+    raw: &str,
+    message_id: Option<&str>,
+    rejection: Rejection,
+) -> Result<Submitted, HandlerError> {
     let reason = rejection.to_string();
     let (id, reply) = salvage(raw);
+    // The status names the submission it answers: its own task_id when usable, else the id its
+    // message would have given it (distinct per message, so FIFO reply queues keep each one).
+    let id = id.or_else(|| message_id.map(task_id_for_message));
     warn!(task_id = id.as_ref().map(TaskId::as_str), %reason, "submission rejected");
     let now = deps.now();
     deps.outbox().reject_to_dlq(raw, &reason, now).await?;
     if let Some(q) = reply {
         let status = StatusMessage {
             v: VERSION,
-            task_id: id.unwrap_or_else(|| TaskId::try_from("unknown").expect("valid id")),
+            task_id: id.unwrap_or_else(TaskId::generate),
             seq: 0,
             state: ProcessState::Rejected,
             step: None,
@@ -131,7 +157,7 @@ pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
 async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<Submitted, HandlerError> {
     let (sub, task_id) = match validate(deps, raw, message_id) {
         Ok(ok) => ok,
-        Err(rejection) => return reject(deps, raw, rejection).await,
+        Err(rejection) => return reject(deps, raw, message_id, rejection).await,
     };
     let def = deps.workflows.resolve(&sub.workflow, sub.workflow_version).expect("validated").clone();
     let now = deps.now();
@@ -147,9 +173,7 @@ async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result
             Ok(Submitted::Duplicate(task_id))
         }
         Err(StoreError::TooLarge { bytes }) => {
-            let rejection = Rejection::TooLarge { bytes, limit: MAX_ITEM_BYTES };
-            deps.outbox().reject_to_dlq(raw, &rejection.to_string(), now).await?;
-            Ok(Submitted::Rejected(rejection))
+            reject(deps, raw, message_id, Rejection::TooLarge { bytes, limit: MAX_ITEM_BYTES }).await
         }
         Err(e) => Err(e.into()),
     }

@@ -13,16 +13,17 @@ use crate::ids::Millis;
 use crate::store::MemoryStore;
 use crate::workflow::WorkflowRegistry;
 
-/// The stack's resources as in-memory queue names.
+/// The stack's resources, named as SQS would name them (the queues live in memory).
 pub fn resources(shards: u32) -> Resources {
+    let q = |name: &str| format!("http://twins.local/000000000000/sas-{name}");
     Resources {
-        task_table: "mem-tasks".into(),
-        submission_queue_url: "mem://submission".into(),
-        submission_dlq_url: "mem://submission-dlq".into(),
-        scheduler_queue_url: "mem://scheduler".into(),
-        agent_queue_url: "mem://agent".into(),
-        supervisor_queue_url: "mem://supervisor".into(),
-        alert_topic_arn: "mem://alerts".into(),
+        task_table: "twins-tasks".into(),
+        submission_queue_url: q("submission"),
+        submission_dlq_url: q("submission-dlq"),
+        scheduler_queue_url: q("scheduler"),
+        agent_queue_url: q("agent"),
+        supervisor_queue_url: q("supervisor"),
+        alert_topic_arn: "arn:aws:sns:us-east-1:000000000000:twins-alerts".into(),
         shards,
     }
 }

@@ -176,6 +176,64 @@ async fn submitter_rejects_bad_input_keeps_it_and_answers_with_the_reason() {
 }
 
 #[tokio::test]
+async fn submitter_refuses_what_dynamodb_or_sqs_would_refuse_and_names_each_submission() {
+    // F9, F14, F16: each of these was accepted, or answered as task "unknown", or unsendable
+    let tw = twins();
+    let reply = tw.reply_queue("replies");
+    let own = tw.deps.resources.scheduler_queue_url.clone();
+    let mut deep = json!(1);
+    for _ in 0..40 {
+        deep = json!({ "d": deep });
+    }
+    let cases = [
+        (format!(r#"{{"v": 1, "workflow": "two", "workflow": "two", "reply_to": "{reply}"}}"#), "appears twice"),
+        (json!({"v": 1, "workflow": "two", "reply_to": own}).to_string(), "own queues"),
+        (json!({"v": 1, "workflow": "two", "input": {"": 1}, "reply_to": reply}).to_string(), "empty key"),
+        (json!({"v": 1, "workflow": "two", "input": {"n": 1e300}, "reply_to": reply}).to_string(), "numbers DynamoDB"),
+        (json!({"v": 1, "workflow": "two", "input": deep, "reply_to": reply}).to_string(), "nested deeper"),
+        (json!({"v": 1, "workflow": "two\u{0}\u{7}", "reply_to": reply}).to_string(), "unknown workflow"),
+    ];
+    let agents = AgentRuntime::default();
+    for (i, (raw, want)) in cases.iter().enumerate() {
+        let rec = Record::new(format!("m-{i}"), raw.clone());
+        role::handle(Role::Submitter, &tw.deps, &agents, &rec).await.unwrap();
+        let attrs = tw.bus.attributes(&tw.deps.resources.submission_dlq_url);
+        let reason = attrs[i].iter().find(|(k, _)| k == "RejectReason").map(|(_, v)| v.clone()).unwrap();
+        assert!(reason.contains(want), "{raw}: {reason}");
+        assert!(!reason.chars().any(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r')), "{reason:?}");
+    }
+    assert!(tw.store.tasks().is_empty());
+    let statuses: Vec<StatusMessage> = tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str(b).unwrap()).collect();
+    let ids: Vec<&str> = statuses.iter().map(|s| s.task_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        vec!["msg-m-0", "msg-m-2", "msg-m-3", "msg-m-4", "msg-m-5"],
+        "each answer names its own submission"
+    );
+}
+
+#[tokio::test]
+async fn an_agent_request_too_large_for_sqs_fails_its_step_at_once() {
+    let tw = twins();
+    let big = json!({"v": 1, "task_id": "big1", "workflow": "two", "input": {"x": "y".repeat(900)}}).to_string();
+    let mut settings = tw.deps.settings.clone();
+    settings.max_input_bytes = 1_000_000;
+    let deps = sas_core::deps::Deps { settings, ..tw.deps.clone() };
+    submitter::submit(&deps, &big).await.unwrap();
+    // the step's input grows past SQS's limit through an earlier step's output: simulate it
+    let mut t = task(&tw, "big1");
+    t.input = json!({"x": "y".repeat(300 * 1024)});
+    tw.store.put_unchecked(t);
+    let run = queue(&tw, "scheduler").pop().unwrap().to_string();
+    scheduler::schedule(&deps, &run).await.unwrap();
+    assert!(queue(&tw, "agent").is_empty(), "nothing dispatched");
+    let failed = queue(&tw, "scheduler").pop().expect("a failure for the attempt");
+    assert_eq!(failed["outcome"]["retryable"], json!(false));
+    scheduler::schedule(&deps, &failed.to_string()).await.unwrap();
+    assert_eq!(task(&tw, "big1").process_state, ProcessState::Compensated, "given up at once, not after timeouts");
+}
+
+#[tokio::test]
 async fn submitter_fails_the_record_when_the_store_is_down() {
     let tw = twins();
     tw.store.fail_next(StoreOp::Create, backend());

@@ -209,7 +209,7 @@ impl Outbox<'_> {
         let msg = Outgoing {
             body: if raw.is_empty() { "<empty>".to_owned() } else { raw.to_owned() },
             attributes: vec![
-                ("RejectReason".into(), clip(reason, 1024).to_owned()),
+                ("RejectReason".into(), crate::screen::attribute_safe(clip(reason, 1024))),
                 ("RejectedAt".into(), now.to_string()),
             ],
             ..Outgoing::default()
