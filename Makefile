@@ -15,6 +15,10 @@ up: ## LocalStack + stack sas-local + order service + local runner in the backgr
 down: ## stop the local runner, the order service and LocalStack
 	infra/down.sh
 
+.PHONY: load
+load: ## benchmark on make up's stack: N sim-order tasks (N=1000), drain time, throughput, latency, final states
+	N="$(or $(N),1000)" ARGS="$(ARGS)" infra/load.sh
+
 check: ## cargo fmt --check and cargo clippy (workspace lints, pedantic) with warnings as errors
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings

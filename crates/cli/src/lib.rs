@@ -1,2 +1,4 @@
+pub mod load;
 pub mod ops;
 pub mod stack;
+pub mod table;

@@ -1,5 +1,9 @@
 //! sasctl: deploy the stack onto LocalStack, run the roles locally, and operate tasks.
-#![allow(clippy::print_stdout)]
+//!
+//! Errors are printed here, one line with their causes (`error: ...: ...`), and end the process
+//! with exit code 1: an operator's refusal is not a crash, so no backtrace even with
+//! `RUST_BACKTRACE=1`.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -8,6 +12,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use sas_cli::ops::Command;
+use sas_cli::table::TableReader;
 use sas_core::agent::AgentRuntime;
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
@@ -71,12 +77,13 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// List tasks in one ProcessState, most recent first.
+    /// List tasks in one ProcessState, most recent first; says how many there are when it stops
+    /// at --limit (a Select=COUNT query of the index, only then).
     List {
         #[arg(long, default_value = "Processing")]
         state: String,
-        #[arg(long, default_value_t = 50)]
-        limit: usize,
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
         #[arg(long)]
         json: bool,
     },
@@ -86,7 +93,8 @@ enum Cmd {
         #[arg(long, default_value_t = 240)]
         timeout: u64,
     },
-    /// Resume Error tasks from their failed step (completed steps are not redone).
+    /// Resume Error tasks from their failed step (completed steps are not redone), and report
+    /// what it led to. Refused at once (exit 1) for a task that is not in Error.
     Resubmit {
         /// The task to resubmit.
         task_id: Option<String>,
@@ -95,14 +103,66 @@ enum Cmd {
         state: Option<String>,
         #[arg(long, default_value = "resubmitted by operator")]
         reason: String,
+        /// With --state: at most this many tasks.
+        #[arg(long, default_value_t = 10_000)]
+        max: usize,
+        #[command(flatten)]
+        wait: WaitArgs,
     },
-    /// Stop a task; its completed steps are compensated.
+    /// Stop a task; its completed steps are compensated. Reports what it led to; refused at once
+    /// (exit 1) when it would change nothing (no such task, a terminal task other than Error, a task
+    /// already compensating).
     Cancel {
         task_id: String,
         #[arg(long, default_value = "cancelled by operator")]
         reason: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Benchmark: send a burst of tasks to the stack, poll until every one is terminal, and report
+    /// drain time, throughput, latency percentiles, attempts per step and final states.
+    Load {
+        /// How many tasks.
+        #[arg(long, default_value_t = 1_000)]
+        tasks: usize,
+        #[arg(long, default_value = "sim-order")]
+        workflow: String,
+        /// Every task's input, JSON (sim-order: faults under "sim", e.g. {"sim": {"charge": {"delay_ms": 200}}}).
+        #[arg(long, default_value = "{}")]
+        input: String,
+        /// Stop polling after this many seconds (from the first send).
+        #[arg(long, default_value_t = 900)]
+        timeout_secs: u64,
+        /// Milliseconds between polling rounds.
+        #[arg(long, default_value_t = 1_000)]
+        poll_ms: u64,
+        /// SendMessageBatch requests in flight.
+        #[arg(long, default_value_t = 8)]
+        send_concurrency: usize,
+        /// Print the figures as JSON on stdout (progress stays on stderr).
+        #[arg(long)]
+        json: bool,
     },
 }
+
+#[derive(clap::Args, Clone, Copy)]
+struct WaitArgs {
+    /// Wait at most this long for the command to show on the task.
+    #[arg(long, default_value_t = 30)]
+    wait_secs: u64,
+    /// Send the command (after the check) and return without waiting.
+    #[arg(long)]
+    no_wait: bool,
+}
+
+impl WaitArgs {
+    fn wait(self) -> Option<Duration> {
+        (!self.no_wait).then(|| Duration::from_secs(self.wait_secs))
+    }
+}
+
+/// How often a waiting command reads the task.
+const POLL: Duration = Duration::from_millis(300);
 
 async fn resources(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Resources> {
     let map: HashMap<String, String> = if let Some(stack) = &cli.stack {
@@ -139,9 +199,16 @@ fn ms(m: Option<Millis>) -> String {
 }
 
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn main() {
     sas_core::telemetry::init();
     let cli = Cli::parse();
+    if let Err(e) = run(&cli).await {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(cli: &Cli) -> Result<()> {
     let sdk = sas_core::aws::load_sdk_config().await;
     match &cli.cmd {
         Cmd::DeployLocal { name, params } => {
@@ -168,7 +235,7 @@ async fn main() -> Result<()> {
             println!("stack {name} deleted");
         }
         Cmd::Run { sweep_every } => {
-            let deps = Arc::new(deps(&cli, &sdk).await?);
+            let deps = Arc::new(deps(cli, &sdk).await?);
             let opts = RunnerOptions { sweep_every: Duration::from_secs(*sweep_every), ..RunnerOptions::default() };
             let handle = Runner::new(deps, Arc::new(AgentRuntime::from_env()?), opts).spawn();
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -180,7 +247,7 @@ async fn main() -> Result<()> {
             handle.shutdown().await;
         }
         Cmd::Submit { workflow, task_id, input, reply_to } => {
-            let res = resources(&cli, &sdk).await?;
+            let res = resources(cli, &sdk).await?;
             let task_id = match task_id {
                 Some(t) => Some(TaskId::try_from(t.as_str())?),
                 None => Some(TaskId::generate()),
@@ -197,7 +264,7 @@ async fn main() -> Result<()> {
             println!("{}", task_id.expect("set above"));
         }
         Cmd::Status { task_id, json } => {
-            let deps = deps(&cli, &sdk).await?;
+            let deps = deps(cli, &sdk).await?;
             let Some(t) = deps.store.get(&TaskId::try_from(task_id.as_str())?).await? else {
                 bail!("no task {task_id}");
             };
@@ -245,18 +312,37 @@ async fn main() -> Result<()> {
             }
         }
         Cmd::List { state, limit, json } => {
-            let deps = deps(&cli, &sdk).await?;
+            let deps = deps(cli, &sdk).await?;
             let state: ProcessState = state.parse()?;
-            let rows = deps.store.list_by_state(state, *limit).await?;
+            let limit = *limit as usize;
+            let rows = deps.store.list_by_state(state, limit).await?;
+            // Only a listing cut at the limit needs a count.
+            let total = if rows.len() >= limit {
+                let reader = TableReader::new(&sdk, deps.resources.task_table.clone());
+                let (n, _cost) = reader.count_by_state(state).await?;
+                Some(usize::try_from(n).unwrap_or(usize::MAX).max(rows.len()))
+            } else {
+                None
+            };
+            let note = match total {
+                Some(total) if total > rows.len() => {
+                    format!(
+                        "showing {} of {total} {state} tasks, most recently updated first; --limit to see more",
+                        rows.len()
+                    )
+                }
+                _ => format!("{} {state} task(s)", rows.len()),
+            };
             if *json {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
+                eprintln!("{note}");
                 return Ok(());
             }
             println!("{:<40} {:<13} {:<10} {:<10} {:>5}  reason", "task", "state", "workflow", "step", "fails");
             for r in rows {
                 println!(
                     "{:<40} {:<13} {:<10} {:<10} {:>5}  {}",
-                    r.task_id,
+                    r.task_id.as_str(),
                     r.process_state.as_str(),
                     r.workflow_name.as_deref().unwrap_or("-"),
                     r.current_step.as_deref().unwrap_or("-"),
@@ -264,39 +350,139 @@ async fn main() -> Result<()> {
                     r.reason.as_deref().unwrap_or("")
                 );
             }
+            println!("{note}");
         }
         Cmd::Demo { timeout } => {
-            let ok = demo::run(&sdk, deps(&cli, &sdk).await?, Duration::from_secs(*timeout)).await?;
+            let ok = demo::run(&sdk, deps(cli, &sdk).await?, Duration::from_secs(*timeout)).await?;
             if !ok {
                 std::process::exit(1);
             }
         }
-        Cmd::Cancel { task_id, reason } => {
-            let deps = deps(&cli, &sdk).await?;
-            sas_cli::ops::cancel(&deps, &TaskId::try_from(task_id.as_str())?, reason).await?;
-            println!("cancel requested for {task_id}");
+        Cmd::Cancel { task_id, reason, wait } => {
+            let deps = deps(cli, &sdk).await?;
+            let id = TaskId::try_from(task_id.as_str())?;
+            println!("{}", one_command(&deps, Command::Cancel, &id, reason, wait.wait()).await?);
         }
-        Cmd::Resubmit { task_id, state, reason } => {
-            let deps = deps(&cli, &sdk).await?;
+        Cmd::Resubmit { task_id, state, reason, max, wait } => {
+            let deps = deps(cli, &sdk).await?;
             match (task_id, state) {
                 (Some(t), None) => {
                     let id = TaskId::try_from(t.as_str())?;
-                    sas_cli::ops::resubmit(&deps, std::slice::from_ref(&id), reason).await?;
-                    println!("resubmit requested for {id}");
+                    println!("{}", one_command(&deps, Command::Resubmit, &id, reason, wait.wait()).await?);
                 }
                 (None, Some(s)) => {
-                    if s.parse::<ProcessState>()? != ProcessState::Error {
-                        bail!("only Error tasks can be resubmitted");
+                    let s = s.parse::<ProcessState>()?;
+                    if s != ProcessState::Error {
+                        bail!("only Error tasks can be resubmitted (--state {s} would change nothing)");
                     }
-                    let ids = sas_cli::ops::resubmit_all_in_error(&deps, reason, 10_000).await?;
-                    println!("resubmit requested for {} task(s) in Error", ids.len());
-                    for id in ids {
-                        println!("  {id}");
+                    let reader = TableReader::new(&sdk, deps.resources.task_table.clone());
+                    let report =
+                        sas_cli::ops::resubmit_state_error(&deps, &reader, reason, *max, wait.wait(), POLL).await?;
+                    for line in report.lines() {
+                        println!("  {line}");
+                    }
+                    println!("{}", report.summary());
+                    if let Some(e) = &report.send_error {
+                        bail!("some resubmit messages were not sent: {e}");
+                    }
+                    if !report.all_moved() {
+                        bail!(
+                            "{} of {} resubmitted task(s) did not show the resubmit in time; it may still be applied later",
+                            report.requested() - report.moved(),
+                            report.requested()
+                        );
                     }
                 }
                 _ => bail!("name a task, or --state Error"),
             }
         }
+        Cmd::Load { tasks, workflow, input, timeout_secs, poll_ms, send_concurrency, json } => {
+            let res = resources(cli, &sdk).await?;
+            let opts = sas_cli::load::LoadOptions {
+                tasks: *tasks,
+                workflow: workflow.clone(),
+                input: serde_json::from_str(input).context("--input is not JSON")?,
+                prefix: format!("load-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]),
+                send_concurrency: *send_concurrency,
+                timeout: Duration::from_secs(*timeout_secs),
+                poll_every: Duration::from_millis(*poll_ms),
+            };
+            load(&sdk, &res, &opts, *json).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Check, send, and (unless `wait` is `None`) wait for one command; the line to print.
+async fn one_command(
+    deps: &Deps,
+    command: Command,
+    id: &TaskId,
+    reason: &str,
+    wait: Option<Duration>,
+) -> Result<String> {
+    let before = sas_cli::ops::send_checked(deps, command, id, reason).await?;
+    let Some(wait) = wait else {
+        return Ok(format!(
+            "{} sent for {id} ({} at rev {}); not waiting: see `sasctl status {id}`",
+            command.verb(),
+            before.process_state,
+            before.rev
+        ));
+    };
+    let after = sas_cli::ops::wait_applied(deps, command, &before, wait, POLL).await?;
+    Ok(sas_cli::ops::describe_change(&before, &after))
+}
+
+/// `sasctl load`: the burst, the polling (progress on stderr), the figures.
+async fn load(
+    sdk: &aws_config::SdkConfig,
+    res: &Resources,
+    opts: &sas_cli::load::LoadOptions,
+    json: bool,
+) -> Result<()> {
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let reader = TableReader::new(sdk, res.task_table.clone());
+    eprintln!(
+        "load: sending {} {} tasks ({}-NNNNN) to {}",
+        opts.tasks, opts.workflow, opts.prefix, res.submission_queue_url
+    );
+    let started = std::time::Instant::now();
+    let burst = sas_cli::load::send_burst(&sqs, &res.submission_queue_url, opts).await?;
+    eprintln!(
+        "load: sent {} in {:.2} s ({} requests, {} entries failed{})",
+        burst.sent.len(),
+        burst.elapsed.as_secs_f64(),
+        burst.requests,
+        burst.failed,
+        burst.first_failure.as_ref().map(|f| format!(": {f}")).unwrap_or_default()
+    );
+    let ids: Vec<TaskId> = burst.sent.iter().map(|(id, _)| id.clone()).collect();
+    let mut last_print: Option<std::time::Instant> = None;
+    let (tasks, reads) = sas_cli::load::poll_until_terminal(&reader, &ids, started, opts, |p| {
+        if last_print.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) || p.terminal == p.total {
+            eprintln!("load: {p}");
+            last_print = Some(std::time::Instant::now());
+        }
+    })
+    .await?;
+    let mut report = sas_cli::load::report(&opts.workflow, opts.tasks, &burst, &tasks, started.elapsed(), reads);
+    report.run.clone_from(&opts.prefix);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("\n{report}");
+    }
+    if !report.drained {
+        bail!(
+            "{} of {} tasks were not terminal after {} s (--timeout-secs)",
+            report.sent - report.terminal,
+            report.sent,
+            opts.timeout.as_secs()
+        );
+    }
+    if report.send_failed > 0 {
+        bail!("{} submissions could not be sent", report.send_failed);
     }
     Ok(())
 }

@@ -1,12 +1,24 @@
-//! Operator actions, shared by the `sasctl` binary and the tests: each sends the message the
+//! Operator actions, shared by the `sasctl` binary and the tests. Each sends the message the
 //! Scheduler acts on (it decides, with a conditional write, whether the action still applies).
+//!
+//! `sasctl` does not send blind: it reads the task first and asks the protocol itself
+//! ([`check`], through [`sas_core::protocol::apply`]) whether the command would change anything,
+//! so that a no-op is refused at once, naming the state and why ([`Refusal`]). Otherwise it sends
+//! the command and waits until the task's `Rev` moves ([`wait_applied`]), then tells what the
+//! command led to ([`describe_change`]).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::Client;
 use sas_core::bus::{encode, Outgoing};
 use sas_core::deps::Deps;
-use sas_core::ids::TaskId;
+use sas_core::ids::{AttemptToken, TaskId};
 use sas_core::messages::{CancelMessage, ResubmitMessage, SchedulerMessage, Submission, VERSION};
-use sas_core::protocol::ProcessState;
+use sas_core::protocol::{self, Ctx, EndCause, Event, Policy, ProcessState, Stage, Stale, Task};
+
+use crate::table::{ReadCost, TableReader};
 
 pub async fn send_submission(sqs: &Client, queue: &str, sub: &Submission) -> anyhow::Result<()> {
     sqs.send_message()
@@ -18,36 +30,622 @@ pub async fn send_submission(sqs: &Client, queue: &str, sub: &Submission) -> any
     Ok(())
 }
 
-/// Stop a task: its completed steps are compensated and it ends `Cancelled`.
+/// An operator's command on one task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Stop the task: its completed steps are compensated and it ends `Cancelled`.
+    Cancel,
+    /// An `Error` task resumes from its failed step (or its failed compensation).
+    Resubmit,
+}
+
+impl Command {
+    pub fn verb(self) -> &'static str {
+        match self {
+            Command::Cancel => "cancel",
+            Command::Resubmit => "resubmit",
+        }
+    }
+
+    fn event(self, reason: &str) -> Event {
+        match self {
+            Command::Cancel => Event::Cancel { reason: reason.to_owned() },
+            Command::Resubmit => Event::Resubmit { reason: reason.to_owned() },
+        }
+    }
+
+    /// The message for `task_id`; a resubmit names the run the operator saw in `Error`, so it
+    /// applies once, to that run.
+    fn message(self, task_id: &TaskId, reason: &str, run: Option<u32>) -> SchedulerMessage {
+        let (task_id, reason) = (task_id.clone(), reason.to_owned());
+        match self {
+            Command::Cancel => SchedulerMessage::Cancel(CancelMessage { v: VERSION, task_id, reason }),
+            Command::Resubmit => SchedulerMessage::Resubmit(ResubmitMessage { v: VERSION, task_id, reason, run }),
+        }
+    }
+
+    /// Whether `after` shows this command's hand (rather than the task moving on by itself).
+    pub fn applied(self, before: &Task, after: &Task) -> bool {
+        match self {
+            Command::Cancel => {
+                after.process_state == ProcessState::Cancelled
+                    || matches!(after.stage, Stage::Compensating { cause: EndCause::Cancelled, .. })
+            }
+            Command::Resubmit => after.run > before.run,
+        }
+    }
+}
+
+/// A command that would change nothing for the task as it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot {} {task_id}: {why}", command.verb())]
+pub struct Refusal {
+    pub command: Command,
+    pub task_id: TaskId,
+    /// `None`: there is no such task.
+    pub state: Option<ProcessState>,
+    pub why: String,
+}
+
+/// Whether `command` changes anything for `task` (`None`: no such task), decided by the protocol
+/// itself; `Ok` carries the task as the command would leave it.
+pub fn check(command: Command, task_id: &TaskId, task: Option<&Task>) -> Result<Task, Refusal> {
+    let Some(task) = task else {
+        return Err(Refusal {
+            command,
+            task_id: task_id.clone(),
+            state: None,
+            why: "there is no such task (check the id, or whether it expired: finished tasks are kept RetentionDays)"
+                .to_owned(),
+        });
+    };
+    let ctx = Ctx { now: task.updated_at, fresh_token: AttemptToken::from("sasctl-check"), jitter: 0.0 };
+    match protocol::apply(task, &command.event("check"), &ctx, &Policy::default()) {
+        Ok(t) => Ok(t.task),
+        Err(stale) => Err(Refusal {
+            command,
+            task_id: task.task_id.clone(),
+            state: Some(task.process_state),
+            why: why(command, task, &stale),
+        }),
+    }
+}
+
+/// The operator's explanation of a refusal: the state, and why the command changes nothing there.
+fn why(command: Command, task: &Task, stale: &Stale) -> String {
+    use ProcessState as P;
+    let s = task.process_state;
+    match (command, stale) {
+        (Command::Cancel, Stale::Terminal(_)) => {
+            let what = match s {
+                P::Processed => "every step succeeded, there is nothing left to stop",
+                P::Compensated => "it already failed and its completed steps were undone",
+                P::Cancelled => "it was cancelled already",
+                P::Rejected => "the submission never became a running task",
+                _ => "a terminal state",
+            };
+            format!("it is {s}: {what} (cancel applies to Pending, Processing and Error tasks)")
+        }
+        (Command::Cancel, Stale::AlreadyCompensating) if s == P::Error => format!(
+            "it is Error because its compensation failed ({}); cancel would change nothing: resubmit it to retry \
+             the compensation once the cause is fixed",
+            task.reason.as_deref().unwrap_or("no reason recorded")
+        ),
+        (Command::Cancel, Stale::AlreadyCompensating) => format!(
+            "it is {s}: its completed steps are already being undone ({}), so cancel would change nothing",
+            task.reason.as_deref().unwrap_or("no reason recorded")
+        ),
+        (Command::Resubmit, Stale::NotResubmittable(_)) => {
+            let what = match s {
+                P::Pending | P::Processing | P::Compensating => "it is still running",
+                P::Processed => "every step succeeded",
+                P::Compensated | P::Cancelled => {
+                    "it has ended and its completed steps were undone (submit a new task to run it again)"
+                }
+                P::Rejected => "the submission never became a running task",
+                P::Error => "it is parked",
+            };
+            format!("it is {s}: {what}; only a task parked in Error can be resubmitted")
+        }
+        (_, other) => format!("it is {s}: {other}"),
+    }
+}
+
+/// What the task is doing now, for an operator: `compensating charge (refund)`, `running ship`.
+fn doing(t: &Task) -> Option<String> {
+    if t.process_state.is_terminal() {
+        return None;
+    }
+    let unit = t.current_def().name.as_str();
+    let step = t.steps.get(t.unit_step()).map_or(unit, |s| s.name.as_str());
+    Some(match (t.is_compensating(), t.process_state) {
+        (true, _) => format!("compensating {step} ({unit})"),
+        (false, ProcessState::Processing) => format!("running {step}"),
+        (false, _) => format!("next: {step}"),
+    })
+}
+
+/// One line telling what a change did: `t-1: Processing -> Compensating (cancelled: customer
+/// asked); compensating charge (refund)`.
+/// Every state it went through on the way is named (from the task's history): `Processing ->
+/// Compensating -> Cancelled`.
+pub fn describe_change(before: &Task, after: &Task) -> String {
+    let mut path = vec![before.process_state];
+    for h in after.history.iter().filter(|h| h.seq > before.rev) {
+        if path.last() != Some(&h.state) {
+            path.push(h.state);
+        }
+    }
+    if path.len() == 1 || path.last() != Some(&after.process_state) {
+        path.push(after.process_state);
+    }
+    let path: Vec<&str> = path.iter().map(|s| s.as_str()).collect();
+    let mut s = format!("{}: {}", after.task_id, path.join(" -> "));
+    if let Some(r) = &after.reason {
+        let _ = write!(s, " ({r})");
+    }
+    if let Some(d) = doing(after) {
+        let _ = write!(s, "; {d}");
+    }
+    s
+}
+
+/// How a command ended for one task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Applied {
+    /// The command changed the task.
+    Moved { before: Box<Task>, after: Box<Task> },
+    /// Nothing changed in time; the command may still be applied later.
+    Unchanged { before: Box<Task> },
+    /// The task moved on by itself to a state where the command changes nothing.
+    Overtaken { before: Box<Task>, after: Box<Task>, refusal: Refusal },
+    /// The task disappeared (deleted, or expired by TTL) while we waited.
+    Gone { before: Box<Task> },
+}
+
+/// Why waiting for a command did not end with the command applied.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    #[error(
+        "{task_id} did not change within {secs} s (still {state} at rev {rev}): the {verb} is queued and may still \
+         be applied later; see `sasctl status {task_id}`"
+    )]
+    Unchanged { task_id: TaskId, state: ProcessState, rev: u64, secs: u64, verb: &'static str },
+    #[error("{} moved on by itself before the {} was applied ({}); {refusal}", after.task_id, refusal.command.verb(), describe_change(before, after))]
+    Overtaken { before: Box<Task>, after: Box<Task>, refusal: Refusal },
+    #[error("{task_id} disappeared while waiting for the {verb} (deleted, or expired)")]
+    Gone { task_id: TaskId, verb: &'static str },
+}
+
+/// One look at a task we wait on: `None` while the command may still come.
+fn judge(command: Command, before: &Task, seen_rev: &mut u64, now: Option<Task>) -> Option<Applied> {
+    let Some(now) = now else {
+        return Some(Applied::Gone { before: Box::new(before.clone()) });
+    };
+    if now.rev == *seen_rev {
+        return None;
+    }
+    *seen_rev = now.rev;
+    if command.applied(before, &now) {
+        return Some(Applied::Moved { before: Box::new(before.clone()), after: Box::new(now) });
+    }
+    // The task moved by itself; the command is still on its way unless it would now change nothing.
+    match check(command, &now.task_id, Some(&now)) {
+        Ok(_) => None,
+        Err(refusal) => Some(Applied::Overtaken { before: Box::new(before.clone()), after: Box::new(now), refusal }),
+    }
+}
+
+/// Send `command` for one task, after reading it and checking that it changes anything.
+/// Returns the task as read (the refusal is the error otherwise).
+pub async fn send_checked(deps: &Deps, command: Command, task_id: &TaskId, reason: &str) -> anyhow::Result<Task> {
+    let before = deps.store.get(task_id).await?;
+    let before = check(command, task_id, before.as_ref()).map(|_| before.expect("checked: the task exists"))?;
+    deps.outbox().to_scheduler(&command.message(task_id, reason, Some(before.run)), 0).await?;
+    Ok(before)
+}
+
+/// Poll the task (one strongly consistent `GetItem` per `every`) until `command` shows, the task
+/// moves where the command changes nothing, or `wait` passes.
+pub async fn wait_applied(
+    deps: &Deps,
+    command: Command,
+    before: &Task,
+    wait: Duration,
+    every: Duration,
+) -> anyhow::Result<Task> {
+    let deadline = Instant::now() + wait;
+    let mut seen = before.rev;
+    loop {
+        let now = deps.store.get(&before.task_id).await?;
+        match judge(command, before, &mut seen, now) {
+            Some(Applied::Moved { after, .. }) => return Ok(*after),
+            Some(Applied::Overtaken { before, after, refusal }) => {
+                return Err(WaitError::Overtaken { before, after, refusal }.into())
+            }
+            Some(Applied::Gone { before }) => {
+                return Err(WaitError::Gone { task_id: before.task_id, verb: command.verb() }.into())
+            }
+            Some(Applied::Unchanged { .. }) | None => {}
+        }
+        if Instant::now() >= deadline {
+            let last = deps.store.get(&before.task_id).await?.unwrap_or_else(|| before.clone());
+            return Err(WaitError::Unchanged {
+                task_id: before.task_id.clone(),
+                state: last.process_state,
+                rev: last.rev,
+                secs: wait.as_secs(),
+                verb: command.verb(),
+            }
+            .into());
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Stop a task: its completed steps are compensated and it ends `Cancelled`. Sends the message
+/// without reading the task (see [`send_checked`] for the checked way).
 pub async fn cancel(deps: &Deps, task_id: &TaskId, reason: &str) -> anyhow::Result<()> {
-    let msg =
-        SchedulerMessage::Cancel(CancelMessage { v: VERSION, task_id: task_id.clone(), reason: reason.to_owned() });
-    deps.outbox().to_scheduler(&msg, 0).await?;
+    deps.outbox().to_scheduler(&Command::Cancel.message(task_id, reason, None), 0).await?;
     Ok(())
 }
 
-/// Resubmit `Error` tasks: each resumes from its failed step. Sent in batches of ten.
+/// Resubmit `Error` tasks: each resumes from its failed step. Sent in batches of ten, unchecked.
 pub async fn resubmit(deps: &Deps, task_ids: &[TaskId], reason: &str) -> anyhow::Result<()> {
     let msgs = task_ids
         .iter()
-        .map(|t| {
-            let msg = SchedulerMessage::Resubmit(ResubmitMessage {
-                v: VERSION,
-                task_id: t.clone(),
-                reason: reason.to_owned(),
-                run: None,
-            });
-            encode(&msg).map(Outgoing::new)
-        })
+        .map(|t| encode(&Command::Resubmit.message(t, reason, None)).map(Outgoing::new))
         .collect::<Result<Vec<_>, _>>()?;
     deps.outbox().to_scheduler_batch(msgs).await?;
     Ok(())
 }
 
-/// Resubmit every task in `Error` (as the operators' index lists them, up to `max`); returns their ids.
+/// Resubmit tasks each fenced to the run it was seen in (`Error`), in batches of ten.
+pub async fn resubmit_runs(deps: &Deps, tasks: &[(TaskId, u32)], reason: &str) -> anyhow::Result<()> {
+    let msgs = tasks
+        .iter()
+        .map(|(t, run)| encode(&Command::Resubmit.message(t, reason, Some(*run))).map(Outgoing::new))
+        .collect::<Result<Vec<_>, _>>()?;
+    deps.outbox().to_scheduler_batch(msgs).await?;
+    Ok(())
+}
+
+/// Resubmit every task in `Error` (as the operators' index lists them, up to `max`); returns their
+/// ids. Unchecked and without waiting (see [`resubmit_state_error`]).
 pub async fn resubmit_all_in_error(deps: &Deps, reason: &str, max: usize) -> anyhow::Result<Vec<TaskId>> {
     let ids: Vec<TaskId> =
         deps.store.list_by_state(ProcessState::Error, max).await?.into_iter().map(|r| r.task_id).collect();
     resubmit(deps, &ids, reason).await?;
     Ok(ids)
+}
+
+/// What `resubmit --state Error` did.
+#[derive(Debug, Default)]
+pub struct BatchReport {
+    /// Listed by the index but no longer resubmittable when read (or gone).
+    pub skipped: Vec<Refusal>,
+    /// The tasks a resubmit was sent for, and how each ended.
+    pub outcomes: Vec<Applied>,
+    /// Set when some resubmit messages could not be sent.
+    pub send_error: Option<String>,
+    /// What reading the table cost (the index listing not included).
+    pub reads: ReadCost,
+    /// False with `--no-wait`.
+    pub waited: bool,
+}
+
+impl BatchReport {
+    pub fn requested(&self) -> usize {
+        self.outcomes.len()
+    }
+
+    pub fn moved(&self) -> usize {
+        self.outcomes.iter().filter(|o| matches!(o, Applied::Moved { .. })).count()
+    }
+
+    pub fn unchanged(&self) -> usize {
+        self.outcomes.iter().filter(|o| matches!(o, Applied::Unchanged { .. })).count()
+    }
+
+    /// Moved by something else (another operator), or gone.
+    pub fn other(&self) -> usize {
+        self.outcomes.iter().filter(|o| matches!(o, Applied::Overtaken { .. } | Applied::Gone { .. })).count()
+    }
+
+    /// Whether every resubmit that was sent showed in time.
+    pub fn all_moved(&self) -> bool {
+        self.send_error.is_none() && (!self.waited || self.moved() == self.requested())
+    }
+
+    /// `resubmit --state Error: requested 804, moved 800, unchanged 4`.
+    pub fn summary(&self) -> String {
+        let mut s = format!("resubmit --state Error: requested {}", self.requested());
+        if self.waited {
+            let _ = write!(s, ", moved {}, unchanged {}", self.moved(), self.unchanged());
+            if self.other() > 0 {
+                let _ = write!(s, ", changed otherwise {}", self.other());
+            }
+        } else {
+            s.push_str(" (not waiting)");
+        }
+        if !self.skipped.is_empty() {
+            let _ = write!(s, "; skipped {} no longer in Error", self.skipped.len());
+        }
+        s
+    }
+
+    /// One line per task.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.skipped.iter().map(|r| format!("skipped: {r}")).collect();
+        for o in &self.outcomes {
+            out.push(match o {
+                Applied::Moved { before, after } => describe_change(before, after),
+                Applied::Unchanged { before } if self.waited => {
+                    format!(
+                        "{}: unchanged (still {} at rev {}); the resubmit may still be applied later",
+                        before.task_id, before.process_state, before.rev
+                    )
+                }
+                Applied::Unchanged { before } => {
+                    format!("{}: resubmit sent ({} at rev {})", before.task_id, before.process_state, before.rev)
+                }
+                Applied::Overtaken { before, after, refusal } => {
+                    format!("{}: changed otherwise ({}); {refusal}", after.task_id, describe_change(before, after))
+                }
+                Applied::Gone { before } => format!("{}: disappeared while waiting", before.task_id),
+            });
+        }
+        out
+    }
+}
+
+/// `resubmit --state Error`: list the `Error` tasks (up to `max`), read them in batches of 100
+/// (strongly consistent `BatchGetItem`: the index may lag), send a resubmit for each one still in
+/// `Error` (`SendMessageBatch`, ten per request), then, unless `wait` is `None`, poll the ones
+/// sent (`BatchGetItem` again, every `every`) until each shows the resubmit or `wait` passes.
+pub async fn resubmit_state_error(
+    deps: &Deps,
+    reader: &TableReader,
+    reason: &str,
+    max: usize,
+    wait: Option<Duration>,
+    every: Duration,
+) -> anyhow::Result<BatchReport> {
+    let listed: Vec<TaskId> =
+        deps.store.list_by_state(ProcessState::Error, max).await?.into_iter().map(|r| r.task_id).collect();
+    let mut report = BatchReport { waited: wait.is_some(), ..BatchReport::default() };
+    let mut sent: Vec<Task> = Vec::new();
+    for chunk in listed.chunks(crate::table::BATCH_GET_MAX) {
+        let (found, cost) = reader.get_many(chunk, true).await?;
+        report.reads += cost;
+        let mut ok = Vec::new();
+        for id in chunk {
+            match check(Command::Resubmit, id, found.get(id)) {
+                Ok(_) => ok.push(found[id].clone()),
+                Err(r) => report.skipped.push(r),
+            }
+        }
+        let runs: Vec<(TaskId, u32)> = ok.iter().map(|t| (t.task_id.clone(), t.run)).collect();
+        if let Err(e) = resubmit_runs(deps, &runs, reason).await {
+            report.send_error.get_or_insert_with(|| format!("{e:#}"));
+        }
+        sent.extend(ok);
+    }
+    let Some(wait) = wait else {
+        report.outcomes = sent.into_iter().map(|t| Applied::Unchanged { before: Box::new(t) }).collect();
+        return Ok(report);
+    };
+    let deadline = Instant::now() + wait;
+    let mut pending: HashMap<TaskId, (Task, u64)> =
+        sent.into_iter().map(|t| (t.task_id.clone(), (t.clone(), t.rev))).collect();
+    while !pending.is_empty() {
+        tokio::time::sleep(every).await;
+        let ids: Vec<TaskId> = pending.keys().cloned().collect();
+        let (found, cost) = reader.get_many(&ids, true).await?;
+        report.reads += cost;
+        for id in ids {
+            let (before, seen) = pending.get_mut(&id).expect("pending");
+            if let Some(end) = judge(Command::Resubmit, before, seen, found.get(&id).cloned()) {
+                report.outcomes.push(end);
+                pending.remove(&id);
+            }
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+    }
+    report.outcomes.extend(pending.into_values().map(|(t, _)| Applied::Unchanged { before: Box::new(t) }));
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sas_core::ids::Millis;
+    use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+    use serde_json::json;
+
+    fn ctx(now: u64) -> Ctx {
+        Ctx { now: Millis(now), fresh_token: AttemptToken::from(format!("tok{now}").as_str()), jitter: 0.0 }
+    }
+
+    fn id() -> TaskId {
+        TaskId::try_from("t-1").unwrap()
+    }
+
+    fn new_task() -> Task {
+        let wf = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).unwrap().resolve("sim-order", None).unwrap().clone();
+        protocol::submit(
+            id(),
+            wf,
+            json!({}),
+            None,
+            Millis(1_000),
+            &Policy { queue_budget_ms: 0, result_grace_ms: 0, settle_ms: 0, ..Policy::default() },
+        )
+        .task
+    }
+
+    fn step(t: &Task, e: &Event, now: u64) -> Task {
+        protocol::apply(
+            t,
+            e,
+            &ctx(now),
+            &Policy { queue_budget_ms: 0, result_grace_ms: 0, settle_ms: 0, ..Policy::default() },
+        )
+        .expect("applies")
+        .task
+    }
+
+    fn claim(t: &Task, now: u64) -> Task {
+        step(t, &Event::Claim { rev: t.wait_rev }, now)
+    }
+
+    fn succeed(t: &Task, now: u64) -> Task {
+        step(t, &Event::AgentSucceeded { attempt: t.locked_by.clone().unwrap(), output: json!({}) }, now)
+    }
+
+    fn refuse(t: &Task, now: u64) -> Task {
+        let attempt = t.locked_by.clone().unwrap();
+        step(t, &Event::AgentFailed { attempt, error: "declined".into(), retryable: false }, now)
+    }
+
+    /// Processing `charge` (reserve done).
+    fn processing() -> Task {
+        succeed(&claim(&new_task(), 2_000), 3_000)
+    }
+
+    /// Charge refused, release refused too: Error while compensating.
+    fn error_compensating() -> Task {
+        let t = refuse(&processing(), 4_000); // Compensating: release
+        refuse(&t, 5_000)
+    }
+
+    fn processed() -> Task {
+        succeed(&succeed(&processing(), 4_000), 5_000)
+    }
+
+    /// Processing charge, then cancelled: compensating it (refund).
+    fn cancelled_compensating() -> Task {
+        step(&processing(), &Event::Cancel { reason: "customer asked".into() }, 4_000)
+    }
+
+    #[test]
+    fn cancel_is_refused_for_missing_terminal_and_compensating_tasks() {
+        let r = check(Command::Cancel, &id(), None).unwrap_err();
+        assert_eq!(r.state, None);
+        assert!(r.to_string().starts_with("cannot cancel t-1: there is no such task"), "{r}");
+
+        let r = check(Command::Cancel, &id(), Some(&processed())).unwrap_err();
+        assert_eq!(r.state, Some(ProcessState::Processed));
+        assert!(r.to_string().contains("it is Processed: every step succeeded"), "{r}");
+
+        let r = check(Command::Cancel, &id(), Some(&cancelled_compensating())).unwrap_err();
+        assert_eq!(r.state, Some(ProcessState::Compensating));
+        assert!(r.why.contains("already being undone (cancelled: customer asked)"), "{r}");
+
+        // an Error left by a failed compensation: cancel resumes the compensation (fresh keys)
+        let t = error_compensating();
+        assert_eq!(t.process_state, ProcessState::Error);
+        assert_eq!(check(Command::Cancel, &id(), Some(&t)).unwrap().process_state, ProcessState::Compensating);
+    }
+
+    #[test]
+    fn cancel_applies_to_pending_processing_and_forward_error_tasks() {
+        assert_eq!(check(Command::Cancel, &id(), Some(&new_task())).unwrap().process_state, ProcessState::Cancelled);
+        let after = check(Command::Cancel, &id(), Some(&processing())).unwrap();
+        assert_eq!(after.process_state, ProcessState::Compensating);
+        assert!(Command::Cancel.applied(&processing(), &after));
+    }
+
+    #[test]
+    fn resubmit_applies_only_to_error_tasks() {
+        for t in [new_task(), processing(), processed(), cancelled_compensating()] {
+            let r = check(Command::Resubmit, &id(), Some(&t)).unwrap_err();
+            assert_eq!(r.state, Some(t.process_state));
+            assert!(r.why.ends_with("only a task parked in Error can be resubmitted"), "{r}");
+            assert!(r.why.starts_with(&format!("it is {}", t.process_state)), "{r}");
+        }
+        let t = error_compensating();
+        let after = check(Command::Resubmit, &id(), Some(&t)).unwrap();
+        assert_eq!(after.process_state, ProcessState::Compensating);
+        assert!(Command::Resubmit.applied(&t, &after));
+        assert!(!Command::Cancel.applied(&t, &after), "a resubmit is not a cancel");
+    }
+
+    #[test]
+    fn changes_read_as_one_line() {
+        let before = processing();
+        let after = cancelled_compensating();
+        assert_eq!(
+            describe_change(&before, &after),
+            "t-1: Processing -> Compensating (cancelled: customer asked); compensating charge (refund)"
+        );
+        assert_eq!(describe_change(&processing(), &processed()), "t-1: Processing -> Processed");
+        // States passed on the way come from the history. (The refund waits until the cancelled
+        // charge attempt has answered: it can no longer race it.)
+        let running = processing();
+        let cancelled = step(&running, &Event::Cancel { reason: "customer asked".into() }, 4_000);
+        let answered = Event::AgentSucceeded { attempt: running.locked_by.clone().unwrap(), output: json!({}) };
+        let refunding = claim(&step(&cancelled, &answered, 4_500), 4_600);
+        let done = succeed(&succeed(&refunding, 5_000), 6_000);
+        assert_eq!(
+            describe_change(&before, &done),
+            "t-1: Processing -> Compensating -> Cancelled (cancelled: customer asked)"
+        );
+        assert_eq!(
+            describe_change(&new_task(), &claim(&new_task(), 2_000)),
+            "t-1: Pending -> Processing; running reserve"
+        );
+    }
+
+    #[test]
+    fn waiting_tells_moved_from_overtaken() {
+        let before = processing();
+        let mut seen = before.rev;
+        assert_eq!(judge(Command::Cancel, &before, &mut seen, Some(before.clone())), None, "no change yet");
+        // Charge succeeded by itself: the task moved on, but a cancel still applies to it.
+        let next = succeed(&before, 4_000);
+        assert_eq!(judge(Command::Cancel, &before, &mut seen, Some(next.clone())), None);
+        assert_eq!(seen, next.rev);
+        // ... then it finished: the cancel will change nothing.
+        let done = succeed(&next, 5_000);
+        match judge(Command::Cancel, &before, &mut seen, Some(done)) {
+            Some(Applied::Overtaken { refusal, .. }) => assert_eq!(refusal.state, Some(ProcessState::Processed)),
+            other => panic!("{other:?}"),
+        }
+        let mut seen = before.rev;
+        assert!(matches!(
+            judge(Command::Cancel, &before, &mut seen, Some(cancelled_compensating())),
+            Some(Applied::Moved { .. })
+        ));
+        assert!(matches!(judge(Command::Cancel, &before, &mut seen, None), Some(Applied::Gone { .. })));
+    }
+
+    #[test]
+    fn batch_summary_counts_each_outcome() {
+        let e = error_compensating();
+        let moved = check(Command::Resubmit, &id(), Some(&e)).unwrap();
+        let report = BatchReport {
+            skipped: vec![check(Command::Resubmit, &id(), Some(&processed())).unwrap_err()],
+            outcomes: vec![
+                Applied::Moved { before: Box::new(e.clone()), after: Box::new(moved) },
+                Applied::Unchanged { before: Box::new(e.clone()) },
+                Applied::Unchanged { before: Box::new(e) },
+            ],
+            waited: true,
+            ..BatchReport::default()
+        };
+        assert_eq!(
+            report.summary(),
+            "resubmit --state Error: requested 3, moved 1, unchanged 2; skipped 1 no longer in Error"
+        );
+        assert!(!report.all_moved());
+        assert_eq!(report.lines().len(), 4);
+        assert!(
+            report.lines()[1].starts_with("t-1: Error -> Compensating (resubmitted (run 2): check)"),
+            "{:?}",
+            report.lines()
+        );
+    }
 }

@@ -1,0 +1,161 @@
+//! The operator commands against LocalStack, through the `sasctl` binary: a no-op is refused at
+//! once as one line (no backtrace, even with `RUST_BACKTRACE=1`) and exit 1; a cancel and a
+//! resubmit print the states they led to; `list` says when it stops at `--limit`;
+//! `resubmit --state Error` counts what moved.
+//!
+//! Needs `AWS_ENDPOINT_URL` (LocalStack: `source infra/env.sh`). Deploys its own stack, runs the
+//! roles in-process (sim agents), and deletes the stack at the end.
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sas_core::agent::AgentRuntime;
+use sas_core::config::{Resources, Settings};
+use sas_core::deps::Deps;
+use sas_core::ids::TaskId;
+use sas_core::messages::{Submission, VERSION};
+use sas_core::protocol::{ProcessState, Task};
+use sas_core::runner::{Runner, RunnerOptions};
+use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+use serde_json::json;
+
+struct Stack {
+    name: String,
+    sdk: aws_config::SdkConfig,
+    deps: Arc<Deps>,
+    outputs: PathBuf,
+}
+
+impl Stack {
+    async fn deploy() -> Stack {
+        assert!(std::env::var("AWS_ENDPOINT_URL").is_ok(), "set AWS_ENDPOINT_URL (LocalStack: `source infra/env.sh`)");
+        let sdk = sas_core::aws::load_sdk_config().await;
+        let name = format!("t-cli-ops-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let cfn = aws_sdk_cloudformation::Client::new(&sdk);
+        let template = sas_cli::stack::local_template(sas_cli::stack::TEMPLATE);
+        let out =
+            sas_cli::stack::deploy(&cfn, &name, &template, &[("DeployFunctions", "false"), ("SupervisorShards", "2")])
+                .await
+                .unwrap_or_else(|e| panic!("deploying {name}: {e}"));
+        let outputs = std::env::temp_dir().join(format!("{name}-outputs.json"));
+        std::fs::write(&outputs, sas_cli::stack::outputs_json(&out)).expect("write outputs");
+        let res = Resources::from_outputs(&out).expect("all outputs present");
+        let workflows = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).expect("built-in workflows");
+        let deps = Arc::new(Deps::aws(&sdk, res, workflows, Settings::default()));
+        Stack { name, sdk, deps, outputs }
+    }
+
+    async fn submit(&self, id: &str, input: serde_json::Value) {
+        let sub = Submission {
+            v: VERSION,
+            task_id: Some(TaskId::try_from(id).unwrap()),
+            workflow: "sim-order".into(),
+            workflow_version: None,
+            input,
+            reply_to: None,
+        };
+        let sqs = aws_sdk_sqs::Client::new(&self.sdk);
+        sas_cli::ops::send_submission(&sqs, &self.deps.resources.submission_queue_url, &sub).await.expect("submit");
+    }
+
+    async fn wait_for(&self, id: &str, what: &str, pred: impl Fn(&Task) -> bool) -> Task {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let id = TaskId::try_from(id).unwrap();
+        loop {
+            let t = self.deps.store.get(&id).await.expect("GetItem");
+            if let Some(t) = t.as_ref().filter(|t| pred(t)) {
+                return t.clone();
+            }
+            assert!(Instant::now() < deadline, "{id} never became {what}: {:?}", t.map(|t| t.process_state));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Run `sasctl` against this stack, as an operator would (with backtraces asked for).
+    fn sasctl(&self, args: &[&str]) -> Output {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sasctl"))
+            .arg("--outputs")
+            .arg(&self.outputs)
+            .args(args)
+            .env("RUST_BACKTRACE", "1")
+            .env_remove("SAS_STACK")
+            .output()
+            .expect("sasctl runs")
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).trim().to_owned()
+}
+
+/// Exit 1 and exactly one line on stderr, starting `error: `.
+fn assert_refused(out: &Output, expect: &str) {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {err}");
+    assert_eq!(err.lines().count(), 1, "one line, no backtrace: {err}");
+    assert!(err.starts_with("error: ") && err.contains(expect), "{err}");
+}
+
+fn assert_ok(out: &Output) -> String {
+    assert!(out.status.success(), "stdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+    text(&out.stdout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn operator_commands_report_their_outcome() {
+    let s = Stack::deploy().await;
+    let opts =
+        RunnerOptions { sweep_every: Duration::from_secs(1), wait: Duration::from_secs(1), ..Default::default() };
+    let runner = Runner::new(s.deps.clone(), Arc::new(AgentRuntime::with_builtins()), opts).spawn();
+
+    let run = &s.name[10..];
+    let (ok1, ok2, stuck, err) =
+        (format!("{run}-ok-1"), format!("{run}-ok-2"), format!("{run}-stuck"), format!("{run}-err"));
+    s.submit(&ok1, json!({})).await;
+    s.submit(&ok2, json!({})).await;
+    // reserve hangs past CompleteBy on every attempt: the task stays in flight (Processing, or
+    // Pending between attempts) long enough to be cancelled.
+    s.submit(&stuck, json!({"sim": {"reserve": {"hang_attempts": 3}}})).await;
+    // charge is declined and release refused: Error after a failed compensation.
+    s.submit(&err, json!({"sim": {"charge": {"permanent": "declined"}, "release": {"permanent": "stock says no"}}}))
+        .await;
+    let is = |state| move |t: &Task| t.process_state == state;
+
+    // A cancel that applies says what it led to (first: the stuck task gives up after 3 attempts).
+    s.wait_for(&stuck, "Processing", is(ProcessState::Processing)).await;
+    let out = assert_ok(&s.sasctl(&["cancel", &stuck, "--reason", "customer asked"]));
+    assert!(out.starts_with(&format!("{stuck}: ")) && out.contains("(cancelled: customer asked)"), "{out}");
+    s.wait_for(&stuck, "Cancelled", is(ProcessState::Cancelled)).await;
+
+    s.wait_for(&ok1, "Processed", is(ProcessState::Processed)).await;
+    s.wait_for(&ok2, "Processed", is(ProcessState::Processed)).await;
+    s.wait_for(&err, "Error", is(ProcessState::Error)).await;
+
+    // No-ops are refused at once, naming the state and why.
+    assert_refused(&s.sasctl(&["cancel", &format!("{run}-nope")]), "there is no such task");
+    assert_refused(&s.sasctl(&["cancel", &ok1]), &format!("cannot cancel {ok1}: it is Processed"));
+    assert_refused(&s.sasctl(&["resubmit", &stuck]), "it is Cancelled");
+    assert_refused(&s.sasctl(&["cancel", &err]), "it is Error because its compensation failed");
+
+    // So does a resubmit.
+    let out = assert_ok(&s.sasctl(&["resubmit", &err, "--reason", "stock fixed"]));
+    assert!(out.starts_with(&format!("{err}: Error -> Compensating")), "{out}");
+    // (The release is refused again at once, so the line may already end in Error.)
+    let t = s.wait_for(&err, "resubmitted", |t| t.run == 2).await;
+    assert!(t.history.iter().any(|h| h.reason.as_deref() == Some("resubmitted (run 2): stock fixed")), "{t:?}");
+
+    // The listing says when it stops at its limit.
+    let out = assert_ok(&s.sasctl(&["list", "--state", "Processed", "--limit", "1"]));
+    assert!(out.ends_with("showing 1 of 2 Processed tasks, most recently updated first; --limit to see more"), "{out}");
+
+    // Every Error task, in batches, with a summary (the release is refused again: back to Error).
+    s.wait_for(&err, "Error again", |t| t.process_state == ProcessState::Error && t.run == 2).await;
+    let out = assert_ok(&s.sasctl(&["resubmit", "--state", "Error"]));
+    assert!(out.ends_with("resubmit --state Error: requested 1, moved 1, unchanged 0"), "{out}");
+
+    runner.shutdown().await;
+    let _ = std::fs::remove_file(&s.outputs);
+    let _ = sas_cli::stack::delete(&aws_sdk_cloudformation::Client::new(&s.sdk), &s.name).await;
+}
