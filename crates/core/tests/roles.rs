@@ -361,6 +361,38 @@ async fn an_alert_lost_after_the_write_is_sent_again_when_the_message_comes_back
     assert!(alerts[0].1.attributes.contains(&("kind".to_owned(), "task_error".to_owned())));
 }
 
+#[tokio::test]
+async fn a_resubmit_applies_once_to_the_run_the_operator_saw() {
+    // F13: a duplicate delivery resubmitted twice
+    let tw = twins();
+    let a = started(&tw, "f13").await;
+    scheduler::schedule(&tw.deps, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
+    let b: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    scheduler::schedule(&tw.deps, &result(&b, Outcome::Failed { error: "no".into(), retryable: false })).await.unwrap();
+    let undo: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    scheduler::schedule(&tw.deps, &result(&undo, Outcome::Failed { error: "stuck".into(), retryable: false }))
+        .await
+        .unwrap();
+    assert_eq!(task(&tw, "f13").process_state, ProcessState::Error);
+    let resubmit = json!({"type": "resubmit", "v": 1, "task_id": "f13", "reason": "fixed", "run": 1}).to_string();
+    assert!(matches!(scheduler::schedule(&tw.deps, &resubmit).await.unwrap(), Applied::Changed { .. }));
+    // the task fails again (run 2) before the duplicate of the operator's message arrives
+    let run = queue(&tw, "scheduler").pop().unwrap().to_string();
+    scheduler::schedule(&tw.deps, &run).await.unwrap();
+    let undo2: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    scheduler::schedule(&tw.deps, &result(&undo2, Outcome::Failed { error: "stuck".into(), retryable: false }))
+        .await
+        .unwrap();
+    let t = task(&tw, "f13");
+    assert_eq!((t.process_state, t.run), (ProcessState::Error, 2));
+    assert_eq!(
+        scheduler::schedule(&tw.deps, &resubmit).await.unwrap(),
+        Applied::Stale(Stale::OtherRun { message: 1, current: 2 }),
+        "the duplicate of run 1's resubmit changes nothing"
+    );
+    assert_eq!(task(&tw, "f13").rev, t.rev);
+}
+
 // ---- Agent ----------------------------------------------------------------------------------
 
 #[tokio::test]

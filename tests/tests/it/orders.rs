@@ -217,3 +217,30 @@ async fn cancel_stops_an_order_and_undoes_what_it_did() {
     runner.shutdown().await;
     s.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_during_a_slow_charge_leaves_no_effect_that_is_not_undone() {
+    // F1 as a user saw it: cancel while the charge is slow; the ledger read reserve, release,
+    // charge: the charge landed after the cancel and was never refunded.
+    let (s, svc, runner) = order_stack("slow-charge").await;
+    svc.add_fault(FaultRule { latency_ms: 2_000, ..rule("sc-1", "/payment/charge") });
+    s.send(&s.res.submission_queue_url, &order("sc-1", "order", json!({}))).await;
+    s.wait_for("sc-1", Duration::from_secs(30), |t| {
+        t.current_step_name() == Some("charge") && t.process_state == ProcessState::Processing
+    })
+    .await;
+    sas_cli::ops::cancel(&s.deps, &TaskId::try_from("sc-1").unwrap(), "customer cancelled").await.unwrap();
+    let t = s.wait_terminal("sc-1").await;
+    assert_eq!(t.process_state, ProcessState::Cancelled);
+    tokio::time::sleep(Duration::from_secs(3)).await; // anything still in flight lands now
+    let done = ops(&svc, "sc-1");
+    let at = |op: &str| done.iter().position(|o| o == op);
+    assert_eq!(at("reserve"), Some(0), "{done:?}");
+    assert!(at("release").is_some(), "reserve undone: {done:?}");
+    if let Some(charge) = at("charge") {
+        let refund = at("refund").unwrap_or_else(|| panic!("the charge was never refunded: {done:?}"));
+        assert!(charge < refund, "the refund ran before the charge landed: {done:?}");
+    }
+    runner.shutdown().await;
+    s.delete().await;
+}
