@@ -61,6 +61,10 @@ pub async fn perform(deps: &Deps, c: Committed) -> Sent {
                         info!(task_id = %c.task.task_id, kind = ?a.kind, "operator alert published");
                     }
                 }
+                Err(err @ BusError::NoSuchQueue { .. }) if matches!(e, Effect::Reply(_)) => {
+                    sent.failed += 1;
+                    warn!(task_id = %c.task.task_id, error = %err, "the caller's reply_to queue does not exist: status not delivered (the task goes on)");
+                }
                 Err(err) => {
                     sent.failed += 1;
                     if e.is_essential() {

@@ -393,6 +393,24 @@ async fn a_resubmit_applies_once_to_the_run_the_operator_saw() {
     assert_eq!(task(&tw, "f13").rev, t.rev);
 }
 
+#[tokio::test]
+async fn a_reply_queue_that_does_not_exist_is_said_plainly_and_stops_nothing() {
+    // F16: every status send to a missing reply_to failed as if the task were stalled; a final
+    // status to it must not make its message come back forever either
+    let tw = twins();
+    let gone = "http://twins.local/000000000000/deleted-replies";
+    submitter::submit(&tw.deps, &submission("nq1", Some(gone))).await.unwrap();
+    let a = {
+        let run = queue(&tw, "scheduler").pop().unwrap();
+        scheduler::schedule(&tw.deps, &run.to_string()).await.unwrap();
+        serde_json::from_value::<AgentRequest>(queue(&tw, "agent").pop().unwrap()).unwrap()
+    };
+    scheduler::schedule(&tw.deps, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
+    let b: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    let last = scheduler::schedule(&tw.deps, &result(&b, Outcome::Succeeded { output: json!(2) })).await;
+    assert!(matches!(last, Ok(Applied::Changed { state: ProcessState::Processed, .. })), "{last:?}");
+}
+
 // ---- Agent ----------------------------------------------------------------------------------
 
 #[tokio::test]

@@ -17,6 +17,9 @@ pub struct AwsBus {
 }
 
 fn sqs_error(op: &'static str, queue: &str, e: aws_sdk_sqs::Error) -> BusError {
+    if matches!(e, aws_sdk_sqs::Error::QueueDoesNotExist(_)) {
+        return BusError::NoSuchQueue { queue: queue.to_owned() };
+    }
     BusError::Backend {
         op,
         target: queue.to_owned(),

@@ -167,7 +167,7 @@ impl MemoryBus {
             format!("m-{}", inner.next_id)
         };
         let now = self.clock.now();
-        let q = inner.queues.get_mut(queue).ok_or_else(|| unavailable("AWS.SimpleQueueService.NonExistentQueue"))?;
+        let q = inner.queues.get_mut(queue).ok_or_else(|| BusError::NoSuchQueue { queue: queue.to_owned() })?;
         if let Some(f) = &msg.fifo {
             if !q.dedup.insert(f.dedup.clone()) {
                 return Ok(());

@@ -44,6 +44,10 @@ pub enum BusError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// The queue does not exist (a caller's `reply_to` that was deleted, or never created):
+    /// retrying cannot help.
+    #[error("queue {queue} does not exist")]
+    NoSuchQueue { queue: String },
     /// Some entries of a batch were not sent (every chunk was tried).
     #[error("{failed} of {total} batch entries failed: {first}")]
     Batch { failed: usize, total: usize, first: String },

@@ -230,6 +230,7 @@ pub fn submit(
         restarts: 0,
         outstanding: Vec::new(),
         awaits: None,
+        status_seq: 0,
     };
     let ctx = Ctx { now, fresh_token: AttemptToken::from("unused"), jitter: 0.0 };
     let mut c = Change { t: task, fx: Vec::new(), ctx: &ctx, policy };
@@ -440,8 +441,9 @@ impl Change<'_> {
     fn note(&mut self, state: ProcessState) {
         let t = &mut self.t;
         t.process_state = state;
+        t.status_seq += 1;
         let entry = HistoryEntry {
-            seq: t.rev,
+            seq: t.status_seq,
             state,
             step: if state.is_terminal() { None } else { Some(t.current_def().name.clone()) },
             failure_count: t.failure_count,

@@ -331,6 +331,9 @@ pub struct Task {
     /// agent sends nothing after `CompleteBy`), so a success of one is taken.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outstanding: Vec<AttemptToken>,
+    /// The `seq` of the last status: +1 per state change, so a caller sees no gap.
+    #[serde(default)]
+    pub status_seq: u64,
     /// The forward attempt a compensation waits for (cancelled while running): compensation starts
     /// when it answers, or once it can no longer apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]

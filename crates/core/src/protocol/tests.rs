@@ -679,3 +679,14 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn status_seq_has_no_gap_when_a_transition_changes_no_state() {
+    // F16: seq was the revision, and a restart bumps the revision without a status
+    let t = new_task(true).task;
+    let restarted = time_out(&t, 1_600).task; // a restart: no state change, no status
+    let c = claim(&restarted, 1_700);
+    let seqs: Vec<u64> = c.task.history.iter().map(|h| h.seq).collect();
+    assert_eq!(seqs, vec![1, 2]);
+    assert!(c.effects.iter().any(|e| matches!(e, Effect::Reply(s) if s.seq == 2)));
+}
