@@ -76,11 +76,21 @@ async fn a_run_message_for_a_missing_task_is_dropped() {
 }
 
 #[tokio::test]
-async fn in_a_batch_with_one_bad_record_only_that_record_fails() {
+async fn in_a_batch_only_the_record_that_may_succeed_later_is_returned() {
+    // record 0 meets a store that is down (worth another delivery); record 1 can never parse:
+    // it goes to the scheduler's DLQ at once with its reason (F15), and is not redelivered
     let tw = twins();
+    tw.store.fail_next(
+        sas_core::store::StoreOp::Get,
+        sas_core::store::StoreError::Backend { op: "GetItem", message: "throttled".into(), source: None },
+    );
     let ev = fixture("scheduler-sqs-partial-failure.json");
-    let bad_id = ev["Records"][1]["messageId"].clone();
-    assert_eq!(invoke(&tw, Role::Scheduler, ev).await, json!({"batchItemFailures": [{"itemIdentifier": bad_id}]}));
+    let retry_id = ev["Records"][0]["messageId"].clone();
+    assert_eq!(invoke(&tw, Role::Scheduler, ev).await, json!({"batchItemFailures": [{"itemIdentifier": retry_id}]}));
+    let dlq = tw.deps.resources.scheduler_dlq_url.clone().unwrap();
+    assert_eq!(tw.bus.depth(&dlq), 1);
+    let reason = tw.bus.attributes(&dlq)[0].iter().find(|(k, _)| k == "RejectReason").map(|(_, v)| v.clone());
+    assert!(reason.is_some_and(|r| r.starts_with("malformed message")));
 }
 
 #[tokio::test]

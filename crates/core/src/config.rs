@@ -25,6 +25,14 @@ pub struct Resources {
     pub agent_queue_url: String,
     pub supervisor_queue_url: String,
     pub alert_topic_arn: String,
+    /// Where a message of the scheduler, agent or supervisor queue that can never be handled goes
+    /// at once, with its reason (when unset, SQS moves it after maxReceiveCount deliveries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduler_dlq_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_dlq_url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supervisor_dlq_url: Option<String>,
     /// How many shards the `ByCompleteBy` index is spread over.
     pub shards: u32,
 }
@@ -67,6 +75,9 @@ impl Resources {
             agent_queue_url: required("AGENT_QUEUE_URL", "AgentQueueUrl")?,
             supervisor_queue_url: required("SUPERVISOR_QUEUE_URL", "SupervisorQueueUrl")?,
             alert_topic_arn: required("ALERT_TOPIC_ARN", "AlertTopicArn")?,
+            scheduler_dlq_url: get(pick("SCHEDULER_DLQ_URL", "SchedulerDlqUrl")),
+            agent_dlq_url: get(pick("AGENT_DLQ_URL", "AgentDlqUrl")),
+            supervisor_dlq_url: get(pick("SUPERVISOR_DLQ_URL", "SupervisorDlqUrl")),
             shards,
         }
         .checked()

@@ -2,12 +2,15 @@
 //! runner and the tests hand a queue's records to [`handle`] through [`process_batch`].
 
 use futures::future::BoxFuture;
-use tracing::{error, info_span, Instrument};
+use tracing::{error, info_span, warn, Instrument};
 
 use crate::agent::{self, AgentRuntime};
+use crate::bus::Outgoing;
 pub use crate::bus::Record;
 use crate::config::Resources;
 use crate::deps::{Deps, HandlerError};
+use crate::ids::clip;
+use crate::screen;
 use crate::{scheduler, submitter, supervisor};
 
 /// Which handler a queue feeds.
@@ -41,6 +44,17 @@ impl Role {
         }
     }
 
+    /// Where a message of this role's queue that can never be handled goes at once (the
+    /// submitter keeps refused submissions in its DLQ itself).
+    pub fn dead_letter_queue(self, res: &Resources) -> Option<&str> {
+        match self {
+            Role::Submitter => None,
+            Role::Scheduler => res.scheduler_dlq_url.as_deref(),
+            Role::Agent => res.agent_dlq_url.as_deref(),
+            Role::Supervisor => res.supervisor_dlq_url.as_deref(),
+        }
+    }
+
     /// The visibility timeouts of the template (6x each function's timeout).
     pub fn default_visibility_seconds(self) -> u64 {
         match self {
@@ -61,11 +75,31 @@ pub fn handle<'a>(
 ) -> BoxFuture<'a, Result<(), HandlerError>> {
     let body = record.body.as_str();
     Box::pin(async move {
-        match role {
+        let handled = match role {
             Role::Submitter => submitter::submit_message(deps, record).await.map(drop),
             Role::Scheduler => scheduler::handle(deps, record).await.map(drop),
             Role::Agent => agent::handle(deps, agents, body).await.map(drop),
             Role::Supervisor => supervisor::handle(deps, record).await.map(drop),
+        };
+        match (handled, role.dead_letter_queue(&deps.resources)) {
+            // A message that can never be handled is kept in its DLQ with the reason at once,
+            // instead of failing maxReceiveCount times first.
+            (Err(HandlerError::Malformed(reason)), Some(dlq)) => {
+                warn!(role = role.name(), %reason, "malformed message moved to its DLQ");
+                let msg = Outgoing {
+                    body: if body.is_empty() { "<empty>".to_owned() } else { body.to_owned() },
+                    attributes: vec![
+                        (
+                            "RejectReason".into(),
+                            screen::attribute_safe(clip(&format!("malformed message: {reason}"), 1024)),
+                        ),
+                        ("RejectedAt".into(), deps.now().to_string()),
+                    ],
+                    ..Outgoing::default()
+                };
+                deps.bus.send(dlq, msg).await.map_err(HandlerError::from)
+            }
+            (other, _) => other,
         }
     })
 }

@@ -24,6 +24,10 @@ pub fn resources(shards: u32) -> Resources {
         agent_queue_url: q("agent"),
         supervisor_queue_url: q("supervisor"),
         alert_topic_arn: "arn:aws:sns:us-east-1:000000000000:twins-alerts".into(),
+        // MemoryBus::for_stack names each queue's DLQ "<queue>-dlq"
+        scheduler_dlq_url: Some(format!("{}-dlq", q("scheduler"))),
+        agent_dlq_url: Some(format!("{}-dlq", q("agent"))),
+        supervisor_dlq_url: Some(format!("{}-dlq", q("supervisor"))),
         shards,
     }
 }

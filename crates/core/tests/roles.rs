@@ -411,6 +411,21 @@ async fn a_reply_queue_that_does_not_exist_is_said_plainly_and_stops_nothing() {
     assert!(matches!(last, Ok(Applied::Changed { state: ProcessState::Processed, .. })), "{last:?}");
 }
 
+#[tokio::test]
+async fn a_message_that_can_never_parse_goes_to_its_dlq_at_once_with_its_reason() {
+    // F15: it was retried maxReceiveCount times first (458 s on the scheduler queue)
+    let tw = twins();
+    let agents = AgentRuntime::default();
+    for (role, body) in [(Role::Scheduler, "{\"type\":\"run\""), (Role::Agent, "[]"), (Role::Supervisor, "x")] {
+        let rec = Record::new("m-1", body);
+        role::handle(role, &tw.deps, &agents, &rec).await.unwrap();
+        let dlq = role.dead_letter_queue(&tw.deps.resources).unwrap().to_owned();
+        assert_eq!(tw.bus.bodies(&dlq), vec![body.to_owned()], "{}", role.name());
+        let reason = &tw.bus.attributes(&dlq)[0];
+        assert!(reason.iter().any(|(k, v)| k == "RejectReason" && v.starts_with("malformed message")), "{reason:?}");
+    }
+}
+
 // ---- Agent ----------------------------------------------------------------------------------
 
 #[tokio::test]
