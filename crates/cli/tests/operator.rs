@@ -43,7 +43,13 @@ impl Stack {
         std::fs::write(&outputs, sas_cli::stack::outputs_json(&out)).expect("write outputs");
         let res = Resources::from_outputs(&out).expect("all outputs present");
         let workflows = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).expect("built-in workflows");
-        let deps = Arc::new(Deps::aws(&sdk, res, workflows, Settings::default()));
+        // Short budgets: a cancelled attempt that hangs holds its compensation until its
+        // CompleteBy (start_by + timeout), so keep that within the test's waits.
+        let mut settings = Settings::default();
+        settings.policy.queue_budget_ms = 2_000;
+        settings.policy.result_grace_ms = 500;
+        settings.policy.settle_ms = 500;
+        let deps = Arc::new(Deps::aws(&sdk, res, workflows, settings));
         Stack { name, sdk, deps, outputs }
     }
 
@@ -137,7 +143,6 @@ async fn operator_commands_report_their_outcome() {
     assert_refused(&s.sasctl(&["cancel", &format!("{run}-nope")]), "there is no such task");
     assert_refused(&s.sasctl(&["cancel", &ok1]), &format!("cannot cancel {ok1}: it is Processed"));
     assert_refused(&s.sasctl(&["resubmit", &stuck]), "it is Cancelled");
-    assert_refused(&s.sasctl(&["cancel", &err]), "it is Error because its compensation failed");
 
     // So does a resubmit.
     let out = assert_ok(&s.sasctl(&["resubmit", &err, "--reason", "stock fixed"]));
