@@ -1,2 +1,3 @@
+pub mod lambda;
 pub mod ops;
 pub mod stack;
