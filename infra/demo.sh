@@ -22,26 +22,42 @@ case "$MODE" in
 esac
 export QUEUE_BUDGET_MS="${QUEUE_BUDGET_MS:-10000}" RESULT_GRACE_MS="${RESULT_GRACE_MS:-2000}"
 
-# Stop LocalStack afterwards only if this script is the one that starts it.
-if ! infra/localstack.sh healthy; then
-  trap 'echo; infra/localstack.sh stop' EXIT
-fi
-infra/localstack.sh ensure
-started=$SECONDS
+# The build (the longest step on a fresh clone) runs while LocalStack is installed and started.
 if [ "$MODE" = lambda ]; then
-  echo "[demo] Lambda mode: building sasctl and the four function bootstraps (debug)"
-  cargo build -q -p sas-cli --bin sasctl -p sas-functions --bins
-  echo "[demo] built in $((SECONDS - started)) s; sasctl log: $SAS_LOCAL_DIR/demo.log"
-  echo
+  build=(cargo build -q -p sas-cli --bin sasctl -p sas-functions --bins)
+  what="sasctl and the four function bootstraps (debug)"
+else
+  build=(cargo build -q -p sas-cli --bin sasctl)
+  what="sasctl"
+fi
+mkdir -p "$SAS_LOCAL_DIR"
+BUILD_LOG="$SAS_LOCAL_DIR/demo-build.log"
+started=$SECONDS
+echo "[demo] $MODE mode: building $what in the background (log: $BUILD_LOG)"
+"${build[@]}" >"$BUILD_LOG" 2>&1 &
+build_pid=$!
+cleanup() {
+  kill "$build_pid" 2>/dev/null || true
+  if [ "${stop_localstack:-0}" = 1 ]; then echo; infra/localstack.sh stop; fi
+}
+trap cleanup EXIT
+# Stop LocalStack afterwards only if this script is the one that starts it.
+infra/localstack.sh healthy || stop_localstack=1
+infra/localstack.sh ensure
+if ! wait "$build_pid"; then
+  cat "$BUILD_LOG"
+  echo "[demo] the build failed" >&2
+  exit 1
+fi
+echo "[demo] built and LocalStack ready after $((SECONDS - started)) s; sasctl log: $SAS_LOCAL_DIR/demo.log"
+echo
+if [ "$MODE" = lambda ]; then
   RUST_LOG="${RUST_LOG:-info}" target/debug/sasctl --outputs "$SAS_LOCAL_DIR/demo-lambda-outputs.json" \
     demo --functions "${CARGO_TARGET_DIR:-$SAS_ROOT/target}/debug" --name "${SAS_STACK_NAME:-sas-demo-lambda}" \
     2>"$SAS_LOCAL_DIR/demo.log"
 else
-  echo "[demo] local mode: building sasctl"
-  cargo build -q -p sas-cli --bin sasctl
   OUTPUTS="$SAS_LOCAL_DIR/demo-outputs.json"
   target/debug/sasctl --outputs "$OUTPUTS" deploy-local --name "${SAS_STACK_NAME:-sas-demo}"
-  echo "[demo] role logs: $SAS_LOCAL_DIR/demo.log"
-  echo
   RUST_LOG="${RUST_LOG:-info}" target/debug/sasctl --outputs "$OUTPUTS" demo 2>"$SAS_LOCAL_DIR/demo.log"
 fi
+echo "[demo] $MODE mode: $((SECONDS - started)) s in all"

@@ -11,6 +11,9 @@
 //! 00:00 UTC only) so that nothing but the test moves its tasks; the one test about the rule keeps
 //! `rate(1 minute)` and waits for LocalStack's scheduler loop (it fires every ~60 s).
 
+// Deploy and recovery times go to stderr: nextest shows them for a failing or slow test.
+#![allow(clippy::print_stderr)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
