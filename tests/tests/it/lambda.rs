@@ -6,7 +6,7 @@
 //! SERVICES, as `infra/localstack.sh start` does) and the binaries built
 //! (`cargo build -p sas-functions --bins`; `make test-lambda` does both).
 //!
-//! Stacks are deployed with short budgets (`QueueBudgetMs=5000`, `ResultGraceMs=1000`) so a lost
+//! Stacks are deployed with short budgets (`QueueBudgetMs=10000`, `ResultGraceMs=1000`) so a lost
 //! attempt shows within seconds, and with the sweep rule at `rate(1 day)` (LocalStack fires it at
 //! 00:00 UTC only) so that nothing but the test moves its tasks; the one test about the rule keeps
 //! `rate(1 minute)` and waits for LocalStack's scheduler loop (it fires every ~60 s).
@@ -45,7 +45,7 @@ fn functions_dir() -> PathBuf {
 
 /// What the functions are deployed with (and the test's own handle on the table agrees with).
 fn policy() -> Policy {
-    Policy { queue_budget_ms: 5_000, result_grace_ms: 1_000, ..Policy::default() }
+    Policy { queue_budget_ms: 10_000, result_grace_ms: 1_000, ..Policy::default() }
 }
 
 struct Fns {
