@@ -4,10 +4,13 @@ SHELL := /bin/bash
 
 ARGS ?=
 
-.PHONY: demo up down check sim lambda-smoke localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
+.PHONY: demo demo-local up down check sim lambda-smoke lambda-check test-lambda localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
 
-demo: ## the main job: LocalStack, the stack, the order service, every role, sample orders, a summary
-	infra/demo.sh
+demo: ## the main job on the real functions: LocalStack, the stack with its 4 Lambda functions, the order service, sample orders, a summary
+	SAS_MODE=lambda infra/demo.sh
+
+demo-local: ## the same orders with every role in one process (the local runner; functions off): fastest to iterate
+	SAS_MODE=local infra/demo.sh
 
 up: ## LocalStack + stack sas-local + order service + local runner in the background (.local/outputs.json)
 	infra/up.sh
@@ -28,6 +31,9 @@ sim: ## the deterministic simulation of the whole system: SIM_SEEDS seeds (defau
 
 lambda-smoke: ## build the four function binaries and boot each under a minimal Lambda Runtime API
 	infra/lambda-smoke.sh
+
+lambda-check: ## the host Lambda executor's checks against the running LocalStack (infra/localstack.sh start first)
+	infra/lambda-check.sh
 
 localstack-install: ## install LocalStack 4.13.1 + DynamoDB Local into .local/localstack
 	infra/localstack.sh install
@@ -53,5 +59,8 @@ sam-build: ## sam build for x86_64 (arm64 needs rustup's aarch64 target: infra/s
 stack-smoke: ## deploy template.yaml on LocalStack, read back what it promises (indexes, TTL, redrive, KMS), delete it
 	infra/test.sh the_deployed_template
 
-test: ## cargo tests against LocalStack (started and stopped here if it was not running)
+test: ## cargo tests against LocalStack (started and stopped here if it was not running), Lambda mode aside
 	infra/test.sh $(ARGS)
+
+test-lambda: ## the Lambda-mode tests: stacks with the functions on, driven through LocalStack's event sources, rule and Invoke
+	infra/test-lambda.sh $(ARGS)

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # make up: LocalStack, the stack (functions off), and the local runner in the background.
+# SAS_MODE=lambda make up: the stack with its four functions on instead (LocalStack invokes them;
+# no local runner), pointed at the order service started here.
 # Writes the stack outputs to .local/outputs.json (SubmissionQueueUrl first among them).
 set -euo pipefail
 # shellcheck source=infra/env.sh
@@ -21,22 +23,42 @@ stop_pid() {
   rm -f "$1"
 }
 
+MODE="${SAS_MODE:-local}"
+case "$MODE" in
+  lambda | local) ;;
+  *) echo "SAS_MODE must be lambda or local, not '$MODE'" >&2; exit 2 ;;
+esac
+
 infra/localstack.sh ensure
-cargo build -q -p sas-cli --bin sasctl -p sas-order-service --bin order-service
-target/debug/sasctl --outputs "$OUTPUTS" deploy-local --name "${SAS_STACK_NAME:-sas-local}"
+if [ "$MODE" = lambda ]; then
+  cargo build -q -p sas-cli --bin sasctl -p sas-order-service --bin order-service -p sas-functions --bins
+  target/debug/sasctl --outputs "$OUTPUTS" deploy-local --name "${SAS_STACK_NAME:-sas-local}" \
+    --functions "${CARGO_TARGET_DIR:-$SAS_ROOT/target}/debug" --param "OrderServiceUrl=$ORDER_SERVICE_URL"
+else
+  cargo build -q -p sas-cli --bin sasctl -p sas-order-service --bin order-service
+  target/debug/sasctl --outputs "$OUTPUTS" deploy-local --name "${SAS_STACK_NAME:-sas-local}"
+fi
 
 stop_pid "$SVC_PIDFILE"
 nohup target/debug/order-service --listen "${ORDER_SERVICE_URL#http://}" >"$SVC_LOG" 2>&1 &
 echo $! >"$SVC_PIDFILE"
 stop_pid "$PIDFILE"
-SAS_OUTPUTS="$OUTPUTS" nohup target/debug/sasctl run >"$LOG" 2>&1 &
-echo $! >"$PIDFILE"
+if [ "$MODE" = local ]; then
+  SAS_OUTPUTS="$OUTPUTS" nohup target/debug/sasctl run >"$LOG" 2>&1 &
+  echo $! >"$PIDFILE"
+fi
 sleep 1
 kill -0 "$(cat "$SVC_PIDFILE")" 2>/dev/null || { echo "the order service died at start:"; tail -20 "$SVC_LOG"; exit 1; }
-kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { echo "the runner died at start:"; tail -20 "$LOG"; exit 1; }
+if [ "$MODE" = local ]; then
+  kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { echo "the runner died at start:"; tail -20 "$LOG"; exit 1; }
+  roles="The runner (pid $(cat "$PIDFILE")) polls every queue; its log is $LOG."
+else
+  roles="The four functions run in LocalStack (logs: CloudWatch Logs /aws/lambda/<function>, or
+infra/localstack.sh logs -f, which echoes their output)."
+fi
 cat <<TXT
 
-Up. The runner (pid $(cat "$PIDFILE")) polls every queue; its log is $LOG.
+Up ($MODE mode). $roles
 The order service (pid $(cat "$SVC_PIDFILE")) listens on $ORDER_SERVICE_URL; its log is $SVC_LOG.
 Stack outputs: $OUTPUTS
 Submission queue: $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["SubmissionQueueUrl"])' "$OUTPUTS")

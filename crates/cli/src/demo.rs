@@ -3,22 +3,29 @@
 //! submits sample orders (clean, flaky, slow, hanging once, declined, lost in shipping, a duplicate,
 //! a malformed one), shows them move, and checks each order's end and the service's ledger: every
 //! effect applied exactly once, every compensated order released and refunded.
+//!
+//! Two modes: [`run`] hosts the roles in this process (the local runner, against a stack deployed
+//! with the functions off); [`run_lambda`] deploys the functions onto LocalStack and lets its
+//! event sources and scheduled rule invoke them, with the same orders and the same checks.
 #![allow(clippy::print_stdout)]
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::IsTerminal;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use aws_sdk_sqs::types::QueueAttributeName;
 use sas_core::agent::{AgentRuntime, BUILT_IN_AGENTS};
+use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
 use sas_core::ids::TaskId;
 use sas_core::messages::{Submission, VERSION};
 use sas_core::protocol::{ProcessState, Task};
-use sas_core::runner::{Runner, RunnerOptions};
+use sas_core::runner::{Runner, RunnerHandle, RunnerOptions};
+use sas_core::workflow::WorkflowRegistry;
 use serde_json::{json, Value};
 
 struct Order {
@@ -135,11 +142,94 @@ fn render(orders: &[Order], tasks: &BTreeMap<String, Task>, elapsed: Duration) -
     s
 }
 
+/// Local mode: every role runs in this process (the local runner), against a stack deployed with
+/// the functions off.
 pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> Result<bool> {
     let deps = Arc::new(deps);
     let (base, service) = sas_order_service::spawn_local().await.context("starting the order service")?;
     println!("order service (inventory, payment, shipping) listening on {base}");
     let agents = AgentRuntime::from_config(BUILT_IN_AGENTS, &|k| (k == "ORDER_SERVICE_URL").then(|| base.clone()))?;
+    let handle = Runner::new(
+        deps.clone(),
+        Arc::new(agents),
+        RunnerOptions { sweep_every: Duration::from_secs(2), ..RunnerOptions::default() },
+    )
+    .spawn();
+    scenario(sdk, &deps, &service, Some(handle), timeout).await
+}
+
+/// Lambda mode: the four functions deployed on LocalStack (a fresh stack `name`, their bootstraps
+/// from `functions`), invoked by its SQS event source mappings and the scheduled rule; the order
+/// service runs here and the Agent function reaches it through `ORDER_SERVICE_URL` (the template's
+/// `OrderServiceUrl`). Writes the stack outputs to `outputs`. Ends with what the functions' log
+/// groups show.
+pub async fn run_lambda(
+    sdk: &aws_config::SdkConfig,
+    name: &str,
+    functions: &Path,
+    outputs: &Path,
+    timeout: Duration,
+) -> Result<bool> {
+    let (base, service) = sas_order_service::spawn_local().await.context("starting the order service")?;
+    println!("order service (inventory, payment, shipping) listening on {base}");
+    let cfn = aws_sdk_cloudformation::Client::new(sdk);
+    if sas_cli::stack::outputs(&cfn, name).await.is_ok() {
+        println!("deleting the previous stack {name}");
+        sas_cli::stack::delete_and_wait(&cfn, name, Duration::from_mins(2)).await?;
+    }
+    // The functions run with the settings this process runs with (QUEUE_BUDGET_MS, ...).
+    let settings = Settings::from_env()?;
+    let p = &settings.policy;
+    let values = [
+        ("StartTimeoutMs", p.start_timeout_ms.to_string()),
+        ("QueueBudgetMs", p.queue_budget_ms.to_string()),
+        ("ResultGraceMs", p.result_grace_ms.to_string()),
+        ("SettleMs", p.settle_ms.to_string()),
+        ("MaxInputBytes", settings.max_input_bytes.to_string()),
+        ("RetentionDays", settings.retention_days.to_string()),
+        ("OrderServiceUrl", base.clone()),
+    ];
+    let params: Vec<(&str, &str)> = values.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    println!("deploying stack {name} with the functions on; the Agent gets ORDER_SERVICE_URL={base}");
+    let out = sas_cli::lambda::deploy_and_report(sdk, name, functions, &params).await?;
+    if let Some(dir) = outputs.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(outputs, sas_cli::stack::outputs_json(&out))?;
+    println!("stack outputs in {}\n", outputs.display());
+    let deps = Arc::new(Deps::aws(sdk, Resources::from_outputs(&out)?, WorkflowRegistry::from_env()?, settings));
+    let mut ok = scenario(sdk, &deps, &service, None, timeout).await?;
+
+    let logs = aws_sdk_cloudwatchlogs::Client::new(sdk);
+    println!("\n  function invocations (LocalStack's event sources and rule; CloudWatch Logs /aws/lambda/<fn>):");
+    for (id, fname) in sas_cli::lambda::function_names(&out)? {
+        let messages = sas_cli::lambda::log_messages(&logs, &fname).await?;
+        let n = sas_cli::lambda::invocations(&messages);
+        let errors = messages.iter().filter(|m| m.contains("\"level\":\"ERROR\"")).count();
+        ok &= n > 0;
+        println!(
+            "    {} {:<19} {:>4} invocations, {:>3} error lines   /aws/lambda/{fname}",
+            if n > 0 { "ok  " } else { "FAIL" },
+            id,
+            n,
+            errors
+        );
+    }
+    println!(
+        "\n{}",
+        if ok { "every function ran, and every order reached its end" } else { "LAMBDA MODE DID NOT DO EVERYTHING" }
+    );
+    Ok(ok)
+}
+
+/// Submit the sample orders, watch them, stop the runner if there is one, and check their ends.
+async fn scenario(
+    sdk: &aws_config::SdkConfig,
+    deps: &Arc<Deps>,
+    service: &sas_order_service::OrderService,
+    runner: Option<RunnerHandle>,
+    timeout: Duration,
+) -> Result<bool> {
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let run = format!("demo{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
     let res = deps.resources.clone();
@@ -161,13 +251,6 @@ pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> 
         .send()
         .await
         .map_err(aws_sdk_sns::Error::from)?;
-
-    let handle = Runner::new(
-        deps.clone(),
-        Arc::new(agents),
-        RunnerOptions { sweep_every: Duration::from_secs(2), ..RunnerOptions::default() },
-    )
-    .spawn();
 
     let orders = orders(&run);
     // hung-stock: inventory hangs until the supervisor has counted the timed-out attempt.
@@ -233,7 +316,9 @@ pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> 
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    handle.shutdown().await;
+    if let Some(handle) = runner {
+        handle.shutdown().await;
+    }
 
     let statuses = drain(&sqs, &reply).await?;
     let alerts = drain(&sqs, &inbox).await?;

@@ -1,3 +1,4 @@
+pub mod lambda;
 pub mod load;
 pub mod ops;
 pub mod stack;

@@ -47,6 +47,10 @@ enum Cmd {
         /// Template parameters, KEY=VALUE.
         #[arg(long = "param")]
         params: Vec<String>,
+        /// Deploy the functions too, their bootstraps from this folder (e.g. target/debug): zipped,
+        /// uploaded to S3, DeployFunctions=true, Architecture = the binaries'.
+        #[arg(long, value_name = "DIR")]
+        functions: Option<PathBuf>,
     },
     /// Delete a stack deployed with deploy-local, and wait until it is gone.
     DeleteLocal {
@@ -92,6 +96,13 @@ enum Cmd {
         /// Give up after this many seconds.
         #[arg(long, default_value_t = 240)]
         timeout: u64,
+        /// Lambda mode: deploy stack --name with the functions on, their bootstraps from this
+        /// folder, and let LocalStack's event sources and scheduled rule invoke them (no local runner).
+        #[arg(long, value_name = "DIR")]
+        functions: Option<PathBuf>,
+        /// The stack of the Lambda mode (created, or updated with this run's order service URL).
+        #[arg(long, default_value = "sas-demo-lambda")]
+        name: String,
     },
     /// Resume Error tasks from their failed step (completed steps are not redone), and report
     /// what it led to. Refused at once (exit 1) for a task that is not in Error.
@@ -211,16 +222,19 @@ async fn main() {
 async fn run(cli: &Cli) -> Result<()> {
     let sdk = sas_core::aws::load_sdk_config().await;
     match &cli.cmd {
-        Cmd::DeployLocal { name, params } => {
+        Cmd::DeployLocal { name, params, functions } => {
             let mut kv: Vec<(&str, &str)> = vec![("DeployFunctions", "false")];
             for p in params {
                 let (k, v) = p.split_once('=').with_context(|| format!("--param {p}: expected KEY=VALUE"))?;
                 kv.push((k, v));
             }
-            let cfn = aws_sdk_cloudformation::Client::new(&sdk);
-            let out =
+            let out = if let Some(dir) = functions {
+                sas_cli::lambda::deploy_and_report(&sdk, name, dir, &kv[1..]).await?
+            } else {
+                let cfn = aws_sdk_cloudformation::Client::new(&sdk);
                 sas_cli::stack::deploy(&cfn, name, &sas_cli::stack::local_template(sas_cli::stack::TEMPLATE), &kv)
-                    .await?;
+                    .await?
+            };
             if let Some(dir) = cli.outputs.parent() {
                 std::fs::create_dir_all(dir)?;
             }
@@ -352,8 +366,12 @@ async fn run(cli: &Cli) -> Result<()> {
             }
             println!("{note}");
         }
-        Cmd::Demo { timeout } => {
-            let ok = demo::run(&sdk, deps(cli, &sdk).await?, Duration::from_secs(*timeout)).await?;
+        Cmd::Demo { timeout, functions, name } => {
+            let timeout = Duration::from_secs(*timeout);
+            let ok = match functions {
+                Some(dir) => demo::run_lambda(&sdk, name, dir, &cli.outputs, timeout).await?,
+                None => demo::run(&sdk, deps(cli, &sdk).await?, timeout).await?,
+            };
             if !ok {
                 std::process::exit(1);
             }

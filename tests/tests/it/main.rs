@@ -12,5 +12,6 @@
 
 mod common;
 mod ground;
+mod lambda;
 mod orders;
 mod protocol;

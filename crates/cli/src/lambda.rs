@@ -1,0 +1,662 @@
+//! Deploying with the functions on: the four `bootstrap` binaries zipped, uploaded to S3
+//! (LocalStack's), and `template.yaml` deployed with `DeployFunctions=true` and each function's
+//! `CodeUri` pointing at its zip. LocalStack then runs the functions as host processes (the
+//! project's `host` Lambda executor, `infra/lambda-executor/`), invoked by its SQS event source
+//! mappings and the scheduled rule. Also: what a deployed stack's functions look like (their
+//! environment, their event sources, the sweep rule) and what their log groups say.
+//!
+//! `sasctl deploy-local --functions DIR`, `sasctl demo --functions DIR` and the Lambda-mode tests
+//! (`tests/tests/it/lambda.rs`) deploy through [`deploy`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use aws_sdk_lambda::types::State;
+use sha2::{Digest, Sha256};
+
+use crate::stack;
+
+/// The bucket the code zips go to (created when missing). Keys are content-addressed
+/// (`<binary>/<sha256 prefix>.zip`), so stacks deployed from the same build share one upload.
+pub const CODE_BUCKET: &str = "sas-local-code";
+
+/// One `AWS::Serverless::Function` of the template whose code is this workspace's: its logical
+/// ID and the cargo binary (`Metadata.BuildProperties.Binary`) that is its `bootstrap`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionSpec {
+    pub logical_id: String,
+    pub binary: String,
+}
+
+impl FunctionSpec {
+    /// The stack output that names the deployed function (`SubmitterFunction` -> `SubmitterFunctionName`).
+    pub fn output_key(&self) -> String {
+        format!("{}Name", self.logical_id)
+    }
+}
+
+/// A logical ID line under `Resources:` (two spaces, a name, a colon).
+fn resource_line(line: &str) -> Option<&str> {
+    let name = line.strip_prefix("  ")?.strip_suffix(':')?;
+    (!name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric())).then_some(name)
+}
+
+fn is_local_code_uri(line: &str) -> bool {
+    line.trim() == "CodeUri: ./"
+}
+
+/// The functions of `template` with a local `CodeUri: ./`, in template order.
+pub fn functions(template: &str) -> Vec<FunctionSpec> {
+    let mut found = Vec::new();
+    let mut current: Option<&str> = None;
+    let (mut binary, mut local) = (None::<String>, false);
+    let mut flush = |id: Option<&str>, binary: &mut Option<String>, local: &mut bool| {
+        if let (Some(id), Some(b), true) = (id, binary.take(), *local) {
+            found.push(FunctionSpec { logical_id: id.to_owned(), binary: b });
+        }
+        *local = false;
+    };
+    for line in template.lines() {
+        if line == "Outputs:" || line == "Conditions:" || line == "Parameters:" {
+            flush(current.take(), &mut binary, &mut local);
+        } else if let Some(id) = resource_line(line) {
+            flush(current, &mut binary, &mut local);
+            current = Some(id);
+        } else if let Some(b) = line.trim().strip_prefix("Binary:") {
+            binary = Some(b.trim().to_owned());
+        } else if is_local_code_uri(line) {
+            local = true;
+        }
+    }
+    flush(current, &mut binary, &mut local);
+    found
+}
+
+/// The template with each function's `CodeUri: ./` replaced by its URI (by logical ID).
+pub fn with_code_uris<S: std::hash::BuildHasher>(template: &str, uris: &HashMap<String, String, S>) -> Result<String> {
+    let mut out = String::with_capacity(template.len() + 512);
+    let mut current = None;
+    let mut replaced = 0;
+    for line in template.lines() {
+        if let Some(id) = resource_line(line) {
+            current = Some(id);
+        }
+        if let Some(uri) = current.and_then(|id| uris.get(id)).filter(|_| is_local_code_uri(line)) {
+            let indent = &line[..line.len() - line.trim_start().len()];
+            let _ = writeln!(out, "{indent}CodeUri: {uri}");
+            replaced += 1;
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if replaced != uris.len() {
+        bail!("replaced {replaced} CodeUri lines for {} functions: has the template's layout changed?", uris.len());
+    }
+    Ok(out)
+}
+
+/// The architecture an ELF binary is for, as Lambda names it.
+pub fn elf_architecture(head: &[u8]) -> Option<&'static str> {
+    if head.len() < 20 || &head[..4] != b"\x7fELF" {
+        return None;
+    }
+    match u16::from_le_bytes([head[18], head[19]]) {
+        0x3e => Some("x86_64"),
+        0xb7 => Some("arm64"),
+        _ => None,
+    }
+}
+
+/// This machine's architecture, as Lambda names it.
+pub fn host_architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// Where a function's `bootstrap` is in `dir`: `<binary>` (cargo's `target/debug` or
+/// `target/release`), `<binary>/bootstrap` (cargo lambda's `target/lambda`) or
+/// `<LogicalId>/bootstrap` (sam build's `.aws-sam/build`).
+pub fn find_bootstrap(dir: &Path, f: &FunctionSpec) -> Result<PathBuf> {
+    let candidates =
+        [dir.join(&f.binary), dir.join(&f.binary).join("bootstrap"), dir.join(&f.logical_id).join("bootstrap")];
+    candidates.iter().find(|p| p.is_file()).cloned().with_context(|| {
+        format!(
+            "no bootstrap for {} in {}: looked for {} (build it: cargo build -p sas-functions --bins)",
+            f.logical_id,
+            dir.display(),
+            candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
+/// A zip archive holding one file, `bootstrap`, executable (Unix mode 0755), deflated.
+pub fn zip_bootstrap(bytes: &[u8]) -> Vec<u8> {
+    const NAME: &[u8] = b"bootstrap";
+    let mut crc = flate2::Crc::new();
+    crc.update(bytes);
+    let crc = crc.sum();
+    let mut enc = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(bytes).expect("writing to memory");
+    let data = enc.finish().expect("writing to memory");
+    let size = u32::try_from(bytes.len()).expect("a bootstrap under 4 GiB");
+    let csize = u32::try_from(data.len()).expect("a zip under 4 GiB");
+    // DOS time/date of 1980-01-01 00:00: the same bytes for the same binary.
+    let (dos_time, dos_date) = (0u16, (1u16 << 5) | 1);
+    let mut z = Vec::with_capacity(data.len() + 128);
+    let local = |z: &mut Vec<u8>| {
+        z.extend_from_slice(&0x0403_4b50u32.to_le_bytes());
+        z.extend_from_slice(&20u16.to_le_bytes()); // version needed
+        z.extend_from_slice(&0u16.to_le_bytes()); // flags
+        z.extend_from_slice(&8u16.to_le_bytes()); // deflate
+        z.extend_from_slice(&dos_time.to_le_bytes());
+        z.extend_from_slice(&dos_date.to_le_bytes());
+        z.extend_from_slice(&crc.to_le_bytes());
+        z.extend_from_slice(&csize.to_le_bytes());
+        z.extend_from_slice(&size.to_le_bytes());
+        z.extend_from_slice(&u16::try_from(NAME.len()).expect("short").to_le_bytes());
+        z.extend_from_slice(&0u16.to_le_bytes()); // extra
+        z.extend_from_slice(NAME);
+    };
+    local(&mut z);
+    z.extend_from_slice(&data);
+    let central_at = u32::try_from(z.len()).expect("a zip under 4 GiB");
+    z.extend_from_slice(&0x0201_4b50u32.to_le_bytes());
+    z.extend_from_slice(&0x0314u16.to_le_bytes()); // made by: Unix (3), zip 2.0 (20)
+    z.extend_from_slice(&20u16.to_le_bytes());
+    z.extend_from_slice(&0u16.to_le_bytes());
+    z.extend_from_slice(&8u16.to_le_bytes());
+    z.extend_from_slice(&dos_time.to_le_bytes());
+    z.extend_from_slice(&dos_date.to_le_bytes());
+    z.extend_from_slice(&crc.to_le_bytes());
+    z.extend_from_slice(&csize.to_le_bytes());
+    z.extend_from_slice(&size.to_le_bytes());
+    z.extend_from_slice(&u16::try_from(NAME.len()).expect("short").to_le_bytes());
+    z.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]); // extra, comment, disk, internal attributes
+    z.extend_from_slice(&((0o100_755u32) << 16).to_le_bytes()); // external: regular file, rwxr-xr-x
+    z.extend_from_slice(&0u32.to_le_bytes()); // local header offset
+    z.extend_from_slice(NAME);
+    let central_len = u32::try_from(z.len()).expect("a zip under 4 GiB") - central_at;
+    z.extend_from_slice(&0x0605_4b50u32.to_le_bytes());
+    z.extend_from_slice(&[0, 0, 0, 0, 1, 0, 1, 0]); // disks, entries here, entries in all
+    z.extend_from_slice(&central_len.to_le_bytes());
+    z.extend_from_slice(&central_at.to_le_bytes());
+    z.extend_from_slice(&0u16.to_le_bytes());
+    z
+}
+
+/// One function's code, ready to upload.
+#[derive(Debug, Clone)]
+pub struct Package {
+    pub function: FunctionSpec,
+    pub bootstrap: PathBuf,
+    pub architecture: &'static str,
+    pub zip: Vec<u8>,
+    pub key: String,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// Zip every function's bootstrap found in `dir` (concurrently: compressing debug binaries takes
+/// a moment).
+pub async fn package(dir: &Path, template: &str) -> Result<Vec<Package>> {
+    let specs = functions(template);
+    if specs.is_empty() {
+        bail!("no function with `CodeUri: ./` and `Metadata.BuildProperties.Binary` in the template");
+    }
+    let jobs = specs.into_iter().map(|function| {
+        let dir = dir.to_owned();
+        tokio::task::spawn_blocking(move || -> Result<Package> {
+            let bootstrap = find_bootstrap(&dir, &function)?;
+            let bytes = std::fs::read(&bootstrap).with_context(|| format!("reading {}", bootstrap.display()))?;
+            let architecture = elf_architecture(&bytes)
+                .with_context(|| format!("{} is not an x86_64 or arm64 ELF binary", bootstrap.display()))?;
+            let zip = zip_bootstrap(&bytes);
+            let key = format!("{}/{}.zip", function.binary, &hex(&Sha256::digest(&zip))[..16]);
+            Ok(Package { function, bootstrap, architecture, zip, key })
+        })
+    });
+    let mut out = Vec::new();
+    for j in futures::future::join_all(jobs).await {
+        out.push(j.context("zipping a bootstrap")??);
+    }
+    let archs: Vec<&str> = out.iter().map(|p| p.architecture).collect();
+    if archs.iter().any(|a| *a != archs[0]) {
+        bail!("the bootstraps are built for different architectures: {archs:?}");
+    }
+    Ok(out)
+}
+
+/// Upload each zip to [`CODE_BUCKET`] unless an object of that key (its content hash) is there;
+/// returns logical ID -> `s3://` URI and how many were uploaded.
+pub async fn upload(s3: &aws_sdk_s3::Client, packages: &[Package]) -> Result<(HashMap<String, String>, usize)> {
+    match s3.create_bucket().bucket(CODE_BUCKET).send().await {
+        Ok(_) => {}
+        Err(e) => {
+            let e = aws_sdk_s3::Error::from(e);
+            if !matches!(e, aws_sdk_s3::Error::BucketAlreadyOwnedByYou(_) | aws_sdk_s3::Error::BucketAlreadyExists(_)) {
+                return Err(anyhow::Error::new(e).context(format!("creating bucket {CODE_BUCKET}")));
+            }
+        }
+    }
+    let mut uris = HashMap::new();
+    let mut uploaded = 0;
+    for p in packages {
+        let present = s3.head_object().bucket(CODE_BUCKET).key(&p.key).send().await.is_ok();
+        if !present {
+            s3.put_object()
+                .bucket(CODE_BUCKET)
+                .key(&p.key)
+                .body(aws_sdk_s3::primitives::ByteStream::from(p.zip.clone()))
+                .send()
+                .await
+                .map_err(aws_sdk_s3::Error::from)
+                .with_context(|| format!("uploading s3://{CODE_BUCKET}/{}", p.key))?;
+            uploaded += 1;
+        }
+        uris.insert(p.function.logical_id.clone(), format!("s3://{CODE_BUCKET}/{}", p.key));
+    }
+    Ok((uris, uploaded))
+}
+
+/// An S3 client; path-style addressing when an endpoint is set (LocalStack: no DNS for
+/// `<bucket>.localhost`).
+pub fn s3_client(sdk: &aws_config::SdkConfig) -> aws_sdk_s3::Client {
+    let conf = aws_sdk_s3::config::Builder::from(sdk).force_path_style(sdk.endpoint_url().is_some()).build();
+    aws_sdk_s3::Client::from_conf(conf)
+}
+
+/// What [`deploy`] did.
+#[derive(Debug, Clone)]
+pub struct Deployed {
+    /// The stack's outputs (with the four `<Fn>FunctionName` keys) plus `StackName`.
+    pub outputs: HashMap<String, String>,
+    pub architecture: &'static str,
+    /// Zips uploaded this time (0 when this build's code was already in the bucket).
+    pub uploaded: usize,
+    /// Their sizes in bytes, by binary.
+    pub zip_bytes: BTreeMap<String, usize>,
+    pub timings: Vec<(&'static str, Duration)>,
+}
+
+/// Deploy `template.yaml` as `stack` with the functions on, their code taken from `dir`:
+/// package, upload, CreateStack/UpdateStack with `DeployFunctions=true` and `Architecture` = the
+/// binaries' (`params` may add or override parameters), then wait until every function is
+/// `Active` and every event source mapping `Enabled`.
+pub async fn deploy(
+    sdk: &aws_config::SdkConfig,
+    stack_name: &str,
+    dir: &Path,
+    params: &[(&str, &str)],
+) -> Result<Deployed> {
+    let mut timings = Vec::new();
+    let t = Instant::now();
+    let packages = package(dir, stack::TEMPLATE).await?;
+    timings.push(("zip", t.elapsed()));
+    let architecture = packages[0].architecture;
+    if architecture != host_architecture() {
+        tracing::warn!(
+            binaries = architecture,
+            host = host_architecture(),
+            "the bootstraps are not built for this machine: LocalStack's host executor cannot run them"
+        );
+    }
+    let t = Instant::now();
+    let (uris, uploaded) = upload(&s3_client(sdk), &packages).await?;
+    timings.push(("upload", t.elapsed()));
+    let body = with_code_uris(stack::TEMPLATE, &uris)?;
+    let mut kv: BTreeMap<&str, &str> = [("DeployFunctions", "true"), ("Architecture", architecture)].into();
+    for (k, v) in params {
+        kv.insert(k, v);
+    }
+    let kv: Vec<(&str, &str)> = kv.into_iter().collect();
+    let t = Instant::now();
+    let outputs = stack::deploy(&aws_sdk_cloudformation::Client::new(sdk), stack_name, &body, &kv).await?;
+    timings.push(("stack", t.elapsed()));
+    let t = Instant::now();
+    wait_ready(&aws_sdk_lambda::Client::new(sdk), &function_names(&outputs)?, Duration::from_mins(2)).await?;
+    timings.push(("functions ready", t.elapsed()));
+    let zip_bytes = packages.iter().map(|p| (p.function.binary.clone(), p.zip.len())).collect();
+    Ok(Deployed { outputs, architecture, uploaded, zip_bytes, timings })
+}
+
+/// [`deploy`], then [`verify`]; prints what was done and each check, and fails when a check did.
+#[allow(clippy::print_stdout)]
+pub async fn deploy_and_report(
+    sdk: &aws_config::SdkConfig,
+    stack_name: &str,
+    dir: &Path,
+    params: &[(&str, &str)],
+) -> Result<HashMap<String, String>> {
+    let started = Instant::now();
+    let d = deploy(sdk, stack_name, dir, params).await?;
+    let sizes: Vec<String> = d.zip_bytes.iter().map(|(b, n)| format!("{b} {:.1} MB", mb(*n))).collect();
+    let steps: Vec<String> = d.timings.iter().map(|(what, t)| format!("{what} {:.1} s", t.as_secs_f64())).collect();
+    println!(
+        "stack {stack_name} deployed with its functions ({}, from {}) in {:.1} s: {}",
+        d.architecture,
+        dir.display(),
+        started.elapsed().as_secs_f64(),
+        steps.join(", ")
+    );
+    println!("  code zips ({} uploaded, the rest already in s3://{CODE_BUCKET}): {}", d.uploaded, sizes.join(", "));
+    let checks = verify(sdk, &d.outputs).await?;
+    for c in &checks {
+        println!("  {} {}", if c.ok { "ok  " } else { "FAIL" }, c.what);
+    }
+    let failed = checks.iter().filter(|c| !c.ok).count();
+    if failed > 0 {
+        bail!("{failed} of the deployed stack's checks failed");
+    }
+    Ok(d.outputs)
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn mb(n: usize) -> f64 {
+    n as f64 / 1_000_000.0
+}
+
+/// The deployed functions' names by logical ID (`SubmitterFunction` -> `t-x-SubmitterFunction-ab12`).
+pub fn function_names<S: std::hash::BuildHasher>(
+    outputs: &HashMap<String, String, S>,
+) -> Result<BTreeMap<String, String>> {
+    functions(stack::TEMPLATE)
+        .into_iter()
+        .map(|f| {
+            let name = outputs
+                .get(&f.output_key())
+                .with_context(|| format!("no output {} (deployed with DeployFunctions=false?)", f.output_key()))?;
+            Ok((f.logical_id, name.clone()))
+        })
+        .collect()
+}
+
+/// Wait until every function is `Active` and each of its event source mappings `Enabled`.
+pub async fn wait_ready(
+    lambda: &aws_sdk_lambda::Client,
+    names: &BTreeMap<String, String>,
+    limit: Duration,
+) -> Result<()> {
+    let started = Instant::now();
+    for name in names.values() {
+        loop {
+            let f = lambda.get_function().function_name(name).send().await.map_err(aws_sdk_lambda::Error::from)?;
+            let state = f.configuration().and_then(|c| c.state().cloned());
+            let esms = lambda
+                .list_event_source_mappings()
+                .function_name(name)
+                .send()
+                .await
+                .map_err(aws_sdk_lambda::Error::from)?;
+            let esm_states: Vec<String> =
+                esms.event_source_mappings().iter().map(|m| m.state().unwrap_or("?").to_owned()).collect();
+            match state {
+                Some(State::Active) if esm_states.iter().all(|s| s == "Enabled") => break,
+                Some(State::Failed) => bail!(
+                    "function {name} is Failed: {}",
+                    f.configuration().and_then(|c| c.state_reason()).unwrap_or("no reason given")
+                ),
+                _ if started.elapsed() > limit => {
+                    bail!("function {name} not ready after {limit:?}: state {state:?}, event sources {esm_states:?}")
+                }
+                _ => tokio::time::sleep(Duration::from_millis(300)).await,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One line of [`verify`]'s report.
+#[derive(Debug, Clone)]
+pub struct Check {
+    pub ok: bool,
+    pub what: String,
+}
+
+/// Every variable a function reads at start (`Resources::from_env`, `Settings::from_env`, the
+/// agents' `${ORDER_SERVICE_URL}`, the log filter), with the stack output it must equal, if any.
+pub const FUNCTION_ENVIRONMENT: &[(&str, Option<&str>)] = &[
+    ("TASK_TABLE", Some("TaskTableName")),
+    ("SUBMISSION_QUEUE_URL", Some("SubmissionQueueUrl")),
+    ("SUBMISSION_DLQ_URL", Some("SubmissionDlqUrl")),
+    ("SCHEDULER_QUEUE_URL", Some("SchedulerQueueUrl")),
+    ("AGENT_QUEUE_URL", Some("AgentQueueUrl")),
+    ("SUPERVISOR_QUEUE_URL", Some("SupervisorQueueUrl")),
+    ("ALERT_TOPIC_ARN", Some("AlertTopicArn")),
+    ("SUPERVISOR_SHARDS", Some("SupervisorShards")),
+    ("RETENTION_DAYS", None),
+    ("START_TIMEOUT_MS", None),
+    ("QUEUE_BUDGET_MS", None),
+    ("RESULT_GRACE_MS", None),
+    ("SETTLE_MS", None),
+    ("MAX_INPUT_BYTES", None),
+    ("RUST_LOG", None),
+    ("ORDER_SERVICE_URL", None),
+];
+
+/// The queue (output key of its ARN) whose event source mapping invokes each function.
+const EVENT_SOURCES: &[(&str, &str)] = &[
+    ("SubmitterFunction", "SubmissionQueueArn"),
+    ("SchedulerFunction", "SchedulerQueueArn"),
+    ("AgentFunction", "AgentQueueArn"),
+    ("SupervisorFunction", "SupervisorQueueArn"),
+];
+
+/// Read back what the deployed functions are wired to: each one's runtime, architecture and
+/// environment (every variable the code reads, equal to the stack's outputs), its one SQS event
+/// source (its own queue, batch size 10, `ReportBatchItemFailures`, enabled), and the sweep rule
+/// with its permission to invoke the Supervisor.
+pub async fn verify<S: std::hash::BuildHasher>(
+    sdk: &aws_config::SdkConfig,
+    outputs: &HashMap<String, String, S>,
+) -> Result<Vec<Check>> {
+    let lambda = aws_sdk_lambda::Client::new(sdk);
+    let names = function_names(outputs)?;
+    let mut checks = Vec::new();
+    let mut check = |ok: bool, what: String| checks.push(Check { ok, what });
+    for (id, name) in &names {
+        let c = lambda
+            .get_function_configuration()
+            .function_name(name)
+            .send()
+            .await
+            .map_err(aws_sdk_lambda::Error::from)?;
+        let runtime = c.runtime().map(|r| r.as_str().to_owned()).unwrap_or_default();
+        let archs: Vec<&str> = c.architectures().iter().map(aws_sdk_lambda::types::Architecture::as_str).collect();
+        check(
+            runtime.starts_with("provided") && c.handler() == Some("bootstrap"),
+            format!("{id}: runtime {runtime}, handler {:?}, architectures {archs:?}", c.handler().unwrap_or("-")),
+        );
+        let env = c.environment().and_then(|e| e.variables()).cloned().unwrap_or_default();
+        let mut missing = Vec::new();
+        for (var, output) in FUNCTION_ENVIRONMENT {
+            let good = match (env.get(*var), output.and_then(|o| outputs.get(o))) {
+                (Some(v), Some(want)) => v == want,
+                (Some(_), None) => output.is_none(),
+                (None, _) => false,
+            };
+            if !good {
+                missing.push(*var);
+            }
+        }
+        check(
+            missing.is_empty(),
+            if missing.is_empty() {
+                format!("{id}: environment has the {} variables the code reads", FUNCTION_ENVIRONMENT.len())
+            } else {
+                format!("{id}: environment lacks or mismatches {missing:?}")
+            },
+        );
+        let want_queue = EVENT_SOURCES.iter().find(|(f, _)| f == id).and_then(|(_, q)| outputs.get(*q));
+        let esms = lambda
+            .list_event_source_mappings()
+            .function_name(name)
+            .send()
+            .await
+            .map_err(aws_sdk_lambda::Error::from)?;
+        let m = esms.event_source_mappings();
+        let one = m.len() == 1;
+        let good = one
+            && m.iter().all(|m| {
+                m.event_source_arn() == want_queue.map(String::as_str)
+                    && m.batch_size() == Some(10)
+                    && m.state() == Some("Enabled")
+                    && m.function_response_types()
+                        .contains(&aws_sdk_lambda::types::FunctionResponseType::ReportBatchItemFailures)
+            });
+        check(
+            good,
+            format!(
+                "{id}: SQS event source {} (batch size {:?}, response types {:?}, state {:?})",
+                m.first().and_then(|m| m.event_source_arn()).and_then(|a| a.rsplit(':').next()).unwrap_or("NONE"),
+                m.first().and_then(aws_sdk_lambda::types::EventSourceMappingConfiguration::batch_size),
+                m.first().map(|m| m
+                    .function_response_types()
+                    .iter()
+                    .map(aws_sdk_lambda::types::FunctionResponseType::as_str)
+                    .collect::<Vec<_>>()),
+                m.first().and_then(|m| m.state()),
+            ),
+        );
+    }
+    // The sweep rule: a resource of the stack, and the Supervisor's policy lets it invoke.
+    let cfn = aws_sdk_cloudformation::Client::new(sdk);
+    let stack_name = outputs.get("StackName").context("no StackName")?;
+    let rule = cfn
+        .describe_stack_resource()
+        .stack_name(stack_name)
+        .logical_resource_id("SupervisorSweepRule")
+        .send()
+        .await
+        .map_err(aws_sdk_cloudformation::Error::from)?;
+    let rule = rule.stack_resource_detail();
+    let rule_name = rule.and_then(|r| r.physical_resource_id()).unwrap_or_default().to_owned();
+    let rule_status = rule.and_then(|r| r.resource_status()).map(|s| s.as_str().to_owned()).unwrap_or_default();
+    let supervisor = names.get("SupervisorFunction").context("no SupervisorFunction")?;
+    let policy = lambda.get_policy().function_name(supervisor).send().await.map_err(aws_sdk_lambda::Error::from)?;
+    let policy = policy.policy().unwrap_or_default();
+    let rule_id = rule_name.rsplit('/').next().unwrap_or(&rule_name);
+    check(
+        rule_status.ends_with("_COMPLETE")
+            && !rule_id.is_empty()
+            && policy.contains("events.amazonaws.com")
+            && policy.contains(rule_id),
+        format!("SupervisorSweepRule {rule_id} ({rule_status}) may invoke the Supervisor (events.amazonaws.com)"),
+    );
+    Ok(checks)
+}
+
+/// The messages of a function's log group `/aws/lambda/<name>`, oldest first (empty when the
+/// group does not exist yet).
+pub async fn log_messages(logs: &aws_sdk_cloudwatchlogs::Client, function_name: &str) -> Result<Vec<String>> {
+    let group = format!("/aws/lambda/{function_name}");
+    let mut out = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let r = logs.filter_log_events().log_group_name(&group).set_next_token(token.take()).send().await;
+        let page = match r {
+            Ok(p) => p,
+            Err(e) => {
+                let e = aws_sdk_cloudwatchlogs::Error::from(e);
+                if matches!(e, aws_sdk_cloudwatchlogs::Error::ResourceNotFoundException(_)) {
+                    return Ok(out);
+                }
+                return Err(e.into());
+            }
+        };
+        out.extend(page.events().iter().filter_map(|e| e.message().map(str::to_owned)));
+        match page.next_token() {
+            Some(t) if !page.events().is_empty() => token = Some(t.to_owned()),
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// How many invocations a function's log shows (its `START` lines, or `platform.start` records
+/// with JSON logging).
+pub fn invocations(messages: &[String]) -> usize {
+    messages.iter().filter(|m| m.starts_with("START RequestId:") || m.contains("\"type\":\"platform.start\"")).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_template_names_four_functions_with_their_binaries() {
+        let f = functions(stack::TEMPLATE);
+        let got: Vec<(&str, &str)> = f.iter().map(|f| (f.logical_id.as_str(), f.binary.as_str())).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("SubmitterFunction", "sas-submitter"),
+                ("SchedulerFunction", "sas-scheduler"),
+                ("AgentFunction", "sas-agent"),
+                ("SupervisorFunction", "sas-supervisor"),
+            ]
+        );
+    }
+
+    #[test]
+    fn code_uris_replace_exactly_the_functions_local_code() {
+        let uris: HashMap<String, String> = functions(stack::TEMPLATE)
+            .into_iter()
+            .map(|f| (f.logical_id.clone(), format!("s3://b/{}.zip", f.binary)))
+            .collect();
+        let t = with_code_uris(stack::TEMPLATE, &uris).unwrap();
+        assert!(!t.contains("CodeUri: ./"));
+        assert!(t.contains("      CodeUri: s3://b/sas-agent.zip\n"));
+        assert_eq!(t.lines().count(), stack::TEMPLATE.lines().count());
+        let mut fewer = uris.clone();
+        fewer.insert("NoSuchFunction".into(), "s3://b/x.zip".into());
+        assert!(with_code_uris(stack::TEMPLATE, &fewer).is_err());
+    }
+
+    #[test]
+    fn elf_headers_tell_the_architecture() {
+        let mut h = vec![0u8; 20];
+        h[..4].copy_from_slice(b"\x7fELF");
+        h[18] = 0x3e;
+        assert_eq!(elf_architecture(&h), Some("x86_64"));
+        h[18] = 0xb7;
+        assert_eq!(elf_architecture(&h), Some("arm64"));
+        assert_eq!(elf_architecture(b"#!/bin/sh\n"), None);
+    }
+
+    #[test]
+    fn the_zip_is_one_executable_bootstrap_that_inflates_back() {
+        let body: Vec<u8> = (0..100_000u32).map(|i| u8::try_from(i % 251).unwrap()).collect();
+        let z = zip_bootstrap(&body);
+        assert_eq!(&z[..4], b"PK\x03\x04");
+        assert_eq!(&z[30..39], b"bootstrap");
+        let csize = u32::from_le_bytes(z[18..22].try_into().unwrap()) as usize;
+        let mut inflated = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::DeflateDecoder::new(&z[39..39 + csize]), &mut inflated).unwrap();
+        assert_eq!(inflated, body);
+        let eocd = &z[z.len() - 22..];
+        assert_eq!(&eocd[..4], b"PK\x05\x06");
+        assert_eq!(zip_bootstrap(&body), z, "the same binary gives the same bytes (and S3 key)");
+    }
+
+    #[test]
+    fn invocations_count_start_lines_in_either_log_format() {
+        let m = vec![
+            "START RequestId: 1 Version: $LATEST".to_owned(),
+            r#"{"time":"x","type":"platform.start","record":{"requestId":"2"}}"#.to_owned(),
+            r#"{"level":"INFO","message":"task created"}"#.to_owned(),
+        ];
+        assert_eq!(invocations(&m), 2);
+    }
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# make test-lambda: the Lambda-mode tests (tests/tests/it/lambda.rs): each deploys a stack with the
+# four functions on and drives them through LocalStack's event sources, scheduled rule and Invoke.
+# Builds the bootstraps first (debug), starts LocalStack when none answers (and then stops it).
+# The runner's output goes to .local/test-lambda-output.log (CI counts its summary).
+set -euo pipefail
+# shellcheck source=infra/env.sh
+source "$(dirname -- "${BASH_SOURCE[0]}")/env.sh"
+cd "$SAS_ROOT"
+
+if ! infra/localstack.sh healthy; then
+  trap 'infra/localstack.sh stop' EXIT
+fi
+infra/localstack.sh ensure
+echo "[test-lambda] cargo build -p sas-functions --bins (the bootstraps the tests deploy)"
+cargo build -q -p sas-functions --bins
+mkdir -p "$SAS_LOCAL_DIR"
+status=0
+if cargo nextest --version >/dev/null 2>&1; then
+  echo "[test-lambda] cargo nextest run -p sas-tests --test it -E 'test(/^lambda::/)' $*"
+  cargo nextest run -p sas-tests --test it --no-fail-fast -E 'test(/^lambda::/)' "$@" 2>&1 \
+    | tee "$SAS_LOCAL_DIR/test-lambda-output.log" || status=$?
+else
+  echo "[test-lambda] cargo test -p sas-tests --test it lambda:: $*"
+  cargo test -p sas-tests --test it "$@" -- lambda:: 2>&1 | tee "$SAS_LOCAL_DIR/test-lambda-output.log" || status=$?
+fi
+exit "$status"

@@ -1,0 +1,329 @@
+//! The real functions on LocalStack (Lambda mode). Each test deploys its own stack with the four
+//! functions on (`sas_cli::lambda::deploy`: the bootstraps of `target/debug`, or of
+//! `SAS_FUNCTIONS_DIR`, zipped to S3) and reaches them only as AWS would: through their queues
+//! (LocalStack's SQS event source mappings invoke them), the scheduled rule, and Lambda Invoke.
+//! No local runner. Needs LocalStack with the project's host Lambda executor (`lambda` in
+//! SERVICES, as `infra/localstack.sh start` does) and the binaries built
+//! (`cargo build -p sas-functions --bins`; `make test-lambda` does both).
+//!
+//! Stacks are deployed with short budgets (`QueueBudgetMs=10000`, `ResultGraceMs=1000`) so a lost
+//! attempt shows within seconds, and with the sweep rule at `rate(1 day)` (LocalStack fires it at
+//! 00:00 UTC only) so that nothing but the test moves its tasks; the one test about the rule keeps
+//! `rate(1 minute)` and waits for LocalStack's scheduler loop (it fires every ~60 s).
+
+// Deploy and recovery times go to stderr: nextest shows them for a failing or slow test.
+#![allow(clippy::print_stderr)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
+use sas_core::config::{Resources, Settings};
+use sas_core::deps::Deps;
+use sas_core::ids::{Millis, TaskId};
+use sas_core::messages::{RunMessage, SchedulerMessage, StatusMessage, VERSION};
+use sas_core::protocol::{self, Effect, Policy, ProcessState, StepStatus, Task};
+use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+use serde_json::{json, Value};
+
+use crate::common::Stack;
+
+const SECS: Duration = Duration::from_secs(15);
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../events");
+
+/// The folder with the four bootstraps: `SAS_FUNCTIONS_DIR`, else the workspace's `target/debug`.
+fn functions_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("SAS_FUNCTIONS_DIR") {
+        return d.into();
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"), PathBuf::from);
+    target.join("debug")
+}
+
+/// What the functions are deployed with (and the test's own handle on the table agrees with).
+fn policy() -> Policy {
+    Policy { queue_budget_ms: 10_000, result_grace_ms: 1_000, ..Policy::default() }
+}
+
+struct Fns {
+    s: Stack,
+    /// Deployed function names by logical ID (`SchedulerFunction` -> ...).
+    names: BTreeMap<String, String>,
+    lambda: aws_sdk_lambda::Client,
+    logs: aws_sdk_cloudwatchlogs::Client,
+}
+
+/// A fresh stack with its functions on; `params` add to or override the defaults above.
+async fn lambda_stack(label: &str, params: &[(&str, &str)]) -> Fns {
+    sas_core::telemetry::init();
+    assert!(
+        std::env::var("AWS_ENDPOINT_URL").is_ok(),
+        "set AWS_ENDPOINT_URL (LocalStack with the host Lambda executor: `source infra/env.sh`)"
+    );
+    let sdk = sas_core::aws::load_sdk_config().await;
+    let name = format!("l-{label}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let p = policy();
+    let (budget, grace) = (p.queue_budget_ms.to_string(), p.result_grace_ms.to_string());
+    let mut all: Vec<(&str, &str)> = vec![
+        ("SupervisorShards", "2"),
+        ("QueueBudgetMs", &budget),
+        ("ResultGraceMs", &grace),
+        ("SupervisorSchedule", "rate(1 day)"),
+    ];
+    all.extend_from_slice(params);
+    let started = Instant::now();
+    let d = sas_cli::lambda::deploy(&sdk, &name, &functions_dir(), &all)
+        .await
+        .unwrap_or_else(|e| panic!("deploying {name} with its functions: {e:#}"));
+    eprintln!("[{name}] deployed with its functions in {:.1} s: {:?}", started.elapsed().as_secs_f64(), d.timings);
+    let res = Resources::from_outputs(&d.outputs).expect("all outputs present");
+    let settings = Settings { policy: p, ..Settings::default() };
+    let workflows = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).expect("built-in workflows");
+    let deps = Arc::new(Deps::aws(&sdk, res.clone(), workflows, settings));
+    let names = sas_cli::lambda::function_names(&d.outputs).expect("function names");
+    Fns {
+        s: Stack { name, sdk: sdk.clone(), outputs: d.outputs, res, deps, sqs: aws_sdk_sqs::Client::new(&sdk) },
+        names,
+        lambda: aws_sdk_lambda::Client::new(&sdk),
+        logs: aws_sdk_cloudwatchlogs::Client::new(&sdk),
+    }
+}
+
+fn fixture(name: &str) -> Value {
+    let path = Path::new(FIXTURES).join(name);
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("fixture JSON")
+}
+
+impl Fns {
+    fn name(&self, id: &str) -> &str {
+        self.names.get(id).unwrap_or_else(|| panic!("no function {id}"))
+    }
+
+    /// Lambda Invoke (synchronous): the function error kind, if any, and the payload.
+    async fn invoke(&self, id: &str, payload: &Value) -> (Option<String>, Value) {
+        let out = self
+            .lambda
+            .invoke()
+            .function_name(self.name(id))
+            .payload(aws_sdk_lambda::primitives::Blob::new(payload.to_string()))
+            .send()
+            .await
+            .expect("Invoke");
+        let body = out.payload().map(|b| b.as_ref().to_vec()).unwrap_or_default();
+        (out.function_error().map(str::to_owned), serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    async fn log(&self, id: &str) -> Vec<String> {
+        sas_cli::lambda::log_messages(&self.logs, self.name(id)).await.expect("FilterLogEvents")
+    }
+
+    /// The function's log once `pred` holds for it (LocalStack writes an invocation's log after
+    /// the invocation); the log as it is after `wait` otherwise.
+    async fn log_when(&self, id: &str, wait: Duration, pred: impl Fn(&[String]) -> bool) -> Vec<String> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let log = self.log(id).await;
+            if pred(&log) || Instant::now() > deadline {
+                return log;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// A task created as the Submitter creates it, `age_ms` ago, whose run message was lost
+    /// (never sent); returns it and the run message it should have had.
+    async fn lost_task(&self, id: &str, age_ms: u64) -> (Task, String) {
+        let wf = self.s.deps.workflows.resolve("sim-order", None).expect("sim-order").clone();
+        let tr = protocol::submit(
+            TaskId::try_from(id).unwrap(),
+            wf,
+            json!({}),
+            None,
+            Millis(Millis::now().0 - age_ms),
+            &self.s.deps.settings.policy,
+        );
+        self.s.deps.store.create(&tr.task).await.expect("PutItem");
+        let rev = tr
+            .effects
+            .iter()
+            .find_map(|e| match e {
+                Effect::Run { rev, .. } => Some(*rev),
+                _ => None,
+            })
+            .expect("a submitted task has a run message");
+        let run = SchedulerMessage::Run(RunMessage {
+            v: VERSION,
+            task_id: tr.task.task_id.clone(),
+            rev,
+            reason: sas_core::messages::RunReason::Start,
+        });
+        (tr.task, serde_json::to_string(&run).unwrap())
+    }
+
+    async fn delete(self) {
+        self.s.delete().await;
+    }
+}
+
+fn lines_with<'a>(log: &'a [String], needles: &[&str]) -> Vec<&'a String> {
+    log.iter().filter(|l| needles.iter().all(|n| l.contains(n))).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_deployed_functions_are_wired_and_answer_the_fixtures() {
+    let f = lambda_stack("wired", &[]).await;
+    let checks = sas_cli::lambda::verify(&f.s.sdk, &f.s.outputs).await.expect("verify");
+    let failed: Vec<&str> = checks.iter().filter(|c| !c.ok).map(|c| c.what.as_str()).collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert_eq!(checks.len(), 13, "3 checks per function and the rule: {checks:#?}");
+
+    // ReportBatchItemFailures: the scheduler names only the record it could not parse.
+    let (err, resp) = f.invoke("SchedulerFunction", &fixture("scheduler-sqs-partial-failure.json")).await;
+    assert_eq!(err, None, "{resp}");
+    assert_eq!(resp, json!({"batchItemFailures": [{"itemIdentifier": "d4e0f9a8-2b3c-4d5e-9fa0-1b2c3d4e5f60"}]}));
+    // The scheduled event: a sweep of an empty index.
+    let (err, resp) = f.invoke("SupervisorFunction", &fixture("supervisor-scheduled.json")).await;
+    assert_eq!(err, None, "{resp}");
+    assert_eq!(resp, json!({"expired": 0, "recovered": 0, "stale": 0, "errors": 0}));
+    // A trigger the function does not serve is a function error (and so an Errors alarm).
+    let (err, resp) = f.invoke("SubmitterFunction", &fixture("supervisor-scheduled.json")).await;
+    assert_eq!(err.as_deref(), Some("Unhandled"), "{resp}");
+    assert!(resp.to_string().contains("only the supervisor runs on a schedule"), "{resp}");
+
+    // Each invocation is in the function's log group, with the platform's records around it.
+    let log = f.log_when("SchedulerFunction", SECS, |l| l.iter().any(|m| m.contains("platform.report"))).await;
+    assert_eq!(sas_cli::lambda::invocations(&log), 1, "{log:#?}");
+    assert_eq!(lines_with(&log, &["d4e0f9a8-2b3c-4d5e-9fa0-1b2c3d4e5f60", "record failed"]).len(), 1, "{log:#?}");
+    assert!(log.iter().any(|l| l.contains("platform.report")), "{log:#?}");
+    f.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_a_workflow_runs_through_every_function_and_the_timer_queue() {
+    let f = lambda_stack("flow", &[]).await;
+    let reply = f.s.queue("replies", true).await;
+    // reserve's first attempt never answers: only the deadline timer (a delayed message on the
+    // supervisor queue, handled by the Supervisor function) can notice; the rule is a day away.
+    let sub = json!({"v": 1, "task_id": "w1", "workflow": "sim-order", "reply_to": reply,
+                     "input": {"sim": {"reserve": {"hang_attempts": 1}}}});
+    f.s.send(&f.s.res.submission_queue_url, &sub.to_string()).await;
+    f.s.send(&f.s.res.submission_queue_url, "{not json").await;
+
+    let t = f.s.wait_for("w1", Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
+    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 1), "{:#?}", t.history);
+    assert_eq!((t.steps[0].attempts, t.steps[0].failures), (2, 1));
+    assert!(t.steps.iter().all(|s| s.status == StepStatus::Succeeded));
+    assert!(t.history.iter().any(|h| h.reason.as_deref().is_some_and(|r| r.contains("passed CompleteBy"))));
+    assert_eq!(t.steps[2].output.as_ref().unwrap()["idempotency_key"], "w1:ship");
+
+    // The caller's reply queue got every state change, in order (a FIFO queue).
+    let st: Vec<StatusMessage> =
+        f.s.bodies(&reply, 7, Duration::from_secs(10))
+            .await
+            .into_iter()
+            .map(|b| serde_json::from_value(b).unwrap())
+            .collect();
+    let states: Vec<ProcessState> = st.iter().map(|m| m.state).collect();
+    use ProcessState::{Pending, Processed, Processing};
+    assert_eq!(states, vec![Pending, Processing, Pending, Processing, Processing, Processing, Processed]);
+    assert!(st.windows(2).all(|w| w[0].seq < w[1].seq));
+
+    // The malformed submission: kept in the submission DLQ with its reason, no task.
+    let kept = f.s.drain(&f.s.res.submission_dlq_url, 1, Duration::from_secs(10)).await;
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].body(), Some("{not json"));
+    let reason = kept[0].message_attributes().and_then(|a| a.get("RejectReason")).and_then(|v| v.string_value());
+    assert!(reason.is_some_and(|r| r.contains("not JSON")), "{reason:?}");
+
+    // Every function was invoked by LocalStack and logged it in /aws/lambda/<fn>.
+    for id in ["SubmitterFunction", "SchedulerFunction", "AgentFunction", "SupervisorFunction"] {
+        let log = f.log_when(id, SECS, |l| sas_cli::lambda::invocations(l) > 0).await;
+        assert!(sas_cli::lambda::invocations(&log) > 0, "{id}: no invocation in its log group");
+    }
+    let timer = ["\"task_id\":\"w1\"", "deadline_expired", "\"message\":\"transition\""];
+    let sup = f.log_when("SupervisorFunction", SECS, |l| !lines_with(l, &timer).is_empty()).await;
+    assert!(!lines_with(&sup, &timer).is_empty(), "the Supervisor function (timer) moved w1 on: {sup:#?}");
+    f.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_an_invoked_sweep_recovers_a_lost_start_message() {
+    let f = lambda_stack("sweep", &[]).await;
+    // Created a minute ago and never started: CompleteBy (30 s start timeout) has passed.
+    let (t, _) = f.lost_task("lost-1", 60_000).await;
+    assert!(t.complete_by.is_some_and(|c| c < Millis::now()));
+    let (err, report) = f.invoke("SupervisorFunction", &fixture("supervisor-scheduled.json")).await;
+    assert_eq!(err, None, "{report}");
+    assert_eq!(report, json!({"expired": 1, "recovered": 1, "stale": 0, "errors": 0}));
+    let t = f.s.wait_for("lost-1", Duration::from_mins(1), |t| t.process_state.is_terminal()).await;
+    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{:#?}", t.history);
+    f.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_the_scheduled_rule_sweeps_a_lost_start_message() {
+    let f = lambda_stack("rule", &[("SupervisorSchedule", "rate(1 minute)")]).await;
+    let (_, _) = f.lost_task("lost-2", 60_000).await;
+    let started = Instant::now();
+    // LocalStack's scheduler loop fires rate(1 minute) rules every ~60 s, at a phase of its own.
+    let t = f.s.wait_for("lost-2", Duration::from_secs(100), |t| t.process_state.is_terminal()).await;
+    eprintln!(
+        "[{}] the rule's sweep recovered lost-2; Processed {:.1} s after it was created",
+        f.s.name,
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{:#?}", t.history);
+    let swept = ["\"message\":\"sweep\"", "\"recovered\":1"];
+    let sup = f.log_when("SupervisorFunction", SECS, |l| !lines_with(l, &swept).is_empty()).await;
+    assert!(!lines_with(&sup, &swept).is_empty(), "a scheduled invocation of the Supervisor swept it: {sup:#?}");
+    f.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_a_failing_record_alone_is_redelivered_until_its_dlq() {
+    let f = lambda_stack("batch", &[]).await;
+    // Redelivery waits for the visibility timeout (90 s in the template): 2 s on this test's queue.
+    f.s.sqs
+        .set_queue_attributes()
+        .queue_url(&f.s.res.scheduler_queue_url)
+        .attributes(QueueAttributeName::VisibilityTimeout, "2")
+        .send()
+        .await
+        .expect("SetQueueAttributes");
+    let (_, run) = f.lost_task("b1", 0).await;
+    let bad = r#"{"type":"run","v":1,"task_id":"b1""#;
+    let sent =
+        f.s.sqs
+            .send_message_batch()
+            .queue_url(&f.s.res.scheduler_queue_url)
+            .entries(SendMessageBatchRequestEntry::builder().id("good").message_body(&run).build().unwrap())
+            .entries(SendMessageBatchRequestEntry::builder().id("bad").message_body(bad).build().unwrap())
+            .send()
+            .await
+            .expect("SendMessageBatch");
+    let id_of = |which: &str| {
+        sent.successful().iter().find(|e| e.id() == which).map(|e| e.message_id().to_owned()).expect("sent")
+    };
+    let (good_id, bad_id) = (id_of("good"), id_of("bad"));
+
+    let t = f.s.wait_for("b1", Duration::from_mins(1), |t| t.process_state.is_terminal()).await;
+    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{:#?}", t.history);
+    assert!(t.steps.iter().all(|s| s.attempts == 1), "one claim per step");
+    // maxReceiveCount 5: five failed deliveries, then SQS moves it to the DLQ.
+    let dead = f.s.drain(f.s.out("SchedulerDlqUrl"), 1, Duration::from_secs(40)).await;
+    assert_eq!(dead.iter().filter_map(|m| m.body()).collect::<Vec<_>>(), vec![bad]);
+    assert_eq!(f.s.depth(&f.s.res.scheduler_queue_url).await, 0);
+
+    let log = f.log_when("SchedulerFunction", SECS, |l| lines_with(l, &[&bad_id, "record failed"]).len() >= 5).await;
+    let bad_failures = lines_with(&log, &[&bad_id, "record failed"]).len();
+    assert_eq!(bad_failures, 5, "the bad record failed once per delivery: {log:#?}");
+    // The good record was handled once: one claim, never failed, never seen again (a redelivery
+    // would have been dropped as stale).
+    assert_eq!(lines_with(&log, &[&good_id, "\"message\":\"transition\"", "\"event\":\"claim\""]).len(), 1, "{log:#?}");
+    assert!(lines_with(&log, &[&good_id, "record failed"]).is_empty(), "{log:#?}");
+    assert!(lines_with(&log, &[&good_id, "stale event dropped"]).is_empty(), "{log:#?}");
+    f.delete().await;
+}
