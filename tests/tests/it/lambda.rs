@@ -6,7 +6,7 @@
 //! SERVICES, as `infra/localstack.sh start` does) and the binaries built
 //! (`cargo build -p sas-functions --bins`; `make test-lambda` does both).
 //!
-//! Stacks are deployed with short budgets (`QueueBudgetMs=10000`, `ResultGraceMs=1000`) so a lost
+//! Stacks are deployed with short budgets (`QueueBudgetMs=45000`: room for a cold event source on a loaded machine, `ResultGraceMs=1000`) so a lost
 //! attempt shows within seconds, and with the sweep rule at `rate(1 day)` (LocalStack fires it at
 //! 00:00 UTC only) so that nothing but the test moves its tasks; the one test about the rule keeps
 //! `rate(1 minute)` and waits for LocalStack's scheduler loop (it fires every ~60 s).
@@ -45,7 +45,7 @@ fn functions_dir() -> PathBuf {
 
 /// What the functions are deployed with (and the test's own handle on the table agrees with).
 fn policy() -> Policy {
-    Policy { queue_budget_ms: 10_000, result_grace_ms: 1_000, ..Policy::default() }
+    Policy { queue_budget_ms: 45_000, result_grace_ms: 1_000, ..Policy::default() }
 }
 
 struct Fns {
@@ -180,10 +180,11 @@ async fn lambda_deployed_functions_are_wired_and_answer_the_fixtures() {
     assert!(failed.is_empty(), "{failed:#?}");
     assert_eq!(checks.len(), 13, "3 checks per function and the rule: {checks:#?}");
 
-    // ReportBatchItemFailures: the scheduler names only the record it could not parse.
+    // The record that can never parse is kept in the scheduler DLQ at once (F15), so nothing in
+    // this batch is returned for another delivery.
     let (err, resp) = f.invoke("SchedulerFunction", &fixture("scheduler-sqs-partial-failure.json")).await;
     assert_eq!(err, None, "{resp}");
-    assert_eq!(resp, json!({"batchItemFailures": [{"itemIdentifier": "d4e0f9a8-2b3c-4d5e-9fa0-1b2c3d4e5f60"}]}));
+    assert_eq!(resp, json!({"batchItemFailures": []}));
     // The scheduled event: a sweep of an empty index.
     let (err, resp) = f.invoke("SupervisorFunction", &fixture("supervisor-scheduled.json")).await;
     assert_eq!(err, None, "{resp}");
@@ -196,7 +197,8 @@ async fn lambda_deployed_functions_are_wired_and_answer_the_fixtures() {
     // Each invocation is in the function's log group, with the platform's records around it.
     let log = f.log_when("SchedulerFunction", SECS, |l| l.iter().any(|m| m.contains("platform.report"))).await;
     assert_eq!(sas_cli::lambda::invocations(&log), 1, "{log:#?}");
-    assert_eq!(lines_with(&log, &["d4e0f9a8-2b3c-4d5e-9fa0-1b2c3d4e5f60", "record failed"]).len(), 1, "{log:#?}");
+    let kept = lines_with(&log, &["d4e0f9a8-2b3c-4d5e-9fa0-1b2c3d4e5f60", "malformed message moved to its DLQ"]);
+    assert_eq!(kept.len(), 1, "{log:#?}");
     assert!(log.iter().any(|l| l.contains("platform.report")), "{log:#?}");
     f.delete().await;
 }
@@ -294,13 +296,25 @@ async fn lambda_a_failing_record_alone_is_redelivered_until_its_dlq() {
         .await
         .expect("SetQueueAttributes");
     let (_, run) = f.lost_task("b1", 0).await;
-    let bad = r#"{"type":"run","v":1,"task_id":"b1""#;
+    // A record that fails on every delivery: a run message for a task whose item cannot be read.
+    aws_sdk_dynamodb::Client::new(&f.s.sdk)
+        .put_item()
+        .table_name(f.s.out("TaskTableName"))
+        .item("TaskId", aws_sdk_dynamodb::types::AttributeValue::S("unreadable".into()))
+        .item("ProcessState", aws_sdk_dynamodb::types::AttributeValue::S("Pending".into()))
+        .send()
+        .await
+        .expect("PutItem");
+    let bad = r#"{"type":"run","v":1,"task_id":"unreadable","rev":1,"reason":"start"}"#;
+    // A record that can never parse: kept in the DLQ at once, with its reason (not redelivered).
+    let malformed = r#"{"type":"run","v":1,"task_id":"b1""#;
     let sent =
         f.s.sqs
             .send_message_batch()
             .queue_url(&f.s.res.scheduler_queue_url)
             .entries(SendMessageBatchRequestEntry::builder().id("good").message_body(&run).build().unwrap())
             .entries(SendMessageBatchRequestEntry::builder().id("bad").message_body(bad).build().unwrap())
+            .entries(SendMessageBatchRequestEntry::builder().id("malformed").message_body(malformed).build().unwrap())
             .send()
             .await
             .expect("SendMessageBatch");
@@ -312,9 +326,19 @@ async fn lambda_a_failing_record_alone_is_redelivered_until_its_dlq() {
     let t = f.s.wait_for("b1", Duration::from_mins(1), |t| t.process_state.is_terminal()).await;
     assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{:#?}", t.history);
     assert!(t.steps.iter().all(|s| s.attempts == 1), "one claim per step");
-    // maxReceiveCount 5: five failed deliveries, then SQS moves it to the DLQ.
-    let dead = f.s.drain(f.s.out("SchedulerDlqUrl"), 1, Duration::from_secs(40)).await;
-    assert_eq!(dead.iter().filter_map(|m| m.body()).collect::<Vec<_>>(), vec![bad]);
+    // The malformed record is in the DLQ at once, with its reason; the unreadable task's record
+    // fails five times (maxReceiveCount 5), then SQS moves it there too.
+    let dead = f.s.drain(f.s.out("SchedulerDlqUrl"), 2, Duration::from_secs(40)).await;
+    let mut bodies: Vec<&str> = dead.iter().filter_map(|m| m.body()).collect();
+    bodies.sort_unstable();
+    assert_eq!(bodies, {
+        let mut want = vec![bad, malformed];
+        want.sort_unstable();
+        want
+    });
+    let kept = dead.iter().find(|m| m.body() == Some(malformed)).unwrap();
+    let reason = kept.message_attributes().and_then(|a| a.get("RejectReason")).and_then(|v| v.string_value());
+    assert!(reason.is_some_and(|r| r.starts_with("malformed message")), "{kept:?}");
     assert_eq!(f.s.depth(&f.s.res.scheduler_queue_url).await, 0);
 
     let log = f.log_when("SchedulerFunction", SECS, |l| lines_with(l, &[&bad_id, "record failed"]).len() >= 5).await;
