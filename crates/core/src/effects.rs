@@ -17,7 +17,12 @@ use crate::transition::{commit, Applied, Committed};
 /// event was delivered before, so its earlier handler may have died between a terminal write and
 /// its notices: if the task is terminal, they are sent again.
 pub async fn drive(deps: &Deps, task: Task, event: &Event, redelivered: bool) -> Result<Applied, HandlerError> {
-    let ended = (redelivered && task.process_state.is_terminal()).then(|| task.clone());
+    // A duplicate of the message that ended the task may be handled at the same time as the
+    // original (SQS delivers at least once): if the original's notices failed and the duplicate
+    // acknowledged the message, only a later event can re-send them. So any event that finds the
+    // task ended within the last RENOTIFY_WINDOW_MS re-sends its notices too (consumers dedupe).
+    let recent = task.updated_at.plus_ms(RENOTIFY_WINDOW_MS) > deps.now();
+    let ended = (task.process_state.is_terminal() && (redelivered || recent)).then(|| task.clone());
     let (applied, committed) = commit(deps, task, event).await?;
     let sent = match (committed, ended) {
         (Some(c), _) => perform(deps, c).await,
@@ -32,6 +37,9 @@ pub async fn drive(deps: &Deps, task: Task, event: &Event, redelivered: bool) ->
         None => Ok(applied),
     }
 }
+
+/// How long after a task ended an event that finds it so re-sends its terminal notices.
+pub const RENOTIFY_WINDOW_MS: u64 = 15 * 60 * 1000;
 
 /// What performing a transition's effects achieved.
 #[derive(Debug, Default)]

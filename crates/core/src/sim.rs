@@ -491,7 +491,8 @@ impl Sim {
         if self.chance(lost) {
             self.bus.fail_sends("*", u32::try_from(self.between(1, 4)).unwrap_or(1));
         }
-        if self.chance(f.lost_alerts) {
+        // like crashes, lost alerts are transient: not on a batch that redelivers a message
+        if runs.iter().all(|r| r.3.receive_count == 1) && self.chance(f.lost_alerts) {
             self.bus.fail_sends(&self.deps.resources.alert_topic_arn, 1);
         }
         let deps = &self.deps;
@@ -515,7 +516,7 @@ impl Sim {
     fn agent(&mut self, url: &str, m: &Received) {
         let now = self.now();
         let f = self.cfg.faults.clone();
-        if self.chance(f.crash_before) {
+        if m.receive_count == 1 && self.chance(f.crash_before) {
             return; // the agent died before starting: the request comes back after 720 s
         }
         block_on(self.bus.delete(url, vec![m.receipt.clone()])).ok();

@@ -33,7 +33,7 @@ pub async fn timer(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
 async fn timer_with(deps: &Deps, raw: &str, redelivered: bool) -> Result<Applied, HandlerError> {
     let t: TimerMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
     let Some(task) = deps.store.get(&t.task_id).await? else { return Ok(Applied::Missing) };
-    if redelivered && task.process_state.is_terminal() {
+    if task.process_state.is_terminal() {
         return drive(deps, task, &Event::DeadlineExpired, true).await;
     }
     if t.attempt.as_ref().is_some_and(|a| task.locked_by.as_ref() != Some(a)) {
