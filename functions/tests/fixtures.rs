@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use sas_core::agent::{AgentRuntime, BUILT_IN_AGENTS};
 use sas_core::config::Settings;
 use sas_core::ids::{AttemptToken, Millis, TaskId};
-use sas_core::protocol::{self, Ctx, Event, Policy, ProcessState};
+use sas_core::protocol::{self, Ctx, Policy, ProcessState};
 use sas_core::role::Role;
 use sas_core::twins::Twins;
 use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
@@ -104,21 +104,13 @@ async fn an_agent_request_past_its_complete_by_starts_nothing_and_sends_nothing(
 fn timed_out_task(tw: &Twins) {
     let wf = tw.deps.workflows.resolve("order", None).unwrap().clone();
     let policy = Policy::default();
-    let t = protocol::submit(
-        TaskId::try_from("fixture-missing").unwrap(),
-        wf,
-        json!({}),
-        None,
-        Millis(1_704_067_000_000),
-        &policy,
-    )
-    .task;
     let ctx = Ctx {
         now: Millis(1_704_067_380_000),
         fresh_token: AttemptToken::from("0f8e7d6c5b4a39281706f5e4d3c2b1a0"),
         jitter: 0.5,
     };
-    let claimed = protocol::apply(&t, &Event::Claim { rev: t.rev }, &ctx, &policy).unwrap().task;
+    let claimed =
+        protocol::submit(TaskId::try_from("fixture-missing").unwrap(), wf, json!({}), None, &ctx, &policy).task;
     // the twins' clock goes past its CompleteBy and the result grace
     let due = claimed.complete_by.unwrap().plus_ms(tw.deps.settings.policy.result_grace_ms);
     tw.clock.set(due.plus_ms(1).max(FIXTURE_NOW));

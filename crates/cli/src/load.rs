@@ -434,14 +434,13 @@ mod tests {
         let wf = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).unwrap().resolve("sim-order", None).unwrap().clone();
         let policy = Policy { queue_budget_ms: 0, result_grace_ms: 0, settle_ms: 0, ..Policy::default() };
         let mut now = created;
-        let mut t =
-            protocol::submit(TaskId::try_from(id).unwrap(), wf, serde_json::json!({}), None, Millis(now), &policy).task;
+        let ctx = protocol::Ctx::at(Millis(now));
+        let mut t = protocol::submit(TaskId::try_from(id).unwrap(), wf, serde_json::json!({}), None, &ctx, &policy).task;
         for _ in 0..retries {
-            t = go(&t, &Event::Claim { rev: t.wait_rev }, &mut now);
             now += 10_000;
             t = go(&t, &Event::DeadlineExpired, &mut now);
+            t = go(&t, &Event::Claim { rev: t.wait_rev }, &mut now);
         }
-        t = go(&t, &Event::Claim { rev: t.wait_rev }, &mut now);
         while t.process_state == ProcessState::Processing {
             let attempt = t.locked_by.clone().unwrap();
             t = go(&t, &Event::AgentSucceeded { attempt, output: serde_json::json!({}) }, &mut now);

@@ -332,8 +332,8 @@ async fn run(cli: &Cli) -> Result<()> {
             let rows = deps.store.list_by_state(state, limit).await?;
             // Only a listing cut at the limit needs a count.
             let total = if rows.len() >= limit {
-                let reader = TableReader::new(&sdk, deps.resources.task_table.clone());
-                let (n, _cost) = reader.count_by_state(state).await?;
+                let reader = TableReader::new(&sdk, &deps.resources);
+                let n = reader.count_by_state(state).await?;
                 Some(usize::try_from(n).unwrap_or(usize::MAX).max(rows.len()))
             } else {
                 None
@@ -341,8 +341,9 @@ async fn run(cli: &Cli) -> Result<()> {
             let note = match total {
                 Some(total) if total > rows.len() => {
                     format!(
-                        "showing {} of {total} {state} tasks, most recently updated first; --limit to see more",
-                        rows.len()
+                        "showing {} of {total} {state} tasks, {}; --limit to see more",
+                        rows.len(),
+                        if state.is_terminal() { "most recently ended first" } else { "most overdue first" }
                     )
                 }
                 _ => format!("{} {state} task(s)", rows.len()),
@@ -393,7 +394,7 @@ async fn run(cli: &Cli) -> Result<()> {
                     if s != ProcessState::Error {
                         bail!("only Error tasks can be resubmitted (--state {s} would change nothing)");
                     }
-                    let reader = TableReader::new(&sdk, deps.resources.task_table.clone());
+                    let reader = TableReader::new(&sdk, &deps.resources);
                     let report =
                         sas_cli::ops::resubmit_state_error(&deps, &reader, reason, *max, wait.wait(), POLL).await?;
                     for line in report.lines() {
@@ -460,7 +461,7 @@ async fn load(
     json: bool,
 ) -> Result<()> {
     let sqs = aws_sdk_sqs::Client::new(sdk);
-    let reader = TableReader::new(sdk, res.task_table.clone());
+    let reader = TableReader::new(sdk, res);
     eprintln!(
         "load: sending {} {} tasks ({}-NNNNN) to {}",
         opts.tasks, opts.workflow, opts.prefix, res.submission_queue_url

@@ -480,10 +480,17 @@ mod tests {
             wf,
             json!({}),
             None,
-            Millis(1_000),
+            &ctx(2_000),
             &Policy { queue_budget_ms: 0, result_grace_ms: 0, settle_ms: 0, ..Policy::default() },
         )
         .task
+    }
+
+    /// Pending: the first attempt of reserve failed retryably, the retry not claimed yet.
+    fn pending() -> Task {
+        let t = new_task();
+        let attempt = t.locked_by.clone().unwrap();
+        step(&t, &Event::AgentFailed { attempt, error: "503".into(), retryable: true }, 2_500)
     }
 
     fn step(t: &Task, e: &Event, now: u64) -> Task {
@@ -512,7 +519,7 @@ mod tests {
 
     /// Processing `charge` (reserve done).
     fn processing() -> Task {
-        succeed(&claim(&new_task(), 2_000), 3_000)
+        succeed(&new_task(), 3_000)
     }
 
     /// Charge refused, release refused too: Error while compensating.
@@ -552,7 +559,8 @@ mod tests {
 
     #[test]
     fn cancel_applies_to_pending_processing_and_forward_error_tasks() {
-        assert_eq!(check(Command::Cancel, &id(), Some(&new_task())).unwrap().process_state, ProcessState::Cancelled);
+        // the failed attempt may have reserved: undone before the task ends
+        assert_eq!(check(Command::Cancel, &id(), Some(&pending())).unwrap().process_state, ProcessState::Compensating);
         let after = check(Command::Cancel, &id(), Some(&processing())).unwrap();
         assert_eq!(after.process_state, ProcessState::Compensating);
         assert!(Command::Cancel.applied(&processing(), &after));
@@ -594,7 +602,7 @@ mod tests {
             "t-1: Processing -> Compensating -> Cancelled (cancelled: customer asked)"
         );
         assert_eq!(
-            describe_change(&new_task(), &claim(&new_task(), 2_000)),
+            describe_change(&pending(), &claim(&pending(), 3_000)),
             "t-1: Pending -> Processing; running reserve"
         );
     }

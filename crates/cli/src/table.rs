@@ -3,7 +3,7 @@
 //! state without counting it:
 //! - [`TableReader::get_many`]: `BatchGetItem`, 100 ids per request (DynamoDB's limit), unprocessed
 //!   keys retried;
-//! - [`TableReader::count_by_state`]: a `Select=COUNT` query of the `ByProcessState` index.
+//! - [`TableReader::count_by_state`]: `Select=COUNT` queries of the `ByEnd` index (ended states).
 //!
 //! Both return what they cost ([`ReadCost`]): the requests, the items, and the read capacity units
 //! DynamoDB reports (`ReturnConsumedCapacity=TOTAL`), or an estimate from the items' sizes when it
@@ -13,11 +13,12 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, ReturnConsumedCapacity, Select};
+use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, ReturnConsumedCapacity};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use sas_core::ids::TaskId;
 use sas_core::protocol::{ProcessState, Task};
-use sas_core::store::{DynamoStore, BY_PROCESS_STATE};
+use sas_core::config::Resources;
+use sas_core::store::{item_size, DynamoStore, StateStore};
 use serde::Serialize;
 
 /// DynamoDB's largest `BatchGetItem`.
@@ -64,25 +65,6 @@ impl std::fmt::Display for ReadCost {
 
 /// The size DynamoDB bills for an item, approximately: attribute names plus values (strings by
 /// length, numbers by about half their digits, one byte per list or map element of overhead).
-pub fn item_size(item: &Item) -> usize {
-    item.iter().map(|(k, v)| k.len() + value_size(v)).sum()
-}
-
-fn value_size(v: &AttributeValue) -> usize {
-    match v {
-        AttributeValue::S(s) => s.len(),
-        AttributeValue::N(n) => n.len().div_ceil(2) + 1,
-        AttributeValue::B(b) => b.as_ref().len(),
-        AttributeValue::L(l) => 3 + l.iter().map(|e| 1 + value_size(e)).sum::<usize>(),
-        AttributeValue::M(m) => 3 + m.iter().map(|(k, e)| 1 + k.len() + value_size(e)).sum::<usize>(),
-        AttributeValue::Ss(s) => s.iter().map(String::len).sum(),
-        AttributeValue::Ns(s) => s.iter().map(|n| n.len().div_ceil(2) + 1).sum(),
-        _ => 1,
-    }
-}
-
-/// Read capacity of one item read by `GetItem`/`BatchGetItem`: 1 RCU per 4 KB, rounded up, halved
-/// for an eventually consistent read.
 pub fn item_rcu(bytes: usize, consistent: bool) -> f64 {
     #[allow(clippy::cast_precision_loss)] // item sizes are far below 2^52
     let units = bytes.max(1).div_ceil(4096) as f64;
@@ -98,11 +80,14 @@ pub fn item_rcu(bytes: usize, consistent: bool) -> f64 {
 pub struct TableReader {
     client: aws_sdk_dynamodb::Client,
     table: String,
+    store: DynamoStore,
 }
 
 impl TableReader {
-    pub fn new(sdk: &aws_config::SdkConfig, table: impl Into<String>) -> Self {
-        TableReader { client: aws_sdk_dynamodb::Client::new(sdk), table: table.into() }
+    pub fn new(sdk: &aws_config::SdkConfig, res: &Resources) -> Self {
+        let client = aws_sdk_dynamodb::Client::new(sdk);
+        let store = DynamoStore::new(client.clone(), res.task_table.clone(), res.shards, 0);
+        TableReader { client, table: res.task_table.clone(), store }
     }
 
     pub fn table(&self) -> &str {
@@ -157,7 +142,7 @@ impl TableReader {
             for item in out.responses.unwrap_or_default().remove(&self.table).unwrap_or_default() {
                 cost.items += 1;
                 cost.estimated_rcu += item_rcu(item_size(&item), consistent);
-                tasks.push(DynamoStore::from_item(item)?);
+                tasks.push(self.store.decode(item).await?);
             }
             pending = out.unprocessed_keys.unwrap_or_default().remove(&self.table).filter(|k| !k.keys().is_empty());
             if pending.is_some() {
@@ -169,37 +154,14 @@ impl TableReader {
         Ok((tasks, cost))
     }
 
-    /// How many tasks the `ByProcessState` index holds in `state`: a `Select=COUNT` query, one
-    /// request per 1 MB of index entries (the index projects a few small attributes, so roughly
-    /// 3,000 to 5,000 entries per request); reading index entries costs 0.5 RCU per 4 KB.
-    pub async fn count_by_state(&self, state: ProcessState) -> Result<(u64, ReadCost)> {
-        let mut count = 0u64;
-        let mut cost = ReadCost::default();
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name(BY_PROCESS_STATE)
-                .key_condition_expression("ProcessState = :p")
-                .expression_attribute_values(":p", AttributeValue::S(state.to_string()))
-                .select(Select::Count)
-                .return_consumed_capacity(ReturnConsumedCapacity::Total)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(aws_sdk_dynamodb::Error::from)
-                .with_context(|| format!("DynamoDB Query (Select=COUNT) on {}/{BY_PROCESS_STATE}", self.table))?;
-            let n = u64::try_from(out.count).unwrap_or(0);
-            count += n;
-            cost.requests += 1;
-            cost.items += n;
-            cost.reported_rcu += out.consumed_capacity().and_then(|c| c.capacity_units).unwrap_or(0.0);
-            start = out.last_evaluated_key;
-            if start.is_none() {
-                return Ok((count, cost));
-            }
+    /// How many tasks are in `state`: for ended states a `Select=COUNT` query per shard of the
+    /// `ByEnd` index (one request per 1 MB of keys, about 0.5 RCU per 4 KB); for states in flight,
+    /// the tasks in flight are read (the `ByCompleteBy` keys, then the items).
+    pub async fn count_by_state(&self, state: ProcessState) -> Result<u64> {
+        if state.is_terminal() {
+            Ok(self.store.count_ended(state).await?)
+        } else {
+            Ok(self.store.list_by_state(state, usize::MAX).await?.len() as u64)
         }
     }
 }
@@ -207,17 +169,6 @@ impl TableReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn item_sizes_count_names_and_values() {
-        let item = Item::from([
-            ("TaskId".to_owned(), AttributeValue::S("t-1".into())),
-            ("Rev".to_owned(), AttributeValue::N("12".into())),
-            ("Steps".to_owned(), AttributeValue::L(vec![AttributeValue::Bool(true)])),
-        ]);
-        // 6 + 3, 3 + 2, 5 + (3 + 1 + 1)
-        assert_eq!(item_size(&item), 9 + 5 + 10);
-    }
 
     #[test]
     fn reads_round_up_to_4_kb_and_halve_when_eventually_consistent() {

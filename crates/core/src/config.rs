@@ -106,11 +106,21 @@ pub struct Settings {
     pub max_input_bytes: usize,
     /// Items per page of the Supervisor's index query.
     pub sweep_page_size: usize,
+    /// How long past `CompleteBy` + the result grace the sweep leaves a task to its own deadline
+    /// timer before handing it over too: the sweep is the backstop for lost timers, and a timer
+    /// waiting in a backlogged supervisor queue should not be joined by a copy every sweep.
+    pub sweep_lag_ms: u64,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { policy: Policy::default(), retention_days: 30, max_input_bytes: 64 * 1024, sweep_page_size: 100 }
+        Settings {
+            policy: Policy::default(),
+            retention_days: 30,
+            max_input_bytes: 64 * 1024,
+            sweep_page_size: 100,
+            sweep_lag_ms: 60_000,
+        }
     }
 }
 
@@ -131,6 +141,9 @@ impl Settings {
         }
         if let Ok(v) = std::env::var("SETTLE_MS") {
             s.policy.settle_ms = parse_num("SETTLE_MS", &v)?;
+        }
+        if let Ok(v) = std::env::var("SWEEP_LAG_MS") {
+            s.sweep_lag_ms = parse_num("SWEEP_LAG_MS", &v)?;
         }
         if let Ok(v) = std::env::var("MAX_INPUT_BYTES") {
             s.max_input_bytes = parse_num("MAX_INPUT_BYTES", &v)?;

@@ -40,7 +40,8 @@ impl Deps {
             res.task_table.clone(),
             res.shards,
             settings.retention_days,
-        );
+        )
+        .knowing(workflows.all());
         Deps {
             store: Arc::new(store),
             bus: Arc::new(AwsBus::from_sdk(sdk)),

@@ -6,7 +6,7 @@
 use futures::future::join_all;
 use tracing::{info, warn};
 
-use crate::bus::{delay_seconds, encode, BusError, Outgoing};
+use crate::bus::{delay_seconds, BusError};
 use crate::deps::{Deps, HandlerError};
 use crate::ids::Millis;
 use crate::messages::{AgentResult, Outcome, RunMessage, RunReason, SchedulerMessage, SQS_MAX_MESSAGE_BYTES, VERSION};
@@ -48,6 +48,8 @@ pub struct Sent {
     pub failed: usize,
     /// The first failed essential notice (an alert or a terminal status), if any.
     pub essential: Option<BusError>,
+    /// The first failed send of work (a dispatch, a timer, a run message), if any.
+    pub work: Option<BusError>,
 }
 
 /// The Scheduler's run message for `task` at `rev`.
@@ -80,41 +82,15 @@ pub async fn perform(deps: &Deps, c: Committed) -> Sent {
                         sent.essential.get_or_insert(err);
                     } else {
                         warn!(task_id = %c.task.task_id, effect = e.name(), error = %err, "effect not delivered; the supervisor will recover the task if it stalls");
+                        if !e.is_notification() {
+                            sent.work.get_or_insert(err);
+                        }
                     }
                 }
             }
         }
     }
     sent
-}
-
-/// Perform the effects of several transitions (a supervisor sweep's page): each task's
-/// notifications and other work as [`perform`] does, and all their run messages to the scheduler
-/// queue in batches (SendMessageBatch), after every notification. Returns how many sends failed.
-pub async fn perform_many(deps: &Deps, done: Vec<Committed>) -> usize {
-    let mut failed = 0;
-    let mut runs = Vec::new();
-    for c in done {
-        let (run, rest): (Vec<_>, Vec<_>) = c.effects.into_iter().partition(|e| matches!(e, Effect::Run { .. }));
-        for e in run {
-            if let Effect::Run { rev, delay_ms, reason } = e {
-                let body = encode(&run_message(&c.task, rev, reason)).expect("run messages are small");
-                runs.push(Outgoing::delayed(body, delay_seconds(delay_ms)));
-            }
-        }
-        failed += perform(deps, Committed { task: c.task, effects: rest, now: c.now }).await.failed;
-    }
-    let n = runs.len();
-    if n > 0 {
-        if let Err(e) = deps.outbox().to_scheduler_batch(runs).await {
-            failed += match e {
-                BusError::Batch { failed, .. } => failed,
-                _ => n,
-            };
-            warn!(error = %e, messages = n, "run messages not delivered; the next sweep recovers those tasks again");
-        }
-    }
-    failed
 }
 
 async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Result<(), BusError> {

@@ -146,30 +146,60 @@ async fn reject(
 /// Handle one message of the submission queue (a submission without `task_id` gets one derived
 /// from the message id, the same on every delivery).
 pub async fn submit_message(deps: &Deps, record: &Record) -> Result<Submitted, HandlerError> {
-    submit_with(deps, &record.body, Some(&record.message_id)).await
+    submit_with(deps, &record.body, Some(&record.message_id), record.receive_count > 1).await
 }
 
 /// Handle one submission body (a submission without `task_id` gets a fresh random id).
 pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
-    submit_with(deps, raw, None).await
+    submit_with(deps, raw, None, false).await
 }
 
-async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<Submitted, HandlerError> {
+/// The submission came back although its task exists: its first handler may have died (or
+/// failed to send) after the write. If the task has not moved since, send its start again.
+async fn resend(deps: &Deps, task_id: &TaskId) -> Result<(), HandlerError> {
+    let Some(task) = deps.store.get(task_id).await? else { return Ok(()) };
+    let effects = protocol::resend_start(&task);
+    if effects.is_empty() {
+        return Ok(());
+    }
+    info!(%task_id, "submission delivered again before its task moved: start sent again");
+    let sent = effects::perform(deps, Committed { task, effects, now: deps.now() }).await;
+    sent.work.map_or(Ok(()), |e| Err(e.into()))
+}
+
+async fn submit_with(
+    deps: &Deps,
+    raw: &str,
+    message_id: Option<&str>,
+    redelivered: bool,
+) -> Result<Submitted, HandlerError> {
     let (sub, task_id) = match validate(deps, raw, message_id) {
         Ok(ok) => ok,
         Err(rejection) => return reject(deps, raw, message_id, rejection).await,
     };
     let def = deps.workflows.resolve(&sub.workflow, sub.workflow_version).expect("validated").clone();
-    let now = deps.now();
-    let tr = protocol::submit(task_id.clone(), def, sub.input, sub.reply_to, now, &deps.settings.policy);
+    let ctx = deps.ctx();
+    let now = ctx.now;
+    let tr = protocol::submit(task_id.clone(), def, sub.input, sub.reply_to, &ctx, &deps.settings.policy);
     match deps.store.create(&tr.task).await {
         Ok(()) => {
-            info!(%task_id, workflow = %tr.task.workflow.name, version = tr.task.workflow.version, "task created");
-            effects::perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await;
-            Ok(Submitted::Created(task_id))
+            info!(
+                %task_id, workflow = %tr.task.workflow.name, version = tr.task.workflow.version,
+                step = tr.task.current_step_name().unwrap_or("-"), "task created, first step claimed"
+            );
+            let sent = effects::perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await;
+            // The start did not go out: fail the record, so the submission comes back and the
+            // start is sent again (above), long before the Supervisor would find the attempt lost.
+            match sent.work {
+                Some(e) => Err(e.into()),
+                None => Ok(Submitted::Created(task_id)),
+            }
         }
         Err(StoreError::AlreadyExists) => {
             info!(%task_id, "duplicate submission: the task exists, nothing created");
+            if redelivered {
+                resend(deps, &task_id).await?;
+            }
             Ok(Submitted::Duplicate(task_id))
         }
         Err(StoreError::TooLarge { bytes }) => {

@@ -2,23 +2,21 @@
 //! ([`Event::DeadlineExpired`]):
 //! - [`timer`], the precise path: a message on the supervisor queue, delayed until one attempt's
 //!   `CompleteBy`, checks that attempt;
-//! - [`sweep`], the backstop (the scheduled rule): query every shard of the sparse `ByCompleteBy`
-//!   index for `CompleteBy <= now`, page by page, and recover each task with a conditional write.
-//!   Its cost follows the number of expired tasks, not the table. Two supervisors racing recover
-//!   each task once: the loser's write fails its condition and re-decides.
+//! - [`sweep`], the backstop (the scheduled rule): query every shard of the sparse, keys-only
+//!   `ByCompleteBy` index for `CompleteBy <= now`, page by page, and hand each expired task to the
+//!   timer queue. Its cost follows the number of expired tasks, not the table. Two supervisors
+//!   racing (or a sweep and a timer) recover each task once: the loser's conditional write fails
+//!   and it re-decides.
 
-use futures::StreamExt;
 use tracing::{debug, error, info};
 
-use crate::bus::Record;
-use crate::bus::{encode, Outgoing};
+use crate::bus::{encode, BusError, Outgoing, Record};
 use crate::deps::{Deps, HandlerError};
-use crate::effects::{drive, perform_many};
+use crate::effects::drive;
 use crate::ids::Millis;
-use crate::messages::TimerMessage;
-use crate::messages::VERSION;
-use crate::protocol::{self, Event, Stale, Task};
-use crate::transition::{commit, Applied};
+use crate::messages::{TimerMessage, VERSION};
+use crate::protocol::{Event, Stale};
+use crate::transition::Applied;
 
 /// Handle one deadline timer from the supervisor queue, as delivered.
 pub async fn handle(deps: &Deps, record: &Record) -> Result<Applied, HandlerError> {
@@ -50,46 +48,37 @@ async fn timer_with(deps: &Deps, raw: &str, redelivered: bool) -> Result<Applied
     drive(deps, task, &Event::DeadlineExpired, redelivered).await
 }
 
-/// Whether the deadline decision for `task` would end it (decided on the task as read; the handler
-/// that takes it over decides again).
-fn ends_task(deps: &Deps, task: &Task) -> bool {
-    protocol::apply(task, &Event::DeadlineExpired, &deps.ctx(), &deps.settings.policy)
-        .is_ok_and(|tr| tr.task.process_state.is_terminal())
-}
-
 /// What one sweep did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SweepReport {
+    /// Expired index entries found.
     pub expired: usize,
-    pub recovered: usize,
-    pub stale: usize,
+    /// Of those, handed to the timer queue.
+    pub handed: usize,
     pub errors: usize,
 }
 
 /// Sweep every shard of the `CompleteBy` index once, for what expired more than the result grace
-/// ago.
+/// and the sweep's lag (`Settings::sweep_lag_ms`) ago.
 pub async fn sweep(deps: &Deps) -> SweepReport {
-    let now = Millis(deps.now().0.saturating_sub(deps.settings.policy.result_grace_ms));
+    let lag = deps.settings.policy.result_grace_ms + deps.settings.sweep_lag_ms;
+    let now = Millis(deps.now().0.saturating_sub(lag));
     let shards = (0..deps.store.shards()).map(|shard| sweep_shard(deps, shard, now));
     let mut total = SweepReport::default();
     for r in futures::future::join_all(shards).await {
         total.expired += r.expired;
-        total.recovered += r.recovered;
-        total.stale += r.stale;
+        total.handed += r.handed;
         total.errors += r.errors;
     }
     if total.expired > 0 || total.errors > 0 {
-        info!(
-            expired = total.expired,
-            recovered = total.recovered,
-            stale = total.stale,
-            errors = total.errors,
-            "sweep"
-        );
+        info!(expired = total.expired, handed = total.handed, errors = total.errors, "sweep");
     }
     total
 }
 
+/// The sweep reads keys only and decides nothing itself: each expired task becomes a timer
+/// message, so it is decided where every deadline is (one rule, one path), and a handler that
+/// dies after its write is retried by SQS (the sweep has no message to come back).
 async fn sweep_shard(deps: &Deps, shard: u32, now: Millis) -> SweepReport {
     let mut report = SweepReport::default();
     let mut start = None;
@@ -103,55 +92,34 @@ async fn sweep_shard(deps: &Deps, shard: u32, now: Millis) -> SweepReport {
             }
         };
         for bad in &page.unreadable {
-            error!(shard, item = %bad, "unreadable item in the CompleteBy index: skipped; an operator must look");
+            error!(shard, item = %bad, "unreadable entry in the CompleteBy index: skipped; an operator must look");
             report.errors += 1;
         }
-        // A decision that ends a task (Error, with its alert) is handed to the timer queue, where a
-        // handler that dies after the write is retried by SQS; the sweep itself has no message to
-        // come back. The rest is recovered here, concurrently, run messages sent in batches.
-        report.expired += page.tasks.len();
-        let (ending, page_tasks): (Vec<_>, Vec<_>) = page.tasks.into_iter().partition(|t| ends_task(deps, t));
-        if !ending.is_empty() {
-            let timers = ending
-                .iter()
-                .filter_map(|t| {
-                    let timer = TimerMessage {
-                        v: VERSION,
-                        task_id: t.task_id.clone(),
-                        attempt: t.locked_by.clone(),
-                        complete_by: t.complete_by?,
-                    };
-                    encode(&timer).ok().map(Outgoing::new)
-                })
-                .collect();
+        report.expired += page.keys.len();
+        let timers: Vec<Outgoing> = page
+            .keys
+            .iter()
+            .filter_map(|k| {
+                let timer =
+                    TimerMessage { v: VERSION, task_id: k.task_id.clone(), attempt: None, complete_by: k.complete_by };
+                encode(&timer).ok().map(Outgoing::new)
+            })
+            .collect();
+        if !timers.is_empty() {
+            let n = timers.len();
             match deps.bus.send_batch(&deps.resources.supervisor_queue_url, timers).await {
-                Ok(()) => report.recovered += ending.len(),
+                Ok(()) => report.handed += n,
                 Err(e) => {
-                    error!(error = %e, tasks = ending.len(), "could not hand ending tasks to the timer queue; the next sweep retries");
+                    let failed = match &e {
+                        BusError::Batch { failed, .. } => *failed,
+                        _ => n,
+                    };
+                    report.handed += n - failed;
+                    error!(error = %e, tasks = n, "could not hand expired tasks to the timer queue; the next sweep retries");
                     report.errors += 1;
                 }
             }
         }
-        let commits = futures::stream::iter(page_tasks)
-            .map(|task| commit(deps, task, &Event::DeadlineExpired))
-            .buffer_unordered(8)
-            .collect::<Vec<_>>()
-            .await;
-        let mut done = Vec::new();
-        for c in commits {
-            match c {
-                Ok((Applied::Changed { .. }, Some(c))) => {
-                    report.recovered += 1;
-                    done.push(c);
-                }
-                Ok(_) => report.stale += 1,
-                Err(e) => {
-                    error!(error = %e, "recovery failed; the next sweep retries");
-                    report.errors += 1;
-                }
-            }
-        }
-        perform_many(deps, done).await;
         match page.next {
             Some(k) => start = Some(k),
             None => return report,

@@ -55,6 +55,7 @@ fn twins() -> Twins {
         retention_days: 1,
         max_input_bytes: 1_024,
         sweep_page_size: 2,
+        sweep_lag_ms: 60_000,
     };
     Twins::new(WorkflowRegistry::new([wf]).unwrap(), settings, T0)
 }
@@ -86,12 +87,21 @@ fn task(tw: &Twins, id: &str) -> Task {
     tw.store.tasks().into_iter().find(|t| t.task_id.as_str() == id).expect("task exists")
 }
 
-/// Submit and claim: the task is Processing step `a`; returns the agent request.
+/// Submit (which claims): the task is Processing step `a`; returns the agent request.
 async fn started(tw: &Twins, id: &str) -> AgentRequest {
     assert!(matches!(submitter::submit(&tw.deps, &submission(id, None)).await.unwrap(), Submitted::Created(_)));
-    let run = queue(tw, "scheduler").pop().expect("a run message");
-    scheduler::schedule(&tw.deps, &run.to_string()).await.unwrap();
     serde_json::from_value(queue(tw, "agent").pop().expect("a dispatch")).unwrap()
+}
+
+/// A task waiting for the claim of step `a`'s second attempt (the first failed retryably, the
+/// backoff has passed); returns its run message.
+async fn waiting(tw: &Twins, id: &str) -> String {
+    let req = started(tw, id).await;
+    queue(tw, "supervisor");
+    let failed = result(&req, Outcome::Failed { error: "503".into(), retryable: true });
+    scheduler::schedule(&tw.deps, &failed).await.unwrap();
+    tw.clock.advance(1_000);
+    queue(tw, "scheduler").pop().expect("a run message").to_string()
 }
 
 fn result(req: &AgentRequest, outcome: Outcome) -> String {
@@ -114,14 +124,17 @@ async fn submitter_creates_the_task_starts_it_and_tells_the_caller() {
     let got = submitter::submit(&tw.deps, &submission("s1", Some(&reply))).await.unwrap();
     assert_eq!(got, Submitted::Created(TaskId::try_from("s1").unwrap()));
     let t = task(&tw, "s1");
-    assert_eq!((t.process_state, t.complete_by), (ProcessState::Pending, Some(T0.plus_ms(1_000))));
-    assert_eq!(
-        queue(&tw, "scheduler"),
-        vec![json!({"type": "run", "v": 1, "task_id": "s1", "rev": 1, "reason": "start"})]
-    );
+    assert_eq!((t.process_state, t.complete_by, t.rev), (ProcessState::Processing, Some(T0.plus_ms(5_000)), 1));
+    assert!(queue(&tw, "scheduler").is_empty(), "the first step is claimed in the creating write");
+    let dispatched = queue(&tw, "agent");
+    assert_eq!(dispatched.len(), 1);
+    assert_eq!((dispatched[0]["step"].as_str(), dispatched[0]["attempt"].as_str()), (Some("a"), t.locked_by.as_ref().map(AttemptToken::as_str)));
+    let timers = queue(&tw, "supervisor");
+    assert_eq!(timers.len(), 1);
+    assert_eq!(timers[0]["attempt"], dispatched[0]["attempt"]);
     let statuses: Vec<StatusMessage> = tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str(b).unwrap()).collect();
     assert_eq!(statuses.len(), 1);
-    assert_eq!(statuses[0].state, ProcessState::Pending);
+    assert_eq!((statuses[0].state, statuses[0].seq), (ProcessState::Processing, 1));
 }
 
 #[tokio::test]
@@ -131,7 +144,32 @@ async fn submitter_creates_nothing_twice() {
     let again = submitter::submit(&tw.deps, &submission("s2", None)).await.unwrap();
     assert_eq!(again, Submitted::Duplicate(TaskId::try_from("s2").unwrap()));
     assert_eq!(tw.store.tasks().len(), 1);
-    assert_eq!(queue(&tw, "scheduler").len(), 1, "one start message");
+    assert_eq!(queue(&tw, "agent").len(), 1, "one start");
+}
+
+#[tokio::test]
+async fn a_submission_whose_start_was_not_sent_comes_back_and_sends_it_once_more() {
+    let tw = twins();
+    let agents = AgentRuntime::default();
+    let mut record = Record::new("m-77", submission("s7", None));
+    tw.bus.fail_sends(&tw.deps.resources.agent_queue_url, 1);
+    let first = role::handle(Role::Submitter, &tw.deps, &agents, &record).await;
+    assert!(matches!(first, Err(HandlerError::Bus(_))), "the record fails, so SQS delivers it again: {first:?}");
+    assert!(queue(&tw, "agent").is_empty());
+    let t = task(&tw, "s7");
+    record.receive_count = 2;
+    role::handle(Role::Submitter, &tw.deps, &agents, &record).await.unwrap();
+    let again = queue(&tw, "agent");
+    assert_eq!(again.len(), 1, "the start, sent again");
+    assert_eq!(again[0]["attempt"].as_str(), t.locked_by.as_ref().map(AttemptToken::as_str), "the same attempt");
+    assert_eq!(task(&tw, "s7"), t, "nothing written");
+    // once the task has moved on, a late copy of the submission sends nothing
+    let req: AgentRequest = serde_json::from_value(again[0].clone()).unwrap();
+    scheduler::schedule(&tw.deps, &result(&req, Outcome::Succeeded { output: json!(1) })).await.unwrap();
+    queue(&tw, "agent");
+    record.receive_count = 3;
+    role::handle(Role::Submitter, &tw.deps, &agents, &record).await.unwrap();
+    assert!(queue(&tw, "agent").is_empty());
 }
 
 #[tokio::test]
@@ -147,7 +185,7 @@ async fn a_redelivered_submission_without_a_task_id_creates_one_task() {
     let tasks = tw.store.tasks();
     assert_eq!(tasks.len(), 1);
     assert_eq!(tasks[0].task_id.as_str(), "msg-5fea7756-0ea4-451a-a703-a558b933e274");
-    assert_eq!(queue(&tw, "scheduler").len(), 1, "started once");
+    assert_eq!(queue(&tw, "agent").len(), 1, "started once");
 }
 
 #[tokio::test]
@@ -215,17 +253,12 @@ async fn submitter_refuses_what_dynamodb_or_sqs_would_refuse_and_names_each_subm
 #[tokio::test]
 async fn an_agent_request_too_large_for_sqs_fails_its_step_at_once() {
     let tw = twins();
-    let big = json!({"v": 1, "task_id": "big1", "workflow": "two", "input": {"x": "y".repeat(900)}}).to_string();
+    let big =
+        json!({"v": 1, "task_id": "big1", "workflow": "two", "input": {"x": "y".repeat(300 * 1024)}}).to_string();
     let mut settings = tw.deps.settings.clone();
     settings.max_input_bytes = 1_000_000;
     let deps = sas_core::deps::Deps { settings, ..tw.deps.clone() };
     submitter::submit(&deps, &big).await.unwrap();
-    // the step's input grows past SQS's limit through an earlier step's output: simulate it
-    let mut t = task(&tw, "big1");
-    t.input = json!({"x": "y".repeat(300 * 1024)});
-    tw.store.put_unchecked(t);
-    let run = queue(&tw, "scheduler").pop().unwrap().to_string();
-    scheduler::schedule(&deps, &run).await.unwrap();
     assert!(queue(&tw, "agent").is_empty(), "nothing dispatched");
     let failed = queue(&tw, "scheduler").pop().expect("a failure for the attempt");
     assert_eq!(failed["outcome"]["retryable"], json!(false));
@@ -248,16 +281,15 @@ async fn submitter_fails_the_record_when_the_store_is_down() {
 #[tokio::test]
 async fn scheduler_claims_dispatches_and_arms_a_timer_once() {
     let tw = twins();
-    submitter::submit(&tw.deps, &submission("c1", None)).await.unwrap();
-    let run = queue(&tw, "scheduler").pop().unwrap().to_string();
+    let run = waiting(&tw, "c1").await;
     let first = scheduler::schedule(&tw.deps, &run).await.unwrap();
-    assert_eq!(first, Applied::Changed { state: ProcessState::Processing, rev: 2 });
+    assert_eq!(first, Applied::Changed { state: ProcessState::Processing, rev: 3 });
     // the same run message delivered again changes nothing
     let again = scheduler::schedule(&tw.deps, &run).await.unwrap();
     assert_eq!(again, Applied::Stale(Stale::AlreadyClaimed));
     let dispatched = queue(&tw, "agent");
     assert_eq!(dispatched.len(), 1);
-    assert_eq!(dispatched[0]["step"], "a");
+    assert_eq!((dispatched[0]["step"].as_str(), dispatched[0]["attempt_no"].as_u64()), (Some("a"), Some(2)));
     let timers = queue(&tw, "supervisor");
     assert_eq!(timers.len(), 1);
     assert_eq!(timers[0]["attempt"], dispatched[0]["attempt"]);
@@ -289,28 +321,27 @@ async fn scheduler_drops_messages_for_missing_tasks_and_fails_malformed_ones() {
 #[tokio::test]
 async fn a_lost_conditional_write_re_decides_on_the_current_item() {
     let tw = twins();
-    submitter::submit(&tw.deps, &submission("k1", None)).await.unwrap();
+    let run = waiting(&tw, "k1").await;
     let read = task(&tw, "k1");
-    let run = queue(&tw, "scheduler").pop().unwrap().to_string();
     scheduler::schedule(&tw.deps, &run).await.unwrap(); // another scheduler claimed first
     queue(&tw, "agent");
+    let (saves, gets) = (tw.store.calls("save"), tw.store.calls("get"));
     // this one still holds the old read: its write loses and it re-decides on what is there now
-    let (applied, committed) =
-        transition::commit(&tw.deps, read, &sas_core::protocol::Event::Claim { rev: 1 }).await.unwrap();
+    let claim = sas_core::protocol::Event::Claim { rev: read.wait_rev };
+    let (applied, committed) = transition::commit(&tw.deps, read, &claim).await.unwrap();
     assert_eq!(applied, Applied::Stale(Stale::AlreadyClaimed));
     assert!(committed.is_none());
-    assert_eq!(tw.store.calls("save"), 2, "one write each, no extra read");
+    assert_eq!((tw.store.calls("save") - saves, tw.store.calls("get") - gets), (1, 0), "one write, no extra read");
 }
 
 #[tokio::test]
 async fn endless_conflicts_give_up_and_the_message_comes_back() {
     let tw = twins();
-    submitter::submit(&tw.deps, &submission("k2", None)).await.unwrap();
+    let run = waiting(&tw, "k2").await;
     let t = task(&tw, "k2");
     for _ in 0..MAX_CONFLICTS {
         tw.store.fail_next(StoreOp::Save, StoreError::Conflict { current: Some(Box::new(t.clone())) });
     }
-    let run = queue(&tw, "scheduler").pop().unwrap().to_string();
     assert!(matches!(scheduler::schedule(&tw.deps, &run).await, Err(HandlerError::Contended(n)) if n == MAX_CONFLICTS));
     assert_eq!(task(&tw, "k2").process_state, ProcessState::Pending, "nothing was written");
 }
@@ -318,8 +349,7 @@ async fn endless_conflicts_give_up_and_the_message_comes_back() {
 #[tokio::test]
 async fn a_failed_send_after_the_write_leaves_the_task_to_the_supervisor() {
     let tw = twins();
-    submitter::submit(&tw.deps, &submission("f1", None)).await.unwrap();
-    let run = queue(&tw, "scheduler").pop().unwrap().to_string();
+    let run = waiting(&tw, "f1").await;
     tw.bus.fail_sends(&tw.deps.resources.agent_queue_url, 1);
     assert!(matches!(scheduler::schedule(&tw.deps, &run).await.unwrap(), Applied::Changed { .. }));
     assert!(queue(&tw, "agent").is_empty(), "the dispatch was lost");
@@ -400,11 +430,7 @@ async fn a_reply_queue_that_does_not_exist_is_said_plainly_and_stops_nothing() {
     let tw = twins();
     let gone = "http://twins.local/000000000000/deleted-replies";
     submitter::submit(&tw.deps, &submission("nq1", Some(gone))).await.unwrap();
-    let a = {
-        let run = queue(&tw, "scheduler").pop().unwrap();
-        scheduler::schedule(&tw.deps, &run.to_string()).await.unwrap();
-        serde_json::from_value::<AgentRequest>(queue(&tw, "agent").pop().unwrap()).unwrap()
-    };
+    let a: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
     scheduler::schedule(&tw.deps, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
     let b: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
     let last = scheduler::schedule(&tw.deps, &result(&b, Outcome::Succeeded { output: json!(2) })).await;
@@ -518,22 +544,26 @@ async fn supervisor_timer_error_paths() {
 }
 
 #[tokio::test]
-async fn the_sweep_recovers_every_expired_task_page_by_page_once_even_with_two_supervisors() {
+async fn the_sweep_hands_every_expired_task_to_the_timers_and_each_is_recovered_once() {
     let tw = twins();
-    for i in 0..5 {
-        started(&tw, &format!("w{i}")).await;
+    for i in 0..6 {
+        started(&tw, &format!("w{i}")).await; // every dispatch and timer below is lost
     }
-    submitter::submit(&tw.deps, &submission("lost-start", None)).await.unwrap();
-    queue(&tw, "scheduler"); // the start message is lost
-    tw.clock.advance(10_000);
+    queue(&tw, "supervisor");
+    tw.clock.advance(5_000 + tw.deps.settings.sweep_lag_ms);
+    // two supervisors at once: keys only, page by page (2 per page), nothing decided here
     let (a, b) = tokio::join!(supervisor::sweep(&tw.deps), supervisor::sweep(&tw.deps));
-    assert_eq!(a.recovered + b.recovered, 6, "{a:?} {b:?}");
-    assert_eq!(a.errors + b.errors, 0);
-    let runs = queue(&tw, "scheduler");
-    assert_eq!(runs.len(), 6, "one run message per recovered task: {runs:?}");
-    assert!(runs.iter().any(|r| r["task_id"] == "lost-start" && r["reason"] == "restart"));
+    assert_eq!((a.expired, a.handed, a.errors), (6, 6, 0), "{a:?}");
+    assert_eq!((b.expired, b.handed, b.errors), (6, 6, 0), "{b:?}");
+    assert!(tw.store.tasks().iter().all(|t| t.rev == 1), "the sweep writes nothing");
+    let timers = queue(&tw, "supervisor");
+    assert_eq!(timers.len(), 12);
+    for t in &timers {
+        supervisor::timer(&tw.deps, &t.to_string()).await.unwrap();
+    }
     let failures: u32 = tw.store.tasks().iter().map(|t| t.failure_count).sum();
-    assert_eq!(failures, 5, "each timed-out attempt counted once; a lost start is no failure");
+    assert_eq!(failures, 6, "each timed-out attempt counted once, whatever the copies");
+    assert_eq!(queue(&tw, "scheduler").len(), 6, "one retry each");
     assert_eq!(supervisor::sweep(&tw.deps).await.expired, 0, "recovered tasks carry a new CompleteBy");
 }
 
@@ -575,7 +605,7 @@ async fn the_local_runner_drives_a_task_to_its_end_through_the_bus_port() {
         tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str::<StatusMessage>(b).unwrap().state).collect();
     assert_eq!(
         states,
-        vec![ProcessState::Pending, ProcessState::Processing, ProcessState::Processing, ProcessState::Processed]
+        vec![ProcessState::Processing, ProcessState::Processing, ProcessState::Processed]
     );
     for q in [
         &tw.deps.resources.submission_queue_url,

@@ -64,6 +64,8 @@ pub fn settings() -> Settings {
         retention_days: 1,
         max_input_bytes: 16 * 1024,
         sweep_page_size: 100,
+        // the tests call the sweep when a deadline has passed, without waiting for the lag
+        sweep_lag_ms: 0,
     }
 }
 

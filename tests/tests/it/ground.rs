@@ -115,7 +115,7 @@ async fn a_lost_conditional_write_is_a_typed_conflict() {
         wf,
         serde_json::json!({}),
         None,
-        Millis::now(),
+        &protocol::Ctx::at(Millis::now()),
         &Policy::default(),
     )
     .task;
@@ -185,7 +185,7 @@ async fn the_deployed_template_has_its_indexes_ttl_redrive_and_encryption() {
         table.global_secondary_indexes().iter().map(|i| (i.index_name().unwrap_or_default().to_owned(), i)).collect();
     let mut names: Vec<&String> = indexes.keys().collect();
     names.sort();
-    assert_eq!(names, vec!["ByCompleteBy", "ByProcessState"]);
+    assert_eq!(names, vec!["ByCompleteBy", "ByEnd"]);
     let keys: Vec<&str> = indexes["ByCompleteBy"]
         .key_schema()
         .iter()
@@ -193,7 +193,8 @@ async fn the_deployed_template_has_its_indexes_ttl_redrive_and_encryption() {
         .collect();
     assert_eq!(keys, vec!["Shard", "CompleteBy"]);
     let projection = |i: &str| indexes[i].projection().and_then(|p| p.projection_type()).map(|t| t.as_str().to_owned());
-    assert_eq!(projection("ByProcessState").as_deref(), Some("INCLUDE"));
+    assert_eq!(projection("ByCompleteBy").as_deref(), Some("KEYS_ONLY"), "the sweep reads keys, not items");
+    assert_eq!(projection("ByEnd").as_deref(), Some("INCLUDE"));
     let ttl = ddb.describe_time_to_live().table_name(s.out("TaskTableName")).send().await.expect("DescribeTimeToLive");
     let ttl = ttl.time_to_live_description().expect("a TTL description");
     assert_eq!(ttl.attribute_name(), Some("ExpiresAt"));

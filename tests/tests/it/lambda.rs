@@ -24,7 +24,7 @@ use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
 use sas_core::ids::{Millis, TaskId};
 use sas_core::messages::{RunMessage, SchedulerMessage, StatusMessage, VERSION};
-use sas_core::protocol::{self, Effect, Policy, ProcessState, StepStatus, Task};
+use sas_core::protocol::{self, Ctx, Effect, Event, Policy, ProcessState, StepStatus, Task};
 use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use serde_json::{json, Value};
 
@@ -133,18 +133,19 @@ impl Fns {
         }
     }
 
-    /// A task created as the Submitter creates it, `age_ms` ago, whose run message was lost
-    /// (never sent); returns it and the run message it should have had.
+    /// A task created `age_ms` ago whose first attempt failed retryably at once, and whose run
+    /// message for the retry was lost (never sent); returns it and that run message.
     async fn lost_task(&self, id: &str, age_ms: u64) -> (Task, String) {
         let wf = self.s.deps.workflows.resolve("sim-order", None).expect("sim-order").clone();
-        let tr = protocol::submit(
-            TaskId::try_from(id).unwrap(),
-            wf,
-            json!({}),
-            None,
-            Millis(Millis::now().0 - age_ms),
-            &self.s.deps.settings.policy,
-        );
+        let policy = &self.s.deps.settings.policy;
+        let created = Millis(Millis::now().0 - age_ms);
+        let tr = protocol::submit(TaskId::try_from(id).unwrap(), wf, json!({}), None, &Ctx::at(created), policy);
+        let failed = Event::AgentFailed {
+            attempt: tr.task.locked_by.clone().expect("claimed"),
+            error: "503".into(),
+            retryable: true,
+        };
+        let tr = protocol::apply(&tr.task, &failed, &Ctx::at(created.plus_ms(1)), policy).expect("a retry");
         self.s.deps.store.create(&tr.task).await.expect("PutItem");
         let rev = tr
             .effects
@@ -153,12 +154,12 @@ impl Fns {
                 Effect::Run { rev, .. } => Some(*rev),
                 _ => None,
             })
-            .expect("a submitted task has a run message");
+            .expect("a task waiting for its retry has a run message");
         let run = SchedulerMessage::Run(RunMessage {
             v: VERSION,
             task_id: tr.task.task_id.clone(),
             rev,
-            reason: sas_core::messages::RunReason::Start,
+            reason: sas_core::messages::RunReason::Retry,
         });
         (tr.task, serde_json::to_string(&run).unwrap())
     }
@@ -167,6 +168,10 @@ impl Fns {
         self.s.delete().await;
     }
 }
+
+/// Old enough for the sweep: the retry's CompleteBy (backoff + 30 s), the 10 s result grace and
+/// the sweep's 60 s lag have passed.
+const LOST_AGE_MS: u64 = 120_000;
 
 fn lines_with<'a>(log: &'a [String], needles: &[&str]) -> Vec<&'a String> {
     log.iter().filter(|l| needles.iter().all(|n| l.contains(n))).collect()
@@ -252,23 +257,24 @@ async fn lambda_a_workflow_runs_through_every_function_and_the_timer_queue() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lambda_an_invoked_sweep_recovers_a_lost_start_message() {
+async fn lambda_an_invoked_sweep_recovers_a_lost_run_message() {
     let f = lambda_stack("sweep", &[]).await;
-    // Created a minute ago and never started: CompleteBy (30 s start timeout) has passed.
-    let (t, _) = f.lost_task("lost-1", 60_000).await;
+    // Its retry's run message was lost two minutes ago: CompleteBy (30 s start timeout), the
+    // result grace and the sweep's lag have passed.
+    let (t, _) = f.lost_task("lost-1", LOST_AGE_MS).await;
     assert!(t.complete_by.is_some_and(|c| c < Millis::now()));
     let (err, report) = f.invoke("SupervisorFunction", &fixture("supervisor-scheduled.json")).await;
     assert_eq!(err, None, "{report}");
-    assert_eq!(report, json!({"expired": 1, "recovered": 1, "stale": 0, "errors": 0}));
+    assert_eq!(report, json!({"expired": 1, "handed": 1, "errors": 0}));
     let t = f.s.wait_for("lost-1", Duration::from_mins(1), |t| t.process_state.is_terminal()).await;
-    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{:#?}", t.history);
+    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 1), "{:#?}", t.history);
     f.delete().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lambda_the_scheduled_rule_sweeps_a_lost_start_message() {
+async fn lambda_the_scheduled_rule_sweeps_a_lost_run_message() {
     let f = lambda_stack("rule", &[("SupervisorSchedule", "rate(1 minute)")]).await;
-    let (_, _) = f.lost_task("lost-2", 60_000).await;
+    let (_, _) = f.lost_task("lost-2", LOST_AGE_MS).await;
     let started = Instant::now();
     // LocalStack's scheduler loop fires rate(1 minute) rules every ~60 s, at a phase of its own.
     let t = f.s.wait_for("lost-2", Duration::from_secs(100), |t| t.process_state.is_terminal()).await;
@@ -277,8 +283,8 @@ async fn lambda_the_scheduled_rule_sweeps_a_lost_start_message() {
         f.s.name,
         started.elapsed().as_secs_f64()
     );
-    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{:#?}", t.history);
-    let swept = ["\"message\":\"sweep\"", "\"recovered\":1"];
+    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 1), "{:#?}", t.history);
+    let swept = ["\"message\":\"sweep\"", "\"handed\":1"];
     let sup = f.log_when("SupervisorFunction", SECS, |l| !lines_with(l, &swept).is_empty()).await;
     assert!(!lines_with(&sup, &swept).is_empty(), "a scheduled invocation of the Supervisor swept it: {sup:#?}");
     f.delete().await;
@@ -324,8 +330,9 @@ async fn lambda_a_failing_record_alone_is_redelivered_until_its_dlq() {
     let (good_id, bad_id) = (id_of("good"), id_of("bad"));
 
     let t = f.s.wait_for("b1", Duration::from_mins(1), |t| t.process_state.is_terminal()).await;
-    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{:#?}", t.history);
-    assert!(t.steps.iter().all(|s| s.attempts == 1), "one claim per step");
+    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 1), "{:#?}", t.history);
+    let attempts: Vec<u32> = t.steps.iter().map(|s| s.attempts).collect();
+    assert_eq!(attempts, vec![2, 1, 1], "one claim per attempt");
     // The malformed record is in the DLQ at once, with its reason; the unreadable task's record
     // fails five times (maxReceiveCount 5), then SQS moves it there too.
     let dead = f.s.drain(f.s.out("SchedulerDlqUrl"), 2, Duration::from_secs(40)).await;

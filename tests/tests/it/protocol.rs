@@ -198,21 +198,55 @@ async fn a_failing_compensation_ends_in_error_with_an_alert() {
     s.delete().await;
 }
 
-/// Run the scheduler on whatever run message the submission produced, without a runner.
+/// The one run message on the scheduler queue.
 async fn take_run_message(s: &Stack) -> String {
     let msgs = s.drain(&s.res.scheduler_queue_url, 1, SECS).await;
     assert_eq!(msgs.len(), 1, "one run message");
     msgs[0].body.clone().unwrap()
 }
 
+/// The one agent request on the agent queue (a submission's start), taken away from any agent.
+async fn take_dispatch(s: &Stack) -> String {
+    let msgs = s.drain(&s.res.agent_queue_url, 1, SECS).await;
+    assert_eq!(msgs.len(), 1, "one agent request");
+    msgs[0].body.clone().unwrap()
+}
+
+/// Submit, and fail the first attempt retryably: the task waits for the claim of its retry.
+/// Returns that run message.
+async fn waiting(s: &Stack, body: &str) -> String {
+    submitter::submit(&s.deps, body).await.unwrap();
+    let req: sas_core::messages::AgentRequest = serde_json::from_str(&take_dispatch(s).await).unwrap();
+    let failed = SchedulerMessage::Result(AgentResult {
+        v: 1,
+        task_id: req.task_id,
+        step: req.step,
+        attempt: req.attempt,
+        outcome: Outcome::Failed { error: "503".into(), retryable: true },
+    });
+    scheduler::schedule(&s.deps, &serde_json::to_string(&failed).unwrap()).await.unwrap();
+    take_run_message(s).await
+}
+
+/// One sweep, then the timer handler on every message of the supervisor queue (the sweep's
+/// hand-overs, and any deadline timer due by then). Returns how many of them changed a task.
+async fn sweep_and_handle(s: &Stack) -> usize {
+    let report = supervisor::sweep(&s.deps).await;
+    assert_eq!(report.errors, 0, "{report:?}");
+    let timers = s.drain(&s.res.supervisor_queue_url, report.handed, SECS).await;
+    let mut changed = 0;
+    for t in timers {
+        if let Applied::Changed { .. } = supervisor::timer(&s.deps, t.body().unwrap()).await.unwrap() {
+            changed += 1;
+        }
+    }
+    changed
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_schedulers_racing_to_claim_dispatch_once() {
     let s = stack("race-claim").await;
-    assert_eq!(
-        submitter::submit(&s.deps, &submission_to("three-slow", "rc1", json!({}), None)).await.unwrap(),
-        Submitted::Created(TaskId::try_from("rc1").unwrap())
-    );
-    let run = take_run_message(&s).await;
+    let run = waiting(&s, &submission_to("three-slow", "rc1", json!({}), None)).await;
     let (a, b) = tokio::join!(scheduler::schedule(&s.deps, &run), scheduler::schedule(&s.deps, &run));
     let outcomes = [a.unwrap(), b.unwrap()];
     assert_eq!(outcomes.iter().filter(|o| matches!(o, Applied::Changed { .. })).count(), 1, "{outcomes:?}");
@@ -220,7 +254,7 @@ async fn two_schedulers_racing_to_claim_dispatch_once() {
     let dispatched = s.drain(&s.res.agent_queue_url, 1, Duration::from_secs(3)).await;
     assert_eq!(dispatched.len(), 1, "exactly one dispatch");
     let t = s.task("rc1").await.unwrap();
-    assert_eq!(t.steps[0].attempts, 1);
+    assert_eq!(t.steps[0].attempts, 2, "the first attempt, then one claim of the retry");
     s.delete().await;
 }
 
@@ -228,13 +262,18 @@ async fn two_schedulers_racing_to_claim_dispatch_once() {
 async fn two_supervisors_racing_on_one_expired_step_recover_once() {
     let s = stack("race-sup").await;
     submitter::submit(&s.deps, &submission("rs1", json!({}), None)).await.unwrap();
-    let run = take_run_message(&s).await;
-    scheduler::schedule(&s.deps, &run).await.unwrap();
-    // Nobody runs the agent: wait for CompleteBy and the result grace to pass.
+    take_dispatch(&s).await; // nobody runs the agent
+    // Wait for CompleteBy and the result grace to pass.
     let grace = s.deps.settings.policy.result_grace_ms;
     s.wait_for("rs1", SECS, |t| t.complete_by.is_some_and(|c| c.plus_ms(grace) < Millis::now())).await;
     let (a, b) = tokio::join!(supervisor::sweep(&s.deps), supervisor::sweep(&s.deps));
-    assert_eq!(a.recovered + b.recovered, 1, "{a:?} {b:?}");
+    assert_eq!((a.handed, b.handed), (1, 1), "{a:?} {b:?}");
+    // Both hand-overs and the task's own deadline timer, handled at once: one recovery.
+    let timers = s.drain(&s.res.supervisor_queue_url, 3, SECS).await;
+    assert_eq!(timers.len(), 3, "{timers:?}");
+    let handled = futures::future::join_all(timers.iter().map(|t| supervisor::timer(&s.deps, t.body().unwrap()))).await;
+    let changed = handled.iter().filter(|r| matches!(r, Ok(Applied::Changed { .. }))).count();
+    assert_eq!(changed, 1, "{handled:?}");
     let t = s.task("rs1").await.unwrap();
     assert_eq!((t.process_state, t.failure_count), (ProcessState::Pending, 1));
     let runs = s.bodies(&s.res.scheduler_queue_url, 1, Duration::from_secs(5)).await;
@@ -252,7 +291,7 @@ async fn duplicate_submission_creates_one_task() {
     let other = submission_to("three-slow", "d1", json!({"n": 2}), None);
     assert_eq!(submitter::submit(&s.deps, &other).await.unwrap(), Submitted::Duplicate(id));
     assert_eq!(s.task("d1").await.unwrap().input, json!({"n": 1}));
-    assert_eq!(s.drain(&s.res.scheduler_queue_url, 1, Duration::from_secs(3)).await.len(), 1, "one start message");
+    assert_eq!(s.drain(&s.res.agent_queue_url, 1, Duration::from_secs(3)).await.len(), 1, "one start");
     s.delete().await;
 }
 
@@ -260,8 +299,7 @@ async fn duplicate_submission_creates_one_task() {
 async fn duplicate_delivery_of_an_agent_result_is_applied_once_and_late_results_change_nothing() {
     let s = stack("dup-result").await;
     submitter::submit(&s.deps, &submission_to("three-slow", "dr1", json!({}), None)).await.unwrap();
-    scheduler::schedule(&s.deps, &take_run_message(&s).await).await.unwrap();
-    let req = s.drain(&s.res.agent_queue_url, 1, SECS).await.remove(0).body.unwrap();
+    let req = take_dispatch(&s).await;
     let agents = sas_core::agent::AgentRuntime::with_builtins();
     assert!(agent::handle(&s.deps, &agents, &req).await.unwrap(), "result sent");
     let result = s.drain(&s.res.scheduler_queue_url, 1, SECS).await.remove(0).body.unwrap();
@@ -297,12 +335,12 @@ async fn a_late_result_of_a_timed_out_attempt_is_taken_while_its_step_is_current
     // must not lose to the timer. Once the task has moved on, it changes nothing.
     let s = stack("late").await;
     submitter::submit(&s.deps, &submission("lt1", json!({}), None)).await.unwrap();
-    scheduler::schedule(&s.deps, &take_run_message(&s).await).await.unwrap();
+    take_dispatch(&s).await;
     let first = s.task("lt1").await.unwrap();
     let token = first.locked_by.clone().unwrap();
     let grace = s.deps.settings.policy.result_grace_ms;
     s.wait_for("lt1", SECS, |t| t.complete_by.is_some_and(|c| c.plus_ms(grace) < Millis::now())).await;
-    assert_eq!(supervisor::sweep(&s.deps).await.recovered, 1);
+    assert_eq!(sweep_and_handle(&s).await, 1);
     let retried = s.task("lt1").await.unwrap();
     assert_eq!(retried.process_state, ProcessState::Pending);
     let late = |outcome| {
@@ -428,16 +466,16 @@ async fn cancellation_stops_a_task_mid_way() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_lost_start_message_is_recovered_by_the_supervisor() {
+async fn a_lost_start_is_retried_by_the_supervisor() {
     let s = stack("lost").await;
     submitter::submit(&s.deps, &submission("ls1", json!({}), None)).await.unwrap();
-    // The start message is lost.
-    take_run_message(&s).await;
-    assert_eq!(s.task("ls1").await.unwrap().process_state, ProcessState::Pending);
+    // The agent request is lost: to the Supervisor it is an attempt that never answered.
+    take_dispatch(&s).await;
+    assert_eq!(s.task("ls1").await.unwrap().process_state, ProcessState::Processing);
     let runner = s.runner();
     let t = s.wait_terminal("ls1").await;
     assert_eq!(t.process_state, ProcessState::Processed);
-    assert_eq!(t.failure_count, 0, "a lost message is not a step failure");
+    assert_eq!((t.failure_count, t.steps[0].attempts), (1, 2), "timed out once, then retried");
     runner.shutdown().await;
     s.delete().await;
 }
@@ -456,7 +494,7 @@ async fn the_supervisor_reads_only_expired_tasks_page_by_page() {
             wf.clone(),
             json!({}),
             None,
-            Millis(created),
+            &sas_core::protocol::Ctx::at(Millis(created)),
             &policy,
         )
         .task;
@@ -479,9 +517,13 @@ async fn the_supervisor_reads_only_expired_tasks_page_by_page() {
     }
     let report = supervisor::sweep(&s.deps).await;
     assert_eq!(report.expired, 7, "only the expired tasks are read: {report:?}");
-    assert_eq!(report.recovered, 7, "every page was followed: {report:?}");
+    assert_eq!(report.handed, 7, "every page was followed: {report:?}");
     assert_eq!(report.errors, 0);
-    assert_eq!(s.drain(&s.res.scheduler_queue_url, 7, SECS).await.len(), 7, "one restart message each");
+    let timers = s.drain(&s.res.supervisor_queue_url, 7, SECS).await;
+    assert_eq!(timers.len(), 7, "one hand-over each");
+    for t in &timers {
+        supervisor::timer(&s.deps, t.body().unwrap()).await.unwrap();
+    }
     assert_eq!(supervisor::sweep(&s.deps).await.expired, 0, "recovered tasks carry a new CompleteBy");
     s.delete().await;
 }
@@ -504,11 +546,11 @@ async fn an_unreadable_item_in_the_index_is_skipped_and_reported_not_blocking_it
             .expect("PutItem");
     }
     submitter::submit(&s.deps, &submission("ur1", json!({}), None)).await.unwrap();
-    let _lost = take_run_message(&s).await; // the start message is lost
+    take_dispatch(&s).await; // the start is lost
     let grace = s.deps.settings.policy.result_grace_ms;
     s.wait_for("ur1", SECS, |t| t.complete_by.is_some_and(|c| c.plus_ms(grace) < Millis::now())).await;
     let report = supervisor::sweep(&s.deps).await;
     assert_eq!(report.errors, 2, "both bad items reported: {report:?}");
-    assert_eq!(report.recovered, 1, "the real task behind them is recovered: {report:?}");
+    assert_eq!(report.handed, 1, "the real task behind them is handed over: {report:?}");
     s.delete().await;
 }

@@ -4,8 +4,8 @@
 //! and only then perform the effects.
 //!
 //! The story, in the pattern's words, one function per event:
-//! - [`submit`]: a submission creates a `Pending` task whose `CompleteBy` is already set, so the
-//!   Supervisor starts it even if the start message is lost.
+//! - [`submit`]: a submission creates the task with its first step claimed (one write), so
+//!   the Supervisor recovers it like any attempt if its dispatch is lost.
 //! - [`Event::Claim`] (`claim`): the Scheduler claims the current unit of work: `LockedBy` = a
 //!   fresh attempt token, `CompleteBy` = now + the unit's timeout; it dispatches the unit to its
 //!   Agent and arms a deadline timer.
@@ -77,6 +77,13 @@ pub struct Ctx {
     pub fresh_token: AttemptToken,
     /// In [0, 1): the random part of a backoff.
     pub jitter: f64,
+}
+
+impl Ctx {
+    /// A context at `now` with a fresh random token and a mid jitter (fixtures, tools).
+    pub fn at(now: Millis) -> Self {
+        Ctx { now, fresh_token: AttemptToken::fresh(), jitter: 0.5 }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -196,14 +203,18 @@ pub struct Transition {
     pub effects: Vec<Effect>,
 }
 
-/// Create the task for an accepted submission: `Pending`, with a `CompleteBy` so that the
-/// Supervisor starts it even if the start message is lost.
+/// Create the task for an accepted submission with its first step already claimed, in the one
+/// write that records it: `Processing`, `LockedBy` = a fresh attempt token, `CompleteBy` = the
+/// attempt's deadline; its effects dispatch the step and arm the deadline timer. A task that
+/// waited in the table for a separate claim would cost a second write, a run message and a
+/// Scheduler invocation for nothing. If the submitter dies before its sends, the submission comes
+/// back and [`resend_start`] sends them again; the Supervisor is the backstop either way.
 pub fn submit(
     task_id: TaskId,
     workflow: WorkflowDef,
     input: Value,
     reply_to: Option<String>,
-    now: Millis,
+    ctx: &Ctx,
     policy: &Policy,
 ) -> Transition {
     let steps = workflow.steps.iter().map(|s| StepRecord::new(&s.name)).collect();
@@ -219,11 +230,11 @@ pub fn submit(
         failure_count: 0,
         run: 1,
         locked_by: None,
-        complete_by: Some(now.plus_ms(policy.start_timeout_ms)),
+        complete_by: None,
         rev: 1,
         reason: None,
-        created_at: now,
-        updated_at: now,
+        created_at: ctx.now,
+        updated_at: ctx.now,
         history: Vec::new(),
         wait_rev: 1,
         not_before: None,
@@ -232,11 +243,29 @@ pub fn submit(
         awaits: None,
         status_seq: 0,
     };
-    let ctx = Ctx { now, fresh_token: AttemptToken::from("unused"), jitter: 0.0 };
-    let mut c = Change { t: task, fx: Vec::new(), ctx: &ctx, policy };
-    c.note(ProcessState::Pending);
-    c.fx.push(Effect::Run { rev: c.t.wait_rev, delay_ms: 0, reason: RunReason::Start });
+    let mut c = Change { t: task, fx: Vec::new(), ctx, policy };
+    c.start_unit();
     Transition { task: c.t, effects: c.fx }
+}
+
+/// The sends of a task's creation, again: for a submission delivered again whose task exists and
+/// has not moved since it was created (its submitter may have died after the write, before the
+/// sends). The agent request is the same one (same attempt, same idempotency key): an agent that
+/// got the first copy too does the work once, and the second result is stale. Replies are not
+/// repeated: only the terminal status is owed at least once.
+pub fn resend_start(task: &Task) -> Vec<Effect> {
+    if task.rev != 1 || task.process_state != ProcessState::Processing {
+        return Vec::new();
+    }
+    let (Some(token), Some(complete_by)) = (task.locked_by.clone(), task.complete_by) else { return Vec::new() };
+    let ctx = Ctx { now: task.created_at, fresh_token: token, jitter: 0.0 };
+    // Re-derive the creation from the task's own record: same time, same token, same deadline.
+    let policy = Policy {
+        queue_budget_ms: complete_by.0.saturating_sub(task.created_at.0).saturating_sub(task.current_def().timeout_ms),
+        ..Policy::default()
+    };
+    let again = submit(task.task_id.clone(), task.workflow.clone(), task.input.clone(), None, &ctx, &policy);
+    again.effects.into_iter().filter(|e| !e.is_notification()).collect()
 }
 
 /// Apply one event. `Err(Stale)` means the event changes nothing.

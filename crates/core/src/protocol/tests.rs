@@ -55,7 +55,7 @@ fn new_task(reply: bool) -> Transition {
         order(),
         json!({"sku": "a"}),
         reply.then(|| "http://localhost:4566/queue/us-east-1/000000000000/r".to_owned()),
-        Millis(1_000),
+        &ctx(1_010),
         &policy(),
     )
 }
@@ -90,19 +90,39 @@ fn alerts(fx: &[Effect]) -> Vec<AlertKind> {
 }
 
 #[test]
-fn submission_is_pending_with_a_deadline_and_a_start_message() {
+fn submission_claims_the_first_step_in_its_one_write() {
     let tr = new_task(true);
-    assert_eq!(tr.task.process_state, ProcessState::Pending);
-    assert_eq!(tr.task.complete_by, Some(Millis(1_500)));
-    assert_eq!(tr.task.locked_by, None);
-    assert_eq!(replies(&tr.effects), vec![ProcessState::Pending]);
-    assert!(tr.effects.contains(&Effect::Run { rev: 1, delay_ms: 0, reason: RunReason::Start }));
+    assert_eq!(tr.task.process_state, ProcessState::Processing);
+    assert_eq!(tr.task.rev, 1, "created, not yet rewritten");
+    assert_eq!(tr.task.complete_by, Some(Millis(2_010)));
+    assert!(tr.task.locked_by.is_some());
+    assert_eq!(tr.task.steps[0].attempts, 1);
+    assert_eq!(replies(&tr.effects), vec![ProcessState::Processing]);
+    assert!(!tr.effects.iter().any(|e| matches!(e, Effect::Run { .. })), "no run message: nothing waits");
+    let d = dispatched(&tr.effects);
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0].attempt, token(&tr.task));
+    assert!(tr.effects.iter().any(|e| matches!(e, Effect::ArmTimer(t) if t.complete_by == Millis(2_010))));
+}
+
+#[test]
+fn a_start_sent_again_is_the_same_attempt_until_the_task_moves() {
+    for budget in [0, 300_000] {
+        let p = Policy { queue_budget_ms: budget, ..policy() };
+        let tr = submit(TaskId::try_from("t1").unwrap(), order(), json!({"sku": "a"}), None, &ctx(1_010), &p);
+        let again = resend_start(&tr.task);
+        let work: Vec<_> = tr.effects.iter().filter(|e| !e.is_notification()).cloned().collect();
+        assert_eq!(again, work, "budget {budget}: same request, same key, same timer");
+        let moved = apply(&tr.task, &Event::AgentSucceeded { attempt: token(&tr.task), output: json!(1) }, &ctx(1_100), &p)
+            .unwrap()
+            .task;
+        assert!(resend_start(&moved).is_empty(), "a task that moved on has nothing to re-send");
+    }
 }
 
 #[test]
 fn happy_path_runs_every_step_in_order() {
-    let t0 = new_task(true).task;
-    let c = claim(&t0, 1_010);
+    let c = new_task(true);
     assert_eq!(c.task.process_state, ProcessState::Processing);
     assert_eq!(c.task.complete_by, Some(Millis(2_010)));
     let d = dispatched(&c.effects);
@@ -115,7 +135,7 @@ fn happy_path_runs_every_step_in_order() {
 
     let s1 = succeed(&c.task, 1_100);
     assert_eq!(dispatched(&s1.effects)[0].step, "charge");
-    assert_eq!(dispatched(&s1.effects)[0].input["outputs"]["reserve"], json!({"ok": 2}));
+    assert_eq!(dispatched(&s1.effects)[0].input["outputs"]["reserve"], json!({"ok": 1}));
     assert_ne!(s1.task.locked_by, c.task.locked_by, "each step gets a fresh token");
     let s2 = succeed(&s1.task, 1_200);
     assert_eq!(dispatched(&s2.effects)[0].step, "ship");
@@ -128,7 +148,6 @@ fn happy_path_runs_every_step_in_order() {
     assert_eq!(
         states,
         vec![
-            (ProcessState::Pending, Some("reserve".into())),
             (ProcessState::Processing, Some("reserve".into())),
             (ProcessState::Processing, Some("charge".into())),
             (ProcessState::Processing, Some("ship".into())),
@@ -136,39 +155,45 @@ fn happy_path_runs_every_step_in_order() {
         ]
     );
     let seqs: Vec<u64> = s3.task.history.iter().map(|h| h.seq).collect();
-    assert_eq!(seqs, vec![1, 2, 3, 4, 5]);
+    assert_eq!(seqs, vec![1, 2, 3, 4]);
 }
 
 #[test]
 fn no_reply_effects_without_reply_queue() {
-    let t0 = new_task(false).task;
-    let c = claim(&t0, 1_010);
+    let c = new_task(false);
     assert!(replies(&c.effects).is_empty());
-    assert_eq!(c.task.history.len(), 2, "history is kept either way");
+    assert_eq!(c.task.history.len(), 1, "history is kept either way");
+}
+
+/// A task waiting for the claim of its first step's second attempt (after a retryable failure).
+fn waiting_task() -> Task {
+    let c = new_task(false).task;
+    go(&c, Event::AgentFailed { attempt: token(&c), error: "503".into(), retryable: true }, 1_020).task
 }
 
 #[test]
 fn claims_are_fenced_by_rev_and_lock() {
-    let t0 = new_task(false).task;
+    let t0 = waiting_task();
+    assert_eq!(t0.process_state, ProcessState::Pending);
     assert_eq!(
-        apply(&t0, &Event::Claim { rev: 0 }, &ctx(1_010), &policy()),
-        Err(Stale::OldRun { message: 0, current: 1 })
+        apply(&t0, &Event::Claim { rev: 0 }, &ctx(1_200), &policy()),
+        Err(Stale::OldRun { message: 0, current: t0.wait_rev })
     );
-    let c = claim(&t0, 1_010);
+    let c = claim(&t0, 1_200);
     // the same run message delivered again
-    assert_eq!(apply(&c.task, &Event::Claim { rev: t0.rev }, &ctx(1_020), &policy()), Err(Stale::AlreadyClaimed));
+    assert_eq!(apply(&c.task, &Event::Claim { rev: t0.wait_rev }, &ctx(1_210), &policy()), Err(Stale::AlreadyClaimed));
     // a run message from an earlier wait (before a retry) claims nothing
     let retry =
-        go(&c.task, Event::AgentFailed { attempt: token(&c.task), error: "503".into(), retryable: true }, 1_030);
+        go(&c.task, Event::AgentFailed { attempt: token(&c.task), error: "503".into(), retryable: true }, 1_230);
     assert_eq!(
-        apply(&retry.task, &Event::Claim { rev: t0.rev }, &ctx(1_040), &policy()),
-        Err(Stale::OldRun { message: 1, current: retry.task.wait_rev })
+        apply(&retry.task, &Event::Claim { rev: t0.wait_rev }, &ctx(1_600), &policy()),
+        Err(Stale::OldRun { message: t0.wait_rev, current: retry.task.wait_rev })
     );
 }
 
 #[test]
 fn results_with_a_stale_token_change_nothing() {
-    let c = claim(&new_task(false).task, 1_010).task;
+    let c = new_task(false).task;
     let e = Event::AgentSucceeded { attempt: AttemptToken::from("old"), output: json!(1) };
     assert_eq!(apply(&c, &e, &ctx(1_020), &policy()), Err(Stale::NotCurrentAttempt));
     let e = Event::AgentFailed { attempt: AttemptToken::from("old"), error: "x".into(), retryable: false };
@@ -177,7 +202,7 @@ fn results_with_a_stale_token_change_nothing() {
 
 #[test]
 fn duplicate_result_is_applied_once() {
-    let c = claim(&new_task(false).task, 1_010).task;
+    let c = new_task(false).task;
     let e = Event::AgentSucceeded { attempt: token(&c), output: json!(1) };
     let once = apply(&c, &e, &ctx(1_020), &policy()).unwrap().task;
     assert_eq!(apply(&once, &e, &ctx(1_030), &policy()), Err(Stale::NotCurrentAttempt));
@@ -185,7 +210,7 @@ fn duplicate_result_is_applied_once() {
 
 #[test]
 fn timeout_then_retry_then_success() {
-    let c = claim(&new_task(true).task, 1_010).task;
+    let c = new_task(true).task;
     assert!(matches!(apply(&c, &Event::DeadlineExpired, &ctx(2_000), &policy()), Err(Stale::NotExpired { .. })));
     let r = go(&c, Event::DeadlineExpired, 2_010);
     assert_eq!(r.task.process_state, ProcessState::Pending);
@@ -220,7 +245,7 @@ fn time_out(task: &Task, now: u64) -> Transition {
 
 #[test]
 fn exhausted_timeouts_compensate_completed_steps_in_reverse_and_alert() {
-    let mut t = claim(&new_task(true).task, 1_010).task;
+    let mut t = new_task(true).task;
     t = succeed(&t, 1_100).task; // reserve done, charge running
     t = succeed(&t, 1_200).task; // charge done, ship running
     let mut now = 1_200;
@@ -254,7 +279,7 @@ fn exhausted_timeouts_compensate_completed_steps_in_reverse_and_alert() {
 
 #[test]
 fn timed_out_step_with_a_compensation_is_compensated_too() {
-    let mut t = claim(&new_task(false).task, 1_010).task;
+    let mut t = new_task(false).task;
     t = succeed(&t, 1_100).task; // charge running
     let mut now = 1_100;
     for _ in 0..2 {
@@ -271,7 +296,7 @@ fn timed_out_step_with_a_compensation_is_compensated_too() {
 
 #[test]
 fn permanent_failure_on_step_two_compensates_step_one() {
-    let mut t = claim(&new_task(true).task, 1_010).task;
+    let mut t = new_task(true).task;
     t = succeed(&t, 1_100).task;
     let r = go(&t, Event::AgentFailed { attempt: token(&t), error: "card declined".into(), retryable: false }, 1_200);
     assert_eq!(r.task.steps[1].status, StepStatus::Failed);
@@ -285,7 +310,7 @@ fn permanent_failure_on_step_two_compensates_step_one() {
 
 #[test]
 fn permanent_failure_on_first_step_has_nothing_to_undo() {
-    let t = claim(&new_task(false).task, 1_010).task;
+    let t = new_task(false).task;
     let r = go(&t, Event::AgentFailed { attempt: token(&t), error: "no stock".into(), retryable: false }, 1_100);
     assert_eq!(r.task.process_state, ProcessState::Compensated);
     assert!(dispatched(&r.effects).is_empty());
@@ -293,7 +318,7 @@ fn permanent_failure_on_first_step_has_nothing_to_undo() {
 
 #[test]
 fn retryable_failure_counts_and_retries() {
-    let t = claim(&new_task(false).task, 1_010).task;
+    let t = new_task(false).task;
     let r = go(&t, Event::AgentFailed { attempt: token(&t), error: "503".into(), retryable: true }, 1_100);
     assert_eq!(r.task.process_state, ProcessState::Pending);
     assert_eq!(r.task.failure_count, 1);
@@ -302,7 +327,7 @@ fn retryable_failure_counts_and_retries() {
 
 #[test]
 fn failing_compensation_ends_in_error_with_an_alert() {
-    let mut t = claim(&new_task(true).task, 1_010).task;
+    let mut t = new_task(true).task;
     t = succeed(&t, 1_100).task;
     t = go(&t, Event::AgentFailed { attempt: token(&t), error: "declined".into(), retryable: false }, 1_200).task;
     assert_eq!(t.process_state, ProcessState::Compensating);
@@ -320,7 +345,7 @@ fn failing_compensation_ends_in_error_with_an_alert() {
 
 #[test]
 fn cancel_mid_way_compensates_and_ends_cancelled() {
-    let mut t = claim(&new_task(true).task, 1_010).task;
+    let mut t = new_task(true).task;
     t = succeed(&t, 1_100).task; // charge running
     let r = go(&t, Event::Cancel { reason: "customer asked".into() }, 1_150);
     assert_eq!(r.task.process_state, ProcessState::Compensating);
@@ -351,7 +376,7 @@ fn cancel_mid_way_compensates_and_ends_cancelled() {
 
 #[test]
 fn a_compensation_waits_out_a_forward_attempt_that_never_answers() {
-    let mut t = claim(&new_task(false).task, 1_010).task;
+    let mut t = new_task(false).task;
     t = succeed(&t, 1_100).task; // charge running until 2_100
     let r = go(&t, Event::Cancel { reason: "x".into() }, 1_150);
     let at = |now| apply(&r.task, &Event::Claim { rev: r.task.rev }, &ctx(now), &policy());
@@ -362,7 +387,7 @@ fn a_compensation_waits_out_a_forward_attempt_that_never_answers() {
 #[test]
 fn may_have_applied_is_remembered_across_every_attempt_of_a_step() {
     // F2, cancel during backoff: attempt 1 timed out (it may have charged), attempt 2 waits
-    let mut t = claim(&new_task(false).task, 1_010).task;
+    let mut t = new_task(false).task;
     t = succeed(&t, 1_100).task; // charge attempt 1 until 2_100
     t = time_out(&t, 2_100).task;
     assert_eq!(t.process_state, ProcessState::Pending);
@@ -390,7 +415,7 @@ fn may_have_applied_is_remembered_across_every_attempt_of_a_step() {
 
 #[test]
 fn an_error_left_by_a_failed_compensation_can_be_resubmitted_or_cancelled_with_fresh_keys() {
-    let mut t = claim(&new_task(false).task, 1_010).task;
+    let mut t = new_task(false).task;
     t = succeed(&t, 1_100).task;
     t = go(&t, Event::AgentFailed { attempt: token(&t), error: "declined".into(), retryable: false }, 1_200).task;
     t = go(&t, Event::AgentFailed { attempt: token(&t), error: "release refused".into(), retryable: false }, 1_300)
@@ -408,31 +433,38 @@ fn an_error_left_by_a_failed_compensation_can_be_resubmitted_or_cancelled_with_f
 }
 
 #[test]
-fn cancel_before_start_ends_cancelled_at_once() {
-    let r = go(&new_task(false).task, Event::Cancel { reason: "x".into() }, 1_001);
-    assert_eq!(r.task.process_state, ProcessState::Cancelled);
-    assert_eq!(r.task.complete_by, None);
+fn a_cancel_right_after_submission_waits_for_the_first_attempt() {
+    let t = new_task(false).task;
+    let r = go(&t, Event::Cancel { reason: "x".into() }, 1_020);
+    assert_eq!(r.task.process_state, ProcessState::Compensating);
+    assert_eq!(r.task.awaits, t.locked_by, "the first attempt may be running: its compensation waits for it");
+    assert!(dispatched(&r.effects).is_empty());
+    let answered = go(&r.task, Event::AgentSucceeded { attempt: token(&t), output: json!(1) }, 1_100);
+    let undo = claim(&answered.task, 1_110);
+    assert_eq!(dispatched(&undo.effects)[0].step, "release");
+    assert_eq!(succeed(&undo.task, 1_200).task.process_state, ProcessState::Cancelled);
 }
 
 #[test]
-fn lost_start_message_is_reissued_without_counting_a_failure() {
-    let t = new_task(true).task;
+fn lost_run_message_is_reissued_without_counting_a_failure() {
+    let t = waiting_task();
     let r = time_out(&t, 1_600);
     assert_eq!(r.task.process_state, ProcessState::Pending);
-    assert_eq!(r.task.failure_count, 0);
+    assert_eq!(r.task.failure_count, t.failure_count);
     assert_eq!(r.task.complete_by, Some(Millis(2_100)));
     // F7: the restart re-sends the same wait's run message, so whichever copy arrives first
     // claims, however late the original is (a restart no longer invalidates it)
-    assert_eq!(r.effects, vec![Effect::Run { rev: 1, delay_ms: 0, reason: RunReason::Restart }]);
+    let rev = t.wait_rev;
+    assert_eq!(r.effects, vec![Effect::Run { rev, delay_ms: 0, reason: RunReason::Restart }]);
     let claimed = claim(&r.task, 1_700).task;
     assert_eq!(claimed.process_state, ProcessState::Processing);
-    assert_eq!(apply(&claimed, &Event::Claim { rev: 1 }, &ctx(1_710), &policy()), Err(Stale::AlreadyClaimed));
+    assert_eq!(apply(&claimed, &Event::Claim { rev }, &ctx(1_710), &policy()), Err(Stale::AlreadyClaimed));
 }
 
 #[test]
 fn restarts_back_off_and_a_task_never_claimed_ends_in_error() {
     let p = Policy { max_restarts: 3, ..policy() };
-    let mut t = new_task(true).task;
+    let mut t = waiting_task();
     let mut waits = Vec::new();
     for _ in 0..3 {
         let now = t.complete_by.unwrap().0;
@@ -450,7 +482,7 @@ fn restarts_back_off_and_a_task_never_claimed_ends_in_error() {
 
 #[test]
 fn terminal_states_are_never_left() {
-    let mut t = claim(&new_task(false).task, 1_010).task;
+    let mut t = new_task(false).task;
     for _ in 0..3 {
         t = succeed(&t, 1_100).task;
     }
@@ -469,7 +501,6 @@ fn terminal_states_are_never_left() {
 fn history_is_bounded() {
     let p = Policy { history_limit: 3, ..policy() };
     let mut t = new_task(false).task;
-    t = apply(&t, &Event::Claim { rev: t.rev }, &ctx(1_010), &p).unwrap().task;
     for _ in 0..3 {
         t = apply(&t, &Event::AgentSucceeded { attempt: token(&t), output: json!(1) }, &ctx(1_100), &p).unwrap().task;
     }
@@ -480,7 +511,7 @@ fn history_is_bounded() {
 fn parked() -> Task {
     let mut tr = new_task(true);
     tr.task.workflow.on_failure = OnFailure::Error;
-    let mut t = claim(&tr.task, 1_010).task;
+    let mut t = tr.task;
     t = succeed(&t, 1_100).task; // charge running
     t
 }
@@ -524,7 +555,7 @@ fn resubmit_resumes_an_error_task_from_its_failed_step() {
 
 #[test]
 fn resubmit_finishes_a_failed_compensation() {
-    let mut t = claim(&new_task(false).task, 1_010).task;
+    let mut t = new_task(false).task;
     t = succeed(&t, 1_100).task;
     t = go(&t, Event::AgentFailed { attempt: token(&t), error: "declined".into(), retryable: false }, 1_200).task;
     t = go(&t, Event::AgentFailed { attempt: token(&t), error: "release refused".into(), retryable: false }, 1_300)
@@ -539,7 +570,7 @@ fn resubmit_finishes_a_failed_compensation() {
 
 #[test]
 fn only_error_tasks_are_resubmitted_and_cancel_undoes_a_parked_task() {
-    let t = claim(&new_task(false).task, 1_010).task;
+    let t = new_task(false).task;
     assert_eq!(
         apply(&t, &Event::Resubmit { reason: "x".into() }, &ctx(1_020), &policy()),
         Err(Stale::NotResubmittable(ProcessState::Processing))
@@ -632,7 +663,7 @@ proptest! {
     #[test]
     fn invariants_hold_for_any_event_sequence(wf in a_workflow(), moves in prop::collection::vec(a_move(), 1..60)) {
         let p = policy();
-        let mut t = submit(TaskId::try_from("p").unwrap(), wf, json!({}), None, Millis(1_000), &p).task;
+        let mut t = submit(TaskId::try_from("p").unwrap(), wf, json!({}), None, &ctx(1_000), &p).task;
         let stale = AttemptToken::from("never-issued");
         for m in &moves {
             let (event, now) = event_for(&t, m, &stale);
@@ -683,10 +714,11 @@ proptest! {
 #[test]
 fn status_seq_has_no_gap_when_a_transition_changes_no_state() {
     // F16: seq was the revision, and a restart bumps the revision without a status
-    let t = new_task(true).task;
+    let c = new_task(true).task;
+    let t = go(&c, Event::AgentFailed { attempt: token(&c), error: "503".into(), retryable: true }, 1_020).task;
     let restarted = time_out(&t, 1_600).task; // a restart: no state change, no status
     let c = claim(&restarted, 1_700);
     let seqs: Vec<u64> = c.task.history.iter().map(|h| h.seq).collect();
-    assert_eq!(seqs, vec![1, 2]);
-    assert!(c.effects.iter().any(|e| matches!(e, Effect::Reply(s) if s.seq == 2)));
+    assert_eq!(seqs, vec![1, 2, 3]);
+    assert!(c.effects.iter().any(|e| matches!(e, Effect::Reply(s) if s.seq == 3)));
 }

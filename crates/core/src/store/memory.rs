@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
 
-use super::{check_size, index_key, Page, PageKey, StateStore, StoreError, TaskSummary};
+use super::{check_size, end_key, index_key, Page, PageKey, StateStore, StoreError, TaskSummary};
 use crate::ids::{Millis, TaskId};
 use crate::protocol::{ProcessState, Task};
 
@@ -141,34 +141,41 @@ impl MemoryStore {
 
     fn expired_now(&self, shard: u32, now: Millis, limit: usize, start: Option<&PageKey>) -> Result<Page, StoreError> {
         let inner = self.begin(StoreOp::Expired, "expired")?;
-        let mut entries: Vec<(Millis, &TaskId, &Task)> = inner
+        let mut entries: Vec<PageKey> = inner
             .tasks
             .values()
             .filter_map(|t| index_key(t, self.shards).map(|(s, cb)| (s, cb, t)))
             .filter(|(s, cb, _)| *s == shard && *cb <= now)
-            .map(|(_, cb, t)| (cb, &t.task_id, t))
+            .map(|(_, cb, t)| PageKey { task_id: t.task_id.clone(), complete_by: cb })
             .collect();
-        entries.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-        let after = |e: &(Millis, &TaskId, &Task)| match start {
+        entries.sort_by(|a, b| (a.complete_by, &a.task_id).cmp(&(b.complete_by, &b.task_id)));
+        let after = |e: &PageKey| match start {
             None => true,
-            Some(k) => (e.0, e.1) > (k.complete_by, &k.task_id),
+            Some(k) => (e.complete_by, &e.task_id) > (k.complete_by, &k.task_id),
         };
         let limit = limit.max(1);
-        let page: Vec<_> = entries.into_iter().filter(after).take(limit).collect();
+        let keys: Vec<PageKey> = entries.into_iter().filter(after).take(limit).collect();
         // As DynamoDB does: a full page carries a key, even when nothing follows it.
-        let next = (page.len() == limit)
-            .then(|| page.last().map(|(cb, id, _)| PageKey { task_id: (*id).clone(), complete_by: *cb }))
-            .flatten();
-        Ok(Page { tasks: page.into_iter().map(|(_, _, t)| t.clone()).collect(), next, unreadable: Vec::new() })
+        let next = if keys.len() == limit { keys.last().cloned() } else { None };
+        Ok(Page { keys, next, unreadable: Vec::new() })
     }
 
+    /// As `DynamoStore` lists: ended tasks from the end index (latest first), tasks in flight
+    /// from the deadline index (most overdue first).
     fn list_now(&self, state: ProcessState, max: usize) -> Result<Vec<TaskSummary>, StoreError> {
         let inner = self.begin(StoreOp::ListByState, "list")?;
-        let mut rows: Vec<TaskSummary> =
-            inner.tasks.values().filter(|t| t.process_state == state).map(TaskSummary::of).collect();
-        rows.sort_by_key(|r| std::cmp::Reverse(r.updated_at));
-        rows.truncate(max);
-        Ok(rows)
+        let mut rows: Vec<&Task> = inner
+            .tasks
+            .values()
+            .filter(|t| t.process_state == state)
+            .filter(|t| end_key(t, self.shards).is_some() || index_key(t, self.shards).is_some())
+            .collect();
+        if state.is_terminal() {
+            rows.sort_by_key(|t| std::cmp::Reverse(t.updated_at));
+        } else {
+            rows.sort_by_key(|t| (t.complete_by, t.task_id.clone()));
+        }
+        Ok(rows.into_iter().take(max).map(TaskSummary::of).collect())
     }
 }
 
@@ -191,6 +198,14 @@ impl StateStore for MemoryStore {
         Box::pin(async move {
             self.turn().await;
             self.save_now(task, read)
+        })
+    }
+
+    fn get_many<'a>(&'a self, ids: &'a [TaskId]) -> BoxFuture<'a, Result<Vec<Task>, StoreError>> {
+        Box::pin(async move {
+            self.turn().await;
+            let inner = self.begin(StoreOp::Get, "get_many")?;
+            Ok(ids.iter().filter_map(|id| inner.tasks.get(id).cloned()).collect())
         })
     }
 
@@ -228,7 +243,7 @@ mod tests {
 
     fn task(id: &str, created: u64) -> Task {
         let wf = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).unwrap().resolve("order", None).unwrap().clone();
-        submit(TaskId::try_from(id).unwrap(), wf, serde_json::json!({}), None, Millis(created), &Policy::default()).task
+        submit(TaskId::try_from(id).unwrap(), wf, serde_json::json!({}), None, &crate::protocol::Ctx::at(Millis(created)), &Policy::default()).task
     }
 
     #[tokio::test]
@@ -271,15 +286,15 @@ mod tests {
         s.put_unchecked(done);
         let far = Millis(10_000_000);
         let p1 = s.expired(0, far, 2, None).await.unwrap();
-        assert_eq!(p1.tasks.len(), 2);
+        assert_eq!(p1.keys.len(), 2);
         let p2 = s.expired(0, far, 2, p1.next.clone()).await.unwrap();
         let p3 = s.expired(0, far, 2, p2.next.clone()).await.unwrap();
         let ids: Vec<String> =
-            [p1.tasks, p2.tasks, p3.tasks].concat().into_iter().map(|t| t.task_id.to_string()).collect();
+            [p1.keys, p2.keys, p3.keys].concat().into_iter().map(|k| k.task_id.to_string()).collect();
         assert_eq!(ids, vec!["t0", "t1", "t2", "t3", "t4"], "CompleteBy order, each once, the terminal task absent");
         assert!(p3.next.is_none());
         // nothing has expired yet at the start
-        assert!(s.expired(0, Millis(0), 10, None).await.unwrap().tasks.is_empty());
+        assert!(s.expired(0, Millis(0), 10, None).await.unwrap().keys.is_empty());
     }
 
     #[tokio::test]

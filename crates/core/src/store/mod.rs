@@ -3,12 +3,13 @@
 //! without another read) or [`StoreError::AlreadyExists`].
 //!
 //! Two implementations keep the same semantics:
-//! - [`DynamoStore`]: one DynamoDB table, the sparse and sharded `ByCompleteBy` index for the
-//!   Supervisor, `ByProcessState` for operators;
+//! - [`DynamoStore`]: one DynamoDB table with two sparse, sharded indexes: `ByCompleteBy` (keys
+//!   only, the tasks in flight) for the Supervisor and for operators' stuck work, `ByEnd` (the
+//!   ended tasks, by state and end time) for operators;
 //! - [`MemoryStore`]: an in-memory twin for fast tests of the roles and for the simulator.
 //!
-//! The rules both follow are written here once: which tasks the Supervisor's index holds
-//! ([`index_key`]), how they are sharded ([`shard_of`]) and how large a task may grow
+//! The rules both follow are written here once: which tasks each index holds ([`index_key`],
+//! [`end_key`]), how they are sharded ([`shard_of`]) and how large a task may grow
 //! ([`check_size`]).
 
 use futures::future::BoxFuture;
@@ -19,7 +20,7 @@ use crate::protocol::{ProcessState, Task};
 mod dynamo;
 mod memory;
 
-pub use dynamo::{DynamoStore, BY_COMPLETE_BY, BY_PROCESS_STATE};
+pub use dynamo::{item_size, workflow_ref, DynamoStore, BY_COMPLETE_BY, BY_END};
 pub use memory::{MemoryStore, StoreOp};
 
 /// DynamoDB's item limit is 400 KB; stay clear of it.
@@ -50,24 +51,26 @@ pub enum StoreError {
     Codec(String),
 }
 
-/// Where a page of the Supervisor's query ends; pass it back to read the next one.
+/// An entry of the Supervisor's index: a task in flight and its `CompleteBy`. Also where a page
+/// of the Supervisor's query ends: pass it back to read the next one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PageKey {
     pub task_id: TaskId,
     pub complete_by: Millis,
 }
 
-/// One page of the Supervisor's query.
+/// One page of the Supervisor's query: keys only, so it reads a few dozen bytes per expired task
+/// however large the tasks are.
 #[derive(Debug)]
 pub struct Page {
-    pub tasks: Vec<Task>,
+    pub keys: Vec<PageKey>,
     pub next: Option<PageKey>,
-    /// Items of the page that are not tasks this build can read (their key and why): skipped, so
+    /// Entries of the page whose keys this build cannot read (the raw key and why): skipped, so
     /// one bad item never blocks its shard, and reported.
     pub unreadable: Vec<String>,
 }
 
-/// A row of the operators' `ByProcessState` index.
+/// A row of an operator's listing.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct TaskSummary {
@@ -113,7 +116,10 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
     /// (the attempt's fencing token is re-checked on every write). One request per transition.
     fn save<'a>(&'a self, task: &'a Task, read: &'a Task) -> BoxFuture<'a, Result<(), StoreError>>;
 
-    /// One page (at most `limit` tasks) of the in-flight tasks in `shard` whose
+    /// Eventually consistent reads of many tasks (operators' tools); the missing ones are left out.
+    fn get_many<'a>(&'a self, ids: &'a [TaskId]) -> BoxFuture<'a, Result<Vec<Task>, StoreError>>;
+
+    /// One page (at most `limit` entries) of the in-flight tasks in `shard` whose
     /// `CompleteBy <= now`, in `CompleteBy` order, starting after `start`. The index may lag the
     /// table: callers re-check with a conditional write.
     fn expired(
@@ -124,7 +130,8 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
         start: Option<PageKey>,
     ) -> BoxFuture<'_, Result<Page, StoreError>>;
 
-    /// Tasks in `state`, most recently updated first, for operators (at most `max`).
+    /// Tasks in `state`, for operators (at most `max`): ended ones most recently ended first, in
+    /// flight ones most overdue first.
     fn list_by_state(&self, state: ProcessState, max: usize) -> BoxFuture<'_, Result<Vec<TaskSummary>, StoreError>>;
 
     /// How many shards the Supervisor's index is spread over.
@@ -148,6 +155,15 @@ pub fn index_key(task: &Task, shards: u32) -> Option<(u32, Millis)> {
         return None;
     }
     task.complete_by.map(|cb| (shard_of(&task.task_id, shards), cb))
+}
+
+/// The task's entry in the operators' index of ended tasks, `"{state}#{shard}"` (sorted by
+/// `UpdatedAt`): present only once the task is terminal, so a task writes it once, when it ends,
+/// and each state's writes spread over every shard.
+pub fn end_key(task: &Task, shards: u32) -> Option<String> {
+    task.process_state
+        .is_terminal()
+        .then(|| format!("{}#{}", task.process_state, shard_of(&task.task_id, shards)))
 }
 
 /// Refuse a task that would not fit in one item.
