@@ -38,16 +38,17 @@ fn no_failures() -> Value {
 }
 
 #[tokio::test]
-async fn a_submission_creates_the_task_and_its_start_message() {
+async fn a_submission_creates_the_task_and_starts_its_first_step() {
     let tw = twins();
     assert_eq!(invoke(&tw, Role::Submitter, fixture("submitter-sqs.json")).await, no_failures());
     let tasks = tw.store.tasks();
     assert_eq!(tasks.len(), 1);
     assert_eq!(tasks[0].task_id.as_str(), "fixture-1");
-    assert_eq!(tasks[0].process_state, ProcessState::Pending);
-    let runs = tw.bus.bodies(&tw.deps.resources.scheduler_queue_url);
-    assert_eq!(runs.len(), 1);
-    assert!(runs[0].contains(r#""type":"run""#) && runs[0].contains("fixture-1"), "{runs:?}");
+    assert_eq!(tasks[0].process_state, ProcessState::Processing);
+    assert!(tw.bus.bodies(&tw.deps.resources.scheduler_queue_url).is_empty(), "no run message");
+    let requests = tw.bus.bodies(&tw.deps.resources.agent_queue_url);
+    assert_eq!(requests.len(), 1);
+    assert!(requests[0].contains(r#""task_id":"fixture-1""#), "{requests:?}");
 }
 
 #[tokio::test]
@@ -135,10 +136,15 @@ async fn the_deadline_timer_recovers_its_attempt_and_ignores_a_missing_task() {
 async fn the_scheduled_event_sweeps_the_index() {
     let tw = twins();
     let report = invoke(&tw, Role::Supervisor, fixture("supervisor-scheduled.json")).await;
-    assert_eq!(report, json!({"expired": 0, "recovered": 0, "stale": 0, "errors": 0}));
+    assert_eq!(report, json!({"expired": 0, "handed": 0, "errors": 0}));
     timed_out_task(&tw);
+    tw.clock.advance(tw.deps.settings.sweep_lag_ms);
     let report = invoke(&tw, Role::Supervisor, fixture("supervisor-scheduled.json")).await;
-    assert_eq!(report, json!({"expired": 1, "recovered": 1, "stale": 0, "errors": 0}));
+    assert_eq!(report, json!({"expired": 1, "handed": 1, "errors": 0}));
+    // handed to the timer queue, where the Supervisor decides
+    let timers = tw.bus.take(&tw.deps.resources.supervisor_queue_url);
+    assert_eq!(timers.len(), 1);
+    sas_core::supervisor::timer(&tw.deps, &timers[0]).await.unwrap();
     assert_eq!(tw.store.tasks()[0].failure_count, 1);
 }
 

@@ -388,7 +388,7 @@ async fn scenario(
     ok &= ledger_ok && exactly_once;
     let dup_ok = tasks
         .get(&orders[0].id)
-        .is_some_and(|t| t.history.iter().filter(|h| h.state == ProcessState::Pending).count() == 1);
+        .is_some_and(|t| t.history.iter().filter(|h| h.seq == 1).count() == 1 && t.steps[0].attempts == 1);
     println!("  duplicate submission created nothing new: {}", if dup_ok { "yes" } else { "NO" });
     ok &= dup_ok && rejected.len() == 1 && !alerts.is_empty();
     println!(

@@ -603,7 +603,7 @@ mod tests {
         );
         assert_eq!(
             describe_change(&pending(), &claim(&pending(), 3_000)),
-            "t-1: Pending -> Processing; running reserve"
+            "t-1: Pending -> Processing (503; retry 2/3 in 500 ms); running reserve"
         );
     }
 

@@ -153,7 +153,7 @@ async fn operator_commands_report_their_outcome() {
 
     // The listing says when it stops at its limit.
     let out = assert_ok(&s.sasctl(&["list", "--state", "Processed", "--limit", "1"]));
-    assert!(out.ends_with("showing 1 of 2 Processed tasks, most recently updated first; --limit to see more"), "{out}");
+    assert!(out.ends_with("showing 1 of 2 Processed tasks, most recently ended first; --limit to see more"), "{out}");
 
     // Every Error task, in batches, with a summary (the release is refused again: back to Error).
     s.wait_for(&err, "Error again", |t| t.process_state == ProcessState::Error && t.run == 2).await;

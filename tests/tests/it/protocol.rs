@@ -50,12 +50,9 @@ async fn happy_path_through_three_steps_with_ordered_statuses() {
     assert!(t.steps.iter().all(|st| st.status == StepStatus::Succeeded && st.attempts == 1));
     assert_eq!(t.steps[1].output.as_ref().unwrap()["idempotency_key"], "h1:b");
     assert_eq!((t.locked_by.clone(), t.complete_by), (None, None));
-    let got = statuses(&s, &reply, 5).await;
-    use ProcessState::{Pending, Processed, Processing};
-    assert_eq!(
-        states(&got),
-        vec![p(Pending, "a"), p(Processing, "a"), p(Processing, "b"), p(Processing, "c"), p(Processed, "")]
-    );
+    let got = statuses(&s, &reply, 4).await;
+    use ProcessState::{Processed, Processing};
+    assert_eq!(states(&got), vec![p(Processing, "a"), p(Processing, "b"), p(Processing, "c"), p(Processed, "")]);
     let seqs: Vec<u64> = got.iter().map(|m| m.seq).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "a FIFO reply queue receives statuses in order: {seqs:?}");
     runner.shutdown().await;
@@ -145,7 +142,7 @@ async fn repeated_timeouts_compensate_in_reverse_alert_and_report() {
     for i in [0, 1] {
         assert_eq!(t.steps[i].compensation.as_ref().unwrap().status, CompensationStatus::Done);
     }
-    let got = statuses(&s, &reply, 12).await;
+    let got = statuses(&s, &reply, 11).await;
     let comp: Vec<_> = states(&got).into_iter().filter(|(st, _)| *st == ProcessState::Compensating).collect();
     assert_eq!(
         comp,
@@ -153,7 +150,7 @@ async fn repeated_timeouts_compensate_in_reverse_alert_and_report() {
         "reverse order"
     );
     assert_eq!(got.last().unwrap().state, ProcessState::Compensated);
-    assert_eq!(got.iter().filter(|m| m.state == ProcessState::Pending).count(), 3, "start + two retries");
+    assert_eq!(got.iter().filter(|m| m.state == ProcessState::Pending).count(), 2, "two retries");
     let alert = s.bodies(&alerts, 1, SECS).await;
     assert_eq!(alert.len(), 1, "{alert:#?}");
     assert_eq!(alert[0]["kind"], "retries_exhausted");
@@ -530,14 +527,15 @@ async fn the_supervisor_reads_only_expired_tasks_page_by_page() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreadable_item_in_the_index_is_skipped_and_reported_not_blocking_its_shard() {
-    // F10: one undecodable item used to fail its shard's every page, forever
+    // F10: one undecodable item used to fail its shard's every page, forever. The index is keys
+    // only now: what can be unreadable is a key (here, ids no task can have).
     let s = stack("unreadable").await;
     let ddb = aws_sdk_dynamodb::Client::new(&s.sdk);
     let table = s.out("TaskTableName").to_owned();
     for shard in ["0", "1"] {
         ddb.put_item()
             .table_name(&table)
-            .item("TaskId", aws_sdk_dynamodb::types::AttributeValue::S(format!("garbage-{shard}")))
+            .item("TaskId", aws_sdk_dynamodb::types::AttributeValue::S(format!("garbage {shard}!")))
             .item("Shard", aws_sdk_dynamodb::types::AttributeValue::S(shard.into()))
             .item("CompleteBy", aws_sdk_dynamodb::types::AttributeValue::N("1".into()))
             .item("ProcessState", aws_sdk_dynamodb::types::AttributeValue::S("Pending".into()))
