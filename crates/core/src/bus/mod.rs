@@ -53,6 +53,32 @@ pub enum BusError {
     Batch { failed: usize, total: usize, first: String },
 }
 
+impl BusError {
+    /// The same error for another caller of one failed request. The underlying error stays with
+    /// the original; its text is already in `message`.
+    #[must_use]
+    pub fn duplicate(&self) -> BusError {
+        match self {
+            BusError::TooLarge { bytes } => BusError::TooLarge { bytes: *bytes },
+            BusError::Backend { op, target, message, .. } => {
+                BusError::Backend { op, target: target.clone(), message: message.clone(), source: None }
+            }
+            BusError::NoSuchQueue { queue } => BusError::NoSuchQueue { queue: queue.clone() },
+            BusError::Batch { failed, total, first } => {
+                BusError::Batch { failed: *failed, total: *total, first: first.clone() }
+            }
+        }
+    }
+}
+
+/// What [`Bus::send_batch`] reports, from the outcome of each entry.
+pub(crate) fn batch_outcome(results: Vec<Result<(), BusError>>) -> Result<(), BusError> {
+    let total = results.len();
+    let mut errors = results.into_iter().filter_map(Result::err);
+    let Some(first) = errors.next() else { return Ok(()) };
+    Err(BusError::Batch { failed: 1 + errors.count(), total, first: first.to_string() })
+}
+
 /// Seconds to delay a message due after `ms`, rounded up, within SQS's limit.
 pub fn delay_seconds(ms: u64) -> u32 {
     u32::try_from(ms.div_ceil(1000).min(MAX_DELAY_SECONDS)).unwrap_or(0)
@@ -128,6 +154,21 @@ pub trait Bus: Send + Sync + std::fmt::Debug {
     /// Many messages to one queue, in requests of up to [`MAX_BATCH`]. Every chunk is tried even
     /// when one fails; the error counts what was not sent.
     fn send_batch<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Result<(), BusError>>;
+
+    /// Many messages to one queue, in requests of up to [`MAX_BATCH`] (in order: entries to one
+    /// FIFO message group keep it), with the outcome of each message, in the order of `msgs`.
+    /// A request that fails as a whole fails each of its entries. Every chunk is tried.
+    ///
+    /// The default sends them one by one with [`Bus::send`].
+    fn send_entries<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Vec<Result<(), BusError>>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(msgs.len());
+            for m in msgs {
+                out.push(self.send(queue, m).await);
+            }
+            out
+        })
+    }
 
     fn publish<'a>(&'a self, topic: &'a str, note: Publication) -> BoxFuture<'a, Result<(), BusError>>;
 
