@@ -5,6 +5,9 @@
 //!   (at-least-once), a DLQ after `maxReceiveCount` receives, FIFO deduplication, and failure
 //!   injection, for fast tests of the roles and for the simulator.
 //!
+//! [`BufferedBus`] wraps either and coalesces single sends to a queue into SendMessageBatch
+//! requests (one request for up to 10 messages).
+//!
 //! [`Outbox`] turns the roles' typed messages into sends on the stack's queues; it is the only
 //! place that knows which message goes to which queue.
 
@@ -20,9 +23,11 @@ use crate::messages::{
 };
 
 mod aws;
+mod buffered;
 mod memory;
 
 pub use aws::AwsBus;
+pub use buffered::{BufferedBus, DEFAULT_LINGER, MAX_BATCH_BYTES};
 pub use memory::{MemoryBus, QueueConfig};
 
 /// SQS's longest per-message delay.
