@@ -231,6 +231,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         retention_days: 1,
         max_input_bytes: 16 * 1024,
         sweep_page_size: 5,
+        ..Settings::default()
     };
     let deps = Deps {
         store: Arc::new(store.clone()),

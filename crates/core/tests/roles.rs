@@ -55,6 +55,7 @@ fn twins() -> Twins {
         retention_days: 1,
         max_input_bytes: 1_024,
         sweep_page_size: 2,
+        ..Settings::default()
     };
     Twins::new(WorkflowRegistry::new([wf]).unwrap(), settings, T0)
 }

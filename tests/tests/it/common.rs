@@ -64,6 +64,7 @@ pub fn settings() -> Settings {
         retention_days: 1,
         max_input_bytes: 16 * 1024,
         sweep_page_size: 100,
+        ..Settings::default()
     }
 }
 
