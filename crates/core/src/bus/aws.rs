@@ -3,11 +3,11 @@
 use std::time::Duration;
 
 use aws_sdk_sns::types::MessageAttributeValue as SnsAttr;
+use aws_sdk_sqs::error::ProvideErrorMetadata;
+use aws_sdk_sqs::types::BatchResultErrorEntry;
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName, SendMessageBatchRequestEntry,
 };
-use aws_sdk_sqs::error::ProvideErrorMetadata;
-use aws_sdk_sqs::types::BatchResultErrorEntry;
 use futures::future::BoxFuture;
 
 use super::{batch_outcome, Bus, BusError, Outgoing, Publication, Received, MAX_BATCH};

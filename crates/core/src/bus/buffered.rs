@@ -432,11 +432,7 @@ mod tests {
         fn send_batch<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Result<(), BusError>> {
             self.inner.send_batch(queue, msgs)
         }
-        fn send_entries<'a>(
-            &'a self,
-            queue: &'a str,
-            msgs: Vec<Outgoing>,
-        ) -> BoxFuture<'a, Vec<Result<(), BusError>>> {
+        fn send_entries<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Vec<Result<(), BusError>>> {
             Box::pin(async move {
                 if !self.slowed.swap(true, Ordering::SeqCst) {
                     tokio::time::sleep(LINGER * 4).await;
@@ -464,11 +460,9 @@ mod tests {
     #[tokio::test]
     async fn fifo_messages_keep_their_order_across_buffers() {
         let (_, mem) = buffered(LINGER);
-        let bus = BufferedBus::new(Arc::new(SlowFirstBatch { inner: mem.clone(), slowed: AtomicBool::new(false) }), LINGER);
-        let fifo = |m: Outgoing| Outgoing {
-            fifo: Some(Fifo { group: "task".into(), dedup: m.body.clone() }),
-            ..m
-        };
+        let bus =
+            BufferedBus::new(Arc::new(SlowFirstBatch { inner: mem.clone(), slowed: AtomicBool::new(false) }), LINGER);
+        let fifo = |m: Outgoing| Outgoing { fifo: Some(Fifo { group: "task".into(), dedup: m.body.clone() }), ..m };
         // The first 10 fill a buffer whose request is slow; the 11th goes alone after the linger,
         // and must not overtake them.
         let r = send_all(&bus, Q, msgs("m", 11).into_iter().map(fifo).collect()).await;
