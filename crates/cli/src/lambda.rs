@@ -442,6 +442,8 @@ pub const FUNCTION_ENVIRONMENT: &[(&str, Option<&str>)] = &[
     ("RESULT_GRACE_MS", None),
     ("SETTLE_MS", None),
     ("MAX_INPUT_BYTES", None),
+    ("SEND_LINGER_MS", None),
+    ("SWEEP_LAG_MS", None),
     ("RUST_LOG", None),
     ("ORDER_SERVICE_URL", None),
 ];

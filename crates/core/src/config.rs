@@ -110,6 +110,24 @@ pub struct Settings {
     /// timer before handing it over too: the sweep is the backstop for lost timers, and a timer
     /// waiting in a backlogged supervisor queue should not be joined by a copy every sweep.
     pub sweep_lag_ms: u64,
+    /// How long a send to a queue waits for others to the same queue, to go with them in one
+    /// SendMessageBatch request (see `bus::BufferedBus`); 0 sends each message on its own.
+    pub send_linger_ms: u64,
+}
+
+/// The longest accepted `SEND_LINGER_MS`: every send waits up to this long.
+pub const MAX_SEND_LINGER_MS: u64 = 1_000;
+
+fn parse_send_linger(v: &str) -> Result<u64, ConfigError> {
+    let ms = parse_num("SEND_LINGER_MS", v)?;
+    if ms > MAX_SEND_LINGER_MS {
+        return Err(ConfigError::Invalid {
+            name: "SEND_LINGER_MS",
+            value: v.to_owned(),
+            why: format!("must be within 0..={MAX_SEND_LINGER_MS} (milliseconds; 0 disables batching)"),
+        });
+    }
+    Ok(ms)
 }
 
 impl Default for Settings {
@@ -120,6 +138,7 @@ impl Default for Settings {
             max_input_bytes: 64 * 1024,
             sweep_page_size: 100,
             sweep_lag_ms: 60_000,
+            send_linger_ms: 20,
         }
     }
 }
@@ -147,6 +166,9 @@ impl Settings {
         }
         if let Ok(v) = std::env::var("MAX_INPUT_BYTES") {
             s.max_input_bytes = parse_num("MAX_INPUT_BYTES", &v)?;
+        }
+        if let Ok(v) = std::env::var("SEND_LINGER_MS") {
+            s.send_linger_ms = parse_send_linger(&v)?;
         }
         Ok(s)
     }
@@ -179,5 +201,20 @@ mod tests {
         assert!(matches!(Resources::from_outputs(&o), Err(ConfigError::Invalid { .. })));
         o.remove("AgentQueueUrl");
         assert_eq!(Resources::from_outputs(&o), Err(ConfigError::Missing("AgentQueueUrl")));
+    }
+
+    #[test]
+    fn send_linger_is_milliseconds_within_bounds() {
+        assert_eq!(parse_send_linger("0"), Ok(0));
+        assert_eq!(parse_send_linger(" 20 "), Ok(20));
+        assert_eq!(parse_send_linger("1000"), Ok(1000));
+        for bad in ["1001", "-1", "20ms", ""] {
+            let e = parse_send_linger(bad).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::Invalid { name: "SEND_LINGER_MS", value, .. } if value == bad),
+                "{bad:?}: {e:?}"
+            );
+        }
+        assert_eq!(Settings::default().send_linger_ms, 20);
     }
 }

@@ -2,8 +2,9 @@
 //! handler reports for one message.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::bus::{AwsBus, Bus, BusError, Outbox};
+use crate::bus::{AwsBus, BufferedBus, Bus, BusError, Outbox};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ConfigError, Resources, Settings};
 use crate::entropy::{Entropy, OsEntropy};
@@ -33,7 +34,8 @@ pub enum SetupError {
 }
 
 impl Deps {
-    /// The AWS adapters: DynamoDB for the store, SQS and SNS for the bus, the wall clock.
+    /// The AWS adapters: DynamoDB for the store, SQS and SNS for the bus (sends to a queue
+    /// batched for `settings.send_linger_ms`), the wall clock.
     pub fn aws(sdk: &aws_config::SdkConfig, res: Resources, workflows: WorkflowRegistry, settings: Settings) -> Self {
         let store = DynamoStore::new(
             aws_sdk_dynamodb::Client::new(sdk),
@@ -44,7 +46,10 @@ impl Deps {
         .knowing(workflows.all());
         Deps {
             store: Arc::new(store),
-            bus: Arc::new(AwsBus::from_sdk(sdk)),
+            bus: Arc::new(BufferedBus::new(
+                Arc::new(AwsBus::from_sdk(sdk)),
+                Duration::from_millis(settings.send_linger_ms),
+            )),
             resources: res,
             workflows: Arc::new(workflows),
             settings,

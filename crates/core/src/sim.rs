@@ -232,6 +232,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         max_input_bytes: 16 * 1024,
         sweep_page_size: 5,
         sweep_lag_ms: 60_000,
+        ..Settings::default()
     };
     let deps = Deps {
         store: Arc::new(store.clone()),

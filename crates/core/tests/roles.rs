@@ -56,6 +56,7 @@ fn twins() -> Twins {
         max_input_bytes: 1_024,
         sweep_page_size: 2,
         sweep_lag_ms: 60_000,
+        ..Settings::default()
     };
     Twins::new(WorkflowRegistry::new([wf]).unwrap(), settings, T0)
 }

@@ -66,6 +66,7 @@ pub fn settings() -> Settings {
         sweep_page_size: 100,
         // the tests call the sweep when a deadline has passed, without waiting for the lag
         sweep_lag_ms: 0,
+        ..Settings::default()
     }
 }
 

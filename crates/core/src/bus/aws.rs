@@ -3,12 +3,14 @@
 use std::time::Duration;
 
 use aws_sdk_sns::types::MessageAttributeValue as SnsAttr;
+use aws_sdk_sqs::error::ProvideErrorMetadata;
+use aws_sdk_sqs::types::BatchResultErrorEntry;
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName, SendMessageBatchRequestEntry,
 };
 use futures::future::BoxFuture;
 
-use super::{Bus, BusError, Outgoing, Publication, Received, MAX_BATCH};
+use super::{batch_outcome, Bus, BusError, Outgoing, Publication, Received, MAX_BATCH};
 
 #[derive(Debug, Clone)]
 pub struct AwsBus {
@@ -16,8 +18,14 @@ pub struct AwsBus {
     sns: aws_sdk_sns::Client,
 }
 
+/// The error codes SQS gives for a queue that does not exist (the JSON protocol's, and the query
+/// protocol's that it still sends for compatibility).
+fn is_no_such_queue_code(code: &str) -> bool {
+    matches!(code, "QueueDoesNotExist" | "AWS.SimpleQueueService.NonExistentQueue")
+}
+
 fn sqs_error(op: &'static str, queue: &str, e: aws_sdk_sqs::Error) -> BusError {
-    if matches!(e, aws_sdk_sqs::Error::QueueDoesNotExist(_)) {
+    if matches!(e, aws_sdk_sqs::Error::QueueDoesNotExist(_)) || e.code().is_some_and(is_no_such_queue_code) {
         return BusError::NoSuchQueue { queue: queue.to_owned() };
     }
     BusError::Backend {
@@ -34,6 +42,56 @@ fn sqs_attr(v: &str) -> MessageAttributeValue {
 
 fn to_i32(n: u32) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// A batch entry that SQS refused, as the error a single send of it would give.
+fn entry_error(queue: &str, f: &BatchResultErrorEntry) -> BusError {
+    if is_no_such_queue_code(&f.code) {
+        return BusError::NoSuchQueue { queue: queue.to_owned() };
+    }
+    BusError::Backend {
+        op: "SendMessageBatch",
+        target: queue.to_owned(),
+        message: format!(
+            "entry refused: {} ({}fault of the sender): {}",
+            f.code,
+            if f.sender_fault { "" } else { "no " },
+            f.message.as_deref().unwrap_or("")
+        ),
+        source: None,
+    }
+}
+
+/// The outcome of each entry of one SendMessageBatch request (entries' ids are their indexes).
+fn entry_outcomes(
+    queue: &str,
+    n: usize,
+    out: &aws_sdk_sqs::operation::send_message_batch::SendMessageBatchOutput,
+) -> Vec<Result<(), BusError>> {
+    let mut results: Vec<Option<Result<(), BusError>>> = (0..n).map(|_| None).collect();
+    for ok in &out.successful {
+        if let Some(slot) = ok.id.parse::<usize>().ok().and_then(|i| results.get_mut(i)) {
+            *slot = Some(Ok(()));
+        }
+    }
+    for f in &out.failed {
+        if let Some(slot) = f.id.parse::<usize>().ok().and_then(|i| results.get_mut(i)) {
+            *slot = Some(Err(entry_error(queue, f)));
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(BusError::Backend {
+                    op: "SendMessageBatch",
+                    target: queue.to_owned(),
+                    message: "SQS reported no outcome for the entry".into(),
+                    source: None,
+                })
+            })
+        })
+        .collect()
 }
 
 impl AwsBus {
@@ -59,10 +117,8 @@ impl AwsBus {
         Ok(())
     }
 
-    async fn send_many(&self, queue: &str, msgs: Vec<Outgoing>) -> Result<(), BusError> {
-        let total = msgs.len();
-        let mut failed = 0;
-        let mut first = None;
+    async fn send_many(&self, queue: &str, msgs: Vec<Outgoing>) -> Vec<Result<(), BusError>> {
+        let mut results = Vec::with_capacity(msgs.len());
         for chunk in msgs.chunks(MAX_BATCH) {
             let entries = chunk
                 .iter()
@@ -81,21 +137,15 @@ impl AwsBus {
                 })
                 .collect();
             match self.sqs.send_message_batch().queue_url(queue).set_entries(Some(entries)).send().await {
-                Ok(out) if out.failed.is_empty() => {}
-                Ok(out) => {
-                    failed += out.failed.len();
-                    first.get_or_insert_with(|| out.failed[0].message.clone().unwrap_or_default());
-                }
+                Ok(out) => results.extend(entry_outcomes(queue, chunk.len(), &out)),
                 Err(e) => {
-                    failed += chunk.len();
-                    first.get_or_insert_with(|| sqs_error("SendMessageBatch", queue, e.into()).to_string());
+                    let e = sqs_error("SendMessageBatch", queue, e.into());
+                    results.extend((1..chunk.len()).map(|_| Err(e.duplicate())));
+                    results.push(Err(e));
                 }
             }
         }
-        match first {
-            None => Ok(()),
-            Some(first) => Err(BusError::Batch { failed, total, first }),
-        }
+        results
     }
 
     async fn publish_one(&self, topic: &str, note: Publication) -> Result<(), BusError> {
@@ -183,6 +233,10 @@ impl Bus for AwsBus {
     }
 
     fn send_batch<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Result<(), BusError>> {
+        Box::pin(async move { batch_outcome(self.send_many(queue, msgs).await) })
+    }
+
+    fn send_entries<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Vec<Result<(), BusError>>> {
         Box::pin(self.send_many(queue, msgs))
     }
 
@@ -202,5 +256,50 @@ impl Bus for AwsBus {
 
     fn delete<'a>(&'a self, queue: &'a str, receipts: Vec<String>) -> BoxFuture<'a, Result<(), BusError>> {
         Box::pin(self.delete_some(queue, receipts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_sqs::operation::send_message_batch::SendMessageBatchOutput;
+    use aws_sdk_sqs::types::SendMessageBatchResultEntry;
+
+    use super::*;
+
+    fn ok(id: &str) -> SendMessageBatchResultEntry {
+        SendMessageBatchResultEntry::builder().id(id).message_id("m").md5_of_message_body("x").build().unwrap()
+    }
+
+    fn failed(id: &str, code: &str) -> BatchResultErrorEntry {
+        BatchResultErrorEntry::builder().id(id).code(code).sender_fault(true).message("no").build().unwrap()
+    }
+
+    #[test]
+    fn each_batch_entry_gets_its_own_outcome_by_id() {
+        let out = SendMessageBatchOutput::builder()
+            .successful(ok("0"))
+            .successful(ok("3"))
+            .failed(failed("2", "InvalidParameterValue"))
+            .failed(failed("1", "AWS.SimpleQueueService.NonExistentQueue"))
+            .build()
+            .unwrap();
+        // Entry 4 is in neither list.
+        let r = entry_outcomes("https://q", 5, &out);
+        assert_eq!(r.len(), 5);
+        assert!(r[0].is_ok() && r[3].is_ok(), "{r:?}");
+        assert!(matches!(&r[1], Err(BusError::NoSuchQueue { queue }) if queue == "https://q"), "{r:?}");
+        assert!(
+            matches!(&r[2], Err(BusError::Backend { message, .. }) if message.contains("InvalidParameterValue")),
+            "{r:?}"
+        );
+        assert!(matches!(&r[4], Err(BusError::Backend { .. })), "{r:?}");
+    }
+
+    #[test]
+    fn both_no_such_queue_codes_are_recognised() {
+        assert!(is_no_such_queue_code("QueueDoesNotExist"));
+        assert!(is_no_such_queue_code("AWS.SimpleQueueService.NonExistentQueue"));
+        assert!(!is_no_such_queue_code("InvalidParameterValue"));
+        assert!(matches!(entry_error("q", &failed("0", "QueueDoesNotExist")), BusError::NoSuchQueue { .. }));
     }
 }

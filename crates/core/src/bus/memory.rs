@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use super::{Bus, BusError, Outgoing, Publication, Received, MAX_BATCH};
+use super::{batch_outcome, Bus, BusError, Outgoing, Publication, Received, MAX_BATCH};
 use crate::clock::Clock;
 use crate::config::Resources;
 use crate::ids::Millis;
@@ -49,6 +49,8 @@ struct Inner {
     published: Vec<(String, Publication)>,
     /// Injected failures for sends to a queue (or "*" for any).
     send_failures: BTreeMap<String, u32>,
+    /// Injected failures for the next send of a message with this body (one entry of a batch).
+    body_failures: BTreeMap<String, u32>,
     next_id: u64,
     requests: BTreeMap<&'static str, u64>,
 }
@@ -101,9 +103,17 @@ impl MemoryBus {
         *self.lock().send_failures.entry(queue.to_owned()).or_default() += n;
     }
 
+    /// Make the next send of a message whose body is `body` fail, alone or as one entry of a
+    /// batch (the batch's other entries are sent).
+    pub fn fail_send_of(&self, body: &str) {
+        *self.lock().body_failures.entry(body.to_owned()).or_default() += 1;
+    }
+
     /// Forget every injected send failure not used yet.
     pub fn clear_send_failures(&self) {
-        self.lock().send_failures.clear();
+        let mut inner = self.lock();
+        inner.send_failures.clear();
+        inner.body_failures.clear();
     }
 
     /// The bodies of every message in `queue`, visible or not, oldest first.
@@ -161,6 +171,10 @@ impl MemoryBus {
                 *n -= 1;
                 return Err(unavailable("injected failure"));
             }
+        }
+        if let Some(n) = inner.body_failures.get_mut(&msg.body).filter(|n| **n > 0) {
+            *n -= 1;
+            return Err(unavailable("injected failure"));
         }
         let id = {
             inner.next_id += 1;
@@ -264,23 +278,22 @@ impl Bus for MemoryBus {
     }
 
     fn send_batch<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Result<(), BusError>> {
+        Box::pin(async move { batch_outcome(self.send_entries(queue, msgs).await) })
+    }
+
+    /// One `"send_batch"` request per chunk of [`MAX_BATCH`]; each entry fails or succeeds on its
+    /// own, as on SQS.
+    fn send_entries<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Vec<Result<(), BusError>>> {
         Box::pin(async move {
             let mut inner = self.lock();
-            let total = msgs.len();
-            let (mut failed, mut first) = (0, None);
+            let mut out = Vec::with_capacity(msgs.len());
             for (i, m) in msgs.into_iter().enumerate() {
                 if i % MAX_BATCH == 0 {
                     Self::count(&mut inner, "send_batch");
                 }
-                if let Err(e) = self.enqueue(&mut inner, queue, m) {
-                    failed += 1;
-                    first.get_or_insert_with(|| e.to_string());
-                }
+                out.push(self.enqueue(&mut inner, queue, m));
             }
-            match first {
-                None => Ok(()),
-                Some(first) => Err(BusError::Batch { failed, total, first }),
-            }
+            out
         })
     }
 

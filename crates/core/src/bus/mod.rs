@@ -5,6 +5,9 @@
 //!   (at-least-once), a DLQ after `maxReceiveCount` receives, FIFO deduplication, and failure
 //!   injection, for fast tests of the roles and for the simulator.
 //!
+//! [`BufferedBus`] wraps either and coalesces single sends to a queue into SendMessageBatch
+//! requests (one request for up to 10 messages).
+//!
 //! [`Outbox`] turns the roles' typed messages into sends on the stack's queues; it is the only
 //! place that knows which message goes to which queue.
 
@@ -20,9 +23,11 @@ use crate::messages::{
 };
 
 mod aws;
+mod buffered;
 mod memory;
 
 pub use aws::AwsBus;
+pub use buffered::{BufferedBus, DEFAULT_LINGER, MAX_BATCH_BYTES};
 pub use memory::{MemoryBus, QueueConfig};
 
 /// SQS's longest per-message delay.
@@ -51,6 +56,32 @@ pub enum BusError {
     /// Some entries of a batch were not sent (every chunk was tried).
     #[error("{failed} of {total} batch entries failed: {first}")]
     Batch { failed: usize, total: usize, first: String },
+}
+
+impl BusError {
+    /// The same error for another caller of one failed request. The underlying error stays with
+    /// the original; its text is already in `message`.
+    #[must_use]
+    pub fn duplicate(&self) -> BusError {
+        match self {
+            BusError::TooLarge { bytes } => BusError::TooLarge { bytes: *bytes },
+            BusError::Backend { op, target, message, .. } => {
+                BusError::Backend { op, target: target.clone(), message: message.clone(), source: None }
+            }
+            BusError::NoSuchQueue { queue } => BusError::NoSuchQueue { queue: queue.clone() },
+            BusError::Batch { failed, total, first } => {
+                BusError::Batch { failed: *failed, total: *total, first: first.clone() }
+            }
+        }
+    }
+}
+
+/// What [`Bus::send_batch`] reports, from the outcome of each entry.
+pub(crate) fn batch_outcome(results: Vec<Result<(), BusError>>) -> Result<(), BusError> {
+    let total = results.len();
+    let mut errors = results.into_iter().filter_map(Result::err);
+    let Some(first) = errors.next() else { return Ok(()) };
+    Err(BusError::Batch { failed: 1 + errors.count(), total, first: first.to_string() })
 }
 
 /// Seconds to delay a message due after `ms`, rounded up, within SQS's limit.
@@ -128,6 +159,21 @@ pub trait Bus: Send + Sync + std::fmt::Debug {
     /// Many messages to one queue, in requests of up to [`MAX_BATCH`]. Every chunk is tried even
     /// when one fails; the error counts what was not sent.
     fn send_batch<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Result<(), BusError>>;
+
+    /// Many messages to one queue, in requests of up to [`MAX_BATCH`] (in order: entries to one
+    /// FIFO message group keep it), with the outcome of each message, in the order of `msgs`.
+    /// A request that fails as a whole fails each of its entries. Every chunk is tried.
+    ///
+    /// The default sends them one by one with [`Bus::send`].
+    fn send_entries<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Vec<Result<(), BusError>>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(msgs.len());
+            for m in msgs {
+                out.push(self.send(queue, m).await);
+            }
+            out
+        })
+    }
 
     fn publish<'a>(&'a self, topic: &'a str, note: Publication) -> BoxFuture<'a, Result<(), BusError>>;
 
