@@ -435,7 +435,8 @@ mod tests {
         let policy = Policy { queue_budget_ms: 0, result_grace_ms: 0, settle_ms: 0, ..Policy::default() };
         let mut now = created;
         let ctx = protocol::Ctx::at(Millis(now));
-        let mut t = protocol::submit(TaskId::try_from(id).unwrap(), wf, serde_json::json!({}), None, &ctx, &policy).task;
+        let mut t =
+            protocol::submit(TaskId::try_from(id).unwrap(), wf, serde_json::json!({}), None, &ctx, &policy).task;
         for _ in 0..retries {
             now += 10_000;
             t = go(&t, &Event::DeadlineExpired, &mut now);

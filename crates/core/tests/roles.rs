@@ -129,7 +129,10 @@ async fn submitter_creates_the_task_starts_it_and_tells_the_caller() {
     assert!(queue(&tw, "scheduler").is_empty(), "the first step is claimed in the creating write");
     let dispatched = queue(&tw, "agent");
     assert_eq!(dispatched.len(), 1);
-    assert_eq!((dispatched[0]["step"].as_str(), dispatched[0]["attempt"].as_str()), (Some("a"), t.locked_by.as_ref().map(AttemptToken::as_str)));
+    assert_eq!(
+        (dispatched[0]["step"].as_str(), dispatched[0]["attempt"].as_str()),
+        (Some("a"), t.locked_by.as_ref().map(AttemptToken::as_str))
+    );
     let timers = queue(&tw, "supervisor");
     assert_eq!(timers.len(), 1);
     assert_eq!(timers[0]["attempt"], dispatched[0]["attempt"]);
@@ -254,8 +257,7 @@ async fn submitter_refuses_what_dynamodb_or_sqs_would_refuse_and_names_each_subm
 #[tokio::test]
 async fn an_agent_request_too_large_for_sqs_fails_its_step_at_once() {
     let tw = twins();
-    let big =
-        json!({"v": 1, "task_id": "big1", "workflow": "two", "input": {"x": "y".repeat(300 * 1024)}}).to_string();
+    let big = json!({"v": 1, "task_id": "big1", "workflow": "two", "input": {"x": "y".repeat(300 * 1024)}}).to_string();
     let mut settings = tw.deps.settings.clone();
     settings.max_input_bytes = 1_000_000;
     let deps = sas_core::deps::Deps { settings, ..tw.deps.clone() };
@@ -604,10 +606,7 @@ async fn the_local_runner_drives_a_task_to_its_end_through_the_bus_port() {
     assert_eq!(task(&tw, "run1").process_state, ProcessState::Processed);
     let states: Vec<ProcessState> =
         tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str::<StatusMessage>(b).unwrap().state).collect();
-    assert_eq!(
-        states,
-        vec![ProcessState::Processing, ProcessState::Processing, ProcessState::Processed]
-    );
+    assert_eq!(states, vec![ProcessState::Processing, ProcessState::Processing, ProcessState::Processed]);
     for q in [
         &tw.deps.resources.submission_queue_url,
         &tw.deps.resources.scheduler_queue_url,

@@ -260,7 +260,7 @@ async fn two_supervisors_racing_on_one_expired_step_recover_once() {
     let s = stack("race-sup").await;
     submitter::submit(&s.deps, &submission("rs1", json!({}), None)).await.unwrap();
     take_dispatch(&s).await; // nobody runs the agent
-    // Wait for CompleteBy and the result grace to pass.
+                             // Wait for CompleteBy and the result grace to pass.
     let grace = s.deps.settings.policy.result_grace_ms;
     s.wait_for("rs1", SECS, |t| t.complete_by.is_some_and(|c| c.plus_ms(grace) < Millis::now())).await;
     let (a, b) = tokio::join!(supervisor::sweep(&s.deps), supervisor::sweep(&s.deps));

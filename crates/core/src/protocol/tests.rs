@@ -113,9 +113,10 @@ fn a_start_sent_again_is_the_same_attempt_until_the_task_moves() {
         let again = resend_start(&tr.task);
         let work: Vec<_> = tr.effects.iter().filter(|e| !e.is_notification()).cloned().collect();
         assert_eq!(again, work, "budget {budget}: same request, same key, same timer");
-        let moved = apply(&tr.task, &Event::AgentSucceeded { attempt: token(&tr.task), output: json!(1) }, &ctx(1_100), &p)
-            .unwrap()
-            .task;
+        let moved =
+            apply(&tr.task, &Event::AgentSucceeded { attempt: token(&tr.task), output: json!(1) }, &ctx(1_100), &p)
+                .unwrap()
+                .task;
         assert!(resend_start(&moved).is_empty(), "a task that moved on has nothing to re-send");
     }
 }

@@ -254,9 +254,12 @@ impl DynamoStore {
         for chunk in ids.chunks(BATCH_GET_MAX) {
             let keys: Vec<Item> =
                 chunk.iter().map(|id| Item::from([("TaskId".to_owned(), AttributeValue::S(id.to_string()))])).collect();
-            let mut pending = Some(KeysAndAttributes::builder().set_keys(Some(keys)).build().map_err(|e| {
-                StoreError::Codec(format!("BatchGetItem keys: {e}"))
-            })?);
+            let mut pending = Some(
+                KeysAndAttributes::builder()
+                    .set_keys(Some(keys))
+                    .build()
+                    .map_err(|e| StoreError::Codec(format!("BatchGetItem keys: {e}")))?,
+            );
             let mut backoff = Duration::from_millis(50);
             while let Some(ka) = pending.take() {
                 let out = self
@@ -629,7 +632,7 @@ mod tests {
         let mut error = done;
         error.process_state = ProcessState::Error;
         let item = s.to_item(&error).unwrap();
-        assert!(item.get("EndShard").is_some() && !item.contains_key("ExpiresAt"), "Error waits for an operator");
+        assert!(item.contains_key("EndShard") && !item.contains_key("ExpiresAt"), "Error waits for an operator");
     }
 
     #[test]

@@ -243,7 +243,15 @@ mod tests {
 
     fn task(id: &str, created: u64) -> Task {
         let wf = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).unwrap().resolve("order", None).unwrap().clone();
-        submit(TaskId::try_from(id).unwrap(), wf, serde_json::json!({}), None, &crate::protocol::Ctx::at(Millis(created)), &Policy::default()).task
+        submit(
+            TaskId::try_from(id).unwrap(),
+            wf,
+            serde_json::json!({}),
+            None,
+            &crate::protocol::Ctx::at(Millis(created)),
+            &Policy::default(),
+        )
+        .task
     }
 
     #[tokio::test]

@@ -161,9 +161,7 @@ pub fn index_key(task: &Task, shards: u32) -> Option<(u32, Millis)> {
 /// `UpdatedAt`): present only once the task is terminal, so a task writes it once, when it ends,
 /// and each state's writes spread over every shard.
 pub fn end_key(task: &Task, shards: u32) -> Option<String> {
-    task.process_state
-        .is_terminal()
-        .then(|| format!("{}#{}", task.process_state, shard_of(&task.task_id, shards)))
+    task.process_state.is_terminal().then(|| format!("{}#{}", task.process_state, shard_of(&task.task_id, shards)))
 }
 
 /// Refuse a task that would not fit in one item.
