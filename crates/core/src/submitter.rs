@@ -155,16 +155,21 @@ pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
 }
 
 /// The submission came back although its task exists: its first handler may have died (or
-/// failed to send) after the write. If the task has not moved since, send its start again.
+/// failed to send) after the write. If the task has not moved since, send its start again, once
+/// (the conditional write of `resend_start` decides which delivery does). A resend that fails is
+/// left to the Supervisor: the submission is not failed again, so it never ends in the DLQ.
 async fn resend(deps: &Deps, task_id: &TaskId) -> Result<(), HandlerError> {
     let Some(task) = deps.store.get(task_id).await? else { return Ok(()) };
-    let effects = protocol::resend_start(&task);
-    if effects.is_empty() {
-        return Ok(());
+    let now = deps.now();
+    let Some(tr) = protocol::resend_start(&task, now) else { return Ok(()) };
+    match deps.store.save(&tr.task, &task).await {
+        Ok(()) => {}
+        Err(StoreError::Conflict { .. }) => return Ok(()),
+        Err(e) => return Err(e.into()),
     }
     info!(%task_id, "submission delivered again before its task moved: start sent again");
-    let sent = effects::perform(deps, Committed { task, effects, now: deps.now() }).await;
-    sent.work.map_or(Ok(()), |e| Err(e.into()))
+    effects::perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await;
+    Ok(())
 }
 
 async fn submit_with(

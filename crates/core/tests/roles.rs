@@ -166,12 +166,17 @@ async fn a_submission_whose_start_was_not_sent_comes_back_and_sends_it_once_more
     let again = queue(&tw, "agent");
     assert_eq!(again.len(), 1, "the start, sent again");
     assert_eq!(again[0]["attempt"].as_str(), t.locked_by.as_ref().map(AttemptToken::as_str), "the same attempt");
-    assert_eq!(task(&tw, "s7"), t, "nothing written");
+    let after = task(&tw, "s7");
+    assert_eq!((after.rev, after.steps[0].maybe_applied), (2, true), "resent once, and the step may apply twice");
+    // a third delivery (the resend's own) sends nothing more
+    record.receive_count = 3;
+    role::handle(Role::Submitter, &tw.deps, &agents, &record).await.unwrap();
+    assert!(queue(&tw, "agent").is_empty());
     // once the task has moved on, a late copy of the submission sends nothing
     let req: AgentRequest = serde_json::from_value(again[0].clone()).unwrap();
     scheduler::schedule(&tw.deps, &result(&req, Outcome::Succeeded { output: json!(1) })).await.unwrap();
     queue(&tw, "agent");
-    record.receive_count = 3;
+    record.receive_count = 4;
     role::handle(Role::Submitter, &tw.deps, &agents, &record).await.unwrap();
     assert!(queue(&tw, "agent").is_empty());
 }

@@ -248,15 +248,31 @@ pub fn submit(
     Transition { task: c.t, effects: c.fx }
 }
 
-/// The sends of a task's creation, again: for a submission delivered again whose task exists and
-/// has not moved since it was created (its submitter may have died after the write, before the
-/// sends). The agent request is the same one (same attempt, same idempotency key): an agent that
-/// got the first copy too does the work once, and the second result is stale. Replies are not
-/// repeated: only the terminal status is owed at least once.
-pub fn resend_start(task: &Task) -> Vec<Effect> {
+/// The sends of a task's creation, again, once: for a submission delivered again whose task has
+/// not moved since it was created (its submitter may have died after the write, before the sends,
+/// or its sends failed). The agent request is the same one (same attempt, same idempotency key).
+/// If the first copy did go out, the attempt now runs twice, and one copy may apply while the
+/// other is refused: so the step is marked *may have applied* (a refusal then still compensates
+/// it), in a write that also makes this the only resend. Replies are not repeated: only the
+/// terminal status is owed at least once. `None` when the task has moved on.
+pub fn resend_start(task: &Task, now: Millis) -> Option<Transition> {
     if task.rev != 1 || task.process_state != ProcessState::Processing {
-        return Vec::new();
+        return None;
     }
+    let effects = start_sends(task);
+    if effects.is_empty() {
+        return None;
+    }
+    let mut t = task.clone();
+    t.rev += 1;
+    t.updated_at = now.max(t.updated_at);
+    let i = t.step_index;
+    t.steps[i].maybe_applied = true;
+    Some(Transition { task: t, effects })
+}
+
+/// The dispatch and timer a task's creation sent.
+fn start_sends(task: &Task) -> Vec<Effect> {
     let (Some(token), Some(complete_by)) = (task.locked_by.clone(), task.complete_by) else { return Vec::new() };
     let ctx = Ctx { now: task.created_at, fresh_token: token, jitter: 0.0 };
     // Re-derive the creation from the task's own record: same time, same token, same deadline.

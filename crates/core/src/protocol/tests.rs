@@ -110,14 +110,20 @@ fn a_start_sent_again_is_the_same_attempt_until_the_task_moves() {
     for budget in [0, 300_000] {
         let p = Policy { queue_budget_ms: budget, ..policy() };
         let tr = submit(TaskId::try_from("t1").unwrap(), order(), json!({"sku": "a"}), None, &ctx(1_010), &p);
-        let again = resend_start(&tr.task);
+        let again = resend_start(&tr.task, Millis(1_050)).expect("a resend");
         let work: Vec<_> = tr.effects.iter().filter(|e| !e.is_notification()).cloned().collect();
-        assert_eq!(again, work, "budget {budget}: same request, same key, same timer");
+        assert_eq!(again.effects, work, "budget {budget}: same request, same key, same timer");
+        assert!(again.task.steps[0].maybe_applied, "two copies of one attempt: a refusal of one hides nothing");
+        assert_eq!(again.task.rev, 2);
+        assert!(resend_start(&again.task, Millis(1_060)).is_none(), "once");
+        let refused = Event::AgentFailed { attempt: token(&tr.task), error: "no".into(), retryable: false };
+        let r = apply(&again.task, &refused, &ctx(1_070), &p).unwrap().task;
+        assert_eq!(r.process_state, ProcessState::Compensating, "the other copy may have reserved: released");
         let moved =
             apply(&tr.task, &Event::AgentSucceeded { attempt: token(&tr.task), output: json!(1) }, &ctx(1_100), &p)
                 .unwrap()
                 .task;
-        assert!(resend_start(&moved).is_empty(), "a task that moved on has nothing to re-send");
+        assert!(resend_start(&moved, Millis(1_200)).is_none(), "a task that moved on has nothing to re-send");
     }
 }
 
