@@ -193,7 +193,7 @@ async fn lambda_deployed_functions_are_wired_and_answer_the_fixtures() {
     // The scheduled event: a sweep of an empty index.
     let (err, resp) = f.invoke("SupervisorFunction", &fixture("supervisor-scheduled.json")).await;
     assert_eq!(err, None, "{resp}");
-    assert_eq!(resp, json!({"expired": 0, "recovered": 0, "stale": 0, "errors": 0}));
+    assert_eq!(resp, json!({"expired": 0, "handed": 0, "errors": 0}));
     // A trigger the function does not serve is a function error (and so an Errors alarm).
     let (err, resp) = f.invoke("SubmitterFunction", &fixture("supervisor-scheduled.json")).await;
     assert_eq!(err.as_deref(), Some("Unhandled"), "{resp}");
