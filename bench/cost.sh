@@ -12,7 +12,8 @@
 # it deletes its stack, so a shared LocalStack is left as it was).
 # Knobs: BENCH_N (1-step tasks, default 200; 3-step workloads get half), SWEEP=1, SWEEP_FINISHED
 # (100000), BENCH_QUEUE_BUDGET_MS (15000), LOCALSTACK_PORT (4566), CARGO_TARGET_DIR.
-# Output: the tables on stdout, raw figures in .local/bench-cost.json.
+# Output: the tables on stdout, raw figures in .local/bench-cost.json, every DynamoDB item write
+# (sizes before/after, index entry sizes, units) in .local/bench-writes.jsonl.
 set -euo pipefail
 # shellcheck source=infra/env.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/../infra/env.sh"
@@ -29,6 +30,7 @@ JSON_OUT="$SAS_LOCAL_DIR/bench-cost.json"
 IN_FLIGHT="$SAS_LOCAL_DIR/bench-in-flight-item.json"
 PORT_FILE="$SAS_LOCAL_DIR/bench-proxy.port"
 PROXY_LOG="$SAS_LOCAL_DIR/bench-proxy.log"
+TRACE="$SAS_LOCAL_DIR/bench-writes.jsonl"
 RUNNER_LOG="$SAS_LOCAL_DIR/bench-runner.log"
 UPSTREAM="http://127.0.0.1:$LOCALSTACK_PORT"
 SASCTL="${CARGO_TARGET_DIR:-$SAS_ROOT/target}/debug/sasctl"
@@ -81,8 +83,8 @@ cargo build -q -p sas-cli --bin sasctl
 "$SASCTL" --outputs "$OUTPUTS" delete-local --name "$STACK" >/dev/null 2>&1 || true
 "$SASCTL" --outputs "$OUTPUTS" deploy-local --name "$STACK" >&2
 
-rm -f -- "$PORT_FILE" "$IN_FLIGHT"
-"$PYTHON" bench/cost_proxy.py --upstream "$UPSTREAM" --port-file "$PORT_FILE" >"$PROXY_LOG" 2>&1 &
+rm -f -- "$PORT_FILE" "$IN_FLIGHT" "$TRACE"
+"$PYTHON" bench/cost_proxy.py --upstream "$UPSTREAM" --port-file "$PORT_FILE" --trace "$TRACE" >"$PROXY_LOG" 2>&1 &
 proxy_pid=$!
 for ((i = 0; i < 100; i++)); do
   [ -s "$PORT_FILE" ] && break

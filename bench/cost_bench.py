@@ -371,7 +371,8 @@ def run_workload(env: Env, a, reply_url: str, reply_queue: str, spec) -> dict:
     return {
         "name": name, "workflow": workflow, "input": inp, "tasks": n, "expected_attempts": expected,
         "drain_secs": round(done, 1), "timers_secs": round(waited, 1),
-        "window_secs": round(snap["until"] - snap["since"], 1), "replies_received": replies,
+        "window_secs": round(snap["until"] - snap["since"], 1), "window": [snap["since"], snap["until"]],
+        "replies_received": replies,
         "problems": problems[:20], "problem_count": len(problems), "rows": snap["rows"], "summary": summary,
         "sample_task": ids[0],
     }

@@ -316,8 +316,9 @@ class Tables:
 
 
 class Proxy:
-    def __init__(self, upstream: Upstream):
+    def __init__(self, upstream: Upstream, trace: str | None = None):
         self.upstream = upstream
+        self.trace = open(trace, "a", buffering=1) if trace else None  # noqa: SIM115 - lives as long as the proxy
         self.counters = Counters()
         self.tables = Tables(upstream)
         self.write_lock = threading.Lock()
@@ -422,18 +423,36 @@ class Proxy:
                     continue
                 keys, ixs = self.tables.get(t)
                 if kind == "ConditionCheck":
-                    add(failed_write_cost(b, transactional))
+                    cost = failed_write_cost(b, transactional)
                 else:
-                    add(write_cost(b, a, keys, ixs, transactional))
+                    cost = write_cost(b, a, keys, ixs, transactional)
+                add(cost)
+                self._trace(op, t, key, b, a, cost, ixs, keys)
             self.counters.add("dynamodb", op, table, wcu=wcu)
             return
         err = json.loads(decoded(rheaders, rbody) or b"{}").get("__type", "")
         if "ConditionalCheckFailed" in err or "TransactionCanceled" in err:
-            for b in before:
-                add(failed_write_cost(b, transactional))
+            for (t, key, _), b in zip(targets, before):
+                cost = failed_write_cost(b, transactional)
+                add(cost)
+                self._trace(op + " (condition failed)", t, key, b, b, cost, [], [])
             self.counters.add("dynamodb", op, table, wcu=wcu, failed_conditions=1)
         else:
             self.counters.add("dynamodb", op, table, errors=1)
+
+    def _trace(self, op, table, key, before, after, cost, ixs, keys):
+        """One line of JSON per item write (--trace): sizes and units, to check the rules by hand."""
+        if not self.trace:
+            return
+        state = lambda i: (i or {}).get("ProcessState", {}).get("S")  # noqa: E731
+        line = {
+            "t": round(time.time(), 3), "op": op, "table": table, "key": {k: next(iter(v.values())) for k, v in key.items()},
+            "state": [state(before), state(after)], "size": [item_size(before), item_size(after)],
+            "index_entry": {ix.name: [ix.entry_size(e) if (e := ix.entry(before, keys)) else None,
+                                      ix.entry_size(e) if (e := ix.entry(after, keys)) else None] for ix in ixs},
+            "wcu": cost,
+        }
+        self.trace.write(json.dumps(line) + "\n")
 
     # -- everything else -----------------------------------------------------------------------
 
@@ -579,9 +598,9 @@ class Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _any
 
 
-def serve(listen: str, upstream: str, port_file: str | None):
+def serve(listen: str, upstream: str, port_file: str | None, trace: str | None = None):
     host, _, port = listen.rpartition(":")
-    Handler.proxy = Proxy(Upstream(upstream))
+    Handler.proxy = Proxy(Upstream(upstream), trace)
     server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
     server.daemon_threads = True
     actual = server.server_address[1]
@@ -603,8 +622,9 @@ def main(argv=None):
     p.add_argument("--listen", default="127.0.0.1:0", help="host:port (port 0: any free port)")
     p.add_argument("--upstream", required=True, help="the real endpoint, e.g. http://127.0.0.1:4566")
     p.add_argument("--port-file", help="write the port listened on here once listening")
+    p.add_argument("--trace", help="append one JSON line per DynamoDB item write (sizes, units) to this file")
     a = p.parse_args(argv)
-    serve(a.listen, a.upstream, a.port_file)
+    serve(a.listen, a.upstream, a.port_file, a.trace)
 
 
 if __name__ == "__main__":
