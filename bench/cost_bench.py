@@ -116,11 +116,14 @@ class Env:
         return out
 
     def batch_write(self, requests: list[dict]):
-        while requests:
-            r = self.direct.ddb("BatchWriteItem", {"RequestItems": {self.table: requests}})
-            requests = r.get("UnprocessedItems", {}).get(self.table, [])
-            if requests:
-                time.sleep(0.05)
+        """BatchWriteItem of up to 25, unprocessed items sent again."""
+        for lo in range(0, len(requests), 25):
+            todo = requests[lo:lo + 25]
+            while todo:
+                r = self.direct.ddb("BatchWriteItem", {"RequestItems": {self.table: todo}})
+                todo = r.get("UnprocessedItems", {}).get(self.table, [])
+                if todo:
+                    time.sleep(0.05)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,12 +515,11 @@ def cmd_sweep(a):
             env.batch_write([{"DeleteRequest": {"Key": {"TaskId": {"S": t}}}} for t in previous])
         now_ms = int(time.time() * 1000)
         ids = [f"expired-{k}-{i:04d}" for i in range(k)]
-        for lo in range(0, k, 25):
-            env.batch_write([
-                {"PutRequest": {"Item": dict(in_flight, TaskId={"S": t}, Shard={"S": str(j % shards)},
-                                             CompleteBy={"N": str(now_ms - 60_000)})}}
-                for j, t in enumerate(ids[lo:lo + 25], start=lo)
-            ])
+        env.batch_write([
+            {"PutRequest": {"Item": dict(in_flight, TaskId={"S": t}, Shard={"S": str(j % shards)},
+                                         CompleteBy={"N": str(now_ms - 60_000)})}}
+            for j, t in enumerate(ids)
+        ])
         previous = ids
         env.reset()
         t1 = time.time()
