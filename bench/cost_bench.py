@@ -346,8 +346,8 @@ def run_workload(env: Env, a, reply_url: str, reply_queue: str, spec) -> dict:
     while True:
         items = env.get_items(ids)
         terminal = sum(1 for i in items.values() if i.get("ProcessState", {}).get("S") in TERMINAL)
-        if a.in_flight and not os.path.exists(a.in_flight):
-            # Keep one in-flight item (for the sweep benchmark's expired copies).
+        if a.in_flight and workflow == "sim-order" and not os.path.exists(a.in_flight):
+            # Keep one in-flight sim-order item (for the sweep benchmark's expired copies).
             live = [i for i in items.values() if "CompleteBy" in i and "Shard" in i and i["ProcessState"]["S"] == "Processing"]
             if live:
                 with open(a.in_flight, "w") as f:
