@@ -467,8 +467,8 @@ def print_report(out: dict, env: Env):
     p(f"\n### Scheduled costs (not per task)\n")
     p(f"- Idle polling (local runner: one long poll of 2 s at a time per queue, 4 queues): "
       f"{idle['empty_receives_per_hour']:.0f} empty ReceiveMessage per hour = ${idle['usd_per_hour']:.4f}/hour "
-      f"(measured over {idle['secs']} s). An SQS event source mapping on AWS polls differently (its own pollers; "
-      f"those requests are not billed to the account as SQS requests).")
+      f"(measured over {idle['secs']} s). This is the local runner's rate: on AWS an SQS event source mapping "
+      f"polls with its own pollers (long polls, several per queue), at another rate; those are SQS requests too.")
     p(f"- One supervisor sweep of the quiet stack: {sw['requests']} requests, {fmt(sw['rcu'])} RCU "
       f"(report {json.dumps(sw['report'])}); at one sweep per minute (the scheduled rule): "
       f"${sw['usd_per_hour_at_1_per_min']:.6f}/hour incl. one Lambda invocation each.")
