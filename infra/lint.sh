@@ -47,7 +47,7 @@ if rc != 0 or summary["failed"] or summary["parsing_errors"] or not summary["res
 PY
 
 echo "== python: infra/*.py and the Lambda executor parse"
-"$TOOLS_VENV/bin/python" - infra/*.py infra/lambda-executor/*/*.py <<'PY'
+"$TOOLS_VENV/bin/python" - infra/*.py infra/lambda-executor/*/*.py bench/*.py <<'PY'
 import ast
 import sys
 
@@ -59,7 +59,7 @@ PY
 
 if command -v shellcheck >/dev/null 2>&1; then
   echo "== shellcheck (advisory)"
-  if shellcheck -x infra/*.sh .ci/run; then
+  if shellcheck -x infra/*.sh bench/*.sh .ci/run; then
     echo "shellcheck: no findings"
   else
     echo "shellcheck: findings above (advisory, not failing the lint)"

@@ -63,6 +63,9 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         sweep_every: u64,
     },
+    /// Run one Supervisor sweep now (every shard of the CompleteBy index, as the scheduled rule
+    /// does) and print what it did as JSON.
+    Sweep,
     /// Send a submission to the submission queue.
     Submit {
         #[arg(long, default_value = "order")]
@@ -259,6 +262,11 @@ async fn run(cli: &Cli) -> Result<()> {
             }
             tracing::info!("stopping the local runner");
             handle.shutdown().await;
+        }
+        Cmd::Sweep => {
+            let deps = deps(cli, &sdk).await?;
+            let report = sas_core::supervisor::sweep(&deps).await;
+            println!("{}", serde_json::to_string(&report)?);
         }
         Cmd::Submit { workflow, task_id, input, reply_to } => {
             let res = resources(cli, &sdk).await?;
