@@ -518,7 +518,7 @@ def cmd_sweep(a):
         ids = [f"expired-{k}-{i:04d}" for i in range(k)]
         env.batch_write([
             {"PutRequest": {"Item": dict(in_flight, TaskId={"S": t}, Shard={"S": str(j % shards)},
-                                         CompleteBy={"N": str(now_ms - 60_000)})}}
+                                         CompleteBy={"N": str(now_ms - 600_000)})}}
             for j, t in enumerate(ids)
         ])
         previous = ids
