@@ -97,9 +97,10 @@ PROXY="http://127.0.0.1:$(cat "$PORT_FILE")"
 
 # The roles, as in make up, but through the proxy. No periodic sweep during the workloads (it is
 # scheduled, not per task: measured on its own); a short queue budget so that every deadline timer
-# fires, and is counted, within the run.
+# fires, and is counted, within the run. Batches gather for the template's default
+# BatchingWindowSeconds (1 s), as the functions' event sources do.
 AWS_ENDPOINT_URL="$PROXY" SAS_OUTPUTS="$OUTPUTS" QUEUE_BUDGET_MS="${BENCH_QUEUE_BUDGET_MS:-15000}" \
-  "$SASCTL" run --sweep-every 86400 >"$RUNNER_LOG" 2>&1 &
+  "$SASCTL" run --sweep-every 86400 --batch-window-ms "${BENCH_BATCH_WINDOW_MS:-1000}" >"$RUNNER_LOG" 2>&1 &
 runner_pid=$!
 sleep 1
 kill -0 "$runner_pid" 2>/dev/null || { echo "the runner died at start:" >&2; tail -20 "$RUNNER_LOG" >&2; exit 1; }

@@ -62,6 +62,10 @@ enum Cmd {
         /// Seconds between supervisor sweeps.
         #[arg(long, default_value_t = 5)]
         sweep_every: u64,
+        /// Milliseconds a batch waits to fill up when fewer than ten messages came (as the
+        /// template's BatchingWindowSeconds does for the functions); 0 handles each receive at once.
+        #[arg(long, default_value_t = 1000)]
+        batch_window_ms: u64,
     },
     /// Run one Supervisor sweep now (every shard of the CompleteBy index, as the scheduled rule
     /// does) and print what it did as JSON.
@@ -251,9 +255,13 @@ async fn run(cli: &Cli) -> Result<()> {
             sas_cli::stack::delete_and_wait(&cfn, name, Duration::from_mins(2)).await?;
             println!("stack {name} deleted");
         }
-        Cmd::Run { sweep_every } => {
+        Cmd::Run { sweep_every, batch_window_ms } => {
             let deps = Arc::new(deps(cli, &sdk).await?);
-            let opts = RunnerOptions { sweep_every: Duration::from_secs(*sweep_every), ..RunnerOptions::default() };
+            let opts = RunnerOptions {
+                sweep_every: Duration::from_secs(*sweep_every),
+                batch_window: Duration::from_millis(*batch_window_ms),
+                ..RunnerOptions::default()
+            };
             let handle = Runner::new(deps, Arc::new(AgentRuntime::from_env()?), opts).spawn();
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             tokio::select! {

@@ -23,6 +23,10 @@ pub struct RunnerOptions {
     pub wait: Duration,
     /// Batches in flight per queue (Lambda's concurrency).
     pub concurrency: usize,
+    /// Like an event source's `MaximumBatchingWindowInSeconds`: after a receive that returned
+    /// fewer than ten messages, wait this long and receive once more to fill the batch. Fewer,
+    /// fuller batches: fewer receives, deletes and invocations, and sends that share requests.
+    pub batch_window: Duration,
     pub roles: Vec<Role>,
 }
 
@@ -32,6 +36,7 @@ impl Default for RunnerOptions {
             sweep_every: Duration::from_secs(5),
             wait: Duration::from_secs(2),
             concurrency: 4,
+            batch_window: Duration::ZERO,
             roles: Role::ALL.to_vec(),
         }
     }
@@ -121,7 +126,7 @@ async fn poll(
             r = deps.bus.receive(&url, 10, opts.wait, visibility) => r,
             _ = stop.changed() => break,
         };
-        let msgs = match out {
+        let mut msgs = match out {
             Ok(m) => m,
             Err(e) => {
                 warn!(role = role.name(), error = %e, "ReceiveMessage failed; retrying in 1 s");
@@ -131,6 +136,13 @@ async fn poll(
         };
         if msgs.is_empty() {
             continue;
+        }
+        if msgs.len() < 10 && !opts.batch_window.is_zero() {
+            // what arrives within the window joins the batch (one more receive)
+            tokio::time::sleep(opts.batch_window).await;
+            if let Ok(more) = deps.bus.receive(&url, 10 - msgs.len(), Duration::ZERO, visibility).await {
+                msgs.extend(more);
+            }
         }
         let (deps, agents, url) = (deps.clone(), agents.clone(), url.clone());
         in_flight.retain(|h: &JoinHandle<()>| !h.is_finished());

@@ -343,6 +343,9 @@ fn agent_succeeded(task: &Task, attempt: &AttemptToken, output: &Value, c: &mut 
     if c.t.phase() == Phase::Forward {
         let i = c.t.step_index;
         c.t.steps[i].output = Some(output.clone());
+        // Only a step that may still be running needs its settling time (a cancel waits for
+        // it); a succeeded one is undone without waiting: one attribute less in every write.
+        c.t.steps[i].settles_at = None;
         // The step recovered: earlier failures stay in the history and the step records.
         c.t.reason = None;
     }

@@ -56,6 +56,7 @@ pub struct CompensationRecord {
     pub name: String,
     pub status: CompensationStatus,
     pub attempts: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub failures: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -73,6 +74,7 @@ pub struct StepRecord {
     pub name: String,
     pub status: StepStatus,
     pub attempts: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub failures: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<Value>,
@@ -260,6 +262,7 @@ pub struct HistoryEntry {
     pub state: ProcessState,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub failure_count: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

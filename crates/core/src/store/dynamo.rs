@@ -13,7 +13,7 @@
 //!   ended ([`super::end_key`]): written once per task, spread over the shards;
 //! - `ExpiresAt`: the TTL of a terminal task (never for `Error`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -69,11 +69,12 @@ pub fn workflow_ref(def: &WorkflowDef) -> String {
     format!("{}@{}:{h:016x}", def.name, def.version)
 }
 
-/// The definitions this process knows, and those it knows are stored.
+/// The definitions this process knows, and those it knows are stored (one cell per definition,
+/// so that concurrent creations store it once: a lost conditional write costs a write unit too).
 #[derive(Debug, Default)]
 struct Workflows {
     defs: HashMap<String, WorkflowDef>,
-    stored: HashSet<String>,
+    stored: HashMap<String, Arc<tokio::sync::OnceCell<()>>>,
 }
 
 /// The DynamoDB implementation of [`StateStore`].
@@ -172,7 +173,7 @@ impl DynamoStore {
         let def: WorkflowDef = serde_dynamo::from_attribute_value(def).map_err(codec)?;
         let mut w = self.known();
         w.defs.insert(r.to_owned(), def.clone());
-        w.stored.insert(r.to_owned());
+        let _ = w.stored.entry(r.to_owned()).or_default().set(());
         Ok(def)
     }
 
@@ -180,9 +181,11 @@ impl DynamoStore {
     /// conditional write per definition and process).
     async fn ensure_workflow(&self, def: &WorkflowDef) -> Result<(), StoreError> {
         let r = workflow_ref(def);
-        if self.known().stored.contains(&r) {
-            return Ok(());
-        }
+        let cell = self.known().stored.entry(r.clone()).or_default().clone();
+        cell.get_or_try_init(|| self.put_workflow(&r, def)).await.map(|()| ())
+    }
+
+    async fn put_workflow(&self, r: &str, def: &WorkflowDef) -> Result<(), StoreError> {
         let item = Item::from([
             ("TaskId".to_owned(), AttributeValue::S(format!("{WORKFLOW_KEY_PREFIX}{r}"))),
             ("Definition".to_owned(), serde_dynamo::to_attribute_value(def).map_err(codec)?),
@@ -203,7 +206,6 @@ impl DynamoStore {
                 ) => {}
             Err(e) => return Err(aws("PutItem")(e)),
         }
-        self.known().stored.insert(r);
         Ok(())
     }
 
@@ -582,7 +584,13 @@ mod tests {
         let mut items = vec![t.clone()];
         let mut now = 1_700_000_001_000;
         while let Some(attempt) = t.locked_by.clone() {
-            let e = Event::AgentSucceeded { attempt, output: serde_json::json!({"ok": true, "ref": "r-12345"}) };
+            // what the simulated agent answers (the benchmarks' workloads)
+            let step = t.current_def().name.clone();
+            let output = serde_json::json!({
+                "agent": "sim", "step": step, "idempotency_key": format!("{}:{step}", t.task_id),
+                "attempt_no": 1, "calls": 1,
+            });
+            let e = Event::AgentSucceeded { attempt, output };
             t = apply(&t, &e, &Ctx::at(Millis(now)), &Policy::default()).unwrap().task;
             items.push(t.clone());
             now += 1_000;
