@@ -182,7 +182,7 @@ impl DynamoStore {
     async fn ensure_workflow(&self, def: &WorkflowDef) -> Result<(), StoreError> {
         let r = workflow_ref(def);
         let cell = self.known().stored.entry(r.clone()).or_default().clone();
-        cell.get_or_try_init(|| self.put_workflow(&r, def)).await.map(|()| ())
+        cell.get_or_try_init(|| self.put_workflow(&r, def)).await.copied()
     }
 
     async fn put_workflow(&self, r: &str, def: &WorkflowDef) -> Result<(), StoreError> {
