@@ -190,6 +190,22 @@ impl DynamoStore {
             ("TaskId".to_owned(), AttributeValue::S(format!("{WORKFLOW_KEY_PREFIX}{r}"))),
             ("Definition".to_owned(), serde_dynamo::to_attribute_value(def).map_err(codec)?),
         ]);
+        // already stored (by another process): as good
+        self.put_new(item).await.map(drop)
+    }
+
+    async fn create_item(&self, task: &Task) -> Result<(), StoreError> {
+        let item = self.to_item(task)?;
+        self.ensure_workflow(&task.workflow).await?;
+        if self.put_new(item).await? {
+            Ok(())
+        } else {
+            Err(StoreError::AlreadyExists)
+        }
+    }
+
+    /// Write `item` if its key is free: `Ok(false)` when an item with that key exists.
+    async fn put_new(&self, item: Item) -> Result<bool, StoreError> {
         let put = self
             .client
             .put_item()
@@ -199,35 +215,13 @@ impl DynamoStore {
             .send()
             .await;
         match put {
-            Ok(_) => {}
-            Err(e)
-                if e.as_service_error().is_some_and(
-                    aws_sdk_dynamodb::operation::put_item::PutItemError::is_conditional_check_failed_exception,
-                ) => {}
-            Err(e) => return Err(aws("PutItem")(e)),
-        }
-        Ok(())
-    }
-
-    async fn create_item(&self, task: &Task) -> Result<(), StoreError> {
-        let item = self.to_item(task)?;
-        self.ensure_workflow(&task.workflow).await?;
-        let r = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .condition_expression("attribute_not_exists(TaskId)")
-            .send()
-            .await;
-        match r {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(true),
             Err(e)
                 if e.as_service_error().is_some_and(
                     aws_sdk_dynamodb::operation::put_item::PutItemError::is_conditional_check_failed_exception,
                 ) =>
             {
-                Err(StoreError::AlreadyExists)
+                Ok(false)
             }
             Err(e) => Err(aws("PutItem")(e)),
         }
