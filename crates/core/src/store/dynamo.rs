@@ -353,6 +353,20 @@ impl DynamoStore {
         Ok(Page { keys, next, unreadable })
     }
 
+    /// A query of one shard of `ByEnd` for `state`.
+    fn ended_query(
+        &self,
+        state: ProcessState,
+        shard: u32,
+    ) -> aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder {
+        self.client
+            .query()
+            .table_name(&self.table)
+            .index_name(BY_END)
+            .key_condition_expression("EndShard = :k")
+            .expression_attribute_values(":k", AttributeValue::S(format!("{state}#{shard}")))
+    }
+
     /// Ended tasks in `state`, most recently ended first: every shard of `ByEnd`, merged.
     async fn query_ended(&self, state: ProcessState, max: usize) -> Result<Vec<TaskSummary>, StoreError> {
         let mut rows = Vec::new();
@@ -361,12 +375,7 @@ impl DynamoStore {
             let mut taken = 0;
             loop {
                 let out = self
-                    .client
-                    .query()
-                    .table_name(&self.table)
-                    .index_name(BY_END)
-                    .key_condition_expression("EndShard = :k")
-                    .expression_attribute_values(":k", AttributeValue::S(format!("{state}#{shard}")))
+                    .ended_query(state, shard)
                     .scan_index_forward(false)
                     .limit(i32::try_from(max.clamp(1, 1000)).unwrap_or(1000))
                     .set_exclusive_start_key(start)
@@ -433,12 +442,7 @@ impl DynamoStore {
             let mut start = None;
             loop {
                 let out = self
-                    .client
-                    .query()
-                    .table_name(&self.table)
-                    .index_name(BY_END)
-                    .key_condition_expression("EndShard = :k")
-                    .expression_attribute_values(":k", AttributeValue::S(format!("{state}#{shard}")))
+                    .ended_query(state, shard)
                     .select(Select::Count)
                     .set_exclusive_start_key(start)
                     .send()
