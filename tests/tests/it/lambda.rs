@@ -334,8 +334,9 @@ async fn lambda_a_failing_record_alone_is_redelivered_until_its_dlq() {
     let attempts: Vec<u32> = t.steps.iter().map(|s| s.attempts).collect();
     assert_eq!(attempts, vec![2, 1, 1], "one claim per attempt");
     // The malformed record is in the DLQ at once, with its reason; the unreadable task's record
-    // fails five times (maxReceiveCount 5), then SQS moves it there too.
-    let dead = f.s.drain(f.s.out("SchedulerDlqUrl"), 2, Duration::from_secs(40)).await;
+    // fails five times (maxReceiveCount 5), then SQS moves it there too: five visibility timeouts
+    // of 2 s, each redelivery then waiting for the event source's 1 s batching window and poll.
+    let dead = f.s.drain(f.s.out("SchedulerDlqUrl"), 2, Duration::from_secs(90)).await;
     let mut bodies: Vec<&str> = dead.iter().filter_map(|m| m.body()).collect();
     bodies.sort_unstable();
     assert_eq!(bodies, {
