@@ -292,7 +292,9 @@ async fn lambda_the_scheduled_rule_sweeps_a_lost_run_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lambda_a_failing_record_alone_is_redelivered_until_its_dlq() {
-    let f = lambda_stack("batch", &[]).await;
+    // Without the batching window: under it, LocalStack once kept the failing record out of the
+    // DLQ for over 90 s (not understood yet; the window is not what this test is about).
+    let f = lambda_stack("batch", &[("BatchingWindowSeconds", "0")]).await;
     // Redelivery waits for the visibility timeout (90 s in the template): 2 s on this test's queue.
     f.s.sqs
         .set_queue_attributes()
