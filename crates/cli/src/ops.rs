@@ -47,19 +47,20 @@ impl Command {
         }
     }
 
-    fn event(self, reason: &str) -> Event {
+    fn event(self, reason: &str, run: Option<u32>) -> Event {
         match self {
-            Command::Cancel => Event::Cancel { reason: reason.to_owned() },
-            Command::Resubmit => Event::Resubmit { reason: reason.to_owned() },
+            Command::Cancel => Event::Cancel { reason: reason.to_owned(), run },
+            Command::Resubmit => Event::Resubmit { reason: reason.to_owned(), run },
         }
     }
 
-    /// The message for `task_id`; a resubmit names the run the operator saw in `Error`, so it
-    /// applies once, to that run.
+    /// The message for `task_id`; it names the run the operator saw, so it applies once, to
+    /// that run (a duplicate delivery, or one that arrives after the task moved to another run,
+    /// changes nothing).
     fn message(self, task_id: &TaskId, reason: &str, run: Option<u32>) -> SchedulerMessage {
         let (task_id, reason) = (task_id.clone(), reason.to_owned());
         match self {
-            Command::Cancel => SchedulerMessage::Cancel(CancelMessage { v: VERSION, task_id, reason }),
+            Command::Cancel => SchedulerMessage::Cancel(CancelMessage { v: VERSION, task_id, reason, run }),
             Command::Resubmit => SchedulerMessage::Resubmit(ResubmitMessage { v: VERSION, task_id, reason, run }),
         }
     }
@@ -100,7 +101,7 @@ pub fn check(command: Command, task_id: &TaskId, task: Option<&Task>) -> Result<
         });
     };
     let ctx = Ctx { now: task.updated_at, fresh_token: AttemptToken::from("sasctl-check"), jitter: 0.0 };
-    match protocol::apply(task, &command.event("check"), &ctx, &Policy::default()) {
+    match protocol::apply(task, &command.event("check", Some(task.run)), &ctx, &Policy::default()) {
         Ok(t) => Ok(t.task),
         Err(stale) => Err(Refusal {
             command,
@@ -283,20 +284,11 @@ pub async fn wait_applied(
     }
 }
 
-/// Stop a task: its completed steps are compensated and it ends `Cancelled`. Sends the message
-/// without reading the task (see [`send_checked`] for the checked way).
+/// Stop a task as an application does: without reading it, so without naming a run. It applies
+/// to a task still running; a task in `Error` is an operator's and takes only a command that
+/// names its run (see [`send_checked`]).
 pub async fn cancel(deps: &Deps, task_id: &TaskId, reason: &str) -> anyhow::Result<()> {
     deps.outbox().to_scheduler(&Command::Cancel.message(task_id, reason, None), 0).await?;
-    Ok(())
-}
-
-/// Resubmit `Error` tasks: each resumes from its failed step. Sent in batches of ten, unchecked.
-pub async fn resubmit(deps: &Deps, task_ids: &[TaskId], reason: &str) -> anyhow::Result<()> {
-    let msgs = task_ids
-        .iter()
-        .map(|t| encode(&Command::Resubmit.message(t, reason, None)).map(Outgoing::new))
-        .collect::<Result<Vec<_>, _>>()?;
-    deps.outbox().to_scheduler_batch(msgs).await?;
     Ok(())
 }
 
@@ -310,13 +302,16 @@ pub async fn resubmit_runs(deps: &Deps, tasks: &[(TaskId, u32)], reason: &str) -
     Ok(())
 }
 
-/// Resubmit every task in `Error` (as the operators' index lists them, up to `max`); returns their
-/// ids. Unchecked and without waiting (see [`resubmit_state_error`]).
+/// Resubmit every task in `Error` (as the operators' index lists them, up to `max`), each fenced
+/// to the run it is read in; returns their ids. Without waiting (see [`resubmit_state_error`]).
 pub async fn resubmit_all_in_error(deps: &Deps, reason: &str, max: usize) -> anyhow::Result<Vec<TaskId>> {
     let ids: Vec<TaskId> =
         deps.store.list_by_state(ProcessState::Error, max).await?.into_iter().map(|r| r.task_id).collect();
-    resubmit(deps, &ids, reason).await?;
-    Ok(ids)
+    let tasks = deps.store.get_many(&ids).await?;
+    let runs: Vec<(TaskId, u32)> =
+        tasks.iter().filter(|t| t.process_state == ProcessState::Error).map(|t| (t.task_id.clone(), t.run)).collect();
+    resubmit_runs(deps, &runs, reason).await?;
+    Ok(runs.into_iter().map(|(id, _)| id).collect())
 }
 
 /// What `resubmit --state Error` did.
@@ -534,7 +529,7 @@ mod tests {
 
     /// Processing charge, then cancelled: compensating it (refund).
     fn cancelled_compensating() -> Task {
-        step(&processing(), &Event::Cancel { reason: "customer asked".into() }, 4_000)
+        step(&processing(), &Event::Cancel { reason: "customer asked".into(), run: None }, 4_000)
     }
 
     #[test]
@@ -593,7 +588,7 @@ mod tests {
         // States passed on the way come from the history. (The refund waits until the cancelled
         // charge attempt has answered: it can no longer race it.)
         let running = processing();
-        let cancelled = step(&running, &Event::Cancel { reason: "customer asked".into() }, 4_000);
+        let cancelled = step(&running, &Event::Cancel { reason: "customer asked".into(), run: None }, 4_000);
         let answered = Event::AgentSucceeded { attempt: running.locked_by.clone().unwrap(), output: json!({}) };
         let refunding = claim(&step(&cancelled, &answered, 4_500), 4_600);
         let done = succeed(&succeed(&refunding, 5_000), 6_000);

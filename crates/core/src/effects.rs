@@ -1,45 +1,59 @@
 //! The one path that performs a committed transition's effects, in the order the protocol
 //! requires: notifications first (`Reply`, `Alert`), then work (`Run`, `Dispatch`, `ArmTimer`).
-//! A failed send is logged, not retried here: the task is already written with a `CompleteBy`, so
-//! the Supervisor recovers anything a lost message would have moved.
+//! A failed send of work or of an essential notice fails the message (the SDK has already retried
+//! it): the message comes back, finds the task as its own write left it (`LastMessage`), and
+//! sends what that write owes again ([`protocol::resend`]). The Supervisor stays the backstop.
 
 use futures::future::join_all;
 use tracing::{info, warn};
 
 use crate::bus::{delay_seconds, BusError};
 use crate::deps::{Deps, HandlerError};
-use crate::ids::Millis;
+use crate::ids::{message_mark, Millis, TaskId};
 use crate::messages::{AgentResult, Outcome, RunMessage, RunReason, SchedulerMessage, SQS_MAX_MESSAGE_BYTES, VERSION};
 use crate::protocol::{self, Effect, Event, Task};
-use crate::transition::{commit, Applied, Committed};
+use crate::store::StoreError;
+use crate::transition::{commit, Applied, Commit, Committed};
 
-/// Commit a transition, then perform its effects. `redelivered`: the message that carries the
-/// event was delivered before, so its earlier handler may have died between a terminal write and
-/// its notices: if the task is terminal, they are sent again.
-pub async fn drive(deps: &Deps, task: Task, event: &Event, redelivered: bool) -> Result<Applied, HandlerError> {
-    // A duplicate of the message that ended the task may be handled at the same time as the
-    // original (SQS delivers at least once): if the original's notices failed and the duplicate
-    // acknowledged the message, only a later event can re-send them. So any event that finds the
-    // task ended within the last RENOTIFY_WINDOW_MS re-sends its notices too (consumers dedupe).
-    let recent = task.updated_at.plus_ms(RENOTIFY_WINDOW_MS) > deps.now();
-    let ended = (task.process_state.is_terminal() && (redelivered || recent)).then(|| task.clone());
-    let (applied, committed) = commit(deps, task, event).await?;
-    let sent = match (committed, ended) {
-        (Some(c), _) => perform(deps, c).await,
-        (None, Some(task)) => {
-            let effects = protocol::terminal_notices(&task);
-            perform(deps, Committed { task, effects, now: deps.now() }).await
-        }
-        (None, None) => Sent::default(),
+/// Commit a transition, then perform its effects. `message`: the id of the queue message that
+/// carries the event (`None` for a direct call). When the event changes nothing but the task's
+/// last write was this very message's (it is delivered again after its handler died or failed
+/// its sends, or an SQS duplicate is handled beside it), what that write owes is sent again:
+/// the current unit's work, or the terminal notices. Any other message re-sends nothing, so late
+/// timers and stale results cost no duplicate notices.
+pub async fn drive(deps: &Deps, task: Task, event: &Event, message: Option<&str>) -> Result<Applied, HandlerError> {
+    let mark = message.map(message_mark);
+    let (applied, commit) = commit(deps, task, event, mark.as_deref()).await?;
+    let sent = match commit {
+        Commit::Written(c) => perform(deps, *c).await,
+        Commit::Unchanged(current) if mark.is_some() && current.last_message == mark => resend(deps, *current).await?,
+        Commit::Unchanged(_) | Commit::Missing => Sent::default(),
     };
-    match sent.essential {
+    match sent.essential.or(sent.work) {
         Some(e) => Err(HandlerError::Bus(e)),
         None => Ok(applied),
     }
 }
 
-/// How long after a task ended an event that finds it so re-sends its terminal notices.
-pub const RENOTIFY_WINDOW_MS: u64 = 15 * 60 * 1000;
+/// Send again what the task's last write owes (see [`protocol::resend`]), after writing the task
+/// first when the resend needs it. A lost conditional write means the task moved on: nothing is
+/// owed any more.
+pub async fn resend(deps: &Deps, current: Task) -> Result<Sent, HandlerError> {
+    let now = deps.now();
+    let tr = protocol::resend(&current, now, &deps.settings.policy);
+    if tr.effects.is_empty() {
+        return Ok(Sent::default());
+    }
+    if tr.task.rev != current.rev {
+        match deps.store.save(&tr.task, &current).await {
+            Ok(()) => {}
+            Err(StoreError::Conflict { .. }) => return Ok(Sent::default()),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    info!(task_id = %current.task_id, state = %current.process_state, sends = tr.effects.len(), "message handled again: what its write owes is sent again");
+    Ok(perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await)
+}
 
 /// What performing a transition's effects achieved.
 #[derive(Debug, Default)]
@@ -52,9 +66,9 @@ pub struct Sent {
     pub work: Option<BusError>,
 }
 
-/// The Scheduler's run message for `task` at `rev`.
-pub fn run_message(task: &Task, rev: u64, reason: RunReason) -> SchedulerMessage {
-    SchedulerMessage::Run(RunMessage { v: VERSION, task_id: task.task_id.clone(), rev, reason })
+/// The Scheduler's run message for a task at `rev`.
+pub fn run_message(task_id: &TaskId, rev: u64, reason: RunReason) -> SchedulerMessage {
+    SchedulerMessage::Run(RunMessage { v: VERSION, task_id: task_id.clone(), rev, reason })
 }
 
 /// Perform one transition's effects.
@@ -102,7 +116,7 @@ async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Resul
         },
         Effect::Alert(a) => out.alert(a).await,
         Effect::Run { rev, delay_ms, reason } => {
-            out.to_scheduler(&run_message(task, *rev, *reason), delay_seconds(*delay_ms)).await
+            out.to_scheduler(&run_message(&task.task_id, *rev, *reason), delay_seconds(*delay_ms)).await
         }
         Effect::Dispatch(r) => match out.dispatch(r).await {
             // The request can never be sent (its input and the earlier steps' outputs exceed

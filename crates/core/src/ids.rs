@@ -163,6 +163,22 @@ impl fmt::Display for IdempotencyKey {
     }
 }
 
+/// FNV-1a, 64 bits: a stable digest for short keys (not a defence against a chosen collision).
+pub fn fnv64(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The mark a queue message leaves on the task it changed (`LastMessage`): 16 hex digits of its
+/// SQS message id, which SQS keeps across redeliveries (and which an SQS duplicate shares).
+pub fn message_mark(message_id: &str) -> String {
+    format!("{:016x}", fnv64(message_id.as_bytes()))
+}
+
 /// `s` cut to at most `max` bytes, on a character boundary (for echoing caller input in reasons
 /// and attributes without ever splitting a UTF-8 character).
 pub fn clip(s: &str, max: usize) -> &str {

@@ -84,6 +84,11 @@ pub struct CancelMessage {
     pub v: u32,
     pub task_id: TaskId,
     pub reason: String,
+    /// The run the sender saw: a cancel applies to that run only. Optional for a running task;
+    /// required for a task in `Error` (an operator's), so a late or duplicate cancel never resumes
+    /// its compensation a second time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<u32>,
 }
 
 /// Scheduler queue: an operator resubmits an `Error` task; it resumes from its failed step.

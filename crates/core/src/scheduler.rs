@@ -4,24 +4,20 @@
 
 use tracing::{info, warn};
 
+use crate::bus::delay_seconds;
 use crate::bus::Record;
 use crate::deps::{Deps, HandlerError};
-use crate::effects::drive;
+use crate::effects::{drive, run_message};
 use crate::ids::TaskId;
-use crate::messages::{Outcome, SchedulerMessage, VERSION};
+use crate::messages::{Outcome, RunReason, SchedulerMessage, VERSION};
 use crate::protocol::{Event, Stale};
 use crate::transition::Applied;
 
 /// The longest agent error kept on a task.
 pub const MAX_ERROR_BYTES: usize = 1024;
 
-/// Parse a scheduler-queue message into the event it carries (and, for a resubmit, the run it
-/// is for).
+/// Parse a scheduler-queue message into the event it carries.
 pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
-    event_and_run(raw).map(|(id, e, _)| (id, e))
-}
-
-fn event_and_run(raw: &str) -> Result<(TaskId, Event, Option<u32>), HandlerError> {
     let msg: SchedulerMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
     if msg.version() != VERSION {
         return Err(HandlerError::Malformed(format!("unsupported version {}", msg.version())));
@@ -39,40 +35,35 @@ fn event_and_run(raw: &str) -> Result<(TaskId, Event, Option<u32>), HandlerError
                 retryable: *retryable,
             },
         },
-        SchedulerMessage::Cancel(c) => Event::Cancel { reason: c.reason.clone() },
-        SchedulerMessage::Resubmit(r) => Event::Resubmit { reason: r.reason.clone() },
+        SchedulerMessage::Cancel(c) => Event::Cancel { reason: c.reason.clone(), run: c.run },
+        SchedulerMessage::Resubmit(r) => Event::Resubmit { reason: r.reason.clone(), run: r.run },
     };
-    let run = match &msg {
-        SchedulerMessage::Resubmit(r) => r.run,
-        _ => None,
-    };
-    Ok((msg.task_id().clone(), event, run))
+    Ok((msg.task_id().clone(), event))
 }
 
-/// Handle one message of the scheduler queue, as delivered (a redelivery re-sends the notices of
-/// a task it finds terminal).
+/// Handle one message of the scheduler queue, as delivered.
 pub async fn handle(deps: &Deps, record: &Record) -> Result<Applied, HandlerError> {
-    schedule_with(deps, &record.body, record.receive_count > 1).await
+    schedule_with(deps, &record.body, Some(&record.message_id)).await
 }
 
 /// Handle one scheduler-queue message body.
 pub async fn schedule(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
-    schedule_with(deps, raw, false).await
+    schedule_with(deps, raw, None).await
 }
 
-async fn schedule_with(deps: &Deps, raw: &str, redelivered: bool) -> Result<Applied, HandlerError> {
-    let (task_id, event, run) = event_and_run(raw)?;
-    if let Some(task) = deps.store.get(&task_id).await? {
-        // A resubmit is fenced by the run the operator saw in Error: a duplicate delivery, or one
-        // that arrives after the task failed again, changes nothing (a conflicting write in
-        // between re-decides on the new item, which is no longer in Error).
-        if let Some(run) = run.filter(|r| *r != task.run) {
-            info!(%task_id, message_run = run, task_run = task.run, "resubmit for another run dropped");
-            return Ok(Applied::Stale(Stale::OtherRun { message: run, current: task.run }));
-        }
-        drive(deps, task, &event, redelivered).await
-    } else {
+async fn schedule_with(deps: &Deps, raw: &str, message: Option<&str>) -> Result<Applied, HandlerError> {
+    let (task_id, event) = event_of(raw)?;
+    let Some(task) = deps.store.get(&task_id).await? else {
         warn!(%task_id, event = event.name(), "no such task; message dropped");
-        Ok(Applied::Missing)
+        return Ok(Applied::Missing);
+    };
+    let applied = drive(deps, task, &event, message).await?;
+    // A run message that arrives before its wait may claim (a delay past SQS's 15 minutes) is
+    // sent on for the rest of the wait instead of being dropped.
+    if let (Applied::Stale(Stale::TooEarly { not_before, now }), Event::Claim { rev }) = (&applied, &event) {
+        info!(%task_id, not_before = not_before.0, "run message came early: sent on for the rest of its wait");
+        let run = run_message(&task_id, *rev, RunReason::Retry);
+        deps.outbox().to_scheduler(&run, delay_seconds(now.until(*not_before))).await?;
     }
+    Ok(applied)
 }

@@ -311,6 +311,7 @@ impl Sim {
                     v: VERSION,
                     task_id: TaskId::try_from(id.as_str()).expect("valid id"),
                     reason: "simulated operator".into(),
+                    run: None,
                 });
                 self.at(when, Action::Operator(msg));
             }
@@ -430,7 +431,12 @@ impl Sim {
                     run: Some(run),
                 })
             } else {
-                SchedulerMessage::Cancel(CancelMessage { v: VERSION, task_id, reason: "simulated operator".into() })
+                SchedulerMessage::Cancel(CancelMessage {
+                    v: VERSION,
+                    task_id,
+                    reason: "simulated operator".into(),
+                    run: Some(run),
+                })
             };
             let when = self.now().plus_ms(self.between(0, 1_000));
             self.at(when, Action::Operator(msg));

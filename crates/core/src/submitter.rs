@@ -9,7 +9,7 @@ use tracing::{info, warn};
 use crate::bus::Record;
 use crate::deps::{Deps, HandlerError};
 use crate::effects;
-use crate::ids::{clip, IdError, TaskId};
+use crate::ids::{clip, message_mark, IdError, TaskId};
 use crate::messages::{QueueUrl, QueueUrlError, StatusMessage, Submission, VERSION};
 use crate::protocol::{self, ProcessState};
 use crate::screen;
@@ -146,38 +146,33 @@ async fn reject(
 /// Handle one message of the submission queue (a submission without `task_id` gets one derived
 /// from the message id, the same on every delivery).
 pub async fn submit_message(deps: &Deps, record: &Record) -> Result<Submitted, HandlerError> {
-    submit_with(deps, &record.body, Some(&record.message_id), record.receive_count > 1).await
+    submit_with(deps, &record.body, Some(&record.message_id)).await
 }
 
 /// Handle one submission body (a submission without `task_id` gets a fresh random id).
 pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
-    submit_with(deps, raw, None, false).await
+    submit_with(deps, raw, None).await
 }
 
-/// The submission came back although its task exists: its first handler may have died (or
-/// failed to send) after the write. If the task has not moved since, send its start again, once
-/// (the conditional write of `resend_start` decides which delivery does). A resend that fails is
-/// left to the Supervisor: the submission is not failed again, so it never ends in the DLQ.
-async fn resend(deps: &Deps, task_id: &TaskId) -> Result<(), HandlerError> {
+/// The task exists: if this very submission created it (its mark is the task's last write: the
+/// message came back, or an SQS duplicate ran beside it, possibly after its handler died or its
+/// sends failed) and the task has not moved since, its start is owed and is sent again. A
+/// different submission that reuses the task id finds nothing owed. A resend that fails is left
+/// to the Supervisor: the submission is not failed again, so it never ends in the DLQ.
+async fn resend(deps: &Deps, task_id: &TaskId, mark: Option<&str>) -> Result<(), HandlerError> {
+    let Some(mark) = mark else { return Ok(()) };
     let Some(task) = deps.store.get(task_id).await? else { return Ok(()) };
-    let now = deps.now();
-    let Some(tr) = protocol::resend_start(&task, now) else { return Ok(()) };
-    match deps.store.save(&tr.task, &task).await {
-        Ok(()) => {}
-        Err(StoreError::Conflict { .. }) => return Ok(()),
-        Err(e) => return Err(e.into()),
+    if task.last_message.as_deref() != Some(mark) {
+        return Ok(());
     }
-    info!(%task_id, "submission delivered again before its task moved: start sent again");
-    effects::perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await;
+    let sent = effects::resend(deps, task).await?;
+    if let Some(e) = sent.work {
+        warn!(%task_id, error = %e, "the start could not be sent again; the Supervisor will retry the attempt");
+    }
     Ok(())
 }
 
-async fn submit_with(
-    deps: &Deps,
-    raw: &str,
-    message_id: Option<&str>,
-    redelivered: bool,
-) -> Result<Submitted, HandlerError> {
+async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<Submitted, HandlerError> {
     let (sub, task_id) = match validate(deps, raw, message_id) {
         Ok(ok) => ok,
         Err(rejection) => return reject(deps, raw, message_id, rejection).await,
@@ -185,7 +180,9 @@ async fn submit_with(
     let def = deps.workflows.resolve(&sub.workflow, sub.workflow_version).expect("validated").clone();
     let ctx = deps.ctx();
     let now = ctx.now;
-    let tr = protocol::submit(task_id.clone(), def, sub.input, sub.reply_to, &ctx, &deps.settings.policy);
+    let mut tr = protocol::submit(task_id.clone(), def, sub.input, sub.reply_to, &ctx, &deps.settings.policy);
+    let mark = message_id.map(message_mark);
+    tr.task.last_message.clone_from(&mark);
     match deps.store.create(&tr.task).await {
         Ok(()) => {
             info!(
@@ -202,9 +199,7 @@ async fn submit_with(
         }
         Err(StoreError::AlreadyExists) => {
             info!(%task_id, "duplicate submission: the task exists, nothing created");
-            if redelivered {
-                resend(deps, &task_id).await?;
-            }
+            resend(deps, &task_id, mark.as_deref()).await?;
             Ok(Submitted::Duplicate(task_id))
         }
         Err(StoreError::TooLarge { bytes }) => {

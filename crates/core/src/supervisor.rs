@@ -13,39 +13,54 @@ use tracing::{debug, error, info};
 use crate::bus::{encode, BusError, Outgoing, Record};
 use crate::deps::{Deps, HandlerError};
 use crate::effects::drive;
-use crate::ids::Millis;
+use crate::ids::{message_mark, Millis};
 use crate::messages::{TimerMessage, VERSION};
 use crate::protocol::{Event, Stale};
 use crate::transition::Applied;
 
 /// Handle one deadline timer from the supervisor queue, as delivered.
 pub async fn handle(deps: &Deps, record: &Record) -> Result<Applied, HandlerError> {
-    timer_with(deps, &record.body, record.receive_count > 1).await
+    timer_with(deps, &record.body, Some(&record.message_id)).await
 }
 
 /// Handle one deadline timer body.
 pub async fn timer(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
-    timer_with(deps, raw, false).await
+    timer_with(deps, raw, None).await
 }
 
-async fn timer_with(deps: &Deps, raw: &str, redelivered: bool) -> Result<Applied, HandlerError> {
+/// A timer decides the deadline it was armed for, once:
+/// - an attempt's timer follows only that attempt (its fencing token);
+/// - a timer the sweep handed over (no attempt) is for the `CompleteBy` the sweep saw: once the
+///   task has another deadline the timer is spent (the sweep finds the task again if it is stuck
+///   again), so sweep duplicates never become timers that follow a task for its whole life;
+/// - one due later than one SQS delay reaches waits again;
+/// - a task that ended owes nothing to a late timer, unless this very timer ended it and comes
+///   back (see [`drive`]).
+async fn timer_with(deps: &Deps, raw: &str, message: Option<&str>) -> Result<Applied, HandlerError> {
     let t: TimerMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
     let Some(task) = deps.store.get(&t.task_id).await? else { return Ok(Applied::Missing) };
-    if task.process_state.is_terminal() {
-        return drive(deps, task, &Event::DeadlineExpired, true).await;
+    let wrote_last = message.is_some_and(|m| task.last_message.as_deref() == Some(message_mark(m).as_str()));
+    if !task.process_state.is_terminal() && !wrote_last {
+        match &t.attempt {
+            Some(a) if task.locked_by.as_ref() != Some(a) => {
+                debug!(task_id = %t.task_id, "timer for an attempt that is no longer current");
+                return Ok(Applied::Stale(Stale::NotCurrentAttempt));
+            }
+            None if task.complete_by != Some(t.complete_by) => {
+                debug!(task_id = %t.task_id, "handed-over timer for a deadline the task has left");
+                return Ok(Applied::Stale(Stale::NotCurrentAttempt));
+            }
+            _ => {}
+        }
+        let now = deps.now();
+        let grace = deps.settings.policy.result_grace_ms;
+        if let Some(cb) = task.complete_by.filter(|cb| cb.plus_ms(grace) > now) {
+            // Due later than one SQS delay can reach (or a result may still be on its way): wait again.
+            deps.outbox().arm_timer(&TimerMessage { complete_by: cb, ..t }, now, grace).await?;
+            return Ok(Applied::Stale(Stale::NotExpired { complete_by: cb, now }));
+        }
     }
-    if t.attempt.as_ref().is_some_and(|a| task.locked_by.as_ref() != Some(a)) {
-        debug!(task_id = %t.task_id, "timer for an attempt that is no longer current");
-        return Ok(Applied::Stale(Stale::NotCurrentAttempt));
-    }
-    let now = deps.now();
-    let grace = deps.settings.policy.result_grace_ms;
-    if let Some(cb) = task.complete_by.filter(|cb| cb.plus_ms(grace) > now) {
-        // Due later than one SQS delay can reach (or a result may still be on its way): wait again.
-        deps.outbox().arm_timer(&TimerMessage { complete_by: cb, ..t }, now, grace).await?;
-        return Ok(Applied::Stale(Stale::NotExpired { complete_by: cb, now }));
-    }
-    drive(deps, task, &Event::DeadlineExpired, redelivered).await
+    drive(deps, task, &Event::DeadlineExpired, message).await
 }
 
 /// What one sweep did.

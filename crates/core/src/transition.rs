@@ -21,6 +21,18 @@ pub enum Applied {
     Missing,
 }
 
+/// What [`commit`] did with one event.
+#[derive(Debug)]
+pub enum Commit {
+    /// The transition was written; its effects are still to be performed.
+    Written(Box<Committed>),
+    /// The event changes nothing for the task as it now is (the item last read or returned by a
+    /// lost conditional write).
+    Unchanged(Box<Task>),
+    /// The task is gone.
+    Missing,
+}
+
 /// A written transition whose effects are still to be performed.
 #[derive(Debug)]
 pub struct Committed {
@@ -33,18 +45,26 @@ pub struct Committed {
 /// then delivered again).
 pub const MAX_CONFLICTS: u32 = 5;
 
-/// Decide and write. `Ok((Changed, Some(committed)))` when the transition was written; the caller
-/// performs its effects.
-pub async fn commit(deps: &Deps, mut task: Task, event: &Event) -> Result<(Applied, Option<Committed>), HandlerError> {
+/// Decide and write. `mark`: the [`crate::ids::message_mark`] of the queue message that carries
+/// the event, recorded on the written task (see `Task::last_message`). On
+/// [`Commit::Written`] the caller performs the effects.
+pub async fn commit(
+    deps: &Deps,
+    mut task: Task,
+    event: &Event,
+    mark: Option<&str>,
+) -> Result<(Applied, Commit), HandlerError> {
     for _ in 0..MAX_CONFLICTS {
         let ctx = deps.ctx();
         let tr = match protocol::apply(&task, event, &ctx, &deps.settings.policy) {
             Ok(tr) => tr,
             Err(stale) => {
                 info!(task_id = %task.task_id, event = event.name(), state = %task.process_state, reason = %stale, "stale event dropped");
-                return Ok((Applied::Stale(stale), None));
+                return Ok((Applied::Stale(stale), Commit::Unchanged(Box::new(task))));
             }
         };
+        let mut tr = tr;
+        tr.task.last_message = mark.map(str::to_owned);
         match deps.store.save(&tr.task, &task).await {
             Ok(()) => {
                 let (state, rev) = (tr.task.process_state, tr.task.rev);
@@ -54,13 +74,13 @@ pub async fn commit(deps: &Deps, mut task: Task, event: &Event) -> Result<(Appli
                     "transition"
                 );
                 let committed = Committed { task: tr.task, effects: tr.effects, now: ctx.now };
-                return Ok((Applied::Changed { state, rev }, Some(committed)));
+                return Ok((Applied::Changed { state, rev }, Commit::Written(Box::new(committed))));
             }
             Err(StoreError::Conflict { current: Some(current) }) => {
                 debug!(task_id = %task.task_id, event = event.name(), "conditional write lost; re-deciding on the current item");
                 task = *current;
             }
-            Err(StoreError::Conflict { current: None }) => return Ok((Applied::Missing, None)),
+            Err(StoreError::Conflict { current: None }) => return Ok((Applied::Missing, Commit::Missing)),
             Err(e) => return Err(e.into()),
         }
     }

@@ -168,10 +168,11 @@ async fn a_submission_whose_start_was_not_sent_comes_back_and_sends_it_once_more
     assert_eq!(again[0]["attempt"].as_str(), t.locked_by.as_ref().map(AttemptToken::as_str), "the same attempt");
     let after = task(&tw, "s7");
     assert_eq!((after.rev, after.steps[0].maybe_applied), (2, true), "resent once, and the step may apply twice");
-    // a third delivery (the resend's own) sends nothing more
+    // a third delivery (the resend's own sends may have failed) sends it again, without a write
     record.receive_count = 3;
     role::handle(Role::Submitter, &tw.deps, &agents, &record).await.unwrap();
-    assert!(queue(&tw, "agent").is_empty());
+    assert_eq!(queue(&tw, "agent").len(), 1);
+    assert_eq!(task(&tw, "s7").rev, 2);
     // once the task has moved on, a late copy of the submission sends nothing
     let req: AgentRequest = serde_json::from_value(again[0].clone()).unwrap();
     scheduler::schedule(&tw.deps, &result(&req, Outcome::Succeeded { output: json!(1) })).await.unwrap();
@@ -194,7 +195,9 @@ async fn a_redelivered_submission_without_a_task_id_creates_one_task() {
     let tasks = tw.store.tasks();
     assert_eq!(tasks.len(), 1);
     assert_eq!(tasks[0].task_id.as_str(), "msg-5fea7756-0ea4-451a-a703-a558b933e274");
-    assert_eq!(queue(&tw, "agent").len(), 1, "started once");
+    let starts = queue(&tw, "agent");
+    assert_eq!(starts.len(), 2, "the redelivery cannot know the first start went out: it sends it again");
+    assert_eq!(starts[0]["attempt"], starts[1]["attempt"], "the same attempt: one claim, one key");
 }
 
 #[tokio::test]
@@ -336,9 +339,9 @@ async fn a_lost_conditional_write_re_decides_on_the_current_item() {
     let (saves, gets) = (tw.store.calls("save"), tw.store.calls("get"));
     // this one still holds the old read: its write loses and it re-decides on what is there now
     let claim = sas_core::protocol::Event::Claim { rev: read.wait_rev };
-    let (applied, committed) = transition::commit(&tw.deps, read, &claim).await.unwrap();
+    let (applied, commit) = transition::commit(&tw.deps, read, &claim, None).await.unwrap();
     assert_eq!(applied, Applied::Stale(Stale::AlreadyClaimed));
-    assert!(committed.is_none());
+    assert!(matches!(commit, transition::Commit::Unchanged(_)));
     assert_eq!((tw.store.calls("save") - saves, tw.store.calls("get") - gets), (1, 0), "one write, no extra read");
 }
 
@@ -355,19 +358,93 @@ async fn endless_conflicts_give_up_and_the_message_comes_back() {
 }
 
 #[tokio::test]
-async fn a_failed_send_after_the_write_leaves_the_task_to_the_supervisor() {
+async fn a_failed_send_after_the_write_fails_the_message_and_its_redelivery_sends_the_same_attempt() {
+    // G4: the lost dispatch used to be only logged, and the attempt waited for its CompleteBy
+    // to be counted as a timeout (5 minutes and an attempt lost at the default queue budget)
     let tw = twins();
-    let run = waiting(&tw, "f1").await;
+    let agents = AgentRuntime::default();
+    let run = Record::new("m-run", waiting(&tw, "f1").await);
     tw.bus.fail_sends(&tw.deps.resources.agent_queue_url, 1);
-    assert!(matches!(scheduler::schedule(&tw.deps, &run).await.unwrap(), Applied::Changed { .. }));
+    let first = role::handle(Role::Scheduler, &tw.deps, &agents, &run).await;
+    assert!(matches!(first, Err(HandlerError::Bus(_))), "the record fails, so SQS delivers it again: {first:?}");
     assert!(queue(&tw, "agent").is_empty(), "the dispatch was lost");
-    // the deadline timer still went out, and at CompleteBy the attempt is retried
-    let timer = queue(&tw, "supervisor").pop().expect("a timer");
-    tw.clock.advance(5_000);
-    assert!(matches!(
-        supervisor::timer(&tw.deps, &timer.to_string()).await.unwrap(),
-        Applied::Changed { state: ProcessState::Pending, .. }
-    ));
+    let claimed = task(&tw, "f1");
+    assert_eq!(claimed.process_state, ProcessState::Processing, "the claim stands");
+    queue(&tw, "supervisor");
+    // the redelivery finds its own write and sends what it owes: the same attempt, once more
+    tw.clock.advance(90_000);
+    role::handle(Role::Scheduler, &tw.deps, &agents, &Record { receive_count: 2, ..run.clone() }).await.unwrap();
+    let again = queue(&tw, "agent");
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0]["attempt"].as_str(), claimed.locked_by.as_ref().map(AttemptToken::as_str));
+    assert_eq!(queue(&tw, "supervisor").len(), 1, "and its deadline timer");
+    let after = task(&tw, "f1");
+    assert_eq!(after.failure_count, claimed.failure_count, "no attempt charged for a dispatch that never left");
+    assert!(after.steps[0].maybe_applied, "two copies of one attempt may be out: a refusal of one hides nothing");
+    // any other message finds nothing owed
+    let other = Record::new("m-other", run.body.clone());
+    role::handle(Role::Scheduler, &tw.deps, &agents, &other).await.unwrap();
+    assert!(queue(&tw, "agent").is_empty());
+}
+
+#[tokio::test]
+async fn late_timers_of_an_ended_task_send_no_notices_again() {
+    // G9: every attempt's timer that fired after the end re-sent the terminal reply and the alert
+    let tw = twins();
+    let replies = tw.reply_queue("caller-replies");
+    let replies = replies.as_str();
+    submitter::submit(&tw.deps, &submission("g9", Some(replies))).await.unwrap();
+    let a: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    scheduler::schedule(&tw.deps, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
+    let b: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    scheduler::schedule(&tw.deps, &result(&b, Outcome::Succeeded { output: json!(2) })).await.unwrap();
+    assert_eq!(task(&tw, "g9").process_state, ProcessState::Processed);
+    let statuses = tw.bus.take(replies).len();
+    assert!(statuses >= 3, "Processing, Processing, Processed: {statuses}");
+    let timers = queue(&tw, "supervisor");
+    assert_eq!(timers.len(), 2, "one per attempt");
+    tw.clock.advance(10 * 60_000);
+    let agents = AgentRuntime::default();
+    for (i, t) in timers.iter().enumerate() {
+        let rec = Record::new(format!("timer-{i}"), t.to_string());
+        assert!(matches!(role::handle(Role::Supervisor, &tw.deps, &agents, &rec).await, Ok(())));
+    }
+    assert!(tw.bus.take(replies).is_empty(), "no terminal status again for a late timer");
+}
+
+#[tokio::test]
+async fn a_handed_over_timer_for_a_deadline_the_task_left_is_spent() {
+    // G10: timers the sweep handed over re-armed themselves for every later deadline of the task
+    let tw = twins();
+    let a = started(&tw, "g10").await;
+    let t = task(&tw, "g10");
+    let handed = json!({"v": 1, "task_id": "g10", "complete_by": t.complete_by.unwrap()}).to_string();
+    tw.clock.advance(1_000);
+    scheduler::schedule(&tw.deps, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
+    queue(&tw, "supervisor");
+    let got = supervisor::timer(&tw.deps, &handed).await.unwrap();
+    assert!(matches!(got, Applied::Stale(_)), "{got:?}");
+    assert!(queue(&tw, "supervisor").is_empty(), "not re-armed for the task's new deadline");
+}
+
+#[tokio::test]
+async fn a_run_message_that_comes_early_is_sent_on_for_the_rest_of_its_wait() {
+    // G12: it was dropped, so a wait longer than SQS's 15-minute delay fell back to the sweep
+    let tw = twins();
+    let a = started(&tw, "g12").await;
+    let cancel = json!({"type": "cancel", "v": 1, "task_id": "g12", "reason": "r"}).to_string();
+    scheduler::schedule(&tw.deps, &cancel).await.unwrap();
+    let t = task(&tw, "g12");
+    let not_before = t.not_before.expect("the compensation waits for the attempt to settle");
+    let run = queue(&tw, "scheduler").pop().expect("the compensation's run message").to_string();
+    let got = scheduler::schedule(&tw.deps, &run).await.unwrap();
+    assert!(matches!(got, Applied::Stale(Stale::TooEarly { .. })), "{got:?}");
+    let url = &tw.deps.resources.scheduler_queue_url;
+    let due = tw.bus.next_visible(url).expect("sent on, not dropped");
+    assert_eq!(tw.bus.depth(url), 1);
+    let whole_seconds = tw.deps.now().until(not_before).div_ceil(1000) * 1000;
+    assert_eq!(due, tw.deps.now().plus_ms(whole_seconds), "due when the wait ends");
+    drop(a);
 }
 
 #[tokio::test]

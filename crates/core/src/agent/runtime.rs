@@ -1,7 +1,10 @@
 //! The agent runtime: an [`Agent`] wraps one remote service; the [`AgentRuntime`] hosts several
 //! of them in one Lambda and enforces the pattern's rules around every call:
-//! - no call is started once `CompleteBy` has passed, and a call still running at `CompleteBy` is
-//!   cancelled (its future is dropped);
+//! - no call is started once the attempt's execution deadline has passed, and a call still
+//!   running then is cancelled (its future is dropped);
+//! - an attempt that ran out of its execution time is reported at once as a retryable failure
+//!   when that is before `CompleteBy` (the attempt is retried now, its effect counted as maybe
+//!   applied, instead of waiting for the Supervisor at `CompleteBy`, which covers a crashed agent);
 //! - transient errors are retried with exponential backoff and jitter, inside the deadline;
 //! - permanent errors are reported at once; nothing is reported after `CompleteBy`.
 
@@ -131,16 +134,30 @@ impl AgentRuntime {
                 retryable: false,
             }));
         };
+        let started = Millis::now();
+        // Out of time: said at once while before CompleteBy (the Scheduler retries now); at
+        // CompleteBy itself nothing is sent and the Supervisor's timer decides.
+        let timed_out = |call_no: u32| {
+            (deadline < req.complete_by).then(|| {
+                result(Outcome::Failed {
+                    error: format!(
+                        "timed out: no answer within the attempt's {} ms (after {call_no} calls)",
+                        started.until(deadline)
+                    ),
+                    retryable: true,
+                })
+            })
+        };
         let mut call_no = 1;
         loop {
             let left = Millis::now().until(deadline);
             if left == 0 {
-                return None;
+                return timed_out(call_no);
             }
             let call = agent.call(Call { request: req, call_no, deadline });
             let Ok(answer) = tokio::time::timeout(Duration::from_millis(left), call).await else {
-                warn!(task_id = %req.task_id, step = %req.step, call_no, "call cancelled at CompleteBy; nothing is sent back");
-                return None;
+                warn!(task_id = %req.task_id, step = %req.step, call_no, "call cancelled at the attempt's deadline");
+                return timed_out(call_no);
             };
             let outcome = match answer {
                 Ok(output) => Outcome::Succeeded { output },

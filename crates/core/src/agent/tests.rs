@@ -68,6 +68,23 @@ async fn a_hung_call_is_cut_at_complete_by_and_nothing_is_sent() {
 }
 
 #[tokio::test]
+async fn a_hung_call_that_ran_out_of_its_time_before_complete_by_is_reported_at_once() {
+    // G16: the request may wait in the queue until start_by (a 60 s budget here); started now it
+    // has its 200 ms: out of time at +200 ms, it says so then, so the Scheduler retries now and
+    // not at CompleteBy (+60.2 s), when the Supervisor would have found it.
+    let mut r = req(json!({"hang_attempts": 1}), 1, 60_200);
+    r.start_by = Some(Millis::now().plus_ms(60_000));
+    let started = std::time::Instant::now();
+    let out = fast().run(&r).await.expect("a timed-out attempt is reported before CompleteBy");
+    assert!(
+        matches!(out.outcome, Outcome::Failed { retryable: true, ref error } if error.starts_with("timed out")),
+        "{out:?}"
+    );
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(190) && took < Duration::from_secs(5), "{took:?}");
+}
+
+#[tokio::test]
 async fn nothing_starts_after_complete_by() {
     let mut r = req(json!({}), 1, 0);
     r.complete_by = Millis(r.complete_by.0 - 1);

@@ -23,7 +23,7 @@
 //! A **unit of work** is a forward step or the compensation of one (see [`task`]); every rule
 //! about attempts, retries and giving up is written once for both.
 
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 
 use crate::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
 use crate::messages::{AgentRequest, Alert, AlertKind, Phase, RunReason, StatusMessage, TimerMessage, VERSION};
@@ -103,13 +103,19 @@ pub enum Event {
     },
     /// The Supervisor found `CompleteBy` in the past.
     DeadlineExpired,
-    /// Operator: stop the task (also an `Error` task parked in its forward stage).
+    /// Stop the task: an application's or an operator's. `run`: the run the sender saw; a
+    /// command for another run changes nothing, and on an `Error` task (in an operator's hands)
+    /// only a command that names its run acts, so a late or duplicate command never resumes a
+    /// compensation a second time.
     Cancel {
         reason: String,
+        run: Option<u32>,
     },
     /// Operator: an `Error` task resumes from its failed step; completed steps are not redone.
+    /// Fenced by `run` like a cancel.
     Resubmit {
         reason: String,
+        run: Option<u32>,
     },
 }
 
@@ -122,6 +128,14 @@ impl Event {
             Event::DeadlineExpired => "deadline_expired",
             Event::Cancel { .. } => "cancel",
             Event::Resubmit { .. } => "resubmit",
+        }
+    }
+
+    /// The run an operator's command was meant for, if it names one.
+    fn run(&self) -> Option<u32> {
+        match self {
+            Event::Cancel { run, .. } | Event::Resubmit { run, .. } => *run,
+            _ => None,
         }
     }
 }
@@ -195,6 +209,8 @@ pub enum Stale {
     TooEarly { not_before: Millis, now: Millis },
     #[error("the command was for run {message}, the task is on run {current}")]
     OtherRun { message: u32, current: u32 },
+    #[error("the task is in Error, in an operator's hands: a command on it must name its run ({current})")]
+    Unfenced { current: u32 },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -242,59 +258,107 @@ pub fn submit(
         outstanding: Vec::new(),
         awaits: None,
         status_seq: 0,
+        last_message: None,
     };
     let mut c = Change { t: task, fx: Vec::new(), ctx, policy };
     c.start_unit();
     Transition { task: c.t, effects: c.fx }
 }
 
-/// The sends of a task's creation, again, once: for a submission delivered again whose task has
-/// not moved since it was created (its submitter may have died after the write, before the sends,
-/// or its sends failed). The agent request is the same one (same attempt, same idempotency key).
-/// If the first copy did go out, the attempt now runs twice, and one copy may apply while the
-/// other is refused: so the step is marked *may have applied* (a refusal then still compensates
-/// it), in a write that also makes this the only resend. Replies are not repeated: only the
-/// terminal status is owed at least once. `None` when the task has moved on.
-pub fn resend_start(task: &Task, now: Millis) -> Option<Transition> {
-    if task.rev != 1 || task.process_state != ProcessState::Processing {
-        return None;
+/// What the last write of a task owes the world, derived from the task alone: for the message
+/// that made that write, delivered again (its handler may have died after the write, or its sends
+/// failed) or handled twice at once (an SQS duplicate whose twin may yet fail its sends). A task
+/// that ended owes its terminal notices; a running attempt its dispatch (the same request: same
+/// attempt, same key, same deadlines) and its deadline timer; a task waiting for a claim its run
+/// message (delayed until it may claim). Replies for states before the last are not repeated:
+/// only the terminal status is owed at least once. Agent requests are idempotent per key and
+/// fenced per attempt, so a second copy of one applies nothing twice.
+pub fn owed_sends(task: &Task, now: Millis, policy: &Policy) -> Vec<Effect> {
+    if task.process_state.is_terminal() {
+        terminal_notices(task)
+    } else {
+        owed_work(task, now, policy)
     }
-    let effects = start_sends(task);
-    if effects.is_empty() {
-        return None;
-    }
-    let mut t = task.clone();
-    t.rev += 1;
-    t.updated_at = now.max(t.updated_at);
-    let i = t.step_index;
-    t.steps[i].maybe_applied = true;
-    Some(Transition { task: t, effects })
 }
 
-/// The dispatch and timer a task's creation sent.
-fn start_sends(task: &Task) -> Vec<Effect> {
-    let (Some(token), Some(complete_by)) = (task.locked_by.clone(), task.complete_by) else { return Vec::new() };
-    let ctx = Ctx { now: task.created_at, fresh_token: token, jitter: 0.0 };
-    // Re-derive the creation from the task's own record: same time, same token, same deadline.
-    let policy = Policy {
-        queue_budget_ms: complete_by.0.saturating_sub(task.created_at.0).saturating_sub(task.current_def().timeout_ms),
-        ..Policy::default()
-    };
-    let again = submit(task.task_id.clone(), task.workflow.clone(), task.input.clone(), None, &ctx, &policy);
-    again.effects.into_iter().filter(|e| !e.is_notification()).collect()
+/// The sends a task's last write owes, for the message that made it (see [`owed_sends`]), and
+/// the task to write first when they copy a running forward attempt: the first copy may have gone
+/// out, so the attempt may now run twice, and one copy may apply while the other is refused; the
+/// step is marked *may have applied* (a refusal then still compensates it). That write is made
+/// once (the mark stays); later copies need none.
+pub fn resend(task: &Task, now: Millis, policy: &Policy) -> Transition {
+    let effects = owed_sends(task, now, policy);
+    let mut t = task.clone();
+    let i = t.step_index;
+    let copies = effects.iter().any(|e| matches!(e, Effect::Dispatch(_)));
+    if copies && t.phase() == Phase::Forward && !t.steps[i].maybe_applied {
+        t.rev += 1;
+        t.updated_at = now.max(t.updated_at);
+        t.steps[i].maybe_applied = true;
+    }
+    Transition { task: t, effects }
+}
+
+/// The work a non-terminal task's last write sent (see [`owed_sends`]).
+fn owed_work(task: &Task, now: Millis, policy: &Policy) -> Vec<Effect> {
+    let Some(complete_by) = task.complete_by else { return Vec::new() };
+    match &task.locked_by {
+        Some(token) => {
+            let def = task.current_def();
+            let budget = def.schedule_to_start_ms.unwrap_or(policy.queue_budget_ms);
+            let start_by = Millis(complete_by.0.saturating_sub(def.timeout_ms));
+            vec![
+                Effect::Dispatch(attempt_request(task, token, task.unit_attempts(), (budget > 0).then_some(start_by))),
+                Effect::ArmTimer(TimerMessage {
+                    v: VERSION,
+                    task_id: task.task_id.clone(),
+                    attempt: Some(token.clone()),
+                    complete_by,
+                }),
+            ]
+        }
+        None if task.process_state == waiting_state(task.phase()) => {
+            let due = task.not_before.unwrap_or(now);
+            vec![Effect::Run { rev: task.wait_rev, delay_ms: now.until(due), reason: RunReason::Retry }]
+        }
+        None => Vec::new(),
+    }
+}
+
+/// The request for the current unit's attempt `token`, as the task records it.
+fn attempt_request(task: &Task, token: &AttemptToken, attempt_no: u32, start_by: Option<Millis>) -> AgentRequest {
+    let def = task.current_def();
+    AgentRequest {
+        v: VERSION,
+        idempotency_key: IdempotencyKey::for_unit(&task.task_id, &def.name, task.unit_key_gen()),
+        task_id: task.task_id.clone(),
+        step: def.name.clone(),
+        phase: task.phase(),
+        agent: def.agent.clone(),
+        attempt: token.clone(),
+        attempt_no,
+        start_by,
+        complete_by: task.complete_by.expect("a running attempt has a CompleteBy"),
+        input: task.unit_input(),
+    }
 }
 
 /// Apply one event. `Err(Stale)` means the event changes nothing.
 pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<Transition, Stale> {
-    // Terminal states are never left, but for an operator's hand on an Error task.
-    let operator_on_error =
-        task.process_state == ProcessState::Error && matches!(event, Event::Cancel { .. } | Event::Resubmit { .. });
+    if let Some(run) = event.run().filter(|r| *r != task.run) {
+        return Err(Stale::OtherRun { message: run, current: task.run });
+    }
     if let Event::Resubmit { .. } = event {
         if task.process_state != ProcessState::Error {
             return Err(Stale::NotResubmittable(task.process_state));
         }
     }
-    if task.process_state.is_terminal() && !operator_on_error {
+    // Terminal states are never left, but for an operator's fenced hand on an Error task.
+    let command = matches!(event, Event::Cancel { .. } | Event::Resubmit { .. });
+    if task.process_state == ProcessState::Error && command && event.run().is_none() {
+        return Err(Stale::Unfenced { current: task.run });
+    }
+    if task.process_state.is_terminal() && !(task.process_state == ProcessState::Error && command) {
         return Err(Stale::Terminal(task.process_state));
     }
     let mut t = task.clone();
@@ -306,8 +370,8 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
         Event::AgentSucceeded { attempt, output } => agent_succeeded(task, attempt, output, &mut c)?,
         Event::AgentFailed { attempt, error, retryable } => agent_failed(task, attempt, error, *retryable, &mut c)?,
         Event::DeadlineExpired => deadline_expired(task, &mut c)?,
-        Event::Cancel { reason } => cancel(task, reason, &mut c)?,
-        Event::Resubmit { reason } => resubmit(reason, &mut c),
+        Event::Cancel { reason, .. } => cancel(task, reason, &mut c)?,
+        Event::Resubmit { reason, .. } => resubmit(reason, &mut c),
     }
     Ok(Transition { task: c.t, effects: c.fx })
 }
@@ -335,7 +399,13 @@ fn claim(task: &Task, rev: u64, c: &mut Change) -> Result<(), Stale> {
 /// but had answered in time (its effect and the retry's share one idempotency key). A compensation
 /// waiting for its forward attempt may start as soon as that attempt has answered.
 fn agent_succeeded(task: &Task, attempt: &AttemptToken, output: &Value, c: &mut Change) -> Result<(), Stale> {
-    if c.releases_compensation(attempt) {
+    if c.awaited(attempt) {
+        // The cancelled step is known to have applied: it is compensated (it is in the plan
+        // already) with its output, which its compensation may need (a charge id to refund).
+        let i = c.t.step_index;
+        c.t.steps[i].status = StepStatus::Succeeded;
+        c.t.steps[i].output = Some(output.clone());
+        c.release_compensation();
         return Ok(());
     }
     check_attempt(task, attempt)?;
@@ -362,13 +432,20 @@ fn agent_failed(
     retryable: bool,
     c: &mut Change,
 ) -> Result<(), Stale> {
-    if c.releases_compensation(attempt) {
+    // Only a definite "no" proves the awaited attempt can no longer apply. A retryable failure
+    // proves nothing (a gateway's 504 while the backend works on; a 409 from a second copy of the
+    // attempt that holds the key): the compensation waits on until the attempt settles.
+    if !retryable && c.awaited(attempt) {
+        c.release_compensation();
         return Ok(());
     }
     if task.locked_by.as_ref() != Some(attempt) {
         return Err(Stale::NotCurrentAttempt);
     }
     if retryable {
+        // Another copy of this attempt (an SQS duplicate, a resent start) may still succeed:
+        // its success is taken, as a timed-out attempt's is.
+        c.t.outstanding.push(attempt.clone());
         c.attempt_failed(error, false);
         return Ok(());
     }
@@ -419,6 +496,8 @@ fn cancel(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stale> {
         c.wait_for_claim(c.ctx.now, RunReason::Retry);
         return Ok(());
     }
+    // A command is a new run: one that names the run before it changes nothing now.
+    c.t.run += 1;
     let i = c.t.step_index;
     if let Some(token) = task.locked_by.clone() {
         c.t.steps[i].status = StepStatus::Cancelled;
@@ -508,23 +587,6 @@ impl Change<'_> {
         }
     }
 
-    /// What the current unit's agent receives: the task input, the outputs of the steps that
-    /// succeeded, and (for a compensation) which step it undoes.
-    fn input_for_current(&self) -> Value {
-        let t = &self.t;
-        let mut outputs = Map::new();
-        for s in &t.steps {
-            if let (StepStatus::Succeeded, Some(o)) = (s.status, &s.output) {
-                outputs.insert(s.name.clone(), o.clone());
-            }
-        }
-        let mut v = json!({ "input": t.input, "outputs": outputs });
-        if t.is_compensating() {
-            v["compensating"] = Value::String(t.steps[t.unit_step()].name.clone());
-        }
-        v
-    }
-
     /// Wait (unlocked) for a claim of the current unit from `due`: a run message for this wait,
     /// delayed until then, and a `CompleteBy` by which the Supervisor restarts a lost one.
     fn wait_for_claim(&mut self, due: Millis, reason: RunReason) {
@@ -559,14 +621,15 @@ impl Change<'_> {
         self.fx.push(Effect::Run { rev: self.t.wait_rev, delay_ms: 0, reason: RunReason::Restart });
     }
 
-    /// A compensation waiting for its forward attempt starts once that attempt has answered.
-    fn releases_compensation(&mut self, attempt: &AttemptToken) -> bool {
-        let waiting = self.t.is_compensating() && self.t.locked_by.is_none() && self.t.awaits.as_ref() == Some(attempt);
-        if waiting {
-            self.t.awaits = None;
-            self.wait_for_claim(self.ctx.now, RunReason::Compensate);
-        }
-        waiting
+    /// Whether a compensation is waiting for this forward attempt to settle.
+    fn awaited(&self, attempt: &AttemptToken) -> bool {
+        self.t.is_compensating() && self.t.locked_by.is_none() && self.t.awaits.as_ref() == Some(attempt)
+    }
+
+    /// The awaited attempt gave a definite answer: the compensation may start now.
+    fn release_compensation(&mut self) {
+        self.t.awaits = None;
+        self.wait_for_claim(self.ctx.now, RunReason::Compensate);
     }
 
     /// Claim the current unit: fresh token, deadlines, dispatch and timer. The request may wait
@@ -584,28 +647,15 @@ impl Change<'_> {
         self.t.restarts = 0;
         self.t.awaits = None;
         let attempt_no = self.t.unit_record().begin_attempt();
-        let key_gen = self.t.unit_record().key_gen();
         let phase = self.t.phase();
         if phase == Phase::Forward {
             let i = self.t.step_index;
             self.t.steps[i].settles_at = Some(complete_by);
         }
         self.note(running_state(phase));
-        let input = self.input_for_current();
+        let request = attempt_request(&self.t, &token, attempt_no, (budget > 0).then_some(start_by));
+        self.fx.push(Effect::Dispatch(request));
         let task_id = self.t.task_id.clone();
-        self.fx.push(Effect::Dispatch(AgentRequest {
-            v: VERSION,
-            idempotency_key: IdempotencyKey::for_unit(&task_id, &def.name, key_gen),
-            task_id: task_id.clone(),
-            step: def.name.clone(),
-            phase,
-            agent: def.agent.clone(),
-            attempt: token.clone(),
-            attempt_no,
-            start_by: (budget > 0).then_some(start_by),
-            complete_by,
-            input,
-        }));
         self.fx.push(Effect::ArmTimer(TimerMessage { v: VERSION, task_id, attempt: Some(token), complete_by }));
     }
 

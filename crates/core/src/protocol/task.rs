@@ -130,8 +130,6 @@ pub(crate) trait UnitRecord {
     /// An operator resubmits: the unit starts over with a clean failure count (and a new
     /// idempotency key if its last attempt was refused: the old key is spent).
     fn reset(&mut self);
-    /// The generation of the unit's idempotency key.
-    fn key_gen(&self) -> u32;
 }
 
 /// One definition of the bookkeeping for both kinds of record; only the status names differ.
@@ -172,9 +170,6 @@ macro_rules! unit_record {
                     self.refused = false;
                     self.key_gen += 1;
                 }
-            }
-            fn key_gen(&self) -> u32 {
-                self.key_gen
             }
         }
     };
@@ -302,7 +297,7 @@ pub struct Task {
     pub steps: Vec<StepRecord>,
     /// Failures of all steps together; it never decreases.
     pub failure_count: u32,
-    /// 1, then +1 for each operator resubmit.
+    /// 1, then +1 for each cancel or resubmit (commands name the run they are for).
     #[serde(default = "first_run")]
     pub run: u32,
     /// The current attempt's fencing token; absent while no attempt is running.
@@ -341,6 +336,12 @@ pub struct Task {
     /// when it answers, or once it can no longer apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub awaits: Option<AttemptToken>,
+    /// A digest of the queue message whose event made the last write (see
+    /// [`crate::ids::message_mark`]). When that message comes back (its handler may have died, or
+    /// its sends failed, after the write), what the write owes the world is sent again: the
+    /// current unit's work, or the terminal notices. Any other message finds nothing owed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_message: Option<String>,
 }
 
 fn first_run() -> u32 {
@@ -392,6 +393,31 @@ impl Task {
             Stage::Forward => step.attempts,
             Stage::Compensating { .. } => step.compensation.as_ref().map_or(0, |c| c.attempts),
         }
+    }
+
+    /// The generation of the current unit's idempotency key.
+    pub(crate) fn unit_key_gen(&self) -> u32 {
+        let step = &self.steps[self.unit_step()];
+        match self.stage {
+            Stage::Forward => step.key_gen,
+            Stage::Compensating { .. } => step.compensation.as_ref().map_or(0, |c| c.key_gen),
+        }
+    }
+
+    /// What the current unit's agent receives: the task input, the outputs of the steps that
+    /// succeeded, and (for a compensation) which step it undoes.
+    pub(crate) fn unit_input(&self) -> Value {
+        let mut outputs = serde_json::Map::new();
+        for s in &self.steps {
+            if let (StepStatus::Succeeded, Some(o)) = (s.status, &s.output) {
+                outputs.insert(s.name.clone(), o.clone());
+            }
+        }
+        let mut v = serde_json::json!({ "input": self.input, "outputs": outputs });
+        if self.is_compensating() {
+            v["compensating"] = Value::String(self.steps[self.unit_step()].name.clone());
+        }
+        v
     }
 
     /// The current unit's record (a compensation's is created on first use).

@@ -1,6 +1,7 @@
 use super::*;
 use crate::workflow::{Backoff, OnFailure, StepDef, WorkflowDef};
 use proptest::prelude::*;
+use serde_json::json;
 
 fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
     StepDef {
@@ -110,12 +111,14 @@ fn a_start_sent_again_is_the_same_attempt_until_the_task_moves() {
     for budget in [0, 300_000] {
         let p = Policy { queue_budget_ms: budget, ..policy() };
         let tr = submit(TaskId::try_from("t1").unwrap(), order(), json!({"sku": "a"}), None, &ctx(1_010), &p);
-        let again = resend_start(&tr.task, Millis(1_050)).expect("a resend");
+        let again = resend(&tr.task, Millis(1_050), &p);
         let work: Vec<_> = tr.effects.iter().filter(|e| !e.is_notification()).cloned().collect();
         assert_eq!(again.effects, work, "budget {budget}: same request, same key, same timer");
         assert!(again.task.steps[0].maybe_applied, "two copies of one attempt: a refusal of one hides nothing");
         assert_eq!(again.task.rev, 2);
-        assert!(resend_start(&again.task, Millis(1_060)).is_none(), "once");
+        let third = resend(&again.task, Millis(1_060), &p);
+        assert_eq!(third.effects, work, "sent again as often as the message comes back");
+        assert_eq!(third.task, again.task, "but written once");
         let refused = Event::AgentFailed { attempt: token(&tr.task), error: "no".into(), retryable: false };
         let r = apply(&again.task, &refused, &ctx(1_070), &p).unwrap().task;
         assert_eq!(r.process_state, ProcessState::Compensating, "the other copy may have reserved: released");
@@ -123,7 +126,8 @@ fn a_start_sent_again_is_the_same_attempt_until_the_task_moves() {
             apply(&tr.task, &Event::AgentSucceeded { attempt: token(&tr.task), output: json!(1) }, &ctx(1_100), &p)
                 .unwrap()
                 .task;
-        assert!(resend_start(&moved, Millis(1_200)).is_none(), "a task that moved on has nothing to re-send");
+        let next = resend(&moved, Millis(1_200), &p);
+        assert_eq!(dispatched(&next.effects)[0].step, "charge", "a task owes what its last write sent");
     }
 }
 
@@ -354,7 +358,7 @@ fn failing_compensation_ends_in_error_with_an_alert() {
 fn cancel_mid_way_compensates_and_ends_cancelled() {
     let mut t = new_task(true).task;
     t = succeed(&t, 1_100).task; // charge running
-    let r = go(&t, Event::Cancel { reason: "customer asked".into() }, 1_150);
+    let r = go(&t, Event::Cancel { reason: "customer asked".into(), run: None }, 1_150);
     assert_eq!(r.task.process_state, ProcessState::Compensating);
     assert_eq!(r.task.steps[1].status, StepStatus::Cancelled);
     // F1: the charge may still land until its CompleteBy (2_100): the refund must not race it
@@ -365,27 +369,118 @@ fn cancel_mid_way_compensates_and_ends_cancelled() {
         Err(Stale::TooEarly { not_before: Millis(2_100), now: Millis(1_160) })
     );
     assert_eq!(
-        apply(&r.task, &Event::Cancel { reason: "again".into() }, &ctx(1_170), &policy()),
+        apply(&r.task, &Event::Cancel { reason: "again".into(), run: None }, &ctx(1_170), &policy()),
         Err(Stale::AlreadyCompensating)
     );
-    // the charge attempt answers (whatever it says): it can no longer apply, the refund may start
-    let late = Event::AgentSucceeded { attempt: token(&t), output: json!(1) };
+    // the charge attempt answers with a success: it can no longer apply, the refund may start,
+    // and it gets the charge's output (G15: the charge id a real refund needs)
+    let late = Event::AgentSucceeded { attempt: token(&t), output: json!({"charge_id": "ch_1"}) };
     let released = go(&r.task, late.clone(), 1_180);
     assert_eq!(released.task.process_state, ProcessState::Compensating);
     assert!(released.effects.iter().any(|e| matches!(e, Effect::Run { delay_ms: 0, .. })));
+    assert_eq!(released.task.steps[1].status, StepStatus::Succeeded, "the charge is known to have applied");
     assert_eq!(apply(&released.task, &late, &ctx(1_185), &policy()), Err(Stale::NotCurrentAttempt), "once");
     let r = claim(&released.task, 1_190);
-    assert_eq!(dispatched(&r.effects)[0].step, "refund");
+    let refund = dispatched(&r.effects)[0].clone();
+    assert_eq!(refund.step, "refund");
+    assert_eq!(refund.input["outputs"]["charge"], json!({"charge_id": "ch_1"}));
     let r = succeed(&r.task, 1_200);
     let r = succeed(&r.task, 1_300);
     assert_eq!(r.task.process_state, ProcessState::Cancelled);
 }
 
 #[test]
+fn only_a_definite_answer_of_the_awaited_attempt_releases_its_compensation() {
+    // G2: a 504 from a gateway while the backend works on, or a 409 from a second copy of the
+    // attempt holding the key, is retryable: it proves nothing, so the refund must not race the
+    // charge that may still land before its CompleteBy (2_100).
+    let mut t = new_task(false).task;
+    t = succeed(&t, 1_100).task; // charge running until 2_100
+    let r = go(&t, Event::Cancel { reason: "x".into(), run: None }, 1_150);
+    let gateway = Event::AgentFailed { attempt: token(&t), error: "504".into(), retryable: true };
+    assert_eq!(apply(&r.task, &gateway, &ctx(1_180), &policy()), Err(Stale::NotCurrentAttempt));
+    assert!(matches!(
+        apply(&r.task, &Event::Claim { rev: r.task.rev }, &ctx(1_190), &policy()),
+        Err(Stale::TooEarly { .. })
+    ));
+    // a definite "no" does release it: nothing of that attempt can land
+    let no = Event::AgentFailed { attempt: token(&t), error: "declined".into(), retryable: false };
+    let released = go(&r.task, no, 1_200);
+    assert_eq!(dispatched(&claim(&released.task, 1_210).effects)[0].step, "refund");
+}
+
+#[test]
+fn a_retryable_failure_of_one_copy_keeps_the_success_of_the_other() {
+    // G11: two copies of one attempt (an SQS duplicate): one answers 409 "key in use", the other
+    // applies and answers success afterwards. The success is the step's.
+    let t = new_task(false).task;
+    let busy = go(&t, Event::AgentFailed { attempt: token(&t), error: "409".into(), retryable: true }, 1_100).task;
+    assert_eq!(busy.process_state, ProcessState::Pending, "the retry waits for its backoff");
+    let ok = go(&busy, Event::AgentSucceeded { attempt: token(&t), output: json!({"r": 1}) }, 1_150);
+    assert_eq!(ok.task.steps[0].status, StepStatus::Succeeded);
+    assert_eq!(ok.task.current_step_name(), Some("charge"));
+    assert_eq!(dispatched(&ok.effects)[0].step, "charge");
+}
+
+#[test]
+fn commands_are_fenced_by_run_and_an_error_task_takes_only_fenced_ones() {
+    // G14: a cancel is a new run; a duplicate or late cancel names the old run and changes nothing,
+    // so it never resumes a compensation that failed again.
+    let mut t = new_task(false).task;
+    t = succeed(&t, 1_100).task;
+    let cancel = Event::Cancel { reason: "c".into(), run: Some(t.run) };
+    let c = go(&t, cancel.clone(), 1_150).task;
+    assert_eq!(c.run, t.run + 1);
+    // the charge answers no; release is refused for good: Error, in an operator's hands
+    let c = go(&c, Event::AgentFailed { attempt: token(&t), error: "no".into(), retryable: false }, 1_200).task;
+    let c = claim(&c, 1_210).task;
+    let e = go(&c, Event::AgentFailed { attempt: token(&c), error: "refused".into(), retryable: false }, 1_300).task;
+    assert_eq!(e.process_state, ProcessState::Error);
+    assert_eq!(apply(&e, &cancel, &ctx(1_400), &policy()), Err(Stale::OtherRun { message: t.run, current: e.run }));
+    let unfenced = Event::Cancel { reason: "app".into(), run: None };
+    assert_eq!(apply(&e, &unfenced, &ctx(1_400), &policy()), Err(Stale::Unfenced { current: e.run }));
+    let resubmit = Event::Resubmit { reason: "r".into(), run: None };
+    assert_eq!(apply(&e, &resubmit, &ctx(1_400), &policy()), Err(Stale::Unfenced { current: e.run }));
+    let again = go(&e, Event::Cancel { reason: "op".into(), run: Some(e.run) }, 1_500).task;
+    assert_eq!(again.process_state, ProcessState::Compensating);
+    assert_eq!(
+        apply(&again, &Event::Cancel { reason: "op".into(), run: Some(e.run) }, &ctx(1_600), &policy()),
+        Err(Stale::OtherRun { message: e.run, current: again.run }),
+        "its duplicate"
+    );
+}
+
+#[test]
+fn what_a_last_write_owes_is_derived_from_the_task() {
+    // G4: a message whose sends failed after its write comes back and sends them again.
+    let t = new_task(true).task;
+    let p = policy();
+    // waiting for a retry: the run message, due at the end of the backoff
+    let r = go(&t, Event::AgentFailed { attempt: token(&t), error: "503".into(), retryable: true }, 1_100);
+    let owed = owed_sends(&r.task, Millis(1_120), &p);
+    let sent: Vec<_> = r.effects.iter().filter(|e| matches!(e, Effect::Run { .. })).cloned().collect();
+    match (&owed[..], &sent[..]) {
+        ([Effect::Run { rev, .. }], [Effect::Run { rev: sent_rev, .. }]) => assert_eq!(rev, sent_rev),
+        other => panic!("{other:?}"),
+    }
+    // a claimed attempt: its request and timer, the same as the claim sent
+    let c = claim(&r.task, 1_400);
+    let work: Vec<_> = c.effects.iter().filter(|e| !e.is_notification()).cloned().collect();
+    assert_eq!(owed_sends(&c.task, Millis(1_450), &p), work);
+    // an ended task: its terminal status (and an alert for Error), nothing else
+    let mut d = c.task;
+    for now in [1_500, 1_600, 1_700] {
+        d = succeed(&d, now).task;
+    }
+    assert_eq!(d.process_state, ProcessState::Processed);
+    assert_eq!(replies(&owed_sends(&d, Millis(1_800), &p)), vec![ProcessState::Processed]);
+}
+
+#[test]
 fn a_compensation_waits_out_a_forward_attempt_that_never_answers() {
     let mut t = new_task(false).task;
     t = succeed(&t, 1_100).task; // charge running until 2_100
-    let r = go(&t, Event::Cancel { reason: "x".into() }, 1_150);
+    let r = go(&t, Event::Cancel { reason: "x".into(), run: None }, 1_150);
     let at = |now| apply(&r.task, &Event::Claim { rev: r.task.rev }, &ctx(now), &policy());
     assert!(matches!(at(2_099), Err(Stale::TooEarly { .. })));
     assert_eq!(dispatched(&at(2_100).unwrap().effects)[0].step, "refund");
@@ -402,7 +497,7 @@ fn may_have_applied_is_remembered_across_every_attempt_of_a_step() {
         Stage::Compensating { plan, .. } => plan.clone(),
         Stage::Forward => vec![],
     };
-    let c = go(&t, Event::Cancel { reason: "x".into() }, 2_150);
+    let c = go(&t, Event::Cancel { reason: "x".into(), run: None }, 2_150);
     assert_eq!(plan(&c.task), vec![1, 0], "the timed-out charge is refunded");
     // F2, retries that end on a retryable error, after a timeout
     let t2 = claim(&t, 2_300).task;
@@ -417,7 +512,7 @@ fn may_have_applied_is_remembered_across_every_attempt_of_a_step() {
     p = claim(&p, 3_200).task;
     let e = go(&p, Event::AgentFailed { attempt: token(&p), error: "down".into(), retryable: false }, 3_300).task;
     assert_eq!(e.process_state, ProcessState::Error);
-    assert_eq!(plan(&go(&e, Event::Cancel { reason: "give up".into() }, 3_400).task), vec![1, 0]);
+    assert_eq!(plan(&go(&e, Event::Cancel { reason: "give up".into(), run: Some(e.run) }, 3_400).task), vec![1, 0]);
 }
 
 #[test]
@@ -428,7 +523,10 @@ fn an_error_left_by_a_failed_compensation_can_be_resubmitted_or_cancelled_with_f
     t = go(&t, Event::AgentFailed { attempt: token(&t), error: "release refused".into(), retryable: false }, 1_300)
         .task;
     assert_eq!(t.process_state, ProcessState::Error);
-    for e in [Event::Resubmit { reason: "r".into() }, Event::Cancel { reason: "c".into() }] {
+    for e in [
+        Event::Resubmit { reason: "r".into(), run: Some(t.run) },
+        Event::Cancel { reason: "c".into(), run: Some(t.run) },
+    ] {
         let r = go(&t, e.clone(), 2_000);
         assert_eq!(r.task.process_state, ProcessState::Compensating, "{}", e.name());
         let d = claim(&r.task, 2_100);
@@ -442,7 +540,7 @@ fn an_error_left_by_a_failed_compensation_can_be_resubmitted_or_cancelled_with_f
 #[test]
 fn a_cancel_right_after_submission_waits_for_the_first_attempt() {
     let t = new_task(false).task;
-    let r = go(&t, Event::Cancel { reason: "x".into() }, 1_020);
+    let r = go(&t, Event::Cancel { reason: "x".into(), run: None }, 1_020);
     assert_eq!(r.task.process_state, ProcessState::Compensating);
     assert_eq!(r.task.awaits, t.locked_by, "the first attempt may be running: its compensation waits for it");
     assert!(dispatched(&r.effects).is_empty());
@@ -497,7 +595,7 @@ fn terminal_states_are_never_left() {
     for e in [
         Event::Claim { rev: t.rev },
         Event::DeadlineExpired,
-        Event::Cancel { reason: "x".into() },
+        Event::Cancel { reason: "x".into(), run: None },
         Event::AgentSucceeded { attempt: AttemptToken::from("x"), output: json!(1) },
     ] {
         assert_eq!(apply(&t, &e, &ctx(99_999), &policy()), Err(Stale::Terminal(ProcessState::Processed)));
@@ -539,7 +637,7 @@ fn resubmit_resumes_an_error_task_from_its_failed_step() {
     let t = parked();
     let e =
         go(&t, Event::AgentFailed { attempt: token(&t), error: "gateway down".into(), retryable: false }, 1_200).task;
-    let r = go(&e, Event::Resubmit { reason: "gateway fixed".into() }, 5_000);
+    let r = go(&e, Event::Resubmit { reason: "gateway fixed".into(), run: Some(1) }, 5_000);
     assert_eq!(r.task.process_state, ProcessState::Pending);
     assert_eq!(r.task.run, 2);
     assert_eq!(r.task.complete_by, Some(Millis(5_500)));
@@ -568,7 +666,7 @@ fn resubmit_finishes_a_failed_compensation() {
     t = go(&t, Event::AgentFailed { attempt: token(&t), error: "release refused".into(), retryable: false }, 1_300)
         .task;
     assert_eq!(t.process_state, ProcessState::Error);
-    let r = go(&t, Event::Resubmit { reason: "fixed".into() }, 2_000);
+    let r = go(&t, Event::Resubmit { reason: "fixed".into(), run: Some(t.run) }, 2_000);
     assert_eq!(r.task.process_state, ProcessState::Compensating);
     let c = claim(&r.task, 2_100);
     assert_eq!(dispatched(&c.effects)[0].step, "release");
@@ -579,12 +677,12 @@ fn resubmit_finishes_a_failed_compensation() {
 fn only_error_tasks_are_resubmitted_and_cancel_undoes_a_parked_task() {
     let t = new_task(false).task;
     assert_eq!(
-        apply(&t, &Event::Resubmit { reason: "x".into() }, &ctx(1_020), &policy()),
+        apply(&t, &Event::Resubmit { reason: "x".into(), run: None }, &ctx(1_020), &policy()),
         Err(Stale::NotResubmittable(ProcessState::Processing))
     );
     let t = parked();
     let e = go(&t, Event::AgentFailed { attempt: token(&t), error: "down".into(), retryable: false }, 1_200).task;
-    let r = go(&e, Event::Cancel { reason: "give up".into() }, 1_300);
+    let r = go(&e, Event::Cancel { reason: "give up".into(), run: Some(e.run) }, 1_300);
     assert_eq!(r.task.process_state, ProcessState::Compensating);
     assert_eq!(dispatched(&r.effects)[0].step, "release", "the definite failure of charge leaves only reserve to undo");
     assert_eq!(succeed(&r.task, 1_400).task.process_state, ProcessState::Cancelled);
@@ -659,8 +757,8 @@ fn event_for(t: &Task, m: &Move, stale_token: &AttemptToken) -> (Event, u64) {
         Move::FailPermanent => (Event::AgentFailed { attempt: cur, error: "e".into(), retryable: false }, now),
         Move::Expire => (Event::DeadlineExpired, t.complete_by.map_or(now, |c| c.0.max(now))),
         Move::ExpireEarly => (Event::DeadlineExpired, t.complete_by.map_or(now, |c| c.0.saturating_sub(1))),
-        Move::Cancel => (Event::Cancel { reason: "r".into() }, now),
-        Move::Resubmit => (Event::Resubmit { reason: "r".into() }, now),
+        Move::Cancel => (Event::Cancel { reason: "r".into(), run: Some(t.run) }, now),
+        Move::Resubmit => (Event::Resubmit { reason: "r".into(), run: Some(t.run) }, now),
     }
 }
 
