@@ -172,7 +172,7 @@ fn doing(t: &Task) -> Option<String> {
 /// Compensating -> Cancelled`.
 pub fn describe_change(before: &Task, after: &Task) -> String {
     let mut path = vec![before.process_state];
-    for h in after.history.iter().filter(|h| h.seq > before.rev) {
+    for h in after.history.iter().filter(|h| h.seq > before.status_seq) {
         if path.last() != Some(&h.state) {
             path.push(h.state);
         }
@@ -599,6 +599,20 @@ mod tests {
         assert_eq!(
             describe_change(&pending(), &claim(&pending(), 3_000)),
             "t-1: Pending -> Processing (503; retry 2/3 in 500 ms); running reserve"
+        );
+    }
+
+    #[test]
+    fn the_path_names_every_state_after_a_restart_too() {
+        // G13: the history's seq was compared with rev, which runs ahead of it after a restart (a
+        // new revision, no new state), so states on the way were left out
+        let waiting = pending();
+        let restarted = step(&waiting, &Event::DeadlineExpired, 1_000_000);
+        assert!(restarted.rev > restarted.status_seq, "a restart writes without a status");
+        let refused = refuse(&claim(&restarted, 1_000_100), 1_000_200);
+        assert_eq!(
+            describe_change(&restarted, &refused).split(" (").next().unwrap(),
+            "t-1: Pending -> Processing -> Compensating"
         );
     }
 
