@@ -204,19 +204,20 @@ impl EndCause {
 }
 
 /// Where the task is: running its steps forward, or undoing them.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Stage {
+    #[default]
     Forward,
     /// `plan` lists the step indexes to undo, in the order they are undone; `pos` is the one now.
-    Compensating {
-        plan: Vec<usize>,
-        pos: usize,
-        cause: EndCause,
-    },
+    Compensating { plan: Vec<usize>, pos: usize, cause: EndCause },
 }
 
 impl Stage {
+    fn is_forward(&self) -> bool {
+        matches!(self, Stage::Forward)
+    }
+
     /// The kind of unit of work this stage runs.
     pub fn phase(&self) -> Phase {
         match self {
@@ -291,11 +292,14 @@ pub struct Task {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<String>,
     pub process_state: ProcessState,
+    /// Absent while forward (most of a task's life): one attribute less in every write.
+    #[serde(default, skip_serializing_if = "Stage::is_forward")]
     pub stage: Stage,
     /// Index of the current forward step.
     pub step_index: usize,
     pub steps: Vec<StepRecord>,
-    /// Failures of all steps together; it never decreases.
+    /// Failures of all steps together; it never decreases. Absent while 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub failure_count: u32,
     /// 1, then +1 for each cancel or resubmit (commands name the run they are for).
     #[serde(default = "first_run")]

@@ -590,6 +590,8 @@ mod tests {
             });
             let e = Event::AgentSucceeded { attempt, output };
             t = apply(&t, &e, &Ctx::at(Millis(now)), &Policy::default()).unwrap().task;
+            // every write records the message that caused it
+            t.last_message = Some(crate::ids::message_mark("5fea7756-0ea4-451a-a703-a558b933e274"));
             items.push(t.clone());
             now += 1_000;
         }
