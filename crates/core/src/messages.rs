@@ -64,6 +64,11 @@ pub enum Outcome {
         error: String,
         retryable: bool,
     },
+    /// The attempt ran out of its execution time (start + `timeout_ms`) before `CompleteBy`:
+    /// its effect is unknown, like a retryable failure's, and the step counts as timed out.
+    TimedOut {
+        error: String,
+    },
 }
 
 /// Scheduler queue: an agent's result for one attempt, fenced by the attempt token.

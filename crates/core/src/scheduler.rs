@@ -28,6 +28,10 @@ pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
             Outcome::Succeeded { output } => {
                 Event::AgentSucceeded { attempt: r.attempt.clone(), output: output.clone() }
             }
+            Outcome::TimedOut { error } => Event::AgentTimedOut {
+                attempt: r.attempt.clone(),
+                error: crate::ids::clip(error, MAX_ERROR_BYTES).to_owned(),
+            },
             Outcome::Failed { error, retryable } => Event::AgentFailed {
                 attempt: r.attempt.clone(),
                 // an agent's error is stored on the task: bounded

@@ -210,7 +210,9 @@ async fn lambda_deployed_functions_are_wired_and_answer_the_fixtures() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lambda_a_workflow_runs_through_every_function_and_the_timer_queue() {
-    let f = lambda_stack("flow", &[]).await;
+    // No queue budget: an attempt's execution deadline is its CompleteBy, so the hung agent has no
+    // time left to say it timed out (as a crashed one never does): only the timer can act.
+    let f = lambda_stack("flow", &[("QueueBudgetMs", "0")]).await;
     let reply = f.s.queue("replies", true).await;
     // reserve's first attempt never answers: only the deadline timer (a delayed message on the
     // supervisor queue, handled by the Supervisor function) can notice; the rule is a day away.

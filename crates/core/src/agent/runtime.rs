@@ -139,12 +139,11 @@ impl AgentRuntime {
         // CompleteBy itself nothing is sent and the Supervisor's timer decides.
         let timed_out = |call_no: u32| {
             (deadline < req.complete_by).then(|| {
-                result(Outcome::Failed {
+                result(Outcome::TimedOut {
                     error: format!(
                         "timed out: no answer within the attempt's {} ms (after {call_no} calls)",
                         started.until(deadline)
                     ),
-                    retryable: true,
                 })
             })
         };

@@ -76,10 +76,7 @@ async fn a_hung_call_that_ran_out_of_its_time_before_complete_by_is_reported_at_
     r.start_by = Some(Millis::now().plus_ms(60_000));
     let started = std::time::Instant::now();
     let out = fast().run(&r).await.expect("a timed-out attempt is reported before CompleteBy");
-    assert!(
-        matches!(out.outcome, Outcome::Failed { retryable: true, ref error } if error.starts_with("timed out")),
-        "{out:?}"
-    );
+    assert!(matches!(out.outcome, Outcome::TimedOut { ref error } if error.starts_with("timed out")), "{out:?}");
     let took = started.elapsed();
     assert!(took >= Duration::from_millis(190) && took < Duration::from_secs(5), "{took:?}");
 }
@@ -192,7 +189,7 @@ async fn an_oversized_2xx_is_a_success_whose_output_says_it_was_truncated() {
     let out = http_runtime(&url, 1_000).run(&r).await.unwrap();
     match out.outcome {
         Outcome::Succeeded { output } => assert_eq!(output["truncated"], json!(true), "{output}"),
-        other @ Outcome::Failed { .. } => panic!("expected a success, got {other:?}"),
+        other => panic!("expected a success, got {other:?}"),
     }
 }
 

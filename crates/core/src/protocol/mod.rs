@@ -101,6 +101,12 @@ pub enum Event {
         error: String,
         retryable: bool,
     },
+    /// The agent's attempt ran out of its execution time before `CompleteBy` (it says so at
+    /// once, instead of leaving the Supervisor to find out at `CompleteBy`).
+    AgentTimedOut {
+        attempt: AttemptToken,
+        error: String,
+    },
     /// The Supervisor found `CompleteBy` in the past.
     DeadlineExpired,
     /// Stop the task: an application's or an operator's. `run`: the run the sender saw; a
@@ -125,6 +131,7 @@ impl Event {
             Event::Claim { .. } => "claim",
             Event::AgentSucceeded { .. } => "agent_succeeded",
             Event::AgentFailed { .. } => "agent_failed",
+            Event::AgentTimedOut { .. } => "agent_timed_out",
             Event::DeadlineExpired => "deadline_expired",
             Event::Cancel { .. } => "cancel",
             Event::Resubmit { .. } => "resubmit",
@@ -369,6 +376,7 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
         Event::Claim { rev } => claim(task, *rev, &mut c)?,
         Event::AgentSucceeded { attempt, output } => agent_succeeded(task, attempt, output, &mut c)?,
         Event::AgentFailed { attempt, error, retryable } => agent_failed(task, attempt, error, *retryable, &mut c)?,
+        Event::AgentTimedOut { attempt, error } => agent_timed_out(task, attempt, error, &mut c)?,
         Event::DeadlineExpired => deadline_expired(task, &mut c)?,
         Event::Cancel { reason, .. } => cancel(task, reason, &mut c)?,
         Event::Resubmit { reason, .. } => resubmit(reason, &mut c),
@@ -453,6 +461,19 @@ fn agent_failed(
     c.t.unit_record().refused(error);
     let reason = format!("{} {} failed permanently: {error}", noun(c.t.phase()), c.t.current_def().name);
     c.give_up(reason);
+    Ok(())
+}
+
+/// The current attempt ran out of its execution time, says its agent: a timeout, found before
+/// `CompleteBy`. Its effect is unknown (the call may land until its deadline), so the attempt
+/// stays outstanding and never releases a waiting compensation.
+fn agent_timed_out(task: &Task, attempt: &AttemptToken, error: &str, c: &mut Change) -> Result<(), Stale> {
+    if task.locked_by.as_ref() != Some(attempt) {
+        return Err(Stale::NotCurrentAttempt);
+    }
+    c.t.outstanding.push(attempt.clone());
+    let reason = format!("{} {} attempt {} {error}", noun(c.t.phase()), c.t.current_def().name, c.t.unit_attempts());
+    c.attempt_failed(&reason, true);
     Ok(())
 }
 

@@ -423,6 +423,26 @@ fn a_retryable_failure_of_one_copy_keeps_the_success_of_the_other() {
 }
 
 #[test]
+fn an_attempt_its_agent_says_timed_out_is_retried_now_and_counts_as_a_timeout() {
+    // G16: the agent says so at start + timeout; the Supervisor would find out at CompleteBy
+    let mut t = new_task(false).task;
+    for (i, now) in [1_100, 1_300, 1_700].into_iter().enumerate() {
+        let out = Event::AgentTimedOut { attempt: token(&t), error: "timed out: no answer within 1000 ms".into() };
+        let r = go(&t, out, now);
+        assert_eq!(r.task.failure_count, u32::try_from(i).unwrap() + 1);
+        assert!(r.task.steps[0].maybe_applied, "its call may land until its deadline");
+        if i < 2 {
+            assert!(r.task.outstanding.contains(&token(&t)), "a late success of it is still taken");
+            assert_eq!(r.task.process_state, ProcessState::Pending, "retried after its backoff, not at CompleteBy");
+            t = claim(&r.task, now + 150).task;
+        } else {
+            assert_eq!(r.task.steps[0].status, StepStatus::TimedOut);
+            assert_eq!(alerts(&r.effects), vec![AlertKind::RetriesExhausted]);
+        }
+    }
+}
+
+#[test]
 fn commands_are_fenced_by_run_and_an_error_task_takes_only_fenced_ones() {
     // G14: a cancel is a new run; a duplicate or late cancel names the old run and changes nothing,
     // so it never resumes a compensation that failed again.
