@@ -79,6 +79,8 @@ enum Cmd {
         /// The task input, JSON.
         #[arg(long, default_value = "{}")]
         input: String,
+        /// The URL of a queue of yours for the task's status messages; it must be on the stack's
+        /// allow-list (output ReplyQueueArnPattern; by default queues named <stack>-reply-*).
         #[arg(long)]
         reply_to: Option<String>,
     },

@@ -1,7 +1,9 @@
 //! The one path that performs a committed transition's effects, in the order the protocol
 //! requires: notifications first (`Reply`, `Alert`), then work (`Run`, `Dispatch`, `ArmTimer`).
 //! A failed send is logged, not retried here: the task is already written with a `CompleteBy`, so
-//! the Supervisor recovers anything a lost message would have moved.
+//! the Supervisor recovers anything a lost message would have moved. A status the caller's
+//! `reply_to` refuses for good (denied, a KMS key, a parameter, a queue that is gone) is never
+//! essential: it is logged (`reply_undelivered = true`) and counted on the task.
 
 use futures::future::join_all;
 use tracing::{info, warn};
@@ -11,7 +13,9 @@ use crate::deps::{Deps, HandlerError};
 use crate::ids::Millis;
 use crate::messages::{AgentResult, Outcome, RunMessage, RunReason, SchedulerMessage, SQS_MAX_MESSAGE_BYTES, VERSION};
 use crate::protocol::{self, Effect, Event, Task};
-use crate::transition::{commit, Applied, Committed};
+use crate::reply;
+use crate::store::StoreError;
+use crate::transition::{commit, Applied, Committed, MAX_CONFLICTS};
 
 /// Commit a transition, then perform its effects. `redelivered`: the message that carries the
 /// event was delivered before, so its earlier handler may have died between a terminal write and
@@ -50,6 +54,10 @@ pub struct Sent {
     pub essential: Option<BusError>,
     /// The first failed send of work (a dispatch, a timer, a run message), if any.
     pub work: Option<BusError>,
+    /// Statuses `reply_to` refused for good (never essential, never retried).
+    pub undelivered: u32,
+    /// Why the last of them failed.
+    pub undelivered_error: Option<String>,
 }
 
 /// The Scheduler's run message for `task` at `rev`.
@@ -57,9 +65,17 @@ pub fn run_message(task: &Task, rev: u64, reason: RunReason) -> SchedulerMessage
     SchedulerMessage::Run(RunMessage { v: VERSION, task_id: task.task_id.clone(), rev, reason })
 }
 
-/// Perform one transition's effects.
+/// Perform one transition's effects, and record on the task any status that can never reach
+/// its `reply_to`.
 pub async fn perform(deps: &Deps, c: Committed) -> Sent {
-    let (notes, work): (Vec<_>, Vec<_>) = c.effects.into_iter().partition(Effect::is_notification);
+    let sent = send(deps, &c).await;
+    record_undelivered(deps, &c.task, &sent).await;
+    sent
+}
+
+/// Send one transition's effects (nothing is recorded on the task).
+pub async fn send(deps: &Deps, c: &Committed) -> Sent {
+    let (notes, work): (Vec<_>, Vec<_>) = c.effects.iter().partition(|e| e.is_notification());
     let mut sent = Sent::default();
     // Within a group the sends go to different queues and need no order: send them together.
     for group in [notes, work] {
@@ -71,9 +87,14 @@ pub async fn perform(deps: &Deps, c: Committed) -> Sent {
                         info!(task_id = %c.task.task_id, kind = ?a.kind, "operator alert published");
                     }
                 }
-                Err(err @ BusError::NoSuchQueue { .. }) if matches!(e, Effect::Reply(_)) => {
+                Err(err) if matches!(e, Effect::Reply(_)) && err.is_permanent() => {
                     sent.failed += 1;
-                    warn!(task_id = %c.task.task_id, error = %err, "the caller's reply_to queue does not exist: status not delivered (the task goes on)");
+                    sent.undelivered += 1;
+                    warn!(
+                        task_id = %c.task.task_id, reply_undelivered = true, error = %err,
+                        "the caller's reply_to refuses the status for good: not delivered, counted on the task (the task goes on)"
+                    );
+                    sent.undelivered_error = Some(err.to_string());
                 }
                 Err(err) => {
                     sent.failed += 1;
@@ -93,11 +114,45 @@ pub async fn perform(deps: &Deps, c: Committed) -> Sent {
     sent
 }
 
+/// Count statuses that could never be delivered on the task, in a conditional write of its own
+/// (re-applied on the current item if a transition wins the race). A failure is only logged: the
+/// statuses were logged already, and the task goes on either way.
+pub async fn record_undelivered(deps: &Deps, task: &Task, sent: &Sent) {
+    let Some(error) = sent.undelivered_error.as_deref() else { return };
+    let mut read = task.clone();
+    for _ in 0..MAX_CONFLICTS {
+        let next = read.with_undelivered_replies(sent.undelivered, error);
+        match deps.store.save(&next, &read).await {
+            Ok(()) => {
+                info!(task_id = %task.task_id, undelivered_replies = next.undelivered_replies, rev = next.rev, "undelivered statuses recorded on the task");
+                return;
+            }
+            Err(StoreError::Conflict { current: Some(current) }) => read = *current,
+            Err(StoreError::Conflict { current: None }) => return,
+            Err(e) => {
+                warn!(task_id = %task.task_id, error = %e, "could not record the undelivered statuses on the task");
+                return;
+            }
+        }
+    }
+    warn!(task_id = %task.task_id, "could not record the undelivered statuses on the task: it kept changing");
+}
+
 async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Result<(), BusError> {
     let out = deps.outbox();
     match e {
+        // Checked again at each send: a task accepted under a wider allow-list (or before there
+        // was one) never makes the stack write where it may no longer.
         Effect::Reply(s) => match &task.reply_to {
-            Some(q) => out.reply(q, s).await,
+            Some(q) => match reply::check(&deps.resources, q) {
+                Ok(q) => out.reply(q.as_str(), s).await,
+                Err(refused) => Err(BusError::Refused {
+                    op: "SendMessage",
+                    target: q.clone(),
+                    code: "NotAllowed".into(),
+                    message: refused.to_string(),
+                }),
+            },
             None => Ok(()),
         },
         Effect::Alert(a) => out.alert(a).await,

@@ -29,6 +29,7 @@ pub mod entropy;
 pub mod ids;
 pub mod messages;
 pub mod protocol;
+pub mod reply;
 pub mod role;
 pub mod runner;
 pub mod scheduler;

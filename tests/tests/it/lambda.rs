@@ -211,7 +211,7 @@ async fn lambda_deployed_functions_are_wired_and_answer_the_fixtures() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lambda_a_workflow_runs_through_every_function_and_the_timer_queue() {
     let f = lambda_stack("flow", &[]).await;
-    let reply = f.s.queue("replies", true).await;
+    let reply = f.s.reply_queue("replies", true).await;
     // reserve's first attempt never answers: only the deadline timer (a delayed message on the
     // supervisor queue, handled by the Supervisor function) can notice; the rule is a day away.
     let sub = json!({"v": 1, "task_id": "w1", "workflow": "sim-order", "reply_to": reply,

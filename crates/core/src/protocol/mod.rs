@@ -242,6 +242,8 @@ pub fn submit(
         outstanding: Vec::new(),
         awaits: None,
         status_seq: 0,
+        undelivered_replies: 0,
+        reply_error: None,
     };
     let mut c = Change { t: task, fx: Vec::new(), ctx, policy };
     c.start_unit();
