@@ -18,7 +18,7 @@ use sas_core::submitter::Submitted;
 use sas_core::transition::{self, Applied, MAX_CONFLICTS};
 use sas_core::twins::Twins;
 use sas_core::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
-use sas_core::{scheduler, submitter, supervisor};
+use sas_core::{effects, scheduler, submitter, supervisor};
 use serde_json::{json, Value};
 
 const T0: Millis = Millis(1_700_000_000_000);
@@ -562,6 +562,32 @@ async fn a_reply_to_off_the_allow_list_or_of_the_stack_is_refused_and_hears_noth
         "{:?}",
         kept[0]
     );
+}
+
+#[tokio::test]
+async fn recording_undelivered_statuses_re_decides_on_a_task_that_moved_meanwhile() {
+    // the record is a conditional write: one that lost to a transition is applied to what won
+    let tw = twins();
+    let req = started(&tw, "race").await;
+    let read = task(&tw, "race");
+    scheduler::schedule(&tw.deps, &result(&req, Outcome::Succeeded { output: json!(1) })).await.unwrap();
+    let moved = task(&tw, "race");
+    assert_eq!((moved.step_index, moved.rev), (1, read.rev + 1));
+    let sent = effects::Sent {
+        undelivered: 2,
+        undelivered_error: Some("SendMessage to q refused (AccessDenied): no".into()),
+        ..effects::Sent::default()
+    };
+    effects::record_undelivered(&tw.deps, &read, &sent).await;
+    let t = task(&tw, "race");
+    assert_eq!((t.undelivered_replies, t.rev, t.step_index), (2, moved.rev + 1, 1), "the transition stands");
+    assert_eq!(t.reply_error.as_deref(), sent.undelivered_error.as_deref());
+    assert_eq!(t.updated_at, moved.updated_at);
+    // and the task goes on from there, the count kept
+    let b: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    scheduler::schedule(&tw.deps, &result(&b, Outcome::Succeeded { output: json!(2) })).await.unwrap();
+    let done = task(&tw, "race");
+    assert_eq!((done.process_state, done.undelivered_replies), (ProcessState::Processed, 2));
 }
 
 #[tokio::test]
