@@ -391,7 +391,8 @@ def cmd_workloads(a):
     env = Env(a)
     env.outputs_path = a.outputs
     env.json_out = a.json_out
-    reply_queue = f"{env.outputs.get('StackName', 'sas-bench')}-replies"
+    # on the stack's default reply allow-list (<stack>-reply-*): any other reply_to is Rejected
+    reply_queue = f"{env.outputs.get('StackName', 'sas-bench')}-reply-bench"
     reply_url = env.sqs("CreateQueue", {"QueueName": reply_queue})["QueueUrl"]
     results = []
     started = time.time()
@@ -437,7 +438,7 @@ def cmd_workloads(a):
 
 def print_report(out: dict, env: Env):
     results = out["workloads"]
-    reply_queue = f"{out['stack']}-replies"
+    reply_queue = f"{out['stack']}-reply-bench"
     p = print
     p(f"\n## Cost per task ({out['stack']}, {time.strftime('%Y-%m-%d')}; figures are per completed task)\n")
     p(main_table(results))

@@ -235,8 +235,10 @@ async fn scenario(
     let res = deps.resources.clone();
 
     // The caller's private reply queue, and an operator's alert inbox on the topic.
-    let reply =
-        sqs.create_queue().queue_name(format!("{run}-replies")).send().await.map_err(aws_sdk_sqs::Error::from)?;
+    // Named on the stack's allow-list (by default `<stack>-reply-*`): any other reply_to is refused.
+    let reply_name = sas_core::reply::queue_name(&res, &run)
+        .context("the stack's ReplyQueueArnPattern names no queue prefix: the demo cannot name a reply queue on it")?;
+    let reply = sqs.create_queue().queue_name(reply_name).send().await.map_err(aws_sdk_sqs::Error::from)?;
     let reply = reply.queue_url.context("no queue url")?;
     let inbox =
         sqs.create_queue().queue_name(format!("{run}-alerts")).send().await.map_err(aws_sdk_sqs::Error::from)?;

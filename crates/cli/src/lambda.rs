@@ -435,6 +435,7 @@ pub const FUNCTION_ENVIRONMENT: &[(&str, Option<&str>)] = &[
     ("AGENT_QUEUE_URL", Some("AgentQueueUrl")),
     ("SUPERVISOR_QUEUE_URL", Some("SupervisorQueueUrl")),
     ("ALERT_TOPIC_ARN", Some("AlertTopicArn")),
+    ("REPLY_QUEUE_ARN_PATTERN", Some("ReplyQueueArnPattern")),
     ("SUPERVISOR_SHARDS", Some("SupervisorShards")),
     ("RETENTION_DAYS", None),
     ("START_TIMEOUT_MS", None),

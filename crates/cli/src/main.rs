@@ -79,6 +79,8 @@ enum Cmd {
         /// The task input, JSON.
         #[arg(long, default_value = "{}")]
         input: String,
+        /// The URL of a queue of yours for the task's status messages; it must be on the stack's
+        /// allow-list (output ReplyQueueArnPattern; by default queues named <stack>-reply-*).
         #[arg(long)]
         reply_to: Option<String>,
     },
@@ -309,6 +311,13 @@ async fn run(cli: &Cli) -> Result<()> {
             println!("LockedBy      {}", t.locked_by.as_ref().map_or("-", |l| l.as_str()));
             println!("CompleteBy    {}", ms(t.complete_by));
             println!("reason        {}", t.reason.as_deref().unwrap_or("-"));
+            if t.undelivered_replies > 0 {
+                println!(
+                    "reply_to      {} statuses undelivered; last: {}",
+                    t.undelivered_replies,
+                    t.reply_error.as_deref().unwrap_or("-")
+                );
+            }
             println!(
                 "\n{:<12} {:<10} {:>8} {:>8}  {:<22} error",
                 "step", "status", "attempts", "failures", "compensation"

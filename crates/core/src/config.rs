@@ -33,6 +33,10 @@ pub struct Resources {
     pub agent_dlq_url: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub supervisor_dlq_url: Option<String>,
+    /// The ARN pattern of the queues a submission may name as `reply_to` (IAM grants the replying
+    /// functions the same); unset, no `reply_to` is accepted. See [`crate::reply`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_queue_arn_pattern: Option<String>,
     /// How many shards the `ByCompleteBy` index is spread over.
     pub shards: u32,
 }
@@ -78,6 +82,8 @@ impl Resources {
             scheduler_dlq_url: get(pick("SCHEDULER_DLQ_URL", "SchedulerDlqUrl")),
             agent_dlq_url: get(pick("AGENT_DLQ_URL", "AgentDlqUrl")),
             supervisor_dlq_url: get(pick("SUPERVISOR_DLQ_URL", "SupervisorDlqUrl")),
+            reply_queue_arn_pattern: get(pick("REPLY_QUEUE_ARN_PATTERN", "ReplyQueueArnPattern"))
+                .filter(|p| !p.is_empty()),
             shards,
         }
         .checked()
@@ -90,6 +96,11 @@ impl Resources {
                 value: self.shards.to_string(),
                 why: "must be within 1..=64".into(),
             });
+        }
+        if let Some(p) = &self.reply_queue_arn_pattern {
+            if let Err(why) = crate::messages::ArnPattern::parse(p) {
+                return Err(ConfigError::Invalid { name: "REPLY_QUEUE_ARN_PATTERN", value: p.clone(), why });
+            }
         }
         Ok(self)
     }
@@ -197,6 +208,16 @@ mod tests {
             (r.task_table.as_str(), r.alert_topic_arn.as_str(), r.shards),
             ("v-TaskTableName", "v-AlertTopicArn", 4)
         );
+        assert_eq!(r.reply_queue_arn_pattern, None, "no allow-list output: no reply queue is allowed");
+        o.insert("ReplyQueueArnPattern".into(), "arn:aws:sqs:us-east-1:123456789012:st-reply-*".into());
+        let r = Resources::from_outputs(&o).unwrap();
+        assert_eq!(r.reply_queue_arn_pattern.as_deref(), Some("arn:aws:sqs:us-east-1:123456789012:st-reply-*"));
+        o.insert("ReplyQueueArnPattern".into(), "arn:aws:sns:us-east-1:123456789012:x".into());
+        assert!(
+            matches!(Resources::from_outputs(&o), Err(ConfigError::Invalid { name: "REPLY_QUEUE_ARN_PATTERN", .. })),
+            "an allow-list that is not an SQS ARN pattern is a setup error"
+        );
+        o.remove("ReplyQueueArnPattern");
         o.insert("SupervisorShards".into(), "0".into());
         assert!(matches!(Resources::from_outputs(&o), Err(ConfigError::Invalid { .. })));
         o.remove("AgentQueueUrl");

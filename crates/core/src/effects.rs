@@ -3,6 +3,8 @@
 //! A failed send of work or of an essential notice fails the message (the SDK has already retried
 //! it): the message comes back, finds the task as its own write left it (`LastMessage`), and
 //! sends what that write owes again ([`protocol::resend`]). The Supervisor stays the backstop.
+//! A status the caller's `reply_to` refuses for good (denied, a KMS key, a parameter, a queue that
+//! is gone) is never essential: it is logged (`reply_undelivered = true`) and counted on the task.
 
 use futures::future::join_all;
 use tracing::{info, warn};
@@ -12,8 +14,9 @@ use crate::deps::{Deps, HandlerError};
 use crate::ids::{message_mark, Millis, TaskId};
 use crate::messages::{AgentResult, Outcome, RunMessage, RunReason, SchedulerMessage, SQS_MAX_MESSAGE_BYTES, VERSION};
 use crate::protocol::{self, Effect, Event, Task};
+use crate::reply;
 use crate::store::StoreError;
-use crate::transition::{commit, Applied, Commit, Committed};
+use crate::transition::{commit, Applied, Commit, Committed, MAX_CONFLICTS};
 
 /// Commit a transition, then perform its effects. `message`: the id of the queue message that
 /// carries the event (`None` for a direct call). When the event changes nothing but the task's
@@ -58,12 +61,16 @@ pub async fn resend(deps: &Deps, current: Task) -> Result<Sent, HandlerError> {
 /// What performing a transition's effects achieved.
 #[derive(Debug, Default)]
 pub struct Sent {
-    /// Sends that failed (logged; the Supervisor recovers what a lost work message stalls).
+    /// Sends that failed (logged; a failed send of work or of an essential notice fails the message).
     pub failed: usize,
     /// The first failed essential notice (an alert or a terminal status), if any.
     pub essential: Option<BusError>,
     /// The first failed send of work (a dispatch, a timer, a run message), if any.
     pub work: Option<BusError>,
+    /// Statuses `reply_to` refused for good (never essential, never retried).
+    pub undelivered: u32,
+    /// Why the last of them failed.
+    pub undelivered_error: Option<String>,
 }
 
 /// The Scheduler's run message for a task at `rev`.
@@ -71,9 +78,17 @@ pub fn run_message(task_id: &TaskId, rev: u64, reason: RunReason) -> SchedulerMe
     SchedulerMessage::Run(RunMessage { v: VERSION, task_id: task_id.clone(), rev, reason })
 }
 
-/// Perform one transition's effects.
+/// Perform one transition's effects, and record on the task any status that can never reach
+/// its `reply_to`.
 pub async fn perform(deps: &Deps, c: Committed) -> Sent {
-    let (notes, work): (Vec<_>, Vec<_>) = c.effects.into_iter().partition(Effect::is_notification);
+    let sent = send(deps, &c).await;
+    record_undelivered(deps, &c.task, &sent).await;
+    sent
+}
+
+/// Send one transition's effects (nothing is recorded on the task).
+pub async fn send(deps: &Deps, c: &Committed) -> Sent {
+    let (notes, work): (Vec<_>, Vec<_>) = c.effects.iter().partition(|e| e.is_notification());
     let mut sent = Sent::default();
     // Within a group the sends go to different queues and need no order: send them together.
     for group in [notes, work] {
@@ -85,9 +100,14 @@ pub async fn perform(deps: &Deps, c: Committed) -> Sent {
                         info!(task_id = %c.task.task_id, kind = ?a.kind, "operator alert published");
                     }
                 }
-                Err(err @ BusError::NoSuchQueue { .. }) if matches!(e, Effect::Reply(_)) => {
+                Err(err) if matches!(e, Effect::Reply(_)) && err.is_permanent() => {
                     sent.failed += 1;
-                    warn!(task_id = %c.task.task_id, error = %err, "the caller's reply_to queue does not exist: status not delivered (the task goes on)");
+                    sent.undelivered += 1;
+                    warn!(
+                        task_id = %c.task.task_id, reply_undelivered = true, error = %err,
+                        "the caller's reply_to refuses the status for good: not delivered, counted on the task (the task goes on)"
+                    );
+                    sent.undelivered_error = Some(err.to_string());
                 }
                 Err(err) => {
                     sent.failed += 1;
@@ -95,7 +115,7 @@ pub async fn perform(deps: &Deps, c: Committed) -> Sent {
                         warn!(task_id = %c.task.task_id, effect = e.name(), error = %err, "alert or final status not delivered; the message will be handled again and the notice re-sent");
                         sent.essential.get_or_insert(err);
                     } else {
-                        warn!(task_id = %c.task.task_id, effect = e.name(), error = %err, "effect not delivered; the supervisor will recover the task if it stalls");
+                        warn!(task_id = %c.task.task_id, effect = e.name(), error = %err, "effect not delivered; the message will be handled again and what its write owes sent again");
                         if !e.is_notification() {
                             sent.work.get_or_insert(err);
                         }
@@ -107,11 +127,45 @@ pub async fn perform(deps: &Deps, c: Committed) -> Sent {
     sent
 }
 
+/// Count statuses that could never be delivered on the task, in a conditional write of its own
+/// (re-applied on the current item if a transition wins the race). A failure is only logged: the
+/// statuses were logged already, and the task goes on either way.
+pub async fn record_undelivered(deps: &Deps, task: &Task, sent: &Sent) {
+    let Some(error) = sent.undelivered_error.as_deref() else { return };
+    let mut read = task.clone();
+    for _ in 0..MAX_CONFLICTS {
+        let next = read.with_undelivered_replies(sent.undelivered, error);
+        match deps.store.save(&next, &read).await {
+            Ok(()) => {
+                info!(task_id = %task.task_id, undelivered_replies = next.undelivered_replies, rev = next.rev, "undelivered statuses recorded on the task");
+                return;
+            }
+            Err(StoreError::Conflict { current: Some(current) }) => read = *current,
+            Err(StoreError::Conflict { current: None }) => return,
+            Err(e) => {
+                warn!(task_id = %task.task_id, error = %e, "could not record the undelivered statuses on the task");
+                return;
+            }
+        }
+    }
+    warn!(task_id = %task.task_id, "could not record the undelivered statuses on the task: it kept changing");
+}
+
 async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Result<(), BusError> {
     let out = deps.outbox();
     match e {
+        // Checked again at each send: a task accepted under a wider allow-list (or before there
+        // was one) never makes the stack write where it may no longer.
         Effect::Reply(s) => match &task.reply_to {
-            Some(q) => out.reply(q, s).await,
+            Some(q) => match reply::check(&deps.resources, q) {
+                Ok(q) => out.reply(q.as_str(), s).await,
+                Err(refused) => Err(BusError::Refused {
+                    op: "SendMessage",
+                    target: q.clone(),
+                    code: "NotAllowed".into(),
+                    message: refused.to_string(),
+                }),
+            },
             None => Ok(()),
         },
         Effect::Alert(a) => out.alert(a).await,

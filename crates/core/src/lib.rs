@@ -13,10 +13,10 @@
 //! - [`entropy`]: attempt tokens and jitter ([`entropy::OsEntropy`]; [`entropy::SeededEntropy`]).
 //!
 //! Around them: [`messages`] (the JSON contracts), [`state`] (`ProcessState`), [`workflow`]
-//! (definitions), [`ids`], [`config`], [`deps`] (the composition root), [`twins`] (the stack on the
-//! in-memory twins), [`role`] (the role enum and dispatch), [`runner`] (the local runner that polls
-//! queues as Lambda does), [`sim`] (the deterministic simulation of the whole system), [`aws`] (SDK
-//! clients), [`telemetry`] (logs).
+//! (definitions), [`ids`], [`config`], [`reply`] (which `reply_to` queues the stack may answer on),
+//! [`deps`] (the composition root), [`twins`] (the stack on the in-memory twins), [`role`] (the role
+//! enum and dispatch), [`runner`] (the local runner that polls queues as Lambda does), [`sim`] (the
+//! deterministic simulation of the whole system), [`aws`] (SDK clients), [`telemetry`] (logs).
 
 pub mod agent;
 pub mod aws;
@@ -29,6 +29,7 @@ pub mod entropy;
 pub mod ids;
 pub mod messages;
 pub mod protocol;
+pub mod reply;
 pub mod role;
 pub mod runner;
 pub mod scheduler;

@@ -243,16 +243,49 @@ impl Alert {
     }
 }
 
-/// An SQS queue URL, as AWS and LocalStack write them: `.../<12-digit account>/<name>` or
-/// LocalStack's path style `.../queue/<region>/<account>/<name>`.
+/// An SQS queue URL, as AWS and LocalStack write them: `<scheme>://<host>/<12-digit account>/<name>`
+/// or LocalStack's path style `<scheme>://<host>/queue/<region>/<account>/<name>`. The queue it
+/// names is its account and name (SQS resolves the queue from those, in the region of the
+/// endpoint the request goes to); the host only tells the region, when it is a known form.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct QueueUrl(String);
+pub struct QueueUrl {
+    url: String,
+    region: Option<String>,
+    account: String,
+    name: String,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("reply_to {url:?} is not an SQS queue URL: {why}")]
 pub struct QueueUrlError {
     pub url: String,
     pub why: &'static str,
+}
+
+/// A region name as AWS writes them (`us-east-1`, `eu-central-2`, `us-gov-west-1`).
+fn is_region(s: &str) -> bool {
+    (4..=30).contains(&s.len())
+        && s.contains('-')
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes().last().is_some_and(|b| b.is_ascii_digit())
+}
+
+/// The region a queue URL's host names, for the host forms SQS and LocalStack use:
+/// `sqs.<region>.amazonaws.com[.cn]`, `sqs.<region>.api.aws`, `<region>.queue.amazonaws.com[.cn]`,
+/// `queue.amazonaws.com` (us-east-1) and `sqs.<region>.localhost.localstack.cloud`.
+fn host_region(host: &str) -> Option<String> {
+    if host == "queue.amazonaws.com" {
+        return Some("us-east-1".to_owned());
+    }
+    let region = host
+        .strip_prefix("sqs.")
+        .and_then(|h| {
+            [".amazonaws.com", ".amazonaws.com.cn", ".api.aws", ".localhost.localstack.cloud"]
+                .iter()
+                .find_map(|suffix| h.strip_suffix(suffix))
+        })
+        .or_else(|| [".queue.amazonaws.com", ".queue.amazonaws.com.cn"].iter().find_map(|s| host.strip_suffix(s)))?;
+    is_region(region).then(|| region.to_owned())
 }
 
 impl QueueUrl {
@@ -269,12 +302,17 @@ impl QueueUrl {
         if host.is_empty() || host.contains('@') || host.chars().any(char::is_whitespace) {
             return Err(err("its host is not valid"));
         }
-        let segs: Vec<&str> = path.split('/').collect();
-        if segs.len() < 2 {
-            return Err(err("its path must end with /<account>/<queue name>"));
+        if url.contains('?') || url.contains('#') {
+            return Err(err("it must not carry a query or fragment"));
         }
-        let name = segs[segs.len() - 1];
-        let account = segs[segs.len() - 2];
+        let segs: Vec<&str> = path.split('/').collect();
+        let (path_region, account, name) = match segs.as_slice() {
+            [account, name] => (None, *account, *name),
+            ["queue", region, account, name] if is_region(region) => (Some(*region), *account, *name),
+            _ => {
+                return Err(err("its path must be /<account>/<queue name> (or /queue/<region>/<account>/<queue name>)"))
+            }
+        };
         if account.len() != 12 || !account.bytes().all(|b| b.is_ascii_digit()) {
             return Err(err("the path segment before the queue name must be a 12-digit account id"));
         }
@@ -285,27 +323,261 @@ impl QueueUrl {
         {
             return Err(err("the queue name must be 1-80 letters, digits, - or _ (optionally .fifo)"));
         }
-        if url.contains('?') || url.contains('#') {
-            return Err(err("it must not carry a query or fragment"));
-        }
-        Ok(QueueUrl(url.to_owned()))
+        let host = host.to_ascii_lowercase();
+        let host = match host.rsplit_once(':') {
+            Some((h, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => h,
+            _ => host.as_str(),
+        };
+        let host_region = host_region(host);
+        let region = match (path_region, host_region) {
+            (Some(p), Some(h)) if p != h => return Err(err("its host and its path name different regions")),
+            (Some(p), _) => Some(p.to_owned()),
+            (None, h) => h,
+        };
+        Ok(QueueUrl { url: url.to_owned(), region, account: account.to_owned(), name: name.to_owned() })
     }
 
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.url
+    }
+
+    /// The region the URL names, when its host (or LocalStack's path) tells it.
+    pub fn region(&self) -> Option<&str> {
+        self.region.as_deref()
+    }
+
+    pub fn account(&self) -> &str {
+        &self.account
+    }
+
+    /// The queue's name, `.fifo` included.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether both URLs name the same queue (same account and name), however each is spelled.
+    pub fn same_queue(&self, other: &QueueUrl) -> bool {
+        self.account == other.account && self.name == other.name
     }
 
     pub fn is_fifo(&self) -> bool {
         // SQS requires the suffix in lower case.
         #[allow(clippy::case_sensitive_file_extension_comparisons)]
-        let fifo = self.0.ends_with(".fifo");
+        let fifo = self.name.ends_with(".fifo");
         fifo
+    }
+}
+
+/// An IAM-style ARN pattern for SQS queues, `arn:<partition>:sqs:<region>:<account>:<name>`. Each
+/// field is matched on its own, case-sensitively, with `*` (any run of characters) and `?` (any
+/// one character), as IAM matches resource ARNs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArnPattern {
+    text: String,
+    partition: String,
+    region: String,
+    account: String,
+    name: String,
+}
+
+/// The partition of a region (`aws` unless it is a China, GovCloud or ISO region).
+fn partition_of(region: &str) -> &'static str {
+    if region.starts_with("cn-") {
+        "aws-cn"
+    } else if region.starts_with("us-gov-") {
+        "aws-us-gov"
+    } else if region.starts_with("us-isob-") {
+        "aws-iso-b"
+    } else if region.starts_with("us-iso-") {
+        "aws-iso"
+    } else {
+        "aws"
+    }
+}
+
+/// `*` and `?` wildcard matching (greedy with backtracking to the last `*`).
+fn glob(pattern: &str, s: &str) -> bool {
+    let (p, s) = (pattern.as_bytes(), s.as_bytes());
+    let (mut pi, mut si) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while si < s.len() {
+        match p.get(pi) {
+            Some(b'*') => {
+                star = Some((pi, si));
+                pi += 1;
+            }
+            Some(&c) if c == b'?' || c == s[si] => {
+                pi += 1;
+                si += 1;
+            }
+            _ => match star {
+                Some((sp, ss)) => {
+                    pi = sp + 1;
+                    si = ss + 1;
+                    star = Some((sp, ss + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[pi..].iter().all(|&c| c == b'*')
+}
+
+impl ArnPattern {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let fields: Vec<&str> = text.split(':').collect();
+        let [arn, partition, service, region, account, name] = fields.as_slice() else {
+            return Err("an SQS ARN pattern has six fields: arn:<partition>:sqs:<region>:<account>:<queue name>".into());
+        };
+        if *arn != "arn" || *service != "sqs" {
+            return Err("it must start with arn:<partition>:sqs:".into());
+        }
+        if [partition, region, account, name].iter().any(|f| f.is_empty()) {
+            return Err("no field may be empty (use * for any)".into());
+        }
+        Ok(ArnPattern {
+            text: text.to_owned(),
+            partition: (*partition).to_owned(),
+            region: (*region).to_owned(),
+            account: (*account).to_owned(),
+            name: (*name).to_owned(),
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The fixed start of the names the pattern allows, when its name is `<prefix>*` (as the
+    /// template's default `<stack>-reply-*` is).
+    pub fn name_prefix(&self) -> Option<&str> {
+        self.name.strip_suffix('*').filter(|p| !p.is_empty() && !p.contains(['*', '?']))
+    }
+
+    /// The queue's ARN, and whether the pattern allows it. A URL that names no region (LocalStack's
+    /// `http://localhost:4566/<account>/<name>`) is sent in the stack's own region, which the
+    /// pattern names: its region and partition are taken as the pattern's.
+    pub fn check(&self, q: &QueueUrl) -> (String, bool) {
+        let (partition, region, located) = match q.region() {
+            Some(r) => (partition_of(r), r, glob(&self.region, r) && glob(&self.partition, partition_of(r))),
+            None => ("aws", "<this region>", true),
+        };
+        let arn = format!("arn:{partition}:sqs:{region}:{}:{}", q.account(), q.name());
+        (arn, located && glob(&self.account, q.account()) && glob(&self.name, q.name()))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pattern(p: &str) -> ArnPattern {
+        ArnPattern::parse(p).unwrap()
+    }
+
+    fn url(u: &str) -> QueueUrl {
+        QueueUrl::parse(u).unwrap_or_else(|e| panic!("{u}: {e}"))
+    }
+
+    #[test]
+    fn glob_matches_like_iam() {
+        for (p, s, want) in [
+            ("*", "", true),
+            ("*", "anything", true),
+            ("sas-reply-*", "sas-reply-x", true),
+            ("sas-reply-*", "sas-reply-", true),
+            ("sas-reply-*", "sas-replies", false),
+            ("sas-reply-*", "SAS-reply-x", false),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("*-dlq", "x-dlq-dlq", true),
+            ("a*b*c", "aXbYbZc", true),
+            ("a*b*c", "aXbYbZ", false),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+        ] {
+            assert_eq!(glob(p, s), want, "{p} ~ {s}");
+        }
+    }
+
+    #[test]
+    fn queue_urls_give_region_account_and_name_in_every_host_form() {
+        for (u, region) in [
+            ("https://sqs.eu-west-1.amazonaws.com/123456789012/r", Some("eu-west-1")),
+            ("https://SQS.EU-WEST-1.AMAZONAWS.COM/123456789012/r", Some("eu-west-1")),
+            ("https://sqs.eu-west-1.amazonaws.com:443/123456789012/r", Some("eu-west-1")),
+            ("https://eu-west-1.queue.amazonaws.com/123456789012/r", Some("eu-west-1")),
+            ("https://queue.amazonaws.com/123456789012/r", Some("us-east-1")),
+            ("https://sqs.cn-north-1.amazonaws.com.cn/123456789012/r", Some("cn-north-1")),
+            ("https://sqs.eu-west-1.api.aws/123456789012/r", Some("eu-west-1")),
+            ("http://sqs.eu-west-1.localhost.localstack.cloud:4566/123456789012/r", Some("eu-west-1")),
+            ("http://localhost:4566/queue/eu-west-1/123456789012/r", Some("eu-west-1")),
+            ("http://localhost:4566/123456789012/r", None),
+            ("http://vpce-1a2b.sqs.eu-west-1.vpce.amazonaws.com/123456789012/r", None),
+        ] {
+            let q = url(u);
+            assert_eq!((q.region(), q.account(), q.name()), (region, "123456789012", "r"), "{u}");
+        }
+        for bad in [
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/r/",
+            "https://sqs.eu-west-1.amazonaws.com/x/123456789012/r",
+            "https://sqs.eu-west-1.amazonaws.com//123456789012/r",
+            "http://sqs.eu-west-1.localhost.localstack.cloud:4566/queue/us-east-1/123456789012/r",
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/r%2Fx",
+        ] {
+            assert!(QueueUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn arn_pattern_allows_its_queues_only() {
+        let p = pattern("arn:aws:sqs:eu-west-1:123456789012:orders-reply-*");
+        for (u, arn, ok) in [
+            (
+                "https://sqs.eu-west-1.amazonaws.com/123456789012/orders-reply-a",
+                "arn:aws:sqs:eu-west-1:123456789012:orders-reply-a",
+                true,
+            ),
+            (
+                "http://localhost:4566/queue/eu-west-1/123456789012/orders-reply-b.fifo",
+                "arn:aws:sqs:eu-west-1:123456789012:orders-reply-b.fifo",
+                true,
+            ),
+            (
+                "http://localhost:4566/123456789012/orders-reply-c",
+                "arn:aws:sqs:<this region>:123456789012:orders-reply-c",
+                true,
+            ),
+            (
+                "https://sqs.eu-west-1.amazonaws.com/123456789012/billing-queue",
+                "arn:aws:sqs:eu-west-1:123456789012:billing-queue",
+                false,
+            ),
+            (
+                "https://sqs.eu-west-1.amazonaws.com/999999999999/orders-reply-a",
+                "arn:aws:sqs:eu-west-1:999999999999:orders-reply-a",
+                false,
+            ),
+            (
+                "https://sqs.us-east-1.amazonaws.com/123456789012/orders-reply-a",
+                "arn:aws:sqs:us-east-1:123456789012:orders-reply-a",
+                false,
+            ),
+            (
+                "https://sqs.cn-north-1.amazonaws.com.cn/123456789012/orders-reply-a",
+                "arn:aws-cn:sqs:cn-north-1:123456789012:orders-reply-a",
+                false,
+            ),
+        ] {
+            assert_eq!(p.check(&url(u)), (arn.to_owned(), ok), "{u}");
+        }
+        assert!(pattern("arn:*:sqs:*:*:*").check(&url("https://sqs.cn-north-1.amazonaws.com.cn/123456789012/x")).1);
+        for bad in
+            ["", "*", "arn:aws:sns:eu-west-1:123456789012:x", "arn:aws:sqs:eu-west-1:123456789012", "arn:aws:sqs::1:x"]
+        {
+            assert!(ArnPattern::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn queue_urls() {

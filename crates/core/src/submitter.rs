@@ -10,8 +10,9 @@ use crate::bus::Record;
 use crate::deps::{Deps, HandlerError};
 use crate::effects;
 use crate::ids::{clip, message_mark, IdError, TaskId};
-use crate::messages::{QueueUrl, QueueUrlError, StatusMessage, Submission, VERSION};
+use crate::messages::{QueueUrl, StatusMessage, Submission, VERSION};
 use crate::protocol::{self, ProcessState};
+use crate::reply::{self, ReplyToError};
 use crate::screen;
 use crate::store::{StoreError, MAX_ITEM_BYTES};
 use crate::transition::Committed;
@@ -33,10 +34,9 @@ pub enum Rejection {
     UnknownWorkflow { name: String, version: Option<u32> },
     #[error("input is {bytes} bytes; the limit is {limit}")]
     TooLarge { bytes: usize, limit: usize },
+    /// Not a queue URL, one of the stack's own queues, or not on the stack's allow-list.
     #[error(transparent)]
-    ReplyTo(#[from] QueueUrlError),
-    #[error("reply_to names one of this stack's own queues; name a queue of your own")]
-    ReplyToOwnQueue,
+    ReplyTo(#[from] ReplyToError),
     #[error("the input cannot be stored: {0}")]
     Unstorable(String),
 }
@@ -63,18 +63,7 @@ fn validate(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<(Submiss
     let sub: Submission =
         serde_json::from_value(v).map_err(|e| Rejection::Shape(clip(&e.to_string(), 300).to_owned()))?;
     if let Some(r) = &sub.reply_to {
-        QueueUrl::parse(r)?;
-        let res = &deps.resources;
-        let own = [
-            &res.submission_queue_url,
-            &res.submission_dlq_url,
-            &res.scheduler_queue_url,
-            &res.agent_queue_url,
-            &res.supervisor_queue_url,
-        ];
-        if own.iter().any(|q| q.as_str() == r.as_str()) {
-            return Err(Rejection::ReplyToOwnQueue);
-        }
+        reply::check(&deps.resources, r)?;
     }
     screen::storable(&sub.input).map_err(Rejection::Unstorable)?;
     let bytes = serde_json::to_vec(&sub.input).map_or(0, |b| b.len());
@@ -102,11 +91,13 @@ pub fn task_id_for_message(message_id: &str) -> TaskId {
     TaskId::try_from(format!("msg-{clean}")).unwrap_or_else(|_| TaskId::generate())
 }
 
-/// Best effort for a refused message: whatever `task_id` and `reply_to` it names, if usable.
-fn salvage(raw: &str) -> (Option<TaskId>, Option<QueueUrl>) {
+/// Best effort for a refused message: whatever `task_id` it names, if usable, and its `reply_to`
+/// if this stack may send to it (a refused reply queue hears nothing: the reason is kept in the
+/// submission DLQ).
+fn salvage(deps: &Deps, raw: &str) -> (Option<TaskId>, Option<QueueUrl>) {
     let Ok(v) = serde_json::from_str::<Value>(raw) else { return (None, None) };
     let id = v.get("task_id").and_then(Value::as_str).and_then(|s| TaskId::try_from(s).ok());
-    let reply = v.get("reply_to").and_then(Value::as_str).and_then(|s| QueueUrl::parse(s).ok());
+    let reply = v.get("reply_to").and_then(Value::as_str).and_then(|s| reply::check(&deps.resources, s).ok());
     (id, reply)
 }
 
@@ -118,7 +109,7 @@ async fn reject(
     rejection: Rejection,
 ) -> Result<Submitted, HandlerError> {
     let reason = rejection.to_string();
-    let (id, reply) = salvage(raw);
+    let (id, reply) = salvage(deps, raw);
     // The status names the submission it answers: its own task_id when usable, else the id its
     // message would have given it (distinct per message, so FIFO reply queues keep each one).
     let id = id.or_else(|| message_id.map(task_id_for_message));
@@ -189,13 +180,17 @@ async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result
                 %task_id, workflow = %tr.task.workflow.name, version = tr.task.workflow.version,
                 step = tr.task.current_step_name().unwrap_or("-"), "task created, first step claimed"
             );
-            let sent = effects::perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await;
+            let committed = Committed { task: tr.task, effects: tr.effects, now };
+            let sent = effects::send(deps, &committed).await;
             // The start did not go out: fail the record, so the submission comes back and the
             // start is sent again (above), long before the Supervisor would find the attempt lost.
-            match sent.work {
-                Some(e) => Err(e.into()),
-                None => Ok(Submitted::Created(task_id)),
+            // (Undelivered statuses are recorded only then: the record's write moves the revision,
+            // after which the start is never re-sent.)
+            if let Some(e) = sent.work {
+                return Err(e.into());
             }
+            effects::record_undelivered(deps, &committed.task, &sent).await;
+            Ok(Submitted::Created(task_id))
         }
         Err(StoreError::AlreadyExists) => {
             info!(%task_id, "duplicate submission: the task exists, nothing created");

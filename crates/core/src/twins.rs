@@ -28,6 +28,8 @@ pub fn resources(shards: u32) -> Resources {
         scheduler_dlq_url: Some(format!("{}-dlq", q("scheduler"))),
         agent_dlq_url: Some(format!("{}-dlq", q("agent"))),
         supervisor_dlq_url: Some(format!("{}-dlq", q("supervisor"))),
+        // the template's default: the queues named `<stack>-reply-*` of the stack's account and region
+        reply_queue_arn_pattern: Some("arn:aws:sqs:us-east-1:000000000000:sas-reply-*".into()),
         shards,
     }
 }
@@ -61,8 +63,14 @@ impl Twins {
         Twins { deps, store, bus, clock }
     }
 
-    /// Create a private reply queue.
+    /// Create a private reply queue the stack may answer on (named `sas-reply-<name>`, on the
+    /// allow-list).
     pub fn reply_queue(&self, name: &str) -> String {
+        self.queue(&format!("sas-reply-{name}"))
+    }
+
+    /// Create a queue named `name` (off the allow-list unless it starts with `sas-reply-`).
+    pub fn queue(&self, name: &str) -> String {
         let url = format!("http://localhost:4566/000000000000/{name}");
         self.bus.create_queue(&url, crate::bus::QueueConfig::default());
         url

@@ -18,7 +18,7 @@ use sas_core::submitter::Submitted;
 use sas_core::transition::{self, Applied, MAX_CONFLICTS};
 use sas_core::twins::Twins;
 use sas_core::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
-use sas_core::{scheduler, submitter, supervisor};
+use sas_core::{effects, scheduler, submitter, supervisor};
 use serde_json::{json, Value};
 
 const T0: Millis = Millis(1_700_000_000_000);
@@ -513,13 +513,179 @@ async fn a_reply_queue_that_does_not_exist_is_said_plainly_and_stops_nothing() {
     // F16: every status send to a missing reply_to failed as if the task were stalled; a final
     // status to it must not make its message come back forever either
     let tw = twins();
-    let gone = "http://twins.local/000000000000/deleted-replies";
+    let gone = "http://twins.local/000000000000/sas-reply-deleted";
     submitter::submit(&tw.deps, &submission("nq1", Some(gone))).await.unwrap();
     let a: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
     scheduler::schedule(&tw.deps, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
     let b: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
     let last = scheduler::schedule(&tw.deps, &result(&b, Outcome::Succeeded { output: json!(2) })).await;
     assert!(matches!(last, Ok(Applied::Changed { state: ProcessState::Processed, .. })), "{last:?}");
+}
+
+/// Drive a task submitted with `reply_to` through both steps (a then b succeed); the outcome of
+/// the message that ends it.
+async fn run_to_the_end(tw: &Twins, id: &str, reply_to: &str) -> Result<Applied, HandlerError> {
+    let got = submitter::submit(&tw.deps, &submission(id, Some(reply_to))).await.unwrap();
+    assert!(matches!(got, Submitted::Created(_)), "{got:?}");
+    let a: AgentRequest = serde_json::from_value(queue(tw, "agent").pop().unwrap()).unwrap();
+    scheduler::schedule(&tw.deps, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
+    let b: AgentRequest = serde_json::from_value(queue(tw, "agent").pop().unwrap()).unwrap();
+    let last = Record::new("m-end", result(&b, Outcome::Succeeded { output: json!(2) }));
+    role::handle(Role::Scheduler, &tw.deps, &AgentRuntime::default(), &last).await?;
+    Ok(Applied::Changed { state: task(tw, id).process_state, rev: task(tw, id).rev })
+}
+
+#[tokio::test]
+async fn a_reply_queue_that_refuses_for_good_is_counted_on_the_task_and_never_fails_a_record() {
+    // G3: AccessDenied, KMS or parameter errors on a terminal status were retried as if transient:
+    // the message that ended the task failed into the scheduler DLQ, again and again
+    for code in ["AccessDenied", "KMS.AccessDeniedException", "KMS.DisabledException", "InvalidParameterValue"] {
+        let tw = twins();
+        let reply = tw.reply_queue("cmk");
+        tw.bus.refuse_sends(&reply, code);
+        let end = run_to_the_end(&tw, "u1", &reply).await;
+        assert!(matches!(end, Ok(Applied::Changed { state: ProcessState::Processed, .. })), "{code}: {end:?}");
+        let t = task(&tw, "u1");
+        // Processing a (at submission), Processing b, Processed: three statuses, none delivered
+        assert_eq!(t.undelivered_replies, 3, "{code}");
+        assert!(t.reply_error.as_deref().is_some_and(|e| e.contains(code)), "{code}: {:?}", t.reply_error);
+        assert!(tw.bus.bodies(&reply).is_empty());
+        let sdlq = tw.deps.resources.scheduler_dlq_url.clone().unwrap();
+        assert_eq!(tw.bus.depth(&sdlq), 0, "{code}: nothing dead-lettered");
+        assert_eq!(tw.bus.depth(&tw.deps.resources.scheduler_queue_url), 0, "{code}: nothing to retry");
+        // the record is a field of the item only when there is something to say
+        let item = serde_json::to_value(&t).unwrap();
+        assert_eq!(item["UndeliveredReplies"], 3);
+    }
+    let tw = twins();
+    let reply = tw.reply_queue("fine");
+    run_to_the_end(&tw, "u2", &reply).await.unwrap();
+    let item = serde_json::to_value(task(&tw, "u2")).unwrap();
+    assert!(item.get("UndeliveredReplies").is_none() && item.get("ReplyError").is_none(), "{item}");
+}
+
+#[tokio::test]
+async fn a_terminal_status_that_fails_for_a_while_is_still_sent_again() {
+    // throttling or a 5xx on the final status: the record fails, and its redelivery re-sends it
+    let tw = twins();
+    let reply = tw.reply_queue("flaky");
+    submitter::submit(&tw.deps, &submission("u3", Some(&reply))).await.unwrap();
+    let a: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    scheduler::schedule(&tw.deps, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
+    let b: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    let last = Record::new("m-end", result(&b, Outcome::Succeeded { output: json!(2) }));
+    tw.bus.fail_sends(&reply, 1);
+    let agents = AgentRuntime::default();
+    let first = role::handle(Role::Scheduler, &tw.deps, &agents, &last).await;
+    assert!(matches!(first, Err(HandlerError::Bus(_))), "{first:?}");
+    role::handle(Role::Scheduler, &tw.deps, &agents, &Record { receive_count: 2, ..last }).await.unwrap();
+    let states: Vec<ProcessState> =
+        tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str::<StatusMessage>(b).unwrap().state).collect();
+    assert_eq!(states.last(), Some(&ProcessState::Processed));
+    assert_eq!(task(&tw, "u3").undelivered_replies, 0, "a transient failure is not counted as undeliverable");
+}
+
+#[tokio::test]
+async fn a_fifo_reply_queue_gets_every_status_of_a_task_with_the_longest_id() {
+    // G3: `{task_id}-{seq}` passed SQS's 128 characters, and SQS refused every such status
+    let tw = twins();
+    let reply = tw.reply_queue("long.fifo");
+    let id = "x".repeat(128);
+    let end = run_to_the_end(&tw, &id, &reply).await;
+    assert!(matches!(end, Ok(Applied::Changed { state: ProcessState::Processed, .. })), "{end:?}");
+    let states: Vec<ProcessState> =
+        tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str::<StatusMessage>(b).unwrap().state).collect();
+    assert_eq!(states, vec![ProcessState::Processing, ProcessState::Processing, ProcessState::Processed]);
+    assert_eq!(task(&tw, &id).undelivered_replies, 0);
+}
+
+#[tokio::test]
+async fn a_reply_to_off_the_allow_list_or_of_the_stack_is_refused_and_hears_nothing() {
+    // G3: any queue of the account, the stack's DLQs included, could be made to receive statuses
+    let tw = twins();
+    let foreign = tw.queue("billing");
+    let res = tw.deps.resources.clone();
+    let dlqs = [
+        res.scheduler_dlq_url.clone().unwrap(),
+        res.agent_dlq_url.clone().unwrap(),
+        res.supervisor_dlq_url.clone().unwrap(),
+    ];
+    let mut cases = vec![(foreign.clone(), "is not on this stack's allow-list".to_owned())];
+    for q in dlqs.iter().chain([&res.submission_dlq_url, &res.agent_queue_url]) {
+        cases.push((q.clone(), "own queues".to_owned()));
+        // the same queue, spelled another way
+        cases.push((
+            q.replace("http://twins.local/", "https://SQS.us-east-1.amazonaws.com:443/"),
+            "own queues".to_owned(),
+        ));
+    }
+    for (i, (reply_to, why)) in cases.iter().enumerate() {
+        let got = submitter::submit(&tw.deps, &submission(&format!("o{i}"), Some(reply_to))).await.unwrap();
+        let Submitted::Rejected(r) = got else { panic!("{reply_to}: {got:?}") };
+        assert!(r.to_string().contains(why.as_str()), "{reply_to}: {r}");
+    }
+    assert!(tw.store.tasks().is_empty());
+    assert!(tw.bus.bodies(&foreign).is_empty(), "the foreign queue hears nothing");
+    for q in &dlqs {
+        assert_eq!(tw.bus.depth(q), 0, "{q} hears nothing");
+    }
+    assert_eq!(tw.bus.depth(&res.agent_queue_url), 0);
+    let kept = tw.bus.attributes(&res.submission_dlq_url);
+    assert_eq!(kept.len(), cases.len(), "each refused submission is kept, with its reason");
+    assert!(
+        kept[0].iter().any(|(k, v)| k == "RejectReason"
+            && v.contains("arn:aws:sqs:<this region>:000000000000:billing is not on this stack's allow-list")
+            && v.contains("arn:aws:sqs:us-east-1:000000000000:sas-reply-*")),
+        "{:?}",
+        kept[0]
+    );
+}
+
+#[tokio::test]
+async fn recording_undelivered_statuses_re_decides_on_a_task_that_moved_meanwhile() {
+    // the record is a conditional write: one that lost to a transition is applied to what won
+    let tw = twins();
+    let req = started(&tw, "race").await;
+    let read = task(&tw, "race");
+    scheduler::schedule(&tw.deps, &result(&req, Outcome::Succeeded { output: json!(1) })).await.unwrap();
+    let moved = task(&tw, "race");
+    assert_eq!((moved.step_index, moved.rev), (1, read.rev + 1));
+    let sent = effects::Sent {
+        undelivered: 2,
+        undelivered_error: Some("SendMessage to q refused (AccessDenied): no".into()),
+        ..effects::Sent::default()
+    };
+    effects::record_undelivered(&tw.deps, &read, &sent).await;
+    let t = task(&tw, "race");
+    assert_eq!((t.undelivered_replies, t.rev, t.step_index), (2, moved.rev + 1, 1), "the transition stands");
+    assert_eq!(t.reply_error.as_deref(), sent.undelivered_error.as_deref());
+    assert_eq!(t.updated_at, moved.updated_at);
+    // and the task goes on from there, the count kept
+    let b: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    scheduler::schedule(&tw.deps, &result(&b, Outcome::Succeeded { output: json!(2) })).await.unwrap();
+    let done = task(&tw, "race");
+    assert_eq!((done.process_state, done.undelivered_replies), (ProcessState::Processed, 2));
+}
+
+#[tokio::test]
+async fn a_task_whose_reply_to_is_no_longer_allowed_sends_nothing_there() {
+    // a task accepted under a wider allow-list (or before there was one) keeps going, silently
+    let tw = twins();
+    let reply = tw.reply_queue("old");
+    submitter::submit(&tw.deps, &submission("n1", Some(&reply))).await.unwrap();
+    assert_eq!(tw.bus.take(&reply).len(), 1);
+    let mut narrower = tw.deps.clone();
+    narrower.resources.reply_queue_arn_pattern = Some("arn:aws:sqs:us-east-1:000000000000:sas-reply-new-*".into());
+    let a: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
+    scheduler::schedule(&narrower, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
+    assert!(tw.bus.bodies(&reply).is_empty());
+    let t = task(&tw, "n1");
+    assert_eq!(t.undelivered_replies, 1);
+    assert!(
+        t.reply_error.as_deref().is_some_and(|e| e.contains("not on this stack's allow-list")),
+        "{:?}",
+        t.reply_error
+    );
 }
 
 #[tokio::test]

@@ -118,7 +118,14 @@ impl Stack {
         self.sqs.send_message().queue_url(queue).message_body(body).send().await.expect("SendMessage");
     }
 
-    /// A private reply queue for this test (FIFO keeps statuses in order).
+    /// A private reply queue for this test, named on the stack's default allow-list
+    /// (`<stack>-reply-*`; FIFO keeps statuses in order).
+    pub async fn reply_queue(&self, suffix: &str, fifo: bool) -> String {
+        self.queue(&format!("reply-{suffix}"), fifo).await
+    }
+
+    /// A queue of this test named `<stack>-<suffix>`: off the reply allow-list unless the suffix
+    /// starts with `reply-`.
     pub async fn queue(&self, suffix: &str, fifo: bool) -> String {
         let name = format!("{}-{suffix}{}", self.name, if fifo { ".fifo" } else { "" });
         let mut req = self.sqs.create_queue().queue_name(name);

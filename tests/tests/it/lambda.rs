@@ -213,7 +213,7 @@ async fn lambda_a_workflow_runs_through_every_function_and_the_timer_queue() {
     // No queue budget: an attempt's execution deadline is its CompleteBy, so the hung agent has no
     // time left to say it timed out (as a crashed one never does): only the timer can act.
     let f = lambda_stack("flow", &[("QueueBudgetMs", "0")]).await;
-    let reply = f.s.queue("replies", true).await;
+    let reply = f.s.reply_queue("replies", true).await;
     // reserve's first attempt never answers: only the deadline timer (a delayed message on the
     // supervisor queue, handled by the Supervisor function) can notice; the rule is a day away.
     let sub = json!({"v": 1, "task_id": "w1", "workflow": "sim-order", "reply_to": reply,

@@ -41,7 +41,7 @@ fn p(state: ProcessState, step: &str) -> (ProcessState, Option<String>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn happy_path_through_three_steps_with_ordered_statuses() {
     let s = stack("happy").await;
-    let reply = s.queue("replies", true).await;
+    let reply = s.reply_queue("replies", true).await;
     let runner = s.runner();
     s.send(&s.res.submission_queue_url, &submission_to("three-slow", "h1", json!({"sku": "x"}), Some(&reply))).await;
     let t = s.wait_terminal("h1").await;
@@ -133,7 +133,7 @@ async fn the_deadline_timer_alone_recovers_a_timed_out_step() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn repeated_timeouts_compensate_in_reverse_alert_and_report() {
     let s = stack("timeouts").await;
-    let reply = s.queue("replies", true).await;
+    let reply = s.reply_queue("replies", true).await;
     let alerts = s.alert_listener().await;
     let runner = s.runner();
     s.send(&s.res.submission_queue_url, &submission("to1", json!({"sim": {"c": {"hang_attempts": 99}}}), Some(&reply)))
@@ -368,7 +368,7 @@ async fn a_late_result_of_a_timed_out_attempt_is_taken_while_its_step_is_current
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_bad_input_class_is_rejected_with_a_reason_and_kept() {
     let s = stack("bad").await;
-    let reply = s.queue("replies", false).await;
+    let reply = s.reply_queue("replies", false).await;
     let big = "x".repeat(20 * 1024);
     let cases: Vec<(String, &str, bool)> = vec![
         ("{not json".into(), "not JSON", false),
@@ -437,6 +437,48 @@ async fn every_bad_input_class_is_rejected_with_a_reason_and_kept() {
     }
     assert_eq!(s.depth(&s.res.submission_queue_url).await, 0, "nothing left to retry");
     runner.shutdown().await;
+    s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reply_to_is_refused_off_the_allow_list_and_for_every_queue_of_the_stack() {
+    let s = stack("replyto").await;
+    // A queue of the account that is not on the allow-list (<stack>-reply-*), and the DLQs, each
+    // also spelled another way than the output gives it.
+    let foreign = s.queue("billing", false).await;
+    let respell = |url: &str| -> String {
+        // e.g. http://localhost:4566/queue/<region>/<account>/<name> -> http://LOCALHOST:4566/<account>/<name>
+        let mut segs = url.rsplit('/');
+        let (name, account) = (segs.next().unwrap_or_default(), segs.next().unwrap_or_default());
+        format!("http://LOCALHOST:4566/{account}/{name}")
+    };
+    let mut cases: Vec<(String, &str)> = vec![(foreign.clone(), "is not on this stack's allow-list")];
+    for out in ["SubmissionDlqUrl", "SchedulerDlqUrl", "AgentDlqUrl", "SupervisorDlqUrl", "SchedulerQueueUrl"] {
+        cases.push((s.out(out).to_owned(), "own queues"));
+        cases.push((respell(s.out(out)), "own queues"));
+    }
+    for (i, (reply_to, why)) in cases.iter().enumerate() {
+        let body = submission(&format!("r{i}"), json!({}), Some(reply_to));
+        let got = submitter::submit(&s.deps, &body).await.unwrap();
+        let Submitted::Rejected(r) = got else { panic!("{reply_to}: {got:?}") };
+        assert!(r.to_string().contains(why), "{reply_to}: {r}");
+        assert!(s.task(&format!("r{i}")).await.is_none(), "no task for {reply_to}");
+    }
+    let kept = s.drain(s.out("SubmissionDlqUrl"), cases.len(), SECS).await;
+    assert_eq!(kept.len(), cases.len(), "every refused submission is kept with its reason");
+    let reasons: Vec<String> =
+        kept.iter().filter_map(|m| m.message_attributes.as_ref()?.get("RejectReason")?.string_value.clone()).collect();
+    assert!(
+        reasons.iter().any(|r| r.contains(&format!(":{}-billing is not on this stack's allow-list", s.name))),
+        "{reasons:#?}"
+    );
+    // Nothing was written where the submissions pointed.
+    for q in [&foreign, &s.res.scheduler_queue_url] {
+        assert_eq!(s.depth(q).await, 0, "{q} got nothing");
+    }
+    for out in ["SchedulerDlqUrl", "AgentDlqUrl", "SupervisorDlqUrl"] {
+        assert_eq!(s.depth(s.out(out)).await, 0, "{out} got nothing");
+    }
     s.delete().await;
 }
 

@@ -24,9 +24,48 @@ fn is_no_such_queue_code(code: &str) -> bool {
     matches!(code, "QueueDoesNotExist" | "AWS.SimpleQueueService.NonExistentQueue")
 }
 
+/// The error codes (JSON and query protocol spellings, and those of batch entries) with which
+/// SQS refuses a send for good: the same request can never succeed. Throttling (`RequestThrottled`,
+/// `KMS.ThrottlingException`) and server errors are not among them.
+fn is_refusal_code(code: &str) -> bool {
+    matches!(
+        code,
+        "AccessDenied"
+            | "AccessDeniedException"
+            | "KMS.AccessDeniedException"
+            | "KMS.DisabledException"
+            | "KMS.InvalidKeyUsageException"
+            | "KMS.InvalidStateException"
+            | "KMS.NotFoundException"
+            | "KMS.OptInRequired"
+            | "KmsAccessDenied"
+            | "KmsDisabled"
+            | "KmsInvalidKeyUsage"
+            | "KmsInvalidState"
+            | "KmsNotFound"
+            | "KmsOptInRequired"
+            | "InvalidParameterValue"
+            | "InvalidParameterValueException"
+            | "InvalidAddress"
+            | "InvalidSecurity"
+            | "InvalidMessageContents"
+            | "MissingParameter"
+            | "UnsupportedOperation"
+            | "ValidationException"
+    )
+}
+
 fn sqs_error(op: &'static str, queue: &str, e: aws_sdk_sqs::Error) -> BusError {
     if matches!(e, aws_sdk_sqs::Error::QueueDoesNotExist(_)) || e.code().is_some_and(is_no_such_queue_code) {
         return BusError::NoSuchQueue { queue: queue.to_owned() };
+    }
+    if let Some(code) = e.code().filter(|c| is_refusal_code(c)) {
+        return BusError::Refused {
+            op,
+            target: queue.to_owned(),
+            code: code.to_owned(),
+            message: e.message().unwrap_or_default().to_owned(),
+        };
     }
     BusError::Backend {
         op,
@@ -48,6 +87,14 @@ fn to_i32(n: u32) -> i32 {
 fn entry_error(queue: &str, f: &BatchResultErrorEntry) -> BusError {
     if is_no_such_queue_code(&f.code) {
         return BusError::NoSuchQueue { queue: queue.to_owned() };
+    }
+    if is_refusal_code(&f.code) {
+        return BusError::Refused {
+            op: "SendMessageBatch",
+            target: queue.to_owned(),
+            code: f.code.clone(),
+            message: f.message.clone().unwrap_or_default(),
+        };
     }
     BusError::Backend {
         op: "SendMessageBatch",
@@ -289,8 +336,8 @@ mod tests {
         assert!(r[0].is_ok() && r[3].is_ok(), "{r:?}");
         assert!(matches!(&r[1], Err(BusError::NoSuchQueue { queue }) if queue == "https://q"), "{r:?}");
         assert!(
-            matches!(&r[2], Err(BusError::Backend { message, .. }) if message.contains("InvalidParameterValue")),
-            "{r:?}"
+            matches!(&r[2], Err(BusError::Refused { code, .. }) if code == "InvalidParameterValue"),
+            "an entry SQS refuses for good is told apart from a failure worth a retry: {r:?}"
         );
         assert!(matches!(&r[4], Err(BusError::Backend { .. })), "{r:?}");
     }
@@ -301,5 +348,44 @@ mod tests {
         assert!(is_no_such_queue_code("AWS.SimpleQueueService.NonExistentQueue"));
         assert!(!is_no_such_queue_code("InvalidParameterValue"));
         assert!(matches!(entry_error("q", &failed("0", "QueueDoesNotExist")), BusError::NoSuchQueue { .. }));
+    }
+
+    #[test]
+    fn refusals_for_good_are_told_apart_from_failures_worth_a_retry() {
+        for code in [
+            "AccessDenied",
+            "AccessDeniedException",
+            "KMS.AccessDeniedException",
+            "KMS.DisabledException",
+            "KMS.NotFoundException",
+            "KMS.InvalidStateException",
+            "InvalidParameterValue",
+            "InvalidAddress",
+        ] {
+            let e = entry_error("q", &failed("0", code));
+            assert!(matches!(&e, BusError::Refused { code: c, .. } if c == code), "{code}: {e:?}");
+            assert!(e.is_permanent(), "{code}");
+        }
+        for code in ["RequestThrottled", "KMS.ThrottlingException", "InternalError", "ServiceUnavailable"] {
+            let e = entry_error("q", &failed("0", code));
+            assert!(matches!(e, BusError::Backend { .. }), "{code}: {e:?}");
+            assert!(!e.is_permanent(), "{code}");
+        }
+        // whole requests: the SDK's error, by its code
+        let denied = aws_sdk_sqs::Error::KmsAccessDenied(
+            aws_sdk_sqs::types::error::KmsAccessDenied::builder()
+                .meta(
+                    aws_sdk_sqs::error::ErrorMetadata::builder()
+                        .code("KMS.AccessDeniedException")
+                        .message("no grant")
+                        .build(),
+                )
+                .build(),
+        );
+        let e = sqs_error("SendMessage", "q", denied);
+        assert!(
+            matches!(&e, BusError::Refused { op: "SendMessage", code, message, .. } if code == "KMS.AccessDeniedException" && message == "no grant"),
+            "{e:?}"
+        );
     }
 }

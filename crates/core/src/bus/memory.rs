@@ -51,6 +51,8 @@ struct Inner {
     send_failures: BTreeMap<String, u32>,
     /// Injected failures for the next send of a message with this body (one entry of a batch).
     body_failures: BTreeMap<String, u32>,
+    /// Queues that refuse every send for good, with the SQS error code they answer.
+    refusing: BTreeMap<String, String>,
     next_id: u64,
     requests: BTreeMap<&'static str, u64>,
 }
@@ -107,6 +109,12 @@ impl MemoryBus {
     /// batch (the batch's other entries are sent).
     pub fn fail_send_of(&self, body: &str) {
         *self.lock().body_failures.entry(body.to_owned()).or_default() += 1;
+    }
+
+    /// Make every send to `queue` fail for good with SQS's error `code` (e.g. `AccessDenied`,
+    /// `KMS.AccessDeniedException`), as a queue the sender may not write to does.
+    pub fn refuse_sends(&self, queue: &str, code: &str) {
+        self.lock().refusing.insert(queue.to_owned(), code.to_owned());
     }
 
     /// Forget every injected send failure not used yet.
@@ -180,6 +188,23 @@ impl MemoryBus {
             inner.next_id += 1;
             format!("m-{}", inner.next_id)
         };
+        let refused = |code: &str, message: String| BusError::Refused {
+            op: "SendMessage",
+            target: queue.to_owned(),
+            code: code.to_owned(),
+            message,
+        };
+        if let Some(code) = inner.refusing.get(queue) {
+            return Err(refused(code, "refused (injected)".into()));
+        }
+        if let Some(f) = &msg.fifo {
+            // SQS: 1-128 characters of letters, digits and punctuation.
+            for (what, id) in [("MessageGroupId", &f.group), ("MessageDeduplicationId", &f.dedup)] {
+                if id.is_empty() || id.len() > 128 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(refused("InvalidParameterValue", format!("{what} must be 1-128 characters: {id}")));
+                }
+            }
+        }
         let now = self.clock.now();
         let q = inner.queues.get_mut(queue).ok_or_else(|| BusError::NoSuchQueue { queue: queue.to_owned() })?;
         if let Some(f) = &msg.fifo {

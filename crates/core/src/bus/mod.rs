@@ -53,6 +53,11 @@ pub enum BusError {
     /// retrying cannot help.
     #[error("queue {queue} does not exist")]
     NoSuchQueue { queue: String },
+    /// The queue refused the message for a reason that a retry cannot fix: access denied, a KMS
+    /// key the sender may not use (or that is disabled or gone), a parameter SQS rejects (a FIFO
+    /// id over 128 characters), a queue URL it will not take.
+    #[error("{op} to {target} refused ({code}): {message}")]
+    Refused { op: &'static str, target: String, code: String, message: String },
     /// Some entries of a batch were not sent (every chunk was tried).
     #[error("{failed} of {total} batch entries failed: {first}")]
     Batch { failed: usize, total: usize, first: String },
@@ -69,10 +74,21 @@ impl BusError {
                 BusError::Backend { op, target: target.clone(), message: message.clone(), source: None }
             }
             BusError::NoSuchQueue { queue } => BusError::NoSuchQueue { queue: queue.clone() },
+            BusError::Refused { op, target, code, message } => {
+                BusError::Refused { op, target: target.clone(), code: code.clone(), message: message.clone() }
+            }
             BusError::Batch { failed, total, first } => {
                 BusError::Batch { failed: *failed, total: *total, first: first.clone() }
             }
         }
+    }
+}
+
+impl BusError {
+    /// Sending the same message to the same queue again cannot succeed: the queue is gone or
+    /// refuses it for good, or the message is too large.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, BusError::TooLarge { .. } | BusError::NoSuchQueue { .. } | BusError::Refused { .. })
     }
 }
 
@@ -94,6 +110,30 @@ pub fn delay_seconds(ms: u64) -> u32 {
 pub struct Fifo {
     pub group: String,
     pub dedup: String,
+}
+
+/// SQS's longest message group and deduplication id.
+pub const MAX_FIFO_ID: usize = 128;
+
+/// The FIFO ids of a task's status: group `<task id>`, deduplication id `<task id>-<seq>`. An id
+/// that would pass SQS's 128 characters uses `#` and the SHA-256 of the task id (64 hex digits) in
+/// place of the task id: still one per task and status, always valid, and never the id of another
+/// task (task ids have no `#`).
+pub fn reply_fifo(task_id: &str, seq: u64) -> Fifo {
+    use sha2::{Digest, Sha256};
+    let hashed = || {
+        Sha256::digest(task_id.as_bytes()).iter().fold(String::from("#"), |mut s, b| {
+            use std::fmt::Write as _;
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    };
+    let group = if task_id.is_empty() || task_id.len() > MAX_FIFO_ID { hashed() } else { task_id.to_owned() };
+    let mut dedup = format!("{task_id}-{seq}");
+    if dedup.len() > MAX_FIFO_ID {
+        dedup = format!("{}-{seq}", hashed());
+    }
+    Fifo { group, dedup }
 }
 
 /// One message to send.
@@ -232,12 +272,12 @@ impl Outbox<'_> {
     }
 
     /// A status message to the caller's queue; FIFO queues get the task as message group and
-    /// `seq` as deduplication id, so they receive every task's statuses in order, once.
+    /// `seq` as deduplication id (see [`reply_fifo`]), so they receive every task's statuses in
+    /// order, once.
     pub async fn reply(&self, reply_to: &str, status: &StatusMessage) -> Result<(), BusError> {
         let mut msg = Outgoing::new(encode(status)?);
         if QueueUrl::parse(reply_to).is_ok_and(|q| q.is_fifo()) {
-            msg.fifo =
-                Some(Fifo { group: status.task_id.to_string(), dedup: format!("{}-{}", status.task_id, status.seq) });
+            msg.fifo = Some(reply_fifo(status.task_id.as_str(), status.seq));
         }
         self.bus.send(reply_to, msg).await
     }
@@ -271,6 +311,23 @@ impl Outbox<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reply_fifo_ids_are_always_within_sqs_limits_and_distinct() {
+        assert_eq!(reply_fifo("order-42", 3), Fifo { group: "order-42".into(), dedup: "order-42-3".into() });
+        let mut seen = std::collections::HashSet::new();
+        for len in [1, 100, 116, 117, 118, 126, 127, 128] {
+            for id_char in ['a', 'b'] {
+                let id: String = std::iter::repeat_n(id_char, len).collect();
+                for seq in [0, 1, 9, 10, 99, 100, 12_345, u64::MAX] {
+                    let f = reply_fifo(&id, seq);
+                    assert!(f.group.len() <= MAX_FIFO_ID && f.dedup.len() <= MAX_FIFO_ID, "{len} {seq}: {f:?}");
+                    assert!(seen.insert(f.dedup.clone()), "one dedup id per task and status: {f:?}");
+                }
+                assert_eq!(reply_fifo(&id, 0).group, reply_fifo(&id, 1).group, "one group per task");
+            }
+        }
+    }
 
     #[test]
     fn delays_round_up_and_cap() {

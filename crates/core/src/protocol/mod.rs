@@ -266,6 +266,8 @@ pub fn submit(
         awaits: None,
         status_seq: 0,
         last_message: None,
+        undelivered_replies: 0,
+        reply_error: None,
     };
     let mut c = Change { t: task, fx: Vec::new(), ctx, policy };
     c.start_unit();

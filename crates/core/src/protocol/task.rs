@@ -346,6 +346,13 @@ pub struct Task {
     /// current unit's work, or the terminal notices. Any other message finds nothing owed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_message: Option<String>,
+    /// Statuses that could never reach `reply_to` (the queue refused them for good or is gone):
+    /// counted, not retried; the task goes on regardless.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub undelivered_replies: u32,
+    /// Why the last of them was not delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_error: Option<String>,
 }
 
 fn first_run() -> u32 {
@@ -353,6 +360,18 @@ fn first_run() -> u32 {
 }
 
 impl Task {
+    /// The task with `n` more statuses that could never be delivered, the last because of
+    /// `error`. A write of its own (the revision moves, so a racing transition re-decides on it);
+    /// nothing else changes, `UpdatedAt` included.
+    #[must_use]
+    pub fn with_undelivered_replies(&self, n: u32, error: &str) -> Task {
+        let mut t = self.clone();
+        t.undelivered_replies = t.undelivered_replies.saturating_add(n);
+        t.reply_error = Some(crate::ids::clip(error, 300).to_owned());
+        t.rev += 1;
+        t
+    }
+
     pub fn is_compensating(&self) -> bool {
         matches!(self.stage, Stage::Compensating { .. })
     }
