@@ -39,23 +39,33 @@ pub async fn drive(deps: &Deps, task: Task, event: &Event, message: Option<&str>
 }
 
 /// Send again what the task's last write owes (see [`protocol::resend`]), after writing the task
-/// first when the resend needs it. A lost conditional write means the task moved on: nothing is
-/// owed any more.
-pub async fn resend(deps: &Deps, current: Task) -> Result<Sent, HandlerError> {
-    let now = deps.now();
-    let tr = protocol::resend(&current, now, &deps.settings.policy);
-    if tr.effects.is_empty() {
-        return Ok(Sent::default());
-    }
-    if tr.task.rev != current.rev {
-        match deps.store.save(&tr.task, &current).await {
-            Ok(()) => {}
-            Err(StoreError::Conflict { .. }) => return Ok(Sent::default()),
-            Err(e) => return Err(e.into()),
+/// first when the resend needs it. A lost conditional write re-decides on the item it found: still
+/// this message's write, the resend goes on from there; our own write landed (its answer lost),
+/// it stands; another message's write, the task moved on and nothing is owed any more.
+pub async fn resend(deps: &Deps, mut current: Task) -> Result<Sent, HandlerError> {
+    let mark = current.last_message.clone();
+    for _ in 0..MAX_CONFLICTS {
+        let now = deps.now();
+        let tr = protocol::resend(&current, now, &deps.settings.policy);
+        if tr.effects.is_empty() {
+            return Ok(Sent::default());
         }
+        if tr.task.rev != current.rev {
+            match deps.store.save(&tr.task, &current).await {
+                Ok(()) => {}
+                Err(StoreError::Conflict { current: Some(found) }) if *found == tr.task => {}
+                Err(StoreError::Conflict { current: Some(found) }) if found.last_message == mark => {
+                    current = *found;
+                    continue;
+                }
+                Err(StoreError::Conflict { .. }) => return Ok(Sent::default()),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        info!(task_id = %current.task_id, state = %current.process_state, sends = tr.effects.len(), "message handled again: what its write owes is sent again");
+        return Ok(perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await);
     }
-    info!(task_id = %current.task_id, state = %current.process_state, sends = tr.effects.len(), "message handled again: what its write owes is sent again");
-    Ok(perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await)
+    Err(HandlerError::Contended(MAX_CONFLICTS))
 }
 
 /// What performing a transition's effects achieved.

@@ -9,13 +9,72 @@
 //! hang, crash after the effect landed, or answer too late; operators who cancel and resubmit at
 //! random moments; bursts beyond the agents' capacity.
 //!
-//! After each run it checks, against the remote services' ledger:
-//! 1. no idempotency key applied twice;
-//! 2. every task terminal;
-//! 3. every effect of a task that did not end `Processed` is undone, after it landed, where a
+//! Also: remote effects that land *after* the agent's retryable answer (a gateway 504 while the
+//! backend keeps working); agent requests delivered twice (the second copy finds the key in use:
+//! 409, retryable); conditional writes that apply and still report a failure (an SDK retry of a
+//! write that landed); send requests that fail as a whole, taking up to ten buffered messages of
+//! different tasks with them; timers delivered again seconds later; a reply queue named by every
+//! submission.
+//!
+//! After each run it checks, against the remote services' ledger, the queues and the topic:
+//! 1. `key-once`: no idempotency key applied twice;
+//! 2. `terminal`: every task terminal, nothing dead-lettered (`dlq`);
+//! 3. `undone`: every effect of a task that did not end `Processed` is undone, after it landed, where a
 //!    compensation exists;
-//! 4. `Error` only with a `task_error` alert;
-//! 5. no terminal state overwritten (`Error` may be left by an operator's hand).
+//! 4. `error-alert`: `Error` only with a `task_error` alert;
+//! 5. `overwritten`: no terminal state overwritten (`Error` may be left by an operator's hand);
+//! 6. `reply-once`: each task's final status reached its reply queue at least once, and no
+//!    terminal status more than [`MAX_TERMINAL_REPLIES`] times;
+//! 7. `alert-once`: at most one `task_error` alert per `Error` episode (from entering `Error` to
+//!    the operator's resubmit or cancel), redeliveries and duplicates of a message about the task
+//!    excepted;
+//! 8. `processed-once`: every step of a `Processed` task applied exactly once (one key generation)
+//!    and no compensation applied;
+//! 9. `dispatched`: every attempt the store shows claimed reached the agent queue, unless an
+//!    operator's cancel or resubmit let it go first;
+//! 10. `success-kept`: a success the Scheduler handled while its step was still the running one
+//!     (same run) is never dropped;
+//! 11. `late-hung` / `late-lost`: a hung attempt (cut by its agent at its execution deadline) is
+//!     let go within [`LATE_HUNG_MS`] of that deadline, a lost one (agent dead, never started)
+//!     within [`LATE_LOST_MS`] of `CompleteBy` + the result grace;
+//! 12. `timers-bounded`: the Supervisor handles no more attempt-less timers for a task than the
+//!     sweeps handed it (a timer does not re-arm itself for ever).
+//!
+//! Which of the review's findings (notes/review-second-pass.md; G16: a hung call waits for
+//! `CompleteBy` instead of failing at its execution deadline) these find on the code before their
+//! fixes, each with only its faults on (`SIM_FAULTS=...`, 300 seeds, 500 for G10; measured on
+//! 23fa779 + this simulator):
+//!
+//! | finding | faults | found by | seeds failing it | first |
+//! |---|---|---|---|---|
+//! | G2  | `late_effect,cancel` | `undone` (reserve applied after its release) | 4/300 | 26 |
+//! | G4  | `batch_failures` (or `lost_sends`) | `dispatched`; `late-lost` when a timer is lost | 44/300 (114/300) | 6 (3) |
+//! | G5  | `ambiguous_writes` | `dispatched` | 82/300 | 3 |
+//! | G9  | `transient,permanent` | `reply-once` (too many), `alert-once` | 284/300, 90/300 | 1, 3 |
+//! | G10 | `lost_sends,late_duplicate` | `timers-bounded` | 2/500 | 144 |
+//! | G11 | `agent_duplicate` (`+transient`) | `success-kept` | 61/300 (83/300) | 1 (1) |
+//! | G16 | `hang` | `late-hung` | 245/300 | 1 |
+//!
+//! With every fault on (`make sim`, 2,000 seeds, about 45 s): all seeds fail; `reply-once` 2000,
+//! `late-hung` 1945, `dispatched` 1467, `success-kept` 637, `alert-once` 594, `timers-bounded`
+//! 153, `late-lost` 16 (a lost timer: G4), `undone` 9 (G2: a cancel's release applied before
+//! the reserve it undoes), `dlq` 5 (G9: a late timer's terminal re-send fails three times).
+//!
+//! G9 also shows under almost every other fault (any retry arms one more timer that re-sends the
+//! terminal status), and makes `dlq` fire now and then (a late timer's re-send fails three
+//! times). With the one-line fixes of G2, G10, G11 and G16 and G9's re-send only on redelivery
+//! applied by hand (not committed), every fault but `lost_sends`, `batch_failures` and
+//! `ambiguous_writes` (G4, G5) left 5 of 500 seeds failing, all `reply-once` with 5 copies: in
+//! the one traced, 2 re-sends came from redeliveries of the message that ended the task and 2
+//! from redelivered timers, which that crude G9 stand-in re-sends and the review's fix (re-send
+//! only for the message that ended the task) would not.
+//!
+//! `BufferedBus` itself is not in the loop: it needs tokio's spawn and timer (a real 20 ms
+//! linger per flush, or tokio's paused clock, which the library does not build with), while the
+//! simulator runs everything on `block_on` in virtual time. Its failure mode is injected instead:
+//! the next 1 to 10 sends of one instant to one queue fail together, as one failed
+//! SendMessageBatch of the messages buffered then; the sweep's own `send_batch` fails as a
+//! request ([`MemoryBus::fail_requests`]).
 //!
 //! `SIM_SEED=<n>` replays one seed exactly (see `tests/simulation.rs`).
 
@@ -29,18 +88,19 @@ use futures::future::join_all;
 use serde_json::json;
 
 use crate::agent::runtime::execution_deadline;
-use crate::bus::{Bus, MemoryBus, Outgoing, Received};
+use crate::bus::{Bus, MemoryBus, Outgoing, QueueConfig, Received};
 use crate::clock::{Clock, ManualClock};
 use crate::config::Settings;
 use crate::deps::Deps;
 use crate::entropy::SeededEntropy;
 use crate::ids::{Millis, TaskId};
 use crate::messages::{
-    AgentRequest, AgentResult, CancelMessage, Outcome, Phase, ResubmitMessage, SchedulerMessage, VERSION,
+    AgentRequest, AgentResult, CancelMessage, Outcome, Phase, ResubmitMessage, SchedulerMessage, StatusMessage,
+    TimerMessage, VERSION,
 };
-use crate::protocol::{Policy, ProcessState};
+use crate::protocol::{EndCause, Policy, ProcessState, Stage};
 use crate::role::{self, Record, Role};
-use crate::store::MemoryStore;
+use crate::store::{Ambiguity, MemoryStore, StoreOp};
 use crate::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use crate::{agent::AgentRuntime, supervisor, twins};
 
@@ -83,6 +143,25 @@ pub struct Faults {
     /// Operator cancels and resubmits, per task.
     pub cancel: f64,
     pub resubmit: f64,
+    /// A gateway in front of the service answers 504 (retryable) while the backend keeps working:
+    /// the effect lands after the answer, before the request's deadline.
+    pub late_effect: f64,
+    /// An agent request is delivered twice (SQS at least once): a second agent runs it a little
+    /// later; while the first copy holds the key the service answers 409 "key in use".
+    pub agent_duplicate: f64,
+    /// Per handler run of a batch: a conditional write applies and then reports a failure
+    /// (`AlreadyExists`/`Conflict` with the item just written, or a `Backend` error).
+    pub ambiguous_writes: f64,
+    /// Per handler run of a batch: a send request fails as a whole and takes every buffered
+    /// message of it (up to 10, of different tasks) with it, as a `BufferedBus` flush whose
+    /// SendMessageBatch fails; per sweep, its hand-off batch fails the same way.
+    pub batch_failures: f64,
+    /// The share of submissions that name the reply queue ([`REPLY_QUEUE`]).
+    pub reply_to: f64,
+    /// A timer on the supervisor queue is delivered again, 0.5 to 10 s after its first delivery (an
+    /// SQS standard queue's duplicate from another server; or EventBridge invoking the sweep
+    /// twice while the first hand-off is being handled).
+    pub late_duplicate: f64,
 }
 
 impl Faults {
@@ -101,6 +180,12 @@ impl Faults {
             slow: 0.0,
             cancel: 0.0,
             resubmit: 0.0,
+            late_effect: 0.0,
+            agent_duplicate: 0.0,
+            ambiguous_writes: 0.0,
+            batch_failures: 0.0,
+            reply_to: 0.0,
+            late_duplicate: 0.0,
         }
     }
 
@@ -119,9 +204,69 @@ impl Faults {
             slow: 0.05,
             cancel: 0.15,
             resubmit: 0.5,
+            late_effect: 0.03,
+            agent_duplicate: 0.05,
+            ambiguous_writes: 0.01,
+            batch_failures: 0.01,
+            reply_to: 1.0,
+            late_duplicate: 0.1,
         }
     }
+
+    /// Only the named faults, at their [`Faults::all`] rates (names as the fields; a reply queue
+    /// is always named, so that its invariants are checked). `None` for an unknown name.
+    pub fn only(names: &[&str]) -> Option<Self> {
+        let all = Faults::all();
+        let mut f = Faults { reply_to: all.reply_to, ..Faults::none() };
+        for name in names {
+            let (to, from) = match name.trim() {
+                "crash_before" => (&mut f.crash_before, all.crash_before),
+                "crash_after" => (&mut f.crash_after, all.crash_after),
+                "duplicate" => (&mut f.duplicate, all.duplicate),
+                "lost_sends" => (&mut f.lost_sends, all.lost_sends),
+                "lost_alerts" => (&mut f.lost_alerts, all.lost_alerts),
+                "transient" => (&mut f.transient, all.transient),
+                "permanent" => (&mut f.permanent, all.permanent),
+                "hang" => (&mut f.hang, all.hang),
+                "effect_no_answer" => (&mut f.effect_no_answer, all.effect_no_answer),
+                "effect_then_retryable" => (&mut f.effect_then_retryable, all.effect_then_retryable),
+                "slow" => (&mut f.slow, all.slow),
+                "cancel" => (&mut f.cancel, all.cancel),
+                "resubmit" => (&mut f.resubmit, all.resubmit),
+                "late_effect" => (&mut f.late_effect, all.late_effect),
+                "agent_duplicate" => (&mut f.agent_duplicate, all.agent_duplicate),
+                "ambiguous_writes" => (&mut f.ambiguous_writes, all.ambiguous_writes),
+                "batch_failures" => (&mut f.batch_failures, all.batch_failures),
+                "late_duplicate" => (&mut f.late_duplicate, all.late_duplicate),
+                "" => continue,
+                _ => return None,
+            };
+            *to = from;
+        }
+        Some(f)
+    }
 }
+
+/// The reply queue every simulated submission names (the callers' queue, not the stack's).
+pub const REPLY_QUEUE: &str = "http://twins.local/000000000000/sas-reply-sim";
+
+/// How often one terminal status may reach the reply queue: the message that ended the task,
+/// one duplicate of it handled at the same time, one redelivery after a crash or a failed
+/// essential send, and one duplicate of that redelivery. A late timer of an earlier attempt is
+/// not among them.
+pub const MAX_TERMINAL_REPLIES: usize = 4;
+
+/// How long after its execution deadline a hung attempt (its agent cut the call) may still hold
+/// its task: the agent's report is handled in the instant it is sent (attempts whose report's
+/// first delivery crashed are not checked), so 5 s leaves room for a duplicate's race and SQS's
+/// whole-second delays, far below the queue budget (120 s here) an unreported attempt waits.
+pub const LATE_HUNG_MS: u64 = 5_000;
+
+/// How long after `CompleteBy` + the result grace a lost attempt (its agent died or never
+/// started it) may still hold its task: its own timer is due then, delayed by SQS in whole
+/// seconds (attempts whose timer's first delivery crashed are not checked). The sweep, a minute
+/// behind, is the backstop for what this bound calls late.
+pub const LATE_LOST_MS: u64 = 5_000;
 
 impl SimConfig {
     /// The default run for a seed: a burst and a trickle of tasks with every fault on.
@@ -156,6 +301,55 @@ struct Applied {
 struct Ledger {
     applied: BTreeMap<String, Applied>,
     twice: Vec<String>,
+    /// What the service knows of each key: a request works on it until `until` (another
+    /// request meanwhile is answered 409 "key in use"), and once decided, every later request
+    /// with the key is answered the same (a replay).
+    keys: BTreeMap<String, KeyState>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct KeyState {
+    until: Millis,
+    decided: Option<Decided>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Decided {
+    /// The effect lands (landed) then.
+    Applies,
+    Declined,
+}
+
+/// What became of one copy of an attempt at its agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    /// The agent sent a result (in time).
+    Answered,
+    /// The call hung or ran long: the agent cut it at the execution deadline.
+    Cut { at: Millis },
+    /// The agent died, or never started it (past `start_by`).
+    Lost,
+}
+
+/// An attempt seen claimed in the store.
+#[derive(Debug, Clone)]
+struct Claim {
+    task: String,
+    step: String,
+    phase: Phase,
+    run: u32,
+    complete_by: Millis,
+    released: Option<Millis>,
+    /// Let go by an operator's cancel or resubmit (not charged to the attempt).
+    by_operator: bool,
+}
+
+/// An `Error` episode of a task: `task_error` alerts published on first, lone deliveries of the
+/// messages about it (`fresh`) and on redeliveries or duplicates (`repeated`).
+#[derive(Debug, Clone, Default)]
+struct Episode {
+    fresh: u32,
+    repeated: u32,
 }
 
 enum Action {
@@ -167,6 +361,10 @@ enum Action {
     Operator(SchedulerMessage),
     /// A later submission.
     Submit(String),
+    /// A second delivery of an agent request, to another agent.
+    AgentCopy(Box<AgentRequest>),
+    /// A message delivered again later (a copy put back on its queue).
+    Again { queue: String, body: String },
 }
 
 struct Sim {
@@ -184,6 +382,25 @@ struct Sim {
     terminal: BTreeMap<String, ProcessState>,
     report: SimReport,
     agents_free_at: Millis,
+    /// Attempt tokens whose request reached the agent queue.
+    dispatched: BTreeSet<String>,
+    /// Attempts seen claimed (by token), and the token each task holds now.
+    claims: BTreeMap<String, Claim>,
+    locks: BTreeMap<String, String>,
+    /// What became of each copy of each attempt at its agent.
+    fates: BTreeMap<String, Vec<Fate>>,
+    /// Each attempt's `CompleteBy`, as its request carries it (what the agent runtime knows).
+    complete_by: BTreeMap<String, Millis>,
+    /// Attempts whose result or timer message crashed a consumer on its first delivery (their
+    /// release waits a visibility timeout: not checked for lateness).
+    delayed: BTreeSet<String>,
+    /// `Error` episodes by task, the tasks in `Error` now, and the publications looked at.
+    episodes: BTreeMap<String, Vec<Episode>>,
+    in_error: BTreeSet<String>,
+    publications_seen: usize,
+    /// Attempt-less timers by task: handed by a sweep, and handled (distinct message ids).
+    timers_handed: BTreeMap<String, usize>,
+    timers_handled: BTreeMap<String, BTreeSet<String>>,
 }
 
 const STEP_TIMEOUT_MS: u64 = 5_000;
@@ -213,12 +430,19 @@ pub fn workflows() -> WorkflowRegistry {
         .expect("valid simulated workflows")
 }
 
+/// An operator's cancel of `task_id`; `run`: the run the operator saw (for the fence the cancel
+/// will carry).
+fn cancel(task_id: TaskId, run: Option<u32>) -> SchedulerMessage {
+    SchedulerMessage::Cancel(CancelMessage { v: VERSION, task_id, reason: "simulated operator".into(), run })
+}
+
 /// Run one seed.
 pub fn run(cfg: &SimConfig) -> SimReport {
     let clock = ManualClock::at(Millis(1_700_000_000_000));
     let res = twins::resources(2);
     let store = MemoryStore::interleaved(res.shards);
     let bus = MemoryBus::for_stack(Arc::new(clock.clone()), &res);
+    bus.create_queue(REPLY_QUEUE, QueueConfig::default());
     let settings = Settings {
         policy: Policy {
             start_timeout_ms: 10_000,
@@ -257,6 +481,17 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         terminal: BTreeMap::new(),
         report: SimReport { seed: cfg.seed, ..SimReport::default() },
         agents_free_at: Millis(0),
+        dispatched: BTreeSet::new(),
+        claims: BTreeMap::new(),
+        locks: BTreeMap::new(),
+        fates: BTreeMap::new(),
+        complete_by: BTreeMap::new(),
+        delayed: BTreeSet::new(),
+        episodes: BTreeMap::new(),
+        in_error: BTreeSet::new(),
+        publications_seen: 0,
+        timers_handed: BTreeMap::new(),
+        timers_handled: BTreeMap::new(),
     };
     sim.go();
     sim.report
@@ -286,10 +521,15 @@ impl Sim {
     /// A submission; one in five names no task id (the Submitter derives one from the message).
     fn submission(&self, id: &str) -> String {
         let workflow = if self.chance(0.3) { "order-parked" } else { "order" };
-        if self.chance(0.2) {
-            return json!({"v": VERSION, "workflow": workflow, "input": {"sku": "a", "ref": id}}).to_string();
+        let mut body = if self.chance(0.2) {
+            json!({"v": VERSION, "workflow": workflow, "input": {"sku": "a", "ref": id}})
+        } else {
+            json!({"v": VERSION, "task_id": id, "workflow": workflow, "input": {"sku": "a"}})
+        };
+        if self.chance(self.cfg.faults.reply_to) {
+            body["reply_to"] = json!(REPLY_QUEUE);
         }
-        json!({"v": VERSION, "task_id": id, "workflow": workflow, "input": {"sku": "a"}}).to_string()
+        body.to_string()
     }
 
     fn go(&mut self) {
@@ -306,13 +546,10 @@ impl Sim {
                 self.at(when, Action::Submit(body));
             }
             if self.chance(self.cfg.faults.cancel) {
-                let when = start.plus_ms(self.between(0, 60_000));
-                let msg = SchedulerMessage::Cancel(CancelMessage {
-                    v: VERSION,
-                    task_id: TaskId::try_from(id.as_str()).expect("valid id"),
-                    reason: "simulated operator".into(),
-                    run: None,
-                });
+                // half of the cancels come while the burst still runs, the rest any time in a minute
+                let within = if self.chance(0.5) { 5_000 } else { 60_000 };
+                let when = start.plus_ms(self.between(0, within));
+                let msg = cancel(TaskId::try_from(id.as_str()).expect("valid id"), None);
                 self.at(when, Action::Operator(msg));
             }
         }
@@ -336,11 +573,20 @@ impl Sim {
             if now >= next_sweep {
                 next_sweep = now.plus_ms(60_000);
                 let two = self.chance(0.3);
+                if self.chance(self.cfg.faults.batch_failures * 10.0) {
+                    self.bus.fail_requests(&self.deps.resources.supervisor_queue_url, 1);
+                }
+                let before = self.attempt_less_timers();
                 let deps = &self.deps;
                 if two {
                     block_on(futures::future::join(supervisor::sweep(deps), supervisor::sweep(deps)));
                 } else {
                     block_on(supervisor::sweep(deps));
+                }
+                self.bus.clear_send_failures();
+                for (task, n) in self.attempt_less_timers() {
+                    let added = n.saturating_sub(before.get(&task).copied().unwrap_or(0));
+                    *self.timers_handed.entry(task).or_default() += added;
                 }
                 self.observe();
             }
@@ -384,15 +630,32 @@ impl Sim {
         t
     }
 
+    /// Timers without an attempt waiting in the supervisor queue, by task.
+    fn attempt_less_timers(&self) -> BTreeMap<String, usize> {
+        let mut by_task = BTreeMap::new();
+        for body in self.bus.bodies(&self.deps.resources.supervisor_queue_url) {
+            if let Ok(t) = serde_json::from_str::<TimerMessage>(&body) {
+                if t.attempt.is_none() {
+                    *by_task.entry(t.task_id.to_string()).or_default() += 1;
+                }
+            }
+        }
+        by_task
+    }
+
     fn act(&mut self, action: Action) {
         match action {
+            Action::AgentCopy(req) => self.run_request(&req),
+            Action::Again { queue, body } => {
+                block_on(self.bus.send(&queue, Outgoing::new(body))).ok();
+            }
             Action::Apply { key, task, applied, deadline } => {
                 if self.now() >= deadline {
                     return; // the service does not apply a request after its deadline
                 }
                 if let Some(first) = self.ledger.applied.get(&key) {
                     if first.phase != applied.phase {
-                        self.ledger.twice.push(format!("{task}: key {key} used for two kinds of effect"));
+                        self.ledger.twice.push(format!("key-once: {task}: key {key} used for two kinds of effect"));
                     }
                     return; // a replay: applied once
                 }
@@ -431,12 +694,7 @@ impl Sim {
                     run: Some(run),
                 })
             } else {
-                SchedulerMessage::Cancel(CancelMessage {
-                    v: VERSION,
-                    task_id,
-                    reason: "simulated operator".into(),
-                    run: Some(run),
-                })
+                cancel(task_id, Some(run))
             };
             let when = self.now().plus_ms(self.between(0, 1_000));
             self.at(when, Action::Operator(msg));
@@ -479,34 +737,92 @@ impl Sim {
         let f = self.cfg.faults.clone();
         // (role, queue, receipt, record, delete afterwards)
         let mut runs: Vec<(Role, String, String, Record, bool)> = Vec::new();
+        // tasks a redelivered or duplicated message of this batch is about
+        let mut repeats: BTreeSet<String> = BTreeSet::new();
         for (role, url, m) in batch {
             // Consumers die on a message's first delivery only: a message that kills every consumer
             // ends in its DLQ after maxReceiveCount deliveries, as SQS promises (the DLQ alarm's
             // case, not the protocol's).
             let first = m.receive_count == 1;
             if first && self.chance(f.crash_before) {
+                if let Some(token) = attempt_of(&m.body) {
+                    self.delayed.insert(token);
+                }
                 continue; // the consumer died: the message comes back after its visibility timeout
             }
             let record = Record { message_id: m.message_id, body: m.body, receive_count: m.receive_count };
             let delete = !(first && self.chance(f.crash_after));
+            let task = task_of(&record.body);
+            if !first {
+                repeats.extend(task.clone());
+            }
             if self.chance(f.duplicate) {
+                repeats.extend(task);
                 runs.push((role, url.clone(), m.receipt.clone(), record.clone(), false));
             }
             runs.push((role, url, m.receipt, record, delete));
         }
         #[allow(clippy::cast_precision_loss)] // a few hundred at most
-        let lost = f.lost_sends * runs.len() as f64;
-        if self.chance(lost) {
+        let n = runs.len() as f64;
+        // Send failures are transient, like crashes: not on a batch that redelivers a message, so
+        // a message whose sends failed goes through on its redelivery (a failure on every
+        // delivery until CompleteBy is the Supervisor's case, and costs the attempt).
+        let first_deliveries = runs.iter().all(|r| r.3.receive_count == 1);
+        if first_deliveries && self.chance(f.lost_sends * n) {
             self.bus.fail_sends("*", u32::try_from(self.between(1, 4)).unwrap_or(1));
+        }
+        if first_deliveries && self.chance(f.batch_failures * n) {
+            // One BufferedBus flush fails as a whole: the messages buffered for one queue in this
+            // instant, up to 10, of whichever tasks sent them.
+            let r = &self.deps.resources;
+            let queues = [&r.agent_queue_url, &r.supervisor_queue_url, &r.scheduler_queue_url];
+            let q = queues[usize::try_from(self.between(0, 3)).unwrap_or(0).min(2)].clone();
+            self.bus.fail_sends(&q, u32::try_from(self.between(1, 11)).unwrap_or(1));
+        }
+        if self.chance(f.ambiguous_writes * n) {
+            let op = if self.chance(0.3) { StoreOp::Create } else { StoreOp::Save };
+            let how = if self.chance(0.5) { Ambiguity::Retried } else { Ambiguity::Failed };
+            self.store.ambiguous_next(op, how);
         }
         // like crashes, lost alerts are transient: not on a batch that redelivers a message
         if runs.iter().all(|r| r.3.receive_count == 1) && self.chance(f.lost_alerts) {
             self.bus.fail_sends(&self.deps.resources.alert_topic_arn, 1);
         }
+        // successes handed to the Scheduler, and attempt-less timers to the Supervisor
+        let mut successes: Vec<(String, String)> = Vec::new();
+        let mut late: BTreeSet<String> = BTreeSet::new();
+        for (role, _, _, r, _) in &runs {
+            match role {
+                Role::Scheduler => {
+                    if let Ok(SchedulerMessage::Result(res)) = serde_json::from_str(&r.body) {
+                        if matches!(res.outcome, Outcome::Succeeded { .. }) {
+                            successes.push((res.task_id.to_string(), res.attempt.to_string()));
+                        }
+                    }
+                }
+                Role::Supervisor => {
+                    let Ok(t) = serde_json::from_str::<TimerMessage>(&r.body) else { continue };
+                    if t.attempt.is_none() {
+                        self.timers_handled.entry(t.task_id.to_string()).or_default().insert(r.message_id.clone());
+                    }
+                    if r.receive_count == 1 && !late.contains(&r.message_id) && self.chance(f.late_duplicate) {
+                        late.insert(r.message_id.clone());
+                        if t.attempt.is_none() {
+                            *self.timers_handed.entry(t.task_id.to_string()).or_default() += 1;
+                        }
+                        let when = self.now().plus_ms(self.between(500, 10_000));
+                        let queue = self.deps.resources.supervisor_queue_url.clone();
+                        self.at(when, Action::Again { queue, body: r.body.clone() });
+                    }
+                }
+                _ => {}
+            }
+        }
         let deps = &self.deps;
         let agents = AgentRuntime::default();
         let results = block_on(join_all(runs.iter().map(|(role, _, _, r, _)| role::handle(*role, deps, &agents, r))));
         self.bus.clear_send_failures();
+        self.store.clear_ambiguous();
         self.report.handled += runs.len() as u64;
         let mut deletes: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for ((_, url, receipt, _, delete), r) in runs.into_iter().zip(results) {
@@ -518,28 +834,95 @@ impl Sim {
             block_on(self.bus.delete(&url, receipts)).ok();
         }
         self.observe();
+        self.count_alerts(&repeats);
+        self.check_successes(&successes);
     }
 
-    /// The agent fleet and the remote services, for one request.
+    /// Attribute the `task_error` alerts published since the last look to their task's current
+    /// `Error` episode.
+    fn count_alerts(&mut self, repeats: &BTreeSet<String>) {
+        let published = self.bus.published();
+        for (_, p) in published.iter().skip(self.publications_seen) {
+            if !p.attributes.iter().any(|(k, v)| k == "kind" && v == "task_error") {
+                continue;
+            }
+            let Some(task) = p.attributes.iter().find(|(k, _)| k == "task_id").map(|(_, v)| v.clone()) else {
+                continue;
+            };
+            let repeated = repeats.contains(&task);
+            let episodes = self.episodes.entry(task).or_default();
+            if episodes.is_empty() {
+                episodes.push(Episode::default());
+            }
+            let e = episodes.last_mut().expect("one episode at least");
+            if repeated {
+                e.repeated += 1;
+            } else {
+                e.fresh += 1;
+            }
+        }
+        self.publications_seen = published.len();
+    }
+
+    /// A success the Scheduler handled must not be dropped while its step is still the one
+    /// running, in the same run: it either moved the task on, or the task had moved on already.
+    fn check_successes(&mut self, successes: &[(String, String)]) {
+        for (task_id, token) in successes {
+            let Some(claim) = self.claims.get(token) else { continue };
+            if claim.phase != Phase::Forward {
+                continue;
+            }
+            let Ok(id) = TaskId::try_from(task_id.as_str()) else { continue };
+            let Some(t) = self.store.tasks().into_iter().find(|t| t.task_id == id) else { continue };
+            let still_running = !t.process_state.is_terminal()
+                && !t.is_compensating()
+                && t.run == claim.run
+                && t.phase() == Phase::Forward
+                && t.current_def().name == claim.step;
+            if still_running {
+                let msg = format!(
+                    "success-kept: {task_id}: {} attempt {token} succeeded and the Scheduler dropped its result while {} was still the running step ({})",
+                    claim.step, claim.step, t.process_state
+                );
+                self.report.violations.push(msg);
+            }
+        }
+    }
+
+    /// The agent fleet, for one request off the agent queue.
     fn agent(&mut self, url: &str, m: &Received) {
-        let now = self.now();
-        let f = self.cfg.faults.clone();
-        if m.receive_count == 1 && self.chance(f.crash_before) {
-            return; // the agent died before starting: the request comes back after 720 s
+        let Ok(req) = serde_json::from_str::<AgentRequest>(&m.body) else {
+            block_on(self.bus.delete(url, vec![m.receipt.clone()])).ok();
+            return;
+        };
+        self.dispatched.insert(req.attempt.to_string());
+        if m.receive_count == 1 && self.chance(self.cfg.faults.crash_before) {
+            // the agent died before starting: the request comes back after 720 s
+            self.fates.entry(req.attempt.to_string()).or_default().push(Fate::Lost);
+            return;
         }
         block_on(self.bus.delete(url, vec![m.receipt.clone()])).ok();
-        let Ok(req) = serde_json::from_str::<AgentRequest>(&m.body) else { return };
+        if self.chance(self.cfg.faults.agent_duplicate) {
+            // SQS delivers the request again, to another agent, a moment later
+            let when = self.now().plus_ms(self.between(0, 2_000));
+            self.at(when, Action::AgentCopy(Box::new(req.clone())));
+        }
+        self.run_request(&req);
+    }
+
+    /// One agent runs one copy of an attempt against the remote service.
+    fn run_request(&mut self, req: &AgentRequest) {
+        let now = self.now();
+        let f = self.cfg.faults.clone();
         self.report.attempts += 1;
+        let token = req.attempt.to_string();
+        self.complete_by.insert(token.clone(), req.complete_by);
         // nothing starts after its start_by; started now, it has its whole timeout
-        let Some(deadline) = execution_deadline(&req, now) else { return };
-        let latency = if self.chance(f.slow) { self.between(3_000, 9_000) } else { self.between(20, 1_500) };
-        let done = now.plus_ms(latency);
-        let apply = Action::Apply {
-            key: req.idempotency_key.to_string(),
-            task: req.task_id.to_string(),
-            applied: Applied { at: done, phase: req.phase },
-            deadline,
+        let Some(deadline) = execution_deadline(req, now) else {
+            self.fates.entry(token).or_default().push(Fate::Lost);
+            return;
         };
+        let key = req.idempotency_key.to_string();
         let reply = |outcome| {
             Action::Reply(Box::new(AgentResult {
                 v: VERSION,
@@ -549,6 +932,39 @@ impl Sim {
                 outcome,
             }))
         };
+        // Another copy holds the key: the service answers 409 "key in use"; the runtime retries
+        // it as transient (5 calls, jittered backoff: 0.3 to 1.5 s in all), then reports a
+        // retryable failure.
+        let known = self.ledger.keys.get(&key).copied().unwrap_or_default();
+        let retries_for = self.between(300, 1_500);
+        if known.until > now.plus_ms(retries_for) {
+            let when = now.plus_ms(retries_for);
+            self.answer(
+                &token,
+                when,
+                deadline,
+                reply(Outcome::Failed { error: "409 key in use".into(), retryable: true }),
+            );
+            return;
+        }
+        // A decided key is answered as decided (the runtime's retries wait out a short 409).
+        if let Some(decided) = known.decided {
+            let when = now.max(known.until).plus_ms(self.between(20, 300));
+            let outcome = match decided {
+                Decided::Applies => Outcome::Succeeded { output: json!({"ok": true, "replayed": true}) },
+                Decided::Declined => Outcome::Failed { error: "declined (replayed)".into(), retryable: false },
+            };
+            self.answer(&token, when, deadline, reply(outcome));
+            return;
+        }
+        let latency = if self.chance(f.slow) { self.between(3_000, 9_000) } else { self.between(20, 1_500) };
+        let done = now.plus_ms(latency);
+        let apply = |at: Millis| Action::Apply {
+            key: key.clone(),
+            task: req.task_id.to_string(),
+            applied: Applied { at, phase: req.phase },
+            deadline,
+        };
         let roll = self.rng.unit();
         let mut p = 0.0;
         let mut pick = |q: f64| {
@@ -557,40 +973,126 @@ impl Sim {
         };
         // Compensations must eventually succeed for a task to end Compensated: they fail less.
         let k = if req.phase == Phase::Compensate { 0.5 } else { 1.0 };
+        let busy_until;
+        let mut decided = None;
         if pick(f.transient * k) {
-            self.answer(done, deadline, reply(Outcome::Failed { error: "503".into(), retryable: true }));
+            busy_until = done;
+            self.answer(&token, done, deadline, reply(Outcome::Failed { error: "503".into(), retryable: true }));
         } else if pick(f.permanent * k) {
-            self.answer(done, deadline, reply(Outcome::Failed { error: "declined".into(), retryable: false }));
+            busy_until = done;
+            decided = Some(Decided::Declined);
+            self.answer(&token, done, deadline, reply(Outcome::Failed { error: "declined".into(), retryable: false }));
         } else if pick(f.hang * k) {
-            // no effect, no answer
+            // no effect, no answer: the agent cuts the call at the deadline
+            busy_until = deadline;
+            self.cut(&token, deadline, reply);
         } else if pick(f.effect_no_answer * k) {
-            self.at(done, apply); // the agent died after the service applied the effect
+            busy_until = done;
+            decided = (done < deadline).then_some(Decided::Applies);
+            self.at(done, apply(done)); // the agent died after the service applied the effect
+            self.fates.entry(token).or_default().push(Fate::Lost);
         } else if pick(f.effect_then_retryable * k) {
-            self.at(done, apply);
+            busy_until = done;
+            decided = (done < deadline).then_some(Decided::Applies);
+            self.at(done, apply(done));
             let later = done.plus_ms(self.between(10, 500));
-            self.answer(later, deadline, reply(Outcome::Failed { error: "timeout, then 503".into(), retryable: true }));
+            self.answer(
+                &token,
+                later,
+                deadline,
+                reply(Outcome::Failed { error: "timeout, then 503".into(), retryable: true }),
+            );
+        } else if pick(f.late_effect * k) && deadline.0 > now.0 + 2_500 {
+            // A gateway answers 504 (the runtime's retries meet 409 while the backend works on),
+            // the agent reports a retryable failure, and the effect lands afterwards, before
+            // the request's deadline.
+            let answered = now.plus_ms(self.between(500, 2_000));
+            let lands = answered.plus_ms(self.between(100, deadline.0 - answered.0));
+            busy_until = lands;
+            decided = Some(Decided::Applies);
+            self.answer(
+                &token,
+                answered,
+                deadline,
+                reply(Outcome::Failed { error: "504 gateway timeout".into(), retryable: true }),
+            );
+            self.at(lands, apply(lands));
         } else {
-            self.at(done, apply);
-            self.answer(done, deadline, reply(Outcome::Succeeded { output: json!({"ok": true}) }));
+            busy_until = done.min(deadline);
+            decided = (done < deadline).then_some(Decided::Applies);
+            self.at(done, apply(done));
+            self.answer(&token, done, deadline, reply(Outcome::Succeeded { output: json!({"ok": true}) }));
+        }
+        let held = self.ledger.keys.entry(key).or_default();
+        held.until = held.until.max(busy_until);
+        held.decided = held.decided.or(decided);
+    }
+
+    /// An agent sends its result only before the attempt's deadline; a call still running then
+    /// is cut (and reported as the runtime reports a cut call).
+    fn answer(&mut self, token: &str, when: Millis, deadline: Millis, action: Action) {
+        if when < deadline {
+            self.fates.entry(token.to_owned()).or_default().push(Fate::Answered);
+            self.at(when, action);
+        } else if let Action::Reply(r) = action {
+            let reply = |outcome| Action::Reply(Box::new(AgentResult { outcome, ..(*r).clone() }));
+            self.cut(token, deadline, reply);
         }
     }
 
-    /// An agent sends its result only before the attempt's deadline.
-    fn answer(&mut self, when: Millis, deadline: Millis, action: Action) {
-        if when < deadline {
-            self.at(when, action);
+    /// The agent cuts a call at the attempt's execution deadline.
+    fn cut(&mut self, token: &str, deadline: Millis, reply: impl FnOnce(Outcome) -> Action) {
+        self.fates.entry(token.to_owned()).or_default().push(Fate::Cut { at: deadline });
+        let complete_by = self.complete_by.get(token).copied().unwrap_or(deadline);
+        if let Some(outcome) = report_of_a_cut_call(deadline, complete_by) {
+            self.at(deadline, reply(outcome));
         }
     }
 
     /// Record the states seen, and any terminal state left.
     fn observe(&mut self) {
+        let now = self.now();
         for t in self.store.tasks() {
             let id = t.task_id.to_string();
+            // attempts claimed and let go
+            let lock = t.locked_by.as_ref().map(ToString::to_string);
+            if self.locks.get(&id) != lock.as_ref() {
+                if let Some(old) = self.locks.remove(&id) {
+                    let cancelled = t.process_state == ProcessState::Cancelled
+                        || matches!(t.stage, Stage::Compensating { cause: EndCause::Cancelled, .. });
+                    if let Some(c) = self.claims.get_mut(&old) {
+                        if c.released.is_none() {
+                            c.released = Some(now);
+                            c.by_operator = cancelled || t.run != c.run;
+                        }
+                    }
+                }
+                if let Some(token) = lock {
+                    self.claims.entry(token.clone()).or_insert_with(|| Claim {
+                        task: id.clone(),
+                        step: t.current_def().name.clone(),
+                        phase: t.phase(),
+                        run: t.run,
+                        complete_by: t.complete_by.unwrap_or(now),
+                        released: None,
+                        by_operator: false,
+                    });
+                    self.locks.insert(id.clone(), token);
+                }
+            }
+            // Error episodes
+            if t.process_state == ProcessState::Error {
+                if self.in_error.insert(id.clone()) {
+                    self.episodes.entry(id.clone()).or_default().push(Episode::default());
+                }
+            } else {
+                self.in_error.remove(&id);
+            }
             match self.terminal.get(&id) {
                 Some(&first) if first != t.process_state => {
                     self.report
                         .violations
-                        .push(format!("{id}: terminal state {first} overwritten by {}", t.process_state));
+                        .push(format!("overwritten: {id}: terminal state {first} overwritten by {}", t.process_state));
                     self.terminal.insert(id, t.process_state);
                 }
                 None if t.process_state.is_terminal() && t.process_state != ProcessState::Error => {
@@ -615,17 +1117,29 @@ impl Sim {
             .min_by_key(|a| a.at)
     }
 
+    /// The effects of a unit under every generation of its key.
+    fn applied_all(&self, task: &str, unit: &str) -> Vec<&Applied> {
+        let key = format!("{task}:{unit}");
+        self.ledger
+            .applied
+            .range(key.clone()..)
+            .take_while(|(k, _)| k.starts_with(&key))
+            .filter(|(k, _)| k.len() == key.len() || k[key.len()..].starts_with('#'))
+            .map(|(_, a)| a)
+            .collect()
+    }
+
     fn check(&mut self) {
         let mut v = std::mem::take(&mut self.report.violations);
         v.extend(self.ledger.twice.iter().cloned());
         let tasks = self.store.tasks();
         if tasks.len() != self.report.tasks {
-            v.push(format!("{} of {} submissions became tasks", tasks.len(), self.report.tasks));
+            v.push(format!("terminal: {} of {} submissions became tasks", tasks.len(), self.report.tasks));
         }
         let r = &self.deps.resources;
         for q in [&r.submission_queue_url, &r.scheduler_queue_url, &r.agent_queue_url, &r.supervisor_queue_url] {
             for body in self.bus.bodies(&format!("{q}-dlq")) {
-                v.push(format!("dead-lettered from {q}: {}", crate::ids::clip(&body, 200)));
+                v.push(format!("dlq: dead-lettered from {q}: {}", crate::ids::clip(&body, 200)));
             }
         }
         let alerts: BTreeSet<String> = self
@@ -641,16 +1155,27 @@ impl Sim {
             self.report.units += t.steps.iter().filter(|s| s.attempts > 0).count() as u64;
             if !t.process_state.is_terminal() {
                 v.push(format!(
-                    "{id}: not terminal after {} s: {} ({:?})",
+                    "terminal: {id}: not terminal after {} s: {} ({:?})",
                     self.report.virtual_ms / 1000,
                     t.process_state,
                     t.reason
                 ));
             }
             if t.process_state == ProcessState::Error && !alerts.contains(&id) {
-                v.push(format!("{id}: Error without a task_error alert"));
+                v.push(format!("error-alert: {id}: Error without a task_error alert"));
             }
             if t.process_state == ProcessState::Processed {
+                for def in &t.workflow.steps {
+                    let n = self.applied_all(&id, &def.name).len();
+                    if n != 1 {
+                        v.push(format!("processed-once: {id}: Processed, but step {} applied {n} times", def.name));
+                    }
+                    if let Some(comp) = &def.compensation {
+                        if !self.applied_all(&id, &comp.name).is_empty() {
+                            v.push(format!("processed-once: {id}: Processed, but {} was compensated", def.name));
+                        }
+                    }
+                }
                 continue;
             }
             for def in &t.workflow.steps {
@@ -659,19 +1184,132 @@ impl Sim {
                 let undo = self.applied(&id, &comp.name);
                 match (fwd, undo) {
                     (Some(f), None) if t.process_state != ProcessState::Error => v.push(format!(
-                        "{id}: ended {} but {} applied at {} was never undone",
+                        "undone: {id}: ended {} but {} applied at {} was never undone",
                         t.process_state, def.name, f.at
                     )),
                     (Some(f), Some(u)) if u.at < f.at => v.push(format!(
-                        "{id}: {} applied at {} after its compensation {} at {}",
+                        "undone: {id}: {} applied at {} after its compensation {} at {}",
                         def.name, f.at, comp.name, u.at
                     )),
                     _ => {}
                 }
             }
         }
+        self.check_replies(&tasks, &mut v);
+        self.check_claims(&mut v);
+        for (id, episodes) in &self.episodes {
+            for (i, e) in episodes.iter().enumerate() {
+                if e.fresh > 1 {
+                    v.push(format!(
+                        "alert-once: {id}: {} task_error alerts for Error episode {} ({} more on redeliveries)",
+                        e.fresh,
+                        i + 1,
+                        e.repeated
+                    ));
+                }
+            }
+        }
+        for (id, handled) in &self.timers_handled {
+            let handed = self.timers_handed.get(id).copied().unwrap_or(0);
+            if handled.len() > handed {
+                v.push(format!(
+                    "timers-bounded: {id}: the Supervisor handled {} timers without an attempt; the sweeps handed it {handed}",
+                    handled.len()
+                ));
+            }
+        }
         self.report.violations = v;
     }
+
+    /// Every task's final status reached the reply queue, and no terminal status too often.
+    fn check_replies(&self, tasks: &[crate::protocol::Task], v: &mut Vec<String>) {
+        let mut delivered: BTreeMap<(String, u64), (ProcessState, usize)> = BTreeMap::new();
+        for body in self.bus.bodies(REPLY_QUEUE) {
+            match serde_json::from_str::<StatusMessage>(&body) {
+                Ok(s) => delivered.entry((s.task_id.to_string(), s.seq)).or_insert((s.state, 0)).1 += 1,
+                Err(e) => v.push(format!("reply-once: a reply that is no status: {e}")),
+            }
+        }
+        for ((id, seq), (state, n)) in &delivered {
+            if state.is_terminal() && *n > MAX_TERMINAL_REPLIES {
+                v.push(format!("reply-once: {id}: status {seq} ({state}) delivered {n} times"));
+            }
+        }
+        for t in tasks.iter().filter(|t| t.reply_to.is_some() && t.process_state.is_terminal()) {
+            let id = t.task_id.to_string();
+            let Some(last) = t.history.last().map(|h| h.status(&t.task_id)) else { continue };
+            if !delivered.get(&(id.clone(), last.seq)).is_some_and(|(state, _)| *state == t.process_state) {
+                v.push(format!(
+                    "reply-once: {id}: its final status {} (seq {}) never reached the reply queue",
+                    t.process_state, last.seq
+                ));
+            }
+        }
+    }
+
+    /// Every claimed attempt was dispatched, and attempts that hung or were lost did not hold
+    /// their task past the bounds.
+    fn check_claims(&self, v: &mut Vec<String>) {
+        let grace = self.deps.settings.policy.result_grace_ms;
+        let end = self.now();
+        for (token, c) in &self.claims {
+            if !self.dispatched.contains(token) && !c.by_operator {
+                v.push(format!(
+                    "dispatched: {}: attempt {token} of {} was claimed but its request never reached the agent queue",
+                    c.task, c.step
+                ));
+                continue;
+            }
+            let fates = self.fates.get(token).map(Vec::as_slice).unwrap_or_default();
+            if fates.is_empty() || fates.contains(&Fate::Answered) || self.delayed.contains(token) {
+                continue;
+            }
+            let released = c.released.unwrap_or(end);
+            let cut = fates.iter().filter_map(|f| if let Fate::Cut { at } = f { Some(*at) } else { None }).min();
+            if let Some(at) = cut {
+                if released.0 > at.0 + LATE_HUNG_MS {
+                    v.push(format!(
+                        "late-hung: {}: attempt {token} of {} was cut by its agent at {at}; the task let it go {} ms later",
+                        c.task,
+                        c.step,
+                        released.0 - at.0
+                    ));
+                }
+            } else {
+                let due = c.complete_by.plus_ms(grace);
+                if released.0 > due.0 + LATE_LOST_MS {
+                    v.push(format!(
+                        "late-lost: {}: attempt {token} of {} was lost; the task let it go {} ms after CompleteBy + grace",
+                        c.task,
+                        c.step,
+                        released.0 - due.0
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// What the agent runtime sends back when it cuts a call at the attempt's execution deadline.
+/// Mirrors `AgentRuntime::run` (agent/runtime.rs): `timed_out` when that deadline comes before
+/// `CompleteBy`, nothing at `CompleteBy` itself (the Supervisor's timer decides then).
+fn report_of_a_cut_call(deadline: Millis, complete_by: Millis) -> Option<Outcome> {
+    (deadline < complete_by)
+        .then(|| Outcome::TimedOut { error: "timed out: no answer within the attempt's time".into() })
+}
+
+/// The task a message is about, if it names one.
+fn task_of(body: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(body).ok()?;
+    v.get("task_id")?.as_str().map(str::to_owned)
+}
+
+/// The attempt a result or a timer message is about.
+fn attempt_of(body: &str) -> Option<String> {
+    if let Ok(SchedulerMessage::Result(r)) = serde_json::from_str(body) {
+        return Some(r.attempt.to_string());
+    }
+    serde_json::from_str::<TimerMessage>(body).ok()?.attempt.map(|a| a.to_string())
 }
 
 /// The seeds of a batch: `SIM_SEED` alone if set, else `count` seeds from `first`.

@@ -1,11 +1,22 @@
 //! The deterministic simulation of the whole system (see `sas_core::sim`): many seeds, every
 //! fault on, invariants checked against the remote services' ledger. `SIM_SEEDS=<n>` sets how
-//! many seeds (default 300), `SIM_SEED=<seed>` replays one.
+//! many seeds (default 300), `SIM_SEED=<seed>` replays one, `SIM_FAULTS=a,b` turns on only the
+//! named faults (the fields of `sim::Faults`), to see which invariant one fault breaks.
 
 // The seed count and the burst figures are the point of running these: print them.
 #![allow(clippy::print_stderr)]
 
 use sas_core::sim::{self, Faults, SimConfig};
+
+fn faults() -> Faults {
+    match std::env::var("SIM_FAULTS") {
+        Ok(names) => {
+            let names: Vec<&str> = names.split(',').collect();
+            Faults::only(&names).unwrap_or_else(|| panic!("SIM_FAULTS names an unknown fault: {names:?}"))
+        }
+        Err(_) => Faults::all(),
+    }
+}
 
 fn seed_count() -> u64 {
     std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300)
@@ -20,13 +31,24 @@ fn every_seed_keeps_the_invariants() {
     let seeds = sim::seeds(1, seed_count());
     let started = std::time::Instant::now();
     let mut failed = Vec::new();
+    // each invariant broken: in how many seeds, the first of them and its first violation
+    let mut broken: std::collections::BTreeMap<String, (usize, u64, String)> = std::collections::BTreeMap::new();
     let (mut handled, mut attempts) = (0, 0);
+    let faults = faults();
     for &seed in &seeds {
-        let r = sim::run(&SimConfig::for_seed(seed));
+        let r = sim::run(&SimConfig { faults: faults.clone(), ..SimConfig::for_seed(seed) });
         handled += r.handled;
         attempts += r.attempts;
         if !r.violations.is_empty() {
             failed.push(sim::describe(&r));
+        }
+        let mut kinds = std::collections::BTreeSet::new();
+        for v in &r.violations {
+            let kind = v.split_once(':').map_or("?", |(k, _)| k).to_owned();
+            if kinds.insert(kind.clone()) {
+                let e = broken.entry(kind).or_insert_with(|| (0, seed, v.clone()));
+                e.0 += 1;
+            }
         }
     }
     eprintln!(
@@ -35,6 +57,9 @@ fn every_seed_keeps_the_invariants() {
         failed.len(),
         started.elapsed().as_secs_f64()
     );
+    for (kind, (n, first, text)) in &broken {
+        eprintln!("  {kind}: {n} seeds, first seed {first}: {text}");
+    }
     assert!(
         failed.is_empty(),
         "{} of {} seeds broke an invariant:\n{}",

@@ -53,6 +53,10 @@ struct Inner {
     body_failures: BTreeMap<String, u32>,
     /// Queues that refuse every send for good, with the SQS error code they answer.
     refusing: BTreeMap<String, String>,
+    /// Injected failures of whole requests to a queue (or "*"): a SendMessage, or a
+    /// SendMessageBatch whose every entry then fails (throttling, a network failure, the SDK's
+    /// retries exhausted).
+    request_failures: BTreeMap<String, u32>,
     next_id: u64,
     requests: BTreeMap<&'static str, u64>,
 }
@@ -117,11 +121,33 @@ impl MemoryBus {
         self.lock().refusing.insert(queue.to_owned(), code.to_owned());
     }
 
+    /// Make the next `n` requests to `queue` (or to any queue, with `"*"`) fail as a whole: a
+    /// plain send, or a batch of up to [`MAX_BATCH`] entries that all fail with it.
+    pub fn fail_requests(&self, queue: &str, n: u32) {
+        *self.lock().request_failures.entry(queue.to_owned()).or_default() += n;
+    }
+
     /// Forget every injected send failure not used yet.
     pub fn clear_send_failures(&self) {
         let mut inner = self.lock();
         inner.send_failures.clear();
         inner.body_failures.clear();
+        inner.request_failures.clear();
+    }
+
+    /// Whether the request about to go to `queue` fails as a whole (and uses up the injection).
+    fn request_fails(inner: &mut Inner, queue: &str) -> bool {
+        for key in [queue, "*"] {
+            if let Some(n) = inner.request_failures.get_mut(key).filter(|n| **n > 0) {
+                *n -= 1;
+                return true;
+            }
+        }
+        false
+    }
+
+    fn request_error(op: &'static str, queue: &str) -> BusError {
+        BusError::Backend { op, target: queue.to_owned(), message: "injected request failure".into(), source: None }
     }
 
     /// The bodies of every message in `queue`, visible or not, oldest first.
@@ -298,6 +324,9 @@ impl Bus for MemoryBus {
         Box::pin(async move {
             let mut inner = self.lock();
             Self::count(&mut inner, "send");
+            if Self::request_fails(&mut inner, queue) {
+                return Err(Self::request_error("SendMessage", queue));
+            }
             self.enqueue(&mut inner, queue, msg)
         })
     }
@@ -307,16 +336,23 @@ impl Bus for MemoryBus {
     }
 
     /// One `"send_batch"` request per chunk of [`MAX_BATCH`]; each entry fails or succeeds on its
-    /// own, as on SQS.
+    /// own, as on SQS, unless the chunk's request fails as a whole (see
+    /// [`MemoryBus::fail_requests`]).
     fn send_entries<'a>(&'a self, queue: &'a str, msgs: Vec<Outgoing>) -> BoxFuture<'a, Vec<Result<(), BusError>>> {
         Box::pin(async move {
             let mut inner = self.lock();
             let mut out = Vec::with_capacity(msgs.len());
+            let mut request_failed = false;
             for (i, m) in msgs.into_iter().enumerate() {
                 if i % MAX_BATCH == 0 {
                     Self::count(&mut inner, "send_batch");
+                    request_failed = Self::request_fails(&mut inner, queue);
                 }
-                out.push(self.enqueue(&mut inner, queue, m));
+                if request_failed {
+                    out.push(Err(Self::request_error("SendMessageBatch", queue)));
+                } else {
+                    out.push(self.enqueue(&mut inner, queue, m));
+                }
             }
             out
         })
@@ -434,6 +470,21 @@ mod tests {
         futures::executor::block_on(bus.send(Q, m)).unwrap();
         assert_eq!(bus.depth(Q), 1);
         assert!(futures::executor::block_on(bus.send("mem://nope", Outgoing::new("x".into()))).is_err());
+    }
+
+    #[test]
+    fn a_failed_request_fails_every_entry_of_its_chunk() {
+        let (bus, _) = bus();
+        bus.fail_requests(Q, 1);
+        let msgs = (0..25).map(|i| Outgoing::new(format!("{i}"))).collect();
+        let r = futures::executor::block_on(bus.send_entries(Q, msgs));
+        assert_eq!(r.iter().filter(|e| e.is_err()).count(), 10, "the first chunk's request failed: all its entries");
+        assert!(r[..10].iter().all(Result::is_err) && r[10..].iter().all(Result::is_ok));
+        assert_eq!(bus.depth(Q), 15);
+        bus.fail_requests("*", 1);
+        assert!(futures::executor::block_on(bus.send(Q, Outgoing::new("x".into()))).is_err());
+        futures::executor::block_on(bus.send(Q, Outgoing::new("y".into()))).unwrap();
+        assert_eq!(bus.depth(Q), 16);
     }
 
     #[test]

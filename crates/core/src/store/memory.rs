@@ -2,7 +2,9 @@
 //! keeps the semantics the protocol relies on: conditional writes on `Rev` and `LockedBy` with the
 //! typed conflict carrying the current item, `AlreadyExists` on a taken id, the size limit, the
 //! sparse and sharded `CompleteBy` index queried page by page, and the operators' state listing.
-//! Failures can be injected ([`MemoryStore::fail_next`]) to drive a role's error paths.
+//! Failures can be injected ([`MemoryStore::fail_next`]) to drive a role's error paths, and so can
+//! ambiguous writes ([`MemoryStore::ambiguous_next`]): a conditional write that applies and still
+//! reports a failure, as DynamoDB does when the SDK retries a request whose first try landed.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -23,11 +25,25 @@ pub enum StoreOp {
     ListByState,
 }
 
+/// How a conditional write that applied reports back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ambiguity {
+    /// The first try applied but its answer was lost; the SDK's retry fails its condition against
+    /// the item the first try wrote: `AlreadyExists` for a create, `Conflict` carrying that very
+    /// item for a save (DynamoDB's `ALL_OLD` on `ConditionalCheckFailed`).
+    Retried,
+    /// The write applied, and the call still failed (the SDK's retries ran out, the connection
+    /// dropped after the request was sent): a `Backend` error.
+    Failed,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     tasks: BTreeMap<TaskId, Task>,
     /// Failures to return, in order, the next time each operation runs.
     failures: Vec<(StoreOp, VecDeque<StoreError>)>,
+    /// Writes that will apply and then report a failure, in order (see [`Ambiguity`]).
+    ambiguous: VecDeque<(StoreOp, Ambiguity)>,
     /// Requests served, by operation (for tests that count round-trips).
     calls: BTreeMap<&'static str, u64>,
 }
@@ -88,6 +104,34 @@ impl MemoryStore {
         }
     }
 
+    /// Make the next write of `op` (`Create` or `Save`) that applies report a failure as `how`
+    /// says, after it applied. Writes that lose their condition are not affected.
+    pub fn ambiguous_next(&self, op: StoreOp, how: Ambiguity) {
+        self.lock().ambiguous.push_back((op, how));
+    }
+
+    /// Forget every ambiguous write not used yet.
+    pub fn clear_ambiguous(&self) {
+        self.lock().ambiguous.clear();
+    }
+
+    /// The failure an applied write of `op` reports, if one was injected: `written` is the item
+    /// the write just stored.
+    fn after_applied(inner: &mut Inner, op: StoreOp, written: &Task) -> Result<(), StoreError> {
+        let Some(i) = inner.ambiguous.iter().position(|(o, _)| *o == op) else { return Ok(()) };
+        let how = inner.ambiguous.remove(i).map(|(_, how)| how);
+        match (how, op) {
+            (Some(Ambiguity::Retried), StoreOp::Create) => Err(StoreError::AlreadyExists),
+            (Some(Ambiguity::Retried), _) => Err(StoreError::Conflict { current: Some(Box::new(written.clone())) }),
+            (Some(Ambiguity::Failed), _) => Err(StoreError::Backend {
+                op: if op == StoreOp::Create { "PutItem" } else { "PutItem (save)" },
+                message: "injected: the write applied, then the call failed".into(),
+                source: None,
+            }),
+            (None, _) => Ok(()),
+        }
+    }
+
     /// Every task, as stored now.
     pub fn tasks(&self) -> Vec<Task> {
         self.lock().tasks.values().cloned().collect()
@@ -121,7 +165,7 @@ impl MemoryStore {
             return Err(StoreError::AlreadyExists);
         }
         inner.tasks.insert(task.task_id.clone(), task.clone());
-        Ok(())
+        Self::after_applied(&mut inner, StoreOp::Create, task)
     }
 
     fn save_now(&self, task: &Task, read: &Task) -> Result<(), StoreError> {
@@ -134,7 +178,7 @@ impl MemoryStore {
             }
             Some(_) => {
                 inner.tasks.insert(task.task_id.clone(), task.clone());
-                Ok(())
+                Self::after_applied(&mut inner, StoreOp::Save, task)
             }
         }
     }
@@ -303,6 +347,41 @@ mod tests {
         assert!(p3.next.is_none());
         // nothing has expired yet at the start
         assert!(s.expired(0, Millis(0), 10, None).await.unwrap().keys.is_empty());
+    }
+
+    #[tokio::test]
+    async fn ambiguous_writes_apply_and_then_report_a_failure() {
+        let s = MemoryStore::new(1);
+        let t = task("a", 0);
+        s.ambiguous_next(StoreOp::Create, Ambiguity::Retried);
+        assert!(matches!(s.create(&t).await, Err(StoreError::AlreadyExists)), "the SDK's retry finds the item");
+        assert_eq!(s.tasks(), vec![t.clone()], "the first try applied");
+        let mut next = t.clone();
+        next.rev += 1;
+        next.locked_by = Some(AttemptToken::from("tok"));
+        // a write that loses its condition does not use the injected ambiguity
+        s.ambiguous_next(StoreOp::Save, Ambiguity::Retried);
+        let mut stale = t.clone();
+        stale.rev = 7;
+        match s.save(&next, &stale).await {
+            Err(StoreError::Conflict { current: Some(cur) }) => assert_eq!(*cur, t),
+            r => panic!("expected a plain conflict, got {r:?}"),
+        }
+        match s.save(&next, &t).await {
+            Err(StoreError::Conflict { current: Some(cur) }) => assert_eq!(*cur, next, "the item just written"),
+            r => panic!("expected the retry's conflict, got {r:?}"),
+        }
+        assert_eq!(s.tasks(), vec![next.clone()]);
+        let mut third = next.clone();
+        third.rev += 1;
+        s.ambiguous_next(StoreOp::Save, Ambiguity::Failed);
+        assert!(matches!(s.save(&third, &next).await, Err(StoreError::Backend { .. })));
+        assert_eq!(s.tasks(), vec![third.clone()], "applied all the same");
+        s.ambiguous_next(StoreOp::Save, Ambiguity::Failed);
+        s.clear_ambiguous();
+        let mut fourth = third.clone();
+        fourth.rev += 1;
+        s.save(&fourth, &third).await.unwrap();
     }
 
     #[tokio::test]

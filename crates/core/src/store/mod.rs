@@ -21,7 +21,7 @@ mod dynamo;
 mod memory;
 
 pub use dynamo::{item_size, workflow_ref, DynamoStore, BY_COMPLETE_BY, BY_END};
-pub use memory::{MemoryStore, StoreOp};
+pub use memory::{Ambiguity, MemoryStore, StoreOp};
 
 /// DynamoDB's item limit is 400 KB; stay clear of it.
 pub const MAX_ITEM_BYTES: usize = 380 * 1024;
