@@ -60,7 +60,7 @@ impl Deps {
 
     /// The Lambda composition root: resources and settings from the environment.
     pub async fn from_env() -> Result<Self, SetupError> {
-        let sdk = crate::aws::load_sdk_config().await;
+        let sdk = crate::aws::load_sdk_config_with(&crate::aws::SdkTimeouts::from_env()?).await;
         Ok(Self::aws(&sdk, Resources::from_env()?, WorkflowRegistry::from_env()?, Settings::from_env()?))
     }
 
