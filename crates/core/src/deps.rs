@@ -86,9 +86,24 @@ pub enum HandlerError {
     #[error("malformed message: {0}")]
     Malformed(String),
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
+    /// The task cannot be stored as this message would change it (see
+    /// [`StoreError::is_permanent`]): every delivery fails the same way, so the message is
+    /// dead-lettered at once, like a malformed one.
+    #[error("the task cannot be stored: {0}")]
+    Unstorable(#[source] StoreError),
     #[error(transparent)]
     Bus(#[from] BusError),
     #[error("the task kept changing under us ({0} conflicting writes)")]
     Contended(u32),
+}
+
+impl From<StoreError> for HandlerError {
+    fn from(e: StoreError) -> Self {
+        if e.is_permanent() {
+            HandlerError::Unstorable(e)
+        } else {
+            HandlerError::Store(e)
+        }
+    }
 }

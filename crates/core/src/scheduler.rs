@@ -10,6 +10,7 @@ use crate::effects::drive;
 use crate::ids::TaskId;
 use crate::messages::{Outcome, SchedulerMessage, VERSION};
 use crate::protocol::{Event, Stale};
+use crate::screen;
 use crate::transition::Applied;
 
 /// The longest agent error kept on a task.
@@ -30,7 +31,7 @@ fn event_and_run(raw: &str) -> Result<(TaskId, Event, Option<u32>), HandlerError
         SchedulerMessage::Run(m) => Event::Claim { rev: m.rev },
         SchedulerMessage::Result(r) => match &r.outcome {
             Outcome::Succeeded { output } => {
-                Event::AgentSucceeded { attempt: r.attempt.clone(), output: output.clone() }
+                Event::AgentSucceeded { attempt: r.attempt.clone(), output: screen::output(output) }
             }
             Outcome::Failed { error, retryable } => Event::AgentFailed {
                 attempt: r.attempt.clone(),
@@ -70,7 +71,20 @@ async fn schedule_with(deps: &Deps, raw: &str, redelivered: bool) -> Result<Appl
             info!(%task_id, message_run = run, task_run = task.run, "resubmit for another run dropped");
             return Ok(Applied::Stale(Stale::OtherRun { message: run, current: task.run }));
         }
-        drive(deps, task, &event, redelivered).await
+        match (drive(deps, task.clone(), &event, redelivered).await, &event) {
+            // A success whose output makes the task too large (or that DynamoDB refuses for a
+            // reason the screen does not know) would fail every delivery: keep the success, with
+            // the marker for an output.
+            (Err(HandlerError::Unstorable(e)), Event::AgentSucceeded { attempt, .. }) => {
+                warn!(%task_id, error = %e, "the task cannot be stored with this output: the success is kept with a marker instead");
+                let event = Event::AgentSucceeded {
+                    attempt: attempt.clone(),
+                    output: screen::unstorable_output(&e.to_string()),
+                };
+                drive(deps, task, &event, redelivered).await
+            }
+            (other, _) => other,
+        }
     } else {
         warn!(%task_id, event = event.name(), "no such task; message dropped");
         Ok(Applied::Missing)

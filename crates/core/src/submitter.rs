@@ -11,9 +11,9 @@ use crate::deps::{Deps, HandlerError};
 use crate::effects;
 use crate::ids::{clip, IdError, TaskId};
 use crate::messages::{QueueUrl, QueueUrlError, StatusMessage, Submission, VERSION};
-use crate::protocol::{self, ProcessState};
+use crate::protocol::{self, ProcessState, Task};
 use crate::screen;
-use crate::store::{StoreError, MAX_ITEM_BYTES};
+use crate::store::{is_own_write, StoreError, MAX_ITEM_BYTES};
 use crate::transition::Committed;
 
 /// Why a submission was refused. The reason is sent to the caller and kept with the raw message.
@@ -158,16 +158,17 @@ pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
 /// failed to send) after the write. If the task has not moved since, send its start again, once
 /// (the conditional write of `resend_start` decides which delivery does). A resend that fails is
 /// left to the Supervisor: the submission is not failed again, so it never ends in the DLQ.
-async fn resend(deps: &Deps, task_id: &TaskId) -> Result<(), HandlerError> {
-    let Some(task) = deps.store.get(task_id).await? else { return Ok(()) };
+async fn resend(deps: &Deps, task: Task) -> Result<(), HandlerError> {
     let now = deps.now();
     let Some(tr) = protocol::resend_start(&task, now) else { return Ok(()) };
     match deps.store.save(&tr.task, &task).await {
         Ok(()) => {}
+        // our own write, landed although its answer was lost
+        Err(StoreError::Conflict { current: Some(c) }) if is_own_write(&c, &tr.task) => {}
         Err(StoreError::Conflict { .. }) => return Ok(()),
         Err(e) => return Err(e.into()),
     }
-    info!(%task_id, "submission delivered again before its task moved: start sent again");
+    info!(task_id = %task.task_id, "submission delivered again before its task moved: start sent again");
     effects::perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await;
     Ok(())
 }
@@ -187,29 +188,39 @@ async fn submit_with(
     let now = ctx.now;
     let tr = protocol::submit(task_id.clone(), def, sub.input, sub.reply_to, &ctx, &deps.settings.policy);
     match deps.store.create(&tr.task).await {
-        Ok(()) => {
-            info!(
-                %task_id, workflow = %tr.task.workflow.name, version = tr.task.workflow.version,
-                step = tr.task.current_step_name().unwrap_or("-"), "task created, first step claimed"
-            );
-            let sent = effects::perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await;
-            // The start did not go out: fail the record, so the submission comes back and the
-            // start is sent again (above), long before the Supervisor would find the attempt lost.
-            match sent.work {
-                Some(e) => Err(e.into()),
-                None => Ok(Submitted::Created(task_id)),
-            }
-        }
+        Ok(()) => {}
         Err(StoreError::AlreadyExists) => {
-            info!(%task_id, "duplicate submission: the task exists, nothing created");
-            if redelivered {
-                resend(deps, &task_id).await?;
+            let existing = deps.store.get(&task_id).await?;
+            match existing {
+                // A create that landed but whose answer was lost (the SDK sent it again) finds
+                // its own item: the task is this delivery's, and its start is still to be sent.
+                Some(t) if is_own_write(&t, &tr.task) => {}
+                _ => {
+                    info!(%task_id, "duplicate submission: the task exists, nothing created");
+                    if let (true, Some(t)) = (redelivered, existing) {
+                        resend(deps, t).await?;
+                    }
+                    return Ok(Submitted::Duplicate(task_id));
+                }
             }
-            Ok(Submitted::Duplicate(task_id))
         }
         Err(StoreError::TooLarge { bytes }) => {
-            reject(deps, raw, message_id, Rejection::TooLarge { bytes, limit: MAX_ITEM_BYTES }).await
+            return reject(deps, raw, message_id, Rejection::TooLarge { bytes, limit: MAX_ITEM_BYTES }).await
         }
-        Err(e) => Err(e.into()),
+        Err(e @ StoreError::Refused { .. }) => {
+            return reject(deps, raw, message_id, Rejection::Unstorable(e.to_string())).await
+        }
+        Err(e) => return Err(e.into()),
+    }
+    info!(
+        %task_id, workflow = %tr.task.workflow.name, version = tr.task.workflow.version,
+        step = tr.task.current_step_name().unwrap_or("-"), "task created, first step claimed"
+    );
+    let sent = effects::perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await;
+    // The start did not go out: fail the record, so the submission comes back and the start is
+    // sent again (above), long before the Supervisor would find the attempt lost.
+    match sent.work {
+        Some(e) => Err(e.into()),
+        None => Ok(Submitted::Created(task_id)),
     }
 }
