@@ -86,7 +86,11 @@ pub fn handle<'a>(
             // instead of failing maxReceiveCount times first.
             (Err(e @ (HandlerError::Malformed(_) | HandlerError::Unstorable(_))), Some(dlq)) => {
                 let reason = e.to_string();
-                warn!(role = role.name(), %reason, "a message that can never be handled moved to its DLQ");
+                if matches!(e, HandlerError::Malformed(_)) {
+                    warn!(role = role.name(), %reason, "malformed message moved to its DLQ");
+                } else {
+                    warn!(role = role.name(), %reason, "a message whose task cannot be stored moved to its DLQ");
+                }
                 let msg = Outgoing {
                     body: if body.is_empty() { "<empty>".to_owned() } else { body.to_owned() },
                     attributes: vec![
