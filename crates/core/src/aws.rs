@@ -11,7 +11,6 @@ use std::time::Duration;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, ConfigLoader, SdkConfig};
 use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
-use tracing::warn;
 
 use crate::config::ConfigError;
 
@@ -112,14 +111,16 @@ pub async fn load_sdk_config_with(timeouts: &SdkTimeouts) -> SdkConfig {
     sdk_config_loader(timeouts).load().await
 }
 
-/// The SDK configuration with the timeouts of the environment (tools and tests: invalid values
-/// are reported and the defaults used; the functions refuse them at start instead).
+/// The timeouts of tools and tests (`sasctl`, the local runner, the integration tests): they are
+/// not bound by a function timeout, and a CloudFormation deploy or a loaded LocalStack answers in
+/// seconds (a call cut short there is sent again and may meet its own first copy).
+pub const TOOL_TIMEOUTS: SdkTimeouts =
+    SdkTimeouts { connect: Duration::from_secs(5), attempt: Duration::from_mins(1), operation: Duration::from_mins(2) };
+
+/// The SDK configuration of tools and tests ([`TOOL_TIMEOUTS`]); the functions use
+/// [`load_sdk_config_with`] and [`SdkTimeouts::from_env`].
 pub async fn load_sdk_config() -> SdkConfig {
-    let timeouts = SdkTimeouts::from_env().unwrap_or_else(|e| {
-        warn!(error = %e, "invalid SDK timeout setting: using the defaults");
-        SdkTimeouts::default()
-    });
-    load_sdk_config_with(&timeouts).await
+    load_sdk_config_with(&TOOL_TIMEOUTS).await
 }
 
 #[cfg(test)]
