@@ -445,6 +445,9 @@ pub const FUNCTION_ENVIRONMENT: &[(&str, Option<&str>)] = &[
     ("MAX_INPUT_BYTES", None),
     ("SEND_LINGER_MS", None),
     ("SWEEP_LAG_MS", None),
+    ("SDK_CONNECT_TIMEOUT_MS", None),
+    ("SDK_ATTEMPT_TIMEOUT_MS", None),
+    ("SDK_OPERATION_TIMEOUT_MS", None),
     ("RUST_LOG", None),
     ("ORDER_SERVICE_URL", None),
 ];

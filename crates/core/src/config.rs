@@ -41,6 +41,13 @@ pub struct Resources {
     pub shards: u32,
 }
 
+/// The fewest and the most shards of the indexes (`SUPERVISOR_SHARDS`). The template's
+/// `SupervisorShards` parameter allows exactly this range (a test checks it), so a stack that deploys
+/// always starts. 64 carries the README's top scale (10,000 three-step tasks a second) with room to
+/// spare; every sweep and every operator listing queries each shard.
+pub const MIN_SHARDS: u32 = 1;
+pub const MAX_SHARDS: u32 = 64;
+
 fn parse_num<T: std::str::FromStr>(name: &'static str, v: &str) -> Result<T, ConfigError> {
     v.trim().parse().map_err(|_| ConfigError::Invalid { name, value: v.to_owned(), why: "not a number".into() })
 }
@@ -90,11 +97,11 @@ impl Resources {
     }
 
     fn checked(self) -> Result<Self, ConfigError> {
-        if self.shards == 0 || self.shards > 64 {
+        if !(MIN_SHARDS..=MAX_SHARDS).contains(&self.shards) {
             return Err(ConfigError::Invalid {
                 name: "SUPERVISOR_SHARDS",
                 value: self.shards.to_string(),
-                why: "must be within 1..=64".into(),
+                why: format!("must be within {MIN_SHARDS}..={MAX_SHARDS}"),
             });
         }
         if let Some(p) = &self.reply_queue_arn_pattern {
@@ -222,6 +229,54 @@ mod tests {
         assert!(matches!(Resources::from_outputs(&o), Err(ConfigError::Invalid { .. })));
         o.remove("AgentQueueUrl");
         assert_eq!(Resources::from_outputs(&o), Err(ConfigError::Missing("AgentQueueUrl")));
+    }
+
+    /// `key: value` of the template parameter `name` (its block: the lines indented under it).
+    fn template_parameter(template: &str, name: &str, key: &str) -> Option<String> {
+        let mut lines = template.lines().skip_while(|l| l.trim_end() != "Parameters:").skip(1);
+        let header = format!("  {name}:");
+        lines.find(|l| l.trim_end() == header)?;
+        lines
+            .take_while(|l| l.starts_with("    ") || l.trim().is_empty())
+            .find_map(|l| l.trim().strip_prefix(&format!("{key}:")))
+            .map(|v| v.split(" #").next().unwrap_or_default().trim().to_owned())
+    }
+
+    #[test]
+    fn the_template_allows_exactly_the_shards_the_code_accepts() {
+        let template = include_str!("../../../template.yaml");
+        let bound = |key| {
+            template_parameter(template, "SupervisorShards", key)
+                .unwrap_or_else(|| panic!("template.yaml: SupervisorShards has no {key}"))
+                .parse::<u32>()
+                .unwrap_or_else(|e| panic!("template.yaml: SupervisorShards {key}: {e}"))
+        };
+        assert_eq!(
+            (bound("MinValue"), bound("MaxValue")),
+            (MIN_SHARDS, MAX_SHARDS),
+            "template.yaml's SupervisorShards range must be the code's (config::MIN_SHARDS..=MAX_SHARDS)"
+        );
+        let default = bound("Default");
+        assert!((MIN_SHARDS..=MAX_SHARDS).contains(&default), "the default {default} must start");
+        let with = |n: u32| {
+            let mut o: HashMap<String, String> = [
+                "TaskTableName",
+                "SubmissionQueueUrl",
+                "SubmissionDlqUrl",
+                "SchedulerQueueUrl",
+                "AgentQueueUrl",
+                "SupervisorQueueUrl",
+                "AlertTopicArn",
+            ]
+            .iter()
+            .map(|k| ((*k).to_owned(), "v".to_owned()))
+            .collect();
+            o.insert("SupervisorShards".into(), n.to_string());
+            Resources::from_outputs(&o).map(|r| r.shards)
+        };
+        assert_eq!(with(MAX_SHARDS), Ok(MAX_SHARDS));
+        assert_eq!(with(MIN_SHARDS), Ok(MIN_SHARDS));
+        assert!(with(MAX_SHARDS + 1).is_err() && with(MIN_SHARDS - 1).is_err());
     }
 
     #[test]

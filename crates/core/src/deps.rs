@@ -60,7 +60,7 @@ impl Deps {
 
     /// The Lambda composition root: resources and settings from the environment.
     pub async fn from_env() -> Result<Self, SetupError> {
-        let sdk = crate::aws::load_sdk_config().await;
+        let sdk = crate::aws::load_sdk_config_with(&crate::aws::SdkTimeouts::from_env()?).await;
         Ok(Self::aws(&sdk, Resources::from_env()?, WorkflowRegistry::from_env()?, Settings::from_env()?))
     }
 
@@ -86,9 +86,24 @@ pub enum HandlerError {
     #[error("malformed message: {0}")]
     Malformed(String),
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
+    /// The task cannot be stored as this message would change it (see
+    /// [`StoreError::is_permanent`]): every delivery fails the same way, so the message is
+    /// dead-lettered at once, like a malformed one.
+    #[error("the task cannot be stored: {0}")]
+    Unstorable(#[source] StoreError),
     #[error(transparent)]
     Bus(#[from] BusError),
     #[error("the task kept changing under us ({0} conflicting writes)")]
     Contended(u32),
+}
+
+impl From<StoreError> for HandlerError {
+    fn from(e: StoreError) -> Self {
+        if e.is_permanent() {
+            HandlerError::Unstorable(e)
+        } else {
+            HandlerError::Store(e)
+        }
+    }
 }

@@ -15,7 +15,7 @@ use crate::ids::{message_mark, Millis, TaskId};
 use crate::messages::{AgentResult, Outcome, RunMessage, RunReason, SchedulerMessage, SQS_MAX_MESSAGE_BYTES, VERSION};
 use crate::protocol::{self, Effect, Event, Task};
 use crate::reply;
-use crate::store::StoreError;
+use crate::store::{is_own_write, StoreError};
 use crate::transition::{commit, Applied, Commit, Committed, MAX_CONFLICTS};
 
 /// Commit a transition, then perform its effects. `message`: the id of the queue message that
@@ -53,7 +53,7 @@ pub async fn resend(deps: &Deps, mut current: Task) -> Result<Sent, HandlerError
         if tr.task.rev != current.rev {
             match deps.store.save(&tr.task, &current).await {
                 Ok(()) => {}
-                Err(StoreError::Conflict { current: Some(found) }) if *found == tr.task => {}
+                Err(StoreError::Conflict { current: Some(found) }) if is_own_write(&found, &tr.task) => {}
                 Err(StoreError::Conflict { current: Some(found) }) if found.last_message == mark => {
                     current = *found;
                     continue;

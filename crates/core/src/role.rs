@@ -84,15 +84,17 @@ pub fn handle<'a>(
         match (handled, role.dead_letter_queue(&deps.resources)) {
             // A message that can never be handled is kept in its DLQ with the reason at once,
             // instead of failing maxReceiveCount times first.
-            (Err(HandlerError::Malformed(reason)), Some(dlq)) => {
-                warn!(role = role.name(), %reason, "malformed message moved to its DLQ");
+            (Err(e @ (HandlerError::Malformed(_) | HandlerError::Unstorable(_))), Some(dlq)) => {
+                let reason = e.to_string();
+                if matches!(e, HandlerError::Malformed(_)) {
+                    warn!(role = role.name(), %reason, "malformed message moved to its DLQ");
+                } else {
+                    warn!(role = role.name(), %reason, "a message whose task cannot be stored moved to its DLQ");
+                }
                 let msg = Outgoing {
                     body: if body.is_empty() { "<empty>".to_owned() } else { body.to_owned() },
                     attributes: vec![
-                        (
-                            "RejectReason".into(),
-                            screen::attribute_safe(clip(&format!("malformed message: {reason}"), 1024)),
-                        ),
+                        ("RejectReason".into(), screen::attribute_safe(clip(&reason, 1024))),
                         ("RejectedAt".into(), deps.now().to_string()),
                     ],
                     ..Outgoing::default()

@@ -11,6 +11,7 @@ use crate::effects::{drive, run_message};
 use crate::ids::TaskId;
 use crate::messages::{Outcome, RunReason, SchedulerMessage, VERSION};
 use crate::protocol::{Event, Stale};
+use crate::screen;
 use crate::transition::Applied;
 
 /// The longest agent error kept on a task.
@@ -26,7 +27,7 @@ pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
         SchedulerMessage::Run(m) => Event::Claim { rev: m.rev },
         SchedulerMessage::Result(r) => match &r.outcome {
             Outcome::Succeeded { output } => {
-                Event::AgentSucceeded { attempt: r.attempt.clone(), output: output.clone() }
+                Event::AgentSucceeded { attempt: r.attempt.clone(), output: screen::output(output) }
             }
             Outcome::TimedOut { error } => Event::AgentTimedOut {
                 attempt: r.attempt.clone(),
@@ -61,7 +62,18 @@ async fn schedule_with(deps: &Deps, raw: &str, message: Option<&str>) -> Result<
         warn!(%task_id, event = event.name(), "no such task; message dropped");
         return Ok(Applied::Missing);
     };
-    let applied = drive(deps, task, &event, message).await?;
+    let applied = match (drive(deps, task.clone(), &event, message).await, &event) {
+        // A success whose output makes the task too large (or that DynamoDB refuses for a reason
+        // the screen does not know) would fail every delivery: keep the success, with the marker
+        // for an output.
+        (Err(HandlerError::Unstorable(e)), Event::AgentSucceeded { attempt, .. }) => {
+            warn!(%task_id, error = %e, "the task cannot be stored with this output: the success is kept with a marker instead");
+            let event =
+                Event::AgentSucceeded { attempt: attempt.clone(), output: screen::unstorable_output(&e.to_string()) };
+            drive(deps, task, &event, message).await?
+        }
+        (other, _) => other?,
+    };
     // A run message that arrives before its wait may claim (a delay past SQS's 15 minutes) is
     // sent on for the rest of the wait instead of being dropped.
     if let (Applied::Stale(Stale::TooEarly { not_before, now }), Event::Claim { rev }) = (&applied, &event) {

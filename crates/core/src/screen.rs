@@ -75,12 +75,21 @@ impl<'de> Visitor<'de> for NoDuplicatesVisitor {
     }
 }
 
+/// How deep an agent's output may nest: it is stored two levels below the item's attributes
+/// (`Steps[i].Output`).
+pub const MAX_OUTPUT_DEPTH: usize = MAX_DEPTH - 2;
+
 /// A value DynamoDB stores as given: nesting within [`MAX_DEPTH`], no empty map key, every number
 /// within DynamoDB's range (magnitude 1E-130 to 9.99E+125, or zero).
 pub fn storable(v: &Value) -> Result<(), String> {
-    fn walk(v: &Value, depth: usize, path: &mut String) -> Result<(), String> {
-        if depth > MAX_DEPTH {
-            return Err(format!("{path} is nested deeper than {MAX_DEPTH} levels (DynamoDB's limit)"));
+    storable_at(v, "input", MAX_DEPTH)
+}
+
+/// [`storable`] for a value named `root` in messages, nested at most `max_depth` levels.
+pub fn storable_at(v: &Value, root: &str, max_depth: usize) -> Result<(), String> {
+    fn walk(v: &Value, depth: usize, max_depth: usize, path: &mut String) -> Result<(), String> {
+        if depth > max_depth {
+            return Err(format!("{path} is nested deeper than {max_depth} levels (DynamoDB's limit)"));
         }
         match v {
             Value::Object(m) => {
@@ -91,7 +100,7 @@ pub fn storable(v: &Value) -> Result<(), String> {
                     let len = path.len();
                     path.push('.');
                     path.push_str(crate::ids::clip(k, 32));
-                    walk(child, depth + 1, path)?;
+                    walk(child, depth + 1, max_depth, path)?;
                     path.truncate(len);
                 }
                 Ok(())
@@ -100,7 +109,7 @@ pub fn storable(v: &Value) -> Result<(), String> {
                 for (i, child) in a.iter().enumerate() {
                     let len = path.len();
                     let _ = write!(path, "[{i}]");
-                    walk(child, depth + 1, path)?;
+                    walk(child, depth + 1, max_depth, path)?;
                     path.truncate(len);
                 }
                 Ok(())
@@ -112,7 +121,35 @@ pub fn storable(v: &Value) -> Result<(), String> {
             _ => Ok(()),
         }
     }
-    walk(v, 0, &mut "input".to_owned())
+    walk(v, 0, max_depth, &mut root.to_owned())
+}
+
+/// The largest agent output kept on a task (the HTTP agent's default response limit); larger ones
+/// are replaced by [`unstorable_output`]. It also keeps a result message well within SQS's limit.
+pub const MAX_OUTPUT_BYTES: usize = 64 * 1024;
+
+/// What is stored for a successful attempt whose output cannot be: the step succeeded (its effect
+/// happened), so it stays a success, and the output says why it is missing (as the HTTP agent
+/// does for an oversized body).
+pub fn unstorable_output(why: &str) -> Value {
+    serde_json::json!({"unstorable": true, "reason": crate::ids::clip(why, 512)})
+}
+
+/// An agent's output as it can be stored: as given when DynamoDB holds it (nesting within
+/// [`MAX_OUTPUT_DEPTH`], no empty key, numbers in range) and it is at most [`MAX_OUTPUT_BYTES`],
+/// else [`unstorable_output`] (logged).
+pub fn output(v: &Value) -> Value {
+    let bytes = serde_json::to_vec(v).map_or(0, |b| b.len());
+    let why = if bytes > MAX_OUTPUT_BYTES {
+        format!("output is {bytes} bytes; the limit is {MAX_OUTPUT_BYTES}")
+    } else {
+        match storable_at(v, "output", MAX_OUTPUT_DEPTH) {
+            Ok(()) => return v.clone(),
+            Err(why) => why,
+        }
+    };
+    tracing::warn!(reason = %why, "an agent's output cannot be stored: the success is kept with a marker instead");
+    unstorable_output(&why)
 }
 
 /// `s` with every character SQS refuses in a message attribute replaced by `?` (SQS accepts

@@ -11,10 +11,10 @@ use crate::deps::{Deps, HandlerError};
 use crate::effects;
 use crate::ids::{clip, message_mark, IdError, TaskId};
 use crate::messages::{QueueUrl, StatusMessage, Submission, VERSION};
-use crate::protocol::{self, ProcessState};
+use crate::protocol::{self, ProcessState, Task};
 use crate::reply::{self, ReplyToError};
 use crate::screen;
-use crate::store::{StoreError, MAX_ITEM_BYTES};
+use crate::store::{is_own_write, StoreError, MAX_ITEM_BYTES};
 use crate::transition::Committed;
 
 /// Why a submission was refused. The reason is sent to the caller and kept with the raw message.
@@ -150,12 +150,12 @@ pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
 /// sends failed) and the task has not moved since, its start is owed and is sent again. A
 /// different submission that reuses the task id finds nothing owed. A resend that fails is left
 /// to the Supervisor: the submission is not failed again, so it never ends in the DLQ.
-async fn resend(deps: &Deps, task_id: &TaskId, mark: Option<&str>) -> Result<(), HandlerError> {
+async fn resend(deps: &Deps, task: Task, mark: Option<&str>) -> Result<(), HandlerError> {
     let Some(mark) = mark else { return Ok(()) };
-    let Some(task) = deps.store.get(task_id).await? else { return Ok(()) };
     if task.last_message.as_deref() != Some(mark) {
         return Ok(());
     }
+    let task_id = task.task_id.clone();
     let sent = effects::resend(deps, task).await?;
     if let Some(e) = sent.work {
         warn!(%task_id, error = %e, "the start could not be sent again; the Supervisor will retry the attempt");
@@ -175,31 +175,38 @@ async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result
     let mark = message_id.map(message_mark);
     tr.task.last_message.clone_from(&mark);
     match deps.store.create(&tr.task).await {
-        Ok(()) => {
-            info!(
-                %task_id, workflow = %tr.task.workflow.name, version = tr.task.workflow.version,
-                step = tr.task.current_step_name().unwrap_or("-"), "task created, first step claimed"
-            );
-            let committed = Committed { task: tr.task, effects: tr.effects, now };
-            let sent = effects::send(deps, &committed).await;
-            // The start did not go out: fail the record, so the submission comes back and the
-            // start is sent again (above), long before the Supervisor would find the attempt lost.
-            // (Undelivered statuses are recorded only then: the record's write moves the revision,
-            // after which the start is never re-sent.)
-            if let Some(e) = sent.work {
-                return Err(e.into());
+        Ok(()) => {}
+        Err(StoreError::AlreadyExists) => match deps.store.get(&task_id).await? {
+            // A create that landed but whose answer was lost (the SDK sent it again) finds its
+            // own item: the task is this delivery's, and its start is still to be sent.
+            Some(t) if is_own_write(&t, &tr.task) => {}
+            existing => {
+                info!(%task_id, "duplicate submission: the task exists, nothing created");
+                if let Some(t) = existing {
+                    resend(deps, t, mark.as_deref()).await?;
+                }
+                return Ok(Submitted::Duplicate(task_id));
             }
-            effects::record_undelivered(deps, &committed.task, &sent).await;
-            Ok(Submitted::Created(task_id))
-        }
-        Err(StoreError::AlreadyExists) => {
-            info!(%task_id, "duplicate submission: the task exists, nothing created");
-            resend(deps, &task_id, mark.as_deref()).await?;
-            Ok(Submitted::Duplicate(task_id))
-        }
+        },
         Err(StoreError::TooLarge { bytes }) => {
-            reject(deps, raw, message_id, Rejection::TooLarge { bytes, limit: MAX_ITEM_BYTES }).await
+            return reject(deps, raw, message_id, Rejection::TooLarge { bytes, limit: MAX_ITEM_BYTES }).await
         }
-        Err(e) => Err(e.into()),
+        Err(e @ StoreError::Refused { .. }) => {
+            return reject(deps, raw, message_id, Rejection::Unstorable(e.to_string())).await
+        }
+        Err(e) => return Err(e.into()),
     }
+    info!(
+        %task_id, workflow = %tr.task.workflow.name, version = tr.task.workflow.version,
+        step = tr.task.current_step_name().unwrap_or("-"), "task created, first step claimed"
+    );
+    let committed = Committed { task: tr.task, effects: tr.effects, now };
+    let sent = effects::send(deps, &committed).await;
+    // The start did not go out: fail the record, so the submission comes back and the start is
+    // sent again (above), long before the Supervisor would find the attempt lost.
+    if let Some(e) = sent.work {
+        return Err(e.into());
+    }
+    effects::record_undelivered(deps, &committed.task, &sent).await;
+    Ok(Submitted::Created(task_id))
 }

@@ -7,7 +7,7 @@ use tracing::{debug, info};
 use crate::deps::{Deps, HandlerError};
 use crate::ids::Millis;
 use crate::protocol::{self, Effect, Event, ProcessState, Stale, Task};
-use crate::store::StoreError;
+use crate::store::{is_own_write, StoreError};
 
 /// What happened to one event.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,24 +65,28 @@ pub async fn commit(
         };
         let mut tr = tr;
         tr.task.last_message = mark.map(str::to_owned);
-        match deps.store.save(&tr.task, &task).await {
-            Ok(()) => {
-                let (state, rev) = (tr.task.process_state, tr.task.rev);
-                info!(
-                    task_id = %task.task_id, event = event.name(), from = %task.process_state, to = %state,
-                    step = tr.task.current_step_name().unwrap_or("-"), failure_count = tr.task.failure_count, rev,
-                    "transition"
-                );
-                let committed = Committed { task: tr.task, effects: tr.effects, now: ctx.now };
-                return Ok((Applied::Changed { state, rev }, Commit::Written(Box::new(committed))));
-            }
+        let landed = match deps.store.save(&tr.task, &task).await {
+            Ok(()) => false,
+            // A write that landed but whose answer was lost (the SDK sent it again) comes back as
+            // a lost condition whose current item is the very task written: the transition is
+            // ours, and its effects are still to be performed.
+            Err(StoreError::Conflict { current: Some(current) }) if is_own_write(&current, &tr.task) => true,
             Err(StoreError::Conflict { current: Some(current) }) => {
                 debug!(task_id = %task.task_id, event = event.name(), "conditional write lost; re-deciding on the current item");
                 task = *current;
+                continue;
             }
             Err(StoreError::Conflict { current: None }) => return Ok((Applied::Missing, Commit::Missing)),
             Err(e) => return Err(e.into()),
-        }
+        };
+        let (state, rev) = (tr.task.process_state, tr.task.rev);
+        info!(
+            task_id = %task.task_id, event = event.name(), from = %task.process_state, to = %state,
+            step = tr.task.current_step_name().unwrap_or("-"), failure_count = tr.task.failure_count, rev, landed,
+            "transition"
+        );
+        let committed = Committed { task: tr.task, effects: tr.effects, now: ctx.now };
+        return Ok((Applied::Changed { state, rev }, Commit::Written(Box::new(committed))));
     }
     Err(HandlerError::Contended(MAX_CONFLICTS))
 }

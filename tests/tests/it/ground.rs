@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use sas_core::ids::{Millis, TaskId};
+use sas_core::ids::{AttemptToken, Millis, TaskId};
 use sas_core::messages::{Alert, AlertKind};
 use sas_core::protocol::{self, Policy, ProcessState};
-use sas_core::store::{StoreError, BY_COMPLETE_BY};
+use sas_core::store::{DynamoStore, StateStore, StoreError, BY_COMPLETE_BY};
 
 use crate::common::stack;
 
@@ -120,7 +120,13 @@ async fn a_lost_conditional_write_is_a_typed_conflict() {
     )
     .task;
     store.create(&t).await.expect("created");
-    assert!(matches!(store.create(&t).await, Err(StoreError::AlreadyExists)));
+    // The same request again, as the SDK sends it when the first copy landed but its answer was
+    // lost: the item there (ALL_OLD) is the one it wrote, so it is created, not a duplicate.
+    store.create(&t).await.expect("a retried create that had landed is not a duplicate");
+    // Another submission of the same id (its own attempt token) is a duplicate.
+    let mut other = t.clone();
+    other.locked_by = Some(AttemptToken::fresh());
+    assert!(matches!(store.create(&other).await, Err(StoreError::AlreadyExists)));
 
     let mut newer = t.clone();
     newer.rev += 1;
@@ -134,6 +140,45 @@ async fn a_lost_conditional_write_is_a_typed_conflict() {
         other => panic!("expected a typed conflict, got {other:?}"),
     }
     assert_eq!(store.get(&t.task_id).await.unwrap().unwrap().failure_count, 0);
+    s.delete().await;
+}
+
+/// G6: a task item of the previous layout (its definition embedded) pinned to a definition no
+/// process deploys. A process that saves it names the definition by reference: the definition item
+/// must be stored first, or no other process can read the task again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_task_names_only_a_stored_workflow_definition() {
+    let s = stack("wfref").await;
+    let ddb = aws_sdk_dynamodb::Client::new(&s.sdk);
+    let table = s.res.task_table.clone();
+    let mut wf = s.deps.workflows.resolve("three", None).unwrap().clone();
+    wf.version = 99;
+    wf.description = "retired: deployed by no process of this build".into();
+    let t = protocol::submit(
+        TaskId::try_from("legacy-1").unwrap(),
+        wf,
+        serde_json::json!({"n": 1}),
+        None,
+        &protocol::Ctx::at(Millis::now()),
+        &Policy::default(),
+    )
+    .task;
+    let legacy: HashMap<String, AttributeValue> = serde_dynamo::to_item(&t).expect("item");
+    assert!(legacy.contains_key("Workflow"), "the previous layout embeds the definition");
+    ddb.put_item().table_name(&table).set_item(Some(legacy)).send().await.expect("PutItem");
+
+    // one process (it knows no definitions) reads the task and writes a transition
+    let writer = DynamoStore::new(ddb.clone(), table.clone(), 2, 1);
+    let read = writer.get(&t.task_id).await.expect("GetItem").expect("the task");
+    let mut next = read.clone();
+    next.rev += 1;
+    next.failure_count += 1;
+    writer.save(&next, &read).await.expect("saved");
+
+    // another process reads it back
+    let reader = DynamoStore::new(ddb, table, 2, 1);
+    let got = reader.get(&t.task_id).await;
+    assert!(matches!(&got, Ok(Some(task)) if *task == next), "{got:?}");
     s.delete().await;
 }
 

@@ -10,7 +10,7 @@
 use tracing::{info, info_span, Instrument};
 
 use crate::deps::{Deps, HandlerError};
-use crate::messages::{AgentRequest, SchedulerMessage, VERSION};
+use crate::messages::{AgentRequest, Outcome, SchedulerMessage, VERSION};
 
 pub mod config;
 pub mod http;
@@ -32,7 +32,11 @@ pub async fn handle(deps: &Deps, runtime: &AgentRuntime, raw: &str) -> Result<bo
     }
     let span = info_span!("agent", task_id = %req.task_id, step = %req.step, attempt_no = req.attempt_no);
     async {
-        let Some(result) = runtime.run(&req).await else { return Ok(false) };
+        let Some(mut result) = runtime.run(&req).await else { return Ok(false) };
+        if let Outcome::Succeeded { output } = &mut result.outcome {
+            // what the task cannot store (or SQS carry) goes back as a success with a marker
+            *output = crate::screen::output(output);
+        }
         if deps.now() >= req.complete_by {
             info!("CompleteBy passed: result not sent");
             return Ok(false);

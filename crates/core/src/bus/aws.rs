@@ -220,14 +220,17 @@ impl AwsBus {
         wait: Duration,
         visibility: Duration,
     ) -> Result<Vec<Received>, BusError> {
+        let wait = wait.min(Duration::from_secs(20));
         let out = self
             .sqs
             .receive_message()
             .queue_url(queue)
             .max_number_of_messages(i32::try_from(max.clamp(1, MAX_BATCH)).unwrap_or(10))
-            .wait_time_seconds(i32::try_from(wait.as_secs().min(20)).unwrap_or(20))
+            .wait_time_seconds(i32::try_from(wait.as_secs()).unwrap_or(20))
             .visibility_timeout(i32::try_from(visibility.as_secs()).unwrap_or(i32::MAX))
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .customize()
+            .config_override(aws_sdk_sqs::config::Builder::default().timeout_config(long_poll_timeouts(wait)))
             .send()
             .await
             .map_err(|e| sqs_error("ReceiveMessage", queue, e.into()))?;
@@ -304,6 +307,16 @@ impl Bus for AwsBus {
     fn delete<'a>(&'a self, queue: &'a str, receipts: Vec<String>) -> BoxFuture<'a, Result<(), BusError>> {
         Box::pin(self.delete_some(queue, receipts))
     }
+}
+
+/// A long poll waits for messages up to `wait` by design: its attempt may take that long on top of
+/// the usual time (the process's SDK timeouts are far shorter than the 20 s a poll may wait).
+fn long_poll_timeouts(wait: Duration) -> aws_config::timeout::TimeoutConfig {
+    let attempt = wait + Duration::from_secs(2);
+    aws_config::timeout::TimeoutConfig::builder()
+        .operation_attempt_timeout(attempt)
+        .operation_timeout(attempt * 2)
+        .build()
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, ReturnValuesOnC
 use aws_sdk_dynamodb::Client;
 use futures::future::BoxFuture;
 
-use super::{check_size, end_key, index_key, Page, PageKey, StateStore, StoreError, TaskSummary};
+use super::{check_size, end_key, index_key, is_own_write, Page, PageKey, StateStore, StoreError, TaskSummary};
 use crate::ids::{Millis, TaskId};
 use crate::protocol::{ProcessState, Task};
 use crate::workflow::WorkflowDef;
@@ -45,6 +45,12 @@ where
 }
 
 fn backend(op: &'static str, e: aws_sdk_dynamodb::Error) -> StoreError {
+    use aws_sdk_dynamodb::error::ProvideErrorMetadata;
+    if e.code() == Some("ValidationException") {
+        // a value DynamoDB cannot hold, an item over its size: the same request fails every time
+        let message = aws_sdk_dynamodb::error::DisplayErrorContext(&e).to_string();
+        return StoreError::Refused { op, message: crate::ids::clip(&message, 1024).to_owned() };
+    }
     StoreError::Backend {
         op,
         message: format!("DynamoDB {op}: {}", aws_sdk_dynamodb::error::DisplayErrorContext(&e)),
@@ -197,33 +203,34 @@ impl DynamoStore {
     async fn create_item(&self, task: &Task) -> Result<(), StoreError> {
         let item = self.to_item(task)?;
         self.ensure_workflow(&task.workflow).await?;
-        if self.put_new(item).await? {
-            Ok(())
-        } else {
-            Err(StoreError::AlreadyExists)
+        let Some(there) = self.put_new(item).await? else { return Ok(()) };
+        // The item there is the one this create wrote: the SDK sent the request again after the
+        // first copy had landed. Created, not a duplicate.
+        match self.decode(there).await {
+            Ok(t) if is_own_write(&t, task) => Ok(()),
+            _ => Err(StoreError::AlreadyExists),
         }
     }
 
-    /// Write `item` if its key is free: `Ok(false)` when an item with that key exists.
-    async fn put_new(&self, item: Item) -> Result<bool, StoreError> {
+    /// Write `item` if its key is free: `Ok(Some(existing))` (the item there) when it is taken.
+    async fn put_new(&self, item: Item) -> Result<Option<Item>, StoreError> {
         let put = self
             .client
             .put_item()
             .table_name(&self.table)
             .set_item(Some(item))
             .condition_expression("attribute_not_exists(TaskId)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()
             .await;
         match put {
-            Ok(_) => Ok(true),
-            Err(e)
-                if e.as_service_error().is_some_and(
-                    aws_sdk_dynamodb::operation::put_item::PutItemError::is_conditional_check_failed_exception,
-                ) =>
-            {
-                Ok(false)
-            }
-            Err(e) => Err(aws("PutItem")(e)),
+            Ok(_) => Ok(None),
+            Err(e) => match e.into_service_error() {
+                aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c) => {
+                    Ok(Some(c.item.unwrap_or_default()))
+                }
+                other => Err(backend("PutItem", other.into())),
+            },
         }
     }
 
@@ -280,6 +287,11 @@ impl DynamoStore {
 
     async fn save_item(&self, task: &Task, read: &Task) -> Result<(), StoreError> {
         let item = self.to_item(task)?;
+        // The item names its definition by a reference computed here: make sure the definition
+        // item is there before any item names it (a task read in the previous layout, or a
+        // definition that serialises differently in this build, names one nobody stored yet).
+        // Once per definition and process.
+        self.ensure_workflow(&task.workflow).await?;
         let mut req = self
             .client
             .put_item()

@@ -46,6 +46,10 @@ pub enum StoreError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// The store refused the request as invalid (DynamoDB's `ValidationException`: a value it
+    /// cannot hold, an item over its limit): retrying cannot help.
+    #[error("{op} refused: {message}")]
+    Refused { op: &'static str, message: String },
     /// A stored item is not a task this build can read.
     #[error("task item does not match the expected shape: {0}")]
     Codec(String),
@@ -162,6 +166,25 @@ pub fn index_key(task: &Task, shards: u32) -> Option<(u32, Millis)> {
 /// and each state's writes spread over every shard.
 pub fn end_key(task: &Task, shards: u32) -> Option<String> {
     task.process_state.is_terminal().then(|| format!("{}#{}", task.process_state, shard_of(&task.task_id, shards)))
+}
+
+/// Whether the item a lost conditional write found (`current`) is the very task that write
+/// carried (`written`). A write can land while its answer is lost (a dropped connection, a 5xx
+/// after the commit); the SDK then sends it again, and that copy fails its condition against the
+/// item the first one wrote. Equality means "ours": the write landed, it is not lost (nor is a
+/// create a duplicate). Another writer's item is equal only if it made the same decision from the
+/// same item in the same millisecond without a fresh attempt token (a claim always draws one):
+/// both then perform the same effects, as for a duplicate delivery (consumers dedupe).
+pub fn is_own_write(current: &Task, written: &Task) -> bool {
+    current == written
+}
+
+impl StoreError {
+    /// The write can never succeed as it is (too large, refused as invalid): the same request
+    /// fails every time, so it must not be retried.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, StoreError::TooLarge { .. } | StoreError::Refused { .. })
+    }
 }
 
 /// Refuse a task that would not fit in one item.
