@@ -98,7 +98,7 @@ use crate::messages::{
     AgentRequest, AgentResult, CancelMessage, Outcome, Phase, ResubmitMessage, SchedulerMessage, StatusMessage,
     TimerMessage, VERSION,
 };
-use crate::protocol::{EndCause, Policy, ProcessState, Stage};
+use crate::protocol::{CompensationStatus, EndCause, Policy, ProcessState, Stage, StepStatus};
 use crate::role::{self, Record, Role};
 use crate::store::{Ambiguity, MemoryStore, StoreOp};
 use crate::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
@@ -340,8 +340,13 @@ struct Claim {
     run: u32,
     complete_by: Millis,
     released: Option<Millis>,
-    /// Let go by an operator's cancel or resubmit (not charged to the attempt).
+    /// Let go by an operator's cancel or resubmit, or because another attempt of its unit (an
+    /// outstanding one, whose success is still taken) succeeded first: not charged to it.
     by_operator: bool,
+    /// Claimed by the Supervisor (a compensation started when a unit was given up). If its sends
+    /// fail, the timer message comes back only after the supervisor queue's visibility timeout
+    /// (360 s), past the attempt's `CompleteBy`: its own deadline recovers it (`late-lost`).
+    by_supervisor: bool,
 }
 
 /// An `Error` episode of a task: `task_error` alerts published on first, lone deliveries of the
@@ -391,6 +396,8 @@ struct Sim {
     fates: BTreeMap<String, Vec<Fate>>,
     /// Each attempt's `CompleteBy`, as its request carries it (what the agent runtime knows).
     complete_by: BTreeMap<String, Millis>,
+    /// The tasks whose timers the Supervisor handled in the batch being observed.
+    supervised: BTreeSet<String>,
     /// Attempts whose result or timer message crashed a consumer on its first delivery (their
     /// release waits a visibility timeout: not checked for lateness).
     delayed: BTreeSet<String>,
@@ -486,6 +493,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         locks: BTreeMap::new(),
         fates: BTreeMap::new(),
         complete_by: BTreeMap::new(),
+        supervised: BTreeSet::new(),
         delayed: BTreeSet::new(),
         episodes: BTreeMap::new(),
         in_error: BTreeSet::new(),
@@ -779,7 +787,7 @@ impl Sim {
             let q = queues[usize::try_from(self.between(0, 3)).unwrap_or(0).min(2)].clone();
             self.bus.fail_sends(&q, u32::try_from(self.between(1, 11)).unwrap_or(1));
         }
-        if self.chance(f.ambiguous_writes * n) {
+        if first_deliveries && self.chance(f.ambiguous_writes * n) {
             let op = if self.chance(0.3) { StoreOp::Create } else { StoreOp::Save };
             let how = if self.chance(0.5) { Ambiguity::Retried } else { Ambiguity::Failed };
             self.store.ambiguous_next(op, how);
@@ -821,6 +829,7 @@ impl Sim {
         let deps = &self.deps;
         let agents = AgentRuntime::default();
         let results = block_on(join_all(runs.iter().map(|(role, _, _, r, _)| role::handle(*role, deps, &agents, r))));
+        self.supervised = runs.iter().filter(|r| r.0 == Role::Supervisor).filter_map(|r| task_of(&r.3.body)).collect();
         self.bus.clear_send_failures();
         self.store.clear_ambiguous();
         self.report.handled += runs.len() as u64;
@@ -834,6 +843,7 @@ impl Sim {
             block_on(self.bus.delete(&url, receipts)).ok();
         }
         self.observe();
+        self.supervised.clear();
         self.count_alerts(&repeats);
         self.check_successes(&successes);
     }
@@ -1062,8 +1072,15 @@ impl Sim {
                         || matches!(t.stage, Stage::Compensating { cause: EndCause::Cancelled, .. });
                     if let Some(c) = self.claims.get_mut(&old) {
                         if c.released.is_none() {
+                            let done = t.steps.iter().any(|s| match c.phase {
+                                Phase::Forward => s.name == c.step && s.status == StepStatus::Succeeded,
+                                Phase::Compensate => s
+                                    .compensation
+                                    .as_ref()
+                                    .is_some_and(|r| r.name == c.step && r.status == CompensationStatus::Done),
+                            });
                             c.released = Some(now);
-                            c.by_operator = cancelled || t.run != c.run;
+                            c.by_operator = cancelled || t.run != c.run || done;
                         }
                     }
                 }
@@ -1076,6 +1093,7 @@ impl Sim {
                         complete_by: t.complete_by.unwrap_or(now),
                         released: None,
                         by_operator: false,
+                        by_supervisor: self.supervised.contains(&id),
                     });
                     self.locks.insert(id.clone(), token);
                 }
@@ -1253,7 +1271,7 @@ impl Sim {
         let grace = self.deps.settings.policy.result_grace_ms;
         let end = self.now();
         for (token, c) in &self.claims {
-            if !self.dispatched.contains(token) && !c.by_operator {
+            if !self.dispatched.contains(token) && !c.by_operator && !c.by_supervisor {
                 v.push(format!(
                     "dispatched: {}: attempt {token} of {} was claimed but its request never reached the agent queue",
                     c.task, c.step

@@ -148,19 +148,19 @@ pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
 /// The task exists: if this very submission created it (its mark is the task's last write: the
 /// message came back, or an SQS duplicate ran beside it, possibly after its handler died or its
 /// sends failed) and the task has not moved since, its start is owed and is sent again. A
-/// different submission that reuses the task id finds nothing owed. A resend that fails is left
-/// to the Supervisor: the submission is not failed again, so it never ends in the DLQ.
+/// different submission that reuses the task id finds nothing owed. A resend that fails fails the
+/// record, like a first send: the submission comes back (a submission DLQ entry for a task that
+/// exists means its start could not be sent for `maxReceiveCount` deliveries; the Supervisor
+/// retries the attempt regardless).
 async fn resend(deps: &Deps, task: Task, mark: Option<&str>) -> Result<(), HandlerError> {
     let Some(mark) = mark else { return Ok(()) };
     if task.last_message.as_deref() != Some(mark) {
         return Ok(());
     }
-    let task_id = task.task_id.clone();
-    let sent = effects::resend(deps, task).await?;
-    if let Some(e) = sent.work {
-        warn!(%task_id, error = %e, "the start could not be sent again; the Supervisor will retry the attempt");
+    match effects::resend(deps, task).await?.work {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<Submitted, HandlerError> {
