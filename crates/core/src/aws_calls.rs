@@ -124,15 +124,19 @@ pub fn partition(region: &str) -> &'static str {
 }
 
 /// A queue's ARN from its URL (`https://sqs.<region>.amazonaws.com/<account>/<name>`, or
-/// LocalStack's `http://localhost:4566/<account>/<name>`): the account is the URL's.
+/// LocalStack's `http://localhost:4566/<account>/<name>` and path-style
+/// `http://localhost:4566/queue/<region>/<account>/<name>`): the account is the URL's, and so is
+/// the region when the path names one.
 pub fn queue_arn(url: &str, region: &str) -> Result<String, ResourceError> {
     let bad = || ResourceError::QueueUrl(url.to_owned());
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let mut parts = rest.split('/');
-    let _host = parts.next().ok_or_else(bad)?;
-    let account = parts.next().filter(|a| !a.is_empty() && a.bytes().all(|b| b.is_ascii_digit())).ok_or_else(bad)?;
-    let name = parts.next().filter(|n| !n.is_empty()).ok_or_else(bad)?;
-    if parts.next().is_some_and(|p| !p.is_empty()) {
+    let path: Vec<&str> = rest.split('/').skip(1).filter(|p| !p.is_empty()).collect();
+    let (region, account, name) = match path.as_slice() {
+        [account, name] => (region, *account, *name),
+        ["queue", region, account, name] => (*region, *account, *name),
+        _ => return Err(bad()),
+    };
+    if account.is_empty() || !account.bytes().all(|b| b.is_ascii_digit()) {
         return Err(bad());
     }
     Ok(format!("arn:{}:sqs:{region}:{account}:{name}", partition(region)))
@@ -303,6 +307,9 @@ mod tests {
             i.resources("111122223333").unwrap(),
             vec!["arn:aws:dynamodb:eu-west-1:111122223333:table/t/index/ByCompleteBy"]
         );
+        let path_style =
+            call(Target::Queue { url: "http://localhost:4566/queue/us-east-1/000000000000/s-AgentDLQ".into() });
+        assert_eq!(path_style.resources("1").unwrap(), vec!["arn:aws:sqs:us-east-1:000000000000:s-AgentDLQ"]);
         let bad = call(Target::Queue { url: "http://localhost:4566/q".into() });
         assert!(matches!(bad.resources("1"), Err(ResourceError::QueueUrl(_))));
     }
