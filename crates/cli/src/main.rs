@@ -52,6 +52,21 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         functions: Option<PathBuf>,
     },
+    /// The least-privilege check of a stack deployed with its functions: every AWS call they made
+    /// (the JSON lines their SAS_AWS_CALL_LOG directory holds; deploy with
+    /// --param AwsCallLog=DIR) and the platform's calls with their roles, evaluated against the
+    /// roles' policies as IAM has them. Fails when a call is not allowed; lists unused grants.
+    IamCheck {
+        /// The deployed stack (with DeployFunctions=true).
+        #[arg(long = "name")]
+        name: String,
+        /// The directory of call logs (AwsCallLog).
+        #[arg(long, value_name = "DIR")]
+        calls: PathBuf,
+        /// Also fail when a grant was never used.
+        #[arg(long)]
+        strict: bool,
+    },
     /// Delete a stack deployed with deploy-local, and wait until it is gone.
     DeleteLocal {
         #[arg(long, default_value = "sas-local")]
@@ -251,6 +266,16 @@ async fn run(cli: &Cli) -> Result<()> {
             std::fs::write(&cli.outputs, json)?;
             println!("stack {name} deployed; outputs in {}", cli.outputs.display());
             println!("submission queue: {}", out.get("SubmissionQueueUrl").map_or("?", String::as_str));
+        }
+        Cmd::IamCheck { name, calls, strict } => {
+            let recorded = sas_core::aws_calls::read_dir(calls)
+                .with_context(|| format!("reading the call logs in {}", calls.display()))?;
+            let report = sas_cli::iam::check_stack(&sdk, name, &recorded).await?;
+            print!("{}", report.render());
+            let (denied, unused) = (report.denied_count(), report.unused().len());
+            if denied > 0 || (*strict && unused > 0) {
+                bail!("least privilege: {denied} request(s) denied, {unused} grant(s) never used");
+            }
         }
         Cmd::DeleteLocal { name } => {
             let cfn = aws_sdk_cloudformation::Client::new(&sdk);

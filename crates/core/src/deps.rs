@@ -38,7 +38,7 @@ impl Deps {
     /// batched for `settings.send_linger_ms`), the wall clock.
     pub fn aws(sdk: &aws_config::SdkConfig, res: Resources, workflows: WorkflowRegistry, settings: Settings) -> Self {
         let store = DynamoStore::new(
-            aws_sdk_dynamodb::Client::new(sdk),
+            crate::aws::dynamodb_client(sdk),
             res.task_table.clone(),
             res.shards,
             settings.retention_days,

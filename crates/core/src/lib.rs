@@ -16,10 +16,12 @@
 //! (definitions), [`ids`], [`config`], [`reply`] (which `reply_to` queues the stack may answer on),
 //! [`deps`] (the composition root), [`twins`] (the stack on the in-memory twins), [`role`] (the role
 //! enum and dispatch), [`runner`] (the local runner that polls queues as Lambda does), [`sim`] (the
-//! deterministic simulation of the whole system), [`aws`] (SDK clients), [`telemetry`] (logs).
+//! deterministic simulation of the whole system), [`aws`] (SDK clients), [`aws_calls`] (the record
+//! of AWS calls for the least-privilege check), [`telemetry`] (logs).
 
 pub mod agent;
 pub mod aws;
+pub mod aws_calls;
 pub mod bus;
 pub mod clock;
 pub mod config;

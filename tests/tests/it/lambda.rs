@@ -43,6 +43,12 @@ fn functions_dir() -> PathBuf {
     target.join("debug")
 }
 
+/// Where a stack's functions append their AWS calls (`AwsCallLog`): the functions are host
+/// processes of LocalStack's executor on this machine, so a directory of this workspace's target.
+fn calls_dir(stack: &str) -> PathBuf {
+    functions_dir().join("aws-calls").join(stack)
+}
+
 /// What the functions are deployed with (and the test's own handle on the table agrees with).
 fn policy() -> Policy {
     Policy { queue_budget_ms: 45_000, result_grace_ms: 1_000, ..Policy::default() }
@@ -52,6 +58,8 @@ struct Fns {
     s: Stack,
     /// Deployed function names by logical ID (`SchedulerFunction` -> ...).
     names: BTreeMap<String, String>,
+    /// The functions' call logs (checked against their roles before the stack is deleted).
+    calls: PathBuf,
     lambda: aws_sdk_lambda::Client,
     logs: aws_sdk_cloudwatchlogs::Client,
 }
@@ -67,11 +75,14 @@ async fn lambda_stack(label: &str, params: &[(&str, &str)]) -> Fns {
     let name = format!("l-{label}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let p = policy();
     let (budget, grace) = (p.queue_budget_ms.to_string(), p.result_grace_ms.to_string());
+    let calls = calls_dir(&name);
+    let calls_param = calls.to_string_lossy().into_owned();
     let mut all: Vec<(&str, &str)> = vec![
         ("SupervisorShards", "2"),
         ("QueueBudgetMs", &budget),
         ("ResultGraceMs", &grace),
         ("SupervisorSchedule", "rate(1 day)"),
+        ("AwsCallLog", &calls_param),
     ];
     all.extend_from_slice(params);
     let started = Instant::now();
@@ -87,6 +98,7 @@ async fn lambda_stack(label: &str, params: &[(&str, &str)]) -> Fns {
     Fns {
         s: Stack { name, sdk: sdk.clone(), outputs: d.outputs, res, deps, sqs: aws_sdk_sqs::Client::new(&sdk) },
         names,
+        calls,
         lambda: aws_sdk_lambda::Client::new(&sdk),
         logs: aws_sdk_cloudwatchlogs::Client::new(&sdk),
     }
@@ -164,8 +176,23 @@ impl Fns {
         (tr.task, serde_json::to_string(&run).unwrap())
     }
 
+    /// The least-privilege check of this stack: every call its functions made so far (and the
+    /// platform's with their roles) against their roles' policies as IAM has them.
+    async fn least_privilege(&self) -> Result<sas_cli::iam::Report, String> {
+        let calls = sas_core::aws_calls::read_dir(&self.calls).map_err(|e| format!("the functions' call logs: {e}"))?;
+        if calls.is_empty() {
+            return Err(format!("no call recorded in {}: is AwsCallLog passed on?", self.calls.display()));
+        }
+        sas_cli::iam::check_stack(&self.s.sdk, &self.s.name, &calls).await.map_err(|e| format!("{e:#}"))
+    }
+
+    /// Checks that no call was denied, then deletes the stack (also when the check fails).
     async fn delete(self) {
+        let report = self.least_privilege().await;
+        let _ = std::fs::remove_dir_all(&self.calls);
         self.s.delete().await;
+        let report = report.unwrap_or_else(|e| panic!("least-privilege check: {e}"));
+        assert_eq!(report.denied_count(), 0, "calls the roles do not allow:\n{}", report.render());
     }
 }
 
@@ -362,4 +389,88 @@ async fn lambda_a_failing_record_alone_is_redelivered_until_its_dlq() {
     assert!(lines_with(&log, &[&good_id, "record failed"]).is_empty(), "{log:#?}");
     assert!(lines_with(&log, &[&good_id, "stale event dropped"]).is_empty(), "{log:#?}");
     f.delete().await;
+}
+
+/// The least-privilege proof (LocalStack Community does not enforce IAM): a workload that reaches
+/// every path on which a function calls AWS, recorded by the functions themselves
+/// (`SAS_AWS_CALL_LOG`), then every call, and the platform's calls with each role, evaluated
+/// against the roles' policies as IAM holds them for this deployed stack. Reply queues are
+/// narrowed to this test's own (`ReplyQueueArnPattern`), so no account-wide grant hides a missing
+/// one (G1). Fails on any call not allowed, and on any grant no call used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() {
+    let f = lambda_stack(
+        "iam",
+        &[
+            ("QueueBudgetMs", "15000"),
+            // Below the 1 s result grace: when the Supervisor's timer gives up on a step, the
+            // step's compensation may start at once, so the Supervisor dispatches it itself
+            // (with the default 2 s it hands it to the Scheduler after the settle wait, unless
+            // the timer fires late).
+            ("SettleMs", "500"),
+            ("MaxInputBytes", "262144"),
+            ("ReplyQueueArnPattern", "arn:aws:sqs:*:*:l-iam-*-replies*"),
+        ],
+    )
+    .await;
+    let reply = f.s.queue("replies", true).await;
+    let sub = |id: &str, input: Value| json!({"v": 1, "task_id": id, "workflow": "sim-order", "reply_to": reply, "input": input});
+    // The Supervisor's timer gives up on charge (three hung attempts): its alert, the compensation
+    // it starts on the agent queue, its statuses.
+    let hung = sub("hung", json!({"sim": {"charge": {"hang_attempts": 3}}}));
+    // The Scheduler gives up on charge (three failed attempts): its alert and retries.
+    let flaky = sub("flaky", json!({"sim": {"charge": {"fail_attempts": 3}}}));
+    // Declined, then the same submission again: the Submitter reads the task it already created.
+    let declined = sub("declined", json!({"sim": {"charge": {"permanent": "declined"}}}));
+    // An input that fits a submission but not the agent request built from it: the Submitter
+    // fails the attempt through the scheduler queue.
+    let pad = "x".repeat(262_144 - 100);
+    let big = json!({"v": 1, "task_id": "big", "workflow": "sim-order", "input": {"pad": pad}});
+    // Refused: kept in the submission DLQ, and the caller told on its reply queue.
+    let refused = json!({"v": 1, "task_id": "refused", "workflow": "no-such-workflow", "reply_to": reply});
+    for body in [&hung, &flaky, &declined, &declined, &big, &refused] {
+        f.s.send(&f.s.res.submission_queue_url, &body.to_string()).await;
+    }
+    // A message that can never parse on each function's queue: each moves it to its own DLQ.
+    for q in [
+        &f.s.res.submission_queue_url,
+        &f.s.res.scheduler_queue_url,
+        &f.s.res.agent_queue_url,
+        &f.s.res.supervisor_queue_url,
+    ] {
+        f.s.send(q, "{not json").await;
+    }
+    // A task whose retry's run message was lost: an invoked sweep finds it (the index query) and
+    // hands it to the scheduler.
+    let (_, _) = f.lost_task("lost", LOST_AGE_MS).await;
+    let (err, report) = f.invoke("SupervisorFunction", &fixture("supervisor-scheduled.json")).await;
+    assert_eq!(err, None, "{report}");
+
+    for id in ["hung", "flaky", "declined", "big", "lost"] {
+        let t = f.s.wait_for(id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
+        eprintln!("[{}] {id}: {:?}, FailureCount {}", f.s.name, t.process_state, t.failure_count);
+    }
+    for (dlq, want) in [("SubmissionDlqUrl", 2), ("SchedulerDlqUrl", 1), ("AgentDlqUrl", 1), ("SupervisorDlqUrl", 1)] {
+        let kept = f.s.drain(f.s.out(dlq), want, Duration::from_secs(30)).await;
+        assert!(kept.len() >= want, "{dlq}: {} of {want} kept", kept.len());
+    }
+
+    let report = f.least_privilege().await.unwrap_or_else(|e| panic!("{e}"));
+    eprintln!("{}", report.render());
+    // Grants whose paths this workload cannot reach on LocalStack, each with the code that needs it.
+    let not_reached = [(
+        // submitter.rs `resend`: a submission redelivered after its start failed to send reads
+        // the task it created (sends never fail here: LocalStack does not enforce IAM).
+        "SubmitterFunction",
+        "submitter/TaskTable",
+        "dynamodb:GetItem",
+    )];
+    let unused: Vec<String> = report
+        .unused()
+        .iter()
+        .filter(|(fun, g)| !not_reached.contains(&(fun.as_str(), g.statement.as_str(), g.action.as_str())))
+        .map(|(fun, g)| format!("{fun}: {} {} on {}", g.statement, g.action, g.resource))
+        .collect();
+    f.delete().await;
+    assert!(unused.is_empty(), "grants no call used (drop them, or reach the path that needs them): {unused:#?}");
 }

@@ -147,7 +147,7 @@ impl AwsBus {
     }
 
     pub fn from_sdk(sdk: &aws_config::SdkConfig) -> Self {
-        Self::new(aws_sdk_sqs::Client::new(sdk), aws_sdk_sns::Client::new(sdk))
+        Self::new(crate::aws::sqs_client(sdk), crate::aws::sns_client(sdk))
     }
 
     async fn send_one(&self, queue: &str, msg: Outgoing) -> Result<(), BusError> {
