@@ -123,6 +123,34 @@ pub async fn load_sdk_config() -> SdkConfig {
     load_sdk_config_with(&TOOL_TIMEOUTS).await
 }
 
+/// The SQS client of the roles: with the AWS call recorder when `SAS_AWS_CALL_LOG` is set
+/// ([`crate::aws_calls`]).
+pub fn sqs_client(sdk: &SdkConfig) -> aws_sdk_sqs::Client {
+    let mut b = aws_sdk_sqs::config::Builder::from(sdk);
+    if let Some(r) = crate::aws_calls::CallRecorder::from_env() {
+        b = b.interceptor(r);
+    }
+    aws_sdk_sqs::Client::from_conf(b.build())
+}
+
+/// The SNS client of the roles (with the recorder when asked, as [`sqs_client`]).
+pub fn sns_client(sdk: &SdkConfig) -> aws_sdk_sns::Client {
+    let mut b = aws_sdk_sns::config::Builder::from(sdk);
+    if let Some(r) = crate::aws_calls::CallRecorder::from_env() {
+        b = b.interceptor(r);
+    }
+    aws_sdk_sns::Client::from_conf(b.build())
+}
+
+/// The DynamoDB client of the roles (with the recorder when asked, as [`sqs_client`]).
+pub fn dynamodb_client(sdk: &SdkConfig) -> aws_sdk_dynamodb::Client {
+    let mut b = aws_sdk_dynamodb::config::Builder::from(sdk);
+    if let Some(r) = crate::aws_calls::CallRecorder::from_env() {
+        b = b.interceptor(r);
+    }
+    aws_sdk_dynamodb::Client::from_conf(b.build())
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
@@ -227,32 +255,4 @@ mod tests {
         assert!(took < Duration::from_millis(2 * 900 + 600), "two calls took {took:?}");
         hold.abort();
     }
-}
-
-/// The SQS client of the roles: with the AWS call recorder when `SAS_AWS_CALL_LOG` is set
-/// ([`crate::aws_calls`]).
-pub fn sqs_client(sdk: &SdkConfig) -> aws_sdk_sqs::Client {
-    let mut b = aws_sdk_sqs::config::Builder::from(sdk);
-    if let Some(r) = crate::aws_calls::CallRecorder::from_env() {
-        b = b.interceptor(r);
-    }
-    aws_sdk_sqs::Client::from_conf(b.build())
-}
-
-/// The SNS client of the roles (with the recorder when asked, as [`sqs_client`]).
-pub fn sns_client(sdk: &SdkConfig) -> aws_sdk_sns::Client {
-    let mut b = aws_sdk_sns::config::Builder::from(sdk);
-    if let Some(r) = crate::aws_calls::CallRecorder::from_env() {
-        b = b.interceptor(r);
-    }
-    aws_sdk_sns::Client::from_conf(b.build())
-}
-
-/// The DynamoDB client of the roles (with the recorder when asked, as [`sqs_client`]).
-pub fn dynamodb_client(sdk: &SdkConfig) -> aws_sdk_dynamodb::Client {
-    let mut b = aws_sdk_dynamodb::config::Builder::from(sdk);
-    if let Some(r) = crate::aws_calls::CallRecorder::from_env() {
-        b = b.interceptor(r);
-    }
-    aws_sdk_dynamodb::Client::from_conf(b.build())
 }
