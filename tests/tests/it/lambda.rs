@@ -402,7 +402,9 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let f = lambda_stack(
         "iam",
         &[
-            ("QueueBudgetMs", "15000"),
+            // No queue budget: an attempt's execution deadline is its CompleteBy, so a hung agent
+            // has no time left to say it timed out, and the Supervisor's timer gives up on it.
+            ("QueueBudgetMs", "0"),
             // Below the 1 s result grace: when the Supervisor's timer gives up on a step, the
             // step's compensation may start at once, so the Supervisor dispatches it itself
             // (with the default 2 s it hands it to the Scheduler after the settle wait, unless
