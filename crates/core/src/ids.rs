@@ -130,6 +130,90 @@ impl fmt::Display for AttemptToken {
     }
 }
 
+/// A callback step's token: what a worker (or an approver) answers with. It is the attempt's
+/// fencing token plus what routes the answer to its task and unit: `{attempt}:{unit}:{task_id}`
+/// (`:` appears in neither a name nor a task id). An opaque bearer secret to its holder (the
+/// attempt part is 122 random bits): it is never logged and never stored outside the task.
+/// A retry mints a new attempt, so a new token; the old one is then stale.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CallbackToken {
+    attempt: AttemptToken,
+    unit: String,
+    task_id: TaskId,
+}
+
+impl CallbackToken {
+    /// The longest token: 32 + 1 + 64 + 1 + 128.
+    pub const MAX_LEN: usize = 226;
+
+    pub fn new(task_id: &TaskId, unit: &str, attempt: &AttemptToken) -> Self {
+        CallbackToken { attempt: attempt.clone(), unit: unit.to_owned(), task_id: task_id.clone() }
+    }
+
+    pub fn attempt(&self) -> &AttemptToken {
+        &self.attempt
+    }
+
+    /// The step or compensation the token was issued for.
+    pub fn unit(&self) -> &str {
+        &self.unit
+    }
+
+    pub fn task_id(&self) -> &TaskId {
+        &self.task_id
+    }
+
+    /// The token as its holder sends it.
+    pub fn expose(&self) -> String {
+        format!("{}:{}:{}", self.attempt, self.unit, self.task_id)
+    }
+}
+
+/// Never printed whole: a log line names the task and unit, not the secret.
+impl fmt::Debug for CallbackToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CallbackToken({}/{}, ***)", self.task_id, self.unit)
+    }
+}
+
+/// The malformed-token refusal (said without echoing the token).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the callback token is not one this stack issues: {0}")]
+pub struct BadCallbackToken(pub &'static str);
+
+impl TryFrom<String> for CallbackToken {
+    type Error = BadCallbackToken;
+    fn try_from(s: String) -> Result<Self, BadCallbackToken> {
+        if s.len() > Self::MAX_LEN {
+            return Err(BadCallbackToken("too long"));
+        }
+        let mut parts = s.splitn(3, ':');
+        let (Some(attempt), Some(unit), Some(task)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(BadCallbackToken("it must have three parts"));
+        };
+        if attempt.len() != 32 || !attempt.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+            return Err(BadCallbackToken("its attempt part is not 32 lowercase hex digits"));
+        }
+        check_name("unit", unit).map_err(|_| BadCallbackToken("its unit part is not a step name"))?;
+        let task_id = TaskId::try_from(task).map_err(|_| BadCallbackToken("its task part is not a task id"))?;
+        Ok(CallbackToken { attempt: AttemptToken(attempt.to_owned()), unit: unit.to_owned(), task_id })
+    }
+}
+
+impl TryFrom<&str> for CallbackToken {
+    type Error = BadCallbackToken;
+    fn try_from(s: &str) -> Result<Self, BadCallbackToken> {
+        CallbackToken::try_from(s.to_owned())
+    }
+}
+
+impl From<CallbackToken> for String {
+    fn from(t: CallbackToken) -> String {
+        t.expose()
+    }
+}
+
 /// The key an agent passes to the remote service: `{task}:{step}`, stable across every retry of
 /// the same step (unlike the attempt token), so the service applies the effect once.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -209,6 +293,24 @@ mod tests {
         assert_eq!(TaskId::try_from("a:b"), Err(IdError::BadChar { what: "task_id", ch: ':' }));
         let long = "x".repeat(129);
         assert!(matches!(TaskId::try_from(long), Err(IdError::TooLong { len: 129, .. })));
+    }
+
+    #[test]
+    fn callback_tokens_round_trip_and_refuse_what_they_did_not_issue() {
+        let t = TaskId::try_from("order.1-a").unwrap();
+        let a = AttemptToken::fresh();
+        let tok = CallbackToken::new(&t, "ship", &a);
+        let back = CallbackToken::try_from(tok.expose()).unwrap();
+        assert_eq!(back, tok);
+        assert_eq!((back.task_id(), back.unit(), back.attempt()), (&t, "ship", &a));
+        assert!(!format!("{tok:?}").contains(a.as_str()), "the secret part is never printed");
+        let json = serde_json::to_string(&tok).unwrap();
+        assert_eq!(serde_json::from_str::<CallbackToken>(&json).unwrap(), tok);
+        for bad in ["", "x", "abc:ship:order", &format!("{}:ship", a), &format!("{}:sh ip:o", a), &format!("{}:ship:o:b", a)]
+        {
+            assert!(CallbackToken::try_from(bad).is_err(), "{bad:?} must be refused");
+        }
+        assert!(CallbackToken::try_from(format!("{}:ship:{}", a.as_str().to_uppercase(), t)).is_err());
     }
 
     #[test]

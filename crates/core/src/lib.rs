@@ -23,6 +23,7 @@ pub mod agent;
 pub mod aws;
 pub mod aws_calls;
 pub mod bus;
+pub mod callback;
 pub mod clock;
 pub mod config;
 pub mod deps;

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
+use crate::ids::{AttemptToken, CallbackToken, IdempotencyKey, Millis, TaskId};
 use crate::state::ProcessState;
 
 /// The only message version this build speaks.
@@ -170,6 +170,117 @@ pub struct AgentRequest {
     /// `{task}:{step}`, stable across retries: the remote service applies the effect once.
     pub idempotency_key: IdempotencyKey,
     pub input: Value,
+    /// Present for a callback step: the agent hands the work and this token over and reports
+    /// nothing once the remote side accepted it; the remote side answers with the token. A
+    /// hand-off that fails is reported like any failed attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback: Option<CallbackRef>,
+}
+
+/// What a callback step's agent hands to the remote side besides the work.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallbackRef {
+    pub token: CallbackToken,
+    /// The remote side must heartbeat at least this often, or the attempt expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_ms: Option<u64>,
+}
+
+/// What the remote side of a callback step says, with its token: on the callback queue, in the
+/// body of a request to the callback endpoint, or from `sasctl complete|fail|heartbeat`.
+/// `{"v":1,"token":"…","status":"succeeded","output":{…}}`,
+/// `{"v":1,"token":"…","status":"failed","error":"…","retryable":false}`,
+/// `{"v":1,"token":"…","status":"heartbeat","details":{…}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallbackMessage {
+    /// Unknown fields are refused by the answer's own shape (`status` decides which are known).
+    pub v: u32,
+    pub token: CallbackToken,
+    #[serde(flatten)]
+    pub answer: CallbackAnswer,
+}
+
+/// The three answers a callback step takes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
+pub enum CallbackAnswer {
+    Succeeded {
+        #[serde(default)]
+        output: Value,
+    },
+    /// `retryable: false` (the default) fails the step for good.
+    Failed {
+        error: String,
+        #[serde(default)]
+        retryable: bool,
+    },
+    /// Still working: extends the attempt's deadline (never past its hard timeout). `details`
+    /// (progress) are kept on the task with the heartbeats that extend the deadline.
+    Heartbeat {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        details: Option<Value>,
+    },
+}
+
+impl CallbackAnswer {
+    pub fn name(&self) -> &'static str {
+        match self {
+            CallbackAnswer::Succeeded { .. } => "succeeded",
+            CallbackAnswer::Failed { .. } => "failed",
+            CallbackAnswer::Heartbeat { .. } => "heartbeat",
+        }
+    }
+}
+
+/// What an answer did, told to whoever sent it (the HTTPS endpoint's body, `sasctl`'s output, a
+/// log line for the callback queue).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallbackResult {
+    /// The answer moved the task on.
+    Applied,
+    /// The same answer with the same token was applied before (senders retry): nothing changed.
+    Duplicate,
+    /// A heartbeat was taken: the attempt is alive until `complete_by`.
+    Alive,
+    /// The task was cancelled or has ended: stop the work (a success is still recorded as late).
+    Cancelled,
+    /// The attempt is no longer the current one (it expired and was retried with a new token):
+    /// nothing changed.
+    Stale,
+    /// A success for an attempt that had expired: recorded on the task and counted, since an
+    /// effect happened; the protocol did not take it as the step's result.
+    Late,
+    /// No task has this token (it never existed or was deleted).
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallbackReply {
+    pub v: u32,
+    pub result: CallbackResult,
+    /// The worker should stop working on this attempt (cancelled, stale, late or unknown).
+    pub stop: bool,
+    /// The task's state after the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<ProcessState>,
+    /// For a heartbeat taken: the attempt's deadline now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub complete_by: Option<Millis>,
+    /// Why, in words.
+    pub reason: String,
+}
+
+impl CallbackReply {
+    pub fn new(result: CallbackResult, state: Option<ProcessState>, reason: impl Into<String>) -> Self {
+        let stop = matches!(
+            result,
+            CallbackResult::Cancelled | CallbackResult::Stale | CallbackResult::Late | CallbackResult::Unknown
+        );
+        CallbackReply { v: VERSION, result, stop, state, complete_by: None, reason: reason.into() }
+    }
 }
 
 /// Supervisor queue (delayed): check this attempt at its CompleteBy.
@@ -211,6 +322,9 @@ pub enum AlertKind {
     RetriesExhausted,
     /// The task ended in Error: an operator must look.
     TaskError,
+    /// A callback step's success came after its attempt expired and the task did not take it:
+    /// an effect happened that the task may not account for (reconcile by hand).
+    LateResult,
 }
 
 /// Published to the alert topic for operators.
@@ -234,6 +348,7 @@ impl Alert {
         let what = match self.kind {
             AlertKind::RetriesExhausted => "retries exhausted",
             AlertKind::TaskError => "task in Error",
+            AlertKind::LateResult => "late result",
         };
         // SNS subjects: at most 100 printable ASCII characters.
         let mut s = format!("[sas] {what}: {} ({})", self.task_id, self.workflow);

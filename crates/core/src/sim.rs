@@ -108,7 +108,7 @@ use crate::messages::{
 use crate::protocol::{CompensationStatus, EndCause, Policy, ProcessState, Stage, StepStatus};
 use crate::role::{self, Record, Role};
 use crate::store::{Ambiguity, MemoryStore, StoreOp};
-use crate::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
+use crate::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
 use crate::{agent::AgentRuntime, supervisor, twins};
 
 /// What one run looks like.
@@ -422,6 +422,10 @@ const STEP_TIMEOUT_MS: u64 = 5_000;
 fn step(name: &str, comp: Option<&str>) -> StepDef {
     StepDef {
         name: name.into(),
+        kind: StepKind::Call,
+        heartbeat_ms: None,
+        wait_ms: None,
+        wait_until: None,
         agent: "sim".into(),
         timeout_ms: STEP_TIMEOUT_MS,
         schedule_to_start_ms: None,

@@ -13,6 +13,12 @@ use crate::ids::{check_name, IdError};
 /// One attempt runs inside one invocation of the Agent function (its timeout is 120 s in
 /// `template.yaml`); 10 s stay for the function's own work around the call.
 pub const MAX_STEP_TIMEOUT_MS: u64 = 110 * 1000;
+/// The longest a callback step's attempt may wait for its answer, and the longest wait step: a
+/// year and a day, as Lambda durable functions' callbacks and executions (366 days). Anything
+/// longer is a schedule, not a step.
+pub const MAX_LONG_STEP_MS: u64 = 366 * 24 * 60 * 60 * 1000;
+/// The shortest heartbeat timeout: a worker heartbeats more often than this is worth.
+pub const MIN_HEARTBEAT_MS: u64 = 1_000;
 /// The longest a request may wait in the agent queue before it starts.
 pub const MAX_QUEUE_BUDGET_MS: u64 = 60 * 60 * 1000;
 /// The longest backoff one SQS delay can express.
@@ -26,6 +32,10 @@ pub struct Backoff {
     pub max_ms: u64,
     #[serde(default = "default_multiplier")]
     pub multiplier: f64,
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn default_multiplier() -> f64 {
@@ -52,20 +62,62 @@ impl Backoff {
     }
 }
 
-/// One unit of work handed to an agent: a forward step or a compensating step.
+/// How a unit of work is done. All three run the same attempt machine (claim with a fresh
+/// token, a deadline, retry or give up); they differ in what ends an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepKind {
+    /// The agent calls the remote service and reports its answer (within `timeout_ms`, at most
+    /// [`MAX_STEP_TIMEOUT_MS`]).
+    #[default]
+    Call,
+    /// The agent hands the work and a callback token over and returns; the remote side answers
+    /// with the token (succeeded, failed, heartbeat) within `timeout_ms` (up to
+    /// [`MAX_LONG_STEP_MS`]) and, when `heartbeat_ms` is set, heartbeats at least that often.
+    Callback,
+    /// No agent: the step sleeps for `wait_ms`, or until the instant at `wait_until` (a JSON
+    /// pointer into the unit's input, epoch milliseconds or an RFC 3339 time), and succeeds.
+    Wait,
+}
+
+impl StepKind {
+    pub fn is_call(&self) -> bool {
+        *self == StepKind::Call
+    }
+}
+
+/// One unit of work: a forward step or a compensating step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct StepDef {
     pub name: String,
-    /// The logical agent that performs it (an entry of the agent runtime's registry).
+    #[serde(default, skip_serializing_if = "StepKind::is_call")]
+    pub kind: StepKind,
+    /// The logical agent that performs it (an entry of the agent runtime's registry); empty for
+    /// a wait step.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub agent: String,
-    /// How long one attempt may run once an agent starts it (start-to-close).
+    /// How long one attempt may run once an agent starts it (start-to-close); for a callback
+    /// step, the hard timeout that heartbeats never extend. Not used by a wait step.
+    #[serde(default)]
     pub timeout_ms: u64,
+    /// Callback steps: the remote side must heartbeat at least this often (each heartbeat moves
+    /// the deadline to now + this, never past the hard timeout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_ms: Option<u64>,
+    /// Wait steps: how long to wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+    /// Wait steps: a JSON pointer into the unit's input (`/input/remind_at`,
+    /// `/outputs/ship/eta`) naming the instant to wait until.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_until: Option<String>,
     /// How long its request may wait in the agent queue before it starts (schedule-to-start); the
     /// deployment's default when absent. `CompleteBy = claim time + this + timeout_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule_to_start_ms: Option<u64>,
     /// Attempts before the step counts as failed for good (1 = no retry).
+    #[serde(default = "one")]
     pub max_attempts: u32,
     #[serde(default)]
     pub backoff: Backoff,
@@ -128,16 +180,63 @@ pub enum WorkflowError {
 }
 
 impl StepDef {
+    /// What each kind needs, and nothing another kind needs.
+    fn validate_kind(&self) -> Result<(), String> {
+        let needs_agent = |agent: &str| if agent.is_empty() { Err("agent is empty".to_owned()) } else { Ok(()) };
+        match self.kind {
+            StepKind::Call => {
+                needs_agent(&self.agent)?;
+                if self.timeout_ms == 0 || self.timeout_ms > MAX_STEP_TIMEOUT_MS {
+                    return Err(format!("timeout_ms {} is outside 1..={MAX_STEP_TIMEOUT_MS}", self.timeout_ms));
+                }
+                if self.heartbeat_ms.is_some() || self.wait_ms.is_some() || self.wait_until.is_some() {
+                    return Err("heartbeat_ms, wait_ms and wait_until belong to callback and wait steps".into());
+                }
+            }
+            StepKind::Callback => {
+                needs_agent(&self.agent)?;
+                if self.timeout_ms == 0 {
+                    return Err("a callback step needs timeout_ms, its hard timeout: an answer that never comes must end the wait".into());
+                }
+                if self.timeout_ms > MAX_LONG_STEP_MS {
+                    return Err(format!("timeout_ms {} is over {MAX_LONG_STEP_MS} (366 days)", self.timeout_ms));
+                }
+                if let Some(hb) = self.heartbeat_ms {
+                    if hb < MIN_HEARTBEAT_MS || hb >= self.timeout_ms {
+                        return Err(format!(
+                            "heartbeat_ms {hb} must be at least {MIN_HEARTBEAT_MS} and below timeout_ms {}",
+                            self.timeout_ms
+                        ));
+                    }
+                }
+                if self.wait_ms.is_some() || self.wait_until.is_some() {
+                    return Err("wait_ms and wait_until belong to wait steps".into());
+                }
+            }
+            StepKind::Wait => {
+                if !self.agent.is_empty() || self.timeout_ms != 0 || self.heartbeat_ms.is_some() {
+                    return Err("a wait step has no agent, timeout_ms or heartbeat_ms".into());
+                }
+                if self.compensation.is_some() {
+                    return Err("a wait step has nothing to undo: it takes no compensation".into());
+                }
+                match (self.wait_ms, &self.wait_until) {
+                    (Some(ms), None) if ms <= MAX_LONG_STEP_MS => {}
+                    (Some(ms), None) => return Err(format!("wait_ms {ms} is over {MAX_LONG_STEP_MS} (366 days)")),
+                    (None, Some(p)) if p.starts_with('/') => {}
+                    (None, Some(p)) => return Err(format!("wait_until {p:?} must be a JSON pointer (/input/...)")),
+                    _ => return Err("a wait step needs exactly one of wait_ms and wait_until".into()),
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn validate(&self, workflow: &str) -> Result<(), WorkflowError> {
         let problem =
             |p: String| WorkflowError::Step { workflow: workflow.to_owned(), step: self.name.clone(), problem: p };
         check_name("step name", &self.name).map_err(|e| problem(e.to_string()))?;
-        if self.agent.is_empty() {
-            return Err(problem("agent is empty".into()));
-        }
-        if self.timeout_ms == 0 || self.timeout_ms > MAX_STEP_TIMEOUT_MS {
-            return Err(problem(format!("timeout_ms {} is outside 1..={MAX_STEP_TIMEOUT_MS}", self.timeout_ms)));
-        }
+        self.validate_kind().map_err(problem)?;
         if self.schedule_to_start_ms.is_some_and(|b| b > MAX_QUEUE_BUDGET_MS) {
             return Err(problem(format!("schedule_to_start_ms is over {MAX_QUEUE_BUDGET_MS}")));
         }
@@ -187,7 +286,9 @@ impl WorkflowDef {
     pub fn agents(&self) -> impl Iterator<Item = &str> {
         self.steps
             .iter()
-            .flat_map(|s| std::iter::once(s.agent.as_str()).chain(s.compensation.as_deref().map(|c| c.agent.as_str())))
+            .flat_map(|s| std::iter::once(s).chain(s.compensation.as_deref()))
+            .filter(|s| s.kind != StepKind::Wait)
+            .map(|s| s.agent.as_str())
     }
 }
 
@@ -265,8 +366,12 @@ mod tests {
     pub(crate) fn step(name: &str) -> StepDef {
         StepDef {
             name: name.into(),
+            kind: StepKind::Call,
             agent: "sim".into(),
             timeout_ms: 1_000,
+            heartbeat_ms: None,
+            wait_ms: None,
+            wait_until: None,
             schedule_to_start_ms: None,
             max_attempts: 3,
             backoff: Backoff::default(),

@@ -17,7 +17,7 @@ use sas_core::store::{StoreError, StoreOp};
 use sas_core::submitter::Submitted;
 use sas_core::transition::{self, Applied, MAX_CONFLICTS};
 use sas_core::twins::Twins;
-use sas_core::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
+use sas_core::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
 use sas_core::{effects, scheduler, submitter, supervisor};
 use serde_json::{json, Value};
 
@@ -26,6 +26,10 @@ const T0: Millis = Millis(1_700_000_000_000);
 fn step(name: &str, comp: Option<&str>) -> StepDef {
     StepDef {
         name: name.into(),
+        kind: StepKind::Call,
+        heartbeat_ms: None,
+        wait_ms: None,
+        wait_until: None,
         agent: "sim".into(),
         timeout_ms: 5_000,
         schedule_to_start_ms: None,

@@ -19,7 +19,7 @@ use sas_core::store::{MemoryStore, Page, PageKey, StateStore, StoreError, StoreO
 use sas_core::submitter::{self, Submitted};
 use sas_core::transition::Applied;
 use sas_core::twins::Twins;
-use sas_core::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
+use sas_core::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
 use serde_json::{json, Value};
 
 const T0: Millis = Millis(1_700_000_000_000);
@@ -27,6 +27,10 @@ const T0: Millis = Millis(1_700_000_000_000);
 fn step(name: &str) -> StepDef {
     StepDef {
         name: name.into(),
+        kind: StepKind::Call,
+        heartbeat_ms: None,
+        wait_ms: None,
+        wait_until: None,
         agent: "sim".into(),
         timeout_ms: 5_000,
         schedule_to_start_ms: None,

@@ -11,7 +11,7 @@ use sas_core::deps::Deps;
 use sas_core::ids::TaskId;
 use sas_core::protocol::{Policy, Task};
 use sas_core::runner::{Runner, RunnerHandle, RunnerOptions};
-use sas_core::workflow::{Backoff, StepDef, WorkflowDef, WorkflowRegistry};
+use sas_core::workflow::{Backoff, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
 use serde_json::Value;
 
 pub struct Stack {
@@ -26,6 +26,10 @@ pub struct Stack {
 fn step(name: &str, timeout_ms: u64, comp: Option<&str>) -> StepDef {
     StepDef {
         name: name.into(),
+        kind: StepKind::Call,
+        heartbeat_ms: None,
+        wait_ms: None,
+        wait_until: None,
         agent: "sim".into(),
         timeout_ms,
         // the slow workflow is for tests that must never see a deadline: a long queue budget too

@@ -35,6 +35,7 @@ fn request(order: &str, agent: &str, step: &str, deadline_ms: u64) -> AgentReque
         start_by: None,
         complete_by: Millis::now().plus_ms(deadline_ms),
         input: json!({"input": {"customer": "c-1", "items": [{"sku": "book", "qty": 2}]}, "outputs": {}}),
+        callback: None,
     }
 }
 

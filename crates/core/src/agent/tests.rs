@@ -25,6 +25,7 @@ fn req(sim: Value, attempt_no: u32, deadline_in_ms: u64) -> AgentRequest {
         start_by: None,
         complete_by: Millis::now().plus_ms(deadline_in_ms),
         input: json!({"input": {"sim": {"charge": sim}}, "outputs": {}}),
+        callback: None,
     }
 }
 

@@ -349,6 +349,7 @@ fn attempt_request(task: &Task, token: &AttemptToken, attempt_no: u32, start_by:
         start_by,
         complete_by: task.complete_by.expect("a running attempt has a CompleteBy"),
         input: task.unit_input(),
+        callback: None,
     }
 }
 

@@ -1,11 +1,15 @@
 use super::*;
-use crate::workflow::{Backoff, OnFailure, StepDef, WorkflowDef};
+use crate::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef};
 use proptest::prelude::*;
 use serde_json::json;
 
 fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
     StepDef {
         name: name.into(),
+        kind: StepKind::Call,
+        heartbeat_ms: None,
+        wait_ms: None,
+        wait_until: None,
         agent: "sim".into(),
         timeout_ms: 1_000,
         schedule_to_start_ms: None,
@@ -14,6 +18,10 @@ fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
         compensation: comp.map(|c| {
             Box::new(StepDef {
                 name: c.into(),
+                kind: StepKind::Call,
+                heartbeat_ms: None,
+                wait_ms: None,
+                wait_until: None,
                 agent: "sim".into(),
                 timeout_ms: 1_000,
                 schedule_to_start_ms: None,
