@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make test-lambda: the Lambda-mode tests (tests/tests/it/lambda.rs): each deploys a stack with the
-# four functions on and drives them through LocalStack's event sources, scheduled rule and Invoke.
+# five functions on and drives them through LocalStack's event sources, scheduled rule and Invoke.
 # Builds the bootstraps first (debug), starts LocalStack when none answers (and then stops it).
 # The runner's output goes to .local/test-lambda-output.log (CI counts its summary).
 set -euo pipefail

@@ -1,4 +1,4 @@
-//! The four Lambda functions as one plain function, [`handle_event`]: parse the invocation's
+//! The five Lambda functions as one plain function, [`handle_event`]: parse the invocation's
 //! event, hand it to the role, and shape the response. The binaries only build the dependencies
 //! once ([`serve`]); tests call [`handle_event`] directly with the fixtures in `events/`.
 //!
@@ -7,16 +7,24 @@
 //!   response names the records that failed (`ReportBatchItemFailures`), so only those return;
 //! - Supervisor: an SQS batch from the supervisor queue (deadline timers), or the EventBridge
 //!   scheduled rule's event (`"source": "aws.events"`, `"detail-type": "Scheduled Event"`), which
-//!   sweeps the `CompleteBy` index and answers with the [`SweepReport`].
+//!   sweeps the `CompleteBy` index and answers with the [`SweepReport`];
+//! - Callback: an SQS batch from the callback queue (each body a `CallbackMessage`), a request to
+//!   its function URL (`AuthType: AWS_IAM`; see [`url`]), or a direct invocation whose payload is
+//!   a `CallbackMessage` (answered with the `CallbackReply`). Every answer is applied by
+//!   `sas_core::callback::answer`; this crate only parses and maps statuses.
 //!
 //! Any other event is refused with an error (a misconfigured trigger shows as a function error).
 
+pub mod url;
+
 use std::sync::Arc;
 
+use aws_lambda_events::event::lambda_function_urls::{LambdaFunctionUrlRequest, LambdaFunctionUrlResponse};
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use sas_core::agent::AgentRuntime;
-use sas_core::deps::Deps;
-use sas_core::role::{handle, process_batch, Record, Role};
+use sas_core::deps::{Deps, HandlerError};
+use sas_core::messages::{CallbackMessage, CallbackReply};
+use sas_core::role::{handle, parse_callback, process_batch, Record, Role};
 use sas_core::supervisor::{self, SweepReport};
 use serde::Deserialize;
 use serde_json::Value;
@@ -38,6 +46,10 @@ pub struct ScheduledEvent {
 pub enum Invocation {
     Sqs(SqsEvent),
     Scheduled(ScheduledEvent),
+    /// A request to the Callback function's URL.
+    Url(Box<LambdaFunctionUrlRequest>),
+    /// The Callback function invoked directly with a `CallbackMessage`.
+    Callback(CallbackMessage),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +60,10 @@ pub enum EventError {
     /// Errors alarm fires (the details are in the log).
     #[error("the sweep met {errors} error(s): {0:?}", errors = .0.errors)]
     Sweep(SweepReport),
+    /// A direct invocation's answer could not be applied (`Malformed`: do not retry; anything
+    /// else: retry).
+    #[error(transparent)]
+    Answer(#[from] HandlerError),
 }
 
 /// Tell the event apart by its identifying fields, strictly.
@@ -66,6 +82,19 @@ pub fn parse_event(role: Role, payload: Value) -> Result<Invocation, EventError>
             )));
         }
         return Ok(Invocation::Scheduled(ev));
+    }
+    let is_url = payload.get("requestContext").is_some() && payload.get("rawPath").is_some();
+    let is_callback = payload.get("token").is_some() && payload.get("status").is_some();
+    if is_url || is_callback {
+        if role != Role::Callback {
+            return Err(unrecognised("only the callback function serves a URL and takes answers".into()));
+        }
+        if is_url {
+            let req: LambdaFunctionUrlRequest =
+                serde_json::from_value(payload).map_err(|e| unrecognised(format!("a function URL request: {e}")))?;
+            return Ok(Invocation::Url(Box::new(req)));
+        }
+        return parse_callback(&payload.to_string()).map(Invocation::Callback).map_err(EventError::Answer);
     }
     let ev: SqsEvent = serde_json::from_value(payload)
         .map_err(|e| unrecognised(format!("neither an SQS batch nor a scheduled event: {e}")))?;
@@ -109,6 +138,8 @@ pub fn batch_response(failed: Vec<String>) -> SqsBatchResponse {
 pub enum Response {
     Batch(SqsBatchResponse),
     Sweep(SweepReport),
+    Http(Box<LambdaFunctionUrlResponse>),
+    Reply(CallbackReply),
 }
 
 impl Response {
@@ -116,6 +147,8 @@ impl Response {
         match self {
             Response::Batch(b) => serde_json::to_value(b).expect("batch responses serialise"),
             Response::Sweep(r) => serde_json::to_value(r).expect("sweep reports serialise"),
+            Response::Http(h) => serde_json::to_value(h).expect("URL responses serialise"),
+            Response::Reply(r) => serde_json::to_value(r).expect("callback replies serialise"),
         }
     }
 }
@@ -140,6 +173,8 @@ pub async fn handle_event(
             }
             Ok(Response::Sweep(report))
         }
+        Invocation::Url(req) => Ok(Response::Http(Box::new(url::handle(deps, &req).await))),
+        Invocation::Callback(msg) => Ok(Response::Reply(sas_core::callback::answer(deps, &msg, None).await?)),
     }
 }
 

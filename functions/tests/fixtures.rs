@@ -178,3 +178,152 @@ async fn unrecognised_events_are_refused() {
         Ok(Invocation::Scheduled(_))
     ));
 }
+
+// ---- The Callback function: the callback queue, its URL and direct invocations. What an answer
+// does to a task is `sas_core::callback::answer`'s (its own tests); here: parsing, dead-lettering
+// and the status codes.
+
+/// Invoke the Callback function with a URL request; its status, JSON body and headers.
+async fn url_call(tw: &Twins, event: Value) -> (i64, Value, Value) {
+    let r = invoke(tw, Role::Callback, event).await;
+    let body: Value = serde_json::from_str(r["body"].as_str().expect("a body")).expect("a JSON body");
+    (r["statusCode"].as_i64().expect("a status"), body, r["headers"].clone())
+}
+
+fn url_event(mutate: impl FnOnce(&mut Value)) -> Value {
+    let mut ev = fixture("callback-url.json");
+    mutate(&mut ev);
+    ev
+}
+
+#[tokio::test]
+async fn callback_queue_answers_are_applied_and_a_malformed_one_is_kept_in_its_dlq_at_once() {
+    let tw = twins();
+    let ev = fixture("callback-sqs.json");
+    assert_eq!(invoke(&tw, Role::Callback, ev.clone()).await, no_failures());
+    let dlq = tw.deps.resources.callback_dlq_url.clone().expect("the twins have a callback DLQ");
+    assert_eq!(tw.bus.bodies(&dlq), vec![ev["Records"][1]["body"].as_str().unwrap().to_owned()]);
+    let reason = tw.bus.attributes(&dlq)[0].iter().find(|(k, _)| k == "RejectReason").map(|(_, v)| v.clone());
+    assert!(
+        reason.as_deref().is_some_and(|r| r.starts_with("malformed message: not a callback message")),
+        "{reason:?}"
+    );
+    assert!(!reason.unwrap().contains("0f8e7d6c5b4a39281706f5e4d3c2b1a0"), "the reason never echoes the token");
+}
+
+#[tokio::test]
+async fn the_url_answers_with_the_reply_and_the_status_of_its_result() {
+    let tw = twins();
+    // No task has the fixture's token: `unknown`, 404, stop.
+    let (status, body, headers) = url_call(&tw, fixture("callback-url.json")).await;
+    assert_eq!((status, &body["result"], &body["stop"]), (404, &json!("unknown"), &json!(true)), "{body}");
+    assert_eq!(headers["content-type"], "application/json");
+    // The same body base64-encoded (Lambda does so for bodies it does not take for text).
+    let b64 = url_event(|ev| {
+        let plain = ev["body"].as_str().unwrap().to_owned();
+        ev["body"] = json!(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, plain));
+        ev["isBase64Encoded"] = json!(true);
+    });
+    let (status, body, _) = url_call(&tw, b64).await;
+    assert_eq!((status, &body["result"]), (404, &json!("unknown")), "{body}");
+}
+
+#[tokio::test]
+async fn the_url_refuses_what_is_not_one_answer_with_a_status_that_says_why() {
+    let tw = twins();
+    let big = format!(
+        r#"{{"v":1,"token":"0f8e7d6c5b4a39281706f5e4d3c2b1a0:ship:fixture-cb","status":"heartbeat","details":{{"pad":"{}"}}}}"#,
+        "x".repeat(256 * 1024)
+    );
+    let cases: Vec<(&str, Value, i64, &str)> = vec![
+        ("GET", url_event(|ev| ev["requestContext"]["http"]["method"] = json!("GET")), 405, "method_not_allowed"),
+        ("another path", url_event(|ev| ev["rawPath"] = json!("/admin")), 404, "not_found"),
+        (
+            "no body",
+            url_event(|ev| ev.as_object_mut().unwrap().remove("body").map(drop).unwrap_or_default()),
+            400,
+            "malformed",
+        ),
+        ("not JSON", url_event(|ev| ev["body"] = json!("{\"v\":1,")), 400, "malformed"),
+        (
+            "not an answer",
+            url_event(|ev| {
+                ev["body"] =
+                    json!(r#"{"v":1,"token":"0f8e7d6c5b4a39281706f5e4d3c2b1a0:ship:fixture-cb","status":"shipped"}"#)
+            }),
+            400,
+            "malformed",
+        ),
+        (
+            "a bad token",
+            url_event(|ev| ev["body"] = json!(r#"{"v":1,"token":"secret:ship:x","status":"heartbeat"}"#)),
+            400,
+            "malformed",
+        ),
+        (
+            "another version",
+            url_event(|ev| {
+                ev["body"] =
+                    json!(r#"{"v":2,"token":"0f8e7d6c5b4a39281706f5e4d3c2b1a0:ship:fixture-cb","status":"heartbeat"}"#)
+            }),
+            400,
+            "malformed",
+        ),
+        (
+            "bad base64",
+            url_event(|ev| {
+                ev["body"] = json!("not base64!");
+                ev["isBase64Encoded"] = json!(true);
+            }),
+            400,
+            "malformed",
+        ),
+        ("too large", url_event(|ev| ev["body"] = json!(big.clone())), 413, "too_large"),
+        (
+            "too large, base64",
+            url_event(|ev| {
+                ev["body"] = json!(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &big));
+                ev["isBase64Encoded"] = json!(true);
+            }),
+            413,
+            "too_large",
+        ),
+    ];
+    for (what, ev, want_status, want_kind) in cases {
+        let (status, body, headers) = url_call(&tw, ev).await;
+        assert_eq!((status, body["error"].as_str()), (want_status, Some(want_kind)), "{what}: {body}");
+        assert!(body["reason"].as_str().is_some_and(|r| !r.is_empty()), "{what}: {body}");
+        assert!(!body.to_string().contains("secret"), "{what}: a refusal never echoes the token: {body}");
+        if want_status == 405 {
+            assert_eq!(headers["allow"], "POST");
+        }
+    }
+    assert!(tw.store.tasks().is_empty());
+}
+
+#[tokio::test]
+async fn a_direct_invocation_is_one_answer_and_answered_with_its_reply() {
+    let tw = twins();
+    let msg = json!({"v": 1, "token": "0f8e7d6c5b4a39281706f5e4d3c2b1a0:ship:fixture-cb", "status": "heartbeat"});
+    let reply = invoke(&tw, Role::Callback, msg).await;
+    assert_eq!((&reply["result"], &reply["stop"]), (&json!("unknown"), &json!(true)), "{reply}");
+    let bad = json!({"v": 1, "token": "0f8e7d6c5b4a39281706f5e4d3c2b1a0:ship:fixture-cb", "status": "shipped"});
+    let r = handle_event(Role::Callback, &tw.deps, &agents(), bad).await;
+    assert!(matches!(r, Err(EventError::Answer(sas_core::deps::HandlerError::Malformed(_)))), "{r:?}");
+}
+
+#[tokio::test]
+async fn only_the_callback_function_takes_answers_and_url_requests() {
+    let tw = twins();
+    let answer = json!({"v": 1, "token": "0f8e7d6c5b4a39281706f5e4d3c2b1a0:ship:fixture-cb", "status": "heartbeat"});
+    for role in [Role::Submitter, Role::Scheduler, Role::Agent, Role::Supervisor] {
+        for event in [fixture("callback-url.json"), answer.clone()] {
+            let r = handle_event(role, &tw.deps, &agents(), event).await;
+            assert!(matches!(r, Err(EventError::Unrecognised { .. })), "{} accepted it: {r:?}", role.name());
+        }
+    }
+    let r = handle_event(Role::Callback, &tw.deps, &agents(), fixture("supervisor-scheduled.json")).await;
+    assert!(matches!(r, Err(EventError::Unrecognised { .. })), "{r:?}");
+    assert!(matches!(parse_event(Role::Callback, fixture("callback-url.json")), Ok(Invocation::Url(_))));
+    assert!(matches!(parse_event(Role::Callback, fixture("callback-sqs.json")), Ok(Invocation::Sqs(_))));
+}

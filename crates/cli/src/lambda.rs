@@ -1,8 +1,8 @@
-//! Deploying with the functions on: the four `bootstrap` binaries zipped, uploaded to S3
+//! Deploying with the functions on: the five `bootstrap` binaries zipped, uploaded to S3
 //! (LocalStack's), and `template.yaml` deployed with `DeployFunctions=true` and each function's
 //! `CodeUri` pointing at its zip. LocalStack then runs the functions as host processes (the
 //! project's `host` Lambda executor, `infra/lambda-executor/`), invoked by its SQS event source
-//! mappings and the scheduled rule. Also: what a deployed stack's functions look like (their
+//! mappings, the scheduled rule and the Callback function's URL (see [`crate::callback_url`]). Also: what a deployed stack's functions look like (their
 //! environment, their event sources, the sweep rule) and what their log groups say.
 //!
 //! `sasctl deploy-local --functions DIR`, `sasctl demo --functions DIR` and the Lambda-mode tests
@@ -281,7 +281,7 @@ pub fn s3_client(sdk: &aws_config::SdkConfig) -> aws_sdk_s3::Client {
 /// What [`deploy`] did.
 #[derive(Debug, Clone)]
 pub struct Deployed {
-    /// The stack's outputs (with the four `<Fn>FunctionName` keys) plus `StackName`.
+    /// The stack's outputs (with the five `<Fn>FunctionName` keys and `CallbackUrl`) plus `StackName`.
     pub outputs: HashMap<String, String>,
     pub architecture: &'static str,
     /// Zips uploaded this time (0 when this build's code was already in the bucket).
@@ -437,6 +437,8 @@ pub const FUNCTION_ENVIRONMENT: &[(&str, Option<&str>)] = &[
     ("ALERT_TOPIC_ARN", Some("AlertTopicArn")),
     ("REPLY_QUEUE_ARN_PATTERN", Some("ReplyQueueArnPattern")),
     ("SUPERVISOR_SHARDS", Some("SupervisorShards")),
+    ("CALLBACK_QUEUE_URL", Some("CallbackQueueUrl")),
+    ("CALLBACK_DLQ_URL", Some("CallbackDlqUrl")),
     ("RETENTION_DAYS", None),
     ("START_TIMEOUT_MS", None),
     ("QUEUE_BUDGET_MS", None),
@@ -452,12 +454,18 @@ pub const FUNCTION_ENVIRONMENT: &[(&str, Option<&str>)] = &[
     ("ORDER_SERVICE_URL", None),
 ];
 
+/// The variables only one function has (what it hands over or publishes to), with the stack
+/// output each must equal.
+pub const OWN_ENVIRONMENT: &[(&str, &str, &str)] =
+    &[("AgentFunction", "CALLBACK_URL", "CallbackUrl"), ("AgentFunction", "APPROVAL_TOPIC_ARN", "ApprovalTopicArn")];
+
 /// The queue (output key of its ARN) whose event source mapping invokes each function.
 const EVENT_SOURCES: &[(&str, &str)] = &[
     ("SubmitterFunction", "SubmissionQueueArn"),
     ("SchedulerFunction", "SchedulerQueueArn"),
     ("AgentFunction", "AgentQueueArn"),
     ("SupervisorFunction", "SupervisorQueueArn"),
+    ("CallbackFunction", "CallbackQueueArn"),
 ];
 
 /// Read back what the deployed functions are wired to: each one's runtime, architecture and
@@ -487,7 +495,9 @@ pub async fn verify<S: std::hash::BuildHasher>(
         );
         let env = c.environment().and_then(|e| e.variables()).cloned().unwrap_or_default();
         let mut missing = Vec::new();
-        for (var, output) in FUNCTION_ENVIRONMENT {
+        let own = OWN_ENVIRONMENT.iter().filter(|(f, _, _)| f == id).map(|(_, var, output)| (*var, Some(*output)));
+        let wanted: Vec<(&str, Option<&str>)> = FUNCTION_ENVIRONMENT.iter().copied().chain(own).collect();
+        for (var, output) in &wanted {
             let good = match (env.get(*var), output.and_then(|o| outputs.get(o))) {
                 (Some(v), Some(want)) => v == want,
                 (Some(_), None) => output.is_none(),
@@ -500,7 +510,7 @@ pub async fn verify<S: std::hash::BuildHasher>(
         check(
             missing.is_empty(),
             if missing.is_empty() {
-                format!("{id}: environment has the {} variables the code reads", FUNCTION_ENVIRONMENT.len())
+                format!("{id}: environment has the {} variables the code reads", wanted.len())
             } else {
                 format!("{id}: environment lacks or mismatches {missing:?}")
             },
@@ -561,6 +571,15 @@ pub async fn verify<S: std::hash::BuildHasher>(
             && policy.contains(rule_id),
         format!("SupervisorSweepRule {rule_id} ({rule_status}) may invoke the Supervisor (events.amazonaws.com)"),
     );
+    // The Callback function's URL: IAM auth, and the one the stack outputs (and the Agent hands over).
+    let callback = names.get("CallbackFunction").context("no CallbackFunction")?;
+    let url =
+        lambda.get_function_url_config().function_name(callback).send().await.map_err(aws_sdk_lambda::Error::from)?;
+    check(
+        url.auth_type() == &aws_sdk_lambda::types::FunctionUrlAuthType::AwsIam
+            && outputs.get("CallbackUrl").map(String::as_str) == Some(url.function_url()),
+        format!("CallbackFunction: URL {} with auth {}", url.function_url(), url.auth_type().as_str()),
+    );
     Ok(checks)
 }
 
@@ -601,7 +620,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_template_names_four_functions_with_their_binaries() {
+    fn the_template_names_five_functions_with_their_binaries() {
         let f = functions(stack::TEMPLATE);
         let got: Vec<(&str, &str)> = f.iter().map(|f| (f.logical_id.as_str(), f.binary.as_str())).collect();
         assert_eq!(
@@ -611,6 +630,7 @@ mod tests {
                 ("SchedulerFunction", "sas-scheduler"),
                 ("AgentFunction", "sas-agent"),
                 ("SupervisorFunction", "sas-supervisor"),
+                ("CallbackFunction", "sas-callback"),
             ]
         );
     }

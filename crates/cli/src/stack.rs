@@ -25,6 +25,45 @@ pub enum StackError {
     Timeout { stack: String, secs: u64, status: String },
     #[error("stack {0} does not exist")]
     Missing(String),
+    #[error(
+        "the template has {0} bytes without its comments; CloudFormation takes at most {MAX_TEMPLATE_BODY} in a \
+         request (larger ones must go through S3: sam deploy does that)"
+    )]
+    TooLarge(usize),
+}
+
+/// The largest `TemplateBody` CloudFormation accepts in a request.
+pub const MAX_TEMPLATE_BODY: usize = 51_200;
+
+/// The template as it is sent: without its full-line comments (outside block scalars), which
+/// CloudFormation ignores but counts towards [`MAX_TEMPLATE_BODY`].
+pub fn compact(template: &str) -> String {
+    let mut out = String::with_capacity(template.len());
+    // The indentation of the key that opened a block scalar (`key: >-`, `key: |`): its lines
+    // are text, `#` included, as long as they are indented deeper (or blank).
+    let mut block: Option<usize> = None;
+    for line in template.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if let Some(key_indent) = block {
+            if trimmed.is_empty() || indent > key_indent {
+                out.push_str(line);
+                out.push('\n');
+                continue;
+            }
+            block = None;
+        }
+        if trimmed.starts_with('#') {
+            continue;
+        }
+        let code = trimmed.split(" #").next().unwrap_or_default().trim_end();
+        if ["|", "|-", "|+", ">", ">-", ">+"].iter().any(|m| code.ends_with(&format!(" {m}")) || code == *m) {
+            block = Some(indent);
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 fn aws<E>(op: &'static str) -> impl FnOnce(SdkError<E, HttpResponse>) -> StackError
@@ -52,6 +91,10 @@ pub async fn deploy(
     template_body: &str,
     params: &[(&str, &str)],
 ) -> Result<HashMap<String, String>, StackError> {
+    let template_body = &compact(template_body);
+    if template_body.len() > MAX_TEMPLATE_BODY {
+        return Err(StackError::TooLarge(template_body.len()));
+    }
     let parameters: Vec<Parameter> =
         params.iter().map(|(k, v)| Parameter::builder().parameter_key(*k).parameter_value(*v).build()).collect();
     let caps = [Capability::CapabilityIam, Capability::CapabilityNamedIam, Capability::CapabilityAutoExpand];
@@ -226,6 +269,18 @@ mod tests {
         assert!(j.starts_with("{\n  \"SubmissionQueueUrl\": \"http://q\""), "{j}");
         let back: HashMap<String, String> = serde_json::from_str(&j).unwrap();
         assert_eq!(back, m);
+    }
+
+    #[test]
+    fn the_compact_template_keeps_everything_but_comments_and_fits_a_request() {
+        let t = "A:\n  # gone\n  B: >-\n    text\n    # kept: text of the scalar\n\n    more\n  # gone too\n  C: 1 # kept\n";
+        assert_eq!(compact(t), "A:\n  B: >-\n    text\n    # kept: text of the scalar\n\n    more\n  C: 1 # kept\n");
+        let c = compact(TEMPLATE);
+        assert!(c.len() <= MAX_TEMPLATE_BODY, "the template has {} bytes without its comments", c.len());
+        let without = |t: &str| -> Vec<String> {
+            t.lines().filter(|l| !l.trim_start().starts_with('#')).map(|l| l.trim_end().to_owned()).collect()
+        };
+        assert_eq!(without(&c), without(TEMPLATE), "only comment lines are dropped");
     }
 
     #[test]

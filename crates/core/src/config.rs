@@ -33,6 +33,13 @@ pub struct Resources {
     pub agent_dlq_url: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub supervisor_dlq_url: Option<String>,
+    /// Where workers answer callback steps (`CallbackMessage`s), consumed by the Callback function
+    /// (and the local runner); absent for a stack deployed before callback steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_queue_url: Option<String>,
+    /// Where a callback queue message that can never be handled goes at once, with its reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callback_dlq_url: Option<String>,
     /// The ARN pattern of the queues a submission may name as `reply_to` (IAM grants the replying
     /// functions the same); unset, no `reply_to` is accepted. See [`crate::reply`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -89,6 +96,8 @@ impl Resources {
             scheduler_dlq_url: get(pick("SCHEDULER_DLQ_URL", "SchedulerDlqUrl")),
             agent_dlq_url: get(pick("AGENT_DLQ_URL", "AgentDlqUrl")),
             supervisor_dlq_url: get(pick("SUPERVISOR_DLQ_URL", "SupervisorDlqUrl")),
+            callback_queue_url: get(pick("CALLBACK_QUEUE_URL", "CallbackQueueUrl")).filter(|u| !u.is_empty()),
+            callback_dlq_url: get(pick("CALLBACK_DLQ_URL", "CallbackDlqUrl")).filter(|u| !u.is_empty()),
             reply_queue_arn_pattern: get(pick("REPLY_QUEUE_ARN_PATTERN", "ReplyQueueArnPattern"))
                 .filter(|p| !p.is_empty()),
             shards,

@@ -1,7 +1,7 @@
 //! Where the stack may send a caller's status messages. `reply_to` is checked at the door against
 //! the stack's allow-list: the ARN pattern IAM grants the three replying functions (template
 //! parameter `ReplyQueueArnPattern`, by default the queues named `<stack>-reply-*` of the stack's
-//! account and region). None of the stack's own queues (the four queues and every DLQ) is ever a
+//! account and region). None of the stack's own queues (the five queues and every DLQ) is ever a
 //! reply queue, however its URL is spelled: they are compared by account and name.
 
 use crate::config::Resources;
@@ -20,7 +20,7 @@ pub enum ReplyToError {
     NoneAllowed,
 }
 
-/// Every queue of the stack: the four queues and their DLQs.
+/// Every queue of the stack: the four queues, the callback queue and their DLQs.
 fn own_queues(res: &Resources) -> impl Iterator<Item = QueueUrl> + '_ {
     [
         Some(&res.submission_queue_url),
@@ -31,6 +31,8 @@ fn own_queues(res: &Resources) -> impl Iterator<Item = QueueUrl> + '_ {
         res.scheduler_dlq_url.as_ref(),
         res.agent_dlq_url.as_ref(),
         res.supervisor_dlq_url.as_ref(),
+        res.callback_queue_url.as_ref(),
+        res.callback_dlq_url.as_ref(),
     ]
     .into_iter()
     .flatten()
@@ -77,6 +79,8 @@ mod tests {
             scheduler_dlq_url: Some(q("SchedulerDLQ")),
             agent_dlq_url: Some(q("AgentDLQ")),
             supervisor_dlq_url: Some(q("SupervisorDLQ")),
+            callback_queue_url: Some(q("CallbackQueue")),
+            callback_dlq_url: Some(q("CallbackDLQ")),
             // wide on purpose: the stack's own queues are refused whatever the pattern allows
             reply_queue_arn_pattern: Some("arn:aws:sqs:*:123456789012:*".into()),
             shards: 1,
@@ -95,6 +99,8 @@ mod tests {
             "AgentDLQ",
             "SupervisorQueue",
             "SupervisorDLQ",
+            "CallbackQueue",
+            "CallbackDLQ",
         ] {
             let name = format!("st-{q}-ABC");
             for spelling in [

@@ -1,8 +1,8 @@
-//! The four roles by name, and the dispatch every host uses: the Lambda binaries, the local
+//! The five roles by name, and the dispatch every host uses: the Lambda binaries, the local
 //! runner and the tests hand a queue's records to [`handle`] through [`process_batch`].
 
 use futures::future::BoxFuture;
-use tracing::{error, info_span, warn, Instrument};
+use tracing::{error, info, info_span, warn, Instrument};
 
 use crate::agent::{self, AgentRuntime};
 use crate::bus::Outgoing;
@@ -10,8 +10,9 @@ pub use crate::bus::Record;
 use crate::config::Resources;
 use crate::deps::{Deps, HandlerError};
 use crate::ids::clip;
+use crate::messages::CallbackMessage;
 use crate::screen;
-use crate::{scheduler, submitter, supervisor};
+use crate::{callback, scheduler, submitter, supervisor};
 
 /// Which handler a queue feeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,10 +21,12 @@ pub enum Role {
     Scheduler,
     Agent,
     Supervisor,
+    /// Answers of callback steps: the callback queue (and, as a Lambda function, its HTTPS URL).
+    Callback,
 }
 
 impl Role {
-    pub const ALL: [Role; 4] = [Role::Submitter, Role::Scheduler, Role::Agent, Role::Supervisor];
+    pub const ALL: [Role; 5] = [Role::Submitter, Role::Scheduler, Role::Agent, Role::Supervisor, Role::Callback];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -31,17 +34,25 @@ impl Role {
             Role::Scheduler => "scheduler",
             Role::Agent => "agent",
             Role::Supervisor => "supervisor",
+            Role::Callback => "callback",
         }
     }
 
-    /// The queue that triggers this role.
+    /// The queue that triggers this role; empty for the callback role of a stack without a
+    /// callback queue (see [`Role::has_queue`]).
     pub fn queue(self, res: &Resources) -> &str {
         match self {
             Role::Submitter => &res.submission_queue_url,
             Role::Scheduler => &res.scheduler_queue_url,
             Role::Agent => &res.agent_queue_url,
             Role::Supervisor => &res.supervisor_queue_url,
+            Role::Callback => res.callback_queue_url.as_deref().unwrap_or_default(),
         }
+    }
+
+    /// Whether the stack has this role's queue (every stack has the first four).
+    pub fn has_queue(self, res: &Resources) -> bool {
+        !self.queue(res).is_empty()
     }
 
     /// Where a message of this role's queue that can never be handled goes at once (the
@@ -52,6 +63,7 @@ impl Role {
             Role::Scheduler => res.scheduler_dlq_url.as_deref(),
             Role::Agent => res.agent_dlq_url.as_deref(),
             Role::Supervisor => res.supervisor_dlq_url.as_deref(),
+            Role::Callback => res.callback_dlq_url.as_deref(),
         }
     }
 
@@ -59,7 +71,7 @@ impl Role {
     pub fn default_visibility_seconds(self) -> u64 {
         match self {
             Role::Submitter => 60,
-            Role::Scheduler => 90,
+            Role::Scheduler | Role::Callback => 90,
             Role::Agent => 720,
             Role::Supervisor => 360,
         }
@@ -80,6 +92,7 @@ pub fn handle<'a>(
             Role::Scheduler => scheduler::handle(deps, record).await.map(drop),
             Role::Agent => agent::handle(deps, agents, body).await.map(drop),
             Role::Supervisor => supervisor::handle(deps, record).await.map(drop),
+            Role::Callback => answer_record(deps, record).await,
         };
         match (handled, role.dead_letter_queue(&deps.resources)) {
             // A message that can never be handled is kept in its DLQ with the reason at once,
@@ -104,6 +117,38 @@ pub fn handle<'a>(
             (other, _) => other,
         }
     })
+}
+
+/// One callback queue message: a [`CallbackMessage`], applied by [`callback::answer`]. What it did
+/// is logged (the sender is not there to hear it); an answer that changed nothing (stale, late,
+/// unknown) is still handled: delivering it again would not change that.
+async fn answer_record(deps: &Deps, record: &Record) -> Result<(), HandlerError> {
+    let msg = parse_callback(&record.body)?;
+    let reply = callback::answer(deps, &msg, Some(&record.message_id)).await?;
+    info!(
+        result = ?reply.result,
+        status = msg.answer.name(),
+        task_id = %msg.token.task_id(),
+        unit = msg.token.unit(),
+        state = ?reply.state,
+        reason = %reply.reason,
+        "callback answered"
+    );
+    Ok(())
+}
+
+/// A callback answer's body (queue message, HTTPS request body, direct invocation payload).
+pub fn parse_callback(body: &str) -> Result<CallbackMessage, HandlerError> {
+    let msg: CallbackMessage = serde_json::from_str(body)
+        .map_err(|e| HandlerError::Malformed(format!("not a callback message: {}", clip(&e.to_string(), 300))))?;
+    if msg.v != crate::messages::VERSION {
+        return Err(HandlerError::Malformed(format!(
+            "callback message version {} (this stack speaks {})",
+            msg.v,
+            crate::messages::VERSION
+        )));
+    }
+    Ok(msg)
 }
 
 /// Handle a batch the way an SQS-triggered Lambda with `ReportBatchItemFailures` does: every record

@@ -73,6 +73,10 @@ impl Runner {
         let (stop, rx) = watch::channel(false);
         let mut tasks = Vec::new();
         for role in self.opts.roles.clone() {
+            if !role.has_queue(&self.deps.resources) {
+                info!(role = role.name(), "no queue for this role in the stack: not polled");
+                continue;
+            }
             let url = role.queue(&self.deps.resources).to_owned();
             tasks.push(tokio::spawn(poll(
                 role,

@@ -28,6 +28,8 @@ pub fn resources(shards: u32) -> Resources {
         scheduler_dlq_url: Some(format!("{}-dlq", q("scheduler"))),
         agent_dlq_url: Some(format!("{}-dlq", q("agent"))),
         supervisor_dlq_url: Some(format!("{}-dlq", q("supervisor"))),
+        callback_queue_url: Some(q("callback")),
+        callback_dlq_url: Some(format!("{}-dlq", q("callback"))),
         // the template's default: the queues named `<stack>-reply-*` of the stack's account and region
         reply_queue_arn_pattern: Some("arn:aws:sqs:us-east-1:000000000000:sas-reply-*".into()),
         shards,

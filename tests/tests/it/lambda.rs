@@ -210,7 +210,7 @@ async fn lambda_deployed_functions_are_wired_and_answer_the_fixtures() {
     let checks = sas_cli::lambda::verify(&f.s.sdk, &f.s.outputs).await.expect("verify");
     let failed: Vec<&str> = checks.iter().filter(|c| !c.ok).map(|c| c.what.as_str()).collect();
     assert!(failed.is_empty(), "{failed:#?}");
-    assert_eq!(checks.len(), 13, "3 checks per function and the rule: {checks:#?}");
+    assert_eq!(checks.len(), 17, "3 checks per function, the rule and the callback URL: {checks:#?}");
 
     // The record that can never parse is kept in the scheduler DLQ at once (F15), so nothing in
     // this batch is returned for another delivery.

@@ -87,6 +87,11 @@ impl MemoryBus {
             bus.create_queue(&dlq, QueueConfig::default());
             bus.create_queue(queue, QueueConfig { dlq: Some(dlq), max_receives: receives });
         }
+        if let Some(queue) = &res.callback_queue_url {
+            let dlq = res.callback_dlq_url.clone().unwrap_or_else(|| format!("{queue}-dlq"));
+            bus.create_queue(&dlq, QueueConfig::default());
+            bus.create_queue(queue, QueueConfig { dlq: Some(dlq), max_receives: 3 });
+        }
         bus.create_queue(&res.submission_dlq_url, QueueConfig::default());
         bus
     }
