@@ -1,7 +1,8 @@
-//! The real functions on LocalStack (Lambda mode). Each test deploys its own stack with the four
+//! The real functions on LocalStack (Lambda mode). Each test deploys its own stack with the five
 //! functions on (`sas_cli::lambda::deploy`: the bootstraps of `target/debug`, or of
 //! `SAS_FUNCTIONS_DIR`, zipped to S3) and reaches them only as AWS would: through their queues
-//! (LocalStack's SQS event source mappings invoke them), the scheduled rule, and Lambda Invoke.
+//! (LocalStack's SQS event source mappings invoke them), the scheduled rule, Lambda Invoke and the
+//! Callback function's URL (signed requests).
 //! No local runner. Needs LocalStack with the project's host Lambda executor (`lambda` in
 //! SERVICES, as `infra/localstack.sh start` does) and the binaries built
 //! (`cargo build -p sas-functions --bins`; `make test-lambda` does both).
@@ -22,8 +23,8 @@ use std::time::{Duration, Instant};
 use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{RunMessage, SchedulerMessage, StatusMessage, VERSION};
+use sas_core::ids::{AttemptToken, CallbackToken, Millis, TaskId};
+use sas_core::messages::{CallbackResult, RunMessage, SchedulerMessage, StatusMessage, VERSION};
 use sas_core::protocol::{self, Ctx, Effect, Event, Policy, ProcessState, StepStatus, Task};
 use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use serde_json::{json, Value};
@@ -92,7 +93,12 @@ async fn lambda_stack(label: &str, params: &[(&str, &str)]) -> Fns {
     eprintln!("[{name}] deployed with its functions in {:.1} s: {:?}", started.elapsed().as_secs_f64(), d.timings);
     let res = Resources::from_outputs(&d.outputs).expect("all outputs present");
     let settings = Settings { policy: p, ..Settings::default() };
-    let workflows = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).expect("built-in workflows");
+    // The functions' definitions: the built-in ones, or the test's file (`WorkflowsFile`).
+    let workflows = match params.iter().find(|(k, _)| *k == "WorkflowsFile") {
+        Some((_, file)) => WorkflowRegistry::from_json(&std::fs::read_to_string(file).expect("the workflows file"))
+            .expect("the test's workflows"),
+        None => WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).expect("built-in workflows"),
+    };
     let deps = Arc::new(Deps::aws(&sdk, res.clone(), workflows, settings));
     let names = sas_cli::lambda::function_names(&d.outputs).expect("function names");
     Fns {
@@ -194,6 +200,139 @@ impl Fns {
         let report = report.unwrap_or_else(|e| panic!("least-privilege check: {e}"));
         assert_eq!(report.denied_count(), 0, "calls the roles do not allow:\n{}", report.render());
     }
+}
+
+/// The built-in workflows plus `sim-callback`: `reserve` (a call step), then `ship`, a callback
+/// step of the sim agent (which accepts the hand-off and reports nothing: the step waits for its
+/// answer), with heartbeats due every 30 s, two attempts. Written to a file the functions read
+/// (`WorkflowsFile`: they run on this machine); returns its path.
+fn callback_workflows_file(stack_label: &str) -> PathBuf {
+    let mut all: Value = serde_json::from_str(BUILT_IN_WORKFLOWS).expect("built-in workflows");
+    all["workflows"].as_array_mut().expect("a list").push(json!({
+        "name": "sim-callback",
+        "version": 1,
+        "description": "Lambda-mode test: a call step, then a callback step answered by a worker",
+        "steps": [
+            {"name": "reserve", "agent": "sim", "timeout_ms": 5000, "max_attempts": 2,
+             "backoff": {"base_ms": 200, "max_ms": 500}},
+            {"name": "ship", "kind": "callback", "agent": "sim", "timeout_ms": 120_000, "heartbeat_ms": 30_000,
+             "max_attempts": 2, "backoff": {"base_ms": 200, "max_ms": 500}}
+        ]
+    }));
+    let dir = functions_dir().join("workflows");
+    std::fs::create_dir_all(&dir).expect("a folder for the workflows file");
+    let path = dir.join(format!("{stack_label}-{}.json", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&path, serde_json::to_string_pretty(&all).unwrap()).expect("writing the workflows file");
+    path
+}
+
+impl Fns {
+    /// Wait until step `step` of task `id` runs an attempt other than `not`; its callback token.
+    async fn callback_token(&self, id: &str, step: usize, not: Option<&AttemptToken>) -> CallbackToken {
+        let t = self
+            .s
+            .wait_for(id, Duration::from_mins(1), |t| {
+                t.step_index == step
+                    && t.steps[step].status == StepStatus::Running
+                    && t.locked_by.is_some()
+                    && t.locked_by.as_ref() != not
+            })
+            .await;
+        CallbackToken::new(&t.task_id, &t.workflow.steps[step].name, t.locked_by.as_ref().expect("an attempt"))
+    }
+}
+
+fn answer(token: &CallbackToken, status: &str, extra: Value) -> Value {
+    let mut m = json!({"v": 1, "token": token.expose(), "status": status});
+    m.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
+    m
+}
+
+/// Issue 15's "done when", Lambda mode: a workflow with a callback step runs to Processed when
+/// (a) a separate worker (its own task and SQS client) answers through the callback queue, and
+/// (b) the answer comes over HTTPS to the Callback function's URL, signed with SigV4. Heartbeats
+/// are answered `alive` with the new deadline, a retried attempt's old token `stale` (409), a
+/// repeated answer `duplicate`, and what is not an answer 400/405.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_callback_steps_are_answered_through_the_queue_and_the_signed_url() {
+    let file = callback_workflows_file("cb");
+    let file_param = file.to_string_lossy().into_owned();
+    let f = lambda_stack("cb", &[("WorkflowsFile", &file_param)]).await;
+    let callback_url = f.s.out("CallbackUrl").to_owned();
+    let sub = |id: &str| json!({"v": 1, "task_id": id, "workflow": "sim-callback", "input": {}});
+    for id in ["cb-queue", "cb-url"] {
+        f.s.send(&f.s.res.submission_queue_url, &sub(id).to_string()).await;
+    }
+
+    // (a) The worker answers through the callback queue: a heartbeat, then the result.
+    let token = f.callback_token("cb-queue", 1, None).await;
+    let worker = tokio::spawn({
+        let sqs = aws_sdk_sqs::Client::new(&f.s.sdk);
+        let queue = f.s.out("CallbackQueueUrl").to_owned();
+        let msgs = [
+            answer(&token, "heartbeat", json!({"details": {"progress": 0.5}})),
+            answer(&token, "succeeded", json!({"output": {"tracking": "TRK-queue"}})),
+        ];
+        async move {
+            for m in msgs {
+                sqs.send_message().queue_url(&queue).message_body(m.to_string()).send().await.expect("SendMessage");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    });
+
+    // (b) Over HTTPS: the URL is LocalStack's `<id>.lambda-url.<region>.<host>`, reached through
+    // the endpoint's address; every request is signed.
+    let url = sas_cli::callback_url::CallbackUrlClient::new(&f.s.sdk, &callback_url).expect("a URL client");
+    let first = f.callback_token("cb-url", 1, None).await;
+    let hb = url.answer(&serde_json::from_value(answer(&first, "heartbeat", json!({}))).unwrap()).await.unwrap();
+    let reply = hb.reply().unwrap_or_else(|| panic!("not a reply: {} {}", hb.status, hb.raw));
+    assert_eq!(
+        (hb.status, reply.result),
+        (200, CallbackResult::Alive),
+        "a heartbeat of the current attempt is taken (is callback::answer built?): {}",
+        hb.raw
+    );
+    assert!(reply.complete_by.is_some() && !reply.stop, "{}", hb.raw);
+    let failed = answer(&first, "failed", json!({"error": "the warehouse is closed", "retryable": true}));
+    let r = url.answer(&serde_json::from_value(failed).unwrap()).await.unwrap();
+    assert_eq!((r.status, r.reply().map(|r| r.result)), (200, Some(CallbackResult::Applied)), "{}", r.raw);
+    // The retry is a new attempt with a new token: the first one is stale now.
+    let second = f.callback_token("cb-url", 1, Some(first.attempt())).await;
+    assert_ne!(second.expose(), first.expose());
+    let r = url.answer(&serde_json::from_value(answer(&first, "heartbeat", json!({}))).unwrap()).await.unwrap();
+    let reply = r.reply().unwrap_or_else(|| panic!("not a reply: {} {}", r.status, r.raw));
+    assert_eq!((r.status, reply.result, reply.stop), (409, CallbackResult::Stale, true), "{}", r.raw);
+    let done = answer(&second, "succeeded", json!({"output": {"tracking": "TRK-url"}}));
+    let r = url.answer(&serde_json::from_value(done.clone()).unwrap()).await.unwrap();
+    assert_eq!((r.status, r.reply().map(|r| r.result)), (200, Some(CallbackResult::Applied)), "{}", r.raw);
+    // The sender retries: the same answer again changes nothing and is not an error.
+    let r = url.answer(&serde_json::from_value(done).unwrap()).await.unwrap();
+    assert_eq!((r.status, r.reply().map(|r| r.result)), (200, Some(CallbackResult::Duplicate)), "{}", r.raw);
+    // Not answers: refused with what to do, nothing changed.
+    let r = url.post("{\"v\":1,").await.unwrap();
+    assert_eq!((r.status, r.body["error"].as_str()), (400, Some("malformed")), "{}", r.raw);
+    let r = url.send("GET", "").await.unwrap();
+    assert_eq!((r.status, r.body["error"].as_str()), (405, Some("method_not_allowed")), "{}", r.raw);
+
+    worker.await.expect("the queue worker");
+    for (id, tracking) in [("cb-queue", "TRK-queue"), ("cb-url", "TRK-url")] {
+        let t = f.s.wait_for(id, Duration::from_mins(1), |t| t.process_state.is_terminal()).await;
+        assert_eq!(t.process_state, ProcessState::Processed, "{id}: {:#?}", t.history);
+        assert_eq!(t.steps[1].output.as_ref().map(|o| &o["tracking"]), Some(&json!(tracking)), "{id}");
+    }
+    assert_eq!(
+        f.s.task("cb-url").await.unwrap().steps[1].attempts,
+        2,
+        "the failed answer retried the step once"
+    );
+    // The queue's answers went through the Callback function (its event source), none was refused.
+    let answered = ["\"message\":\"callback answered\"", "cb-queue"];
+    let log = f.log_when("CallbackFunction", SECS, |l| lines_with(l, &answered).len() >= 2).await;
+    assert_eq!(lines_with(&log, &answered).len(), 2, "{log:#?}");
+    assert_eq!(f.s.depth(f.s.out("CallbackDlqUrl")).await, 0);
+    let _ = std::fs::remove_file(&file);
+    f.delete().await;
 }
 
 /// Old enough for the sweep: the retry's CompleteBy (backoff + 30 s), the 10 s result grace and
