@@ -24,7 +24,7 @@ use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent
 use sas_core::agent::AgentRuntime;
 use sas_core::deps::{Deps, HandlerError};
 use sas_core::messages::{CallbackMessage, CallbackReply};
-use sas_core::role::{handle, parse_callback, process_batch, Record, Role};
+use sas_core::role::{handle, process_batch, Record, Role};
 use sas_core::supervisor::{self, SweepReport};
 use serde::Deserialize;
 use serde_json::Value;
@@ -94,7 +94,7 @@ pub fn parse_event(role: Role, payload: Value) -> Result<Invocation, EventError>
                 serde_json::from_value(payload).map_err(|e| unrecognised(format!("a function URL request: {e}")))?;
             return Ok(Invocation::Url(Box::new(req)));
         }
-        return parse_callback(&payload.to_string()).map(Invocation::Callback).map_err(EventError::Answer);
+        return sas_core::callback::parse(&payload.to_string()).map(Invocation::Callback).map_err(EventError::Answer);
     }
     let ev: SqsEvent = serde_json::from_value(payload)
         .map_err(|e| unrecognised(format!("neither an SQS batch nor a scheduled event: {e}")))?;

@@ -22,7 +22,6 @@ use base64::Engine as _;
 use sas_core::deps::{Deps, HandlerError};
 use sas_core::ids::clip;
 use sas_core::messages::{CallbackReply, CallbackResult, SQS_MAX_MESSAGE_BYTES, VERSION};
-use sas_core::role::parse_callback;
 use serde_json::json;
 use tracing::{error, info, warn};
 
@@ -114,7 +113,7 @@ pub async fn handle(deps: &Deps, req: &LambdaFunctionUrlRequest) -> LambdaFuncti
             return refuse(status, kind, &reason);
         }
     };
-    let answered = match parse_callback(&text) {
+    let answered = match sas_core::callback::parse(&text) {
         Ok(msg) => sas_core::callback::answer(deps, &msg, None).await.map(|reply| (msg, reply)),
         Err(e) => Err(e),
     };

@@ -2,7 +2,7 @@
 //! runner and the tests hand a queue's records to [`handle`] through [`process_batch`].
 
 use futures::future::BoxFuture;
-use tracing::{error, info, info_span, warn, Instrument};
+use tracing::{error, info_span, warn, Instrument};
 
 use crate::agent::{self, AgentRuntime};
 use crate::bus::Outgoing;
@@ -10,7 +10,6 @@ pub use crate::bus::Record;
 use crate::config::Resources;
 use crate::deps::{Deps, HandlerError};
 use crate::ids::clip;
-use crate::messages::CallbackMessage;
 use crate::screen;
 use crate::{callback, scheduler, submitter, supervisor};
 
@@ -119,36 +118,12 @@ pub fn handle<'a>(
     })
 }
 
-/// One callback queue message: a [`CallbackMessage`], applied by [`callback::answer`]. What it did
-/// is logged (the sender is not there to hear it); an answer that changed nothing (stale, late,
+/// One callback queue message: a `CallbackMessage`, applied by [`callback::answer`] (which logs
+/// what it did; the sender is not there to hear it). An answer that changed nothing (stale, late,
 /// unknown) is still handled: delivering it again would not change that.
 async fn answer_record(deps: &Deps, record: &Record) -> Result<(), HandlerError> {
-    let msg = parse_callback(&record.body)?;
-    let reply = callback::answer(deps, &msg, Some(&record.message_id)).await?;
-    info!(
-        result = ?reply.result,
-        status = msg.answer.name(),
-        task_id = %msg.token.task_id(),
-        unit = msg.token.unit(),
-        state = ?reply.state,
-        reason = %reply.reason,
-        "callback answered"
-    );
-    Ok(())
-}
-
-/// A callback answer's body (queue message, HTTPS request body, direct invocation payload).
-pub fn parse_callback(body: &str) -> Result<CallbackMessage, HandlerError> {
-    let msg: CallbackMessage = serde_json::from_str(body)
-        .map_err(|e| HandlerError::Malformed(format!("not a callback message: {}", clip(&e.to_string(), 300))))?;
-    if msg.v != crate::messages::VERSION {
-        return Err(HandlerError::Malformed(format!(
-            "callback message version {} (this stack speaks {})",
-            msg.v,
-            crate::messages::VERSION
-        )));
-    }
-    Ok(msg)
+    let msg = callback::parse(&record.body)?;
+    callback::answer(deps, &msg, Some(&record.message_id)).await.map(drop)
 }
 
 /// Handle a batch the way an SQS-triggered Lambda with `ReportBatchItemFailures` does: every record

@@ -202,21 +202,40 @@ impl Fns {
     }
 }
 
-/// The built-in workflows plus `sim-callback`: `reserve` (a call step), then `ship`, a callback
-/// step of the sim agent (which accepts the hand-off and reports nothing: the step waits for its
-/// answer), with heartbeats due every 30 s, two attempts. Written to a file the functions read
-/// (`WorkflowsFile`: they run on this machine); returns its path.
+/// The built-in workflows plus two with a callback step of the sim agent (which accepts the
+/// hand-off and reports nothing: the step waits for its answer):
+/// - `sim-callback`: `reserve` (a call step), `ship` (callback, heartbeats due every 30 s, two
+///   attempts), `confirm` (a call step);
+/// - `sim-callback-lost`: `ship` alone, heartbeats due every 2 s, one attempt: a worker that
+///   never heartbeats loses it at once (and its answer comes late).
+///
+/// Written to a file the functions read (`WorkflowsFile`: they run on this machine); returns its
+/// path.
 fn callback_workflows_file(stack_label: &str) -> PathBuf {
     let mut all: Value = serde_json::from_str(BUILT_IN_WORKFLOWS).expect("built-in workflows");
-    all["workflows"].as_array_mut().expect("a list").push(json!({
+    let call = |name: &str| {
+        json!({"name": name, "agent": "sim", "timeout_ms": 5000, "max_attempts": 2,
+               "backoff": {"base_ms": 200, "max_ms": 500}})
+    };
+    let list = all["workflows"].as_array_mut().expect("a list");
+    list.push(json!({
         "name": "sim-callback",
         "version": 1,
-        "description": "Lambda-mode test: a call step, then a callback step answered by a worker",
+        "description": "Lambda-mode test: a call step, a callback step answered by a worker, a call step",
         "steps": [
-            {"name": "reserve", "agent": "sim", "timeout_ms": 5000, "max_attempts": 2,
-             "backoff": {"base_ms": 200, "max_ms": 500}},
+            call("reserve"),
             {"name": "ship", "kind": "callback", "agent": "sim", "timeout_ms": 120_000, "heartbeat_ms": 30_000,
-             "max_attempts": 2, "backoff": {"base_ms": 200, "max_ms": 500}}
+             "max_attempts": 2, "backoff": {"base_ms": 200, "max_ms": 500}},
+            call("confirm")
+        ]
+    }));
+    list.push(json!({
+        "name": "sim-callback-lost",
+        "version": 1,
+        "description": "Lambda-mode test: a callback step whose worker never heartbeats",
+        "steps": [
+            {"name": "ship", "kind": "callback", "agent": "sim", "timeout_ms": 60_000, "heartbeat_ms": 2_000,
+             "max_attempts": 1}
         ]
     }));
     let dir = functions_dir().join("workflows");
@@ -321,11 +340,7 @@ async fn lambda_callback_steps_are_answered_through_the_queue_and_the_signed_url
         assert_eq!(t.process_state, ProcessState::Processed, "{id}: {:#?}", t.history);
         assert_eq!(t.steps[1].output.as_ref().map(|o| &o["tracking"]), Some(&json!(tracking)), "{id}");
     }
-    assert_eq!(
-        f.s.task("cb-url").await.unwrap().steps[1].attempts,
-        2,
-        "the failed answer retried the step once"
-    );
+    assert_eq!(f.s.task("cb-url").await.unwrap().steps[1].attempts, 2, "the failed answer retried the step once");
     // The queue's answers went through the Callback function (its event source), none was refused.
     let answered = ["\"message\":\"callback answered\"", "cb-queue"];
     let log = f.log_when("CallbackFunction", SECS, |l| lines_with(l, &answered).len() >= 2).await;
@@ -538,9 +553,12 @@ async fn lambda_a_failing_record_alone_is_redelivered_until_its_dlq() {
 /// one (G1). Fails on any call not allowed, and on any grant no call used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() {
+    let file = callback_workflows_file("iam");
+    let file_param = file.to_string_lossy().into_owned();
     let f = lambda_stack(
         "iam",
         &[
+            ("WorkflowsFile", &file_param),
             // No queue budget: an attempt's execution deadline is its CompleteBy, so a hung agent
             // has no time left to say it timed out, and the Supervisor's timer gives up on it.
             ("QueueBudgetMs", "0"),
@@ -569,15 +587,23 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let big = json!({"v": 1, "task_id": "big", "workflow": "sim-order", "input": {"pad": pad}});
     // Refused: kept in the submission DLQ, and the caller told on its reply queue.
     let refused = json!({"v": 1, "task_id": "refused", "workflow": "no-such-workflow", "reply_to": reply});
-    for body in [&hung, &flaky, &declined, &declined, &big, &refused] {
+    // Callback steps answered through the callback queue: a retryable failure (the Callback
+    // function sends the retry's run message), then the retry's success (it dispatches the next
+    // step and its timer, and tells the caller); a step whose worker never heartbeats, answered
+    // after the task ended (late: recorded, and the Callback function alerts).
+    let cb_ok = json!({"v": 1, "task_id": "cb-ok", "workflow": "sim-callback", "reply_to": reply, "input": {}});
+    let cb_late = json!({"v": 1, "task_id": "cb-late", "workflow": "sim-callback-lost", "input": {}});
+    for body in [&hung, &flaky, &declined, &declined, &big, &refused, &cb_ok, &cb_late] {
         f.s.send(&f.s.res.submission_queue_url, &body.to_string()).await;
     }
     // A message that can never parse on each function's queue: each moves it to its own DLQ.
+    let callback_queue = f.s.out("CallbackQueueUrl").to_owned();
     for q in [
         &f.s.res.submission_queue_url,
         &f.s.res.scheduler_queue_url,
         &f.s.res.agent_queue_url,
         &f.s.res.supervisor_queue_url,
+        &callback_queue,
     ] {
         f.s.send(q, "{not json").await;
     }
@@ -587,11 +613,31 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let (err, report) = f.invoke("SupervisorFunction", &fixture("supervisor-scheduled.json")).await;
     assert_eq!(err, None, "{report}");
 
-    for id in ["hung", "flaky", "declined", "big", "lost"] {
+    let first = f.callback_token("cb-ok", 1, None).await;
+    let failed = answer(&first, "failed", json!({"error": "the warehouse is closed", "retryable": true}));
+    f.s.send(&callback_queue, &failed.to_string()).await;
+    let second = f.callback_token("cb-ok", 1, Some(first.attempt())).await;
+    f.s.send(&callback_queue, &answer(&second, "succeeded", json!({"output": {"tracking": "TRK-1"}})).to_string())
+        .await;
+    // Its one attempt expires 2 s after the claim: its token from the step's issued tokens.
+    let t = f.s.wait_for("cb-late", Duration::from_mins(1), |t| t.process_state.is_terminal()).await;
+    let attempt = t.steps[0].issued.last().expect("the attempt's token was issued");
+    let lost = CallbackToken::new(&t.task_id, "ship", attempt);
+    f.s.send(&callback_queue, &answer(&lost, "succeeded", json!({"output": {"tracking": "TRK-late"}})).to_string())
+        .await;
+    f.s.wait_for("cb-late", Duration::from_mins(1), |t| t.late_results > 0).await;
+
+    for id in ["hung", "flaky", "declined", "big", "lost", "cb-ok", "cb-late"] {
         let t = f.s.wait_for(id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
         eprintln!("[{}] {id}: {:?}, FailureCount {}", f.s.name, t.process_state, t.failure_count);
     }
-    for (dlq, want) in [("SubmissionDlqUrl", 2), ("SchedulerDlqUrl", 1), ("AgentDlqUrl", 1), ("SupervisorDlqUrl", 1)] {
+    for (dlq, want) in [
+        ("SubmissionDlqUrl", 2),
+        ("SchedulerDlqUrl", 1),
+        ("AgentDlqUrl", 1),
+        ("SupervisorDlqUrl", 1),
+        ("CallbackDlqUrl", 1),
+    ] {
         let kept = f.s.drain(f.s.out(dlq), want, Duration::from_secs(30)).await;
         assert!(kept.len() >= want, "{dlq}: {} of {want} kept", kept.len());
     }
@@ -599,19 +645,27 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let report = f.least_privilege().await.unwrap_or_else(|e| panic!("{e}"));
     eprintln!("{}", report.render());
     // Grants whose paths this workload cannot reach on LocalStack, each with the code that needs it.
-    let not_reached = [(
-        // submitter.rs `resend`: a submission redelivered after its start failed to send reads
-        // the task it created (sends never fail here: LocalStack does not enforce IAM).
-        "SubmitterFunction",
-        "submitter/TaskTable",
-        "dynamodb:GetItem",
-    )];
+    let not_reached = [
+        (
+            // submitter.rs `resend`: a submission redelivered after its start failed to send reads
+            // the task it created (sends never fail here: LocalStack does not enforce IAM).
+            "SubmitterFunction",
+            "submitter/TaskTable",
+            "dynamodb:GetItem",
+        ),
+        // The approval agent (agent kind `approval`, helper cbedge's branch) publishes approval
+        // steps' tokens to ApprovalTopic; this workload runs no approval step yet.
+        ("AgentFunction", "agent/Approvals", "sns:Publish"),
+        ("AgentFunction", "agent/ApprovalTopicKey", "kms:GenerateDataKey*"),
+        ("AgentFunction", "agent/ApprovalTopicKey", "kms:Decrypt"),
+    ];
     let unused: Vec<String> = report
         .unused()
         .iter()
         .filter(|(fun, g)| !not_reached.contains(&(fun.as_str(), g.statement.as_str(), g.action.as_str())))
         .map(|(fun, g)| format!("{fun}: {} {} on {}", g.statement, g.action, g.resource))
         .collect();
+    let _ = std::fs::remove_file(&file);
     f.delete().await;
     assert!(unused.is_empty(), "grants no call used (drop them, or reach the path that needs them): {unused:#?}");
 }
