@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make demo, the main job: LocalStack (installed and started if needed), the stack deployed onto
 # it, sample orders processed and checked. Two modes (SAS_MODE):
-#   lambda (default, `make demo`)      the four functions deployed onto LocalStack (debug builds of
+#   lambda (default, `make demo`)      the five functions deployed onto LocalStack (debug builds of
 #                                      their bootstraps, zipped to S3) and invoked by its SQS event
 #                                      source mappings and scheduled rule; stack sas-demo-lambda
 #   local  (`make demo-local`)         every role in the sasctl process (the local runner), against

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make up: LocalStack, the stack (functions off), and the local runner in the background.
-# SAS_MODE=lambda make up: the stack with its four functions on instead (LocalStack invokes them;
+# SAS_MODE=lambda make up: the stack with its five functions on instead (LocalStack invokes them;
 # no local runner), pointed at the order service started here.
 # Writes the stack outputs to .local/outputs.json (SubmissionQueueUrl first among them).
 set -euo pipefail
@@ -53,7 +53,7 @@ if [ "$MODE" = local ]; then
   kill -0 "$(cat "$PIDFILE")" 2>/dev/null || { echo "the runner died at start:"; tail -20 "$LOG"; exit 1; }
   roles="The runner (pid $(cat "$PIDFILE")) polls every queue; its log is $LOG."
 else
-  roles="The four functions run in LocalStack (logs: CloudWatch Logs /aws/lambda/<function>, or
+  roles="The five functions run in LocalStack (logs: CloudWatch Logs /aws/lambda/<function>, or
 infra/localstack.sh logs -f, which echoes their output)."
 fi
 cat <<TXT

@@ -158,7 +158,7 @@ pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> 
     scenario(sdk, &deps, &service, Some(handle), timeout).await
 }
 
-/// Lambda mode: the four functions deployed on LocalStack (a fresh stack `name`, their bootstraps
+/// Lambda mode: the five functions deployed on LocalStack (a fresh stack `name`, their bootstraps
 /// from `functions`), invoked by its SQS event source mappings and the scheduled rule; the order
 /// service runs here and the Agent function reaches it through `ORDER_SERVICE_URL` (the template's
 /// `OrderServiceUrl`). Writes the stack outputs to `outputs`. Ends with what the functions' log
