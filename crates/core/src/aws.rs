@@ -199,7 +199,7 @@ mod tests {
             .filter_map(|l| l.trim().strip_prefix("Timeout:"))
             .filter_map(|v| v.trim().parse().ok())
             .collect();
-        assert_eq!(timeouts.len(), 4, "one per function: {timeouts:?}");
+        assert_eq!(timeouts.len(), 5, "one per function: {timeouts:?}");
         let shortest = Duration::from_secs(*timeouts.iter().min().unwrap());
         assert!(
             Duration::from_millis(MAX_SDK_OPERATION_TIMEOUT_MS) * 2 <= shortest,
