@@ -697,7 +697,12 @@ async fn a_message_that_can_never_parse_goes_to_its_dlq_at_once_with_its_reason(
     // F15: it was retried maxReceiveCount times first (458 s on the scheduler queue)
     let tw = twins();
     let agents = AgentRuntime::default();
-    for (role, body) in [(Role::Scheduler, "{\"type\":\"run\""), (Role::Agent, "[]"), (Role::Supervisor, "x")] {
+    for (role, body) in [
+        (Role::Scheduler, "{\"type\":\"run\""),
+        (Role::Agent, "[]"),
+        (Role::Supervisor, "x"),
+        (Role::Callback, "{\"v\":1,\"status\":\"succeeded\"}"),
+    ] {
         let rec = Record::new("m-1", body);
         role::handle(role, &tw.deps, &agents, &rec).await.unwrap();
         let dlq = role.dead_letter_queue(&tw.deps.resources).unwrap().to_owned();

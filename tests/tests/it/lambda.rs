@@ -375,6 +375,15 @@ async fn lambda_deployed_functions_are_wired_and_answer_the_fixtures() {
     let (err, resp) = f.invoke("SupervisorFunction", &fixture("supervisor-scheduled.json")).await;
     assert_eq!(err, None, "{resp}");
     assert_eq!(resp, json!({"expired": 0, "handed": 0, "errors": 0}));
+    // The Callback function invoked directly with an answer (what a tool may do): the reply; a
+    // body that is not an answer is a function error.
+    let token = "0f8e7d6c5b4a39281706f5e4d3c2b1a0:ship:nobody";
+    let (err, resp) = f.invoke("CallbackFunction", &json!({"v": 1, "token": token, "status": "heartbeat"})).await;
+    assert_eq!(err, None, "{resp}");
+    assert_eq!((&resp["result"], &resp["stop"]), (&json!("unknown"), &json!(true)), "{resp}");
+    let (err, resp) = f.invoke("CallbackFunction", &json!({"v": 1, "token": token, "status": "shipped"})).await;
+    assert_eq!(err.as_deref(), Some("Unhandled"), "{resp}");
+    assert!(!resp.to_string().contains("0f8e7d6c"), "the error never echoes the token: {resp}");
     // A trigger the function does not serve is a function error (and so an Errors alarm).
     let (err, resp) = f.invoke("SubmitterFunction", &fixture("supervisor-scheduled.json")).await;
     assert_eq!(err.as_deref(), Some("Unhandled"), "{resp}");
