@@ -223,3 +223,23 @@ async fn an_answer_nobody_can_route_is_unknown_and_a_malformed_one_is_refused() 
         .unwrap();
     assert_eq!(ok.answer, CallbackAnswer::Failed { error: "x".into(), retryable: false });
 }
+
+#[tokio::test]
+async fn an_answer_whose_sends_failed_is_sent_again_when_the_worker_retries() {
+    let tw = twins();
+    let token = shipping(&tw, "c4").await;
+    take(&tw, &tw.deps.resources.supervisor_queue_url);
+    let done = msg(&token, CallbackAnswer::Succeeded { output: json!({}) });
+    // the write lands (ship done, the wait begins), then its timer cannot be sent: a 5xx
+    tw.bus.fail_sends("*", 1);
+    assert!(callback::answer(&tw.deps, &done, None).await.is_err());
+    assert_eq!(task(&tw, "c4").current_step_name(), Some("cool"));
+    tw.bus.clear_send_failures();
+    // the worker retries (over HTTPS there is no message id): a duplicate, and the wait's timer
+    // it owes is sent this time (the answer itself marks its write)
+    let again = callback::answer(&tw.deps, &done, None).await.unwrap();
+    assert_eq!(again.result, CallbackResult::Duplicate);
+    tw.clock.advance(30_000);
+    assert!(timers(&tw).await >= 1, "the wait's timer was sent");
+    assert_eq!(task(&tw, "c4").current_step_name(), Some("b"));
+}
