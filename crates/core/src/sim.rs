@@ -535,17 +535,7 @@ pub fn workflows() -> WorkflowRegistry {
         schedule_to_start_ms: Some(10_000),
         ..step("ship", Some("recall"))
     };
-    async_order.steps.insert(
-        2,
-        StepDef {
-            kind: StepKind::Wait,
-            agent: String::new(),
-            timeout_ms: 0,
-            wait_ms: Some(2_000),
-            max_attempts: 1,
-            ..step("cool-off", None)
-        },
-    );
+    async_order.steps.insert(2, StepDef::wait("cool-off", 2_000));
     WorkflowRegistry::new([wf("order", OnFailure::Compensate), wf("order-parked", OnFailure::Error), async_order])
         .expect("valid simulated workflows")
 }
@@ -1075,15 +1065,7 @@ impl Sim {
             self.hand_over(req, cb.token.clone(), cb.heartbeat_ms.unwrap_or(CALLBACK_TIMEOUT_MS), key);
             return;
         }
-        let reply = |outcome| {
-            Action::Reply(Box::new(AgentResult {
-                v: VERSION,
-                task_id: req.task_id.clone(),
-                step: req.step.clone(),
-                attempt: req.attempt.clone(),
-                outcome,
-            }))
-        };
+        let reply = |outcome| reply_to(req, outcome);
         // Another copy holds the key: the service answers 409 "key in use"; the runtime retries
         // it as transient (5 calls, jittered backoff: 0.3 to 1.5 s in all), then reports a
         // retryable failure.
@@ -1186,15 +1168,7 @@ impl Sim {
     fn hand_over(&mut self, req: &AgentRequest, token: CallbackToken, heartbeat_ms: u64, key: String) {
         let now = self.now();
         let f = self.cfg.faults.clone();
-        let reply = |outcome| {
-            Action::Reply(Box::new(AgentResult {
-                v: VERSION,
-                task_id: req.task_id.clone(),
-                step: req.step.clone(),
-                attempt: req.attempt.clone(),
-                outcome,
-            }))
-        };
+        let reply = |outcome| reply_to(req, outcome);
         let k = if req.phase == Phase::Compensate { 0.5 } else { 1.0 };
         if self.chance(f.permanent * k) {
             self.at(now.plus_ms(50), reply(Outcome::Failed { error: "warehouse refuses".into(), retryable: false }));
@@ -1580,6 +1554,17 @@ impl Sim {
             }
         }
     }
+}
+
+/// The agent's report of `outcome` for `req`.
+fn reply_to(req: &AgentRequest, outcome: Outcome) -> Action {
+    Action::Reply(Box::new(AgentResult {
+        v: VERSION,
+        task_id: req.task_id.clone(),
+        step: req.step.clone(),
+        attempt: req.attempt.clone(),
+        outcome,
+    }))
 }
 
 /// What the agent runtime sends back when it cuts a call at the attempt's execution deadline.

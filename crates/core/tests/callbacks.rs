@@ -16,17 +16,9 @@ use serde_json::{json, Value};
 
 fn step(name: &str) -> StepDef {
     StepDef {
-        name: name.into(),
-        kind: StepKind::Call,
-        heartbeat_ms: None,
-        wait_ms: None,
-        wait_until: None,
-        agent: "sim".into(),
-        timeout_ms: 5_000,
-        schedule_to_start_ms: None,
         max_attempts: 2,
         backoff: Backoff { base_ms: 100, max_ms: 100, multiplier: 1.0 },
-        compensation: None,
+        ..StepDef::call(name, "sim", 5_000)
     }
 }
 

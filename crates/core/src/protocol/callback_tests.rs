@@ -7,17 +7,9 @@ use serde_json::json;
 
 fn call(name: &str, comp: Option<&str>) -> StepDef {
     StepDef {
-        name: name.into(),
-        kind: StepKind::Call,
-        agent: "sim".into(),
-        timeout_ms: 1_000,
-        heartbeat_ms: None,
-        wait_ms: None,
-        wait_until: None,
-        schedule_to_start_ms: None,
-        max_attempts: 3,
         backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
         compensation: comp.map(|c| Box::new(call(c, None))),
+        ..StepDef::call(name, "sim", 1_000)
     }
 }
 
@@ -33,15 +25,7 @@ fn ship(max_attempts: u32, comp: Option<&str>) -> StepDef {
 }
 
 fn wait(name: &str, ms: Option<u64>, until: Option<&str>) -> StepDef {
-    StepDef {
-        kind: StepKind::Wait,
-        agent: String::new(),
-        timeout_ms: 0,
-        wait_ms: ms,
-        wait_until: until.map(str::to_owned),
-        max_attempts: 1,
-        ..call(name, None)
-    }
+    StepDef { wait_ms: ms, wait_until: until.map(str::to_owned), ..StepDef::wait(name, 0) }
 }
 
 fn flow(steps: Vec<StepDef>) -> WorkflowDef {
