@@ -49,16 +49,21 @@ fn screened(answer: &CallbackAnswer) -> CallbackAnswer {
 }
 
 /// Apply one answer. `message`: the id of the queue message that carried it (`None` for the
-/// HTTPS endpoint and direct calls). Errors are the handlers' (retry, or dead-letter a
+/// HTTPS endpoint and direct calls); only logged: the answer's own content marks its write. Errors are the handlers' (retry, or dead-letter a
 /// malformed message); every answer that reached a task gets a reply saying what it did.
 pub async fn answer(deps: &Deps, msg: &CallbackMessage, message: Option<&str>) -> Result<CallbackReply, HandlerError> {
     let (task_id, unit, attempt) = (msg.token.task_id(), msg.token.unit(), msg.token.attempt());
+    tracing::debug!(%task_id, unit, message, "callback answer");
     let Some(task) = deps.store.get(task_id).await? else {
         info!(%task_id, unit, answer = msg.answer.name(), "callback for a task that does not exist");
         return Ok(CallbackReply::new(CallbackResult::Unknown, None, "no task has this token"));
     };
     let event = Event::Callback { attempt: attempt.clone(), unit: unit.to_owned(), answer: screened(&msg.answer) };
-    let (applied, after) = drive_task(deps, task, &event, message).await?;
+    // The write is marked with the answer itself (its attempt and kind), not with the message
+    // that carried it: a sender that retries after a 5xx (over HTTPS there is no message id,
+    // and a worker's retry is a new queue message) finds its write and has what it owes sent again.
+    let mark = format!("callback:{attempt}:{}", msg.answer.name());
+    let (applied, after) = drive_task(deps, task, &event, Some(&mark)).await?;
     let now_state = after.as_ref().map(|t| t.process_state);
     let reply = match applied {
         Applied::Missing => CallbackReply::new(CallbackResult::Unknown, None, "no task has this token"),

@@ -180,6 +180,35 @@ pub enum WorkflowError {
 }
 
 impl StepDef {
+    /// A `call` step with the defaults: 3 attempts, the default backoff, no compensation.
+    pub fn call(name: &str, agent: &str, timeout_ms: u64) -> StepDef {
+        StepDef {
+            name: name.to_owned(),
+            kind: StepKind::Call,
+            agent: agent.to_owned(),
+            timeout_ms,
+            heartbeat_ms: None,
+            wait_ms: None,
+            wait_until: None,
+            schedule_to_start_ms: None,
+            max_attempts: 3,
+            backoff: Backoff::default(),
+            compensation: None,
+        }
+    }
+
+    /// A `wait` step of `wait_ms`.
+    pub fn wait(name: &str, wait_ms: u64) -> StepDef {
+        StepDef {
+            kind: StepKind::Wait,
+            agent: String::new(),
+            timeout_ms: 0,
+            wait_ms: Some(wait_ms),
+            max_attempts: 1,
+            ..StepDef::call(name, "", 0)
+        }
+    }
+
     /// What each kind needs, and nothing another kind needs.
     fn validate_kind(&self) -> Result<(), String> {
         let needs_agent = |agent: &str| if agent.is_empty() { Err("agent is empty".to_owned()) } else { Ok(()) };

@@ -16,17 +16,9 @@ use serde_json::{json, Value};
 
 fn step(name: &str) -> StepDef {
     StepDef {
-        name: name.into(),
-        kind: StepKind::Call,
-        heartbeat_ms: None,
-        wait_ms: None,
-        wait_until: None,
-        agent: "sim".into(),
-        timeout_ms: 5_000,
-        schedule_to_start_ms: None,
         max_attempts: 2,
         backoff: Backoff { base_ms: 100, max_ms: 100, multiplier: 1.0 },
-        compensation: None,
+        ..StepDef::call(name, "sim", 5_000)
     }
 }
 
@@ -222,4 +214,24 @@ async fn an_answer_nobody_can_route_is_unknown_and_a_malformed_one_is_refused() 
     let ok = callback::parse(&json!({"v": 1, "token": token.expose(), "status": "failed", "error": "x"}).to_string())
         .unwrap();
     assert_eq!(ok.answer, CallbackAnswer::Failed { error: "x".into(), retryable: false });
+}
+
+#[tokio::test]
+async fn an_answer_whose_sends_failed_is_sent_again_when_the_worker_retries() {
+    let tw = twins();
+    let token = shipping(&tw, "c4").await;
+    take(&tw, &tw.deps.resources.supervisor_queue_url);
+    let done = msg(&token, CallbackAnswer::Succeeded { output: json!({}) });
+    // the write lands (ship done, the wait begins), then its timer cannot be sent: a 5xx
+    tw.bus.fail_sends("*", 1);
+    assert!(callback::answer(&tw.deps, &done, None).await.is_err());
+    assert_eq!(task(&tw, "c4").current_step_name(), Some("cool"));
+    tw.bus.clear_send_failures();
+    // the worker retries (over HTTPS there is no message id): a duplicate, and the wait's timer
+    // it owes is sent this time (the answer itself marks its write)
+    let again = callback::answer(&tw.deps, &done, None).await.unwrap();
+    assert_eq!(again.result, CallbackResult::Duplicate);
+    tw.clock.advance(30_000);
+    assert!(timers(&tw).await >= 1, "the wait's timer was sent");
+    assert_eq!(task(&tw, "c4").current_step_name(), Some("b"));
 }
