@@ -36,7 +36,7 @@ check: ## cargo fmt --check and cargo clippy (workspace lints, pedantic) with wa
 sim: ## the deterministic simulation of the whole system: SIM_SEEDS seeds (default 2000); SIM_SEED=n replays one
 	SIM_SEEDS=$${SIM_SEEDS:-2000} cargo test -p sas-core --test simulation -- --nocapture
 
-lambda-smoke: ## build the four function binaries and boot each under a minimal Lambda Runtime API
+lambda-smoke: ## build the five function binaries and boot each under a minimal Lambda Runtime API
 	infra/lambda-smoke.sh
 
 lambda-check: ## the host Lambda executor's checks against the running LocalStack (infra/localstack.sh start first)

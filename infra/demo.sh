@@ -25,7 +25,7 @@ export QUEUE_BUDGET_MS="${QUEUE_BUDGET_MS:-10000}" RESULT_GRACE_MS="${RESULT_GRA
 # The build (the longest step on a fresh clone) runs while LocalStack is installed and started.
 if [ "$MODE" = lambda ]; then
   build=(cargo build -q -p sas-cli --bin sasctl -p sas-functions --bins)
-  what="sasctl and the four function bootstraps (debug)"
+  what="sasctl and the five function bootstraps (debug)"
 else
   build=(cargo build -q -p sas-cli --bin sasctl)
   what="sasctl"

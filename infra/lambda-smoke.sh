@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make lambda-smoke: build the four function binaries and boot each under a minimal Lambda Runtime
+# make lambda-smoke: build the five function binaries and boot each under a minimal Lambda Runtime
 # API (infra/lambda_smoke.py). No stack and no AWS endpoint are needed.
 set -euo pipefail
 # shellcheck source=infra/env.sh

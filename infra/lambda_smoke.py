@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ROLES = ["submitter", "scheduler", "agent", "supervisor"]
+ROLES = ["submitter", "scheduler", "agent", "supervisor", "callback"]
 FAILURES: list[str] = []
 
 
