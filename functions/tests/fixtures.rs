@@ -327,3 +327,20 @@ async fn only_the_callback_function_takes_answers_and_url_requests() {
     assert!(matches!(parse_event(Role::Callback, fixture("callback-url.json")), Ok(Invocation::Url(_))));
     assert!(matches!(parse_event(Role::Callback, fixture("callback-sqs.json")), Ok(Invocation::Sqs(_))));
 }
+
+#[tokio::test]
+async fn a_store_that_fails_makes_the_caller_retry_on_both_ways_in() {
+    let throttled =
+        || sas_core::store::StoreError::Backend { op: "GetItem", message: "throttled".into(), source: None };
+    // The queue: the answer's record comes back (and only it: the malformed one is dead-lettered).
+    let tw = twins();
+    tw.store.fail_next(sas_core::store::StoreOp::Get, throttled());
+    let ev = fixture("callback-sqs.json");
+    let retry_id = ev["Records"][0]["messageId"].clone();
+    assert_eq!(invoke(&tw, Role::Callback, ev).await, json!({"batchItemFailures": [{"itemIdentifier": retry_id}]}));
+    // The URL: 503, so the worker sends it again.
+    let tw = twins();
+    tw.store.fail_next(sas_core::store::StoreOp::Get, throttled());
+    let (status, body, _) = url_call(&tw, fixture("callback-url.json")).await;
+    assert_eq!((status, body["error"].as_str()), (503, Some("unavailable")), "{body}");
+}
