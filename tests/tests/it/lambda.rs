@@ -346,8 +346,56 @@ async fn lambda_callback_steps_are_answered_through_the_queue_and_the_signed_url
     let log = f.log_when("CallbackFunction", SECS, |l| lines_with(l, &answered).len() >= 2).await;
     assert_eq!(lines_with(&log, &answered).len(), 2, "{log:#?}");
     assert_eq!(f.s.depth(f.s.out("CallbackDlqUrl")).await, 0);
+
+    // What a worker gets (CallbackWorkerPolicy) allows exactly the two ways in, as IAM has it.
+    let policy = worker_policy(&f).await;
+    let callback_fn = f
+        .lambda
+        .get_function_configuration()
+        .function_name(f.name("CallbackFunction"))
+        .send()
+        .await
+        .expect("GetFunctionConfiguration");
+    let fn_arn = callback_fn.function_arn().expect("an ARN").to_owned();
+    let queue_arn = f.s.out("CallbackQueueArn").to_owned();
+    let req = |action: &str, resource: &str| sas_cli::iam::Request {
+        action: action.into(),
+        resource: resource.into(),
+        origin: sas_cli::iam::Origin::Code,
+    };
+    let needed: BTreeMap<sas_cli::iam::Request, usize> = [
+        (req("sqs:SendMessage", &queue_arn), 1),
+        (req("lambda:InvokeFunctionUrl", &fn_arn), 1),
+        (req("lambda:InvokeFunction", &fn_arn), 1),
+    ]
+    .into();
+    let r = sas_cli::iam::check_role("worker", "CallbackWorkerPolicy", &policy, &needed);
+    assert_eq!(r.denied().count(), 0, "{:#?}", r.requests);
+    assert!(r.unused.is_empty(), "grants a worker does not need: {:#?}", r.unused);
+    let agent_arn = fn_arn.replace(f.name("CallbackFunction"), f.name("AgentFunction"));
+    for (action, resource) in [
+        ("sqs:SendMessage", f.s.out("SchedulerQueueArn")),
+        ("sqs:ReceiveMessage", queue_arn.as_str()),
+        ("lambda:InvokeFunction", agent_arn.as_str()),
+        ("dynamodb:PutItem", f.s.out("TaskTableArn")),
+    ] {
+        let d = sas_cli::iam::evaluate(&policy, action, resource);
+        assert_eq!(d, sas_cli::iam::Decision::ImplicitDeny, "a worker may not {action} on {resource}");
+    }
     let _ = std::fs::remove_file(&file);
     f.delete().await;
+}
+
+/// The statements of the stack's `CallbackWorkerPolicy`, as IAM stores them.
+async fn worker_policy(f: &Fns) -> Vec<sas_cli::iam::Statement> {
+    let iam = aws_sdk_iam::Client::new(&f.s.sdk);
+    let arn = f.s.out("CallbackWorkerPolicyArn");
+    let p = iam.get_policy().policy_arn(arn).send().await.expect("GetPolicy");
+    let version = p.policy().and_then(|p| p.default_version_id()).expect("a default version").to_owned();
+    let v = iam.get_policy_version().policy_arn(arn).version_id(version).send().await.expect("GetPolicyVersion");
+    let doc = v.policy_version().and_then(|v| v.document()).expect("a document");
+    let doc = sas_cli::iam::decode_document(doc).expect("a policy document");
+    sas_cli::iam::parse_policy("CallbackWorkerPolicy", &doc).expect("statements the check evaluates")
 }
 
 /// Old enough for the sweep: the retry's CompleteBy (backoff + 30 s), the 10 s result grace and
