@@ -278,6 +278,7 @@ async fn lambda_callback_steps_are_answered_through_the_queue_and_the_signed_url
     let file_param = file.to_string_lossy().into_owned();
     let f = lambda_stack("cb", &[("WorkflowsFile", &file_param)]).await;
     let callback_url = f.s.out("CallbackUrl").to_owned();
+    eprintln!("[{}] callback URL {callback_url}", f.s.name);
     let sub = |id: &str| json!({"v": 1, "task_id": id, "workflow": "sim-callback", "input": {}});
     for id in ["cb-queue", "cb-url"] {
         f.s.send(&f.s.res.submission_queue_url, &sub(id).to_string()).await;
