@@ -1,3 +1,4 @@
+pub mod answer;
 pub mod iam;
 pub mod lambda;
 pub mod load;

@@ -164,3 +164,38 @@ async fn operator_commands_report_their_outcome() {
     let _ = std::fs::remove_file(&s.outputs);
     let _ = sas_cli::stack::delete(&aws_sdk_cloudformation::Client::new(&s.sdk), &s.name).await;
 }
+
+/// A malformed callback token is refused before anything is read or sent: with no outputs file
+/// and no reachable AWS endpoint, the one error line is about the token, and never repeats it.
+#[test]
+fn a_malformed_callback_token_is_refused_without_touching_aws() {
+    let missing = std::env::temp_dir().join(format!("no-such-outputs-{}.json", uuid::Uuid::new_v4().simple()));
+    let secret = "0123456789abcdef0123456789abcdeX:ship:order-7";
+    let sasctl = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sasctl"))
+            .arg("--outputs")
+            .arg(&missing)
+            .args(args)
+            .env("RUST_BACKTRACE", "1")
+            .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+            .env_remove("SAS_STACK")
+            .output()
+            .expect("sasctl runs")
+    };
+    for args in [
+        vec!["complete", secret, "--output", "{}"],
+        vec!["fail", secret, "--error", "boom"],
+        vec!["heartbeat", secret],
+        vec!["approve", secret, "--comment", "fine"],
+        vec!["reject", secret, "--reason", "no"],
+        vec!["complete", "not-a-token"],
+    ] {
+        let out = sasctl(&args);
+        assert_refused(&out, "the callback token is not one this stack issues");
+        let err = text(&out.stderr);
+        assert!(!err.contains("0123456789abcdef"), "the token is never echoed: {err}");
+        assert!(!err.contains("outputs"), "nothing read before the token is checked: {err}");
+    }
+    let out = sasctl(&["complete", "0123456789abcdef0123456789abcdef:ship:order-7", "--output", "{"]);
+    assert_refused(&out, "--output is not JSON");
+}
