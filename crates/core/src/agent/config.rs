@@ -4,9 +4,12 @@
 
 use futures::future::BoxFuture;
 use serde::Deserialize;
-use serde_json::Value;
-use tracing::warn;
+use serde_json::{json, Value};
+use tracing::{debug, warn};
 
+use crate::messages::CallbackRef;
+
+use super::approval::ApprovalAgent;
 use super::http::{self, HttpAgent};
 use super::runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 use super::sim::SimAgent;
@@ -27,6 +30,7 @@ impl AgentRuntime {
         let mut rt = AgentRuntime::new(file.retry.unwrap_or_default());
         let client = http::client();
         let max = file.max_response_bytes.unwrap_or(http::DEFAULT_MAX_RESPONSE_BYTES);
+        let callback = file.callback.map(|c| c.expand(vars)).unwrap_or_default();
         for (name, spec) in file.agents {
             match spec {
                 AgentSpec::Sim => {
@@ -37,7 +41,20 @@ impl AgentRuntime {
                         if !(url.starts_with("http://") || url.starts_with("https://")) {
                             return Err(AgentConfigError::BadUrl { agent: name, url });
                         }
-                        rt.register(name, HttpAgent::new(client.clone(), url, max));
+                        rt.register(name, HttpAgent::new(client.clone(), url, max).with_callback(callback.clone()));
+                    }
+                    Err(var) => {
+                        let message = format!("agent {name} is not configured: {var} is not set");
+                        warn!("{message}");
+                        rt.register(name, Unconfigured { message });
+                    }
+                },
+                AgentSpec::Approval { topic_arn } => match expand(&topic_arn, vars) {
+                    Ok(arn) => {
+                        if !arn.starts_with("arn:") {
+                            return Err(AgentConfigError::BadTopic { agent: name, arn });
+                        }
+                        rt.register(name, ApprovalAgent::new(arn, callback.clone()));
                     }
                     Err(var) => {
                         let message = format!("agent {name} is not configured: {var} is not set");
@@ -73,6 +90,62 @@ pub enum AgentConfigError {
     Io { path: String, message: String },
     #[error("agent {agent}: {url:?} is not an http(s) URL")]
     BadUrl { agent: String, url: String },
+    #[error("agent {agent}: {arn:?} is not an SNS topic ARN")]
+    BadTopic { agent: String, arn: String },
+}
+
+/// Where the remote side of a callback step answers, as the agents tell it (the top-level
+/// `"callback"` of the configuration, variables expanded; one whose variable is not set is left
+/// out: a worker then answers the way it knows).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallbackEndpoints {
+    /// The callback queue (workers inside AWS send a `CallbackMessage` there).
+    pub queue_url: Option<String>,
+    /// The HTTPS endpoint (IAM auth; POST a `CallbackMessage`).
+    pub url: Option<String>,
+}
+
+impl CallbackEndpoints {
+    /// What an agent hands over with the work of a callback step:
+    /// `{"token": "...", "heartbeat_ms": N, "queue_url": "...", "url": "..."}` (absent parts left out).
+    pub fn handover(&self, cb: &CallbackRef) -> Value {
+        let mut v = json!({"token": cb.token.expose()});
+        if let Some(h) = cb.heartbeat_ms {
+            v["heartbeat_ms"] = json!(h);
+        }
+        if let Some(q) = &self.queue_url {
+            v["queue_url"] = json!(q);
+        }
+        if let Some(u) = &self.url {
+            v["url"] = json!(u);
+        }
+        v
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallbackSpec {
+    #[serde(default)]
+    queue_url: Option<String>,
+    #[serde(default)]
+    url: Option<String>,
+}
+
+impl CallbackSpec {
+    fn expand(self, vars: &dyn Fn(&str) -> Option<String>) -> CallbackEndpoints {
+        let one = |what: &str, s: Option<String>| {
+            let s = s?;
+            match expand(&s, vars) {
+                Ok(v) => Some(v),
+                Err(var) => {
+                    debug!("callback {what} left out of the hand-over: {var} is not set");
+                    None
+                }
+            }
+        };
+        CallbackEndpoints { queue_url: one("queue_url", self.queue_url), url: one("url", self.url) }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -83,13 +156,23 @@ struct AgentFile {
     retry: Option<CallRetry>,
     #[serde(default)]
     max_response_bytes: Option<usize>,
+    /// Where callback steps are answered, told to the remote side with the token.
+    #[serde(default)]
+    callback: Option<CallbackSpec>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 enum AgentSpec {
     Sim,
-    Http { url: String },
+    Http {
+        url: String,
+    },
+    /// A person approves: the token goes to an SNS topic (an email subscription), answered with
+    /// `sasctl approve|reject TOKEN` or the HTTPS endpoint.
+    Approval {
+        topic_arn: String,
+    },
 }
 
 /// Replace every `${NAME}`; `Err(NAME)` for the first one that is not set.
