@@ -17,6 +17,7 @@ use sas_core::deps::Deps;
 use sas_core::ids::{AttemptToken, TaskId};
 use sas_core::messages::{CancelMessage, ResubmitMessage, SchedulerMessage, Submission, VERSION};
 use sas_core::protocol::{self, Ctx, EndCause, Event, Policy, ProcessState, Stage, Stale, Task};
+use sas_core::workflow::StepKind;
 
 use crate::table::{ReadCost, TableReader};
 
@@ -159,8 +160,16 @@ fn doing(t: &Task) -> Option<String> {
     }
     let unit = t.current_def().name.as_str();
     let step = t.steps.get(t.unit_step()).map_or(unit, |s| s.name.as_str());
+    let kind = t.current_def().kind;
+    let running = t.locked_by.is_some();
     Some(match (t.is_compensating(), t.process_state) {
         (true, _) => format!("compensating {step} ({unit})"),
+        (false, ProcessState::Processing) if running && kind == StepKind::Callback => {
+            format!("waiting for the answer to {step} (callback step)")
+        }
+        (false, ProcessState::Processing) if running && kind == StepKind::Wait => {
+            format!("waiting in {step} until {}", t.complete_by.map_or(0, |m| m.0))
+        }
         (false, ProcessState::Processing) => format!("running {step}"),
         (false, _) => format!("next: {step}"),
     })
@@ -479,6 +488,21 @@ mod tests {
             &Policy { queue_budget_ms: 0, result_grace_ms: 0, settle_ms: 0, ..Policy::default() },
         )
         .task
+    }
+
+    #[test]
+    fn an_operator_is_told_what_a_waiting_step_waits_for() {
+        let mut t = new_task();
+        t.workflow.steps[0].kind = sas_core::workflow::StepKind::Callback;
+        assert_eq!(doing(&t).as_deref(), Some("waiting for the answer to reserve (callback step)"));
+        t.workflow.steps[0] = sas_core::workflow::StepDef::wait("reserve", 5_000);
+        assert_eq!(
+            doing(&t).as_deref(),
+            Some(format!("waiting in reserve until {}", t.complete_by.unwrap().0).as_str())
+        );
+        t.locked_by = None;
+        t.process_state = ProcessState::Pending;
+        assert_eq!(doing(&t).as_deref(), Some("next: reserve"));
     }
 
     /// Pending: the first attempt of reserve failed retryably, the retry not claimed yet.

@@ -25,16 +25,34 @@ use crate::transition::{commit, Applied, Commit, Committed, MAX_CONFLICTS};
 /// the current unit's work, or the terminal notices. Any other message re-sends nothing, so late
 /// timers and stale results cost no duplicate notices.
 pub async fn drive(deps: &Deps, task: Task, event: &Event, message: Option<&str>) -> Result<Applied, HandlerError> {
+    Ok(drive_task(deps, task, event, message).await?.0)
+}
+
+/// [`drive`], which also returns the task as the event left it (the written task, or the one
+/// the event found unchanged; `None` when the task is gone).
+pub async fn drive_task(
+    deps: &Deps,
+    task: Task,
+    event: &Event,
+    message: Option<&str>,
+) -> Result<(Applied, Option<Task>), HandlerError> {
     let mark = message.map(message_mark);
     let (applied, commit) = commit(deps, task, event, mark.as_deref()).await?;
-    let sent = match commit {
-        Commit::Written(c) => perform(deps, *c).await,
-        Commit::Unchanged(current) if mark.is_some() && current.last_message == mark => resend(deps, *current).await?,
-        Commit::Unchanged(_) | Commit::Missing => Sent::default(),
+    let (sent, after) = match commit {
+        Commit::Written(c) => {
+            let after = c.task.clone();
+            (perform(deps, *c).await, Some(after))
+        }
+        Commit::Unchanged(current) if mark.is_some() && current.last_message == mark => {
+            let after = (*current).clone();
+            (resend(deps, *current).await?, Some(after))
+        }
+        Commit::Unchanged(current) => (Sent::default(), Some(*current)),
+        Commit::Missing => (Sent::default(), None),
     };
     match sent.essential.or(sent.work) {
         Some(e) => Err(HandlerError::Bus(e)),
-        None => Ok(applied),
+        None => Ok((applied, after)),
     }
 }
 
@@ -161,6 +179,19 @@ pub async fn record_undelivered(deps: &Deps, task: &Task, sent: &Sent) {
     warn!(task_id = %task.task_id, "could not record the undelivered statuses on the task: it kept changing");
 }
 
+/// How long after `CompleteBy` a deadline is decided: a wait wakes at its instant; an attempt's
+/// result may still be on its way for `grace_ms`.
+pub fn timer_grace(task: &Task, grace_ms: u64) -> u64 {
+    let waiting = !task.process_state.is_terminal()
+        && task.locked_by.is_some()
+        && task.current_def().kind == crate::workflow::StepKind::Wait;
+    if waiting {
+        0
+    } else {
+        grace_ms
+    }
+}
+
 async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Result<(), BusError> {
     let out = deps.outbox();
     match e {
@@ -203,6 +234,6 @@ async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Resul
             }
             other => other,
         },
-        Effect::ArmTimer(t) => out.arm_timer(t, now, deps.settings.policy.result_grace_ms).await,
+        Effect::ArmTimer(t) => out.arm_timer(t, now, timer_grace(task, deps.settings.policy.result_grace_ms)).await,
     }
 }

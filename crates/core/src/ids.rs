@@ -306,7 +306,7 @@ mod tests {
         assert!(!format!("{tok:?}").contains(a.as_str()), "the secret part is never printed");
         let json = serde_json::to_string(&tok).unwrap();
         assert_eq!(serde_json::from_str::<CallbackToken>(&json).unwrap(), tok);
-        for bad in ["", "x", "abc:ship:order", &format!("{}:ship", a), &format!("{}:sh ip:o", a), &format!("{}:ship:o:b", a)]
+        for bad in ["", "x", "abc:ship:order", &format!("{a}:ship"), &format!("{a}:sh ip:o"), &format!("{a}:ship:o:b")]
         {
             assert!(CallbackToken::try_from(bad).is_err(), "{bad:?} must be refused");
         }

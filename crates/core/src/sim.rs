@@ -39,6 +39,27 @@
 //!     within [`LATE_LOST_MS`] of `CompleteBy` + the result grace;
 //! 12. `timers-bounded`: the Supervisor handles no more attempt-less timers for a task than the
 //!     sweeps handed it (a timer does not re-arm itself for ever).
+//! 13. `callback-lost`: a callback attempt whose worker died is let go within [`LATE_LOST_MS`]
+//!     of its heartbeat deadline (one heartbeat window after the worker was last heard of) +
+//!     the result grace (the sweep's bound when the Supervisor's own sends failed).
+//!
+//! Callback and wait steps (workflow `order-async`: a 2 s wait, then `ship` as a callback step,
+//! 60 s hard timeout, heartbeats every 5 s, undone by `recall`): the warehouse refuses the
+//! hand-off now and then (for good, or for now); its worker heartbeats at random intervals, stops
+//! when the answer desk says so (cancelled, stale) and says it stopped, applies its effect once
+//! per key and never after its deadline, and answers. Faults: the worker dies (`cb_lost`), its
+//! answer is delayed past the attempt's deadline (`cb_late`), sent twice (`cb_duplicate`), or
+//! overtaken by a heartbeat (`cb_reorder`); the desk's sends after its write fail (`lost_sends`)
+//! and the sender retries. What the desk answered is counted (`SimReport::callbacks`).
+//!
+//! What it found in the callback code as first written (2,000 seeds, every fault): 76 of 1,000
+//! seeds lost a final status (`reply-once`) when a callback answer's write landed, its sends
+//! failed, and the worker's retry (over HTTPS, without a message id) found nothing owed. The
+//! answer's own content now marks its write. It also showed two bounds the invariants had to
+//! learn, not bugs: a claim whose deadline is shorter than its message's redelivery (a callback
+//! step's 10 s schedule-to-start) is recovered by its deadline when its sends fail (`dispatched`,
+//! `late-lost` allow the redelivery time); and a wait that wakes makes the Supervisor claim the
+//! next unit, whose lost timer only the sweep finds.
 //!
 //! Which of the review's findings (notes/review-second-pass.md; G16: a hung call waits for
 //! `CompleteBy` instead of failing at its execution deadline) these find on the code before their
@@ -96,14 +117,15 @@ use serde_json::json;
 
 use crate::agent::runtime::execution_deadline;
 use crate::bus::{Bus, MemoryBus, Outgoing, QueueConfig, Received};
+use crate::callback;
 use crate::clock::{Clock, ManualClock};
 use crate::config::Settings;
 use crate::deps::Deps;
 use crate::entropy::SeededEntropy;
-use crate::ids::{Millis, TaskId};
+use crate::ids::{CallbackToken, Millis, TaskId};
 use crate::messages::{
-    AgentRequest, AgentResult, CancelMessage, Outcome, Phase, ResubmitMessage, SchedulerMessage, StatusMessage,
-    TimerMessage, VERSION,
+    AgentRequest, AgentResult, CallbackAnswer, CallbackMessage, CancelMessage, Outcome, Phase, ResubmitMessage,
+    SchedulerMessage, StatusMessage, TimerMessage, VERSION,
 };
 use crate::protocol::{CompensationStatus, EndCause, Policy, ProcessState, Stage, StepStatus};
 use crate::role::{self, Record, Role};
@@ -169,6 +191,14 @@ pub struct Faults {
     /// SQS standard queue's duplicate from another server; or EventBridge invoking the sweep
     /// twice while the first hand-off is being handled).
     pub late_duplicate: f64,
+    /// Callback steps: the worker dies (its heartbeats stop, its answer never comes).
+    pub cb_lost: f64,
+    /// Callback steps: the answer is delayed in transit past its attempt's deadline.
+    pub cb_late: f64,
+    /// Callback steps: the answer is sent twice (the sender retries).
+    pub cb_duplicate: f64,
+    /// Callback steps: a heartbeat arrives after the answer (reordered in transit).
+    pub cb_reorder: f64,
 }
 
 impl Faults {
@@ -193,6 +223,10 @@ impl Faults {
             batch_failures: 0.0,
             reply_to: 0.0,
             late_duplicate: 0.0,
+            cb_lost: 0.0,
+            cb_late: 0.0,
+            cb_duplicate: 0.0,
+            cb_reorder: 0.0,
         }
     }
 
@@ -217,6 +251,10 @@ impl Faults {
             batch_failures: 0.01,
             reply_to: 1.0,
             late_duplicate: 0.1,
+            cb_lost: 0.1,
+            cb_late: 0.1,
+            cb_duplicate: 0.2,
+            cb_reorder: 0.2,
         }
     }
 
@@ -245,6 +283,10 @@ impl Faults {
                 "ambiguous_writes" => (&mut f.ambiguous_writes, all.ambiguous_writes),
                 "batch_failures" => (&mut f.batch_failures, all.batch_failures),
                 "late_duplicate" => (&mut f.late_duplicate, all.late_duplicate),
+                "cb_lost" => (&mut f.cb_lost, all.cb_lost),
+                "cb_late" => (&mut f.cb_late, all.cb_late),
+                "cb_duplicate" => (&mut f.cb_duplicate, all.cb_duplicate),
+                "cb_reorder" => (&mut f.cb_reorder, all.cb_reorder),
                 "" => continue,
                 _ => return None,
             };
@@ -293,6 +335,8 @@ pub struct SimReport {
     pub attempts: u64,
     pub units: u64,
     pub virtual_ms: u64,
+    /// What the answer desk said to the callback workers' answers and heartbeats, by result.
+    pub callbacks: BTreeMap<String, u64>,
 }
 
 /// One applied remote effect.
@@ -350,11 +394,21 @@ struct Claim {
     /// Let go by an operator's cancel or resubmit, or because another attempt of its unit (an
     /// outstanding one, whose success is still taken) succeeded first: not charged to it.
     by_operator: bool,
-    /// Claimed by the Supervisor (a compensation started when a unit was given up). If its sends
-    /// fail, the timer message comes back only after the supervisor queue's visibility timeout
-    /// (360 s), past the attempt's `CompleteBy`: its own deadline recovers it (`late-lost`).
+    /// Claimed by the Supervisor (a compensation started when a unit was given up, or the unit
+    /// after a wait that woke). If its sends fail, the timer message comes back only after the
+    /// supervisor queue's visibility timeout (360 s), past the attempt's `CompleteBy`: its own
+    /// deadline recovers it, or, when its timer was among the failed sends, the sweep (a minute
+    /// behind, once a minute): `late-lost` allows it that long.
     by_supervisor: bool,
+    /// When it was first seen claimed.
+    claimed_at: Millis,
+    /// Let go because its deadline passed.
+    expired: bool,
 }
+
+/// How long the sweep may take to find an expired attempt whose timer was lost: its lag and its
+/// period (both a minute here).
+const SWEEP_BOUND_MS: u64 = 120_000;
 
 /// An `Error` episode of a task: `task_error` alerts published on first, lone deliveries of the
 /// messages about it (`fresh`) and on redeliveries or duplicates (`repeated`).
@@ -375,8 +429,26 @@ enum Action {
     Submit(String),
     /// A second delivery of an agent request, to another agent.
     AgentCopy(Box<AgentRequest>),
+    /// The remote worker of a callback step works on: heartbeats, or finishes.
+    Worker(Box<Worker>),
+    /// A callback answer reaches the answer desk (retried while the desk fails).
+    Answer(Box<CallbackMessage>),
     /// A message delivered again later (a copy put back on its queue).
     Again { queue: String, body: String },
+}
+
+/// The remote side of one callback attempt: it heartbeats until `done_at`, then applies its
+/// effect (once per key, never after `hard`) and answers; it stops when told to.
+#[derive(Debug, Clone)]
+struct Worker {
+    token: CallbackToken,
+    key: String,
+    phase: Phase,
+    hard: Millis,
+    heartbeat_ms: u64,
+    done_at: Millis,
+    /// The worker dies then (`cb_lost`).
+    dies_at: Option<Millis>,
 }
 
 struct Sim {
@@ -415,6 +487,10 @@ struct Sim {
     /// Attempt-less timers by task: handed by a sweep, and handled (distinct message ids).
     timers_handed: BTreeMap<String, usize>,
     timers_handled: BTreeMap<String, BTreeSet<String>>,
+    /// Callback attempts: when their worker was last heard of (hand-off or heartbeat), and its
+    /// heartbeat window; and those whose worker died.
+    heard: BTreeMap<String, (Millis, u64)>,
+    dead: BTreeSet<String>,
 }
 
 const STEP_TIMEOUT_MS: u64 = 5_000;
@@ -435,7 +511,13 @@ fn step(name: &str, comp: Option<&str>) -> StepDef {
     }
 }
 
-/// `order` compensates on failure; `order-parked` parks in `Error` for an operator.
+/// How often a callback step's worker must heartbeat, and its hard timeout.
+const CALLBACK_HEARTBEAT_MS: u64 = 5_000;
+const CALLBACK_TIMEOUT_MS: u64 = 60_000;
+
+/// `order` compensates on failure; `order-parked` parks in `Error` for an operator;
+/// `order-async` waits a moment after the charge and ships through a callback step (a warehouse
+/// that heartbeats and confirms later), undone by `recall`.
 pub fn workflows() -> WorkflowRegistry {
     let wf = |name: &str, on_failure| WorkflowDef {
         name: name.into(),
@@ -444,7 +526,17 @@ pub fn workflows() -> WorkflowRegistry {
         on_failure,
         steps: vec![step("reserve", Some("release")), step("charge", Some("refund")), step("ship", None)],
     };
-    WorkflowRegistry::new([wf("order", OnFailure::Compensate), wf("order-parked", OnFailure::Error)])
+    let mut async_order = wf("order-async", OnFailure::Compensate);
+    async_order.steps[2] = StepDef {
+        kind: StepKind::Callback,
+        timeout_ms: CALLBACK_TIMEOUT_MS,
+        heartbeat_ms: Some(CALLBACK_HEARTBEAT_MS),
+        // the first heartbeat window starts when the request may start at the latest
+        schedule_to_start_ms: Some(10_000),
+        ..step("ship", Some("recall"))
+    };
+    async_order.steps.insert(2, StepDef::wait("cool-off", 2_000));
+    WorkflowRegistry::new([wf("order", OnFailure::Compensate), wf("order-parked", OnFailure::Error), async_order])
         .expect("valid simulated workflows")
 }
 
@@ -511,6 +603,8 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         publications_seen: 0,
         timers_handed: BTreeMap::new(),
         timers_handled: BTreeMap::new(),
+        heard: BTreeMap::new(),
+        dead: BTreeSet::new(),
     };
     sim.go();
     sim.report
@@ -539,7 +633,14 @@ impl Sim {
 
     /// A submission; one in five names no task id (the Submitter derives one from the message).
     fn submission(&self, id: &str) -> String {
-        let workflow = if self.chance(0.3) { "order-parked" } else { "order" };
+        let roll = self.rng.unit();
+        let workflow = if roll < 0.25 {
+            "order-parked"
+        } else if roll < 0.5 {
+            "order-async"
+        } else {
+            "order"
+        };
         let mut body = if self.chance(0.2) {
             json!({"v": VERSION, "workflow": workflow, "input": {"sku": "a", "ref": id}})
         } else {
@@ -665,6 +766,22 @@ impl Sim {
     fn act(&mut self, action: Action) {
         match action {
             Action::AgentCopy(req) => self.run_request(&req),
+            Action::Worker(w) => self.work(*w),
+            Action::Answer(msg) => {
+                // the desk's sends after its write fail now and then (the sender sees a 5xx)
+                if self.chance(self.cfg.faults.lost_sends) {
+                    self.bus.fail_sends("*", u32::try_from(self.between(1, 4)).unwrap_or(1));
+                }
+                let answered = block_on(callback::answer(&self.deps, &msg, None));
+                self.bus.clear_send_failures();
+                if let Ok(reply) = answered {
+                    self.count_callback(reply.result);
+                } else {
+                    // the sender tries again
+                    let when = self.now().plus_ms(1_000);
+                    self.at(when, Action::Answer(msg));
+                }
+            }
             Action::Again { queue, body } => {
                 block_on(self.bus.send(&queue, Outgoing::new(body))).ok();
             }
@@ -944,15 +1061,11 @@ impl Sim {
             return;
         };
         let key = req.idempotency_key.to_string();
-        let reply = |outcome| {
-            Action::Reply(Box::new(AgentResult {
-                v: VERSION,
-                task_id: req.task_id.clone(),
-                step: req.step.clone(),
-                attempt: req.attempt.clone(),
-                outcome,
-            }))
-        };
+        if let Some(cb) = &req.callback {
+            self.hand_over(req, cb.token.clone(), cb.heartbeat_ms.unwrap_or(CALLBACK_TIMEOUT_MS), key);
+            return;
+        }
+        let reply = |outcome| reply_to(req, outcome);
         // Another copy holds the key: the service answers 409 "key in use"; the runtime retries
         // it as transient (5 calls, jittered backoff: 0.3 to 1.5 s in all), then reports a
         // retryable failure.
@@ -1049,6 +1162,100 @@ impl Sim {
         held.decided = held.decided.or(decided);
     }
 
+    /// A callback step's agent hands the work over: the warehouse refuses it (for good, or for
+    /// now), or accepts it and a worker starts; an effect already decided for the key (a retry of
+    /// an attempt whose worker finished) is confirmed at once.
+    fn hand_over(&mut self, req: &AgentRequest, token: CallbackToken, heartbeat_ms: u64, key: String) {
+        let now = self.now();
+        let f = self.cfg.faults.clone();
+        let reply = |outcome| reply_to(req, outcome);
+        let k = if req.phase == Phase::Compensate { 0.5 } else { 1.0 };
+        if self.chance(f.permanent * k) {
+            self.at(now.plus_ms(50), reply(Outcome::Failed { error: "warehouse refuses".into(), retryable: false }));
+            return;
+        }
+        if self.chance(f.transient * k) {
+            self.at(now.plus_ms(50), reply(Outcome::Failed { error: "warehouse busy".into(), retryable: true }));
+            return;
+        }
+        let decided = self.ledger.applied.contains_key(&key);
+        let done_at = now.plus_ms(if decided { self.between(50, 500) } else { self.between(500, 20_000) });
+        let dies_at = self.chance(f.cb_lost).then(|| now.plus_ms(self.between(0, now.until(done_at))));
+        let w = Worker { token, key, phase: req.phase, hard: req.complete_by, heartbeat_ms, done_at, dies_at };
+        self.heard.insert(w.token.attempt().to_string(), (now, heartbeat_ms));
+        let first = now.plus_ms(self.between(100, heartbeat_ms / 2)).min(done_at);
+        self.at(first, Action::Worker(Box::new(w)));
+    }
+
+    fn count_callback(&mut self, result: crate::messages::CallbackResult) {
+        let name = serde_json::to_value(result).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+        *self.report.callbacks.entry(name).or_default() += 1;
+    }
+
+    /// One turn of a callback worker: dead, done (effect and answer), or a heartbeat (stopping
+    /// when the desk says so).
+    fn work(&mut self, w: Worker) {
+        let now = self.now();
+        let token = w.token.attempt().to_string();
+        let f = self.cfg.faults.clone();
+        if w.dies_at.is_some_and(|d| d <= now) {
+            self.dead.insert(token);
+            return;
+        }
+        if now >= w.hard {
+            return; // past its deadline a worker neither applies nor answers
+        }
+        if now >= w.done_at {
+            let task = w.token.task_id().to_string();
+            self.act(Action::Apply {
+                key: w.key.clone(),
+                task,
+                applied: Applied { at: now, phase: w.phase },
+                deadline: w.hard,
+            });
+            let msg = CallbackMessage {
+                v: VERSION,
+                token: w.token.clone(),
+                answer: CallbackAnswer::Succeeded { output: json!({"shipped": true}) },
+            };
+            let transit = if self.chance(f.cb_late) { self.between(5_000, 90_000) } else { self.between(10, 300) };
+            let at = now.plus_ms(transit);
+            if self.chance(f.cb_reorder) {
+                let beat = CallbackMessage { answer: CallbackAnswer::Heartbeat { details: None }, ..msg.clone() };
+                self.at(at.plus_ms(self.between(1, 2_000)), Action::Answer(Box::new(beat)));
+            }
+            if self.chance(f.cb_duplicate) {
+                self.at(at.plus_ms(self.between(1, 3_000)), Action::Answer(Box::new(msg.clone())));
+            }
+            self.at(at, Action::Answer(Box::new(msg)));
+            return;
+        }
+        let beat = CallbackMessage {
+            v: VERSION,
+            token: w.token.clone(),
+            answer: CallbackAnswer::Heartbeat { details: Some(json!({"at": now.0})) },
+        };
+        let Ok(reply) = block_on(callback::answer(&self.deps, &beat, None)) else {
+            let again = now.plus_ms(1_000);
+            self.at(again, Action::Worker(Box::new(w)));
+            return;
+        };
+        self.count_callback(reply.result);
+        if reply.stop {
+            // told to stop (cancelled, or no longer the current attempt): the worker says it
+            // stopped without an effect, for good
+            let stopped = CallbackMessage {
+                answer: CallbackAnswer::Failed { error: format!("stopped: {:?}", reply.result), retryable: false },
+                ..beat
+            };
+            self.at(now.plus_ms(self.between(10, 300)), Action::Answer(Box::new(stopped)));
+            return;
+        }
+        self.heard.insert(token, (now, w.heartbeat_ms));
+        let next = now.plus_ms(self.between(w.heartbeat_ms / 5, w.heartbeat_ms * 2 / 5)).min(w.done_at);
+        self.at(next, Action::Worker(Box::new(w)));
+    }
+
     /// An agent sends its result only before the attempt's deadline; a call still running then
     /// is cut (and reported as the runtime reports a cut call).
     fn answer(&mut self, token: &str, when: Millis, deadline: Millis, action: Action) {
@@ -1092,6 +1299,7 @@ impl Sim {
                             });
                             c.released = Some(now);
                             c.by_operator = cancelled || t.run != c.run || done;
+                            c.expired = now >= c.complete_by.plus_ms(self.deps.settings.policy.result_grace_ms);
                         }
                     }
                 }
@@ -1105,6 +1313,8 @@ impl Sim {
                         released: None,
                         by_operator: false,
                         by_supervisor: self.supervised.contains(&id),
+                        claimed_at: now,
+                        expired: false,
                     });
                     self.locks.insert(id.clone(), token);
                 }
@@ -1194,7 +1404,7 @@ impl Sim {
                 v.push(format!("error-alert: {id}: Error without a task_error alert"));
             }
             if t.process_state == ProcessState::Processed {
-                for def in &t.workflow.steps {
+                for def in t.workflow.steps.iter().filter(|d| d.kind != StepKind::Wait) {
                     let n = self.applied_all(&id, &def.name).len();
                     if n != 1 {
                         v.push(format!("processed-once: {id}: Processed, but step {} applied {n} times", def.name));
@@ -1281,8 +1491,32 @@ impl Sim {
     fn check_claims(&self, v: &mut Vec<String>) {
         let grace = self.deps.settings.policy.result_grace_ms;
         let end = self.now();
+        let redelivery = Role::Scheduler.default_visibility_seconds() * 1_000;
+        for token in &self.dead {
+            let (Some(c), Some((heard, window))) = (self.claims.get(token), self.heard.get(token)) else { continue };
+            if self.delayed.contains(token) {
+                continue;
+            }
+            // its deadline is at most one heartbeat window after it was last heard of (or the
+            // first window after the queue budget, if it never heartbeated)
+            let due = heard.plus_ms(*window).max(c.complete_by).plus_ms(grace).max(c.claimed_at.plus_ms(redelivery));
+            let released = c.released.unwrap_or(end);
+            let bound = if c.by_supervisor { SWEEP_BOUND_MS } else { LATE_LOST_MS };
+            if released.0 > due.0 + bound {
+                v.push(format!(
+                    "callback-lost: {}: the worker of attempt {token} of {} died; the task let it go {} ms after its heartbeat deadline + grace",
+                    c.task,
+                    c.step,
+                    released.0 - due.0
+                ));
+            }
+        }
         for (token, c) in &self.claims {
-            if !self.dispatched.contains(token) && !c.by_operator && !c.by_supervisor {
+            // A claim whose sends failed is sent again when its message comes back after the
+            // queue's visibility timeout; if its deadline comes first, the Supervisor recovers it
+            // (it costs the attempt): not charged.
+            let outrun = c.expired && c.complete_by.plus_ms(grace) <= c.claimed_at.plus_ms(redelivery);
+            if !self.dispatched.contains(token) && !c.by_operator && !c.by_supervisor && !outrun {
                 v.push(format!(
                     "dispatched: {}: attempt {token} of {} was claimed but its request never reached the agent queue",
                     c.task, c.step
@@ -1305,8 +1539,11 @@ impl Sim {
                     ));
                 }
             } else {
-                let due = c.complete_by.plus_ms(grace);
-                if released.0 > due.0 + LATE_LOST_MS {
+                // its timer is due then, or, when the claim's sends failed, its message comes
+                // back after the scheduler queue's visibility timeout and sends them again
+                let due = c.complete_by.plus_ms(grace).max(c.claimed_at.plus_ms(redelivery));
+                let bound = if c.by_supervisor { SWEEP_BOUND_MS } else { LATE_LOST_MS };
+                if released.0 > due.0 + bound {
                     v.push(format!(
                         "late-lost: {}: attempt {token} of {} was lost; the task let it go {} ms after CompleteBy + grace",
                         c.task,
@@ -1317,6 +1554,17 @@ impl Sim {
             }
         }
     }
+}
+
+/// The agent's report of `outcome` for `req`.
+fn reply_to(req: &AgentRequest, outcome: Outcome) -> Action {
+    Action::Reply(Box::new(AgentResult {
+        v: VERSION,
+        task_id: req.task_id.clone(),
+        step: req.step.clone(),
+        attempt: req.attempt.clone(),
+        outcome,
+    }))
 }
 
 /// What the agent runtime sends back when it cuts a call at the attempt's execution deadline.

@@ -64,7 +64,9 @@ pub async fn commit(
             }
         };
         let mut tr = tr;
-        tr.task.last_message = mark.map(str::to_owned);
+        if !tr.keeps_mark {
+            tr.task.last_message = mark.map(str::to_owned);
+        }
         let landed = match deps.store.save(&tr.task, &task).await {
             Ok(()) => false,
             // A write that landed but whose answer was lost (the SDK sent it again) comes back as

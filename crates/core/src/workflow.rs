@@ -180,6 +180,35 @@ pub enum WorkflowError {
 }
 
 impl StepDef {
+    /// A `call` step with the defaults: 3 attempts, the default backoff, no compensation.
+    pub fn call(name: &str, agent: &str, timeout_ms: u64) -> StepDef {
+        StepDef {
+            name: name.to_owned(),
+            kind: StepKind::Call,
+            agent: agent.to_owned(),
+            timeout_ms,
+            heartbeat_ms: None,
+            wait_ms: None,
+            wait_until: None,
+            schedule_to_start_ms: None,
+            max_attempts: 3,
+            backoff: Backoff::default(),
+            compensation: None,
+        }
+    }
+
+    /// A `wait` step of `wait_ms`.
+    pub fn wait(name: &str, wait_ms: u64) -> StepDef {
+        StepDef {
+            kind: StepKind::Wait,
+            agent: String::new(),
+            timeout_ms: 0,
+            wait_ms: Some(wait_ms),
+            max_attempts: 1,
+            ..StepDef::call(name, "", 0)
+        }
+    }
+
     /// What each kind needs, and nothing another kind needs.
     fn validate_kind(&self) -> Result<(), String> {
         let needs_agent = |agent: &str| if agent.is_empty() { Err("agent is empty".to_owned()) } else { Ok(()) };
@@ -255,6 +284,9 @@ impl StepDef {
         if let Some(c) = &self.compensation {
             if c.compensation.is_some() {
                 return Err(problem("a compensating step cannot have a compensation".into()));
+            }
+            if c.kind == StepKind::Wait {
+                return Err(problem("a compensation cannot be a wait step".into()));
             }
             c.validate(workflow)?;
         }
@@ -429,6 +461,51 @@ mod tests {
         s.max_attempts = 0;
         w.steps = vec![s];
         assert!(matches!(w.validate(), Err(WorkflowError::Step { .. })));
+    }
+
+    #[test]
+    fn each_step_kind_needs_what_it_uses_and_nothing_else() {
+        let check = |s: StepDef| {
+            WorkflowDef {
+                name: "w".into(),
+                version: 1,
+                description: String::new(),
+                on_failure: OnFailure::Compensate,
+                steps: vec![s],
+            }
+            .validate()
+        };
+        let callback =
+            |timeout_ms, heartbeat_ms| StepDef { kind: StepKind::Callback, timeout_ms, heartbeat_ms, ..step("cb") };
+        assert!(check(callback(3 * 24 * 3_600_000, Some(60_000))).is_ok(), "days, with heartbeats");
+        assert!(check(callback(0, None)).is_err(), "a callback step without a hard timeout is refused");
+        assert!(check(callback(MAX_LONG_STEP_MS + 1, None)).is_err());
+        assert!(check(callback(10_000, Some(10_000))).is_err(), "the heartbeat window is below the hard timeout");
+        assert!(check(callback(10_000, Some(10))).is_err());
+        let call_with_heartbeat = StepDef { heartbeat_ms: Some(1_000), ..step("c") };
+        assert!(check(call_with_heartbeat).is_err());
+        let wait = |ms, until: Option<&str>| StepDef {
+            kind: StepKind::Wait,
+            agent: String::new(),
+            timeout_ms: 0,
+            wait_ms: ms,
+            wait_until: until.map(str::to_owned),
+            ..step("w")
+        };
+        assert!(check(wait(Some(60_000), None)).is_ok());
+        assert!(check(wait(None, Some("/input/at"))).is_ok());
+        assert!(check(wait(None, Some("input.at"))).is_err(), "a JSON pointer");
+        assert!(check(wait(Some(1), Some("/input/at"))).is_err(), "exactly one of the two");
+        assert!(check(wait(None, None)).is_err());
+        assert!(check(StepDef { agent: "sim".into(), ..wait(Some(1), None) }).is_err(), "no agent");
+        let mut s = step("a");
+        s.compensation = Some(Box::new(wait(Some(1), None)));
+        assert!(check(s).is_err(), "a compensation is never a wait");
+        // a wait step reads without timeout_ms or max_attempts; a callback step round-trips
+        let w: StepDef = serde_json::from_str(r#"{"name": "cool", "kind": "wait", "wait_ms": 5}"#).unwrap();
+        assert_eq!((w.kind, w.max_attempts, w.timeout_ms), (StepKind::Wait, 1, 0));
+        let cb = callback(10_000, Some(1_000));
+        assert_eq!(serde_json::from_value::<StepDef>(serde_json::to_value(&cb).unwrap()).unwrap(), cb);
     }
 
     #[test]

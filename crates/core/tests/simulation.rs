@@ -34,11 +34,15 @@ fn every_seed_keeps_the_invariants() {
     // each invariant broken: in how many seeds, the first of them and its first violation
     let mut broken: std::collections::BTreeMap<String, (usize, u64, String)> = std::collections::BTreeMap::new();
     let (mut handled, mut attempts) = (0, 0);
+    let mut callbacks: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     let faults = faults();
     for &seed in &seeds {
         let r = sim::run(&SimConfig { faults: faults.clone(), ..SimConfig::for_seed(seed) });
         handled += r.handled;
         attempts += r.attempts;
+        for (k, n) in &r.callbacks {
+            *callbacks.entry(k.clone()).or_default() += n;
+        }
         if !r.violations.is_empty() {
             failed.push(sim::describe(&r));
         }
@@ -57,6 +61,7 @@ fn every_seed_keeps_the_invariants() {
         failed.len(),
         started.elapsed().as_secs_f64()
     );
+    eprintln!("callback answers and heartbeats, by what the desk said: {callbacks:?}");
     for (kind, (n, first, text)) in &broken {
         eprintln!("  {kind}: {n} seeds, first seed {first}: {text}");
     }

@@ -30,6 +30,10 @@ pub enum AgentError {
     Permanent { message: String },
 }
 
+/// The longest a callback step's hand-off (the agent's call that gives the work and the token
+/// to the remote side) may take; the remote side then has the step's whole timeout to answer.
+pub const HANDOFF_TIMEOUT_MS: u64 = 60_000;
+
 /// One call of an agent within one attempt.
 #[derive(Debug, Clone, Copy)]
 pub struct Call<'a> {
@@ -127,6 +131,9 @@ impl AgentRuntime {
             info!(task_id = %req.task_id, step = %req.step, "the request waited past its start_by (or CompleteBy): nothing started");
             return None;
         };
+        // A callback step's agent only hands the work over: that gets a short deadline of its own.
+        let deadline =
+            if req.callback.is_some() { deadline.min(Millis::now().plus_ms(HANDOFF_TIMEOUT_MS)) } else { deadline };
         let Some(agent) = self.agents.get(&req.agent) else {
             warn!(task_id = %req.task_id, agent = %req.agent, "no such agent in this runtime");
             return Some(result(Outcome::Failed {
@@ -177,6 +184,11 @@ impl AgentRuntime {
             };
             if Millis::now() >= deadline {
                 info!(task_id = %req.task_id, step = %req.step, "answer came after CompleteBy: not sent");
+                return None;
+            }
+            if let (Outcome::Succeeded { .. }, Some(cb)) = (&outcome, &req.callback) {
+                // Handed over: the remote side answers with the token; nothing to report now.
+                info!(task_id = %req.task_id, step = %req.step, heartbeat_ms = cb.heartbeat_ms, "callback step handed over; waiting for its answer");
                 return None;
             }
             return Some(result(outcome));

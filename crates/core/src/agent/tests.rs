@@ -339,3 +339,24 @@ fn every_agent_the_built_in_workflows_use_is_configured() {
     assert_eq!(kinds("order-async"), [Call, Call, Wait, Callback]);
     assert_eq!(kinds("order-approval"), [Callback, Call, Call, Call]);
 }
+
+fn handed(sim: Value) -> AgentRequest {
+    let mut r = req(sim, 1, 60_000);
+    let token = crate::ids::CallbackToken::new(&r.task_id, &r.step, &r.attempt);
+    r.callback = Some(crate::messages::CallbackRef { token, heartbeat_ms: Some(1_000) });
+    r
+}
+
+#[tokio::test]
+async fn a_callback_hand_off_that_the_remote_side_accepts_reports_nothing() {
+    // the remote side's answer comes with the token later; the agent says nothing now
+    assert_eq!(fast().run(&handed(json!({}))).await, None);
+}
+
+#[tokio::test]
+async fn a_callback_hand_off_that_fails_is_reported_like_any_failed_attempt() {
+    let out = fast().run(&handed(json!({"permanent": "no such warehouse"}))).await.unwrap();
+    assert_eq!(out.outcome, Outcome::Failed { error: "no such warehouse".into(), retryable: false });
+    let out = fast().run(&handed(json!({"fail_calls": 9}))).await.unwrap();
+    assert!(matches!(out.outcome, Outcome::Failed { retryable: true, .. }), "{out:?}");
+}

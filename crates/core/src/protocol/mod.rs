@@ -25,9 +25,11 @@
 
 use serde_json::Value;
 
-use crate::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
-use crate::messages::{AgentRequest, Alert, AlertKind, Phase, RunReason, StatusMessage, TimerMessage, VERSION};
-use crate::workflow::{OnFailure, WorkflowDef};
+use crate::ids::{AttemptToken, CallbackToken, IdempotencyKey, Millis, TaskId};
+use crate::messages::{
+    AgentRequest, Alert, AlertKind, CallbackAnswer, CallbackRef, Phase, RunReason, StatusMessage, TimerMessage, VERSION,
+};
+use crate::workflow::{OnFailure, StepDef, StepKind, WorkflowDef, MAX_LONG_STEP_MS};
 
 pub mod task;
 
@@ -123,6 +125,13 @@ pub enum Event {
         reason: String,
         run: Option<u32>,
     },
+    /// The remote side of a callback unit answered with the token of `attempt`, issued for the
+    /// unit named `unit`.
+    Callback {
+        attempt: AttemptToken,
+        unit: String,
+        answer: CallbackAnswer,
+    },
 }
 
 impl Event {
@@ -135,6 +144,9 @@ impl Event {
             Event::DeadlineExpired => "deadline_expired",
             Event::Cancel { .. } => "cancel",
             Event::Resubmit { .. } => "resubmit",
+            Event::Callback { answer: CallbackAnswer::Succeeded { .. }, .. } => "callback_succeeded",
+            Event::Callback { answer: CallbackAnswer::Failed { .. }, .. } => "callback_failed",
+            Event::Callback { answer: CallbackAnswer::Heartbeat { .. }, .. } => "callback_heartbeat",
         }
     }
 
@@ -218,12 +230,25 @@ pub enum Stale {
     OtherRun { message: u32, current: u32 },
     #[error("the task is in Error, in an operator's hands: a command on it must name its run ({current})")]
     Unfenced { current: u32 },
+    #[error("this answer was applied before")]
+    Duplicate,
+    #[error("the task was cancelled while this attempt ran: stop")]
+    CancelRequested,
+    #[error(
+        "the heartbeat is taken; the deadline stays {complete_by} (it moves once half the heartbeat window is used)"
+    )]
+    HeartbeatNotDue { complete_by: Millis },
+    #[error("this late result was recorded before")]
+    LateAgain,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transition {
     pub task: Task,
     pub effects: Vec<Effect>,
+    /// A bookkeeping write (a heartbeat's deadline, a late result) that owes no work: it keeps
+    /// the task's `LastMessage`, so the message that sent the current work still finds it owed.
+    pub keeps_mark: bool,
 }
 
 /// Create the task for an accepted submission with its first step already claimed, in the one
@@ -268,10 +293,14 @@ pub fn submit(
         last_message: None,
         undelivered_replies: 0,
         reply_error: None,
+        hard_by: None,
+        late_results: 0,
+        late_result: None,
+        late_attempt: None,
     };
     let mut c = Change { t: task, fx: Vec::new(), ctx, policy };
     c.start_unit();
-    Transition { task: c.t, effects: c.fx }
+    Transition { task: c.t, effects: c.fx, keeps_mark: false }
 }
 
 /// What the last write of a task owes the world, derived from the task alone: for the message
@@ -305,7 +334,7 @@ pub fn resend(task: &Task, now: Millis, policy: &Policy) -> Transition {
         t.updated_at = now.max(t.updated_at);
         t.steps[i].maybe_applied = true;
     }
-    Transition { task: t, effects }
+    Transition { task: t, effects, keeps_mark: false }
 }
 
 /// The work a non-terminal task's last write sent (see [`owed_sends`]).
@@ -314,16 +343,21 @@ fn owed_work(task: &Task, now: Millis, policy: &Policy) -> Vec<Effect> {
     match &task.locked_by {
         Some(token) => {
             let def = task.current_def();
+            let timer = Effect::ArmTimer(TimerMessage {
+                v: VERSION,
+                task_id: task.task_id.clone(),
+                attempt: Some(token.clone()),
+                complete_by,
+            });
+            if def.kind == StepKind::Wait {
+                return vec![timer];
+            }
             let budget = def.schedule_to_start_ms.unwrap_or(policy.queue_budget_ms);
-            let start_by = Millis(complete_by.0.saturating_sub(def.timeout_ms));
+            let hard = task.hard_by.unwrap_or(complete_by);
+            let start_by = Millis(hard.0.saturating_sub(def.timeout_ms));
             vec![
                 Effect::Dispatch(attempt_request(task, token, task.unit_attempts(), (budget > 0).then_some(start_by))),
-                Effect::ArmTimer(TimerMessage {
-                    v: VERSION,
-                    task_id: task.task_id.clone(),
-                    attempt: Some(token.clone()),
-                    complete_by,
-                }),
+                timer,
             ]
         }
         None if task.process_state == waiting_state(task.phase()) => {
@@ -347,14 +381,20 @@ fn attempt_request(task: &Task, token: &AttemptToken, attempt_no: u32, start_by:
         attempt: token.clone(),
         attempt_no,
         start_by,
-        complete_by: task.complete_by.expect("a running attempt has a CompleteBy"),
+        complete_by: task.hard_by.or(task.complete_by).expect("a running attempt has a CompleteBy"),
         input: task.unit_input(),
-        callback: None,
+        callback: (def.kind == StepKind::Callback).then(|| CallbackRef {
+            token: CallbackToken::new(&task.task_id, &def.name, token),
+            heartbeat_ms: def.heartbeat_ms,
+        }),
     }
 }
 
 /// Apply one event. `Err(Stale)` means the event changes nothing.
 pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<Transition, Stale> {
+    if let Event::Callback { attempt, unit, answer } = event {
+        return callback(task, attempt, unit, answer, ctx, policy);
+    }
     if let Some(run) = event.run().filter(|r| *r != task.run) {
         return Err(Stale::OtherRun { message: run, current: task.run });
     }
@@ -383,8 +423,9 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
         Event::DeadlineExpired => deadline_expired(task, &mut c)?,
         Event::Cancel { reason, .. } => cancel(task, reason, &mut c)?,
         Event::Resubmit { reason, .. } => resubmit(reason, &mut c),
+        Event::Callback { .. } => unreachable!("callback answers are applied before this match"),
     }
-    Ok(Transition { task: c.t, effects: c.fx })
+    Ok(Transition { task: c.t, effects: c.fx, keeps_mark: false })
 }
 
 /// The Scheduler claims the current unit, if the run message is for the wait the task is in,
@@ -485,18 +526,28 @@ fn agent_timed_out(task: &Task, attempt: &AttemptToken, error: &str, c: &mut Cha
 /// a running attempt has timed out.
 fn deadline_expired(task: &Task, c: &mut Change) -> Result<(), Stale> {
     let complete_by = task.complete_by.unwrap_or(Millis(0));
-    if complete_by.plus_ms(c.policy.result_grace_ms) > c.ctx.now {
+    let waiting = task.locked_by.is_some() && task.current_def().kind == StepKind::Wait;
+    let grace = if waiting { 0 } else { c.policy.result_grace_ms };
+    if complete_by.plus_ms(grace) > c.ctx.now {
         return Err(Stale::NotExpired { complete_by, now: c.ctx.now });
     }
-    if task.locked_by.is_none() {
+    if waiting {
+        // A wait ends by its deadline: the step is done.
+        c.unlock();
+        c.t.unit_record().succeeded();
+        c.advance();
+    } else if task.locked_by.is_none() {
         c.restart();
     } else {
-        let reason = format!(
-            "{} {} attempt {} passed CompleteBy {complete_by}",
-            noun(c.t.phase()),
-            c.t.current_def().name,
-            c.t.unit_attempts()
-        );
+        let def = c.t.current_def();
+        let what = match task.hard_by {
+            Some(hard) if complete_by < hard => format!(
+                "sent no heartbeat within {} ms (CompleteBy {complete_by}, hard deadline {hard})",
+                def.heartbeat_ms.unwrap_or_default()
+            ),
+            _ => format!("passed CompleteBy {complete_by}"),
+        };
+        let reason = format!("{} {} attempt {} {what}", noun(c.t.phase()), def.name, c.t.unit_attempts());
         if let Some(token) = c.t.locked_by.clone() {
             c.t.outstanding.push(token);
         }
@@ -525,8 +576,11 @@ fn cancel(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stale> {
     let i = c.t.step_index;
     if let Some(token) = task.locked_by.clone() {
         c.t.steps[i].status = StepStatus::Cancelled;
-        c.t.steps[i].maybe_applied = true;
-        c.t.awaits = Some(token);
+        // A wait has no effect: nothing to await or undo.
+        if task.current_def().kind != StepKind::Wait {
+            c.t.steps[i].maybe_applied = true;
+            c.t.awaits = Some(token);
+        }
     }
     c.begin_compensation(EndCause::Cancelled, format!("cancelled: {reason}"));
     Ok(())
@@ -537,9 +591,171 @@ fn cancel(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stale> {
 fn resubmit(reason: &str, c: &mut Change) {
     c.t.run += 1;
     c.t.reason = Some(format!("resubmitted (run {}): {reason}", c.t.run));
-    c.t.locked_by = None;
+    c.unlock();
     c.t.unit_record().reset();
     c.wait_for_claim(c.ctx.now, RunReason::Retry);
+}
+
+/// An answer to a callback unit, fenced by the attempt its token names:
+/// - a success or failure of the current attempt (or of an earlier attempt of the same unit
+///   that expired but is still outstanding, or of the attempt a cancel's compensation awaits) is
+///   taken as an agent's result would be;
+/// - the same success again (senders retry) is a [`Stale::Duplicate`];
+/// - a success of an attempt that expired and is no longer outstanding is **late**: an effect
+///   happened. It is recorded on the task (`LateResults`) and, unless the unit succeeded anyway
+///   (by another attempt with the same idempotency key), an operator is alerted to reconcile it;
+///   the task does not move (the unit was retried or compensated already).
+/// - a heartbeat extends the current attempt's deadline (see [`heartbeat`]).
+fn callback(
+    task: &Task,
+    attempt: &AttemptToken,
+    unit: &str,
+    answer: &CallbackAnswer,
+    ctx: &Ctx,
+    policy: &Policy,
+) -> Result<Transition, Stale> {
+    let live = !task.process_state.is_terminal()
+        && (task.locked_by.as_ref() == Some(attempt) || task.outstanding.contains(attempt) || awaited(task, attempt));
+    match answer {
+        CallbackAnswer::Heartbeat { details } => heartbeat(task, attempt, details.as_ref(), ctx),
+        CallbackAnswer::Succeeded { output } => {
+            if live {
+                let mut tr = apply(
+                    task,
+                    &Event::AgentSucceeded { attempt: attempt.clone(), output: output.clone() },
+                    ctx,
+                    policy,
+                )?;
+                tr.task.set_done_by(unit, attempt);
+                return Ok(tr);
+            }
+            let Some(record) = task.unit_named(unit) else { return Err(Stale::NotCurrentAttempt) };
+            if record.done_by() == Some(attempt) {
+                return Err(Stale::Duplicate);
+            }
+            if task.late_attempt.as_ref() == Some(attempt) {
+                return Err(Stale::LateAgain);
+            }
+            // Only an attempt this unit issued counts: a token nobody was given changes nothing.
+            if !record.issued(attempt) {
+                return Err(Stale::NotCurrentAttempt);
+            }
+            Ok(late(task, attempt, unit, record.accounted(), ctx))
+        }
+        CallbackAnswer::Failed { error, retryable } => {
+            if !live && task.unit_named(unit).is_some_and(|r| r.done_by() == Some(attempt)) {
+                return Err(Stale::Duplicate);
+            }
+            if !task.process_state.is_terminal() && task.outstanding.contains(attempt) && !awaited(task, attempt) {
+                // this attempt already counts as failed (it expired, or said so before)
+                return Err(Stale::Duplicate);
+            }
+            let event = Event::AgentFailed { attempt: attempt.clone(), error: error.clone(), retryable: *retryable };
+            apply(task, &event, ctx, policy)
+        }
+    }
+}
+
+/// A heartbeat of the current attempt of a callback unit: `CompleteBy` moves to now + the unit's
+/// `heartbeat_ms`, never past its hard deadline. To keep heartbeats cheap the write is made only
+/// once half the heartbeat window is used ([`Stale::HeartbeatNotDue`] otherwise: taken, nothing
+/// written), so a worker that heartbeats every few seconds costs one write per half window. The
+/// details of a heartbeat that writes are kept on the step (`Progress`). A heartbeat of an
+/// attempt a cancel is waiting for is answered [`Stale::CancelRequested`]: the worker stops.
+fn heartbeat(task: &Task, attempt: &AttemptToken, details: Option<&Value>, ctx: &Ctx) -> Result<Transition, Stale> {
+    if task.process_state.is_terminal() {
+        return Err(Stale::Terminal(task.process_state));
+    }
+    if awaited(task, attempt) {
+        return Err(Stale::CancelRequested);
+    }
+    if task.locked_by.as_ref() != Some(attempt) {
+        return Err(Stale::NotCurrentAttempt);
+    }
+    let complete_by = task.complete_by.unwrap_or(ctx.now);
+    let Some(window) = task.current_def().heartbeat_ms else { return Err(Stale::HeartbeatNotDue { complete_by }) };
+    let next = ctx.now.plus_ms(window).min(task.hard_by.unwrap_or(complete_by));
+    if next <= complete_by || complete_by > ctx.now.plus_ms(window / 2) {
+        return Err(Stale::HeartbeatNotDue { complete_by });
+    }
+    let mut t = task.clone();
+    t.rev += 1;
+    t.updated_at = ctx.now;
+    t.complete_by = Some(next);
+    if let (Phase::Forward, Some(d)) = (t.phase(), details) {
+        let i = t.step_index;
+        t.steps[i].progress = Some(d.clone());
+    }
+    Ok(Transition { task: t, effects: Vec::new(), keeps_mark: true })
+}
+
+/// Record a late success on the task (a write of its own; the task does not move) and alert an
+/// operator when the unit's effect is not otherwise accounted for.
+fn late(task: &Task, attempt: &AttemptToken, unit: &str, accounted: bool, ctx: &Ctx) -> Transition {
+    let mut t = task.clone();
+    t.rev += 1;
+    t.updated_at = ctx.now.max(t.updated_at);
+    t.late_results = t.late_results.saturating_add(1);
+    t.late_attempt = Some(attempt.clone());
+    t.late_result = Some(if accounted {
+        format!("{unit}: a success came at {} for an expired attempt; the unit had succeeded by another attempt with the same idempotency key", ctx.now)
+    } else {
+        format!("{unit}: a success came at {} for an attempt that had expired; the task did not take it (the unit was retried, compensated or ended): reconcile its effect", ctx.now)
+    });
+    let effects = late_notice(&t, unit, accounted, ctx.now);
+    Transition { task: t, effects, keeps_mark: true }
+}
+
+/// The operator alert a late result owes (none when the unit's effect is accounted for). Sent
+/// again when the same late answer comes back, so it reaches the operator at least once.
+pub fn late_notice(task: &Task, unit: &str, accounted: bool, now: Millis) -> Vec<Effect> {
+    if accounted {
+        return Vec::new();
+    }
+    vec![Effect::Alert(Alert {
+        v: VERSION,
+        kind: AlertKind::LateResult,
+        task_id: task.task_id.clone(),
+        workflow: format!("{}@{}", task.workflow.name, task.workflow.version),
+        state: task.process_state,
+        step: Some(unit.to_owned()),
+        failure_count: task.failure_count,
+        reason: task.late_result.clone().unwrap_or_default(),
+        at: now,
+    })]
+}
+
+/// Whether a compensation is waiting for this forward attempt to settle.
+fn awaited(task: &Task, attempt: &AttemptToken) -> bool {
+    task.is_compensating() && task.locked_by.is_none() && task.awaits.as_ref() == Some(attempt)
+}
+
+/// When a wait unit wakes: after `wait_ms`, or at the instant its `wait_until` pointer names in
+/// the unit's input (epoch milliseconds, or an RFC 3339 time). `Err`: why it cannot wait.
+fn wake_time(task: &Task, def: &StepDef, now: Millis) -> Result<Millis, String> {
+    if let Some(ms) = def.wait_ms {
+        return Ok(now.plus_ms(ms));
+    }
+    let pointer = def.wait_until.as_deref().unwrap_or_default();
+    let input = task.unit_input();
+    let at = match input.pointer(pointer) {
+        None => return Err(format!("wait_until {pointer} names nothing in the task")),
+        Some(Value::Number(n)) => {
+            n.as_u64().map(Millis).ok_or_else(|| format!("wait_until {pointer} is {n}, not epoch milliseconds"))?
+        }
+        Some(Value::String(t)) => {
+            let d = aws_smithy_types::DateTime::from_str(t, aws_smithy_types::date_time::Format::DateTime)
+                .map_err(|_| format!("wait_until {pointer} is {:?}, not an RFC 3339 time", crate::ids::clip(t, 40)))?;
+            Millis(u64::try_from(d.to_millis().unwrap_or(0)).unwrap_or(0))
+        }
+        Some(other) => {
+            return Err(format!("wait_until {pointer} is {}, not a time", crate::ids::clip(&other.to_string(), 40)))
+        }
+    };
+    if now.until(at) > MAX_LONG_STEP_MS {
+        return Err(format!("wait_until {pointer} is more than 366 days ahead"));
+    }
+    Ok(at)
 }
 
 fn check_attempt(task: &Task, attempt: &AttemptToken) -> Result<(), Stale> {
@@ -615,7 +831,7 @@ impl Change<'_> {
     /// delayed until then, and a `CompleteBy` by which the Supervisor restarts a lost one.
     fn wait_for_claim(&mut self, due: Millis, reason: RunReason) {
         let now = self.ctx.now;
-        self.t.locked_by = None;
+        self.unlock();
         self.t.restarts = 0;
         self.t.wait_rev = self.t.rev;
         self.t.not_before = None;
@@ -647,7 +863,13 @@ impl Change<'_> {
 
     /// Whether a compensation is waiting for this forward attempt to settle.
     fn awaited(&self, attempt: &AttemptToken) -> bool {
-        self.t.is_compensating() && self.t.locked_by.is_none() && self.t.awaits.as_ref() == Some(attempt)
+        awaited(&self.t, attempt)
+    }
+
+    /// No attempt holds the task any more.
+    fn unlock(&mut self) {
+        self.t.locked_by = None;
+        self.t.hard_by = None;
     }
 
     /// The awaited attempt gave a definite answer: the compensation may start now.
@@ -659,28 +881,81 @@ impl Change<'_> {
     /// Claim the current unit: fresh token, deadlines, dispatch and timer. The request may wait
     /// in the agent queue until `start_by` (the queue budget); the attempt then has the unit's full
     /// `timeout_ms`, so `CompleteBy = start_by + timeout_ms`.
+    ///
+    /// A callback unit's attempt is the same, but for its deadlines: `timeout_ms` is its hard
+    /// deadline, and with `heartbeat_ms` the first `CompleteBy` is `start_by + heartbeat_ms`
+    /// (each heartbeat moves it on, never past the hard one). A wait unit has no agent: see
+    /// [`Change::start_wait`].
     fn start_unit(&mut self) {
         let def = self.t.current_def().clone();
+        if def.kind == StepKind::Wait {
+            self.start_wait(&def);
+            return;
+        }
         let token = self.ctx.fresh_token.clone();
         let budget = def.schedule_to_start_ms.unwrap_or(self.policy.queue_budget_ms);
         let start_by = self.ctx.now.plus_ms(budget);
-        let complete_by = start_by.plus_ms(def.timeout_ms);
+        let hard = start_by.plus_ms(def.timeout_ms);
+        let complete_by = match (def.kind, def.heartbeat_ms) {
+            (StepKind::Callback, Some(hb)) => start_by.plus_ms(hb).min(hard),
+            _ => hard,
+        };
         self.t.locked_by = Some(token.clone());
         self.t.complete_by = Some(complete_by);
+        self.t.hard_by = (complete_by < hard).then_some(hard);
         self.t.not_before = None;
         self.t.restarts = 0;
         self.t.awaits = None;
         let attempt_no = self.t.unit_record().begin_attempt();
+        if def.kind == StepKind::Callback {
+            self.t.unit_record().issue(&token);
+        }
         let phase = self.t.phase();
         if phase == Phase::Forward {
             let i = self.t.step_index;
-            self.t.steps[i].settles_at = Some(complete_by);
+            self.t.steps[i].settles_at = Some(hard);
         }
         self.note(running_state(phase));
         let request = attempt_request(&self.t, &token, attempt_no, (budget > 0).then_some(start_by));
         self.fx.push(Effect::Dispatch(request));
         let task_id = self.t.task_id.clone();
         self.fx.push(Effect::ArmTimer(TimerMessage { v: VERSION, task_id, attempt: Some(token), complete_by }));
+    }
+
+    /// A wait unit: held (so a cancel finds it running) until it wakes; its only effect is the
+    /// deadline timer, which ends it. A wake time already past ends it at once; one that cannot
+    /// be read fails the step for good, with the reason.
+    fn start_wait(&mut self, def: &StepDef) {
+        let now = self.ctx.now;
+        self.t.not_before = None;
+        self.t.restarts = 0;
+        self.t.awaits = None;
+        self.unlock();
+        self.t.unit_record().begin_attempt();
+        match wake_time(&self.t, def, now) {
+            Err(why) => {
+                self.t.failure_count += 1;
+                self.t.unit_record().refused(&why);
+                self.give_up(format!("step {} failed permanently: {why}", def.name));
+            }
+            Ok(at) if at <= now => {
+                self.t.unit_record().succeeded();
+                self.advance();
+            }
+            Ok(at) => {
+                let token = self.ctx.fresh_token.clone();
+                self.t.locked_by = Some(token.clone());
+                self.t.complete_by = Some(at);
+                self.note(running_state(self.t.phase()));
+                let task_id = self.t.task_id.clone();
+                self.fx.push(Effect::ArmTimer(TimerMessage {
+                    v: VERSION,
+                    task_id,
+                    attempt: Some(token),
+                    complete_by: at,
+                }));
+            }
+        }
     }
 
     /// The current unit is done: start the next one, or end the task.
@@ -708,7 +983,7 @@ impl Change<'_> {
     fn attempt_failed(&mut self, reason: &str, timed_out: bool) {
         let def = self.t.current_def().clone();
         self.t.failure_count += 1;
-        self.t.locked_by = None;
+        self.unlock();
         if self.t.phase() == Phase::Forward {
             let i = self.t.step_index;
             self.t.steps[i].maybe_applied = true;
@@ -764,7 +1039,7 @@ impl Change<'_> {
         plan.extend((0..i).rev().filter(|&j| t.steps[j].status == StepStatus::Succeeded && has_comp(j)));
         let settles = if current { t.steps[i].settles_at.map(|at| at.plus_ms(self.policy.settle_ms)) } else { None };
         self.t.reason = Some(reason);
-        self.t.locked_by = None;
+        self.unlock();
         self.t.outstanding.clear();
         if plan.is_empty() {
             self.finish(cause.end_state());
@@ -784,7 +1059,7 @@ impl Change<'_> {
     /// End the task in a terminal state; `Error` alerts an operator.
     fn finish(&mut self, end: ProcessState) {
         debug_assert!(end.is_terminal());
-        self.t.locked_by = None;
+        self.unlock();
         self.t.complete_by = None;
         self.t.not_before = None;
         self.t.outstanding.clear();
@@ -816,3 +1091,7 @@ impl Change<'_> {
 #[cfg(test)]
 #[allow(clippy::needless_pass_by_value, clippy::many_single_char_names)]
 mod tests;
+
+#[cfg(test)]
+#[allow(clippy::needless_pass_by_value)]
+mod callback_tests;

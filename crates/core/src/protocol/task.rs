@@ -66,6 +66,14 @@ pub struct CompensationRecord {
     /// Bumped when an operator resumes a refused unit, so the service sees a new key.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub key_gen: u32,
+    /// A callback unit: the attempt whose answer completed it (a repeat of that answer is a
+    /// duplicate, not a late result).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done_by: Option<AttemptToken>,
+    /// A callback unit: the attempts it handed a token to (the last [`MAX_ISSUED`]), so a late
+    /// answer is told from a token nobody was given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub issued: Vec<AttemptToken>,
 }
 
 /// A forward step: its progress, its output once it succeeded, and its compensation if one ran.
@@ -94,7 +102,19 @@ pub struct StepRecord {
     pub refused: bool,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub key_gen: u32,
+    /// A callback step: the attempt whose answer completed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done_by: Option<AttemptToken>,
+    /// A callback step: the details of the last heartbeat that extended its deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Value>,
+    /// A callback step: the attempts it handed a token to (the last [`MAX_ISSUED`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub issued: Vec<AttemptToken>,
 }
+
+/// How many attempt tokens a callback unit remembers.
+pub const MAX_ISSUED: usize = 8;
 
 impl StepRecord {
     pub fn new(name: &str) -> Self {
@@ -110,6 +130,9 @@ impl StepRecord {
             settles_at: None,
             refused: false,
             key_gen: 0,
+            done_by: None,
+            progress: None,
+            issued: Vec::new(),
         }
     }
 }
@@ -130,6 +153,8 @@ pub(crate) trait UnitRecord {
     /// An operator resubmits: the unit starts over with a clean failure count (and a new
     /// idempotency key if its last attempt was refused: the old key is spent).
     fn reset(&mut self);
+    /// A callback unit handed `token` to its remote side.
+    fn issue(&mut self, token: &AttemptToken);
 }
 
 /// One definition of the bookkeeping for both kinds of record; only the status names differ.
@@ -171,6 +196,12 @@ macro_rules! unit_record {
                     self.key_gen += 1;
                 }
             }
+            fn issue(&mut self, token: &AttemptToken) {
+                self.issued.push(token.clone());
+                if self.issued.len() > MAX_ISSUED {
+                    self.issued.remove(0);
+                }
+            }
         }
     };
 }
@@ -184,6 +215,38 @@ unit_record!(
     CompensationRecord,
     CompensationStatus { pending: Pending, running: Running, succeeded: Done, failed: Failed, timed_out: Failed }
 );
+
+/// A unit's record, read-only: a forward step's or a compensation's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum UnitRef<'a> {
+    Step(&'a StepRecord),
+    Compensation(&'a CompensationRecord),
+}
+
+impl UnitRef<'_> {
+    pub(crate) fn issued(&self, attempt: &AttemptToken) -> bool {
+        match self {
+            UnitRef::Step(s) => s.issued.contains(attempt),
+            UnitRef::Compensation(c) => c.issued.contains(attempt),
+        }
+    }
+
+    pub(crate) fn done_by(&self) -> Option<&AttemptToken> {
+        match self {
+            UnitRef::Step(s) => s.done_by.as_ref(),
+            UnitRef::Compensation(c) => c.done_by.as_ref(),
+        }
+    }
+
+    /// Whether the unit's effect is accounted for: it succeeded (by another attempt with the
+    /// same idempotency key), so a late success of one of its attempts adds nothing to undo.
+    pub(crate) fn accounted(&self) -> bool {
+        match self {
+            UnitRef::Step(s) => s.status == StepStatus::Succeeded,
+            UnitRef::Compensation(c) => c.status == CompensationStatus::Done,
+        }
+    }
+}
 
 /// Why compensation runs, which decides the state it ends in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -353,6 +416,20 @@ pub struct Task {
     /// Why the last of them was not delivered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_error: Option<String>,
+    /// A callback attempt with a heartbeat timeout: its hard deadline, which heartbeats (that
+    /// move `CompleteBy`) never pass. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hard_by: Option<Millis>,
+    /// Successes of callback attempts that came after their attempt had expired and were not
+    /// taken as a result: an effect happened that the task may not account for.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub late_results: u32,
+    /// The last of them, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_result: Option<String>,
+    /// The attempt of the last of them (its repeat is not counted twice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_attempt: Option<AttemptToken>,
 }
 
 fn first_run() -> u32 {
@@ -443,6 +520,29 @@ impl Task {
         v
     }
 
+    /// The record of the unit named `unit` (a forward step or a compensation that has run).
+    pub(crate) fn unit_named(&self, unit: &str) -> Option<UnitRef<'_>> {
+        self.steps.iter().find_map(|s| {
+            if s.name == unit {
+                Some(UnitRef::Step(s))
+            } else {
+                s.compensation.as_ref().filter(|c| c.name == unit).map(UnitRef::Compensation)
+            }
+        })
+    }
+
+    /// Record that `attempt`'s answer completed the unit named `unit`.
+    pub(crate) fn set_done_by(&mut self, unit: &str, attempt: &AttemptToken) {
+        for s in &mut self.steps {
+            if s.name == unit {
+                s.done_by = Some(attempt.clone());
+                s.progress = None;
+            } else if let Some(c) = s.compensation.as_mut().filter(|c| c.name == unit) {
+                c.done_by = Some(attempt.clone());
+            }
+        }
+    }
+
     /// The current unit's record (a compensation's is created on first use).
     pub(crate) fn unit_record(&mut self) -> &mut dyn UnitRecord {
         let i = self.unit_step();
@@ -456,6 +556,8 @@ impl Task {
                 error: None,
                 refused: false,
                 key_gen: 0,
+                done_by: None,
+                issued: Vec::new(),
             })
         } else {
             &mut self.steps[i]
