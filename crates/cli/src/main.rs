@@ -290,8 +290,13 @@ fn ms(m: Option<Millis>) -> String {
 
 #[tokio::main]
 async fn main() {
-    sas_core::telemetry::init();
     let cli = Cli::parse();
+    // An answer prints what it did in one line; the library's log lines would only repeat it.
+    let answers = matches!(
+        cli.cmd,
+        Cmd::Complete { .. } | Cmd::Fail { .. } | Cmd::Heartbeat { .. } | Cmd::Approve { .. } | Cmd::Reject { .. }
+    );
+    sas_core::telemetry::init_with_default(if answers { "error" } else { "info" });
     if let Err(e) = run(&cli).await {
         eprintln!("error: {e:#}");
         std::process::exit(1);
