@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 use tracing::info;
 
-use super::config::CallbackEndpoints;
+use super::handover::CallbackEndpoints;
 use super::runtime::{Agent, AgentError, Call};
 use crate::messages::AgentRequest;
 

@@ -4,10 +4,10 @@
 
 use futures::future::BoxFuture;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tracing::{debug, warn};
 
-use crate::messages::CallbackRef;
+use super::handover::CallbackEndpoints;
 
 use super::approval::ApprovalAgent;
 use super::http::{self, HttpAgent};
@@ -92,35 +92,6 @@ pub enum AgentConfigError {
     BadUrl { agent: String, url: String },
     #[error("agent {agent}: {arn:?} is not an SNS topic ARN")]
     BadTopic { agent: String, arn: String },
-}
-
-/// Where the remote side of a callback step answers, as the agents tell it (the top-level
-/// `"callback"` of the configuration, variables expanded; one whose variable is not set is left
-/// out: a worker then answers the way it knows).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CallbackEndpoints {
-    /// The callback queue (workers inside AWS send a `CallbackMessage` there).
-    pub queue_url: Option<String>,
-    /// The HTTPS endpoint (IAM auth; POST a `CallbackMessage`).
-    pub url: Option<String>,
-}
-
-impl CallbackEndpoints {
-    /// What an agent hands over with the work of a callback step:
-    /// `{"token": "...", "heartbeat_ms": N, "queue_url": "...", "url": "..."}` (absent parts left out).
-    pub fn handover(&self, cb: &CallbackRef) -> Value {
-        let mut v = json!({"token": cb.token.expose()});
-        if let Some(h) = cb.heartbeat_ms {
-            v["heartbeat_ms"] = json!(h);
-        }
-        if let Some(q) = &self.queue_url {
-            v["queue_url"] = json!(q);
-        }
-        if let Some(u) = &self.url {
-            v["url"] = json!(u);
-        }
-        v
-    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use super::config::CallbackEndpoints;
+use super::handover::CallbackEndpoints;
 use super::runtime::{Agent, AgentError, Call};
 use crate::ids::Millis;
 use crate::messages::AgentRequest;

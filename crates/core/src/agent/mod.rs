@@ -15,6 +15,7 @@ use crate::messages::{AgentRequest, Outcome, SchedulerMessage, VERSION};
 
 pub mod approval;
 pub mod config;
+pub mod handover;
 pub mod http;
 pub mod runtime;
 pub mod sim;
@@ -22,7 +23,8 @@ pub mod sim;
 mod tests;
 
 pub use approval::ApprovalAgent;
-pub use config::{AgentConfigError, CallbackEndpoints, BUILT_IN_AGENTS};
+pub use config::{AgentConfigError, BUILT_IN_AGENTS};
+pub use handover::CallbackEndpoints;
 pub use http::HttpAgent;
 pub use runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 pub use sim::SimAgent;
