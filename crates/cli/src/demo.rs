@@ -1,7 +1,8 @@
 //! `sasctl demo`: the main job. Starts the order service (inventory, payment, shipping) and runs
 //! every role in this process against a deployed stack, with HTTP agents calling the service;
 //! submits sample orders (clean, flaky, slow, hanging once, declined, lost in shipping, a duplicate,
-//! a malformed one), shows them move, and checks each order's end and the service's ledger: every
+//! a malformed one; on `order-async`, shipping as a callback step answered on time, late, and
+//! never), shows them move, and checks each order's end and the service's ledger: every
 //! effect applied exactly once, every compensated order released and refunded.
 //!
 //! Two modes: [`run`] hosts the roles in this process (the local runner, against a stack deployed
@@ -31,6 +32,7 @@ use serde_json::{json, Value};
 struct Order {
     id: String,
     what: &'static str,
+    workflow: &'static str,
     /// Faults the order service applies to this order, by endpoint.
     faults: Value,
     expect: ProcessState,
@@ -45,6 +47,7 @@ fn orders(run: &str) -> Vec<Order> {
     let o = |n: &str, what, faults, expect, min_failures, effects| Order {
         id: format!("{run}-{n}"),
         what,
+        workflow: "order",
         faults,
         expect,
         min_failures,
@@ -87,6 +90,89 @@ fn orders(run: &str) -> Vec<Order> {
             &["reserve", "charge", "refund", "release"],
         ),
     ]
+}
+
+/// The late order's confirmation delay: after both ship attempts expired (each a 5 s start budget
+/// plus a 3 s heartbeat window plus the result grace) and the order was compensated.
+const LATE_MS: u64 = 60_000;
+
+/// Orders on `order-async`: shipping is a callback step (the service accepts at once, heartbeats,
+/// confirms on the callback queue); one answered on time, one late, one never.
+fn async_orders(run: &str) -> Vec<Order> {
+    let o = |n: &str, what, faults, expect, min_failures, effects| Order {
+        id: format!("{run}-{n}"),
+        what,
+        workflow: "order-async",
+        faults,
+        expect,
+        min_failures,
+        effects,
+    };
+    vec![
+        o(
+            "ship-async",
+            "async shipping: accepted, heartbeats, confirmed ~3 s later",
+            json!({}),
+            ProcessState::Processed,
+            0,
+            DONE,
+        ),
+        o(
+            "ship-late",
+            "async shipping confirms after 60 s: compensated, then late",
+            json!({"shipping/ship": {"callback_late_ms": LATE_MS}}),
+            ProcessState::Compensated,
+            2,
+            &["reserve", "charge", "refund", "release", "ship"],
+        ),
+        o(
+            "ship-never",
+            "async shipping never answers: retried, compensated",
+            json!({"shipping/ship": {"callback_never": true}}),
+            ProcessState::Compensated,
+            2,
+            &["reserve", "charge", "refund", "release"],
+        ),
+    ]
+}
+
+/// The callback answers of the demo's own queue, applied as the callback queue's handler does,
+/// until `stop` (local mode: a queue of the run, named in the agents' hand-over).
+async fn consume_callbacks(
+    sqs: aws_sdk_sqs::Client,
+    deps: Arc<Deps>,
+    queue: String,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    while !*stop.borrow() {
+        let got = tokio::select! {
+            got = sqs.receive_message().queue_url(&queue).max_number_of_messages(10).wait_time_seconds(1).send() => got,
+            _ = stop.changed() => return,
+        };
+        let msgs = match got {
+            Ok(out) => out.messages.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(error = %aws_sdk_sqs::error::DisplayErrorContext(&e), "receiving callbacks");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        for m in msgs {
+            let handled = match sas_core::callback::parse(m.body().unwrap_or_default()) {
+                Ok(msg) => sas_core::callback::answer(&deps, &msg, m.message_id()).await.map(drop),
+                Err(e) => Err(e),
+            };
+            match handled {
+                Ok(()) | Err(sas_core::deps::HandlerError::Malformed(_)) => {
+                    if let Some(h) = m.receipt_handle() {
+                        let _ = sqs.delete_message().queue_url(&queue).receipt_handle(h).send().await;
+                    }
+                }
+                // delivered again after the visibility timeout
+                Err(e) => tracing::warn!(error = %e, "callback answer not applied; it will be retried"),
+            }
+        }
+    }
 }
 
 async fn queue_arn(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<String> {
@@ -148,14 +234,31 @@ pub async fn run(sdk: &aws_config::SdkConfig, deps: Deps, timeout: Duration) -> 
     let deps = Arc::new(deps);
     let (base, service) = sas_order_service::spawn_local().await.context("starting the order service")?;
     println!("order service (inventory, payment, shipping) listening on {base}");
-    let agents = AgentRuntime::from_config(BUILT_IN_AGENTS, &|k| (k == "ORDER_SERVICE_URL").then(|| base.clone()))?;
+    // Callback steps' answers: a queue of this run, consumed here as the callback queue's handler.
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let name = format!("sas-demo-callbacks-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    let callbacks = sqs.create_queue().queue_name(&name).send().await.map_err(aws_sdk_sqs::Error::from)?;
+    let callbacks = callbacks.queue_url.context("no queue url")?;
+    println!("callback answers on {callbacks}");
+    let vars = |k: &str| match k {
+        "ORDER_SERVICE_URL" => Some(base.clone()),
+        "CALLBACK_QUEUE_URL" => Some(callbacks.clone()),
+        _ => None,
+    };
+    let agents = AgentRuntime::from_config(BUILT_IN_AGENTS, &vars)?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let consumer = tokio::spawn(consume_callbacks(sqs.clone(), deps.clone(), callbacks.clone(), stopped));
     let handle = Runner::new(
         deps.clone(),
         Arc::new(agents),
         RunnerOptions { sweep_every: Duration::from_secs(2), ..RunnerOptions::default() },
     )
     .spawn();
-    scenario(sdk, &deps, &service, Some(handle), timeout).await
+    let ok = scenario(sdk, &deps, &service, Some(handle), true, timeout).await;
+    let _ = stop.send(true);
+    let _ = consumer.await;
+    let _ = sqs.delete_queue().queue_url(&callbacks).send().await;
+    ok
 }
 
 /// Lambda mode: the five functions deployed on LocalStack (a fresh stack `name`, their bootstraps
@@ -198,7 +301,12 @@ pub async fn run_lambda(
     std::fs::write(outputs, sas_cli::stack::outputs_json(&out))?;
     println!("stack outputs in {}\n", outputs.display());
     let deps = Arc::new(Deps::aws(sdk, Resources::from_outputs(&out)?, WorkflowRegistry::from_env()?, settings));
-    let mut ok = scenario(sdk, &deps, &service, None, timeout).await?;
+    // The async orders need the stack's callback queue (the Agent's CALLBACK_QUEUE_URL).
+    let async_orders = out.contains_key("CallbackQueueUrl");
+    if !async_orders {
+        println!("the stack has no callback queue: the async shipping orders are left out");
+    }
+    let mut ok = scenario(sdk, &deps, &service, None, async_orders, timeout).await?;
 
     let logs = aws_sdk_cloudwatchlogs::Client::new(sdk);
     println!("\n  function invocations (LocalStack's event sources and rule; CloudWatch Logs /aws/lambda/<fn>):");
@@ -228,6 +336,7 @@ async fn scenario(
     deps: &Arc<Deps>,
     service: &sas_order_service::OrderService,
     runner: Option<RunnerHandle>,
+    with_async: bool,
     timeout: Duration,
 ) -> Result<bool> {
     let sqs = aws_sdk_sqs::Client::new(sdk);
@@ -254,7 +363,11 @@ async fn scenario(
         .await
         .map_err(aws_sdk_sns::Error::from)?;
 
-    let orders = orders(&run);
+    let mut orders = orders(&run);
+    if with_async {
+        orders.extend(async_orders(&run));
+    }
+    let late = orders.iter().find(|o| o.id.ends_with("-ship-late")).map(|o| o.id.clone());
     // hung-stock: inventory hangs until the supervisor has counted the timed-out attempt.
     let hung = orders.iter().find(|o| o.id.ends_with("hung-stock")).map(|o| o.id.clone()).expect("listed");
     service.add_fault(serde_json::from_value(json!({"order": hung, "endpoint": "/inventory/reserve", "hang": true}))?);
@@ -265,7 +378,7 @@ async fn scenario(
             serde_json::to_string(&Submission {
                 v: VERSION,
                 task_id: Some(TaskId::try_from(o.id.as_str()).expect("valid id")),
-                workflow: "order".into(),
+                workflow: o.workflow.into(),
                 workflow_version: None,
                 input: json!({"customer": "c-42", "items": [{"sku": "book", "qty": 1}], "amount_cents": 1999, "faults": o.faults}),
                 reply_to: Some(reply.clone()),
@@ -312,7 +425,9 @@ async fn scenario(
             println!("{table}");
         }
         last = body;
-        let done = orders.iter().all(|o| tasks.get(&o.id).is_some_and(|t| t.process_state.is_terminal()));
+        // ... and the late confirmation has come (after its order ended)
+        let done = orders.iter().all(|o| tasks.get(&o.id).is_some_and(|t| t.process_state.is_terminal()))
+            && late.as_ref().is_none_or(|l| tasks.get(l).is_some_and(|t| t.late_results > 0));
         if done || started.elapsed() > timeout {
             break;
         }
@@ -349,6 +464,28 @@ async fn scenario(
             state.map_or("-".into(), |s| s.to_string()),
             t.map_or(0, |t| t.failure_count)
         );
+    }
+    if with_async {
+        println!("\n  asynchronous shipping (callback steps):");
+        for o in orders.iter().filter(|o| o.workflow == "order-async") {
+            let Some(t) = tasks.get(&o.id) else { continue };
+            let ship = t.steps.iter().find(|s| s.name == "ship");
+            let mut what = format!("{}; ship attempts {}", t.process_state, ship.map_or(0, |s| s.attempts));
+            if t.late_results > 0 {
+                let _ = write!(what, "; late results {} ({})", t.late_results, t.late_result.as_deref().unwrap_or("-"));
+            }
+            if let Some(r) = &t.reason {
+                let _ = write!(what, "; {r}");
+            }
+            println!("    {:<26} {what}", o.id);
+        }
+        let late_ok = late.as_ref().is_some_and(|l| tasks.get(l).is_some_and(|t| t.late_results == 1));
+        let late_alert = alerts.iter().any(|(a, _)| a.contains("late_result"));
+        println!(
+            "  the late confirmation was recorded on its order and alerted: {}",
+            if late_ok && late_alert { "yes" } else { "NO" }
+        );
+        ok &= late_ok && late_alert;
     }
     let retried = tasks.values().filter(|t| t.failure_count > 0).count();
     let count = |state: &str| counts.get(state).copied().unwrap_or(0);

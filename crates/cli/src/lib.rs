@@ -1,3 +1,4 @@
+pub mod answer;
 pub mod callback_url;
 pub mod iam;
 pub mod lambda;

@@ -12,12 +12,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use sas_cli::answer::{self, Answer};
 use sas_cli::ops::Command;
 use sas_cli::table::TableReader;
 use sas_core::agent::AgentRuntime;
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
-use sas_core::ids::{Millis, TaskId};
+use sas_core::ids::{CallbackToken, Millis, TaskId};
 use sas_core::messages::{Submission, VERSION};
 use sas_core::protocol::ProcessState;
 use sas_core::runner::{Runner, RunnerOptions};
@@ -154,6 +155,53 @@ enum Cmd {
         #[command(flatten)]
         wait: WaitArgs,
     },
+    /// Answer a callback step: it succeeded, with this output. Exit 1 when the answer was not
+    /// taken (stale, late, unknown token, task cancelled).
+    Complete {
+        /// The callback token the step's agent handed over (a secret: never printed back).
+        token: String,
+        /// The step's output, JSON.
+        #[arg(long, default_value = "{}")]
+        output: String,
+        #[command(flatten)]
+        reply: ReplyArgs,
+    },
+    /// Answer a callback step: it failed (for good, unless --retryable).
+    Fail {
+        token: String,
+        #[arg(long)]
+        error: String,
+        /// Let the step be retried (within its attempts) instead of failing it for good.
+        #[arg(long)]
+        retryable: bool,
+        #[command(flatten)]
+        reply: ReplyArgs,
+    },
+    /// Answer a callback step: still working; extends its deadline (never past its hard timeout).
+    Heartbeat {
+        token: String,
+        /// Progress details, JSON.
+        #[arg(long)]
+        details: Option<String>,
+        #[command(flatten)]
+        reply: ReplyArgs,
+    },
+    /// Approve an approval step: it succeeds with output {"approved": true, "comment": ...}.
+    Approve {
+        token: String,
+        #[arg(long)]
+        comment: Option<String>,
+        #[command(flatten)]
+        reply: ReplyArgs,
+    },
+    /// Reject an approval step: it fails for good ("rejected: REASON"), and the task compensates.
+    Reject {
+        token: String,
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        reply: ReplyArgs,
+    },
     /// Benchmark: send a burst of tasks to the stack, poll until every one is terminal, and report
     /// drain time, throughput, latency percentiles, attempts per step and final states.
     Load {
@@ -178,6 +226,13 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(clap::Args, Clone, Copy)]
+struct ReplyArgs {
+    /// Print the reply as JSON (result, stop, state, complete_by, reason) instead of a line.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args, Clone, Copy)]
@@ -235,8 +290,13 @@ fn ms(m: Option<Millis>) -> String {
 
 #[tokio::main]
 async fn main() {
-    sas_core::telemetry::init();
     let cli = Cli::parse();
+    // An answer prints what it did in one line; the library's log lines would only repeat it.
+    let answers = matches!(
+        cli.cmd,
+        Cmd::Complete { .. } | Cmd::Fail { .. } | Cmd::Heartbeat { .. } | Cmd::Approve { .. } | Cmd::Reject { .. }
+    );
+    sas_core::telemetry::init_with_default(if answers { "error" } else { "info" });
     if let Err(e) = run(&cli).await {
         eprintln!("error: {e:#}");
         std::process::exit(1);
@@ -244,6 +304,11 @@ async fn main() {
 }
 
 async fn run(cli: &Cli) -> Result<()> {
+    // An answer's arguments (the token first) are checked before anything else happens.
+    if let Some((token, answer, reply)) = answer_of(&cli.cmd)? {
+        let sdk = sas_core::aws::load_sdk_config().await;
+        return answer_step(cli, &sdk, &token, &answer, reply).await;
+    }
     let sdk = sas_core::aws::load_sdk_config().await;
     match &cli.cmd {
         Cmd::DeployLocal { name, params, functions } => {
@@ -465,6 +530,9 @@ async fn run(cli: &Cli) -> Result<()> {
                 _ => bail!("name a task, or --state Error"),
             }
         }
+        Cmd::Complete { .. } | Cmd::Fail { .. } | Cmd::Heartbeat { .. } | Cmd::Approve { .. } | Cmd::Reject { .. } => {
+            unreachable!("answers are handled before the SDK is loaded")
+        }
         Cmd::Load { tasks, workflow, input, timeout_secs, poll_ms, send_concurrency, json } => {
             let res = resources(cli, &sdk).await?;
             let opts = sas_cli::load::LoadOptions {
@@ -478,6 +546,57 @@ async fn run(cli: &Cli) -> Result<()> {
             };
             load(&sdk, &res, &opts, *json).await?;
         }
+    }
+    Ok(())
+}
+
+/// The answer a `complete|fail|heartbeat|approve|reject` command gives, checked (`None` for the
+/// other commands).
+fn answer_of(cmd: &Cmd) -> Result<Option<(CallbackToken, Answer, ReplyArgs)>> {
+    let (token, answer, reply) = match cmd {
+        Cmd::Complete { token, output, reply } => {
+            (token, Answer::Complete { output: answer::parse_json("--output", output)? }, reply)
+        }
+        Cmd::Fail { token, error, retryable, reply } => {
+            (token, Answer::Fail { error: answer::non_empty("--error", error)?, retryable: *retryable }, reply)
+        }
+        Cmd::Heartbeat { token, details, reply } => {
+            let details = details.as_deref().map(|d| answer::parse_json("--details", d)).transpose()?;
+            (token, Answer::Heartbeat { details }, reply)
+        }
+        Cmd::Approve { token, comment, reply } => (token, Answer::Approve { comment: comment.clone() }, reply),
+        Cmd::Reject { token, reason, reply } => {
+            (token, Answer::Reject { reason: answer::non_empty("--reason", reason)? }, reply)
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some((answer::parse_token(token)?, answer, *reply)))
+}
+
+/// Apply one answer to a callback step, in-process (as the callback queue and the HTTPS endpoint
+/// do), and say what it did. Its arguments were checked first ([`answer_of`]); the token is never
+/// printed. Exit 1 (an error line) when the answer was not taken.
+async fn answer_step(
+    cli: &Cli,
+    sdk: &aws_config::SdkConfig,
+    token: &CallbackToken,
+    answer: &Answer,
+    reply_args: ReplyArgs,
+) -> Result<()> {
+    let deps = deps(cli, sdk).await?;
+    let msg = answer.message(token.clone());
+    let reply = sas_core::callback::answer(&deps, &msg, None).await.with_context(|| {
+        format!("{} task {}, step {}: the answer was not applied", answer.verb(), token.task_id(), token.unit())
+    })?;
+    let line = answer::describe(answer, token, &reply);
+    if reply_args.json {
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+    }
+    if !answer::took(&reply) {
+        bail!("{line}");
+    }
+    if !reply_args.json {
+        println!("{line}");
     }
     Ok(())
 }

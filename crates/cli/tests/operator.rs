@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use sas_core::agent::AgentRuntime;
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
-use sas_core::ids::TaskId;
+use sas_core::ids::{AttemptToken, CallbackToken, TaskId};
 use sas_core::messages::{Submission, VERSION};
 use sas_core::protocol::{ProcessState, Task};
 use sas_core::runner::{Runner, RunnerOptions};
@@ -26,10 +26,17 @@ struct Stack {
     sdk: aws_config::SdkConfig,
     deps: Arc<Deps>,
     outputs: PathBuf,
+    /// The workflows file `sasctl` reads (`SAS_WORKFLOWS_FILE`), when not the built-in ones.
+    workflows_file: Option<PathBuf>,
 }
 
 impl Stack {
     async fn deploy() -> Stack {
+        Self::deploy_with(None).await
+    }
+
+    /// With this workflow added to the built-in ones (for the roles here and for `sasctl`).
+    async fn deploy_with(extra: Option<serde_json::Value>) -> Stack {
         assert!(std::env::var("AWS_ENDPOINT_URL").is_ok(), "set AWS_ENDPOINT_URL (LocalStack: `source infra/env.sh`)");
         let sdk = sas_core::aws::load_sdk_config().await;
         let name = format!("t-cli-ops-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
@@ -42,7 +49,14 @@ impl Stack {
         let outputs = std::env::temp_dir().join(format!("{name}-outputs.json"));
         std::fs::write(&outputs, sas_cli::stack::outputs_json(&out)).expect("write outputs");
         let res = Resources::from_outputs(&out).expect("all outputs present");
-        let workflows = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).expect("built-in workflows");
+        let mut all: serde_json::Value = serde_json::from_str(BUILT_IN_WORKFLOWS).expect("built-in workflows");
+        let workflows_file = extra.map(|wf| {
+            all["workflows"].as_array_mut().expect("a list").push(wf);
+            let path = std::env::temp_dir().join(format!("{name}-workflows.json"));
+            std::fs::write(&path, all.to_string()).expect("write workflows");
+            path
+        });
+        let workflows = WorkflowRegistry::from_json(&all.to_string()).expect("valid workflows");
         // Short budgets: a cancelled attempt that hangs holds its compensation until its
         // CompleteBy (start_by + timeout), so keep that within the test's waits.
         let mut settings = Settings::default();
@@ -50,14 +64,18 @@ impl Stack {
         settings.policy.result_grace_ms = 500;
         settings.policy.settle_ms = 500;
         let deps = Arc::new(Deps::aws(&sdk, res, workflows, settings));
-        Stack { name, sdk, deps, outputs }
+        Stack { name, sdk, deps, outputs, workflows_file }
     }
 
     async fn submit(&self, id: &str, input: serde_json::Value) {
+        self.submit_to("sim-order", id, input).await;
+    }
+
+    async fn submit_to(&self, workflow: &str, id: &str, input: serde_json::Value) {
         let sub = Submission {
             v: VERSION,
             task_id: Some(TaskId::try_from(id).unwrap()),
-            workflow: "sim-order".into(),
+            workflow: workflow.into(),
             workflow_version: None,
             input,
             reply_to: None,
@@ -81,14 +99,21 @@ impl Stack {
 
     /// Run `sasctl` against this stack, as an operator would (with backtraces asked for).
     fn sasctl(&self, args: &[&str]) -> Output {
-        std::process::Command::new(env!("CARGO_BIN_EXE_sasctl"))
-            .arg("--outputs")
-            .arg(&self.outputs)
-            .args(args)
-            .env("RUST_BACKTRACE", "1")
-            .env_remove("SAS_STACK")
-            .output()
-            .expect("sasctl runs")
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sasctl"));
+        cmd.arg("--outputs").arg(&self.outputs).args(args).env("RUST_BACKTRACE", "1").env_remove("SAS_STACK");
+        match &self.workflows_file {
+            Some(f) => cmd.env("SAS_WORKFLOWS_FILE", f),
+            None => cmd.env_remove("SAS_WORKFLOWS_FILE"),
+        };
+        cmd.output().expect("sasctl runs")
+    }
+
+    async fn delete(&self) {
+        let _ = std::fs::remove_file(&self.outputs);
+        if let Some(f) = &self.workflows_file {
+            let _ = std::fs::remove_file(f);
+        }
+        let _ = sas_cli::stack::delete(&aws_sdk_cloudformation::Client::new(&self.sdk), &self.name).await;
     }
 }
 
@@ -161,6 +186,121 @@ async fn operator_commands_report_their_outcome() {
     assert!(out.ends_with("resubmit --state Error: requested 1, moved 1, unchanged 0"), "{out}");
 
     runner.shutdown().await;
-    let _ = std::fs::remove_file(&s.outputs);
-    let _ = sas_cli::stack::delete(&aws_sdk_cloudformation::Client::new(&s.sdk), &s.name).await;
+    s.delete().await;
+}
+
+/// The token of the attempt a task's callback step waits for (what the agent handed over).
+fn token_of(t: &Task, unit: &str) -> String {
+    let attempt = t.locked_by.as_ref().expect("a waiting attempt holds the task");
+    CallbackToken::new(&t.task_id, unit, attempt).expose()
+}
+
+/// A callback step answered by hand: heartbeat, complete (and its duplicate), approve, reject,
+/// and the answers that are not taken (stale, unknown) exit 1, none printing the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callback_steps_are_answered_with_sasctl() {
+    let s = Stack::deploy_with(Some(json!({
+        "name": "sim-callback",
+        "version": 1,
+        "steps": [{"name": "confirm", "kind": "callback", "agent": "sim", "timeout_ms": 600_000, "max_attempts": 1}]
+    })))
+    .await;
+    let opts =
+        RunnerOptions { sweep_every: Duration::from_secs(1), wait: Duration::from_secs(1), ..Default::default() };
+    let runner = Runner::new(s.deps.clone(), Arc::new(AgentRuntime::with_builtins()), opts).spawn();
+    let run = &s.name[10..];
+    let (done, approved, rejected) = (format!("{run}-cb-done"), format!("{run}-cb-ok"), format!("{run}-cb-no"));
+    for id in [&done, &approved, &rejected] {
+        s.submit_to("sim-callback", id, json!({})).await;
+    }
+    let waiting = |t: &Task| t.process_state == ProcessState::Processing && t.locked_by.is_some();
+    let no_token = |out: &Output, token: &str| {
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(!all.contains(token), "the token is never printed: {all}");
+    };
+
+    // heartbeat, then complete: the step succeeds with the output given
+    let t = s.wait_for(&done, "waiting for its callback", waiting).await;
+    let token = token_of(&t, "confirm");
+    let out = s.sasctl(&["heartbeat", &token, "--details", r#"{"progress": "half"}"#]);
+    let line = assert_ok(&out);
+    assert!(line.starts_with(&format!("heartbeat task {done}, step confirm: alive")), "{line}");
+    no_token(&out, &token);
+    let out = s.sasctl(&["complete", &token, "--output", r#"{"shipped": 3}"#]);
+    let line = assert_ok(&out);
+    assert!(line.starts_with(&format!("complete task {done}, step confirm: applied")), "{line}");
+    no_token(&out, &token);
+    let t = s.wait_for(&done, "Processed", |t| t.process_state == ProcessState::Processed).await;
+    assert_eq!(t.steps[0].output, Some(json!({"shipped": 3})), "{t:?}");
+    // the same answer again (a sender retrying) is not an error
+    let line = assert_ok(&s.sasctl(&["complete", &token, "--output", r#"{"shipped": 3}"#]));
+    assert!(line.contains(": duplicate ("), "{line}");
+
+    // approve: a success whose output says so
+    let t = s.wait_for(&approved, "waiting for its approval", waiting).await;
+    let token = token_of(&t, "confirm");
+    // a token of an attempt nobody was given changes nothing, and says so (exit 1)
+    let forged = CallbackToken::new(&t.task_id, "confirm", &AttemptToken::from("ffffffffffffffffffffffffffffffff"));
+    let out = s.sasctl(&["approve", &forged.expose()]);
+    assert_refused(&out, &format!("approve task {approved}, step confirm: stale"));
+    no_token(&out, &forged.expose());
+    let line = assert_ok(&s.sasctl(&["approve", &token, "--comment", "fine by me"]));
+    assert!(line.contains(": applied ("), "{line}");
+    let t = s.wait_for(&approved, "Processed", |t| t.process_state == ProcessState::Processed).await;
+    assert_eq!(t.steps[0].output, Some(json!({"approved": true, "comment": "fine by me"})));
+
+    // reject: a permanent failure with the reason; the task ends without the step
+    let t = s.wait_for(&rejected, "waiting for its approval", waiting).await;
+    let token = token_of(&t, "confirm");
+    let line = assert_ok(&s.sasctl(&["reject", &token, "--reason", "too expensive"]));
+    assert!(line.contains(": applied ("), "{line}");
+    let t = s.wait_for(&rejected, "ended", |t| t.process_state.is_terminal()).await;
+    assert_eq!(t.process_state, ProcessState::Compensated, "{t:?}");
+    assert!(t.reason.as_deref().unwrap_or("").contains("rejected: too expensive"), "{:?}", t.reason);
+
+    // a token for no task at all
+    let nobody = CallbackToken::new(
+        &TaskId::try_from(format!("{run}-nobody").as_str()).unwrap(),
+        "confirm",
+        &AttemptToken::from("0123456789abcdef0123456789abcdef"),
+    );
+    assert_refused(&s.sasctl(&["complete", &nobody.expose()]), ": unknown (no task has this token");
+
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+/// A malformed callback token is refused before anything is read or sent: with no outputs file
+/// and no reachable AWS endpoint, the one error line is about the token, and never repeats it.
+#[test]
+fn a_malformed_callback_token_is_refused_without_touching_aws() {
+    let missing = std::env::temp_dir().join(format!("no-such-outputs-{}.json", uuid::Uuid::new_v4().simple()));
+    let secret = "0123456789abcdef0123456789abcdeX:ship:order-7";
+    let sasctl = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sasctl"))
+            .arg("--outputs")
+            .arg(&missing)
+            .args(args)
+            .env("RUST_BACKTRACE", "1")
+            .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+            .env_remove("SAS_STACK")
+            .output()
+            .expect("sasctl runs")
+    };
+    for args in [
+        vec!["complete", secret, "--output", "{}"],
+        vec!["fail", secret, "--error", "boom"],
+        vec!["heartbeat", secret],
+        vec!["approve", secret, "--comment", "fine"],
+        vec!["reject", secret, "--reason", "no"],
+        vec!["complete", "not-a-token"],
+    ] {
+        let out = sasctl(&args);
+        assert_refused(&out, "the callback token is not one this stack issues");
+        let err = text(&out.stderr);
+        assert!(!err.contains("0123456789abcdef"), "the token is never echoed: {err}");
+        assert!(!err.contains("outputs"), "nothing read before the token is checked: {err}");
+    }
+    let out = sasctl(&["complete", "0123456789abcdef0123456789abcdef:ship:order-7", "--output", "{"]);
+    assert_refused(&out, "--output is not JSON");
 }

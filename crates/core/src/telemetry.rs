@@ -4,7 +4,13 @@
 use tracing_subscriber::EnvFilter;
 
 pub fn init() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    init_with_default("info");
+}
+
+/// As [`init`], with another filter when `RUST_LOG` is not set (a tool whose own output says
+/// what happened keeps the library's lines for errors: `"error"`).
+pub fn init_with_default(default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let json = std::env::var("AWS_LAMBDA_FUNCTION_NAME").is_ok()
         || std::env::var("SAS_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);

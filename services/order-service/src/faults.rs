@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 /// (`fail_time`) is an error rather than a silently ignored rule.
 ///
 /// When several rules match one request they combine: the largest `latency_ms` is slept first,
-/// then any `hang`, then the first `permanent`, then `fail_times` / `error_rate`.
+/// then any `hang`, then the first `permanent`, then `fail_times` / `error_rate`; an accepted
+/// asynchronous request then never answers if any rule says `callback_never`, else answers after
+/// the largest `callback_late_ms`.
 /// Injected failures never apply the effect.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -32,6 +34,11 @@ pub struct FaultRule {
     pub hang: bool,
     /// Answer 422 `{"error": <message>}`. Saved under the idempotency key like a success.
     pub permanent: Option<String>,
+    /// Asynchronous requests (with a `callback`): accept, send no heartbeat, and confirm only
+    /// after this many milliseconds (later than the step's deadline: the answer comes late).
+    pub callback_late_ms: Option<u64>,
+    /// Asynchronous requests: accept and never answer (the step's deadline ends the wait).
+    pub callback_never: bool,
 }
 
 impl FaultRule {
@@ -63,6 +70,8 @@ pub(crate) struct Plan {
     pub hang: bool,
     pub permanent: Option<String>,
     pub transient: Option<Transient>,
+    pub callback_late_ms: Option<u64>,
+    pub callback_never: bool,
 }
 
 #[derive(Debug)]
@@ -114,6 +123,8 @@ impl Faults {
         for rule in global.iter().map(|&i| &self.rules[i].rule).chain(body_rule) {
             plan.latency_ms = plan.latency_ms.max(rule.latency_ms);
             plan.hang |= rule.hang;
+            plan.callback_never |= rule.callback_never;
+            plan.callback_late_ms = plan.callback_late_ms.max(rule.callback_late_ms);
             if plan.permanent.is_none() {
                 plan.permanent.clone_from(&rule.permanent);
             }

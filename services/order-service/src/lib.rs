@@ -8,11 +8,16 @@
 //!   saved, so a retry can succeed; permanent failures (422) are.
 //! * Every applied effect is appended to a ledger (`GET /ledger`), which is what tests check to
 //!   prove "exactly once".
-//! * Faults (latency, hangs, transient and permanent failures) are injected by rules registered
-//!   with `POST /faults` or carried in the request body at `input.input.faults`.
+//! * Faults (latency, hangs, transient and permanent failures; late and missing callbacks) are
+//!   injected by rules registered with `POST /faults` or carried in the request body at
+//!   `input.input.faults`.
+//! * A request that carries a `callback` (a callback step's hand-off) is accepted at once (202);
+//!   the effect follows in the background, with heartbeats, and is confirmed on the callback
+//!   queue with the step's token.
 //!
 //! See [`OrderService::router`] for the endpoints.
 
+mod callback;
 mod faults;
 mod ledger;
 
@@ -33,9 +38,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn, Instrument};
 
+pub use callback::{CallbackSender, MemorySender, SqsSender};
 pub use faults::{FaultEntry, FaultRule};
 pub use ledger::LedgerEntry;
 
+use callback::{CallbackReq, Job, Mode};
 use faults::{normalize_endpoint, Faults};
 use ledger::{Books, Op, OrderInput};
 
@@ -59,7 +66,16 @@ struct Inner {
     faults: Mutex<Faults>,
     /// Turns `true` when the server begins shutting down; releases hanging requests.
     shutdown: watch::Sender<bool>,
+    /// Asynchronous effects, per idempotency key.
+    jobs: Mutex<HashMap<String, Job>>,
+    /// Where asynchronous effects are confirmed.
+    sender: Arc<dyn CallbackSender>,
+    /// How long an asynchronous effect takes (heartbeating meanwhile) before it is confirmed.
+    confirm_after: Duration,
 }
+
+/// How long an asynchronous effect takes by default.
+pub const DEFAULT_CONFIRM_AFTER: Duration = Duration::from_secs(3);
 
 impl Default for Inner {
     fn default() -> Self {
@@ -68,6 +84,9 @@ impl Default for Inner {
             books: Mutex::default(),
             faults: Mutex::default(),
             shutdown: watch::Sender::new(false),
+            jobs: Mutex::default(),
+            sender: Arc::new(SqsSender::default()),
+            confirm_after: DEFAULT_CONFIRM_AFTER,
         }
     }
 }
@@ -100,10 +119,18 @@ impl OrderService {
         Self::default()
     }
 
+    /// A service whose asynchronous effects take `confirm_after` and are confirmed through
+    /// `sender` (the default: SQS, [`DEFAULT_CONFIRM_AFTER`]).
+    pub fn with_callbacks(sender: Arc<dyn CallbackSender>, confirm_after: Duration) -> Self {
+        OrderService { inner: Arc::new(Inner { sender, confirm_after, ..Inner::default() }) }
+    }
+
     /// All routes, with this service's state attached:
     ///
     /// * `POST /inventory/reserve`, `/inventory/release`, `/payment/charge`, `/payment/refund`,
-    ///   `/shipping/ship`: the effects (header `Idempotency-Key` required);
+    ///   `/shipping/ship`: the effects (header `Idempotency-Key` required); a request with a
+    ///   `callback` object is accepted at once (202) and confirmed later through the callback
+    ///   queue (see the `callback` module);
     /// * `GET /ledger[?order=ID]` → `{"entries": [...]}`;
     /// * `GET /faults` → `{"faults": [...]}`, `POST /faults` (a [`FaultRule`]) → `{"id": n}`,
     ///   `DELETE /faults[?order=ID]` → `{"removed": n}`;
@@ -203,16 +230,24 @@ impl OrderService {
 /// # Errors
 /// Binding the port failed.
 pub async fn spawn_local() -> std::io::Result<(String, OrderService)> {
+    let svc = OrderService::new();
+    Ok((spawn_service(&svc).await?, svc))
+}
+
+/// Serves `svc` on `127.0.0.1:0` in a background task; returns its base URL.
+///
+/// # Errors
+/// Binding the port failed.
+pub async fn spawn_service(svc: &OrderService) -> std::io::Result<String> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
-    let svc = OrderService::new();
     let server = svc.clone();
     tokio::spawn(async move {
         if let Err(err) = server.serve(listener).await {
             warn!(%err, "order service stopped");
         }
     });
-    Ok((url, svc))
+    Ok(url)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -236,6 +271,8 @@ struct EffectRequest {
     input: OrderInput,
     /// The fault this request carries for its endpoint, from `input.input.faults`.
     fault: Option<FaultRule>,
+    /// Present for a callback step: accept now, confirm later through the callback queue.
+    callback: Option<CallbackReq>,
 }
 
 impl EffectRequest {
@@ -267,6 +304,7 @@ impl EffectRequest {
             input: OrderInput::from_json(&order_json),
             fault,
             order,
+            callback: CallbackReq::parse(&body)?,
         })
     }
 }
@@ -311,6 +349,9 @@ async fn handle_effect(svc: &OrderService, op: Op, key: &str, req: EffectRequest
     // A duplicate waits here until the request holding the key is done.
     let mut saved = slot.saved.lock().await;
     if let Some(saved) = saved.as_ref() {
+        if let Some(cb) = &req.callback {
+            svc.rebind(key, cb, saved);
+        }
         info!(status = saved.status.as_u16(), "replayed");
         let mut response = (saved.status, Json(saved.body.clone())).into_response();
         response.headers_mut().insert(HeaderName::from_static(IDEMPOTENT_REPLAYED), HeaderValue::from_static("true"));
@@ -347,10 +388,111 @@ async fn handle_effect(svc: &OrderService, op: Op, key: &str, req: EffectRequest
         };
     }
 
+    if let Some(cb) = req.callback {
+        let mode = match (plan.callback_never, plan.callback_late_ms) {
+            (true, _) => Mode::Never,
+            (false, Some(ms)) => Mode::Late(ms),
+            (false, None) => Mode::OnTime,
+        };
+        let job = Job { token: cb.token, queue_url: cb.queue_url, heartbeat_ms: cb.heartbeat_ms, mode, done: None };
+        lock(&svc.inner.jobs).insert(key.to_owned(), job);
+        let body = json!({"accepted": true, "op": op.name(), "order": req.order});
+        info!(?mode, "accepted: the effect follows, confirmed through the callback queue");
+        *saved = Some(Saved { status: StatusCode::ACCEPTED, body: body.clone() });
+        tokio::spawn(run_job(svc.clone(), op, key.to_owned(), req.order, req.input));
+        return (StatusCode::ACCEPTED, Json(body)).into_response();
+    }
+
     let body = lock(&svc.inner.books).apply(op, &req.order, key, &req.input);
     info!(response = %body, "applied");
     *saved = Some(Saved { status: StatusCode::OK, body: body.clone() });
     (StatusCode::OK, Json(body)).into_response()
+}
+
+impl OrderService {
+    /// A retry of an asynchronous effect (a new attempt: a new token): the job now answers to the
+    /// new token; a job already done confirms again, to it (nothing is applied twice). An effect
+    /// done synchronously before is confirmed with its saved response.
+    fn rebind(&self, key: &str, cb: &CallbackReq, saved: &Saved) {
+        let again = {
+            let mut jobs = lock(&self.inner.jobs);
+            match jobs.get_mut(key) {
+                Some(job) => {
+                    job.token = cb.token.clone();
+                    job.queue_url.clone_from(&cb.queue_url);
+                    job.heartbeat_ms = cb.heartbeat_ms;
+                    info!(done = job.done.is_some(), "retried: the job answers to the new token");
+                    job.done.clone()
+                }
+                None => saved.status.is_success().then(|| saved.body.clone()),
+            }
+        };
+        if let Some(output) = again {
+            let (sender, msg, queue) =
+                (self.inner.sender.clone(), callback::succeeded(cb.token.clone(), output), cb.queue_url.clone());
+            tokio::spawn(async move { callback::send(sender.as_ref(), &queue, &msg).await });
+        }
+    }
+
+    /// The current token and queue of a job.
+    fn job_target(&self, key: &str) -> Option<(sas_core::ids::CallbackToken, String)> {
+        lock(&self.inner.jobs).get(key).map(|j| (j.token.clone(), j.queue_url.clone()))
+    }
+}
+
+/// The background half of an asynchronous effect: heartbeats while it "works", then the effect
+/// (its ledger entry) and the confirmation, to the newest token.
+async fn run_job(svc: OrderService, op: Op, key: String, order: String, input: OrderInput) {
+    let Some((mode, every)) =
+        lock(&svc.inner.jobs).get(&key).map(|j| (j.mode, callback::heartbeat_every(j.heartbeat_ms)))
+    else {
+        return;
+    };
+    let span = tracing::info_span!("job", op = op.name(), order = %order, key = %key);
+    async move {
+        let wait = match mode {
+            Mode::OnTime => svc.inner.confirm_after,
+            Mode::Late(ms) => Duration::from_millis(ms),
+            Mode::Never => {
+                info!("injected: never answering");
+                return;
+            }
+        };
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let nap = match (mode, every) {
+                (Mode::OnTime, Some(every)) => every.min(left),
+                _ => left,
+            };
+            tokio::select! {
+                () = tokio::time::sleep(nap) => {}
+                () = svc.wait_for_shutdown() => return,
+            }
+            if mode == Mode::OnTime && every.is_some() && tokio::time::Instant::now() < until {
+                if let Some((token, queue)) = svc.job_target(&key) {
+                    callback::send(svc.inner.sender.as_ref(), &queue, &callback::heartbeat(token, "packing")).await;
+                }
+            }
+        }
+        let output = lock(&svc.inner.books).apply(op, &order, &key, &input);
+        info!(response = %output, "applied (asynchronously)");
+        let target = {
+            let mut jobs = lock(&svc.inner.jobs);
+            jobs.get_mut(&key).map(|j| {
+                j.done = Some(output.clone());
+                (j.token.clone(), j.queue_url.clone())
+            })
+        };
+        if let Some((token, queue)) = target {
+            callback::send(svc.inner.sender.as_ref(), &queue, &callback::succeeded(token, output)).await;
+        }
+    }
+    .instrument(span)
+    .await;
 }
 
 #[derive(Deserialize)]

@@ -20,6 +20,10 @@ struct Args {
     /// Address to listen on.
     #[arg(long, env = "ORDER_SERVICE_LISTEN", default_value = "127.0.0.1:8080")]
     listen: String,
+    /// How long an asynchronous effect (a request with a `callback`) takes before it is confirmed
+    /// through the callback queue; it heartbeats meanwhile.
+    #[arg(long, env = "ORDER_SERVICE_CONFIRM_AFTER_MS", default_value_t = 3_000)]
+    confirm_after_ms: u64,
 }
 
 #[tokio::main]
@@ -35,7 +39,11 @@ async fn main() -> anyhow::Result<()> {
     info!(addr = %listener.local_addr()?, "order service listening");
 
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = OrderService::new().serve_with_shutdown(listener, async move {
+    let svc = OrderService::with_callbacks(
+        std::sync::Arc::new(sas_order_service::SqsSender::default()),
+        Duration::from_millis(args.confirm_after_ms),
+    );
+    let server = svc.serve_with_shutdown(listener, async move {
         shutdown_signal().await;
         info!("shutting down");
         let _ = signalled_tx.send(());

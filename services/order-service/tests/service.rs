@@ -498,3 +498,130 @@ async fn shutdown_answers_hanging_requests() {
     tokio::time::timeout(Duration::from_secs(2), server).await.expect("server stops").unwrap().unwrap();
     assert!(svc.ledger().is_empty());
 }
+
+// --- Asynchronous effects (callback steps) ---
+
+/// A service whose asynchronous effects take `confirm_ms` and whose callbacks are kept in memory.
+async fn start_async(confirm_ms: u64) -> (Api, std::sync::Arc<sas_order_service::MemorySender>) {
+    let sent = std::sync::Arc::new(sas_order_service::MemorySender::default());
+    let svc = OrderService::with_callbacks(sent.clone(), Duration::from_millis(confirm_ms));
+    let base = sas_order_service::spawn_service(&svc).await.expect("spawn order service");
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    (Api { base, http, svc }, sent)
+}
+
+fn token(attempt: char, order: &str) -> String {
+    format!("{}:ship:{order}", attempt.to_string().repeat(32))
+}
+
+/// A ship request as the HTTP agent sends it for a callback step.
+fn async_body(order: &str, token: &str, order_input: Value) -> Value {
+    let mut b = body(order, "ship", 1, order_input);
+    b["callback"] =
+        json!({"token": token, "heartbeat_ms": 300, "queue_url": "http://q/000000000000/cb", "url": "https://x"});
+    b
+}
+
+/// The (status, token) of every callback sent so far.
+fn answers(sent: &sas_order_service::MemorySender) -> Vec<(String, String)> {
+    sent.sent()
+        .into_iter()
+        .map(|(q, m)| {
+            assert_eq!(q, "http://q/000000000000/cb");
+            (m.answer.name().to_owned(), m.token.expose())
+        })
+        .collect()
+}
+
+async fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_callback_request_is_accepted_at_once_then_heartbeats_and_confirms_once() {
+    let (api, sent) = start_async(1_000).await;
+    let t1 = token('a', "o1");
+    let started = Instant::now();
+    let r = api.post("/shipping/ship", Some("o1:ship"), &async_body("o1", &t1, book_order())).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{:?}", r.body);
+    assert!(started.elapsed() < Duration::from_millis(500), "answered at once");
+    assert_eq!(r.body["accepted"], true);
+    assert!(api.ledger_for("o1").is_empty(), "nothing shipped yet");
+
+    wait_until("confirmed", || answers(&sent).iter().any(|a| a.0 == "succeeded")).await;
+    let got = answers(&sent);
+    let (last, beats) = got.split_last().unwrap();
+    assert_eq!(*last, ("succeeded".to_owned(), t1.clone()));
+    assert!(beats.len() >= 2 && beats.iter().all(|b| *b == ("heartbeat".to_owned(), t1.clone())), "{got:?}");
+    let ledger = api.ledger_for("o1");
+    assert_eq!(ledger.len(), 1);
+    let output = match &sent.sent().last().unwrap().1.answer {
+        sas_core::messages::CallbackAnswer::Succeeded { output } => output.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(output["shipment_id"], ledger[0].detail["shipment_id"], "the confirmation carries the effect");
+}
+
+#[tokio::test]
+async fn a_retry_moves_the_job_to_the_new_token_and_nothing_is_applied_twice() {
+    let (api, sent) = start_async(600).await;
+    let (t1, t2, t3) = (token('a', "o2"), token('b', "o2"), token('c', "o2"));
+    assert_eq!(
+        api.post("/shipping/ship", Some("o2:ship"), &async_body("o2", &t1, book_order())).await.status,
+        StatusCode::ACCEPTED
+    );
+    // the step's attempt expired and was retried (a new token) while the warehouse works
+    let r = api.post("/shipping/ship", Some("o2:ship"), &async_body("o2", &t2, book_order())).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED);
+    assert!(r.replayed());
+    wait_until("confirmed", || answers(&sent).iter().any(|a| a.0 == "succeeded")).await;
+    assert_eq!(answers(&sent).last().unwrap(), &("succeeded".to_owned(), t2.clone()), "the newest token");
+    // retried once more after it was done: confirmed again to that token, nothing applied again
+    let r = api.post("/shipping/ship", Some("o2:ship"), &async_body("o2", &t3, book_order())).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED);
+    wait_until("confirmed again", || answers(&sent).iter().any(|a| a.0 == "succeeded" && a.1 == t3)).await;
+    assert_eq!(answers(&sent).iter().filter(|a| a.0 == "succeeded").count(), 2);
+    assert_eq!(api.ledger_for("o2").len(), 1, "{:?}", api.ledger_for("o2"));
+}
+
+#[tokio::test]
+async fn late_and_never_faults_shape_the_answer() {
+    let (api, sent) = start_async(200).await;
+    let late = async_body(
+        "o3",
+        &token('a', "o3"),
+        json!({"items": [{"sku": "book", "qty": 1}], "faults": {"shipping/ship": {"callback_late_ms": 800}}}),
+    );
+    let never = async_body("o4", &token('a', "o4"), json!({"faults": {"/shipping/ship": {"callback_never": true}}}));
+    let started = Instant::now();
+    assert_eq!(api.post("/shipping/ship", Some("o3:ship"), &late).await.status, StatusCode::ACCEPTED);
+    assert_eq!(api.post("/shipping/ship", Some("o4:ship"), &never).await.status, StatusCode::ACCEPTED);
+    wait_until("the late one confirmed", || !answers(&sent).is_empty()).await;
+    assert!(started.elapsed() >= Duration::from_millis(750), "late: {:?}", started.elapsed());
+    // late: no heartbeat before the one confirmation; never: nothing at all
+    assert_eq!(answers(&sent), vec![("succeeded".to_owned(), token('a', "o3"))]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(answers(&sent).len(), 1);
+    assert_eq!(api.ledger_for("o3").len(), 1, "shipped, late");
+    assert!(api.ledger_for("o4").is_empty(), "never shipped");
+}
+
+#[tokio::test]
+async fn a_callback_the_service_cannot_answer_is_refused() {
+    let (api, sent) = start_async(100).await;
+    let mut b = async_body("o5", "not-a-token", book_order());
+    let r = api.post("/shipping/ship", Some("o5:ship"), &b).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.body["error"].as_str().unwrap().contains("callback.token"), "{:?}", r.body);
+    assert!(!r.body["error"].as_str().unwrap().contains("not-a-token"), "the token is not echoed");
+    b["callback"] = json!({"token": token('a', "o5")});
+    let r = api.post("/shipping/ship", Some("o5:ship"), &b).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.body["error"].as_str().unwrap().contains("queue_url"), "{:?}", r.body);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(sent.sent().is_empty() && api.ledger_for("o5").is_empty());
+}

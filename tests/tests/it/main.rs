@@ -10,6 +10,7 @@
     clippy::too_many_lines
 )]
 
+mod approval;
 mod common;
 mod ground;
 mod lambda;

@@ -5,8 +5,11 @@
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::Value;
-use tracing::warn;
+use tracing::{debug, warn};
 
+use super::handover::CallbackEndpoints;
+
+use super::approval::ApprovalAgent;
 use super::http::{self, HttpAgent};
 use super::runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 use super::sim::SimAgent;
@@ -27,6 +30,7 @@ impl AgentRuntime {
         let mut rt = AgentRuntime::new(file.retry.unwrap_or_default());
         let client = http::client();
         let max = file.max_response_bytes.unwrap_or(http::DEFAULT_MAX_RESPONSE_BYTES);
+        let callback = file.callback.map(|c| c.expand(vars)).unwrap_or_default();
         for (name, spec) in file.agents {
             match spec {
                 AgentSpec::Sim => {
@@ -37,7 +41,20 @@ impl AgentRuntime {
                         if !(url.starts_with("http://") || url.starts_with("https://")) {
                             return Err(AgentConfigError::BadUrl { agent: name, url });
                         }
-                        rt.register(name, HttpAgent::new(client.clone(), url, max));
+                        rt.register(name, HttpAgent::new(client.clone(), url, max).with_callback(callback.clone()));
+                    }
+                    Err(var) => {
+                        let message = format!("agent {name} is not configured: {var} is not set");
+                        warn!("{message}");
+                        rt.register(name, Unconfigured { message });
+                    }
+                },
+                AgentSpec::Approval { topic_arn } => match expand(&topic_arn, vars) {
+                    Ok(arn) => {
+                        if !arn.starts_with("arn:") {
+                            return Err(AgentConfigError::BadTopic { agent: name, arn });
+                        }
+                        rt.register(name, ApprovalAgent::new(arn, callback.clone()));
                     }
                     Err(var) => {
                         let message = format!("agent {name} is not configured: {var} is not set");
@@ -73,6 +90,33 @@ pub enum AgentConfigError {
     Io { path: String, message: String },
     #[error("agent {agent}: {url:?} is not an http(s) URL")]
     BadUrl { agent: String, url: String },
+    #[error("agent {agent}: {arn:?} is not an SNS topic ARN")]
+    BadTopic { agent: String, arn: String },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallbackSpec {
+    #[serde(default)]
+    queue_url: Option<String>,
+    #[serde(default)]
+    url: Option<String>,
+}
+
+impl CallbackSpec {
+    fn expand(self, vars: &dyn Fn(&str) -> Option<String>) -> CallbackEndpoints {
+        let one = |what: &str, s: Option<String>| {
+            let s = s?;
+            match expand(&s, vars) {
+                Ok(v) => Some(v),
+                Err(var) => {
+                    debug!("callback {what} left out of the hand-over: {var} is not set");
+                    None
+                }
+            }
+        };
+        CallbackEndpoints { queue_url: one("queue_url", self.queue_url), url: one("url", self.url) }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -83,13 +127,23 @@ struct AgentFile {
     retry: Option<CallRetry>,
     #[serde(default)]
     max_response_bytes: Option<usize>,
+    /// Where callback steps are answered, told to the remote side with the token.
+    #[serde(default)]
+    callback: Option<CallbackSpec>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 enum AgentSpec {
     Sim,
-    Http { url: String },
+    Http {
+        url: String,
+    },
+    /// A person approves: the token goes to an SNS topic (an email subscription), answered with
+    /// `sasctl approve|reject TOKEN` or the HTTPS endpoint.
+    Approval {
+        topic_arn: String,
+    },
 }
 
 /// Replace every `${NAME}`; `Err(NAME)` for the first one that is not set.

@@ -13,8 +13,10 @@ use futures::future::BoxFuture;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
+use super::handover::CallbackEndpoints;
 use super::runtime::{Agent, AgentError, Call};
 use crate::ids::Millis;
+use crate::messages::AgentRequest;
 
 /// The default limit on a response body that becomes step output (it is stored in the task item
 /// and carried to later steps, so it must stay far below DynamoDB's 400 KB).
@@ -25,6 +27,7 @@ pub struct HttpAgent {
     client: reqwest::Client,
     url: String,
     max_response_bytes: usize,
+    callback: CallbackEndpoints,
 }
 
 /// One HTTP client (connection pool) for all the agents of a process.
@@ -39,7 +42,14 @@ pub fn client() -> reqwest::Client {
 
 impl HttpAgent {
     pub fn new(client: reqwest::Client, url: impl Into<String>, max_response_bytes: usize) -> Self {
-        HttpAgent { client, url: url.into(), max_response_bytes }
+        HttpAgent { client, url: url.into(), max_response_bytes, callback: CallbackEndpoints::default() }
+    }
+
+    /// Where the remote side of a callback step answers (told with the token).
+    #[must_use]
+    pub fn with_callback(mut self, callback: CallbackEndpoints) -> Self {
+        self.callback = callback;
+        self
     }
 
     pub fn url(&self) -> &str {
@@ -68,6 +78,22 @@ fn transport_error(e: &reqwest::Error) -> AgentError {
     AgentError::Transient { message: format!("{kind}: {e}"), retry_after: None }
 }
 
+/// The request body: the work, and for a callback step what the remote side answers with
+/// (`"callback": {"token", "heartbeat_ms", "queue_url", "url"}`); a 2xx then only means the work
+/// was accepted.
+pub fn body(req: &AgentRequest, callback: &CallbackEndpoints) -> Value {
+    let mut body = json!({
+        "task_id": req.task_id,
+        "step": req.step,
+        "attempt_no": req.attempt_no,
+        "input": req.input,
+    });
+    if let Some(cb) = &req.callback {
+        body["callback"] = callback.handover(cb);
+    }
+    body
+}
+
 impl Agent for HttpAgent {
     fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
         Box::pin(async move {
@@ -76,12 +102,7 @@ impl Agent for HttpAgent {
             if left == 0 {
                 return Err(AgentError::Transient { message: "CompleteBy has passed".into(), retry_after: None });
             }
-            let body = json!({
-                "task_id": req.task_id,
-                "step": req.step,
-                "attempt_no": req.attempt_no,
-                "input": req.input,
-            });
+            let body = body(req, &self.callback);
             let sent = self
                 .client
                 .post(&self.url)

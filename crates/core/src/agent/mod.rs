@@ -4,6 +4,7 @@
 //! - [`runtime`]: the [`Agent`] trait and the [`AgentRuntime`] that enforces deadlines, retries
 //!   with backoff and stable idempotency keys around every call;
 //! - [`http`]: the built-in HTTP agent;
+//! - [`approval`]: the approval agent (a person answers a callback step; the token goes to SNS);
 //! - [`sim`]: the simulated agent for tests and demos;
 //! - [`config`]: which agents a function hosts (`config/agents.json`).
 
@@ -12,14 +13,18 @@ use tracing::{info, info_span, Instrument};
 use crate::deps::{Deps, HandlerError};
 use crate::messages::{AgentRequest, Outcome, SchedulerMessage, VERSION};
 
+pub mod approval;
 pub mod config;
+pub mod handover;
 pub mod http;
 pub mod runtime;
 pub mod sim;
 #[cfg(test)]
 mod tests;
 
+pub use approval::ApprovalAgent;
 pub use config::{AgentConfigError, BUILT_IN_AGENTS};
+pub use handover::CallbackEndpoints;
 pub use http::HttpAgent;
 pub use runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 pub use sim::SimAgent;

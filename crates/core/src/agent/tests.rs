@@ -106,8 +106,22 @@ async fn unknown_agents_fail_permanently() {
 fn configuration_expands_variables_and_flags_missing_ones() {
     assert_eq!(expand("${A}/x", &|_| Some("http://h:1/".into())).unwrap(), "http://h:1/x");
     assert_eq!(expand("${MISSING}/x", &|_| None), Err("MISSING".to_owned()));
-    let rt = AgentRuntime::from_config(BUILT_IN_AGENTS, &|_| Some("http://127.0.0.1:9".into())).unwrap();
-    for a in ["sim", "inventory.reserve", "inventory.release", "payment.charge", "payment.refund", "shipping.ship"] {
+    let vars = |k: &str| {
+        Some(
+            if k == "APPROVAL_TOPIC_ARN" { "arn:aws:sns:us-east-1:000000000000:a" } else { "http://127.0.0.1:9" }
+                .into(),
+        )
+    };
+    let rt = AgentRuntime::from_config(BUILT_IN_AGENTS, &vars).unwrap();
+    for a in [
+        "sim",
+        "inventory.reserve",
+        "inventory.release",
+        "payment.charge",
+        "payment.refund",
+        "shipping.ship",
+        "approval",
+    ] {
         assert!(rt.knows(a), "{a}");
     }
     let bad = r#"{"agents": {"x": {"kind": "http", "url": "file:///etc/passwd"}}}"#;
@@ -201,6 +215,129 @@ async fn a_409_is_worth_another_try() {
     r.agent = "h".into();
     let out = http_runtime(&url, 1_000).run(&r).await.unwrap();
     assert!(matches!(out.outcome, Outcome::Failed { retryable: true, .. }), "{out:?}");
+}
+
+fn callback_req(heartbeat_ms: Option<u64>) -> AgentRequest {
+    let mut r = req(json!({}), 1, 5_000);
+    let attempt = AttemptToken::from("0123456789abcdef0123456789abcdef");
+    r.callback = Some(crate::messages::CallbackRef {
+        token: crate::ids::CallbackToken::new(&r.task_id, &r.step, &attempt),
+        heartbeat_ms,
+    });
+    r.attempt = attempt;
+    r
+}
+
+#[test]
+fn the_http_body_hands_over_the_token_and_where_to_answer_for_a_callback_step_only() {
+    let ends = super::CallbackEndpoints {
+        queue_url: Some("http://localhost:4566/000000000000/cb".into()),
+        url: Some("https://x.lambda-url.us-east-1.on.aws".into()),
+    };
+    let plain = super::http::body(&req(json!({}), 1, 5_000), &ends);
+    assert_eq!(plain.as_object().unwrap().keys().collect::<Vec<_>>(), ["attempt_no", "input", "step", "task_id"]);
+    let r = callback_req(Some(10_000));
+    let body = super::http::body(&r, &ends);
+    assert_eq!(
+        body["callback"],
+        json!({
+            "token": "0123456789abcdef0123456789abcdef:charge:t",
+            "heartbeat_ms": 10_000,
+            "queue_url": "http://localhost:4566/000000000000/cb",
+            "url": "https://x.lambda-url.us-east-1.on.aws",
+        })
+    );
+    assert_eq!(body["task_id"], "t");
+    // nothing configured: only the token (and no heartbeat asked, none said)
+    let body = super::http::body(&callback_req(None), &super::CallbackEndpoints::default());
+    assert_eq!(body["callback"], json!({"token": "0123456789abcdef0123456789abcdef:charge:t"}));
+}
+
+#[tokio::test]
+async fn the_configured_callback_endpoints_reach_the_http_body_and_unset_ones_are_left_out() {
+    // a server that records the body it got
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = s.read(&mut chunk).await.unwrap();
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf);
+            if let Some(head) = text.find("\r\n\r\n") {
+                let len: usize = text[..head]
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                if buf.len() >= head + 4 + len {
+                    let body: Value = serde_json::from_slice(&buf[head + 4..head + 4 + len]).unwrap();
+                    s.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 17\r\n\r\n{\"accepted\":true}")
+                        .await
+                        .unwrap();
+                    return body;
+                }
+            }
+            assert!(n > 0, "connection closed early");
+        }
+    });
+    let config = r#"{"agents": {"h": {"kind": "http", "url": "${BASE}/ship"}},
+                     "callback": {"queue_url": "${CALLBACK_QUEUE_URL}", "url": "${CALLBACK_URL}"}}"#;
+    let base = format!("http://{addr}");
+    let vars = |k: &str| match k {
+        "BASE" => Some(base.clone()),
+        "CALLBACK_QUEUE_URL" => Some("http://localhost:4566/000000000000/cb".to_owned()),
+        _ => None, // CALLBACK_URL unset: left out
+    };
+    let rt = AgentRuntime::from_config(config, &vars).unwrap();
+    let mut r = callback_req(Some(3_000));
+    r.agent = "h".into();
+    let _ = rt.run(&r).await;
+    let body = server.await.unwrap();
+    assert_eq!(
+        body["callback"],
+        json!({"token": r.callback.as_ref().unwrap().token.expose(), "heartbeat_ms": 3_000, "queue_url": "http://localhost:4566/000000000000/cb"})
+    );
+}
+
+#[test]
+fn the_approval_agent_is_configured_from_its_topic() {
+    let bad = r#"{"agents": {"a": {"kind": "approval", "topic_arn": "approvals"}}}"#;
+    assert!(matches!(AgentRuntime::from_config(bad, &|_| None), Err(AgentConfigError::BadTopic { .. })));
+    let unknown = r#"{"agents": {}, "callback": {"queue": "x"}}"#;
+    assert!(matches!(AgentRuntime::from_config(unknown, &|_| None), Err(AgentConfigError::Json(_))));
+}
+
+#[tokio::test]
+async fn an_approval_agent_without_its_topic_fails_permanently_naming_the_variable() {
+    let rt = AgentRuntime::from_config(BUILT_IN_AGENTS, &|_| None).unwrap();
+    let mut r = callback_req(None);
+    r.agent = "approval".into();
+    let out = rt.run(&r).await.unwrap();
+    assert!(
+        matches!(out.outcome, Outcome::Failed { retryable: false, ref error } if error.contains("APPROVAL_TOPIC_ARN")),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn every_agent_the_built_in_workflows_use_is_configured() {
+    use crate::workflow::StepKind::{Call, Callback, Wait};
+    let rt = AgentRuntime::from_config(BUILT_IN_AGENTS, &|_| None).unwrap();
+    let workflows = crate::workflow::WorkflowRegistry::from_json(crate::workflow::BUILT_IN_WORKFLOWS).unwrap();
+    for wf in workflows.all() {
+        for agent in wf.agents() {
+            assert!(rt.knows(agent), "workflow {} uses agent {agent}, which config/agents.json lacks", wf.name);
+        }
+    }
+    let kinds = |name: &str| workflows.resolve(name, None).unwrap().steps.iter().map(|s| s.kind).collect::<Vec<_>>();
+    assert_eq!(kinds("order"), [Call, Call, Call], "order v1 stays as it was");
+    assert_eq!(kinds("order-async"), [Call, Call, Wait, Callback]);
+    assert_eq!(kinds("order-approval"), [Callback, Call, Call, Call]);
 }
 
 fn handed(sim: Value) -> AgentRequest {

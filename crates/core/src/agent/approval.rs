@@ -1,0 +1,255 @@
+//! The approval agent: a person answers a callback step. The agent publishes the step's token to
+//! an SNS topic (on AWS, an email subscription) with the task, the step, its input and the exact
+//! ways to answer (`sasctl approve|reject TOKEN`, the HTTPS endpoint); the person's answer comes
+//! back through the callback desk like any worker's. The publish is the hand-off: once SNS took
+//! it, the agent reports nothing and the step waits for the answer (or its timeout).
+//!
+//! An approval is always a callback step: a request without a token fails permanently (the
+//! workflow is wrong, retrying cannot help).
+
+use std::fmt::Write as _;
+
+use aws_sdk_sns::error::ProvideErrorMetadata;
+use futures::future::BoxFuture;
+use serde_json::{json, Value};
+use tokio::sync::OnceCell;
+use tracing::info;
+
+use super::handover::CallbackEndpoints;
+use super::runtime::{Agent, AgentError, Call};
+use crate::messages::AgentRequest;
+
+/// The most of the step's input the message shows (an SNS message holds 256 KiB; an email should
+/// stay readable).
+pub const MAX_INPUT_SHOWN: usize = 16 * 1024;
+
+#[derive(Debug)]
+pub struct ApprovalAgent {
+    topic_arn: String,
+    callback: CallbackEndpoints,
+    /// Built on the first call, from the process's AWS configuration (the function's: its
+    /// endpoint, region and timeouts from the environment, calls recorded as every role's).
+    sns: OnceCell<aws_sdk_sns::Client>,
+}
+
+/// What the agent publishes: a subject and a plain-text body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalNote {
+    pub subject: String,
+    pub message: String,
+}
+
+impl ApprovalAgent {
+    pub fn new(topic_arn: impl Into<String>, callback: CallbackEndpoints) -> Self {
+        ApprovalAgent { topic_arn: topic_arn.into(), callback, sns: OnceCell::new() }
+    }
+
+    /// With a client of the caller's (tests, tools).
+    pub fn with_client(topic_arn: impl Into<String>, callback: CallbackEndpoints, sns: aws_sdk_sns::Client) -> Self {
+        ApprovalAgent { topic_arn: topic_arn.into(), callback, sns: OnceCell::new_with(Some(sns)) }
+    }
+
+    pub fn topic_arn(&self) -> &str {
+        &self.topic_arn
+    }
+
+    async fn client(&self) -> &aws_sdk_sns::Client {
+        self.sns
+            .get_or_init(|| async {
+                let timeouts = crate::aws::SdkTimeouts::from_env().unwrap_or_default();
+                crate::aws::sns_client(&crate::aws::load_sdk_config_with(&timeouts).await)
+            })
+            .await
+    }
+}
+
+/// A shell argument in single quotes (the token and step names need none, but a reader may paste
+/// the line as it is).
+fn quoted(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The note for one request; refused (permanently) when the request is not a callback step's.
+pub fn note(req: &AgentRequest, callback: &CallbackEndpoints) -> Result<ApprovalNote, AgentError> {
+    let Some(cb) = &req.callback else {
+        return Err(AgentError::Permanent {
+            message: format!(
+                "step {} uses an approval agent but is not a callback step: an approval is answered later by a \
+                 person, so the step needs kind \"callback\" (with timeout_ms) in its workflow",
+                req.step
+            ),
+        });
+    };
+    let token = cb.token.expose();
+    let mut subject = format!("[sas] approval needed: {} ({})", req.task_id, req.step);
+    subject.retain(|c| c.is_ascii() && !c.is_ascii_control());
+    subject.truncate(100);
+    let input = serde_json::to_string_pretty(&req.input).unwrap_or_else(|_| req.input.to_string());
+    let shown = crate::ids::clip(&input, MAX_INPUT_SHOWN);
+    let mut m = String::new();
+    let _ = writeln!(m, "Task {} waits for your approval at step {}.", req.task_id, req.step);
+    let _ = writeln!(m, "Answer by {} (epoch ms); without an answer the step times out.", req.complete_by);
+    let _ = writeln!(m, "\nInput:\n{shown}");
+    if shown.len() < input.len() {
+        let _ = writeln!(m, "(input cut at {MAX_INPUT_SHOWN} of {} bytes)", input.len());
+    }
+    let _ = writeln!(m, "\nTo approve:\n  sasctl approve {token} --comment 'why'");
+    let _ = writeln!(m, "To reject:\n  sasctl reject {token} --reason 'why'");
+    if let Some(url) = &callback.url {
+        let approve = json!({"v": 1, "token": token, "status": "succeeded", "output": {"approved": true}});
+        let reject = json!({"v": 1, "token": token, "status": "failed", "error": "rejected: why", "retryable": false});
+        let _ = writeln!(m, "\nOr POST (signed with AWS SigV4, service lambda) to {url}:");
+        let _ = writeln!(m, "  approve: {approve}\n  reject:  {reject}");
+        let _ = writeln!(m, "  e.g. curl --aws-sigv4 aws:amz:REGION:lambda --user KEY:SECRET -H 'content-type: application/json' -d {} {}", quoted(&approve.to_string()), quoted(url));
+    }
+    if let Some(q) = &callback.queue_url {
+        let _ = writeln!(m, "\nOr send the same JSON to the callback queue {q}.");
+    }
+    let _ = writeln!(m, "\nThe token above is a secret: whoever holds it can answer this step.");
+    Ok(ApprovalNote { subject, message: m })
+}
+
+/// SNS refuses for good: the topic is missing, the agent may not publish, or the message is wrong.
+fn is_refusal_code(code: &str) -> bool {
+    matches!(
+        code,
+        "NotFound"
+            | "NotFoundException"
+            | "AuthorizationError"
+            | "AuthorizationErrorException"
+            | "AccessDenied"
+            | "AccessDeniedException"
+            | "InvalidParameter"
+            | "InvalidParameterException"
+            | "InvalidParameterValue"
+            | "InvalidParameterValueException"
+            | "KMSDisabled"
+            | "KMSNotFound"
+            | "KMSAccessDenied"
+            | "KMSInvalidState"
+            | "ValidationException"
+    )
+}
+
+impl Agent for ApprovalAgent {
+    fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
+        Box::pin(async move {
+            let req = call.request;
+            let note = note(req, &self.callback)?;
+            let sent = self
+                .client()
+                .await
+                .publish()
+                .topic_arn(&self.topic_arn)
+                .subject(note.subject)
+                .message(note.message)
+                .send()
+                .await;
+            match sent {
+                Ok(out) => {
+                    let id = out.message_id().unwrap_or_default();
+                    info!(task_id = %req.task_id, step = %req.step, message_id = id, "approval request published");
+                    Ok(json!({"published": true, "message_id": id}))
+                }
+                Err(e) => {
+                    let e = aws_sdk_sns::Error::from(e);
+                    let message =
+                        format!("publishing to {}: {}", self.topic_arn, aws_sdk_sns::error::DisplayErrorContext(&e));
+                    if e.code().is_some_and(is_refusal_code) {
+                        Err(AgentError::Permanent { message })
+                    } else {
+                        Err(AgentError::Transient { message, retry_after: None })
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{AttemptToken, CallbackToken, IdempotencyKey, Millis, TaskId};
+    use crate::messages::{CallbackRef, Phase};
+
+    fn req(callback: bool) -> AgentRequest {
+        let task_id = TaskId::try_from("order-9").unwrap();
+        let attempt = AttemptToken::from("0123456789abcdef0123456789abcdef");
+        AgentRequest {
+            v: 1,
+            idempotency_key: IdempotencyKey::for_step(&task_id, "approve"),
+            callback: callback
+                .then(|| CallbackRef { token: CallbackToken::new(&task_id, "approve", &attempt), heartbeat_ms: None }),
+            task_id,
+            step: "approve".into(),
+            phase: Phase::Forward,
+            agent: "approval".into(),
+            attempt,
+            attempt_no: 1,
+            start_by: None,
+            complete_by: Millis(86_400_000),
+            input: json!({"input": {"order": "o-9", "amount": 1250}, "outputs": {}}),
+        }
+    }
+
+    #[test]
+    fn an_approval_without_a_callback_is_refused_for_good() {
+        let e = note(&req(false), &CallbackEndpoints::default()).unwrap_err();
+        assert!(matches!(&e, AgentError::Permanent { message } if message.contains("not a callback step")), "{e:?}");
+    }
+
+    #[test]
+    fn the_note_carries_the_token_the_task_the_input_and_how_to_answer() {
+        let ends = CallbackEndpoints {
+            queue_url: Some("http://q/000000000000/cb".into()),
+            url: Some("https://abc.lambda-url.us-east-1.on.aws/".into()),
+        };
+        let r = req(true);
+        let token = r.callback.as_ref().unwrap().token.expose();
+        let n = note(&r, &ends).unwrap();
+        assert_eq!(n.subject, "[sas] approval needed: order-9 (approve)");
+        let m = &n.message;
+        assert!(m.contains("Task order-9 waits for your approval at step approve."), "{m}");
+        assert!(m.contains(&format!("sasctl approve {token} --comment")), "{m}");
+        assert!(m.contains(&format!("sasctl reject {token} --reason")), "{m}");
+        assert!(m.contains("\"amount\": 1250"), "{m}");
+        assert!(m.contains("to https://abc.lambda-url.us-east-1.on.aws/"), "{m}");
+        assert!(m.contains("callback queue http://q/000000000000/cb"), "{m}");
+        assert!(
+            m.contains(&format!(r#"{{"output":{{"approved":true}},"status":"succeeded","token":"{token}","v":1}}"#)),
+            "{m}"
+        );
+        // without endpoints configured, sasctl is the way to answer
+        let m = note(&r, &CallbackEndpoints::default()).unwrap().message;
+        assert!(!m.contains("POST") && !m.contains("callback queue") && m.contains("sasctl approve"), "{m}");
+    }
+
+    #[test]
+    fn a_huge_input_is_cut() {
+        let mut r = req(true);
+        r.input = json!({"blob": "x".repeat(100_000)});
+        let m = note(&r, &CallbackEndpoints::default()).unwrap().message;
+        assert!(m.len() < MAX_INPUT_SHOWN + 4_096, "{}", m.len());
+        assert!(m.contains("(input cut at 16384 of"), "{m}");
+    }
+
+    #[tokio::test]
+    async fn a_request_without_a_callback_fails_before_any_call() {
+        // no client is ever built: the refusal comes first
+        let rt = {
+            let mut rt = crate::agent::AgentRuntime::new(crate::agent::CallRetry::default());
+            rt.register(
+                "approval",
+                ApprovalAgent::new("arn:aws:sns:us-east-1:000000000000:t", CallbackEndpoints::default()),
+            );
+            rt
+        };
+        let mut r = req(false);
+        r.complete_by = Millis::now().plus_ms(5_000);
+        let out = rt.run(&r).await.unwrap();
+        assert!(
+            matches!(out.outcome, crate::messages::Outcome::Failed { retryable: false, ref error } if error.contains("not a callback step")),
+            "{out:?}"
+        );
+    }
+}
