@@ -3,7 +3,6 @@
 //! ([`Event::Callback`]) on one task, fenced by the attempt the token names; what it did is told
 //! back as a [`CallbackReply`]. The token is a secret: logs name the task and unit, never it.
 
-use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::deps::{Deps, HandlerError};
@@ -125,13 +124,5 @@ async fn resend_late_notice(deps: &Deps, task: &crate::protocol::Task, unit: &st
     match sent.essential {
         Some(e) => Err(HandlerError::Bus(e)),
         None => Ok(()),
-    }
-}
-
-/// The output of an approval: what `sasctl approve` and an approval endpoint send.
-pub fn approval_output(comment: Option<&str>) -> Value {
-    match comment {
-        Some(c) => serde_json::json!({ "approved": true, "comment": c }),
-        None => serde_json::json!({ "approved": true }),
     }
 }

@@ -232,7 +232,14 @@ impl Stack {
 
     /// Subscribe a fresh queue to the alert topic's task alerts (raw delivery) and return its URL.
     pub async fn alert_listener(&self) -> String {
-        let url = self.queue("alerts", false).await;
+        // The topic also carries CloudWatch alarm notifications; listen to task alerts only.
+        self.topic_listener(&self.res.alert_topic_arn.clone(), "alerts", Some(r#"{"kind": [{"exists": true}]}"#)).await
+    }
+
+    /// Subscribe a fresh queue (named by `suffix`) to `topic` (raw delivery, an optional filter
+    /// policy) and return its URL.
+    pub async fn topic_listener(&self, topic: &str, suffix: &str, filter: Option<&str>) -> String {
+        let url = self.queue(suffix, false).await;
         let arn = self
             .sqs
             .get_queue_attributes()
@@ -245,18 +252,16 @@ impl Stack {
             .unwrap_or_default()
             .remove(&QueueAttributeName::QueueArn)
             .expect("queue arn");
-        aws_sdk_sns::Client::new(&self.sdk)
+        let mut sub = aws_sdk_sns::Client::new(&self.sdk)
             .subscribe()
-            .topic_arn(&self.res.alert_topic_arn)
+            .topic_arn(topic)
             .protocol("sqs")
             .endpoint(arn)
-            .attributes("RawMessageDelivery", "true")
-            // The topic also carries CloudWatch alarm notifications; listen to task alerts only.
-            .attributes("FilterPolicy", r#"{"kind": [{"exists": true}]}"#)
-            .return_subscription_arn(true)
-            .send()
-            .await
-            .expect("Subscribe");
+            .attributes("RawMessageDelivery", "true");
+        if let Some(f) = filter {
+            sub = sub.attributes("FilterPolicy", f);
+        }
+        sub.return_subscription_arn(true).send().await.expect("Subscribe");
         url
     }
 

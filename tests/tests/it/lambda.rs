@@ -238,6 +238,21 @@ fn callback_workflows_file(stack_label: &str) -> PathBuf {
              "max_attempts": 1}
         ]
     }));
+    // Issue 15's "done when" in one workflow: a wait, a person's approval (the approval agent),
+    // a step a worker answers through the callback queue, one answered over HTTPS.
+    list.push(json!({
+        "name": "sim-everything",
+        "version": 1,
+        "description": "Lambda-mode test: wait, approve, pack (queue worker), ship (HTTPS)",
+        "steps": [
+            {"name": "cool", "kind": "wait", "wait_ms": 2_000},
+            {"name": "approve", "kind": "callback", "agent": "approval", "timeout_ms": 600_000, "max_attempts": 1},
+            {"name": "pack", "kind": "callback", "agent": "sim", "timeout_ms": 120_000, "heartbeat_ms": 30_000,
+             "max_attempts": 2, "backoff": {"base_ms": 200, "max_ms": 500}},
+            {"name": "ship", "kind": "callback", "agent": "sim", "timeout_ms": 120_000,
+             "max_attempts": 2, "backoff": {"base_ms": 200, "max_ms": 500}}
+        ]
+    }));
     let dir = functions_dir().join("workflows");
     std::fs::create_dir_all(&dir).expect("a folder for the workflows file");
     let path = dir.join(format!("{stack_label}-{}.json", uuid::Uuid::new_v4().simple()));
@@ -397,6 +412,71 @@ async fn worker_policy(f: &Fns) -> Vec<sas_cli::iam::Statement> {
     let doc = v.policy_version().and_then(|v| v.document()).expect("a document");
     let doc = sas_cli::iam::decode_document(doc).expect("a policy document");
     sas_cli::iam::parse_policy("CallbackWorkerPolicy", &doc).expect("statements the check evaluates")
+}
+
+/// Issue 15's "done when", Lambda mode, in one workflow (`sim-everything`): a 2 s wait step (no
+/// agent: the Supervisor's timer wakes it), a person's approval (the approval agent publishes the
+/// token to ApprovalTopic; the test reads it there, as a person reads the email, and approves it
+/// with `sasctl approve`'s code), a step a separate worker answers through the callback queue
+/// (a heartbeat, then its result), and one answered over HTTPS (signed): the task ends
+/// Processed, with each answer's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_a_wait_an_approval_a_queue_worker_and_an_https_answer_run_one_workflow_to_processed() {
+    let file = callback_workflows_file("all");
+    let file_param = file.to_string_lossy().into_owned();
+    let f = lambda_stack("all", &[("WorkflowsFile", &file_param)]).await;
+    let approvals = f.s.topic_listener(f.s.out("ApprovalTopicArn"), "approvals", None).await;
+    let sub = json!({"v": 1, "task_id": "all", "workflow": "sim-everything", "input": {"order": "o-1"}});
+    f.s.send(&f.s.res.submission_queue_url, &sub.to_string()).await;
+
+    // The approval request, as a person receives it: the token and the command to answer.
+    let notes = f.s.drain(&approvals, 1, Duration::from_secs(90)).await;
+    let note = notes.first().and_then(|m| m.body()).expect("the approval request was published");
+    assert!(note.contains("all") && note.contains("o-1"), "the note names the task and shows its input: {note}");
+    let token = note.split_whitespace().skip_while(|w| *w != "approve").nth(1).expect("`sasctl approve TOKEN`");
+    let token = CallbackToken::try_from(token).expect("a token this stack issued");
+    assert_eq!((token.task_id().as_str(), token.unit()), ("all", "approve"));
+    let approve = sas_cli::answer::Answer::Approve { comment: Some("stock checked".into()) };
+    let reply = sas_core::callback::answer(&f.s.deps, &approve.message(token), None).await.expect("approve");
+    assert_eq!(reply.result, CallbackResult::Applied, "{reply:?}");
+
+    // A separate worker answers `pack` through the callback queue.
+    let pack = f.callback_token("all", 2, None).await;
+    let worker = tokio::spawn({
+        let sqs = aws_sdk_sqs::Client::new(&f.s.sdk);
+        let queue = f.s.out("CallbackQueueUrl").to_owned();
+        let msgs = [
+            answer(&pack, "heartbeat", json!({"details": {"packed": 1, "of": 2}})),
+            answer(&pack, "succeeded", json!({"output": {"parcel": "P-7"}})),
+        ];
+        async move {
+            for m in msgs {
+                sqs.send_message().queue_url(&queue).message_body(m.to_string()).send().await.expect("SendMessage");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    });
+    worker.await.expect("the queue worker");
+
+    // `ship` is answered over HTTPS.
+    let url = sas_cli::callback_url::CallbackUrlClient::new(&f.s.sdk, f.s.out("CallbackUrl")).expect("a URL client");
+    let ship = f.callback_token("all", 3, None).await;
+    let done = answer(&ship, "succeeded", json!({"output": {"tracking": "TRK-all"}}));
+    let r = url.answer(&serde_json::from_value(done).unwrap()).await.unwrap();
+    assert_eq!((r.status, r.reply().map(|r| r.result)), (200, Some(CallbackResult::Applied)), "{}", r.raw);
+
+    let t = f.s.wait_for("all", Duration::from_mins(1), |t| t.process_state.is_terminal()).await;
+    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{:#?}", t.history);
+    let outputs: Vec<Option<&Value>> = t.steps.iter().map(|s| s.output.as_ref()).collect();
+    assert_eq!(outputs[1], Some(&json!({"approved": true, "comment": "stock checked"})));
+    assert_eq!(outputs[2], Some(&json!({"parcel": "P-7"})));
+    assert_eq!(outputs[3], Some(&json!({"tracking": "TRK-all"})));
+    // The wait held the task for its 2 s before the approval was asked for.
+    let entered = |step: &str| t.history.iter().find(|h| h.step.as_deref() == Some(step)).map(|h| h.at.0);
+    let (cool, approval) = (entered("cool").expect("cool ran"), entered("approve").expect("approve ran"));
+    assert!(approval >= cool + 2_000, "the wait lasted {} ms", approval - cool);
+    let _ = std::fs::remove_file(&file);
+    f.delete().await;
 }
 
 /// Old enough for the sweep: the retry's CompleteBy (backoff + 30 s), the 10 s result grace and
@@ -651,7 +731,10 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     // after the task ended (late: recorded, and the Callback function alerts).
     let cb_ok = json!({"v": 1, "task_id": "cb-ok", "workflow": "sim-callback", "reply_to": reply, "input": {}});
     let cb_late = json!({"v": 1, "task_id": "cb-late", "workflow": "sim-callback-lost", "input": {}});
-    for body in [&hung, &flaky, &declined, &declined, &big, &refused, &cb_ok, &cb_late] {
+    // An approval step: the Agent publishes its token to ApprovalTopic (the rest of the workflow
+    // is cancelled once the approval was asked for).
+    let cb_approval = json!({"v": 1, "task_id": "cb-approval", "workflow": "sim-everything", "input": {}});
+    for body in [&hung, &flaky, &declined, &declined, &big, &refused, &cb_ok, &cb_late, &cb_approval] {
         f.s.send(&f.s.res.submission_queue_url, &body.to_string()).await;
     }
     // A message that can never parse on each function's queue: each moves it to its own DLQ.
@@ -684,8 +767,18 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     f.s.send(&callback_queue, &answer(&lost, "succeeded", json!({"output": {"tracking": "TRK-late"}})).to_string())
         .await;
     f.s.wait_for("cb-late", Duration::from_mins(1), |t| t.late_results > 0).await;
+    // The approval was handed over (published): the step waits for its answer; cancel it.
+    let approving = f.callback_token("cb-approval", 1, None).await;
+    let cancel = SchedulerMessage::Cancel(sas_core::messages::CancelMessage {
+        v: VERSION,
+        task_id: approving.task_id().clone(),
+        reason: "approval not needed".into(),
+        run: None,
+    });
+    f.s.send(&f.s.res.scheduler_queue_url, &serde_json::to_string(&cancel).unwrap()).await;
+    f.s.send(&callback_queue, &answer(&approving, "failed", json!({"error": "withdrawn"})).to_string()).await;
 
-    for id in ["hung", "flaky", "declined", "big", "lost", "cb-ok", "cb-late"] {
+    for id in ["hung", "flaky", "declined", "big", "lost", "cb-ok", "cb-late", "cb-approval"] {
         let t = f.s.wait_for(id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
         eprintln!("[{}] {id}: {:?}, FailureCount {}", f.s.name, t.process_state, t.failure_count);
     }
@@ -703,20 +796,13 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let report = f.least_privilege().await.unwrap_or_else(|e| panic!("{e}"));
     eprintln!("{}", report.render());
     // Grants whose paths this workload cannot reach on LocalStack, each with the code that needs it.
-    let not_reached = [
-        (
-            // submitter.rs `resend`: a submission redelivered after its start failed to send reads
-            // the task it created (sends never fail here: LocalStack does not enforce IAM).
-            "SubmitterFunction",
-            "submitter/TaskTable",
-            "dynamodb:GetItem",
-        ),
-        // The approval agent (agent kind `approval`, helper cbedge's branch) publishes approval
-        // steps' tokens to ApprovalTopic; this workload runs no approval step yet.
-        ("AgentFunction", "agent/Approvals", "sns:Publish"),
-        ("AgentFunction", "agent/ApprovalTopicKey", "kms:GenerateDataKey*"),
-        ("AgentFunction", "agent/ApprovalTopicKey", "kms:Decrypt"),
-    ];
+    let not_reached = [(
+        // submitter.rs `resend`: a submission redelivered after its start failed to send reads
+        // the task it created (sends never fail here: LocalStack does not enforce IAM).
+        "SubmitterFunction",
+        "submitter/TaskTable",
+        "dynamodb:GetItem",
+    )];
     let unused: Vec<String> = report
         .unused()
         .iter()
