@@ -6,7 +6,7 @@ ARGS ?=
 
 .PHONY: demo demo-local up down check sim lambda-smoke lambda-check test-lambda localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
 
-demo: ## the main job on the real functions: LocalStack, the stack with its 4 Lambda functions, the order service, sample orders, a summary
+demo: ## the main job on the real functions: LocalStack, the stack with its 5 Lambda functions, the order service, sample orders (synchronous and asynchronous), a summary
 	SAS_MODE=lambda infra/demo.sh
 
 demo-local: ## the same orders with every role in one process (the local runner; functions off): fastest to iterate
