@@ -396,19 +396,7 @@ mod tests {
     use super::*;
 
     pub(crate) fn step(name: &str) -> StepDef {
-        StepDef {
-            name: name.into(),
-            kind: StepKind::Call,
-            agent: "sim".into(),
-            timeout_ms: 1_000,
-            heartbeat_ms: None,
-            wait_ms: None,
-            wait_until: None,
-            schedule_to_start_ms: None,
-            max_attempts: 3,
-            backoff: Backoff::default(),
-            compensation: None,
-        }
+        StepDef::call(name, "sim", 1_000)
     }
 
     #[test]
