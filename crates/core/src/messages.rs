@@ -313,6 +313,56 @@ pub struct StatusMessage {
     pub reason: Option<String>,
     /// Epoch milliseconds.
     pub at: Millis,
+    /// On `Processed`: the task's result, each step's output by step name (what later steps saw
+    /// as `outputs`). Absent when they would not fit (see `outputs_omitted`) and on other states.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<Value>,
+    /// On `Processed`, when the outputs are over [`MAX_STATUS_OUTPUTS_BYTES`]: their size, and
+    /// where to read them instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs_omitted: Option<OmittedOutputs>,
+    /// This status answers a submission that created nothing: a task with its `task_id` existed
+    /// already (the status is that task's current one). An SQS redelivery of the caller's own
+    /// submission after its task moved on is answered the same way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub duplicate: bool,
+}
+
+/// The most bytes of outputs a status message carries (serialised): a status must fit in one SQS
+/// message (256 KiB) with room for the rest.
+pub const MAX_STATUS_OUTPUTS_BYTES: usize = 128 * 1024;
+
+/// Outputs too large for a status message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OmittedOutputs {
+    /// Their size, serialised.
+    pub bytes: u64,
+    pub limit: u64,
+    /// Where to read them: the task item's `Steps` (each step's `Output`), or `sasctl status TASK_ID`.
+    pub read: String,
+}
+
+impl StatusMessage {
+    /// Attach a finished task's outputs (by step name), or say where to read them when they are
+    /// over [`MAX_STATUS_OUTPUTS_BYTES`].
+    #[must_use]
+    pub fn with_outputs(mut self, outputs: Value) -> Self {
+        let bytes = serde_json::to_vec(&outputs).map_or(usize::MAX, |b| b.len());
+        if bytes <= MAX_STATUS_OUTPUTS_BYTES {
+            self.outputs = Some(outputs);
+        } else {
+            self.outputs_omitted = Some(OmittedOutputs {
+                bytes: bytes as u64,
+                limit: MAX_STATUS_OUTPUTS_BYTES as u64,
+                read: format!(
+                    "the Output of each step in the task item's Steps (TaskId {}), or sasctl status {}",
+                    self.task_id, self.task_id
+                ),
+            });
+        }
+        self
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -754,5 +804,27 @@ mod tests {
             at: Millis(1),
         };
         assert!(a.subject().len() <= 100);
+    }
+}
+
+#[cfg(test)]
+mod readme_examples {
+    use super::StatusMessage;
+
+    /// Every status example in the README (a JSON block with `"seq"` and `"state"`) is one the
+    /// contract accepts, so the documented fields are the real ones.
+    #[test]
+    fn the_readmes_status_examples_parse() {
+        let readme = include_str!("../../../README.md");
+        let mut seen = 0;
+        for block in readme.split("```json").skip(1) {
+            let json = block.split("```").next().unwrap();
+            if json.contains("\"seq\"") && json.contains("\"state\"") {
+                let s: StatusMessage = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"));
+                seen += 1;
+                assert!(s.outputs.is_none() || s.state == crate::state::ProcessState::Processed);
+            }
+        }
+        assert!(seen >= 4, "the README shows {seen} status examples");
     }
 }

@@ -126,6 +126,9 @@ async fn reject(
             failure_count: 0,
             reason: Some(reason),
             at: now,
+            outputs: None,
+            outputs_omitted: None,
+            duplicate: false,
         };
         if let Err(e) = deps.outbox().reply(q.as_str(), &status).await {
             warn!(error = %e, "could not send the Rejected status");
@@ -143,6 +146,38 @@ pub async fn submit_message(deps: &Deps, record: &Record) -> Result<Submitted, H
 /// Handle one submission body (a submission without `task_id` gets a fresh random id).
 pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
     submit_with(deps, raw, None).await
+}
+
+/// Tell the reply queue of a submission that created nothing that its task exists, and how it
+/// stands (with its outputs when it is `Processed`). Best effort, like every status: a failed send
+/// is logged, and the submission is not retried for it.
+async fn tell_duplicate(deps: &Deps, reply_to: &str, task: &Task) {
+    let mut status = match task.history.last() {
+        Some(last) if last.state == task.process_state => task.status_of(last),
+        _ => StatusMessage {
+            v: VERSION,
+            task_id: task.task_id.clone(),
+            seq: task.status_seq,
+            state: task.process_state,
+            step: None,
+            failure_count: task.failure_count,
+            reason: None,
+            at: task.updated_at,
+            outputs: None,
+            outputs_omitted: None,
+            duplicate: false,
+        },
+    };
+    status.duplicate = true;
+    status.reason = Some(format!(
+        "duplicate submission: task {} exists already ({}); this submission created nothing{}",
+        task.task_id,
+        task.process_state,
+        status.reason.as_deref().map(|r| format!(" (task: {r})")).unwrap_or_default()
+    ));
+    if let Err(e) = deps.outbox().reply(reply_to, &status).await {
+        warn!(task_id = %task.task_id, error = %e, "could not send the duplicate-submission status");
+    }
 }
 
 /// The task exists: if this very submission created it (its mark is the task's last write: the
@@ -171,6 +206,7 @@ async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result
     let def = deps.workflows.resolve(&sub.workflow, sub.workflow_version).expect("validated").clone();
     let ctx = deps.ctx();
     let now = ctx.now;
+    let reply_to = sub.reply_to.clone();
     let mut tr = protocol::submit(task_id.clone(), def, sub.input, sub.reply_to, &ctx, &deps.settings.policy);
     let mark = message_id.map(message_mark);
     tr.task.last_message.clone_from(&mark);
@@ -183,6 +219,9 @@ async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result
             existing => {
                 info!(%task_id, "duplicate submission: the task exists, nothing created");
                 if let Some(t) = existing {
+                    if let Some(q) = &reply_to {
+                        tell_duplicate(deps, q, &t).await;
+                    }
                     resend(deps, t, mark.as_deref()).await?;
                 }
                 return Ok(Submitted::Duplicate(task_id));

@@ -156,6 +156,41 @@ async fn submitter_creates_nothing_twice() {
 }
 
 #[tokio::test]
+async fn a_duplicate_submission_is_told_so_with_the_tasks_state_and_once_done_its_outputs() {
+    let tw = twins();
+    let first = tw.reply_queue("first");
+    let second = tw.reply_queue("second");
+    let req = started(&tw, "s9").await;
+    let read =
+        |q: &str| -> Vec<StatusMessage> { tw.bus.take(q).iter().map(|b| serde_json::from_str(b).unwrap()).collect() };
+    // a second submission with the same task id, while the task runs
+    let again = submitter::submit(&tw.deps, &submission("s9", Some(&second))).await.unwrap();
+    assert_eq!(again, Submitted::Duplicate(TaskId::try_from("s9").unwrap()));
+    let told = read(&second);
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert!(told[0].duplicate);
+    assert_eq!((told[0].state, told[0].seq), (ProcessState::Processing, 1));
+    assert!(told[0].reason.as_deref().unwrap().contains("created nothing"), "{:?}", told[0].reason);
+    assert_eq!(tw.store.tasks().len(), 1);
+    assert!(queue(&tw, "agent").is_empty(), "no second start");
+    // run the task to its end
+    scheduler::schedule(&tw.deps, &result(&req, Outcome::Succeeded { output: json!({"a": 1}) })).await.unwrap();
+    let b: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().expect("step b")).unwrap();
+    scheduler::schedule(&tw.deps, &result(&b, Outcome::Succeeded { output: json!({"b": 2}) })).await.unwrap();
+    assert_eq!(task(&tw, "s9").process_state, ProcessState::Processed);
+    // a late duplicate learns the result without reading the table
+    submitter::submit(&tw.deps, &submission("s9", Some(&first))).await.unwrap();
+    let told = read(&first);
+    assert_eq!(told.len(), 1);
+    assert!(told[0].duplicate);
+    assert_eq!(told[0].state, ProcessState::Processed);
+    assert_eq!(told[0].outputs, Some(json!({"a": {"a": 1}, "b": {"b": 2}})));
+    // a duplicate without a reply queue is only logged
+    submitter::submit(&tw.deps, &submission("s9", None)).await.unwrap();
+    assert!(read(&first).is_empty() && read(&second).is_empty());
+}
+
+#[tokio::test]
 async fn a_submission_whose_start_was_not_sent_comes_back_and_sends_it_once_more() {
     let tw = twins();
     let agents = AgentRuntime::default();

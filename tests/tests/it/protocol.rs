@@ -55,6 +55,18 @@ async fn happy_path_through_three_steps_with_ordered_statuses() {
     assert_eq!(states(&got), vec![p(Processing, "a"), p(Processing, "b"), p(Processing, "c"), p(Processed, "")]);
     let seqs: Vec<u64> = got.iter().map(|m| m.seq).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "a FIFO reply queue receives statuses in order: {seqs:?}");
+    // the last status carries the result: every step's output as the table holds it
+    let outputs = got[3].outputs.as_ref().expect("the Processed status carries the outputs");
+    for st in &t.steps {
+        assert_eq!(Some(&outputs[&st.name]), st.output.as_ref(), "step {}", st.name);
+    }
+    assert!(got[..3].iter().all(|m| m.outputs.is_none() && !m.duplicate));
+    // the same task id again: nothing created, the caller told so, with the result
+    s.send(&s.res.submission_queue_url, &submission_to("three-slow", "h1", json!({"sku": "y"}), Some(&reply))).await;
+    let dup = statuses(&s, &reply, 1).await;
+    assert!(dup[0].duplicate, "{dup:?}");
+    assert_eq!((dup[0].state, dup[0].seq, dup[0].outputs.as_ref()), (Processed, 4, Some(outputs)));
+    assert_eq!(s.wait_terminal("h1").await.input, t.input, "the first submission's task is unchanged");
     runner.shutdown().await;
     s.delete().await;
 }

@@ -136,6 +136,19 @@ pub fn reply_fifo(task_id: &str, seq: u64) -> Fifo {
     Fifo { group, dedup }
 }
 
+/// The deduplication id of a duplicate-submission status: its own, never a real status's (those
+/// end in `-<seq>`), so FIFO queues keep both.
+fn duplicate_dedup(task_id: &str, seq: u64) -> String {
+    let nonce = uuid::Uuid::new_v4().simple().to_string();
+    let base = reply_fifo(task_id, seq).dedup;
+    let id = format!("{base}-dup-{nonce}");
+    if id.len() <= MAX_FIFO_ID {
+        id
+    } else {
+        format!("#dup-{nonce}-{seq}")
+    }
+}
+
 /// One message to send.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Outgoing {
@@ -277,7 +290,13 @@ impl Outbox<'_> {
     pub async fn reply(&self, reply_to: &str, status: &StatusMessage) -> Result<(), BusError> {
         let mut msg = Outgoing::new(encode(status)?);
         if QueueUrl::parse(reply_to).is_ok_and(|q| q.is_fifo()) {
-            msg.fifo = Some(reply_fifo(status.task_id.as_str(), status.seq));
+            let mut fifo = reply_fifo(status.task_id.as_str(), status.seq);
+            if status.duplicate {
+                // It repeats the task's status `seq`: under that status's deduplication id SQS would
+                // drop it (or a later real one) for five minutes.
+                fifo.dedup = duplicate_dedup(status.task_id.as_str(), status.seq);
+            }
+            msg.fifo = Some(fifo);
         }
         self.bus.send(reply_to, msg).await
     }
@@ -315,6 +334,9 @@ mod tests {
     #[test]
     fn reply_fifo_ids_are_always_within_sqs_limits_and_distinct() {
         assert_eq!(reply_fifo("order-42", 3), Fifo { group: "order-42".into(), dedup: "order-42-3".into() });
+        let d = duplicate_dedup("order-42", 3);
+        assert!(d.starts_with("order-42-3-dup-") && d != duplicate_dedup("order-42", 3), "{d}");
+        assert!(duplicate_dedup(&"x".repeat(128), 3).len() <= MAX_FIFO_ID);
         let mut seen = std::collections::HashSet::new();
         for len in [1, 100, 116, 117, 118, 126, 127, 128] {
             for id_char in ['a', 'b'] {

@@ -776,7 +776,7 @@ pub fn terminal_notices(task: &Task) -> Vec<Effect> {
     let mut fx = Vec::new();
     if task.reply_to.is_some() {
         if let Some(last) = task.history.last().filter(|h| h.state == task.process_state) {
-            fx.push(Effect::Reply(last.status(&task.task_id)));
+            fx.push(Effect::Reply(task.status_of(last)));
         }
     }
     if task.process_state == ProcessState::Error {
@@ -818,7 +818,7 @@ impl Change<'_> {
             at: self.ctx.now,
         };
         if t.reply_to.is_some() {
-            self.fx.push(Effect::Reply(entry.status(&t.task_id)));
+            self.fx.push(Effect::Reply(t.status_of(&entry)));
         }
         t.history.push(entry);
         if t.history.len() > self.policy.history_limit {

@@ -340,6 +340,9 @@ impl HistoryEntry {
             failure_count: self.failure_count,
             reason: self.reason.clone(),
             at: self.at,
+            outputs: None,
+            outputs_omitted: None,
+            duplicate: false,
         }
     }
 }
@@ -507,17 +510,34 @@ impl Task {
     /// What the current unit's agent receives: the task input, the outputs of the steps that
     /// succeeded, and (for a compensation) which step it undoes.
     pub(crate) fn unit_input(&self) -> Value {
+        let mut v = serde_json::json!({ "input": self.input, "outputs": self.outputs() });
+        if self.is_compensating() {
+            v["compensating"] = Value::String(self.steps[self.unit_step()].name.clone());
+        }
+        v
+    }
+
+    /// The outputs of the steps that succeeded, by step name: what later steps receive as
+    /// `outputs`, and a `Processed` task's result.
+    pub fn outputs(&self) -> Value {
         let mut outputs = serde_json::Map::new();
         for s in &self.steps {
             if let (StepStatus::Succeeded, Some(o)) = (s.status, &s.output) {
                 outputs.insert(s.name.clone(), o.clone());
             }
         }
-        let mut v = serde_json::json!({ "input": self.input, "outputs": outputs });
-        if self.is_compensating() {
-            v["compensating"] = Value::String(self.steps[self.unit_step()].name.clone());
+        Value::Object(outputs)
+    }
+
+    /// The status message that tells the caller about `entry`, with the task's outputs when it
+    /// says `Processed`.
+    pub fn status_of(&self, entry: &HistoryEntry) -> StatusMessage {
+        let status = entry.status(&self.task_id);
+        if entry.state == ProcessState::Processed {
+            status.with_outputs(self.outputs())
+        } else {
+            status
         }
-        v
     }
 
     /// The record of the unit named `unit` (a forward step or a compensation that has run).

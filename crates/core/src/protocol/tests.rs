@@ -855,3 +855,44 @@ fn status_seq_has_no_gap_when_a_transition_changes_no_state() {
     assert_eq!(seqs, vec![1, 2, 3]);
     assert!(c.effects.iter().any(|e| matches!(e, Effect::Reply(s) if s.seq == 3)));
 }
+
+fn statuses(fx: &[Effect]) -> Vec<&StatusMessage> {
+    fx.iter().filter_map(|e| if let Effect::Reply(s) = e { Some(s) } else { None }).collect()
+}
+
+#[test]
+fn the_processed_status_carries_every_steps_output_and_only_it_does() {
+    let c = new_task(true);
+    let s1 = succeed(&c.task, 1_100);
+    let s2 = succeed(&s1.task, 1_200);
+    for s in statuses(&c.effects).into_iter().chain(statuses(&s1.effects)).chain(statuses(&s2.effects)) {
+        assert_eq!((s.outputs.as_ref(), s.outputs_omitted.as_ref()), (None, None), "{:?} carries no outputs", s.state);
+    }
+    let s3 = succeed(&s2.task, 1_300);
+    let done = statuses(&s3.effects);
+    assert_eq!(done.len(), 1);
+    let want = json!({"reserve": {"ok": c.task.rev}, "charge": {"ok": s1.task.rev}, "ship": {"ok": s2.task.rev}});
+    assert_eq!(done[0].outputs.as_ref(), Some(&want));
+    assert!(!done[0].duplicate);
+    // the status sent again when the ending message comes back is the same, outputs included
+    let again = terminal_notices(&s3.task);
+    assert_eq!(statuses(&again), done);
+    // and a consumer of the contract reads it back
+    let wire = serde_json::to_string(done[0]).unwrap();
+    assert_eq!(&serde_json::from_str::<StatusMessage>(&wire).unwrap(), done[0]);
+}
+
+#[test]
+fn outputs_too_large_for_a_status_say_where_to_read_them() {
+    let c = new_task(true);
+    let big = json!({"blob": "x".repeat(crate::messages::MAX_STATUS_OUTPUTS_BYTES)});
+    let s1 = go(&c.task, Event::AgentSucceeded { attempt: token(&c.task), output: big }, 1_100);
+    let s3 = succeed(&succeed(&s1.task, 1_200).task, 1_300);
+    let done = statuses(&s3.effects);
+    assert_eq!(done[0].state, ProcessState::Processed);
+    assert_eq!(done[0].outputs, None);
+    let omitted = done[0].outputs_omitted.as_ref().expect("says why the outputs are absent");
+    assert!(omitted.bytes > omitted.limit, "{omitted:?}");
+    assert!(omitted.read.contains("sasctl status t1"), "{}", omitted.read);
+    assert!(serde_json::to_vec(done[0]).unwrap().len() < 256 * 1024, "fits in one SQS message");
+}
