@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 ARGS ?=
 
-.PHONY: demo demo-local up down check sim lambda-smoke lambda-check test-lambda localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
+.PHONY: demo demo-local up down check validate sim lambda-smoke lambda-check test-lambda localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
 
 demo: ## the main job on the real functions: LocalStack, the stack with its 5 Lambda functions, the order service, sample orders (synchronous and asynchronous), a summary
 	SAS_MODE=lambda infra/demo.sh
@@ -32,6 +32,10 @@ bench-sweep: ## the supervisor sweep's requests and read units with 100,000 fini
 check: ## cargo fmt --check and cargo clippy (workspace lints, pedantic) with warnings as errors
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+
+validate: ## sasctl validate on config/ (workflows + agents) with the variables the template gives the Agent function; ARGS=--workflows F --agents F for yours
+	cargo run -q -p sas-cli --bin sasctl -- validate --var ORDER_SERVICE_URL=http://order-service.invalid \
+	  --var APPROVAL_TOPIC_ARN=arn:aws:sns:us-east-1:000000000000:sas-approvals $(ARGS)
 
 sim: ## the deterministic simulation of the whole system: SIM_SEEDS seeds (default 2000); SIM_SEED=n replays one
 	SIM_SEEDS=$${SIM_SEEDS:-2000} cargo test -p sas-core --test simulation -- --nocapture

@@ -68,6 +68,21 @@ enum Cmd {
         #[arg(long)]
         strict: bool,
     },
+    /// Check a configuration before deploying it, as the functions will load it: the workflows
+    /// parse and respect the limits, every step's agent is defined, every variable an agent needs
+    /// is set (from --var and the environment), approval agents sit on callback steps. Prints what
+    /// it checked; exits 1 when anything would fail. Needs no stack.
+    Validate {
+        /// The workflows file (default: the built-in config/workflows.json).
+        #[arg(long, value_name = "FILE")]
+        workflows: Option<PathBuf>,
+        /// The agents file (default: the built-in config/agents.json).
+        #[arg(long, value_name = "FILE")]
+        agents: Option<PathBuf>,
+        /// A variable the functions will have, KEY=VALUE (the template's, e.g. ORDER_SERVICE_URL).
+        #[arg(long = "var")]
+        vars: Vec<String>,
+    },
     /// Delete a stack deployed with deploy-local, and wait until it is gone.
     DeleteLocal {
         #[arg(long, default_value = "sas-local")]
@@ -291,16 +306,55 @@ fn ms(m: Option<Millis>) -> String {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
-    // An answer prints what it did in one line; the library's log lines would only repeat it.
+    // An answer (and validate) prints what it did; the library's log lines would only repeat it.
     let answers = matches!(
         cli.cmd,
-        Cmd::Complete { .. } | Cmd::Fail { .. } | Cmd::Heartbeat { .. } | Cmd::Approve { .. } | Cmd::Reject { .. }
+        Cmd::Complete { .. }
+            | Cmd::Fail { .. }
+            | Cmd::Heartbeat { .. }
+            | Cmd::Approve { .. }
+            | Cmd::Reject { .. }
+            | Cmd::Validate { .. }
     );
     sas_core::telemetry::init_with_default(if answers { "error" } else { "info" });
     if let Err(e) = run(&cli).await {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+fn validate(workflows: Option<&std::path::Path>, agents: Option<&std::path::Path>, vars: &[String]) -> Result<()> {
+    let read = |p: Option<&std::path::Path>, built_in: &str| -> Result<(String, String)> {
+        Ok(match p {
+            Some(p) => (
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+                p.display().to_string(),
+            ),
+            None => (built_in.to_owned(), "built-in".to_owned()),
+        })
+    };
+    let (wf, wf_from) = read(workflows, sas_core::workflow::BUILT_IN_WORKFLOWS)?;
+    let (ag, ag_from) = read(agents, sas_core::agent::BUILT_IN_AGENTS)?;
+    let mut given = std::collections::HashMap::new();
+    for v in vars {
+        let (k, val) = v.split_once('=').with_context(|| format!("--var {v}: expected KEY=VALUE"))?;
+        given.insert(k.to_owned(), val.to_owned());
+    }
+    let lookup = |k: &str| given.get(k).cloned().or_else(|| std::env::var(k).ok()).filter(|v| !v.is_empty());
+    let r = sas_core::validate::check(&wf, &ag, &lookup);
+    println!("workflows ({wf_from}): {}", if r.workflows.is_empty() { "-".into() } else { r.workflows.join(", ") });
+    println!("agents ({ag_from}): {}", if r.agents.is_empty() { "-".into() } else { r.agents.join(", ") });
+    for w in &r.warnings {
+        println!("warning: {w}");
+    }
+    for p in &r.problems {
+        println!("problem: {p}");
+    }
+    if !r.ok() {
+        bail!("{} problem(s): this configuration would fail in the functions", r.problems.len());
+    }
+    println!("valid: {} workflow(s), {} agent(s)", r.workflows.len(), r.agents.len());
+    Ok(())
 }
 
 async fn run(cli: &Cli) -> Result<()> {
@@ -342,6 +396,7 @@ async fn run(cli: &Cli) -> Result<()> {
                 bail!("least privilege: {denied} request(s) denied, {unused} grant(s) never used");
             }
         }
+        Cmd::Validate { workflows, agents, vars } => validate(workflows.as_deref(), agents.as_deref(), vars)?,
         Cmd::DeleteLocal { name } => {
             let cfn = aws_sdk_cloudformation::Client::new(&sdk);
             sas_cli::stack::delete_and_wait(&cfn, name, Duration::from_mins(2)).await?;

@@ -45,4 +45,5 @@ pub mod supervisor;
 pub mod telemetry;
 pub mod transition;
 pub mod twins;
+pub mod validate;
 pub mod workflow;

@@ -79,6 +79,36 @@ impl AgentRuntime {
     }
 }
 
+/// One agent of a configuration as `sasctl validate` sees it: its kind, and the first variable it
+/// needs that is not set (the function would register it as unconfigured: every call fails).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSurvey {
+    pub name: String,
+    pub kind: &'static str,
+    pub missing_var: Option<String>,
+}
+
+/// The agents of a configuration file, checked as [`AgentRuntime::from_config`] builds them, and
+/// the variables each needs.
+pub fn survey(json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Result<Vec<AgentSurvey>, AgentConfigError> {
+    // a file the functions would refuse is refused here the same way
+    AgentRuntime::from_config(json, vars)?;
+    let file: AgentFile = serde_json::from_str(json).map_err(|e| AgentConfigError::Json(e.to_string()))?;
+    Ok(file
+        .agents
+        .into_iter()
+        .map(|(name, spec)| {
+            let (kind, template) = match spec {
+                AgentSpec::Sim => ("sim", None),
+                AgentSpec::Http { url } => ("http", Some(url)),
+                AgentSpec::Approval { topic_arn } => ("approval", Some(topic_arn)),
+            };
+            let missing_var = template.and_then(|t| expand(&t, vars).err());
+            AgentSurvey { name, kind, missing_var }
+        })
+        .collect())
+}
+
 /// The agent definitions compiled into every binary.
 pub const BUILT_IN_AGENTS: &str = include_str!("../../../../config/agents.json");
 

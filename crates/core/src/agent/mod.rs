@@ -23,7 +23,7 @@ pub mod sim;
 mod tests;
 
 pub use approval::ApprovalAgent;
-pub use config::{AgentConfigError, BUILT_IN_AGENTS};
+pub use config::{survey, AgentConfigError, AgentSurvey, BUILT_IN_AGENTS};
 pub use handover::CallbackEndpoints;
 pub use http::HttpAgent;
 pub use runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
