@@ -344,6 +344,23 @@ pub struct OmittedOutputs {
 }
 
 impl StatusMessage {
+    /// A status with no step, failures, reason or outputs.
+    pub fn new(task_id: TaskId, seq: u64, state: ProcessState, at: Millis) -> Self {
+        StatusMessage {
+            v: VERSION,
+            task_id,
+            seq,
+            state,
+            step: None,
+            failure_count: 0,
+            reason: None,
+            at,
+            outputs: None,
+            outputs_omitted: None,
+            duplicate: false,
+        }
+    }
+
     /// Attach a finished task's outputs (by step name), or say where to read them when they are
     /// over [`MAX_STATUS_OUTPUTS_BYTES`].
     #[must_use]

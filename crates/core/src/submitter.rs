@@ -118,17 +118,8 @@ async fn reject(
     deps.outbox().reject_to_dlq(raw, &reason, now).await?;
     if let Some(q) = reply {
         let status = StatusMessage {
-            v: VERSION,
-            task_id: id.unwrap_or_else(TaskId::generate),
-            seq: 0,
-            state: ProcessState::Rejected,
-            step: None,
-            failure_count: 0,
             reason: Some(reason),
-            at: now,
-            outputs: None,
-            outputs_omitted: None,
-            duplicate: false,
+            ..StatusMessage::new(id.unwrap_or_else(TaskId::generate), 0, ProcessState::Rejected, now)
         };
         if let Err(e) = deps.outbox().reply(q.as_str(), &status).await {
             warn!(error = %e, "could not send the Rejected status");
@@ -152,21 +143,11 @@ pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
 /// stands (with its outputs when it is `Processed`). Best effort, like every status: a failed send
 /// is logged, and the submission is not retried for it.
 async fn tell_duplicate(deps: &Deps, reply_to: &str, task: &Task) {
+    // every state change is in the history, so its last entry is the task's state (the fallback
+    // is for an item written by hand)
     let mut status = match task.history.last() {
-        Some(last) if last.state == task.process_state => task.status_of(last),
-        _ => StatusMessage {
-            v: VERSION,
-            task_id: task.task_id.clone(),
-            seq: task.status_seq,
-            state: task.process_state,
-            step: None,
-            failure_count: task.failure_count,
-            reason: None,
-            at: task.updated_at,
-            outputs: None,
-            outputs_omitted: None,
-            duplicate: false,
-        },
+        Some(last) => task.status_of(last),
+        None => StatusMessage::new(task.task_id.clone(), task.status_seq, task.process_state, task.updated_at),
     };
     status.duplicate = true;
     status.reason = Some(format!(
@@ -206,7 +187,6 @@ async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result
     let def = deps.workflows.resolve(&sub.workflow, sub.workflow_version).expect("validated").clone();
     let ctx = deps.ctx();
     let now = ctx.now;
-    let reply_to = sub.reply_to.clone();
     let mut tr = protocol::submit(task_id.clone(), def, sub.input, sub.reply_to, &ctx, &deps.settings.policy);
     let mark = message_id.map(message_mark);
     tr.task.last_message.clone_from(&mark);
@@ -219,7 +199,7 @@ async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result
             existing => {
                 info!(%task_id, "duplicate submission: the task exists, nothing created");
                 if let Some(t) = existing {
-                    if let Some(q) = &reply_to {
+                    if let Some(q) = &tr.task.reply_to {
                         tell_duplicate(deps, q, &t).await;
                     }
                     resend(deps, t, mark.as_deref()).await?;

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::{AttemptToken, Millis, TaskId};
-use crate::messages::{Phase, StatusMessage, VERSION};
+use crate::messages::{Phase, StatusMessage};
 use crate::state::ProcessState;
 use crate::workflow::{StepDef, WorkflowDef};
 
@@ -332,17 +332,10 @@ impl HistoryEntry {
     /// The status message that tells the caller about this entry.
     pub fn status(&self, task_id: &TaskId) -> StatusMessage {
         StatusMessage {
-            v: VERSION,
-            task_id: task_id.clone(),
-            seq: self.seq,
-            state: self.state,
             step: self.step.clone(),
             failure_count: self.failure_count,
             reason: self.reason.clone(),
-            at: self.at,
-            outputs: None,
-            outputs_omitted: None,
-            duplicate: false,
+            ..StatusMessage::new(task_id.clone(), self.seq, self.state, self.at)
         }
     }
 }
