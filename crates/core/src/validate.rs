@@ -53,9 +53,9 @@ pub fn check(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> Opt
                     "workflow {}@{} step {}: agent {:?} is not defined in the agents file",
                     def.name, def.version, step.name, step.agent
                 )),
-                Some(a) if a.kind == "approval" && step.kind != StepKind::Callback => r.problems.push(format!(
-                    "workflow {}@{} step {}: agent {} asks a person, so the step must be kind \"callback\" (with timeout_ms)",
-                    def.name, def.version, step.name, a.name
+                Some(a) if a.callback_only && step.kind != StepKind::Callback => r.problems.push(format!(
+                    "workflow {}@{} step {}: agent {} ({}) only hands the work over, so the step must be kind \"callback\" (with timeout_ms)",
+                    def.name, def.version, step.name, a.name, a.kind
                 )),
                 Some(_) => {}
             }

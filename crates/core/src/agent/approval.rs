@@ -8,14 +8,18 @@
 //! workflow is wrong, retrying cannot help).
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use aws_sdk_sns::error::ProvideErrorMetadata;
 use futures::future::BoxFuture;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 use tracing::info;
 
+use super::config::AgentConfigError;
 use super::handover::CallbackEndpoints;
+use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, Call};
 use crate::messages::AgentRequest;
 
@@ -23,12 +27,40 @@ use crate::messages::AgentRequest;
 /// stay readable).
 pub const MAX_INPUT_SHOWN: usize = 16 * 1024;
 
+/// `{"kind": "approval", "topic_arn": "arn:aws:sns:..."}`: callback steps only.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalKind {
+    /// Where the request (with the token) is published.
+    pub topic_arn: String,
+}
+
+impl AgentKind for ApprovalKind {
+    const KIND: &'static str = "approval";
+    const CALLBACK_ONLY: bool = true;
+
+    fn build(self, name: &str, cx: &BuildContext) -> Result<Arc<dyn Agent>, AgentConfigError> {
+        if !self.topic_arn.starts_with("arn:") {
+            return Err(AgentConfigError::BadTopic { agent: name.to_owned(), arn: self.topic_arn });
+        }
+        let mut agent = ApprovalAgent::new(self.topic_arn, cx.callback.clone());
+        agent.aws = cx.aws.clone();
+        Ok(Arc::new(agent))
+    }
+
+    fn grants(&self) -> Vec<Grant> {
+        vec![Grant { action: "sns:Publish", resource: self.topic_arn.clone() }]
+    }
+}
+
 #[derive(Debug)]
 pub struct ApprovalAgent {
     topic_arn: String,
     callback: CallbackEndpoints,
-    /// Built on the first call, from the process's AWS configuration (the function's: its
-    /// endpoint, region and timeouts from the environment, calls recorded as every role's).
+    /// The process's AWS configuration (the function's: its endpoint, region and timeouts from
+    /// the environment), loaded on the first call.
+    aws: AwsConfigCell,
+    /// Built on the first call.
     sns: OnceCell<aws_sdk_sns::Client>,
 }
 
@@ -41,12 +73,17 @@ pub struct ApprovalNote {
 
 impl ApprovalAgent {
     pub fn new(topic_arn: impl Into<String>, callback: CallbackEndpoints) -> Self {
-        ApprovalAgent { topic_arn: topic_arn.into(), callback, sns: OnceCell::new() }
+        ApprovalAgent { topic_arn: topic_arn.into(), callback, aws: AwsConfigCell::default(), sns: OnceCell::new() }
     }
 
     /// With a client of the caller's (tests, tools).
     pub fn with_client(topic_arn: impl Into<String>, callback: CallbackEndpoints, sns: aws_sdk_sns::Client) -> Self {
-        ApprovalAgent { topic_arn: topic_arn.into(), callback, sns: OnceCell::new_with(Some(sns)) }
+        ApprovalAgent {
+            topic_arn: topic_arn.into(),
+            callback,
+            aws: AwsConfigCell::default(),
+            sns: OnceCell::new_with(Some(sns)),
+        }
     }
 
     pub fn topic_arn(&self) -> &str {
@@ -54,12 +91,7 @@ impl ApprovalAgent {
     }
 
     async fn client(&self) -> &aws_sdk_sns::Client {
-        self.sns
-            .get_or_init(|| async {
-                let timeouts = crate::aws::SdkTimeouts::from_env().unwrap_or_default();
-                crate::aws::sns_client(&crate::aws::load_sdk_config_with(&timeouts).await)
-            })
-            .await
+        self.sns.get_or_init(|| async { crate::aws::sns_client(self.aws.get().await) }).await
     }
 }
 

@@ -1,6 +1,7 @@
 //! Which agents a function hosts: `config/agents.json` (compiled in) or the file named by
 //! `SAS_AGENTS_FILE`. Endpoints come from configuration only, never from a submission, so a caller
-//! cannot make an agent call an arbitrary URL.
+//! cannot make an agent call an arbitrary URL. Each kind's configuration lives in its module (see
+//! [`super::kind`]); this file reads the file, expands variables and dispatches.
 
 use futures::future::BoxFuture;
 use serde::Deserialize;
@@ -9,10 +10,12 @@ use tracing::{debug, warn};
 
 use super::handover::CallbackEndpoints;
 
-use super::approval::ApprovalAgent;
-use super::http::{self, HttpAgent};
+use std::sync::Arc;
+
+use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 use super::sim::SimAgent;
+use super::{approval, http, sim};
 
 impl AgentRuntime {
     /// The runtime with only the simulated agent (`sim`).
@@ -22,46 +25,39 @@ impl AgentRuntime {
         rt
     }
 
-    /// The agents of a configuration file (see `config/agents.json`). `${NAME}` in a URL is taken
-    /// from `vars`; an agent whose URL names an unset variable is registered as unconfigured: its
-    /// calls fail permanently with a message that says which variable is missing.
+    /// The agents of a configuration file (see `config/agents.json`). `${NAME}` in any of an
+    /// agent's values is taken from `vars`; an agent that names an unset variable is registered as
+    /// unconfigured: its calls fail permanently with a message that says which variable is missing.
     pub fn from_config(json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Result<Self, AgentConfigError> {
+        Self::from_config_with(json, vars, AwsConfigCell::default())
+    }
+
+    /// As [`AgentRuntime::from_config`], with the AWS configuration the agents that call AWS use.
+    pub fn from_config_with(
+        json: &str,
+        vars: &dyn Fn(&str) -> Option<String>,
+        aws: AwsConfigCell,
+    ) -> Result<Self, AgentConfigError> {
         let file: AgentFile = serde_json::from_str(json).map_err(|e| AgentConfigError::Json(e.to_string()))?;
-        let mut rt = AgentRuntime::new(file.retry.unwrap_or_default());
-        let client = http::client();
-        let max = file.max_response_bytes.unwrap_or(http::DEFAULT_MAX_RESPONSE_BYTES);
-        let callback = file.callback.map(|c| c.expand(vars)).unwrap_or_default();
-        for (name, spec) in file.agents {
-            match spec {
-                AgentSpec::Sim => {
-                    rt.register(name, SimAgent);
-                }
-                AgentSpec::Http { url } => match expand(&url, vars) {
-                    Ok(url) => {
-                        if !(url.starts_with("http://") || url.starts_with("https://")) {
-                            return Err(AgentConfigError::BadUrl { agent: name, url });
-                        }
-                        rt.register(name, HttpAgent::new(client.clone(), url, max).with_callback(callback.clone()));
-                    }
-                    Err(var) => {
-                        let message = format!("agent {name} is not configured: {var} is not set");
-                        warn!("{message}");
-                        rt.register(name, Unconfigured { message });
-                    }
-                },
-                AgentSpec::Approval { topic_arn } => match expand(&topic_arn, vars) {
-                    Ok(arn) => {
-                        if !arn.starts_with("arn:") {
-                            return Err(AgentConfigError::BadTopic { agent: name, arn });
-                        }
-                        rt.register(name, ApprovalAgent::new(arn, callback.clone()));
-                    }
-                    Err(var) => {
-                        let message = format!("agent {name} is not configured: {var} is not set");
-                        warn!("{message}");
-                        rt.register(name, Unconfigured { message });
-                    }
-                },
+        let mut rt = AgentRuntime::new(file.retry.clone().unwrap_or_default());
+        let cx = BuildContext {
+            http: http::client(),
+            max_response_bytes: file.max_response_bytes.unwrap_or(http::DEFAULT_MAX_RESPONSE_BYTES),
+            callback: file.callback.clone().map(|c| c.expand(vars)).unwrap_or_default(),
+            aws,
+        };
+        for entry in file.entries(vars)? {
+            if let Some(spec) = entry.spec {
+                let agent = spec.build(&entry.name, &cx)?;
+                rt.register_arc(entry.name, agent);
+            } else {
+                let message = format!(
+                    "agent {} is not configured: {} is not set",
+                    entry.name,
+                    entry.missing_var.as_deref().unwrap_or("a variable")
+                );
+                warn!("{message}");
+                rt.register(entry.name, Unconfigured { message });
             }
         }
         Ok(rt)
@@ -79,32 +75,35 @@ impl AgentRuntime {
     }
 }
 
-/// One agent of a configuration as `sasctl validate` sees it: its kind, and the first variable it
-/// needs that is not set (the function would register it as unconfigured: every call fails).
+/// One agent of a configuration as `sasctl validate` sees it: its kind, the first variable it
+/// needs that is not set (the function would register it as unconfigured: every call fails), and
+/// the AWS calls it makes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentSurvey {
     pub name: String,
     pub kind: &'static str,
+    /// It only hands work over: valid on callback steps only.
+    pub callback_only: bool,
     pub missing_var: Option<String>,
+    /// Empty when a variable is missing (the resources are not known).
+    pub grants: Vec<Grant>,
 }
 
 /// The agents of a configuration file, checked as [`AgentRuntime::from_config`] builds them, and
-/// the variables each needs.
+/// the variables and permissions each needs.
 pub fn survey(json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Result<Vec<AgentSurvey>, AgentConfigError> {
     // a file the functions would refuse is refused here the same way
     AgentRuntime::from_config(json, vars)?;
     let file: AgentFile = serde_json::from_str(json).map_err(|e| AgentConfigError::Json(e.to_string()))?;
     Ok(file
-        .agents
+        .entries(vars)?
         .into_iter()
-        .map(|(name, spec)| {
-            let (kind, template) = match spec {
-                AgentSpec::Sim => ("sim", None),
-                AgentSpec::Http { url } => ("http", Some(url)),
-                AgentSpec::Approval { topic_arn } => ("approval", Some(topic_arn)),
-            };
-            let missing_var = template.and_then(|t| expand(&t, vars).err());
-            AgentSurvey { name, kind, missing_var }
+        .map(|e| AgentSurvey {
+            name: e.name,
+            kind: e.kind,
+            callback_only: e.callback_only,
+            missing_var: e.missing_var,
+            grants: e.spec.map(|s| s.grants()).unwrap_or_default(),
         })
         .collect())
 }
@@ -122,9 +121,12 @@ pub enum AgentConfigError {
     BadUrl { agent: String, url: String },
     #[error("agent {agent}: {arn:?} is not an SNS topic ARN")]
     BadTopic { agent: String, arn: String },
+    /// A value the agent's kind cannot use.
+    #[error("agent {agent}: {message}")]
+    Invalid { agent: String, message: String },
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CallbackSpec {
     #[serde(default)]
@@ -152,7 +154,9 @@ impl CallbackSpec {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AgentFile {
-    agents: std::collections::BTreeMap<String, AgentSpec>,
+    /// Each agent's entry as written: checked against its kind before and after its variables are
+    /// expanded.
+    agents: std::collections::BTreeMap<String, Value>,
     #[serde(default)]
     retry: Option<CallRetry>,
     #[serde(default)]
@@ -162,18 +166,94 @@ struct AgentFile {
     callback: Option<CallbackSpec>,
 }
 
+/// One agent of a file: `spec` with its variables expanded, `None` when one is not set.
+struct Entry {
+    name: String,
+    kind: &'static str,
+    callback_only: bool,
+    missing_var: Option<String>,
+    spec: Option<AgentSpec>,
+}
+
+impl AgentFile {
+    fn entries(&self, vars: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Entry>, AgentConfigError> {
+        let parse = |name: &str, v: &Value| {
+            AgentSpec::deserialize(v).map_err(|e| AgentConfigError::Json(format!("agent {name}: {e}")))
+        };
+        let mut out = Vec::new();
+        for (name, raw) in &self.agents {
+            // the entry as written must already be a valid one of its kind
+            let written = parse(name, raw)?;
+            let (spec, missing_var) = match expand_value(raw, vars) {
+                Ok(v) => (Some(parse(name, &v)?), None),
+                Err(var) => (None, Some(var)),
+            };
+            out.push(Entry {
+                name: name.clone(),
+                kind: written.kind(),
+                callback_only: written.callback_only(),
+                missing_var,
+                spec,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// Every kind of agent: its `"kind"` and its module's configuration.
 #[derive(Debug, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 enum AgentSpec {
-    Sim,
-    Http {
-        url: String,
-    },
-    /// A person approves: the token goes to an SNS topic (an email subscription), answered with
-    /// `sasctl approve|reject TOKEN` or the HTTPS endpoint.
-    Approval {
-        topic_arn: String,
-    },
+    Sim(sim::SimKind),
+    Http(http::HttpKind),
+    Approval(approval::ApprovalKind),
+}
+
+/// One arm per kind, the same call on each.
+macro_rules! each_kind {
+    ($spec:expr, $k:ident => $e:expr) => {
+        match $spec {
+            AgentSpec::Sim($k) => $e,
+            AgentSpec::Http($k) => $e,
+            AgentSpec::Approval($k) => $e,
+        }
+    };
+}
+
+impl AgentSpec {
+    fn kind(&self) -> &'static str {
+        fn of<K: AgentKind>(_: &K) -> &'static str {
+            K::KIND
+        }
+        each_kind!(self, k => of(k))
+    }
+
+    fn callback_only(&self) -> bool {
+        fn of<K: AgentKind>(_: &K) -> bool {
+            K::CALLBACK_ONLY
+        }
+        each_kind!(self, k => of(k))
+    }
+
+    fn grants(&self) -> Vec<Grant> {
+        each_kind!(self, k => k.grants())
+    }
+
+    fn build(self, name: &str, cx: &BuildContext) -> Result<Arc<dyn Agent>, AgentConfigError> {
+        each_kind!(self, k => k.build(name, cx))
+    }
+}
+
+/// Every string of `v` with its `${NAME}`s replaced; `Err(NAME)` for the first one not set.
+fn expand_value(v: &Value, vars: &dyn Fn(&str) -> Option<String>) -> Result<Value, String> {
+    Ok(match v {
+        Value::String(s) => Value::String(expand(s, vars)?),
+        Value::Array(a) => Value::Array(a.iter().map(|x| expand_value(x, vars)).collect::<Result<_, _>>()?),
+        Value::Object(o) => Value::Object(
+            o.iter().map(|(k, x)| Ok((k.clone(), expand_value(x, vars)?))).collect::<Result<_, String>>()?,
+        ),
+        other => other.clone(),
+    })
 }
 
 /// Replace every `${NAME}`; `Err(NAME)` for the first one that is not set.

@@ -7,13 +7,17 @@
 //! redirect are permanent. A 2xx JSON response becomes the step's output; a 2xx over the size limit
 //! is a success whose output only says it was truncated (the effect happened).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use reqwest::StatusCode;
+use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::config::AgentConfigError;
 use super::handover::CallbackEndpoints;
+use super::kind::{AgentKind, BuildContext};
 use super::runtime::{Agent, AgentError, Call};
 use crate::ids::Millis;
 use crate::messages::AgentRequest;
@@ -21,6 +25,27 @@ use crate::messages::AgentRequest;
 /// The default limit on a response body that becomes step output (it is stored in the task item
 /// and carried to later steps, so it must stay far below DynamoDB's 400 KB).
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+/// `{"kind": "http", "url": "https://..."}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpKind {
+    /// The endpoint every call POSTs to.
+    pub url: String,
+}
+
+impl AgentKind for HttpKind {
+    const KIND: &'static str = "http";
+
+    fn build(self, name: &str, cx: &BuildContext) -> Result<Arc<dyn Agent>, AgentConfigError> {
+        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
+            return Err(AgentConfigError::BadUrl { agent: name.to_owned(), url: self.url });
+        }
+        Ok(Arc::new(
+            HttpAgent::new(cx.http.clone(), self.url, cx.max_response_bytes).with_callback(cx.callback.clone()),
+        ))
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct HttpAgent {

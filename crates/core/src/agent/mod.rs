@@ -6,6 +6,7 @@
 //! - [`http`]: the built-in HTTP agent;
 //! - [`approval`]: the approval agent (a person answers a callback step; the token goes to SNS);
 //! - [`sim`]: the simulated agent for tests and demos;
+//! - [`kind`]: what each kind of agent provides (its configuration, how it is built, its IAM);
 //! - [`config`]: which agents a function hosts (`config/agents.json`).
 
 use tracing::{info, info_span, Instrument};
@@ -17,6 +18,7 @@ pub mod approval;
 pub mod config;
 pub mod handover;
 pub mod http;
+pub mod kind;
 pub mod runtime;
 pub mod sim;
 #[cfg(test)]
@@ -26,6 +28,7 @@ pub use approval::ApprovalAgent;
 pub use config::{survey, AgentConfigError, AgentSurvey, BUILT_IN_AGENTS};
 pub use handover::CallbackEndpoints;
 pub use http::HttpAgent;
+pub use kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 pub use runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 pub use sim::SimAgent;
 

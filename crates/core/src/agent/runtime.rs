@@ -114,6 +114,12 @@ impl AgentRuntime {
         self
     }
 
+    /// An agent already shared (as the kinds build them).
+    pub fn register_arc(&mut self, name: impl Into<String>, agent: Arc<dyn Agent>) -> &mut Self {
+        self.agents.insert(name.into(), agent);
+        self
+    }
+
     pub fn knows(&self, name: &str) -> bool {
         self.agents.contains_key(name)
     }

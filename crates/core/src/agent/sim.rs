@@ -18,6 +18,23 @@ use super::runtime::{Agent, AgentError, Call};
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SimAgent;
 
+/// `{"kind": "sim"}`: no settings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimKind {}
+
+impl super::kind::AgentKind for SimKind {
+    const KIND: &'static str = "sim";
+
+    fn build(
+        self,
+        _name: &str,
+        _cx: &super::kind::BuildContext,
+    ) -> Result<std::sync::Arc<dyn Agent>, super::config::AgentConfigError> {
+        Ok(std::sync::Arc::new(SimAgent))
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SimSpec {

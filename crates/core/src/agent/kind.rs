@@ -1,0 +1,83 @@
+//! What every agent kind provides behind the one [`Agent`] interface: its configuration (a struct
+//! deserialised from its entry in the agents file, variables already expanded), how it is built,
+//! whether it can only hand work over (callback steps), and the AWS permissions it needs.
+//!
+//! Adding a kind is a module with a spec struct implementing [`AgentKind`] and one variant in
+//! `config::AgentSpec`; no role and no protocol code changes.
+
+use std::sync::Arc;
+
+use aws_config::SdkConfig;
+use serde::de::DeserializeOwned;
+use tokio::sync::OnceCell;
+
+use super::config::AgentConfigError;
+use super::handover::CallbackEndpoints;
+use super::runtime::Agent;
+
+/// What the agents of one process share when they are built.
+#[derive(Debug, Clone)]
+pub struct BuildContext {
+    /// One HTTP client (connection pool) for every HTTP agent.
+    pub http: reqwest::Client,
+    /// The limit on an answer that becomes step output.
+    pub max_response_bytes: usize,
+    /// Where the remote side of a callback step answers (told with the token).
+    pub callback: CallbackEndpoints,
+    /// The AWS configuration, loaded on first use (only kinds that call AWS load it).
+    pub aws: AwsConfigCell,
+}
+
+/// One AWS call an agent makes on one resource: what its function's role must allow
+/// (`sasctl validate` compares them with the template's grants).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Grant {
+    /// The IAM action, e.g. `lambda:InvokeFunction`.
+    pub action: &'static str,
+    /// The resource: an ARN, or a name when the configuration gives only a name.
+    pub resource: String,
+}
+
+/// An agent kind's configuration.
+pub trait AgentKind: DeserializeOwned {
+    /// Its `"kind"` in the agents file.
+    const KIND: &'static str;
+    /// It only hands work over (the answer comes later with the token): valid on callback steps only.
+    const CALLBACK_ONLY: bool = false;
+
+    /// The agent, from its configuration with variables expanded; a value the kind cannot use is
+    /// an error that names the agent.
+    fn build(self, name: &str, cx: &BuildContext) -> Result<Arc<dyn Agent>, AgentConfigError>;
+
+    /// The AWS calls its agent makes (none for kinds that call no AWS API).
+    fn grants(&self) -> Vec<Grant> {
+        Vec::new()
+    }
+}
+
+/// The process's AWS configuration, loaded once on the first call of an agent that needs it
+/// (from the environment: endpoint, region, credentials; timeouts as every role's), or given.
+#[derive(Clone, Default)]
+pub struct AwsConfigCell(Arc<OnceCell<SdkConfig>>);
+
+impl std::fmt::Debug for AwsConfigCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("AwsConfigCell").field(&self.0.initialized()).finish()
+    }
+}
+
+impl AwsConfigCell {
+    /// A cell holding `config` (tests, tools).
+    pub fn with(config: SdkConfig) -> Self {
+        AwsConfigCell(Arc::new(OnceCell::new_with(Some(config))))
+    }
+
+    pub async fn get(&self) -> &SdkConfig {
+        self.0
+            .get_or_init(|| async {
+                let timeouts = crate::aws::SdkTimeouts::from_env().unwrap_or_default();
+                crate::aws::load_sdk_config_with(&timeouts).await
+            })
+            .await
+    }
+}
