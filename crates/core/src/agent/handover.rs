@@ -3,7 +3,28 @@
 
 use serde_json::{json, Value};
 
-use crate::messages::CallbackRef;
+use crate::ids::Millis;
+use crate::messages::{AgentRequest, CallbackRef};
+
+/// What every agent kind sends to the remote side (an HTTP body, a Lambda payload, a queue
+/// message, an event's detail): the work and how to apply it once.
+/// `{"task_id", "step", "attempt_no", "idempotency_key", "deadline", "input"}`, and for a callback
+/// step `"callback": {"token", "heartbeat_ms", "queue_url", "url"}` (then delivery only means the
+/// work was accepted). `deadline` is the attempt's own (epoch ms): nothing may be applied after it.
+pub fn request(req: &AgentRequest, deadline: Millis, callback: &CallbackEndpoints) -> Value {
+    let mut body = json!({
+        "task_id": req.task_id,
+        "step": req.step,
+        "attempt_no": req.attempt_no,
+        "idempotency_key": req.idempotency_key,
+        "deadline": deadline,
+        "input": req.input,
+    });
+    if let Some(cb) = &req.callback {
+        body["callback"] = callback.handover(cb);
+    }
+    body
+}
 
 /// Where the remote side of a callback step answers, as the agents tell it (the top-level
 /// `"callback"` of the configuration, variables expanded; one whose variable is not set is left

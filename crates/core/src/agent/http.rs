@@ -103,22 +103,6 @@ fn transport_error(e: &reqwest::Error) -> AgentError {
     AgentError::Transient { message: format!("{kind}: {e}"), retry_after: None }
 }
 
-/// The request body: the work, and for a callback step what the remote side answers with
-/// (`"callback": {"token", "heartbeat_ms", "queue_url", "url"}`); a 2xx then only means the work
-/// was accepted.
-pub fn body(req: &AgentRequest, callback: &CallbackEndpoints) -> Value {
-    let mut body = json!({
-        "task_id": req.task_id,
-        "step": req.step,
-        "attempt_no": req.attempt_no,
-        "input": req.input,
-    });
-    if let Some(cb) = &req.callback {
-        body["callback"] = callback.handover(cb);
-    }
-    body
-}
-
 impl Agent for HttpAgent {
     fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
         Box::pin(async move {
@@ -127,7 +111,7 @@ impl Agent for HttpAgent {
             if left == 0 {
                 return Err(AgentError::Transient { message: "CompleteBy has passed".into(), retry_after: None });
             }
-            let body = body(req, &self.callback);
+            let body = super::handover::request(req, call.deadline, &self.callback);
             let sent = self
                 .client
                 .post(&self.url)

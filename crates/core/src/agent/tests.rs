@@ -229,15 +229,20 @@ fn callback_req(heartbeat_ms: Option<u64>) -> AgentRequest {
 }
 
 #[test]
-fn the_http_body_hands_over_the_token_and_where_to_answer_for_a_callback_step_only() {
+fn the_request_hands_over_the_token_and_where_to_answer_for_a_callback_step_only() {
     let ends = super::CallbackEndpoints {
         queue_url: Some("http://localhost:4566/000000000000/cb".into()),
         url: Some("https://x.lambda-url.us-east-1.on.aws".into()),
     };
-    let plain = super::http::body(&req(json!({}), 1, 5_000), &ends);
-    assert_eq!(plain.as_object().unwrap().keys().collect::<Vec<_>>(), ["attempt_no", "input", "step", "task_id"]);
+    let body = |r: &AgentRequest, ends: &super::CallbackEndpoints| super::handover::request(r, Millis(77), ends);
+    let plain = body(&req(json!({}), 1, 5_000), &ends);
+    assert_eq!(
+        plain.as_object().unwrap().keys().collect::<Vec<_>>(),
+        ["attempt_no", "deadline", "idempotency_key", "input", "step", "task_id"]
+    );
+    assert_eq!((plain["deadline"].as_u64(), plain["idempotency_key"].as_str()), (Some(77), Some("t:charge")));
     let r = callback_req(Some(10_000));
-    let body = super::http::body(&r, &ends);
+    let body = body(&r, &ends);
     assert_eq!(
         body["callback"],
         json!({
@@ -249,7 +254,7 @@ fn the_http_body_hands_over_the_token_and_where_to_answer_for_a_callback_step_on
     );
     assert_eq!(body["task_id"], "t");
     // nothing configured: only the token (and no heartbeat asked, none said)
-    let body = super::http::body(&callback_req(None), &super::CallbackEndpoints::default());
+    let body = super::handover::request(&callback_req(None), Millis(77), &super::CallbackEndpoints::default());
     assert_eq!(body["callback"], json!({"token": "0123456789abcdef0123456789abcdef:charge:t"}));
 }
 
