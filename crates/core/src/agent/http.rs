@@ -20,7 +20,6 @@ use super::handover::CallbackEndpoints;
 use super::kind::{AgentKind, BuildContext};
 use super::runtime::{Agent, AgentError, Call};
 use crate::ids::Millis;
-use crate::messages::AgentRequest;
 
 /// The default limit on a response body that becomes step output (it is stored in the task item
 /// and carried to later steps, so it must stay far below DynamoDB's 400 KB).
