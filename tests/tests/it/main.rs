@@ -14,5 +14,6 @@ mod approval;
 mod common;
 mod ground;
 mod lambda;
+mod lambda_agent;
 mod orders;
 mod protocol;

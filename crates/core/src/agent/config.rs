@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 use super::sim::SimAgent;
-use super::{approval, http, sim};
+use super::{approval, http, lambda, sim};
 
 impl AgentRuntime {
     /// The runtime with only the simulated agent (`sim`).
@@ -207,6 +207,7 @@ enum AgentSpec {
     Sim(sim::SimKind),
     Http(http::HttpKind),
     Approval(approval::ApprovalKind),
+    Lambda(lambda::LambdaKind),
 }
 
 /// One arm per kind, the same call on each.
@@ -216,6 +217,7 @@ macro_rules! each_kind {
             AgentSpec::Sim($k) => $e,
             AgentSpec::Http($k) => $e,
             AgentSpec::Approval($k) => $e,
+            AgentSpec::Lambda($k) => $e,
         }
     };
 }

@@ -4,6 +4,7 @@
 //! - [`runtime`]: the [`Agent`] trait and the [`AgentRuntime`] that enforces deadlines, retries
 //!   with backoff and stable idempotency keys around every call;
 //! - [`http`]: the built-in HTTP agent;
+//! - [`lambda`]: the Lambda agent (invokes a function; asynchronously for a callback step);
 //! - [`approval`]: the approval agent (a person answers a callback step; the token goes to SNS);
 //! - [`sim`]: the simulated agent for tests and demos;
 //! - [`kind`]: what each kind of agent provides (its configuration, how it is built, its IAM);
@@ -19,6 +20,7 @@ pub mod config;
 pub mod handover;
 pub mod http;
 pub mod kind;
+pub mod lambda;
 pub mod runtime;
 pub mod sim;
 #[cfg(test)]

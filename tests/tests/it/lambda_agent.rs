@@ -1,0 +1,143 @@
+//! The `lambda` agent against a real function on LocalStack: the tests' own function
+//! (`tests/functions/byow-orders/bootstrap`, a custom runtime) gets the request contract and its
+//! answer becomes the step's output; its `PermanentError` fails the step for good, its other
+//! errors are retried inside the attempt; a function that does not exist is a permanent failure;
+//! a callback step is invoked asynchronously and the function answers with the token through the
+//! callback queue. No stack needed: a function and a queue of the test's own.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use aws_sdk_lambda::types::{Architecture, FunctionCode, Runtime, State};
+use sas_core::agent::{AgentRuntime, AwsConfigCell};
+use sas_core::ids::{AttemptToken, CallbackToken, IdempotencyKey, Millis, TaskId};
+use sas_core::messages::{AgentRequest, CallbackRef, Outcome, Phase};
+use serde_json::{json, Value};
+
+/// Deploy the tests' function under a fresh name; its name.
+pub async fn deploy_test_function(sdk: &aws_config::SdkConfig, label: &str) -> String {
+    let lambda = aws_sdk_lambda::Client::new(sdk);
+    let name = format!("byow-{label}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let script = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("functions/byow-orders/bootstrap"))
+        .expect("tests/functions/byow-orders/bootstrap");
+    lambda
+        .create_function()
+        .function_name(&name)
+        .runtime(Runtime::Providedal2023)
+        .handler("bootstrap")
+        .role("arn:aws:iam::000000000000:role/byow-orders")
+        .architectures(Architecture::from(sas_cli::lambda::host_architecture()))
+        .timeout(10)
+        .code(FunctionCode::builder().zip_file(sas_cli::lambda::zip_bootstrap(&script).into()).build())
+        .send()
+        .await
+        .expect("CreateFunction");
+    let started = Instant::now();
+    loop {
+        let f = lambda.get_function().function_name(&name).send().await.expect("GetFunction");
+        match f.configuration().and_then(|c| c.state().cloned()) {
+            Some(State::Active) => break,
+            Some(State::Failed) => panic!("function {name} failed: {:?}", f.configuration()),
+            _ => {
+                assert!(started.elapsed() < Duration::from_mins(1), "function {name} never became Active");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+    name
+}
+
+fn request(task: &str, agent: &str, fn_input: Value, callback: bool) -> AgentRequest {
+    let task_id = TaskId::try_from(task).unwrap();
+    let attempt = AttemptToken::fresh();
+    AgentRequest {
+        v: 1,
+        idempotency_key: IdempotencyKey::for_step(&task_id, "charge"),
+        callback: callback
+            .then(|| CallbackRef { token: CallbackToken::new(&task_id, "charge", &attempt), heartbeat_ms: None }),
+        task_id,
+        step: "charge".into(),
+        phase: Phase::Forward,
+        agent: agent.into(),
+        attempt,
+        attempt_no: 1,
+        start_by: None,
+        complete_by: Millis::now().plus_ms(30_000),
+        input: json!({"input": {"order": "o-1", "fn": fn_input}, "outputs": {}}),
+    }
+}
+
+#[tokio::test]
+async fn a_lambda_agent_invokes_the_function_and_classifies_what_it_answers() {
+    assert!(std::env::var("AWS_ENDPOINT_URL").is_ok(), "set AWS_ENDPOINT_URL (LocalStack: `source infra/env.sh`)");
+    let sdk = sas_core::aws::load_sdk_config().await;
+    let function = deploy_test_function(&sdk, "agent").await;
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let queue = sqs.create_queue().queue_name(format!("{function}-cb")).send().await.unwrap().queue_url.unwrap();
+    let config = json!({
+        "agents": {
+            "charge": {"kind": "lambda", "function": "${FN}"},
+            "missing": {"kind": "lambda", "function": format!("{function}-gone")},
+        },
+        "callback": {"queue_url": "${CB}"},
+        "retry": {"max_calls": 4, "base_ms": 50, "max_ms": 200},
+    })
+    .to_string();
+    let vars = |k: &str| match k {
+        "FN" => Some(function.clone()),
+        "CB" => Some(queue.clone()),
+        _ => None,
+    };
+    let rt = AgentRuntime::from_config_with(&config, &vars, AwsConfigCell::with(sdk.clone())).expect("agents");
+    let task = &function[5..];
+
+    // a call step: the function's answer is the output; it saw the idempotency key
+    let out = rt.run(&request(&format!("{task}-ok"), "charge", json!({}), false)).await.expect("a result");
+    let Outcome::Succeeded { output } = out.outcome else { panic!("{out:?}") };
+    assert_eq!(output["handled"], "charge");
+    assert_eq!(output["order"], "o-1");
+    assert_eq!(output["idempotency_key"], format!("{task}-ok:charge"));
+    assert_eq!(output["calls"], 1);
+
+    // two function errors of another type: retried inside the attempt, the third call answers
+    let out = rt.run(&request(&format!("{task}-busy"), "charge", json!({"fail_calls": 2}), false)).await.unwrap();
+    let Outcome::Succeeded { output } = out.outcome else { panic!("{out:?}") };
+    assert_eq!(output["calls"], 3, "{output}");
+
+    // PermanentError: failed for good at once, with the function's message
+    let out = rt.run(&request(&format!("{task}-no"), "charge", json!({"fail": "permanent"}), false)).await.unwrap();
+    match out.outcome {
+        Outcome::Failed { error, retryable: false } => {
+            assert!(error.contains("PermanentError") && error.contains("declined"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // a function that does not exist: permanent, naming it
+    let out = rt.run(&request(&format!("{task}-gone"), "missing", json!({}), false)).await.unwrap();
+    match out.outcome {
+        Outcome::Failed { error, retryable: false } => {
+            assert!(error.contains("ResourceNotFoundException") && error.contains("-gone"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // a callback step: invoked asynchronously, nothing reported; the function answers with the token
+    let req = request(&format!("{task}-cb"), "charge", json!({}), true);
+    let token = req.callback.as_ref().unwrap().token.expose().clone();
+    assert_eq!(rt.run(&req).await, None, "a hand-off Lambda accepted reports nothing: the step waits");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let answer: Value = loop {
+        let got = sqs.receive_message().queue_url(&queue).wait_time_seconds(2).send().await.unwrap();
+        if let Some(m) = got.messages.unwrap_or_default().into_iter().next() {
+            break serde_json::from_str(m.body().unwrap_or_default()).unwrap();
+        }
+        assert!(Instant::now() < deadline, "the function never answered through the callback queue");
+    };
+    assert_eq!(answer["token"], token.as_str());
+    assert_eq!(
+        (answer["status"].as_str(), answer["output"]["answered_by"].as_str()),
+        (Some("succeeded"), Some("callback"))
+    );
+    assert_eq!(answer["output"]["idempotency_key"], format!("{task}-cb:charge"));
+}
