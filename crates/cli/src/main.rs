@@ -70,8 +70,9 @@ enum Cmd {
     },
     /// Check a configuration before deploying it, as the functions will load it: the workflows
     /// parse and respect the limits, every step's agent is defined, every variable an agent needs
-    /// is set (from --var and the environment), approval agents sit on callback steps. Prints what
-    /// it checked; exits 1 when anything would fail. Needs no stack.
+    /// is set (from --var and the environment), hand-off agents sit on callback steps, every AWS
+    /// call of an agent is granted by the template parameters (--param). Prints what it checked;
+    /// exits 1 when anything would fail. Needs no stack.
     Validate {
         /// The workflows file (default: the built-in config/workflows.json).
         #[arg(long, value_name = "FILE")]
@@ -82,6 +83,12 @@ enum Cmd {
         /// A variable the functions will have, KEY=VALUE (the template's, e.g. ORDER_SERVICE_URL).
         #[arg(long = "var")]
         vars: Vec<String>,
+        /// A template parameter as you deploy it, NAME=VALUE (e.g.
+        /// AgentFunctionArns=arn:aws:lambda:...:function:charge,arn:...): every AWS call an agent
+        /// makes must be granted by one (the Agent function's role); without them only the stack's
+        /// own resources are.
+        #[arg(long = "param")]
+        params: Vec<String>,
     },
     /// Delete a stack deployed with deploy-local, and wait until it is gone.
     DeleteLocal {
@@ -323,7 +330,22 @@ async fn main() {
     }
 }
 
-fn validate(workflows: Option<&std::path::Path>, agents: Option<&std::path::Path>, vars: &[String]) -> Result<()> {
+fn key_values(what: &str, items: &[String]) -> Result<std::collections::HashMap<String, String>> {
+    items
+        .iter()
+        .map(|v| {
+            let (k, val) = v.split_once('=').with_context(|| format!("--{what} {v}: expected KEY=VALUE"))?;
+            Ok((k.to_owned(), val.to_owned()))
+        })
+        .collect()
+}
+
+fn validate(
+    workflows: Option<&std::path::Path>,
+    agents: Option<&std::path::Path>,
+    vars: &[String],
+    params: &[String],
+) -> Result<()> {
     let read = |p: Option<&std::path::Path>, built_in: &str| -> Result<(String, String)> {
         Ok(match p {
             Some(p) => (
@@ -335,13 +357,10 @@ fn validate(workflows: Option<&std::path::Path>, agents: Option<&std::path::Path
     };
     let (wf, wf_from) = read(workflows, sas_core::workflow::BUILT_IN_WORKFLOWS)?;
     let (ag, ag_from) = read(agents, sas_core::agent::BUILT_IN_AGENTS)?;
-    let mut given = std::collections::HashMap::new();
-    for v in vars {
-        let (k, val) = v.split_once('=').with_context(|| format!("--var {v}: expected KEY=VALUE"))?;
-        given.insert(k.to_owned(), val.to_owned());
-    }
+    let given = key_values("var", vars)?;
+    let params = key_values("param", params)?;
     let lookup = |k: &str| given.get(k).cloned().or_else(|| std::env::var(k).ok()).filter(|v| !v.is_empty());
-    let r = sas_core::validate::check(&wf, &ag, &lookup);
+    let r = sas_core::validate::check_with_grants(&wf, &ag, &lookup, &|k| params.get(k).cloned());
     println!("workflows ({wf_from}): {}", if r.workflows.is_empty() { "-".into() } else { r.workflows.join(", ") });
     println!("agents ({ag_from}): {}", if r.agents.is_empty() { "-".into() } else { r.agents.join(", ") });
     for w in &r.warnings {
@@ -396,7 +415,9 @@ async fn run(cli: &Cli) -> Result<()> {
                 bail!("least privilege: {denied} request(s) denied, {unused} grant(s) never used");
             }
         }
-        Cmd::Validate { workflows, agents, vars } => validate(workflows.as_deref(), agents.as_deref(), vars)?,
+        Cmd::Validate { workflows, agents, vars, params } => {
+            validate(workflows.as_deref(), agents.as_deref(), vars, params)?;
+        }
         Cmd::DeleteLocal { name } => {
             let cfn = aws_sdk_cloudformation::Client::new(&sdk);
             sas_cli::stack::delete_and_wait(&cfn, name, Duration::from_mins(2)).await?;

@@ -1,7 +1,8 @@
 //! `sasctl validate`: check a configuration (workflows and agents) before it is deployed, as the
 //! functions will load it, and what the functions would only find out task by task: a step naming
-//! an agent that is not defined, an agent whose variable is not set, an approval agent on a step
-//! that is not a callback step.
+//! an agent that is not defined, an agent whose variable is not set, a hand-off agent (approval,
+//! queue, topic, bus) on a step that is not a callback step, and an agent whose AWS calls the
+//! Agent function's role would refuse (the template's `Agent*Arns` parameters, [`GRANT_PARAMETERS`]).
 
 use std::collections::BTreeSet;
 
@@ -25,9 +26,125 @@ impl Report {
     }
 }
 
+/// The template parameter that grants the Agent function's role each action an agent kind needs
+/// (`template.yaml`: `AgentFunctionArns`, ...; comma-separated ARNs, `*` wildcards as IAM).
+pub const GRANT_PARAMETERS: &[(&str, &str)] = &[
+    ("lambda:InvokeFunction", "AgentFunctionArns"),
+    ("secretsmanager:GetSecretValue", "AgentSecretArns"),
+    ("ssm:GetParameter", "AgentParameterArns"),
+    ("sqs:SendMessage", "AgentQueueArns"),
+    ("sns:Publish", "AgentTopicArns"),
+    ("events:PutEvents", "AgentEventBusArns"),
+    ("execute-api:Invoke", "AgentSignedApiArns"),
+    ("lambda:InvokeFunctionUrl", "AgentSignedApiArns"),
+];
+
+/// Resources the template grants by itself, by the variable that names them to the Agent
+/// function: the stack's own approval topic.
+const STACK_GRANTS: &[(&str, &str)] = &[("sns:Publish", "APPROVAL_TOPIC_ARN")];
+
+/// IAM's wildcard match: `*` any run of characters, `?` one.
+fn glob(pattern: &str, s: &str) -> bool {
+    let (p, s): (Vec<char>, Vec<char>) = (pattern.chars().collect(), s.chars().collect());
+    let (mut pi, mut si, mut star, mut mark) = (0, 0, None, 0);
+    while si < s.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == s[si]) {
+            pi += 1;
+            si += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = si;
+            pi += 1;
+        } else if let Some(st) = star {
+            pi = st + 1;
+            mark += 1;
+            si = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// Whether `granted` (an ARN pattern of a parameter) covers `resource` (an ARN, or a name when
+/// the configuration gives only a name: then the ARN's last part must be that name, or for a
+/// Secrets Manager ARN that name and its 6-character suffix).
+fn covers(granted: &str, resource: &str) -> bool {
+    if resource.starts_with("arn:") {
+        return glob(granted, resource);
+    }
+    let name = resource.trim_start_matches('/');
+    granted.char_indices().filter(|&(_, c)| c == ':' || c == '/').any(|(i, _)| {
+        let tail = &granted[i + 1..];
+        glob(tail, name) || glob(tail, &format!("{name}-ABCDEF")) && granted.contains(":secretsmanager:")
+    })
+}
+
+/// The problems with one agent's grants, given the template parameters `params`.
+fn grant_problems(
+    a: &AgentSurvey,
+    vars: &dyn Fn(&str) -> Option<String>,
+    params: &dyn Fn(&str) -> Option<String>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for g in &a.grants {
+        if STACK_GRANTS
+            .iter()
+            .any(|(action, var)| *action == g.action && vars(var).as_deref() == Some(g.resource.as_str()))
+        {
+            continue;
+        }
+        let Some((_, param)) = GRANT_PARAMETERS.iter().find(|(action, _)| *action == g.action) else {
+            out.push(format!(
+                "agent {}: needs {} on {}, which no template parameter grants",
+                a.name, g.action, g.resource
+            ));
+            continue;
+        };
+        let granted: Vec<String> = params(param)
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        // a signed URL names no ARN: the parameter must grant something
+        let url = g.resource.starts_with("http://") || g.resource.starts_with("https://");
+        let ok = if url { !granted.is_empty() } else { granted.iter().any(|p| covers(p, &g.resource)) };
+        if !ok {
+            out.push(format!(
+                "agent {}: needs {} on {}: add it to the template parameter {param} (the Agent function's role only)",
+                a.name, g.action, g.resource
+            ));
+        }
+    }
+    out
+}
+
 /// Check `workflows_json` and `agents_json` with the variables `vars` (those the template gives
-/// the functions).
+/// the functions), without the IAM part (see [`check_with_grants`]).
 pub fn check(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Report {
+    check_config(workflows_json, agents_json, vars)
+}
+
+/// [`check`], and every AWS call an agent makes granted by the template parameters `params`
+/// ([`GRANT_PARAMETERS`], as given to `sam deploy --parameter-overrides`).
+pub fn check_with_grants(
+    workflows_json: &str,
+    agents_json: &str,
+    vars: &dyn Fn(&str) -> Option<String>,
+    params: &dyn Fn(&str) -> Option<String>,
+) -> Report {
+    let mut r = check_config(workflows_json, agents_json, vars);
+    if let Ok(agents) = agent::survey(agents_json, vars) {
+        for a in &agents {
+            r.problems.extend(grant_problems(a, vars, params));
+        }
+    }
+    r
+}
+
+fn check_config(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Report {
     let mut r = Report::default();
     let registry =
         WorkflowRegistry::from_json(workflows_json).map_err(|e| r.problems.push(format!("workflows: {e}"))).ok();
@@ -66,6 +183,71 @@ pub fn check(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> Opt
         r.warnings.push(format!("agent {} is used by no workflow", a.name));
     }
     r
+}
+
+#[cfg(test)]
+mod grant_tests {
+    use super::*;
+
+    #[test]
+    fn iam_wildcards_match_as_iam_does() {
+        assert!(glob("arn:aws:lambda:*:123:function:charge", "arn:aws:lambda:eu-west-1:123:function:charge"));
+        assert!(glob(
+            "arn:aws:lambda:eu-west-1:123:function:charge:*",
+            "arn:aws:lambda:eu-west-1:123:function:charge:live"
+        ));
+        assert!(!glob(
+            "arn:aws:lambda:eu-west-1:123:function:charge",
+            "arn:aws:lambda:eu-west-1:123:function:charge:live"
+        ));
+        assert!(glob("arn:aws:sqs:*:*:work-?", "arn:aws:sqs:us-east-1:1:work-7"));
+        assert!(!glob("arn:aws:sqs:*:*:work-?", "arn:aws:sqs:us-east-1:1:work-77"));
+        // a name is matched against the ARN's last part (a secret's with its random suffix)
+        assert!(covers("arn:aws:lambda:eu-west-1:123:function:charge", "charge"));
+        assert!(!covers("arn:aws:lambda:eu-west-1:123:function:charge", "charg"));
+        assert!(covers("arn:aws:secretsmanager:eu-west-1:123:secret:prod/api-key-??????", "prod/api-key"));
+        assert!(covers("arn:aws:ssm:eu-west-1:123:parameter/prod/key", "/prod/key"));
+        assert!(covers("arn:aws:events:eu-west-1:123:event-bus/orders", "orders"));
+    }
+
+    #[test]
+    fn every_agent_call_needs_its_grant_in_the_template_parameters() {
+        let wf = r#"{"workflows": [{"name": "w", "version": 1, "steps": [
+            {"name": "a", "agent": "fn", "timeout_ms": 1000},
+            {"name": "b", "agent": "ask", "kind": "callback", "timeout_ms": 1000}]}]}"#;
+        let ag = r#"{"agents": {"fn": {"kind": "lambda", "function": "arn:aws:lambda:eu-west-1:123:function:charge"},
+            "ask": {"kind": "approval", "topic_arn": "${APPROVAL_TOPIC_ARN}"}}}"#;
+        let vars =
+            |k: &str| (k == "APPROVAL_TOPIC_ARN").then(|| "arn:aws:sns:eu-west-1:123:stack-approvals".to_owned());
+        let none = check_with_grants(wf, ag, &vars, &|_| None);
+        assert_eq!(none.problems.len(), 1, "{:#?}", none.problems);
+        assert!(
+            none.problems[0].contains("lambda:InvokeFunction on arn:aws:lambda:eu-west-1:123:function:charge")
+                && none.problems[0].contains("AgentFunctionArns"),
+            "{}",
+            none.problems[0]
+        );
+        let other = check_with_grants(wf, ag, &vars, &|k| {
+            (k == "AgentFunctionArns").then(|| "arn:aws:lambda:eu-west-1:123:function:refund".to_owned())
+        });
+        assert_eq!(other.problems.len(), 1, "another function's grant does not count");
+        let granted = check_with_grants(wf, ag, &vars, &|k| {
+            (k == "AgentFunctionArns").then(|| {
+                " arn:aws:lambda:eu-west-1:123:function:refund, arn:aws:lambda:*:123:function:charge".to_owned()
+            })
+        });
+        assert!(granted.ok(), "{:#?}", granted.problems);
+        // a topic other than the one the template sets APPROVAL_TOPIC_ARN to needs its grant
+        let ag2 = ag.replace("${APPROVAL_TOPIC_ARN}", "arn:aws:sns:eu-west-1:999:not-ours");
+        let r = check_with_grants(wf, &ag2, &vars, &|k| {
+            (k == "AgentFunctionArns").then(|| "arn:aws:lambda:*:123:function:charge".to_owned())
+        });
+        assert!(
+            r.problems.iter().any(|p| p.contains("sns:Publish") && p.contains("AgentTopicArns")),
+            "{:#?}",
+            r.problems
+        );
+    }
 }
 
 #[cfg(test)]
