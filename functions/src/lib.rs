@@ -178,12 +178,24 @@ pub async fn handle_event(
     }
 }
 
-/// A function's `main`: logs, clients and agents built once per cold start, then every event
-/// through [`handle_event`].
+/// A function's `main`: logs and clients built once per cold start, then every event through
+/// [`handle_event`]. Roles other than the Agent host no agents: only `sas-agent` calls
+/// [`serve_agents`], so only its binary links the agent kinds and their SDK clients.
 pub async fn serve(role: Role) -> Result<(), Error> {
+    serve_with(role, AgentRuntime::default()).await
+}
+
+/// The Agent function's `main`: [`serve`] with the agents of its configuration
+/// ([`AgentRuntime::from_env`]: `SAS_AGENTS_FILE`, or the built-in file).
+pub async fn serve_agents() -> Result<(), Error> {
+    sas_core::telemetry::init();
+    serve_with(Role::Agent, AgentRuntime::from_env()?).await
+}
+
+async fn serve_with(role: Role, agents: AgentRuntime) -> Result<(), Error> {
     sas_core::telemetry::init();
     let deps = Arc::new(Deps::from_env().await?);
-    let agents = Arc::new(if role == Role::Agent { AgentRuntime::from_env()? } else { AgentRuntime::default() });
+    let agents = Arc::new(agents);
     run(service_fn(move |event: LambdaEvent<Value>| {
         let (deps, agents) = (deps.clone(), agents.clone());
         async move { Ok::<Value, Error>(handle_event(role, &deps, &agents, event.payload).await?.to_json()) }

@@ -2,5 +2,5 @@
 
 #[tokio::main]
 async fn main() -> Result<(), sas_functions::Error> {
-    sas_functions::serve(sas_core::role::Role::Agent).await
+    sas_functions::serve_agents().await
 }
