@@ -23,6 +23,9 @@ export LOCALSTACK_VENV="$LOCALSTACK_DIR/venv"
 export LOCALSTACK_FS="$LOCALSTACK_DIR/fs"
 export LOCALSTACK_LOG="$LOCALSTACK_DIR/localstack.log"
 export LOCALSTACK_PIDFILE="$LOCALSTACK_DIR/localstack.pid"
+# The Lambda functions' role credentials (LocalStack's fake ones), kept by the host executor for
+# tests whose endpoint verifies the functions' SigV4 signatures (HOST_LAMBDA_CREDENTIALS_DIR).
+export HOST_LAMBDA_CREDENTIALS_DIR="${HOST_LAMBDA_CREDENTIALS_DIR:-$LOCALSTACK_DIR/credentials}"
 export TOOLS_VENV="$SAS_LOCAL_DIR/tools/venv"
 # checkov has its own venv (its pins clash with the tools venv); not put on PATH.
 export CHECKOV_VENV="$SAS_LOCAL_DIR/tools/checkov-venv"

@@ -108,6 +108,7 @@ class HostRuntimeExecutor(RuntimeExecutor):
     def start(self, env_vars: dict[str, str]) -> None:
         self._env = self._process_env(env_vars)
         self._platform_log.json_format = env_vars.get("AWS_LAMBDA_LOG_FORMAT") == "JSON"
+        _record_credentials(self._env)
         self.function_version.config.code.prepare_for_execution()
         # Lambda gives the init phase 10 s. Stay below LocalStack's own start-up timer, which would
         # stop the environment and fail the invocation with a ServiceException instead.
@@ -254,6 +255,23 @@ class HostRuntimeExecutor(RuntimeExecutor):
     def validate_environment(cls) -> bool:
         LOG.info("Lambda runtime executor 'host': functions run as host processes (provided.* runtimes)")
         return True
+
+
+def _record_credentials(env: dict[str, str]) -> None:
+    """HOST_LAMBDA_CREDENTIALS_DIR: keep the environment's secret key under its access key id, for
+    a test endpoint that verifies the function's SigV4 signatures (LocalStack's fake credentials)."""
+    key_id, secret = env.get("AWS_ACCESS_KEY_ID", ""), env.get("AWS_SECRET_ACCESS_KEY", "")
+    if not (settings.CREDENTIALS_DIR and key_id and secret and key_id.isalnum()):
+        return
+    try:
+        directory = Path(settings.CREDENTIALS_DIR)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / key_id
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secret)
+    except OSError as exc:
+        LOG.warning("host executor: cannot record credentials in %s: %s", settings.CREDENTIALS_DIR, exc)
 
 
 def _message_of(document: bytes, request_id: str) -> str:

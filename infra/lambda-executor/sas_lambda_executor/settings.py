@@ -11,6 +11,10 @@ HOST_LAMBDA_INIT_TIMEOUT (10)  seconds a new environment's runtime may take to i
                                fixed 10 s); a slower init is retried by the first invocation within
                                the function's Timeout, as on AWS. Capped below
                                LAMBDA_RUNTIME_ENVIRONMENT_TIMEOUT, whose timer would fail the invoke.
+HOST_LAMBDA_CREDENTIALS_DIR    (empty) for tests that verify SigV4 signatures a function makes: each
+                               environment's role credentials (LocalStack's, from its STS) are
+                               written as <dir>/<access key id>, holding the secret key (0600), so a
+                               verifying endpoint can recompute the signature
 HOST_LAMBDA_PDEATHSIG (1)      start each bootstrap through `setpriv --pdeathsig KILL` (when setpriv
                                exists), so that it dies with LocalStack even after a SIGKILL
 
@@ -44,6 +48,7 @@ INHERIT_ENV: bool = _flag("HOST_LAMBDA_INHERIT_ENV", False)
 KILL_GRACE_S: float = max(0.0, _float("HOST_LAMBDA_KILL_GRACE", 2.0))
 ENDPOINT_HOST: str = os.environ.get("HOST_LAMBDA_ENDPOINT_HOST", "").strip()
 PDEATHSIG: bool = _flag("HOST_LAMBDA_PDEATHSIG", True)
+CREDENTIALS_DIR: str = os.environ.get("HOST_LAMBDA_CREDENTIALS_DIR", "").strip()
 INIT_TIMEOUT_S: float = max(0.1, _float("HOST_LAMBDA_INIT_TIMEOUT", 10.0))
 
 # What a function gets from LocalStack's own environment (besides what LocalStack builds for it:
