@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 ARGS ?=
 
-.PHONY: demo demo-local up down check validate sim lambda-smoke lambda-check test-lambda localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
+.PHONY: demo demo-local up down check validate sim lambda-smoke lambda-check test-lambda byow localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
 
 demo: ## the main job on the real functions: LocalStack, the stack with its 5 Lambda functions, the order service, sample orders (synchronous and asynchronous), a summary
 	SAS_MODE=lambda infra/demo.sh
@@ -72,6 +72,11 @@ stack-smoke: ## deploy template.yaml on LocalStack, read back what it promises (
 
 test: ## cargo tests against LocalStack (started and stopped here if it was not running), Lambda mode aside
 	infra/test.sh $(ARGS)
+
+byow: ## the README's "Bring your own workflow", end to end on LocalStack in Lambda mode (examples/byow/walkthrough.sh)
+	cargo build -q -p sas-functions -p sas-cli -p sas-order-service --bins
+	infra/localstack.sh ensure
+	examples/byow/walkthrough.sh
 
 test-lambda: ## the Lambda-mode tests: stacks with the functions on, driven through LocalStack's event sources, rule and Invoke
 	infra/test-lambda.sh $(ARGS)

@@ -12,8 +12,8 @@ if ! infra/localstack.sh healthy; then
   trap 'infra/localstack.sh stop' EXIT
 fi
 infra/localstack.sh ensure
-echo "[test-lambda] cargo build -p sas-functions --bins (the bootstraps the tests deploy)"
-cargo build -q -p sas-functions --bins
+echo "[test-lambda] cargo build -p sas-functions -p sas-cli -p sas-order-service --bins (the bootstraps the tests deploy; sasctl and the order service for the walkthrough)"
+cargo build -q -p sas-functions -p sas-cli -p sas-order-service --bins
 mkdir -p "$SAS_LOCAL_DIR"
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
