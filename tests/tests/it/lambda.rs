@@ -818,14 +818,13 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
 /// a function of the tests' own, a SigV4-verifying API, an API key in Secrets Manager, validate,
 /// deploy with the configuration as a layer (no build), submit, Processed. Needs sasctl and the
 /// order service built (`make test-lambda` builds them).
-#[tokio::test]
-async fn lambda_the_bring_your_own_workflow_chapter_runs_to_processed() {
+#[test]
+fn lambda_the_bring_your_own_workflow_chapter_runs_to_processed() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace").to_path_buf();
-    let out = tokio::process::Command::new("bash")
+    let out = std::process::Command::new("bash")
         .arg(root.join("examples/byow/walkthrough.sh"))
         .env("BIN", root.join("target/debug"))
         .output()
-        .await
         .expect("bash examples/byow/walkthrough.sh");
     let text = format!("{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "the walkthrough failed ({}):\n{text}", out.status);
