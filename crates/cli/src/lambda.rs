@@ -20,9 +20,8 @@ use sha2::{Digest, Sha256};
 
 use crate::stack;
 
-/// The bucket the code zips go to (created when missing). Keys are content-addressed
-/// (`<binary>/<sha256 prefix>.zip`), so stacks deployed from the same build share one upload.
-pub const CODE_BUCKET: &str = "sas-local-code";
+/// The bucket the code zips go to (`<binary>/<sha256 prefix>.zip`, content-addressed).
+pub use crate::stack::CODE_BUCKET;
 
 /// One `AWS::Serverless::Function` of the template whose code is this workspace's: its logical
 /// ID and the cargo binary (`Metadata.BuildProperties.Binary`) that is its `bootstrap`.
@@ -242,15 +241,7 @@ pub async fn package(dir: &Path, template: &str) -> Result<Vec<Package>> {
 /// Upload each zip to [`CODE_BUCKET`] unless an object of that key (its content hash) is there;
 /// returns logical ID -> `s3://` URI and how many were uploaded.
 pub async fn upload(s3: &aws_sdk_s3::Client, packages: &[Package]) -> Result<(HashMap<String, String>, usize)> {
-    match s3.create_bucket().bucket(CODE_BUCKET).send().await {
-        Ok(_) => {}
-        Err(e) => {
-            let e = aws_sdk_s3::Error::from(e);
-            if !matches!(e, aws_sdk_s3::Error::BucketAlreadyOwnedByYou(_) | aws_sdk_s3::Error::BucketAlreadyExists(_)) {
-                return Err(anyhow::Error::new(e).context(format!("creating bucket {CODE_BUCKET}")));
-            }
-        }
-    }
+    stack::ensure_bucket(s3, CODE_BUCKET).await.with_context(|| format!("creating bucket {CODE_BUCKET}"))?;
     let mut uris = HashMap::new();
     let mut uploaded = 0;
     for p in packages {
@@ -323,7 +314,7 @@ pub async fn deploy(
     }
     let kv: Vec<(&str, &str)> = kv.into_iter().collect();
     let t = Instant::now();
-    let outputs = stack::deploy(&aws_sdk_cloudformation::Client::new(sdk), stack_name, &body, &kv).await?;
+    let outputs = stack::deploy(sdk, stack_name, &body, &kv).await?;
     timings.push(("stack", t.elapsed()));
     let t = Instant::now();
     wait_ready(&aws_sdk_lambda::Client::new(sdk), &function_names(&outputs)?, Duration::from_mins(2)).await?;

@@ -393,8 +393,7 @@ async fn run(cli: &Cli) -> Result<()> {
             let out = if let Some(dir) = functions {
                 sas_cli::lambda::deploy_and_report(&sdk, name, dir, &kv[1..]).await?
             } else {
-                let cfn = aws_sdk_cloudformation::Client::new(&sdk);
-                sas_cli::stack::deploy(&cfn, name, &sas_cli::stack::local_template(sas_cli::stack::TEMPLATE), &kv)
+                sas_cli::stack::deploy(&sdk, name, &sas_cli::stack::local_template(sas_cli::stack::TEMPLATE), &kv)
                     .await?
             };
             if let Some(dir) = cli.outputs.parent() {

@@ -40,10 +40,9 @@ impl Stack {
         assert!(std::env::var("AWS_ENDPOINT_URL").is_ok(), "set AWS_ENDPOINT_URL (LocalStack: `source infra/env.sh`)");
         let sdk = sas_core::aws::load_sdk_config().await;
         let name = format!("t-cli-ops-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let cfn = aws_sdk_cloudformation::Client::new(&sdk);
         let template = sas_cli::stack::local_template(sas_cli::stack::TEMPLATE);
         let out =
-            sas_cli::stack::deploy(&cfn, &name, &template, &[("DeployFunctions", "false"), ("SupervisorShards", "2")])
+            sas_cli::stack::deploy(&sdk, &name, &template, &[("DeployFunctions", "false"), ("SupervisorShards", "2")])
                 .await
                 .unwrap_or_else(|e| panic!("deploying {name}: {e}"));
         let outputs = std::env::temp_dir().join(format!("{name}-outputs.json"));

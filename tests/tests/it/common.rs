@@ -87,10 +87,9 @@ pub async fn stack_with(label: &str, workflows: WorkflowRegistry) -> Stack {
     );
     let sdk = sas_core::aws::load_sdk_config().await;
     let name = format!("t-{label}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]).replace('_', "-");
-    let cfn = aws_sdk_cloudformation::Client::new(&sdk);
     let template = sas_cli::stack::local_template(sas_cli::stack::TEMPLATE);
     let outputs =
-        sas_cli::stack::deploy(&cfn, &name, &template, &[("DeployFunctions", "false"), ("SupervisorShards", "2")])
+        sas_cli::stack::deploy(&sdk, &name, &template, &[("DeployFunctions", "false"), ("SupervisorShards", "2")])
             .await
             .unwrap_or_else(|e| panic!("deploying {name}: {e}"));
     let res = Resources::from_outputs(&outputs).expect("all outputs present");
