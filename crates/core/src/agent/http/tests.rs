@@ -499,3 +499,41 @@ async fn a_refused_signature_is_a_permanent_failure_of_the_step() {
         "{out:?}"
     );
 }
+
+#[test]
+fn secrets_manager_and_ssm_errors_are_classified_by_what_the_caller_should_do() {
+    use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueError;
+    use aws_sdk_ssm::operation::get_parameter::GetParameterError;
+    use aws_smithy_runtime_api::client::result::SdkError;
+    use aws_smithy_types::error::ErrorMetadata;
+
+    use super::secrets::classify;
+
+    fn raw(status: u16) -> aws_smithy_runtime_api::http::Response {
+        aws_smithy_runtime_api::http::Response::new(
+            status.try_into().unwrap(),
+            aws_smithy_types::body::SdkBody::empty(),
+        )
+    }
+    let meta = |code: &str| ErrorMetadata::builder().code(code).message("from the service").build();
+    let sm = |code: &str, status: u16| {
+        classify("reading secret s1", &SdkError::service_error(GetSecretValueError::generic(meta(code)), raw(status)))
+    };
+    let ssm = |code: &str, status: u16| {
+        classify("reading parameter /p", &SdkError::service_error(GetParameterError::generic(meta(code)), raw(status)))
+    };
+    for code in ["ResourceNotFoundException", "AccessDeniedException", "InvalidParameterException", "DecryptionFailure"]
+    {
+        assert!(matches!(sm(code, 400), FetchError::Permanent(m) if m.contains("secret s1") && m.contains(code)));
+    }
+    for code in ["ParameterNotFound", "AccessDeniedException", "InvalidKeyId"] {
+        assert!(matches!(ssm(code, 400), FetchError::Permanent(m) if m.contains("parameter /p")));
+    }
+    for code in ["ThrottlingException", "InternalServiceError", "InternalServerError"] {
+        assert!(matches!(sm(code, 500), FetchError::Transient(_)), "{code}");
+        assert!(matches!(ssm(code, 500), FetchError::Transient(_)), "{code}");
+    }
+    let timeout: SdkError<GetSecretValueError, aws_smithy_runtime_api::http::Response> =
+        SdkError::timeout_error("attempt timed out");
+    assert!(matches!(classify("reading secret s1", &timeout), FetchError::Transient(m) if m.contains("secret s1")));
+}
