@@ -73,11 +73,7 @@ async fn http_agents_sign_and_take_headers_from_secrets_and_read_a_rotated_secre
     // the service verifies signatures made with the credentials the agent has
     let creds = sdk.credentials_provider().expect("credentials").provide_credentials().await.unwrap();
     let svc = OrderService::new();
-    svc.verify_sigv4(Some(Verifier::new(
-        creds.access_key_id(),
-        creds.secret_access_key(),
-        Some("execute-api".into()),
-    )));
+    svc.verify_sigv4(Some(Verifier::new(creds.access_key_id(), creds.secret_access_key(), Some("execute-api".into()))));
     svc.require_header("x-auth", Some("Token tok-1"));
     svc.require_header("x-client-key", Some("ck-1"));
     let base = spawn_service(&svc).await.unwrap();
@@ -132,8 +128,7 @@ async fn http_agents_sign_and_take_headers_from_secrets_and_read_a_rotated_secre
     svc.require_header("x-auth", Some("Token tok-2"));
     let out = rt.run(&request("pay", "o-4")).await.unwrap();
     assert!(matches!(&out.outcome, Outcome::Succeeded { .. }), "{out:?}");
-    let statuses: Vec<(u16, String)> =
-        svc.auth_refusals().into_iter().map(|r| (r.status, r.reason)).collect();
+    let statuses: Vec<(u16, String)> = svc.auth_refusals().into_iter().map(|r| (r.status, r.reason)).collect();
     assert_eq!(
         statuses,
         [
