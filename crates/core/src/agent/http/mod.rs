@@ -78,6 +78,9 @@ impl HttpKind {
             let header = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| invalid(format!("headers: {name:?} is not a valid HTTP header name")))?;
             let lower = header.as_str();
+            if out.iter().any(|h: &SecretHeader| h.name == header) {
+                return Err(invalid(format!("headers: {name} is given twice (names are case-insensitive)")));
+            }
             if OWN_HEADERS.contains(&lower) || lower.starts_with("x-amz-") {
                 return Err(invalid(format!("headers: {name} is set by the agent itself")));
             }

@@ -344,6 +344,7 @@ fn sign_and_headers_are_validated_when_the_agent_is_built() {
     invalid(json!({"url": url, "headers": {"X-A": {"secret": "s", "prefix": "a\nb"}}}), "prefix");
     invalid(json!({"url": url, "headers": {"Idempotency-Key": {"secret": "s"}}}), "set by the agent itself");
     invalid(json!({"url": url, "headers": {"X-Amz-Date": {"secret": "s"}}}), "set by the agent itself");
+    invalid(json!({"url": url, "headers": {"X-Key": {"secret": "s"}, "x-key": {"parameter": "p"}}}), "given twice");
     invalid(
         json!({"url": url, "sign": {"service": "execute-api"}, "headers": {"Authorization": {"secret": "s"}}}),
         "SigV4 signature",
