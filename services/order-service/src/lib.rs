@@ -11,6 +11,9 @@
 //! * Faults (latency, hangs, transient and permanent failures; late and missing callbacks) are
 //!   injected by rules registered with `POST /faults` or carried in the request body at
 //!   `input.input.faults`.
+//! * Optionally, requests must be authenticated: SigV4-signed for given credentials
+//!   ([`OrderService::verify_sigv4`], `SIGV4_VERIFY`; 403 otherwise, with the reason) and carrying
+//!   given header values ([`OrderService::require_header`], an API key; 401 otherwise).
 //! * A request that carries a `callback` (a callback step's hand-off) is accepted at once (202);
 //!   the effect follows in the background, with heartbeats, and is confirmed on the callback
 //!   queue with the step's token.
@@ -20,15 +23,17 @@
 mod callback;
 mod faults;
 mod ledger;
+pub mod sigv4;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -72,7 +77,29 @@ struct Inner {
     sender: Arc<dyn CallbackSender>,
     /// How long an asynchronous effect takes (heartbeating meanwhile) before it is confirmed.
     confirm_after: Duration,
+    /// What requests must carry, and what was refused.
+    auth: Mutex<Auth>,
 }
+
+/// The optional authentication of requests.
+#[derive(Debug, Default)]
+struct Auth {
+    sigv4: Option<sigv4::Verifier>,
+    /// Header name (lower case) → the value it must have.
+    required: HashMap<HeaderName, String>,
+    refusals: Vec<AuthRefusal>,
+}
+
+/// A request refused by the authentication: 403 (signature) or 401 (a required header).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthRefusal {
+    pub status: u16,
+    pub path: String,
+    pub reason: String,
+}
+
+/// The largest body the authentication reads (it must hash it).
+const MAX_AUTH_BODY: usize = 4 * 1024 * 1024;
 
 /// How long an asynchronous effect takes by default.
 pub const DEFAULT_CONFIRM_AFTER: Duration = Duration::from_secs(3);
@@ -87,6 +114,7 @@ impl Default for Inner {
             jobs: Mutex::default(),
             sender: Arc::new(SqsSender::default()),
             confirm_after: DEFAULT_CONFIRM_AFTER,
+            auth: Mutex::default(),
         }
     }
 }
@@ -150,7 +178,33 @@ impl OrderService {
             .route("/faults", get(list_faults).post(post_fault).delete(delete_faults))
             .route("/healthz", get(healthz))
             .fallback(not_found)
+            .layer(axum::middleware::from_fn_with_state(self.clone(), authenticate))
             .with_state(self.clone())
+    }
+
+    /// From now on every request but `GET /healthz` must be SigV4-signed for these credentials
+    /// (`None`: no signature needed, the default).
+    pub fn verify_sigv4(&self, verifier: Option<sigv4::Verifier>) {
+        lock(&self.inner.auth).sigv4 = verifier;
+    }
+
+    /// From now on every request but `GET /healthz` must carry header `name` with `value`
+    /// (`None`: no longer required). Checked after the signature.
+    ///
+    /// # Panics
+    /// `name` is not a valid header name.
+    pub fn require_header(&self, name: &str, value: Option<&str>) {
+        let name = HeaderName::from_bytes(name.as_bytes()).expect("a valid header name");
+        let mut auth = lock(&self.inner.auth);
+        match value {
+            Some(v) => auth.required.insert(name, v.to_owned()),
+            None => auth.required.remove(&name),
+        };
+    }
+
+    /// The requests refused so far by the authentication, oldest first.
+    pub fn auth_refusals(&self) -> Vec<AuthRefusal> {
+        lock(&self.inner.auth).refusals.clone()
     }
 
     /// Serves until the listener fails; never returns otherwise.
@@ -525,6 +579,46 @@ async fn delete_faults(State(svc): State<OrderService>, Query(q): Query<OrderQue
     let removed = svc.clear_faults(q.order.as_deref());
     info!(order = q.order.as_deref(), removed, "fault rules cleared");
     Json(json!({"removed": removed}))
+}
+
+/// The authentication in front of every route (see [`OrderService::verify_sigv4`] and
+/// [`OrderService::require_header`]); with neither set, requests pass untouched.
+async fn authenticate(State(svc): State<OrderService>, req: Request, next: Next) -> Response {
+    let (verifier, required) = {
+        let auth = lock(&svc.inner.auth);
+        (auth.sigv4.clone(), auth.required.clone())
+    };
+    if (verifier.is_none() && required.is_empty()) || req.uri().path() == "/healthz" {
+        return next.run(req).await;
+    }
+    let path = req.uri().path().to_owned();
+    let refuse = |status: StatusCode, reason: String| {
+        warn!(%path, status = status.as_u16(), %reason, "rejected: authentication");
+        lock(&svc.inner.auth).refusals.push(AuthRefusal {
+            status: status.as_u16(),
+            path: path.clone(),
+            reason: reason.clone(),
+        });
+        error(status, reason)
+    };
+    let (parts, body) = req.into_parts();
+    let Ok(body) = axum::body::to_bytes(body, MAX_AUTH_BODY).await else {
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, format!("body over {MAX_AUTH_BODY} bytes"));
+    };
+    if let Some(verifier) = verifier {
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let now = i64::try_from(now_ms() / 1_000).unwrap_or(i64::MAX);
+        if let Err(reason) = verifier.verify(parts.method.as_str(), target, &parts.headers, &body, now) {
+            return refuse(StatusCode::FORBIDDEN, format!("signature: {reason}"));
+        }
+    }
+    for (name, want) in &required {
+        if parts.headers.get(name).is_none_or(|v| v.as_bytes() != want.as_bytes()) {
+            // the name only: never the value
+            return refuse(StatusCode::UNAUTHORIZED, format!("missing or wrong {name} header"));
+        }
+    }
+    next.run(Request::from_parts(parts, Body::from(body))).await
 }
 
 async fn healthz() -> Json<Value> {

@@ -24,6 +24,13 @@ struct Args {
     /// through the callback queue; it heartbeats meanwhile.
     #[arg(long, env = "ORDER_SERVICE_CONFIRM_AFTER_MS", default_value_t = 3_000)]
     confirm_after_ms: u64,
+    /// Refuse (403) every request but `GET /healthz` that is not SigV4-signed with these
+    /// credentials (and for this service): `ACCESS_KEY_ID:SECRET_ACCESS_KEY[:service]`.
+    #[arg(long, env = "SIGV4_VERIFY", hide_env_values = true)]
+    sigv4_verify: Option<String>,
+    /// Refuse (401) every request but `GET /healthz` without this value in header `X-Api-Key`.
+    #[arg(long, env = "ORDER_SERVICE_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
 }
 
 #[tokio::main]
@@ -43,6 +50,15 @@ async fn main() -> anyhow::Result<()> {
         std::sync::Arc::new(sas_order_service::SqsSender::default()),
         Duration::from_millis(args.confirm_after_ms),
     );
+    if let Some(spec) = args.sigv4_verify.as_deref().filter(|s| !s.is_empty()) {
+        let verifier = sas_order_service::sigv4::Verifier::parse(spec).map_err(anyhow::Error::msg)?;
+        info!(?verifier, "requests must be SigV4-signed");
+        svc.verify_sigv4(Some(verifier));
+    }
+    if let Some(key) = args.api_key.as_deref().filter(|s| !s.is_empty()) {
+        info!("requests must carry X-Api-Key");
+        svc.require_header("x-api-key", Some(key));
+    }
     let server = svc.serve_with_shutdown(listener, async move {
         shutdown_signal().await;
         info!("shutting down");

@@ -13,6 +13,7 @@
 mod approval;
 mod common;
 mod ground;
+mod http_auth;
 mod lambda;
 mod lambda_agent;
 mod orders;
