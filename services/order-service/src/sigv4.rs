@@ -42,8 +42,12 @@ type HmacSha256 = Hmac<Sha256>;
 /// The credentials requests must be signed with, and the service they must be signed for.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Verifier {
+    /// One key pair, or (empty id) a directory of them.
     access_key_id: String,
     secret_access_key: String,
+    /// `dir:PATH`: each file `PATH/<access key id>` holds that key's secret (LocalStack's Lambda
+    /// functions' role credentials, kept by the host executor: `HOST_LAMBDA_CREDENTIALS_DIR`).
+    key_dir: Option<std::path::PathBuf>,
     service: Option<String>,
 }
 
@@ -51,6 +55,7 @@ impl fmt::Debug for Verifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Verifier")
             .field("access_key_id", &self.access_key_id)
+            .field("key_dir", &self.key_dir)
             .field("service", &self.service)
             .finish_non_exhaustive()
     }
@@ -62,14 +67,48 @@ impl Verifier {
         secret_access_key: impl Into<String>,
         service: Option<String>,
     ) -> Self {
-        Verifier { access_key_id: access_key_id.into(), secret_access_key: secret_access_key.into(), service }
+        Verifier {
+            access_key_id: access_key_id.into(),
+            secret_access_key: secret_access_key.into(),
+            key_dir: None,
+            service,
+        }
     }
 
-    /// `ACCESS_KEY_ID:SECRET_ACCESS_KEY[:service]` (a secret access key holds no `:`).
+    /// Keys from a directory: `dir/<access key id>` holds its secret access key.
+    pub fn with_key_dir(dir: impl Into<std::path::PathBuf>, service: Option<String>) -> Self {
+        Verifier { access_key_id: String::new(), secret_access_key: String::new(), key_dir: Some(dir.into()), service }
+    }
+
+    /// The secret of `key_id`, if this verifier knows it.
+    fn secret_of(&self, key_id: &str) -> Option<String> {
+        match &self.key_dir {
+            None => (key_id == self.access_key_id).then(|| self.secret_access_key.clone()),
+            Some(dir) => {
+                if key_id.is_empty() || !key_id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                    return None;
+                }
+                std::fs::read_to_string(dir.join(key_id)).ok().map(|s| s.trim().to_owned()).filter(|s| !s.is_empty())
+            }
+        }
+    }
+
+    /// `ACCESS_KEY_ID:SECRET_ACCESS_KEY[:service]` (a secret access key holds no `:`), or
+    /// `dir:PATH[:service]` (see [`Verifier::with_key_dir`]).
     ///
     /// # Errors
     /// A part is missing or empty.
     pub fn parse(spec: &str) -> Result<Self, String> {
+        if let Some(rest) = spec.strip_prefix("dir:") {
+            let (path, service) = match rest.rsplit_once(':') {
+                Some((p, svc)) if !svc.contains('/') => (p, Some(svc.to_owned()).filter(|s| !s.is_empty())),
+                _ => (rest, None),
+            };
+            if path.is_empty() {
+                return Err("SIGV4_VERIFY=dir:PATH[:service]: the directory is missing".into());
+            }
+            return Ok(Verifier::with_key_dir(path, service));
+        }
         let mut parts = spec.splitn(3, ':');
         let (Some(id), Some(secret)) = (parts.next(), parts.next()) else {
             return Err("SIGV4_VERIFY is ACCESS_KEY_ID:SECRET_ACCESS_KEY[:service]".into());
@@ -122,9 +161,9 @@ impl Verifier {
         if terminator != "aws4_request" {
             return Err("the credential scope does not end in aws4_request".into());
         }
-        if key_id != self.access_key_id {
+        let Some(secret_access_key) = self.secret_of(key_id) else {
             return Err(format!("unknown access key id {key_id}"));
-        }
+        };
         if let Some(want) = &self.service {
             if service != want {
                 return Err(format!("signed for service {service}, this endpoint is {want}"));
@@ -188,7 +227,7 @@ impl Verifier {
         let scope = format!("{date}/{region}/{service}/aws4_request");
         let string_to_sign =
             format!("{ALGORITHM}\n{amz_date}\n{scope}\n{}", hex(&Sha256::digest(canonical_request.as_bytes())));
-        let mut key = hmac(format!("AWS4{}", self.secret_access_key).as_bytes(), date.as_bytes());
+        let mut key = hmac(format!("AWS4{secret_access_key}").as_bytes(), date.as_bytes());
         for part in [region, service, "aws4_request"] {
             key = hmac(&key, part.as_bytes());
         }
@@ -367,6 +406,24 @@ mod tests {
         assert_eq!(parse_amz_date("19700101T000000Z"), Some(0));
         assert_eq!(parse_amz_date("20000301T000000Z"), Some(951_868_800));
         assert_eq!(parse_amz_date("2015-08-30T12:36"), None);
+    }
+
+    #[test]
+    fn keys_can_come_from_a_directory_of_credentials() {
+        let dir = std::env::temp_dir().join(format!("sigv4-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let v = Verifier::parse(&format!("dir:{}:service", dir.display())).unwrap();
+        assert_eq!(v.service.as_deref(), Some("service"));
+        // the key is not there yet: unknown
+        let e = v.verify("GET", "/", &vanilla(), b"", AT).unwrap_err();
+        assert!(e.contains("unknown access key id AKIDEXAMPLE"), "{e}");
+        std::fs::write(dir.join("AKIDEXAMPLE"), "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY\n").unwrap();
+        assert_eq!(v.verify("GET", "/", &vanilla(), b"", AT), Ok(()));
+        std::fs::write(dir.join("AKIDEXAMPLE"), "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEZ").unwrap();
+        assert!(v.verify("GET", "/", &vanilla(), b"", AT).unwrap_err().contains("signature does not match"));
+        assert_eq!(v.secret_of("../etc"), None, "only plain key ids name a file");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(Verifier::parse("dir:").is_err());
     }
 
     #[test]
