@@ -10,7 +10,6 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use aws_sdk_sns::error::ProvideErrorMetadata;
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -141,28 +140,6 @@ pub fn note(req: &AgentRequest, callback: &CallbackEndpoints) -> Result<Approval
     Ok(ApprovalNote { subject, message: m })
 }
 
-/// SNS refuses for good: the topic is missing, the agent may not publish, or the message is wrong.
-fn is_refusal_code(code: &str) -> bool {
-    matches!(
-        code,
-        "NotFound"
-            | "NotFoundException"
-            | "AuthorizationError"
-            | "AuthorizationErrorException"
-            | "AccessDenied"
-            | "AccessDeniedException"
-            | "InvalidParameter"
-            | "InvalidParameterException"
-            | "InvalidParameterValue"
-            | "InvalidParameterValueException"
-            | "KMSDisabled"
-            | "KMSNotFound"
-            | "KMSAccessDenied"
-            | "KMSInvalidState"
-            | "ValidationException"
-    )
-}
-
 impl Agent for ApprovalAgent {
     fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
         Box::pin(async move {
@@ -183,16 +160,7 @@ impl Agent for ApprovalAgent {
                     info!(task_id = %req.task_id, step = %req.step, message_id = id, "approval request published");
                     Ok(json!({"published": true, "message_id": id}))
                 }
-                Err(e) => {
-                    let e = aws_sdk_sns::Error::from(e);
-                    let message =
-                        format!("publishing to {}: {}", self.topic_arn, aws_sdk_sns::error::DisplayErrorContext(&e));
-                    if e.code().is_some_and(is_refusal_code) {
-                        Err(AgentError::Permanent { message })
-                    } else {
-                        Err(AgentError::Transient { message, retry_after: None })
-                    }
-                }
+                Err(e) => Err(super::aws_error::classify(&format!("publishing to {}", self.topic_arn), &e)),
             }
         })
     }

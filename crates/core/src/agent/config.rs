@@ -15,7 +15,7 @@ use std::sync::Arc;
 use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 use super::sim::SimAgent;
-use super::{approval, http, lambda, sim};
+use super::{approval, eventbridge, http, lambda, sim, sns, sqs};
 
 impl AgentRuntime {
     /// The runtime with only the simulated agent (`sim`).
@@ -208,6 +208,10 @@ enum AgentSpec {
     Http(http::HttpKind),
     Approval(approval::ApprovalKind),
     Lambda(lambda::LambdaKind),
+    Sqs(sqs::SqsKind),
+    Sns(sns::SnsKind),
+    #[serde(rename = "eventbridge")]
+    EventBridge(eventbridge::EventBridgeKind),
 }
 
 /// One arm per kind, the same call on each.
@@ -218,6 +222,9 @@ macro_rules! each_kind {
             AgentSpec::Http($k) => $e,
             AgentSpec::Approval($k) => $e,
             AgentSpec::Lambda($k) => $e,
+            AgentSpec::Sqs($k) => $e,
+            AgentSpec::Sns($k) => $e,
+            AgentSpec::EventBridge($k) => $e,
         }
     };
 }

@@ -6,6 +6,8 @@
 //! - [`http`]: the built-in HTTP agent;
 //! - [`lambda`]: the Lambda agent (invokes a function; asynchronously for a callback step);
 //! - [`approval`]: the approval agent (a person answers a callback step; the token goes to SNS);
+//! - [`sqs`], [`sns`], [`eventbridge`]: callback steps delivered to a queue, a topic or an event
+//!   bus of the user's ([`deliver`]: what they share; [`aws_error`]: how AWS errors are told apart);
 //! - [`sim`]: the simulated agent for tests and demos;
 //! - [`kind`]: what each kind of agent provides (its configuration, how it is built, its IAM);
 //! - [`config`]: which agents a function hosts (`config/agents.json`).
@@ -16,23 +18,31 @@ use crate::deps::{Deps, HandlerError};
 use crate::messages::{AgentRequest, Outcome, SchedulerMessage, VERSION};
 
 pub mod approval;
+pub mod aws_error;
 pub mod config;
+pub mod deliver;
+pub mod eventbridge;
 pub mod handover;
 pub mod http;
 pub mod kind;
 pub mod lambda;
 pub mod runtime;
 pub mod sim;
+pub mod sns;
+pub mod sqs;
 #[cfg(test)]
 mod tests;
 
 pub use approval::ApprovalAgent;
 pub use config::{survey, AgentConfigError, AgentSurvey, BUILT_IN_AGENTS};
+pub use eventbridge::EventBridgeAgent;
 pub use handover::CallbackEndpoints;
 pub use http::HttpAgent;
 pub use kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 pub use runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 pub use sim::SimAgent;
+pub use sns::SnsAgent;
+pub use sqs::SqsAgent;
 
 /// Handle one message of the agent queue. `Ok(true)` when a result was sent back.
 pub async fn handle(deps: &Deps, runtime: &AgentRuntime, raw: &str) -> Result<bool, HandlerError> {

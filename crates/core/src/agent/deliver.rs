@@ -1,0 +1,169 @@
+//! What the delivering kinds ([`super::sqs`], [`super::sns`], [`super::eventbridge`]) share: they
+//! only hand a callback step's work over, as a message (or event) whose body is the request every
+//! kind sends ([`super::handover::request`], the token and where to answer included); the remote
+//! side answers later with the token. Delivery is the hand-off: once the service took the
+//! message, the agent reports nothing and the step waits for the answer (or its timeout).
+
+use sha2::{Digest, Sha256};
+
+use super::handover::{self, CallbackEndpoints};
+use super::runtime::{AgentError, Call};
+use crate::messages::AgentRequest;
+
+/// The most an SQS message, an SNS message or an EventBridge event entry may hold (256 KiB).
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;
+
+/// The longest FIFO deduplication id SQS and SNS take.
+pub const MAX_DEDUP_ID_LEN: usize = 128;
+
+/// The request's JSON, as the remote side reads it; refused (permanently) when the step is not a
+/// callback step: these kinds can only hand work over, and nothing would ever answer.
+pub fn body(call: &Call<'_>, kind: &str, callback: &CallbackEndpoints) -> Result<String, AgentError> {
+    let req = call.request;
+    if req.callback.is_none() {
+        return Err(AgentError::Permanent {
+            message: format!(
+                "step {} uses agent {} (kind \"{kind}\"), which only hands work over, but it is not a callback \
+                 step: the answer comes later with the token, so the step needs kind \"callback\" (with \
+                 timeout_ms) in its workflow",
+                req.step, req.agent
+            ),
+        });
+    }
+    Ok(handover::request(req, call.deadline, callback).to_string())
+}
+
+/// The message attributes a subscriber can route and filter on (never the token).
+pub fn attributes(req: &AgentRequest) -> [(&'static str, &str); 2] {
+    [("task_id", req.task_id.as_str()), ("step", req.step.as_str())]
+}
+
+/// The size of a message as SQS and SNS count it: its body and each attribute's name, data type
+/// (`String`) and value.
+pub fn message_size(body: &str, attributes: &[(&str, &str)]) -> usize {
+    body.len() + attributes.iter().map(|(k, v)| k.len() + "String".len() + v.len()).sum::<usize>()
+}
+
+/// Refused (permanently: the same request is as large next time) when over [`MAX_MESSAGE_BYTES`].
+pub fn check_size(req: &AgentRequest, what: &str, bytes: usize) -> Result<(), AgentError> {
+    if bytes > MAX_MESSAGE_BYTES {
+        return Err(AgentError::Permanent {
+            message: format!(
+                "step {} of task {}: the request is {bytes} bytes as {what}, over the limit of {MAX_MESSAGE_BYTES} \
+                 bytes (256 KiB); pass a reference to the data in the step's input instead",
+                req.step, req.task_id
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The FIFO deduplication id of an attempt's request: its idempotency key and attempt token, so a
+/// call retried within one attempt is delivered once (inside the five-minute deduplication
+/// window) and a new attempt is delivered again. Over 128 characters, or with a character SQS
+/// does not take, its SHA-256 in hex.
+pub fn dedup_id(req: &AgentRequest) -> String {
+    let id = format!("{}:{}", req.idempotency_key.as_str(), req.attempt.as_str());
+    if id.len() <= MAX_DEDUP_ID_LEN && id.bytes().all(|b| b.is_ascii_graphic()) {
+        return id;
+    }
+    let digest = Sha256::digest(id.as_bytes());
+    digest.iter().fold(String::with_capacity(64), |mut s, b| {
+        use std::fmt::Write as _;
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// The FIFO message group: the task (its requests stay in order, tasks do not hold each other up).
+pub fn group_id(req: &AgentRequest) -> &str {
+    req.task_id.as_str()
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::ids::{AttemptToken, CallbackToken, IdempotencyKey, Millis, TaskId};
+    use crate::messages::{CallbackRef, Phase};
+
+    /// A callback step's request (or a call step's, `callback: false`).
+    pub fn req(task: &str, attempt: &str, callback: bool) -> AgentRequest {
+        let task_id = TaskId::try_from(task).unwrap();
+        let attempt = AttemptToken::from(attempt);
+        AgentRequest {
+            v: 1,
+            idempotency_key: IdempotencyKey::for_step(&task_id, "ship"),
+            callback: callback
+                .then(|| CallbackRef { token: CallbackToken::new(&task_id, "ship", &attempt), heartbeat_ms: None }),
+            task_id,
+            step: "ship".into(),
+            phase: Phase::Forward,
+            agent: "warehouse".into(),
+            attempt,
+            attempt_no: 1,
+            start_by: None,
+            complete_by: Millis::now().plus_ms(5_000),
+            input: json!({"input": {"order": "o-1"}, "outputs": {}}),
+        }
+    }
+
+    const A1: &str = "0123456789abcdef0123456789abcdef";
+    const A2: &str = "fedcba9876543210fedcba9876543210";
+
+    #[test]
+    fn the_dedup_id_is_stable_within_an_attempt_and_new_for_the_next() {
+        let first = req("order-1", A1, true);
+        assert_eq!(dedup_id(&first), format!("order-1:ship:{A1}"));
+        assert_eq!(dedup_id(&first), dedup_id(&req("order-1", A1, true)), "a retried call of the same attempt");
+        assert_ne!(dedup_id(&first), dedup_id(&req("order-1", A2, true)), "a new attempt is delivered again");
+        assert_ne!(dedup_id(&first), dedup_id(&req("order-2", A1, true)));
+        assert_eq!(group_id(&first), "order-1");
+    }
+
+    #[test]
+    fn a_long_dedup_id_is_hashed_to_fit() {
+        let long = "t".repeat(120);
+        let (a, b) = (req(&long, A1, true), req(&long, A2, true));
+        let (ia, ib) = (dedup_id(&a), dedup_id(&b));
+        assert_eq!(ia.len(), 64, "{ia}");
+        assert!(ia.bytes().all(|c| c.is_ascii_hexdigit()), "{ia}");
+        assert_eq!(ia, dedup_id(&req(&long, A1, true)));
+        assert_ne!(ia, ib);
+    }
+
+    #[test]
+    fn a_call_step_is_refused_for_good() {
+        let r = req("order-1", A1, false);
+        let call = Call { request: &r, call_no: 1, deadline: r.complete_by };
+        let e = body(&call, "sqs", &CallbackEndpoints::default()).unwrap_err();
+        assert!(
+            matches!(&e, AgentError::Permanent { message } if message.contains("not a callback step") && message.contains("kind \"callback\"") && message.contains("\"sqs\"")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn the_body_is_the_request_contract_with_the_token() {
+        let r = req("order-1", A1, true);
+        let call = Call { request: &r, call_no: 1, deadline: Millis(42) };
+        let ends = CallbackEndpoints { queue_url: Some("http://q/000000000000/cb".into()), url: None };
+        let v: serde_json::Value = serde_json::from_str(&body(&call, "sqs", &ends).unwrap()).unwrap();
+        assert_eq!(v, handover::request(&r, Millis(42), &ends));
+        assert_eq!(v["callback"]["token"], r.callback.as_ref().unwrap().token.expose());
+        assert_eq!(v["idempotency_key"], "order-1:ship");
+    }
+
+    #[test]
+    fn a_message_over_256_kib_is_refused_naming_its_size() {
+        let r = req("order-1", A1, true);
+        assert!(check_size(&r, "an SQS message", MAX_MESSAGE_BYTES).is_ok());
+        let e = check_size(&r, "an SQS message", MAX_MESSAGE_BYTES + 1).unwrap_err();
+        assert!(
+            matches!(&e, AgentError::Permanent { message } if message.contains("262145 bytes") && message.contains("262144")),
+            "{e:?}"
+        );
+        assert_eq!(message_size("abc", &attributes(&r)), 3 + ("task_id".len() + 6 + 7) + ("step".len() + 6 + 4));
+    }
+}

@@ -1,0 +1,177 @@
+//! The SNS agent: a callback step's request (with its token) is published to a topic of the
+//! user's; its subscribers (queues, functions, HTTPS endpoints) do the work and answer with the
+//! token through the callback queue or URL. `{"kind": "sns", "topic_arn": "arn:aws:sns:..."}`.
+//!
+//! The message is the request contract ([`super::handover::request`]); the message attributes
+//! `task_id` and `step` are there for subscription filter policies. A FIFO topic (its ARN ends in
+//! `.fifo`) gets the task as its message group and the attempt as its deduplication id, as the
+//! SQS kind does.
+
+use std::sync::Arc;
+
+use aws_sdk_sns::types::MessageAttributeValue;
+use futures::future::BoxFuture;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::OnceCell;
+use tracing::info;
+
+use super::config::AgentConfigError;
+use super::deliver;
+use super::handover::CallbackEndpoints;
+use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
+use super::runtime::{Agent, AgentError, Call};
+
+/// `{"kind": "sns", "topic_arn": "arn:aws:sns:REGION:ACCOUNT:NAME"}`: callback steps only.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnsKind {
+    /// Where the request (with the token) is published.
+    pub topic_arn: String,
+}
+
+/// `arn:PARTITION:sns:REGION:ACCOUNT:NAME`, every part present.
+pub fn is_topic_arn(arn: &str) -> bool {
+    let parts: Vec<&str> = arn.split(':').collect();
+    parts.len() == 6 && parts[0] == "arn" && parts[2] == "sns" && parts.iter().all(|p| !p.is_empty())
+}
+
+impl AgentKind for SnsKind {
+    const KIND: &'static str = "sns";
+    const CALLBACK_ONLY: bool = true;
+
+    fn build(self, name: &str, cx: &BuildContext) -> Result<Arc<dyn Agent>, AgentConfigError> {
+        if !is_topic_arn(&self.topic_arn) {
+            return Err(AgentConfigError::Invalid {
+                agent: name.to_owned(),
+                message: format!(
+                    "topic_arn {:?} is not an SNS topic ARN (arn:aws:sns:REGION:ACCOUNT:NAME)",
+                    self.topic_arn
+                ),
+            });
+        }
+        let mut agent = SnsAgent::new(self.topic_arn, cx.callback.clone());
+        agent.aws = cx.aws.clone();
+        Ok(Arc::new(agent))
+    }
+
+    fn grants(&self) -> Vec<Grant> {
+        vec![Grant { action: "sns:Publish", resource: self.topic_arn.clone() }]
+    }
+}
+
+#[derive(Debug)]
+pub struct SnsAgent {
+    topic_arn: String,
+    fifo: bool,
+    callback: CallbackEndpoints,
+    /// The process's AWS configuration, loaded on the first call.
+    aws: AwsConfigCell,
+    /// Built on the first call.
+    sns: OnceCell<aws_sdk_sns::Client>,
+}
+
+impl SnsAgent {
+    pub fn new(topic_arn: impl Into<String>, callback: CallbackEndpoints) -> Self {
+        let topic_arn = topic_arn.into();
+        // SNS requires the suffix in lower case.
+        #[allow(clippy::case_sensitive_file_extension_comparisons)]
+        let fifo = topic_arn.ends_with(".fifo");
+        SnsAgent { fifo, topic_arn, callback, aws: AwsConfigCell::default(), sns: OnceCell::new() }
+    }
+
+    /// With a client of the caller's (tests, tools).
+    pub fn with_client(topic_arn: impl Into<String>, callback: CallbackEndpoints, sns: aws_sdk_sns::Client) -> Self {
+        let agent = Self::new(topic_arn, callback);
+        SnsAgent { sns: OnceCell::new_with(Some(sns)), ..agent }
+    }
+
+    async fn client(&self) -> &aws_sdk_sns::Client {
+        self.sns.get_or_init(|| async { crate::aws::sns_client(self.aws.get().await) }).await
+    }
+}
+
+impl Agent for SnsAgent {
+    fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
+        Box::pin(async move {
+            let req = call.request;
+            let body = deliver::body(&call, SnsKind::KIND, &self.callback)?;
+            let attrs = deliver::attributes(req);
+            deliver::check_size(req, "an SNS message", deliver::message_size(&body, &attrs))?;
+            let mut publish = self.client().await.publish().topic_arn(&self.topic_arn).message(body);
+            for (k, v) in attrs {
+                let attr = MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(v)
+                    .build()
+                    .map_err(|e| AgentError::Permanent { message: format!("message attribute {k}: {e}") })?;
+                publish = publish.message_attributes(k, attr);
+            }
+            if self.fifo {
+                publish =
+                    publish.message_group_id(deliver::group_id(req)).message_deduplication_id(deliver::dedup_id(req));
+            }
+            match publish.send().await {
+                Ok(out) => {
+                    let id = out.message_id().unwrap_or_default();
+                    info!(task_id = %req.task_id, step = %req.step, message_id = id, topic = %self.topic_arn, "callback step published to its topic");
+                    Ok(json!({"delivered": true, "message_id": id}))
+                }
+                Err(e) => Err(super::aws_error::classify(&format!("publishing to {}", self.topic_arn), &e)),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::deliver::tests::req;
+    use crate::agent::AgentRuntime;
+    use crate::messages::Outcome;
+
+    #[test]
+    fn the_topic_must_be_an_sns_arn_and_is_the_grant() {
+        assert!(is_topic_arn("arn:aws:sns:us-east-1:123456789012:work"));
+        assert!(is_topic_arn("arn:aws-cn:sns:cn-north-1:123456789012:work.fifo"));
+        for bad in [
+            "work",
+            "arn:aws:sqs:us-east-1:123456789012:work",
+            "arn:aws:sns:us-east-1:123456789012",
+            "arn:aws:sns::1:t",
+        ] {
+            assert!(!is_topic_arn(bad), "{bad}");
+            let config = format!(r#"{{"agents": {{"p": {{"kind": "sns", "topic_arn": "{bad}"}}}}}}"#);
+            let e = AgentRuntime::from_config(&config, &|_| None).unwrap_err();
+            assert!(
+                matches!(&e, AgentConfigError::Invalid { agent, message } if agent == "p" && message.contains("not an SNS topic ARN")),
+                "{bad}: {e:?}"
+            );
+        }
+        let ok = r#"{"agents": {"p": {"kind": "sns", "topic_arn": "arn:aws:sns:us-east-1:123456789012:work"}}}"#;
+        let s = crate::agent::survey(ok, &|_| None).unwrap();
+        assert_eq!((s[0].kind, s[0].callback_only), ("sns", true));
+        assert_eq!(
+            s[0].grants,
+            vec![Grant { action: "sns:Publish", resource: "arn:aws:sns:us-east-1:123456789012:work".into() }]
+        );
+    }
+
+    #[tokio::test]
+    async fn refusals_come_before_any_call() {
+        let mut rt = AgentRuntime::new(crate::agent::CallRetry::default());
+        rt.register("warehouse", SnsAgent::new("arn:aws:sns:us-east-1:000000000000:t", CallbackEndpoints::default()));
+        let out = rt.run(&req("order-1", "0123456789abcdef0123456789abcdef", false)).await.unwrap();
+        assert!(
+            matches!(&out.outcome, Outcome::Failed { retryable: false, error } if error.contains("not a callback step")),
+            "{out:?}"
+        );
+        let mut big = req("order-1", "0123456789abcdef0123456789abcdef", true);
+        big.input = json!({"blob": "x".repeat(270_000)});
+        let out = rt.run(&big).await.unwrap();
+        assert!(
+            matches!(&out.outcome, Outcome::Failed { retryable: false, error } if error.contains("bytes as an SNS message, over the limit")),
+            "{out:?}"
+        );
+    }
+}

@@ -1,0 +1,216 @@
+//! The SQS agent: a callback step's request (with its token) becomes a message on a queue of the
+//! user's, which their workers read; they answer with the token through the callback queue or
+//! URL. `{"kind": "sqs", "queue_url": "https://sqs.REGION.amazonaws.com/ACCOUNT/NAME"}`.
+//!
+//! The body is the request contract ([`super::handover::request`]); the message attributes
+//! `task_id` and `step` let a consumer route without parsing it. A FIFO queue (its URL ends in
+//! `.fifo`) gets the task as its message group and the attempt as its deduplication id
+//! ([`super::deliver::dedup_id`]), so a call retried within one attempt is delivered once.
+
+use std::sync::Arc;
+
+use aws_sdk_sqs::types::MessageAttributeValue;
+use futures::future::BoxFuture;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::OnceCell;
+use tracing::info;
+
+use super::config::AgentConfigError;
+use super::deliver;
+use super::handover::CallbackEndpoints;
+use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
+use super::runtime::{Agent, AgentError, Call};
+use crate::messages::QueueUrl;
+
+/// `{"kind": "sqs", "queue_url": "..."}`: callback steps only.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqsKind {
+    /// Where the request (with the token) is sent.
+    pub queue_url: String,
+}
+
+impl AgentKind for SqsKind {
+    const KIND: &'static str = "sqs";
+    const CALLBACK_ONLY: bool = true;
+
+    fn build(self, name: &str, cx: &BuildContext) -> Result<Arc<dyn Agent>, AgentConfigError> {
+        let queue = QueueUrl::parse(&self.queue_url).map_err(|e| AgentConfigError::Invalid {
+            agent: name.to_owned(),
+            message: format!("queue_url {:?} is not an SQS queue URL: {}", self.queue_url, e.why),
+        })?;
+        let mut agent = SqsAgent::new(queue, cx.callback.clone());
+        agent.aws = cx.aws.clone();
+        Ok(Arc::new(agent))
+    }
+
+    fn grants(&self) -> Vec<Grant> {
+        vec![Grant { action: "sqs:SendMessage", resource: queue_resource(&self.queue_url) }]
+    }
+}
+
+/// The queue's ARN from its URL: one whose host names its region
+/// (`https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`, the legacy `REGION.queue.amazonaws.com`,
+/// LocalStack's `sqs.REGION.localhost.localstack.cloud` and path-style `/queue/REGION/ACCOUNT/NAME`)
+/// gives `arn:PARTITION:sqs:REGION:ACCOUNT:NAME`. A URL that names no region (LocalStack's
+/// `http://localhost:4566/ACCOUNT/NAME`) gives the queue's name alone: the grant is then matched
+/// by name. A URL that is not a queue's (refused when the agent is built) is given as it is.
+pub fn queue_resource(url: &str) -> String {
+    match QueueUrl::parse(url) {
+        Ok(q) => match q.region() {
+            Some(region) => {
+                format!("arn:{}:sqs:{region}:{}:{}", crate::aws_calls::partition(region), q.account(), q.name())
+            }
+            None => q.name().to_owned(),
+        },
+        Err(_) => url.to_owned(),
+    }
+}
+
+#[derive(Debug)]
+pub struct SqsAgent {
+    queue: QueueUrl,
+    callback: CallbackEndpoints,
+    /// The process's AWS configuration, loaded on the first call.
+    aws: AwsConfigCell,
+    /// Built on the first call.
+    sqs: OnceCell<aws_sdk_sqs::Client>,
+}
+
+impl SqsAgent {
+    pub fn new(queue: QueueUrl, callback: CallbackEndpoints) -> Self {
+        SqsAgent { queue, callback, aws: AwsConfigCell::default(), sqs: OnceCell::new() }
+    }
+
+    /// With a client of the caller's (tests, tools).
+    pub fn with_client(queue: QueueUrl, callback: CallbackEndpoints, sqs: aws_sdk_sqs::Client) -> Self {
+        let agent = Self::new(queue, callback);
+        SqsAgent { sqs: OnceCell::new_with(Some(sqs)), ..agent }
+    }
+
+    async fn client(&self) -> &aws_sdk_sqs::Client {
+        self.sqs.get_or_init(|| async { crate::aws::sqs_client(self.aws.get().await) }).await
+    }
+}
+
+impl Agent for SqsAgent {
+    fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
+        Box::pin(async move {
+            let req = call.request;
+            let body = deliver::body(&call, SqsKind::KIND, &self.callback)?;
+            let attrs = deliver::attributes(req);
+            deliver::check_size(req, "an SQS message", deliver::message_size(&body, &attrs))?;
+            let mut send = self.client().await.send_message().queue_url(self.queue.as_str()).message_body(body);
+            for (k, v) in attrs {
+                let attr = MessageAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(v)
+                    .build()
+                    .map_err(|e| AgentError::Permanent { message: format!("message attribute {k}: {e}") })?;
+                send = send.message_attributes(k, attr);
+            }
+            if self.queue.is_fifo() {
+                send = send.message_group_id(deliver::group_id(req)).message_deduplication_id(deliver::dedup_id(req));
+            }
+            match send.send().await {
+                Ok(out) => {
+                    let id = out.message_id().unwrap_or_default();
+                    info!(task_id = %req.task_id, step = %req.step, message_id = id, queue = self.queue.as_str(), "callback step delivered to its queue");
+                    Ok(json!({"delivered": true, "message_id": id}))
+                }
+                Err(e) => Err(super::aws_error::classify(&format!("sending to {}", self.queue.as_str()), &e)),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::deliver::tests::req;
+    use crate::agent::AgentRuntime;
+    use crate::ids::Millis;
+    use crate::messages::Outcome;
+
+    #[test]
+    fn the_grant_names_the_queue_arn_from_its_url() {
+        let r = |u: &str| queue_resource(u);
+        assert_eq!(
+            r("https://sqs.eu-west-1.amazonaws.com/123456789012/work"),
+            "arn:aws:sqs:eu-west-1:123456789012:work"
+        );
+        assert_eq!(
+            r("https://sqs.cn-north-1.amazonaws.com.cn/123456789012/w.fifo"),
+            "arn:aws-cn:sqs:cn-north-1:123456789012:w.fifo"
+        );
+        assert_eq!(
+            r("https://us-east-2.queue.amazonaws.com/123456789012/work"),
+            "arn:aws:sqs:us-east-2:123456789012:work"
+        );
+        assert_eq!(
+            r("http://sqs.us-east-1.localhost.localstack.cloud:4566/000000000000/work"),
+            "arn:aws:sqs:us-east-1:000000000000:work"
+        );
+        assert_eq!(
+            r("http://localhost:4566/queue/us-east-1/000000000000/work"),
+            "arn:aws:sqs:us-east-1:000000000000:work"
+        );
+        // no region in the URL: the name
+        assert_eq!(r("http://localhost:4566/000000000000/work"), "work");
+        let kind = SqsKind { queue_url: "https://sqs.eu-west-1.amazonaws.com/123456789012/work".into() };
+        assert_eq!(
+            kind.grants(),
+            vec![Grant { action: "sqs:SendMessage", resource: "arn:aws:sqs:eu-west-1:123456789012:work".into() }]
+        );
+    }
+
+    #[test]
+    fn a_queue_url_that_is_not_http_is_refused_naming_the_agent() {
+        for url in ["sqs://queue", "work", "", "https://example.com/", "http://localhost:4566/0/q"] {
+            let config = format!(r#"{{"agents": {{"w": {{"kind": "sqs", "queue_url": "{url}"}}}}}}"#);
+            let e = AgentRuntime::from_config(&config, &|_| None).unwrap_err();
+            assert!(
+                matches!(&e, AgentConfigError::Invalid { agent, message } if agent == "w" && message.contains("queue_url")),
+                "{url}: {e:?}"
+            );
+        }
+        let extra = r#"{"agents": {"w": {"kind": "sqs", "queue_url": "http://localhost:4566/0/q", "topic_arn": "x"}}}"#;
+        assert!(matches!(AgentRuntime::from_config(extra, &|_| None), Err(AgentConfigError::Json(_))));
+        let ok = r#"{"agents": {"w": {"kind": "sqs", "queue_url": "${Q}"}}}"#;
+        let rt = AgentRuntime::from_config(ok, &|_| Some("http://localhost:4566/000000000000/w".into())).unwrap();
+        assert!(rt.knows("w"));
+        let s = crate::agent::survey(ok, &|_| Some("http://localhost:4566/000000000000/w".into())).unwrap();
+        assert_eq!((s[0].kind, s[0].callback_only), ("sqs", true));
+        assert_eq!(s[0].grants, vec![Grant { action: "sqs:SendMessage", resource: "w".into() }]);
+    }
+
+    fn runtime() -> AgentRuntime {
+        // no client is ever built: the refusals come before any call
+        let mut rt = AgentRuntime::new(crate::agent::CallRetry::default());
+        let queue = QueueUrl::parse("http://localhost:1/000000000000/q.fifo").unwrap();
+        rt.register("warehouse", SqsAgent::new(queue, CallbackEndpoints::default()));
+        rt
+    }
+
+    #[tokio::test]
+    async fn a_call_step_fails_for_good_before_any_call() {
+        let out = runtime().run(&req("order-1", "0123456789abcdef0123456789abcdef", false)).await.unwrap();
+        assert!(
+            matches!(&out.outcome, Outcome::Failed { retryable: false, error } if error.contains("not a callback step")),
+            "{out:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_over_256_kib_fails_for_good_naming_its_size() {
+        let mut r = req("order-1", "0123456789abcdef0123456789abcdef", true);
+        r.input = json!({"blob": "x".repeat(300_000)});
+        r.complete_by = Millis::now().plus_ms(5_000);
+        let out = runtime().run(&r).await.unwrap();
+        assert!(
+            matches!(&out.outcome, Outcome::Failed { retryable: false, error } if error.contains("bytes as an SQS message, over the limit of 262144")),
+            "{out:?}"
+        );
+    }
+}
