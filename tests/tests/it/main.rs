@@ -12,6 +12,7 @@
 
 mod approval;
 mod common;
+mod deliver;
 mod ground;
 mod http_auth;
 mod lambda;

@@ -119,6 +119,28 @@ pub fn entry_error(bus: &str, code: &str, message: &str) -> AgentError {
     }
 }
 
+/// The event's id from PutEvents' answer (200 even when the entry failed): its entry's error,
+/// when it has one, classified by [`entry_error`]; an answer that says neither is worth another try.
+pub fn delivered<'o>(
+    bus: &str,
+    out: &'o aws_sdk_eventbridge::operation::put_events::PutEventsOutput,
+) -> Result<&'o str, AgentError> {
+    let first = out.entries().first();
+    if let Some(code) = first.and_then(|e| e.error_code()) {
+        return Err(entry_error(bus, code, first.and_then(|e| e.error_message()).unwrap_or_default()));
+    }
+    match first.and_then(|e| e.event_id()) {
+        Some(id) if out.failed_entry_count() == 0 => Ok(id),
+        _ => Err(AgentError::Transient {
+            message: format!(
+                "putting an event on {bus}: the answer names no event id ({} entries failed, none said why)",
+                out.failed_entry_count()
+            ),
+            retry_after: None,
+        }),
+    }
+}
+
 impl EventBridgeAgent {
     pub fn new(
         bus: impl Into<String>,
@@ -174,24 +196,9 @@ impl Agent for EventBridgeAgent {
                 .send()
                 .await
                 .map_err(|e| super::aws_error::classify(&format!("putting an event on {}", self.bus), &e))?;
-            let first = out.entries().first();
-            if let Some(code) = first.and_then(|e| e.error_code()) {
-                return Err(entry_error(&self.bus, code, first.and_then(|e| e.error_message()).unwrap_or_default()));
-            }
-            match first.and_then(|e| e.event_id()) {
-                Some(id) if out.failed_entry_count() == 0 => {
-                    info!(task_id = %req.task_id, step = %req.step, event_id = id, bus = %self.bus, "callback step put on its event bus");
-                    Ok(json!({"delivered": true, "event_id": id}))
-                }
-                _ => Err(AgentError::Transient {
-                    message: format!(
-                        "putting an event on {}: {} entries failed and none told why",
-                        self.bus,
-                        out.failed_entry_count()
-                    ),
-                    retry_after: None,
-                }),
-            }
+            let id = delivered(&self.bus, &out)?;
+            info!(task_id = %req.task_id, step = %req.step, event_id = id, bus = %self.bus, "callback step put on its event bus");
+            Ok(json!({"delivered": true, "event_id": id}))
         })
     }
 }
@@ -253,6 +260,29 @@ mod tests {
             let e = entry_error("b", code, "no");
             assert!(matches!(&e, AgentError::Permanent { message } if message.contains(code)), "{e:?}");
         }
+    }
+
+    #[test]
+    fn the_answer_of_put_events_is_read_entry_by_entry() {
+        use aws_sdk_eventbridge::operation::put_events::PutEventsOutput;
+        use aws_sdk_eventbridge::types::PutEventsResultEntry;
+        let answer = |count: i32, entry: PutEventsResultEntry| {
+            PutEventsOutput::builder().failed_entry_count(count).entries(entry).build()
+        };
+        let ok = answer(0, PutEventsResultEntry::builder().event_id("e-1").build());
+        assert_eq!(delivered("b", &ok).unwrap(), "e-1");
+        let failed = |code: &str| {
+            answer(1, PutEventsResultEntry::builder().error_code(code).error_message("said EventBridge").build())
+        };
+        let e = delivered("b", &failed("ThrottlingException")).unwrap_err();
+        assert!(matches!(&e, AgentError::Transient { message, .. } if message.contains("said EventBridge")), "{e:?}");
+        let e = delivered("b", &failed("AccessDeniedException")).unwrap_err();
+        assert!(matches!(&e, AgentError::Permanent { message } if message.contains("AccessDeniedException")), "{e:?}");
+        // a failed count without an error code, or no entry at all: not delivered
+        let e = delivered("b", &answer(1, PutEventsResultEntry::builder().build())).unwrap_err();
+        assert!(matches!(&e, AgentError::Transient { .. }), "{e:?}");
+        let e = delivered("b", &PutEventsOutput::builder().failed_entry_count(0).build()).unwrap_err();
+        assert!(matches!(&e, AgentError::Transient { .. }), "{e:?}");
     }
 
     #[tokio::test]
