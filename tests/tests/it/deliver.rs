@@ -201,7 +201,7 @@ async fn the_sqs_kind_delivers_the_request_to_a_standard_and_a_fifo_queue_once_p
 }
 
 #[tokio::test]
-async fn the_sns_kind_publishes_the_request_to_a_topic_and_its_subscriber_reads_it() {
+async fn the_sns_kind_publishes_the_request_to_a_standard_and_a_fifo_topic_and_their_subscribers_read_it() {
     assert!(std::env::var("AWS_ENDPOINT_URL").is_ok(), "set AWS_ENDPOINT_URL (LocalStack: `source infra/env.sh`)");
     let sdk = sas_core::aws::load_sdk_config().await;
     let (sns, sqs) = (aws_sdk_sns::Client::new(&sdk), aws_sdk_sqs::Client::new(&sdk));
@@ -216,13 +216,37 @@ async fn the_sns_kind_publishes_the_request_to_a_topic_and_its_subscriber_reads_
         .send()
         .await
         .expect("Subscribe");
+    // a FIFO topic with a FIFO queue subscribed
+    let fifo_topic = sns
+        .create_topic()
+        .name(format!("t-work-{run}.fifo"))
+        .attributes("FifoTopic", "true")
+        .send()
+        .await
+        .expect("CreateTopic (FIFO)")
+        .topic_arn
+        .unwrap();
+    let (fifo_queue, fifo_queue_arn) = create_queue(&sqs, &format!("t-worker-{run}"), true).await;
+    sns.subscribe()
+        .topic_arn(&fifo_topic)
+        .protocol("sqs")
+        .endpoint(&fifo_queue_arn)
+        .attributes("RawMessageDelivery", "true")
+        .send()
+        .await
+        .expect("Subscribe (FIFO)");
     let rt = runtime(
         &sdk,
         &json!({
             "warehouse": {"kind": "sns", "topic_arn": "${WORK_TOPIC}"},
+            "warehouse-fifo": {"kind": "sns", "topic_arn": "${WORK_FIFO_TOPIC}"},
             "nowhere": {"kind": "sns", "topic_arn": "${NO_TOPIC}"},
         }),
-        &[("WORK_TOPIC", &topic), ("NO_TOPIC", &topic.replace(&format!("t-work-{run}"), &format!("t-none-{run}")))],
+        &[
+            ("WORK_TOPIC", &topic),
+            ("WORK_FIFO_TOPIC", &fifo_topic),
+            ("NO_TOPIC", &topic.replace(&format!("t-work-{run}"), &format!("t-none-{run}"))),
+        ],
     );
 
     let req = request(&format!("sns-{run}"), "warehouse", &AttemptToken::fresh());
@@ -232,11 +256,28 @@ async fn the_sns_kind_publishes_the_request_to_a_topic_and_its_subscriber_reads_
     assert_contract(&body_of(&got[0]), &req);
     assert_eq!((attr(&got[0], "task_id"), attr(&got[0], "step")), (Some(req.task_id.as_str()), Some("ship")));
 
+    // the FIFO topic: a call of the same attempt made again is published once, a new attempt again
+    let first = request(&format!("snsf-{run}"), "warehouse-fifo", &AttemptToken::fresh());
+    let second = request(&format!("snsf-{run}"), "warehouse-fifo", &AttemptToken::fresh());
+    for r in [&first, &first, &second, &second] {
+        assert_eq!(rt.run(r).await, None);
+    }
+    let got = receive(&sqs, &fifo_queue, 2, Duration::from_secs(15)).await;
+    let tokens: Vec<Value> = got.iter().map(|m| body_of(m)["callback"]["token"].clone()).collect();
+    let want: Vec<Value> =
+        [&first, &second].iter().map(|r| json!(r.callback.as_ref().unwrap().token.expose())).collect();
+    assert_eq!(tokens, want, "each attempt once, in order");
+    assert_contract(&body_of(&got[0]), &first);
+
     let missing = request(&format!("snsn-{run}"), "nowhere", &AttemptToken::fresh());
     assert_refused(rt.run(&missing).await, "publishing to");
 
-    let _ = sns.delete_topic().topic_arn(&topic).send().await;
-    let _ = sqs.delete_queue().queue_url(&queue).send().await;
+    for t in [topic, fifo_topic] {
+        let _ = sns.delete_topic().topic_arn(t).send().await;
+    }
+    for q in [queue, fifo_queue] {
+        let _ = sqs.delete_queue().queue_url(q).send().await;
+    }
 }
 
 #[tokio::test]
