@@ -56,6 +56,11 @@ pub enum Target {
     Topic {
         arn: String,
     },
+    /// The event buses of a PutEvents request's entries (a name or an ARN each; `default` when an
+    /// entry names none).
+    EventBuses {
+        names: Vec<String>,
+    },
     /// An operation that names no resource this module knows (its ARN is `*`).
     Unknown,
 }
@@ -72,7 +77,11 @@ pub enum ResourceError {
 /// The IAM action for an operation of a service (as the SDK's operation metadata names them:
 /// `SQS`, `SendMessageBatch`). Batch variants are authorised by their single action.
 pub fn iam_action(service: &str, operation: &str) -> String {
-    let prefix = service.to_ascii_lowercase();
+    // EventBridge's actions keep CloudWatch Events' prefix
+    let prefix = match service.to_ascii_lowercase() {
+        s if s == "eventbridge" => "events".to_owned(),
+        s => s,
+    };
     let op = match (prefix.as_str(), operation) {
         ("sqs", "SendMessageBatch") => "SendMessage",
         ("sqs", "DeleteMessageBatch") => "DeleteMessage",
@@ -84,7 +93,8 @@ pub fn iam_action(service: &str, operation: &str) -> String {
 }
 
 /// What the serialized request body names: `QueueUrl`, `TableName` (+ `IndexName`),
-/// `RequestItems`' tables (JSON protocols: SQS, DynamoDB), `TopicArn` (SNS's query protocol).
+/// `RequestItems`' tables (JSON protocols: SQS, DynamoDB), `Entries`' event buses (EventBridge),
+/// `TopicArn` (SNS's query protocol).
 pub fn target_of(body: &[u8]) -> Target {
     if let Ok(serde_json::Value::Object(o)) = serde_json::from_slice::<serde_json::Value>(body) {
         let s = |k: &str| o.get(k).and_then(serde_json::Value::as_str).map(str::to_owned);
@@ -96,6 +106,15 @@ pub fn target_of(body: &[u8]) -> Target {
         }
         if let Some(serde_json::Value::Object(items)) = o.get("RequestItems") {
             return Target::Tables { names: items.keys().cloned().collect() };
+        }
+        if let Some(serde_json::Value::Array(entries)) = o.get("Entries") {
+            let mut names: Vec<String> = entries
+                .iter()
+                .map(|e| e.get("EventBusName").and_then(serde_json::Value::as_str).unwrap_or("default").to_owned())
+                .collect();
+            names.sort();
+            names.dedup();
+            return Target::EventBuses { names };
         }
         if let Some(arn) = s("TopicArn") {
             return Target::Topic { arn };
@@ -157,6 +176,19 @@ impl AwsCall {
                 names.iter().map(|n| table(&r, n)).collect()
             }
             Target::Topic { arn } => vec![arn.clone()],
+            Target::EventBuses { names } => {
+                let r = region()?;
+                names
+                    .iter()
+                    .map(|n| {
+                        if n.starts_with("arn:") {
+                            n.clone()
+                        } else {
+                            format!("arn:{}:events:{r}:{account}:event-bus/{n}", partition(&r))
+                        }
+                    })
+                    .collect()
+            }
             Target::Unknown => vec!["*".to_owned()],
         })
     }
@@ -273,6 +305,7 @@ mod tests {
         assert_eq!(iam_action("SQS", "ReceiveMessage"), "sqs:ReceiveMessage");
         assert_eq!(iam_action("DynamoDB", "BatchGetItem"), "dynamodb:BatchGetItem");
         assert_eq!(iam_action("SNS", "Publish"), "sns:Publish");
+        assert_eq!(iam_action("EventBridge", "PutEvents"), "events:PutEvents");
     }
 
     #[test]
@@ -293,6 +326,10 @@ mod tests {
             target_of(b"Action=Publish&Version=2010-03-31&TopicArn=arn%3Aaws%3Asns%3Aus-east-1%3A1%3Atopic&Message=x"),
             Target::Topic { arn: "arn:aws:sns:us-east-1:1:topic".into() }
         );
+        assert_eq!(
+            target_of(br#"{"Entries":[{"EventBusName":"orders","Detail":"{}"},{"Source":"s"}]}"#),
+            Target::EventBuses { names: vec!["default".into(), "orders".into()] }
+        );
         assert_eq!(target_of(b"{}"), Target::Unknown);
     }
 
@@ -310,6 +347,16 @@ mod tests {
         let path_style =
             call(Target::Queue { url: "http://localhost:4566/queue/us-east-1/000000000000/s-AgentDLQ".into() });
         assert_eq!(path_style.resources("1").unwrap(), vec!["arn:aws:sqs:us-east-1:000000000000:s-AgentDLQ"]);
+        let buses = call(Target::EventBuses {
+            names: vec!["orders".into(), "arn:aws:events:us-east-1:222233334444:event-bus/shop".into()],
+        });
+        assert_eq!(
+            buses.resources("111122223333").unwrap(),
+            vec![
+                "arn:aws:events:eu-west-1:111122223333:event-bus/orders",
+                "arn:aws:events:us-east-1:222233334444:event-bus/shop"
+            ]
+        );
         let bad = call(Target::Queue { url: "http://localhost:4566/q".into() });
         assert!(matches!(bad.resources("1"), Err(ResourceError::QueueUrl(_))));
     }
