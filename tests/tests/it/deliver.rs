@@ -40,7 +40,8 @@ fn request(task: &str, agent: &str, attempt: &AttemptToken) -> AgentRequest {
         attempt: attempt.clone(),
         attempt_no: 1,
         start_by: None,
-        complete_by: Millis::now().plus_ms(30_000),
+        // well past the hand-off's own deadline (60 s), which the worker must not be told
+        complete_by: Millis::now().plus_ms(600_000),
         input: json!({"input": {"order": "o-7", "items": 3}, "outputs": {}}),
     }
 }
@@ -63,13 +64,15 @@ fn runtime(sdk: &aws_config::SdkConfig, agents: &Value, vars: &[(&str, &str)]) -
 }
 
 /// The body every delivering kind sends is the request contract: the task, the step, the attempt,
-/// the idempotency key, the deadline, the input, and the token with where to answer.
+/// the idempotency key, the deadline (the attempt's CompleteBy), the input, and the token with
+/// where to answer.
 fn assert_contract(body: &Value, req: &AgentRequest) {
     assert_eq!(body["task_id"], req.task_id.as_str(), "{body}");
     assert_eq!(body["step"], "ship", "{body}");
     assert_eq!(body["attempt_no"], 1, "{body}");
     assert_eq!(body["idempotency_key"], req.idempotency_key.as_str(), "{body}");
-    assert!(body["deadline"].as_u64().is_some_and(|d| d > Millis::now().0 && d <= req.complete_by.0), "{body}");
+    // the worker has until the attempt's CompleteBy, not the hand-off's own deadline
+    assert_eq!(body["deadline"], req.complete_by.0, "{body}");
     assert_eq!(body["input"], req.input, "{body}");
     let token = req.callback.as_ref().unwrap().token.expose();
     assert_eq!(
@@ -335,7 +338,7 @@ async fn a_callback_step_delivered_to_a_queue_is_answered_by_its_worker_and_the_
     let workflows = WorkflowRegistry::from_json(
         &json!({"workflows": [{
             "name": "handed", "version": 1, "description": "one callback step delivered to a queue",
-            "steps": [{"name": "ship", "kind": "callback", "agent": "warehouse", "timeout_ms": 60_000, "max_attempts": 1}],
+            "steps": [{"name": "ship", "kind": "callback", "agent": "warehouse", "timeout_ms": 600_000, "max_attempts": 1}],
         }]})
         .to_string(),
     )
@@ -369,6 +372,8 @@ async fn a_callback_step_delivered_to_a_queue_is_answered_by_its_worker_and_the_
     assert_eq!((&body["task_id"], &body["step"]), (&json!(id), &json!("ship")), "{body}");
     assert_eq!(body["idempotency_key"], format!("{id}:ship"), "{body}");
     assert_eq!(body["input"]["input"], json!({"order": "o-7"}), "{body}");
+    // the worker has the step's 10 minutes, not the hand-off's 60 s
+    assert!(body["deadline"].as_u64().is_some_and(|d| d > Millis::now().plus_ms(300_000).0), "{body}");
     let token = body["callback"]["token"].as_str().expect("the token is handed over").to_owned();
     let answer_to = body["callback"]["queue_url"].as_str().expect("where to answer").to_owned();
     assert_eq!(answer_to, callback_queue);

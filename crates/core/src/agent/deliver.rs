@@ -18,6 +18,11 @@ pub const MAX_DEDUP_ID_LEN: usize = 128;
 
 /// The request's JSON, as the remote side reads it; refused (permanently) when the step is not a
 /// callback step: these kinds can only hand work over, and nothing would ever answer.
+///
+/// Its `deadline` is the attempt's `CompleteBy` (when, without an answer or a heartbeat, the
+/// attempt is lost), not the hand-off's own short deadline: a message may wait in its queue, or
+/// an event in its target, longer than the hand-off takes, and the worker must not give up on
+/// work it still has time for.
 pub fn body(call: &Call<'_>, kind: &str, callback: &CallbackEndpoints) -> Result<String, AgentError> {
     let req = call.request;
     if req.callback.is_none() {
@@ -30,7 +35,7 @@ pub fn body(call: &Call<'_>, kind: &str, callback: &CallbackEndpoints) -> Result
             ),
         });
     }
-    Ok(handover::request(req, call.deadline, callback).to_string())
+    Ok(handover::request(req, req.complete_by, callback).to_string())
 }
 
 /// The message attributes a subscriber can route and filter on (never the token).
@@ -147,10 +152,12 @@ pub(super) mod tests {
     #[test]
     fn the_body_is_the_request_contract_with_the_token() {
         let r = req("order-1", A1, true);
+        // the hand-off's own deadline (seconds) is not the worker's: it has until CompleteBy
         let call = Call { request: &r, call_no: 1, deadline: Millis(42) };
         let ends = CallbackEndpoints { queue_url: Some("http://q/000000000000/cb".into()), url: None };
         let v: serde_json::Value = serde_json::from_str(&body(&call, "sqs", &ends).unwrap()).unwrap();
-        assert_eq!(v, handover::request(&r, Millis(42), &ends));
+        assert_eq!(v, handover::request(&r, r.complete_by, &ends));
+        assert_eq!(v["deadline"], r.complete_by.0);
         assert_eq!(v["callback"]["token"], r.callback.as_ref().unwrap().token.expose());
         assert_eq!(v["idempotency_key"], "order-1:ship");
     }
