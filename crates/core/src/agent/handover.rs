@@ -10,8 +10,11 @@ use crate::messages::{AgentRequest, CallbackRef};
 /// message, an event's detail): the work and how to apply it once.
 /// `{"task_id", "step", "attempt_no", "idempotency_key", "deadline", "input"}`, and for a callback
 /// step `"callback": {"token", "heartbeat_ms", "queue_url", "url"}` (then delivery only means the
-/// work was accepted). `deadline` is the attempt's own (epoch ms): nothing may be applied after it.
+/// work was accepted). `deadline` (epoch ms) is the attempt's own: nothing may be applied after it;
+/// for a callback step it is the attempt's `CompleteBy`, whatever `deadline` is given (the
+/// hand-off's own is short, and the remote side has until `CompleteBy` to answer or heartbeat).
 pub fn request(req: &AgentRequest, deadline: Millis, callback: &CallbackEndpoints) -> Value {
+    let deadline = if req.callback.is_some() { req.complete_by } else { deadline };
     let mut body = json!({
         "task_id": req.task_id,
         "step": req.step,

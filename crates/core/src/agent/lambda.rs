@@ -190,23 +190,19 @@ pub fn function_error(function: &str, kind: &str, payload: &[u8]) -> AgentError 
     }
 }
 
-/// Lambda refused the invoke for good: retrying cannot help until configuration or IAM changes.
-fn is_refusal_code(code: &str) -> bool {
+/// Lambda's own ways of refusing an invoke for good (beyond the codes every service shares,
+/// [`super::aws_error::is_refusal_code`]): retrying cannot help until configuration or IAM changes.
+fn is_lambda_refusal(code: &str) -> bool {
     matches!(
         code,
-        "ResourceNotFoundException"
-            | "AccessDeniedException"
-            | "AccessDenied"
-            | "InvalidRequestContentException"
+        "InvalidRequestContentException"
             | "RequestTooLargeException"
-            | "InvalidParameterValueException"
             | "UnsupportedMediaTypeException"
             | "InvalidRuntimeException"
             | "InvalidZipFileException"
             | "InvalidSecurityGroupIDException"
             | "InvalidSubnetIDException"
             | "RecursiveInvocationException"
-            | "UnrecognizedClientException"
             | "KMSAccessDeniedException"
             | "KMSDisabledException"
             | "KMSInvalidStateException"
@@ -215,8 +211,8 @@ fn is_refusal_code(code: &str) -> bool {
 }
 
 /// An invoke that did not reach the function, as the runtime should treat it: refusals (and any
-/// other 4xx but 429) are permanent; throttling, 5xx, a function not ready or being updated, and
-/// every error without an answer (connection, timeout) are transient.
+/// other 4xx but 408 and 429) are permanent; throttling, 5xx, a function not ready or being
+/// updated, and every error without an answer (connection, timeout) are transient.
 pub fn invoke_error(
     function: &str,
     code: Option<&str>,
@@ -226,9 +222,10 @@ pub fn invoke_error(
 ) -> AgentError {
     let message = format!("invoking {function}: {}{message}", code.map(|c| format!("{c}: ")).unwrap_or_default());
     let permanent = match code {
-        Some("TooManyRequestsException" | "ResourceConflictException" | "ResourceNotReadyException") => false,
-        Some(c) if is_refusal_code(c) => true,
-        _ => status.is_some_and(|s| (400..500).contains(&s) && s != 429),
+        // a function being created or updated is ready soon
+        Some("ResourceConflictException" | "ResourceNotReadyException") => false,
+        Some(c) if is_lambda_refusal(c) => true,
+        _ => super::aws_error::is_permanent(code, status),
     };
     if permanent {
         AgentError::Permanent { message }

@@ -253,6 +253,8 @@ fn the_request_hands_over_the_token_and_where_to_answer_for_a_callback_step_only
         })
     );
     assert_eq!(body["task_id"], "t");
+    // a callback step's remote side has until CompleteBy, not the hand-off's own deadline
+    assert_eq!(body["deadline"], r.complete_by.0);
     // nothing configured: only the token (and no heartbeat asked, none said)
     let body = super::handover::request(&callback_req(None), Millis(77), &super::CallbackEndpoints::default());
     assert_eq!(body["callback"], json!({"token": "0123456789abcdef0123456789abcdef:charge:t"}));
