@@ -177,6 +177,46 @@ pub struct AgentRequest {
     pub callback: Option<CallbackRef>,
 }
 
+impl AgentRequest {
+    /// The first forward attempt of `step` (a fresh attempt token, no queue budget, no callback):
+    /// what a tool or a test hands an agent directly; the protocol builds its own from the task.
+    /// `task_input` reaches the agent as a first step sees it: `{"input": ..., "outputs": {}}`.
+    pub fn first_attempt(task_id: TaskId, step: &str, agent: &str, task_input: Value, complete_by: Millis) -> Self {
+        AgentRequest {
+            v: VERSION,
+            idempotency_key: IdempotencyKey::for_step(&task_id, step),
+            task_id,
+            step: step.into(),
+            phase: Phase::Forward,
+            agent: agent.into(),
+            attempt: AttemptToken::fresh(),
+            attempt_no: 1,
+            start_by: None,
+            complete_by,
+            input: Value::Object(serde_json::Map::from_iter([
+                ("input".to_owned(), task_input),
+                ("outputs".to_owned(), Value::Object(serde_json::Map::new())),
+            ])),
+            callback: None,
+        }
+    }
+
+    /// The same request under another attempt token (before [`AgentRequest::with_callback`]).
+    #[must_use]
+    pub fn with_attempt(mut self, attempt: AttemptToken) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// As a callback step's attempt: its token, and the heartbeat asked of the remote side.
+    #[must_use]
+    pub fn with_callback(mut self, heartbeat_ms: Option<u64>) -> Self {
+        let token = CallbackToken::new(&self.task_id, &self.step, &self.attempt);
+        self.callback = Some(CallbackRef { token, heartbeat_ms });
+        self
+    }
+}
+
 /// What a callback step's agent hands to the remote side besides the work.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

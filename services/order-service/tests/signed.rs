@@ -3,8 +3,8 @@
 //! a permanent failure of the step).
 
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
-use sas_core::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
-use sas_core::messages::{AgentRequest, Outcome, Phase};
+use sas_core::ids::{Millis, TaskId};
+use sas_core::messages::{AgentRequest, Outcome};
 use sas_order_service::sigv4::Verifier;
 use sas_order_service::{spawn_service, OrderService};
 use serde_json::json;
@@ -21,21 +21,8 @@ fn aws(key_id: &str, secret: &str, session_token: Option<&str>) -> AwsConfigCell
 }
 
 fn request(agent: &str, order: &str) -> AgentRequest {
-    let task_id = TaskId::try_from(order).unwrap();
-    AgentRequest {
-        v: 1,
-        idempotency_key: IdempotencyKey::for_step(&task_id, "charge"),
-        task_id,
-        step: "charge".into(),
-        phase: Phase::Forward,
-        agent: agent.into(),
-        attempt: AttemptToken::from("a"),
-        attempt_no: 1,
-        start_by: None,
-        complete_by: Millis::now().plus_ms(10_000),
-        input: json!({"input": {"customer": "c-1", "amount_cents": 1250}, "outputs": {}}),
-        callback: None,
-    }
+    let input = json!({"customer": "c-1", "amount_cents": 1250});
+    AgentRequest::first_attempt(TaskId::try_from(order).unwrap(), "charge", agent, input, Millis::now().plus_ms(10_000))
 }
 
 const AGENTS: &str = r#"{"agents": {

@@ -6,26 +6,21 @@
 use std::time::{Duration, Instant};
 
 use sas_core::agent::{AgentRuntime, ApprovalAgent, CallRetry, CallbackEndpoints};
-use sas_core::ids::{AttemptToken, CallbackToken, IdempotencyKey, Millis, TaskId};
-use sas_core::messages::{AgentRequest, CallbackRef, Outcome, Phase};
+use sas_core::ids::{AttemptToken, Millis, TaskId};
+use sas_core::messages::{AgentRequest, Outcome};
 use serde_json::json;
 
 fn request(task: &str, attempt: &AttemptToken) -> AgentRequest {
-    let task_id = TaskId::try_from(task).unwrap();
-    AgentRequest {
-        v: 1,
-        idempotency_key: IdempotencyKey::for_step(&task_id, "approve"),
-        callback: Some(CallbackRef { token: CallbackToken::new(&task_id, "approve", attempt), heartbeat_ms: None }),
-        task_id,
-        step: "approve".into(),
-        phase: Phase::Forward,
-        agent: "approval".into(),
-        attempt: attempt.clone(),
-        attempt_no: 1,
-        start_by: None,
-        complete_by: Millis::now().plus_ms(30_000),
-        input: json!({"input": {"customer": "c-9", "amount_cents": 125_000}, "outputs": {}}),
-    }
+    let input = json!({"customer": "c-9", "amount_cents": 125_000});
+    AgentRequest::first_attempt(
+        TaskId::try_from(task).unwrap(),
+        "approve",
+        "approval",
+        input,
+        Millis::now().plus_ms(30_000),
+    )
+    .with_attempt(attempt.clone())
+    .with_callback(None)
 }
 
 fn runtime(topic_arn: &str) -> AgentRuntime {

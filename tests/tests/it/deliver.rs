@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
-use sas_core::ids::{AttemptToken, CallbackToken, IdempotencyKey, Millis, TaskId};
-use sas_core::messages::{AgentRequest, CallbackRef, Outcome, Phase};
+use sas_core::ids::{AttemptToken, Millis, TaskId};
+use sas_core::messages::{AgentRequest, Outcome};
 use sas_core::protocol::{ProcessState, StepStatus};
 use sas_core::workflow::WorkflowRegistry;
 use serde_json::{json, Value};
@@ -25,25 +25,12 @@ fn run_id() -> String {
 
 /// A callback step's request for agent `agent` (attempt `attempt`).
 fn request(task: &str, agent: &str, attempt: &AttemptToken) -> AgentRequest {
-    let task_id = TaskId::try_from(task).unwrap();
-    AgentRequest {
-        v: 1,
-        idempotency_key: IdempotencyKey::for_step(&task_id, "ship"),
-        callback: Some(CallbackRef {
-            token: CallbackToken::new(&task_id, "ship", attempt),
-            heartbeat_ms: Some(30_000),
-        }),
-        task_id,
-        step: "ship".into(),
-        phase: Phase::Forward,
-        agent: agent.into(),
-        attempt: attempt.clone(),
-        attempt_no: 1,
-        start_by: None,
-        // well past the hand-off's own deadline (60 s), which the worker must not be told
-        complete_by: Millis::now().plus_ms(600_000),
-        input: json!({"input": {"order": "o-7", "items": 3}, "outputs": {}}),
-    }
+    let input = json!({"order": "o-7", "items": 3});
+    // well past the hand-off's own deadline (60 s), which the worker must not be told
+    let complete_by = Millis::now().plus_ms(600_000);
+    AgentRequest::first_attempt(TaskId::try_from(task).unwrap(), "ship", agent, input, complete_by)
+        .with_attempt(attempt.clone())
+        .with_callback(Some(30_000))
 }
 
 /// The agents of `agents` (the `"agents"` object of an agents.json), with `vars`, the callback

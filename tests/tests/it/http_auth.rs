@@ -6,28 +6,15 @@
 
 use aws_credential_types::provider::ProvideCredentials;
 use sas_core::agent::{survey, AgentRuntime, AwsConfigCell, Grant};
-use sas_core::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
-use sas_core::messages::{AgentRequest, Outcome, Phase};
+use sas_core::ids::{Millis, TaskId};
+use sas_core::messages::{AgentRequest, Outcome};
 use sas_order_service::sigv4::Verifier;
 use sas_order_service::{spawn_service, OrderService};
 use serde_json::json;
 
 fn request(agent: &str, order: &str) -> AgentRequest {
-    let task_id = TaskId::try_from(order).unwrap();
-    AgentRequest {
-        v: 1,
-        idempotency_key: IdempotencyKey::for_step(&task_id, "charge"),
-        task_id,
-        step: "charge".into(),
-        phase: Phase::Forward,
-        agent: agent.into(),
-        attempt: AttemptToken::from("a"),
-        attempt_no: 1,
-        start_by: None,
-        complete_by: Millis::now().plus_ms(30_000),
-        input: json!({"input": {"customer": "c-1", "amount_cents": 700}, "outputs": {}}),
-        callback: None,
-    }
+    let input = json!({"customer": "c-1", "amount_cents": 700});
+    AgentRequest::first_attempt(TaskId::try_from(order).unwrap(), "charge", agent, input, Millis::now().plus_ms(30_000))
 }
 
 const AGENTS: &str = r#"{"agents": {

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_lambda::types::{Architecture, FunctionCode, Runtime, State};
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
-use sas_core::ids::{AttemptToken, CallbackToken, IdempotencyKey, Millis, TaskId};
-use sas_core::messages::{AgentRequest, CallbackRef, Outcome, Phase};
+use sas_core::ids::{Millis, TaskId};
+use sas_core::messages::{AgentRequest, Outcome};
 use serde_json::{json, Value};
 
 /// Deploy the tests' function under a fresh name; its name.
@@ -48,22 +48,18 @@ pub async fn deploy_test_function(sdk: &aws_config::SdkConfig, label: &str) -> S
 }
 
 fn request(task: &str, agent: &str, fn_input: Value, callback: bool) -> AgentRequest {
-    let task_id = TaskId::try_from(task).unwrap();
-    let attempt = AttemptToken::fresh();
-    AgentRequest {
-        v: 1,
-        idempotency_key: IdempotencyKey::for_step(&task_id, "charge"),
-        callback: callback
-            .then(|| CallbackRef { token: CallbackToken::new(&task_id, "charge", &attempt), heartbeat_ms: None }),
-        task_id,
-        step: "charge".into(),
-        phase: Phase::Forward,
-        agent: agent.into(),
-        attempt,
-        attempt_no: 1,
-        start_by: None,
-        complete_by: Millis::now().plus_ms(30_000),
-        input: json!({"input": {"order": "o-1", "fn": fn_input}, "outputs": {}}),
+    let input = json!({"order": "o-1", "fn": fn_input});
+    let req = AgentRequest::first_attempt(
+        TaskId::try_from(task).unwrap(),
+        "charge",
+        agent,
+        input,
+        Millis::now().plus_ms(30_000),
+    );
+    if callback {
+        req.with_callback(None)
+    } else {
+        req
     }
 }
 

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use sas_core::agent::{AgentRuntime, BUILT_IN_AGENTS};
-use sas_core::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
-use sas_core::messages::{AgentRequest, Outcome, Phase};
+use sas_core::ids::{Millis, TaskId};
+use sas_core::messages::{AgentRequest, Outcome};
 use sas_core::protocol::ProcessState;
 use sas_core::workflow::{OnFailure, WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use sas_order_service::{spawn_local, FaultRule, OrderService};
@@ -22,21 +22,14 @@ fn agents(base: &str) -> AgentRuntime {
 }
 
 fn request(order: &str, agent: &str, step: &str, deadline_ms: u64) -> AgentRequest {
-    let task_id = TaskId::try_from(order).unwrap();
-    AgentRequest {
-        v: 1,
-        idempotency_key: IdempotencyKey::for_step(&task_id, step),
-        task_id,
-        step: step.into(),
-        phase: Phase::Forward,
-        agent: agent.into(),
-        attempt: AttemptToken::fresh(),
-        attempt_no: 1,
-        start_by: None,
-        complete_by: Millis::now().plus_ms(deadline_ms),
-        input: json!({"input": {"customer": "c-1", "items": [{"sku": "book", "qty": 2}]}, "outputs": {}}),
-        callback: None,
-    }
+    let input = json!({"customer": "c-1", "items": [{"sku": "book", "qty": 2}]});
+    AgentRequest::first_attempt(
+        TaskId::try_from(order).unwrap(),
+        step,
+        agent,
+        input,
+        Millis::now().plus_ms(deadline_ms),
+    )
 }
 
 fn rule(order: &str, endpoint: &str) -> FaultRule {
