@@ -1,6 +1,7 @@
 //! Deploying with the functions on: the five `bootstrap` binaries zipped, uploaded to S3
-//! (LocalStack's), and `template.yaml` deployed with `DeployFunctions=true` and each function's
-//! `CodeUri` pointing at its zip. LocalStack then runs the functions as host processes (the
+//! (LocalStack's), the configuration layer's directory (`config/`, or another) zipped and uploaded
+//! likewise, and `template.yaml` deployed with `DeployFunctions=true`, each function's `CodeUri`
+//! and the layer's `ContentUri` pointing at its zip. LocalStack then runs the functions as host processes (the
 //! project's `host` Lambda executor, `infra/lambda-executor/`), invoked by its SQS event source
 //! mappings, the scheduled rule and the Callback function's URL (see [`crate::callback_url`]). Also: what a deployed stack's functions look like (their
 //! environment, their event sources, the sweep rule) and what their log groups say.
@@ -97,7 +98,10 @@ pub fn layers(template: &str) -> Vec<LayerSpec> {
     let mut is_layer = false;
     let mut in_resources = false;
     for line in template.lines() {
-        if !line.starts_with(' ') && !line.is_empty() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        if !line.starts_with(' ') {
             in_resources = line == "Resources:";
             current = None;
         } else if let Some(id) = resource_line(line).filter(|_| in_resources) {
@@ -840,6 +844,15 @@ mod tests {
         let e = package_layers(stack::TEMPLATE, &|_| Ok(empty.clone())).unwrap_err();
         std::fs::remove_dir(&empty).unwrap();
         assert!(format!("{e:#}").contains("holds no file"), "{e:#}");
+    }
+
+    #[test]
+    fn only_layers_with_a_local_directory_are_found() {
+        let t = "Parameters:\n  ContentUri:\n    Type: String\nResources:\n  A:\n    Type: AWS::Serverless::LayerVersion\n\
+                 # a comment\n\n    Properties:\n      ContentUri: layers/a/\n  B:\n    Type: AWS::Serverless::LayerVersion\n\
+                 \x20   Properties:\n      ContentUri: s3://bucket/b.zip\n  C:\n    Type: AWS::Serverless::Function\n\
+                 \x20   Properties:\n      ContentUri: c/\nOutputs:\n  D:\n    Value: x\n";
+        assert_eq!(layers(t), [LayerSpec { logical_id: "A".into(), content_uri: "layers/a/".into() }]);
     }
 
     #[test]
