@@ -558,8 +558,6 @@ async fn lambda_workflows_change_without_a_rebuild_and_running_tasks_keep_theirs
                         "steps": [{"name": "hold", "kind": "wait", "wait_ms": 60_000}, sim("after-hold")]});
     let pin_v2 = json!({"name": "byow-pin", "version": 2, "description": "after the update",
                         "steps": [sim("other")]});
-    let byow_sim = json!({"name": "byow-sim", "version": 1, "description": "deployed without a rebuild",
-                          "steps": [sim("reserve"), sim("ship")]});
     let first = config_dir("first", &[built_in.clone(), vec![pin_v1]].concat());
     let f = lambda_stack_with("cfg", &first, &[]).await;
     let before = f.code_and_layers().await;
@@ -567,10 +565,13 @@ async fn lambda_workflows_change_without_a_rebuild_and_running_tasks_keep_theirs
     f.s.send(&f.s.res.submission_queue_url, &sub("pin-1", "byow-pin")).await;
     f.s.wait_for("pin-1", Duration::from_mins(1), |t| t.step_index == 0 && !t.process_state.is_terminal()).await;
 
+    // Named after the stack: a layer zip no earlier run has uploaded.
+    let byow_sim = json!({"name": "byow-sim", "version": 1, "description": format!("deployed to {} without a rebuild", f.s.name),
+                          "steps": [sim("reserve"), sim("ship")]});
     let second = config_dir("second", &[built_in, vec![pin_v2, byow_sim]].concat());
     let d = f.redeploy(&second).await;
     let after = f.code_and_layers().await;
-    assert_eq!(d.uploaded, 1, "only the layer's zip is new: {:?}", d.zip_bytes);
+    assert_eq!(d.uploaded, 1, "only the layer's zip is new (the code's are in the bucket): {:?}", d.zip_bytes);
     for (id, (code, layers)) in &after {
         let (old_code, old_layers) = &before[id];
         assert_eq!(code, old_code, "{id}: the same code");
