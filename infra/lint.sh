@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lint the infrastructure: sam validate --lint, cfn-lint and checkov on template.yaml (tools venvs)
 # gate it; checkov fails on any failed check or parsing error (skips are in the template, each with
-# its reason).
+# its reason). Also the Lambda executor's Python unit tests (infra/lambda-executor/test_*.py).
 # ShellCheck findings on the scripts are advisory (printed, never fatal): ShellCheck is not part
 # of the pinned tools and is present on some machines only, so it must not change the verdict.
 set -euo pipefail
@@ -47,7 +47,7 @@ if rc != 0 or summary["failed"] or summary["parsing_errors"] or not summary["res
 PY
 
 echo "== python: infra/*.py and the Lambda executor parse"
-"$TOOLS_VENV/bin/python" - infra/*.py infra/lambda-executor/*/*.py bench/*.py <<'PY'
+"$TOOLS_VENV/bin/python" - infra/*.py infra/lambda-executor/*.py infra/lambda-executor/*/*.py bench/*.py <<'PY'
 import ast
 import sys
 
@@ -56,6 +56,9 @@ for path in sys.argv[1:]:
         ast.parse(f.read(), path)
 print(f"{len(sys.argv) - 1} files parse")
 PY
+
+echo "== python: the Lambda executor's unit tests (layers; no LocalStack needed)"
+"$TOOLS_VENV/bin/python" -m unittest discover -s infra/lambda-executor -p 'test_*.py'
 
 if command -v shellcheck >/dev/null 2>&1; then
   echo "== shellcheck (advisory)"

@@ -178,24 +178,49 @@ pub async fn handle_event(
     }
 }
 
+/// The agents of the file `SAS_AGENTS_FILE` names (the Agent function: `/opt/agents.json`, the
+/// configuration layer's), or the built-in ones; an invalid file's error names it.
+fn agents_from_env() -> Result<AgentRuntime, Error> {
+    AgentRuntime::from_env().map_err(|e| {
+        let file = std::env::var("SAS_AGENTS_FILE").ok().filter(|f| !f.is_empty());
+        match file {
+            Some(path) if !matches!(e, sas_core::agent::AgentConfigError::Io { .. }) => {
+                format!("agent file {path} is not valid: {e}").into()
+            }
+            _ => e.into(),
+        }
+    })
+}
+
 /// A function's `main`: logs and clients built once per cold start, then every event through
 /// [`handle_event`]. Roles other than the Agent host no agents: only `sas-agent` calls
-/// [`serve_agents`], so only its binary links the agent kinds and their SDK clients.
+/// [`serve_agents`], so only its binary links the agent kinds and their SDK clients. A
+/// configuration it cannot use (a missing or invalid workflows or agents file: the error names it)
+/// is logged and ends the process: the start fails, nothing runs with other definitions.
 pub async fn serve(role: Role) -> Result<(), Error> {
-    serve_with(role, AgentRuntime::default()).await
+    serve_with(role, || Ok(AgentRuntime::default())).await
 }
 
 /// The Agent function's `main`: [`serve`] with the agents of its configuration
-/// ([`AgentRuntime::from_env`]: `SAS_AGENTS_FILE`, or the built-in file).
+/// (`SAS_AGENTS_FILE`, or the built-in file).
 pub async fn serve_agents() -> Result<(), Error> {
-    sas_core::telemetry::init();
-    serve_with(Role::Agent, AgentRuntime::from_env()?).await
+    serve_with(Role::Agent, agents_from_env).await
 }
 
-async fn serve_with(role: Role, agents: AgentRuntime) -> Result<(), Error> {
+async fn serve_with(role: Role, agents: impl FnOnce() -> Result<AgentRuntime, Error>) -> Result<(), Error> {
     sas_core::telemetry::init();
-    let deps = Arc::new(Deps::from_env().await?);
-    let agents = Arc::new(agents);
+    let started = async {
+        let deps = Deps::from_env().await?;
+        let agents = agents()?;
+        Ok::<_, Error>((Arc::new(deps), Arc::new(agents)))
+    };
+    let (deps, agents) = match started.await {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::error!(role = ?role, error = %e, "cannot start");
+            return Err(e);
+        }
+    };
     run(service_fn(move |event: LambdaEvent<Value>| {
         let (deps, agents) = (deps.clone(), agents.clone());
         async move { Ok::<Value, Error>(handle_event(role, &deps, &agents, event.payload).await?.to_json()) }

@@ -270,6 +270,7 @@ pub async fn run_lambda(
     sdk: &aws_config::SdkConfig,
     name: &str,
     functions: &Path,
+    config: &Path,
     outputs: &Path,
     timeout: Duration,
 ) -> Result<bool> {
@@ -294,7 +295,7 @@ pub async fn run_lambda(
     ];
     let params: Vec<(&str, &str)> = values.iter().map(|(k, v)| (*k, v.as_str())).collect();
     println!("deploying stack {name} with the functions on; the Agent gets ORDER_SERVICE_URL={base}");
-    let out = sas_cli::lambda::deploy_and_report(sdk, name, functions, &params).await?;
+    let out = sas_cli::lambda::deploy_and_report(sdk, name, functions, config, &params).await?;
     if let Some(dir) = outputs.parent() {
         std::fs::create_dir_all(dir)?;
     }

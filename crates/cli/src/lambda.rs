@@ -1,6 +1,7 @@
 //! Deploying with the functions on: the five `bootstrap` binaries zipped, uploaded to S3
-//! (LocalStack's), and `template.yaml` deployed with `DeployFunctions=true` and each function's
-//! `CodeUri` pointing at its zip. LocalStack then runs the functions as host processes (the
+//! (LocalStack's), the configuration layer's directory (`config/`, or another) zipped and uploaded
+//! likewise, and `template.yaml` deployed with `DeployFunctions=true`, each function's `CodeUri`
+//! and the layer's `ContentUri` pointing at its zip. LocalStack then runs the functions as host processes (the
 //! project's `host` Lambda executor, `infra/lambda-executor/`), invoked by its SQS event source
 //! mappings, the scheduled rule and the Callback function's URL (see [`crate::callback_url`]). Also: what a deployed stack's functions look like (their
 //! environment, their event sources, the sweep rule) and what their log groups say.
@@ -75,7 +76,47 @@ pub fn functions(template: &str) -> Vec<FunctionSpec> {
     found
 }
 
-/// The template with each function's `CodeUri: ./` replaced by its URI (by logical ID).
+/// One `AWS::Serverless::LayerVersion` of the template with a local `ContentUri` (a directory
+/// relative to the template, as `sam deploy` zips it), e.g. `ConfigLayer` with `config/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerSpec {
+    pub logical_id: String,
+    pub content_uri: String,
+}
+
+/// A `ContentUri:` line's value when it is a local directory (not `s3://`, not a mapping).
+fn local_content_uri(line: &str) -> Option<&str> {
+    let v = line.trim().strip_prefix("ContentUri:")?.trim();
+    (!v.is_empty() && !v.starts_with("s3://") && !v.starts_with('!') && !v.contains(':')).then_some(v)
+}
+
+/// The layers of `template` with a local `ContentUri`, in template order.
+pub fn layers(template: &str) -> Vec<LayerSpec> {
+    let mut found = Vec::new();
+    let mut current: Option<&str> = None;
+    let mut is_layer = false;
+    let mut in_resources = false;
+    for line in template.lines() {
+        if line.starts_with('#') || line.trim().is_empty() {
+            continue;
+        }
+        if !line.starts_with(' ') {
+            in_resources = line == "Resources:";
+            current = None;
+        } else if let Some(id) = resource_line(line).filter(|_| in_resources) {
+            current = Some(id);
+            is_layer = false;
+        } else if line.trim() == "Type: AWS::Serverless::LayerVersion" {
+            is_layer = true;
+        } else if let (Some(id), true, Some(uri)) = (current, is_layer, local_content_uri(line)) {
+            found.push(LayerSpec { logical_id: id.to_owned(), content_uri: uri.to_owned() });
+        }
+    }
+    found
+}
+
+/// The template with each function's `CodeUri: ./` and each layer's local `ContentUri` replaced
+/// by its URI (by logical ID).
 pub fn with_code_uris<S: std::hash::BuildHasher>(template: &str, uris: &HashMap<String, String, S>) -> Result<String> {
     let mut out = String::with_capacity(template.len() + 512);
     let mut current = None;
@@ -84,9 +125,10 @@ pub fn with_code_uris<S: std::hash::BuildHasher>(template: &str, uris: &HashMap<
         if let Some(id) = resource_line(line) {
             current = Some(id);
         }
-        if let Some(uri) = current.and_then(|id| uris.get(id)).filter(|_| is_local_code_uri(line)) {
+        let key = if is_local_code_uri(line) { Some("CodeUri") } else { local_content_uri(line).map(|_| "ContentUri") };
+        if let (Some(uri), Some(key)) = (current.and_then(|id| uris.get(id)), key) {
             let indent = &line[..line.len() - line.trim_start().len()];
-            let _ = writeln!(out, "{indent}CodeUri: {uri}");
+            let _ = writeln!(out, "{indent}{key}: {uri}");
             replaced += 1;
         } else {
             out.push_str(line);
@@ -94,7 +136,10 @@ pub fn with_code_uris<S: std::hash::BuildHasher>(template: &str, uris: &HashMap<
         }
     }
     if replaced != uris.len() {
-        bail!("replaced {replaced} CodeUri lines for {} functions: has the template's layout changed?", uris.len());
+        bail!(
+            "replaced {replaced} CodeUri/ContentUri lines for {} functions and layers: has the template's layout changed?",
+            uris.len()
+        );
     }
     Ok(out)
 }
@@ -135,59 +180,63 @@ pub fn find_bootstrap(dir: &Path, f: &FunctionSpec) -> Result<PathBuf> {
     })
 }
 
-/// A zip archive holding one file, `bootstrap`, executable (Unix mode 0755), deflated.
-pub fn zip_bootstrap(bytes: &[u8]) -> Vec<u8> {
-    const NAME: &[u8] = b"bootstrap";
-    let mut crc = flate2::Crc::new();
-    crc.update(bytes);
-    let crc = crc.sum();
-    let mut enc = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
-    enc.write_all(bytes).expect("writing to memory");
-    let data = enc.finish().expect("writing to memory");
-    let size = u32::try_from(bytes.len()).expect("a bootstrap under 4 GiB");
-    let csize = u32::try_from(data.len()).expect("a zip under 4 GiB");
-    // DOS time/date of 1980-01-01 00:00: the same bytes for the same binary.
-    let (dos_time, dos_date) = (0u16, (1u16 << 5) | 1);
-    let mut z = Vec::with_capacity(data.len() + 128);
-    let local = |z: &mut Vec<u8>| {
-        z.extend_from_slice(&0x0403_4b50u32.to_le_bytes());
-        z.extend_from_slice(&20u16.to_le_bytes()); // version needed
-        z.extend_from_slice(&0u16.to_le_bytes()); // flags
-        z.extend_from_slice(&8u16.to_le_bytes()); // deflate
-        z.extend_from_slice(&dos_time.to_le_bytes());
-        z.extend_from_slice(&dos_date.to_le_bytes());
-        z.extend_from_slice(&crc.to_le_bytes());
-        z.extend_from_slice(&csize.to_le_bytes());
-        z.extend_from_slice(&size.to_le_bytes());
-        z.extend_from_slice(&u16::try_from(NAME.len()).expect("short").to_le_bytes());
-        z.extend_from_slice(&0u16.to_le_bytes()); // extra
-        z.extend_from_slice(NAME);
-    };
-    local(&mut z);
-    z.extend_from_slice(&data);
-    let central_at = u32::try_from(z.len()).expect("a zip under 4 GiB");
-    z.extend_from_slice(&0x0201_4b50u32.to_le_bytes());
-    z.extend_from_slice(&0x0314u16.to_le_bytes()); // made by: Unix (3), zip 2.0 (20)
-    z.extend_from_slice(&20u16.to_le_bytes());
-    z.extend_from_slice(&0u16.to_le_bytes());
-    z.extend_from_slice(&8u16.to_le_bytes());
-    z.extend_from_slice(&dos_time.to_le_bytes());
-    z.extend_from_slice(&dos_date.to_le_bytes());
-    z.extend_from_slice(&crc.to_le_bytes());
-    z.extend_from_slice(&csize.to_le_bytes());
-    z.extend_from_slice(&size.to_le_bytes());
-    z.extend_from_slice(&u16::try_from(NAME.len()).expect("short").to_le_bytes());
-    z.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]); // extra, comment, disk, internal attributes
-    z.extend_from_slice(&((0o100_755u32) << 16).to_le_bytes()); // external: regular file, rwxr-xr-x
-    z.extend_from_slice(&0u32.to_le_bytes()); // local header offset
-    z.extend_from_slice(NAME);
-    let central_len = u32::try_from(z.len()).expect("a zip under 4 GiB") - central_at;
-    z.extend_from_slice(&0x0605_4b50u32.to_le_bytes());
-    z.extend_from_slice(&[0, 0, 0, 0, 1, 0, 1, 0]); // disks, entries here, entries in all
-    z.extend_from_slice(&central_len.to_le_bytes());
-    z.extend_from_slice(&central_at.to_le_bytes());
-    z.extend_from_slice(&0u16.to_le_bytes());
-    z
+/// One file of a zip archive: its name (`/`-separated), its content and its Unix mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZipEntry {
+    pub name: String,
+    pub bytes: Vec<u8>,
+    pub mode: u32,
+}
+
+/// A zip archive of `entries`, in their order, deflated, each with its Unix mode and the
+/// timestamp 1980-01-01 00:00 (zip's earliest): the same files give the same bytes, hence the same
+/// content-addressed S3 key.
+pub fn zip_files(entries: &[ZipEntry]) -> Result<Vec<u8>> {
+    let mut w = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    for e in entries {
+        let options = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated)
+            .compression_level(Some(1))
+            .last_modified_time(zip::DateTime::default())
+            .unix_permissions(e.mode)
+            .large_file(e.bytes.len() >= 0xFFFF_FFFF);
+        w.start_file(e.name.as_str(), options).with_context(|| format!("zipping {}", e.name))?;
+        w.write_all(&e.bytes).with_context(|| format!("zipping {}", e.name))?;
+    }
+    Ok(w.finish().context("finishing a zip")?.into_inner())
+}
+
+/// A zip archive holding one file, `bootstrap`, executable (Unix mode 0755): a function's code.
+pub fn zip_bootstrap(bytes: &[u8]) -> Result<Vec<u8>> {
+    zip_files(&[ZipEntry { name: "bootstrap".into(), bytes: bytes.to_vec(), mode: 0o755 }])
+}
+
+/// The files under `dir`, recursively, named relative to it with `/`, sorted by name; mode 0755
+/// for a file executable by its owner, 0644 otherwise (what Lambda unpacks a layer with).
+pub fn dir_entries(dir: &Path) -> Result<Vec<ZipEntry>> {
+    use std::os::unix::fs::PermissionsExt as _;
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<ZipEntry>) -> Result<()> {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry.with_context(|| format!("reading {}", dir.display()))?.path();
+            let meta = std::fs::metadata(&path).with_context(|| format!("reading {}", path.display()))?;
+            if meta.is_dir() {
+                walk(root, &path, out)?;
+            } else if meta.is_file() {
+                let rel = path
+                    .strip_prefix(root)
+                    .with_context(|| format!("{} is not under {}", path.display(), root.display()))?;
+                let name = rel.iter().map(|c| c.to_string_lossy()).collect::<Vec<_>>().join("/");
+                let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+                let mode = if meta.permissions().mode() & 0o100 == 0 { 0o644 } else { 0o755 };
+                out.push(ZipEntry { name, bytes, mode });
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out)?;
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
 }
 
 /// One function's code, ready to upload.
@@ -222,7 +271,7 @@ pub async fn package(dir: &Path, template: &str) -> Result<Vec<Package>> {
             let bytes = std::fs::read(&bootstrap).with_context(|| format!("reading {}", bootstrap.display()))?;
             let architecture = elf_architecture(&bytes)
                 .with_context(|| format!("{} is not an x86_64 or arm64 ELF binary", bootstrap.display()))?;
-            let zip = zip_bootstrap(&bytes);
+            let zip = zip_bootstrap(&bytes)?;
             let key = format!("{}/{}.zip", function.binary, &hex(&Sha256::digest(&zip))[..16]);
             Ok(Package { function, bootstrap, architecture, zip, key })
         })
@@ -238,26 +287,60 @@ pub async fn package(dir: &Path, template: &str) -> Result<Vec<Package>> {
     Ok(out)
 }
 
-/// Upload each zip to [`CODE_BUCKET`] unless an object of that key (its content hash) is there;
-/// returns logical ID -> `s3://` URI and how many were uploaded.
-pub async fn upload(s3: &aws_sdk_s3::Client, packages: &[Package]) -> Result<(HashMap<String, String>, usize)> {
+/// One layer's content, ready to upload.
+#[derive(Debug, Clone)]
+pub struct LayerPackage {
+    pub layer: LayerSpec,
+    /// The directory it was made of.
+    pub dir: PathBuf,
+    /// The files in it, as the functions see them under `/opt`.
+    pub files: Vec<String>,
+    pub zip: Vec<u8>,
+    pub key: String,
+}
+
+/// Zip each layer's directory (`dir_of` says where each one's `ContentUri` is on this machine);
+/// a directory that is missing or holds no file is an error naming it.
+pub fn package_layers(template: &str, dir_of: &dyn Fn(&LayerSpec) -> Result<PathBuf>) -> Result<Vec<LayerPackage>> {
+    layers(template)
+        .into_iter()
+        .map(|layer| {
+            let dir = dir_of(&layer)?;
+            let entries = dir_entries(&dir).with_context(|| format!("layer {}", layer.logical_id))?;
+            if entries.is_empty() {
+                bail!("layer {}: {} holds no file", layer.logical_id, dir.display());
+            }
+            let zip = zip_files(&entries)?;
+            let key = format!("{}/{}.zip", layer.logical_id, &hex(&Sha256::digest(&zip))[..16]);
+            let files = entries.into_iter().map(|e| e.name).collect();
+            Ok(LayerPackage { layer, dir, files, zip, key })
+        })
+        .collect()
+}
+
+/// Upload each object (logical ID, content-addressed key, zip) to [`CODE_BUCKET`] unless an
+/// object of that key is there; returns logical ID -> `s3://` URI and how many were uploaded.
+pub async fn upload(
+    s3: &aws_sdk_s3::Client,
+    objects: &[(&str, &str, &[u8])],
+) -> Result<(HashMap<String, String>, usize)> {
     stack::ensure_bucket(s3, CODE_BUCKET).await.with_context(|| format!("creating bucket {CODE_BUCKET}"))?;
     let mut uris = HashMap::new();
     let mut uploaded = 0;
-    for p in packages {
-        let present = s3.head_object().bucket(CODE_BUCKET).key(&p.key).send().await.is_ok();
+    for (id, key, zip) in objects {
+        let present = s3.head_object().bucket(CODE_BUCKET).key(*key).send().await.is_ok();
         if !present {
             s3.put_object()
                 .bucket(CODE_BUCKET)
-                .key(&p.key)
-                .body(aws_sdk_s3::primitives::ByteStream::from(p.zip.clone()))
+                .key(*key)
+                .body(aws_sdk_s3::primitives::ByteStream::from(zip.to_vec()))
                 .send()
                 .await
                 .map_err(aws_sdk_s3::Error::from)
-                .with_context(|| format!("uploading s3://{CODE_BUCKET}/{}", p.key))?;
+                .with_context(|| format!("uploading s3://{CODE_BUCKET}/{key}"))?;
             uploaded += 1;
         }
-        uris.insert(p.function.logical_id.clone(), format!("s3://{CODE_BUCKET}/{}", p.key));
+        uris.insert((*id).to_owned(), format!("s3://{CODE_BUCKET}/{key}"));
     }
     Ok((uris, uploaded))
 }
@@ -277,24 +360,40 @@ pub struct Deployed {
     pub architecture: &'static str,
     /// Zips uploaded this time (0 when this build's code was already in the bucket).
     pub uploaded: usize,
-    /// Their sizes in bytes, by binary.
+    /// Their sizes in bytes, by binary (and by layer: `ConfigLayer`).
     pub zip_bytes: BTreeMap<String, usize>,
+    /// Each layer's S3 key and the files it holds (under `/opt` for the functions).
+    pub layers: Vec<(String, String, Vec<String>)>,
     pub timings: Vec<(&'static str, Duration)>,
 }
 
-/// Deploy `template.yaml` as `stack` with the functions on, their code taken from `dir`:
-/// package, upload, CreateStack/UpdateStack with `DeployFunctions=true` and `Architecture` = the
-/// binaries' (`params` may add or override parameters), then wait until every function is
-/// `Active` and every event source mapping `Enabled`.
+/// The layer holding the configuration (`config/`: workflows.json, agents.json), in `/opt`.
+pub const CONFIG_LAYER: &str = "ConfigLayer";
+
+/// Deploy `template.yaml` as `stack` with the functions on, their code taken from `dir` and the
+/// configuration layer ([`CONFIG_LAYER`]) made of `config` (the workspace's `config/`, or another
+/// directory with the same files): package, upload, CreateStack/UpdateStack with
+/// `DeployFunctions=true` and `Architecture` = the binaries' (`params` may add or override
+/// parameters), then wait until every function is `Active` and every event source mapping
+/// `Enabled`. Deploying again with another `config` and the same binaries changes only the layer:
+/// a new layer version, which the functions read at their next cold start.
 pub async fn deploy(
     sdk: &aws_config::SdkConfig,
     stack_name: &str,
     dir: &Path,
+    config: &Path,
     params: &[(&str, &str)],
 ) -> Result<Deployed> {
     let mut timings = Vec::new();
     let t = Instant::now();
     let packages = package(dir, stack::TEMPLATE).await?;
+    let layers = package_layers(stack::TEMPLATE, &|l| {
+        if l.logical_id == CONFIG_LAYER {
+            Ok(config.to_owned())
+        } else {
+            bail!("no directory for layer {} (ContentUri {})", l.logical_id, l.content_uri)
+        }
+    })?;
     timings.push(("zip", t.elapsed()));
     let architecture = packages[0].architecture;
     if architecture != host_architecture() {
@@ -305,7 +404,12 @@ pub async fn deploy(
         );
     }
     let t = Instant::now();
-    let (uris, uploaded) = upload(&s3_client(sdk), &packages).await?;
+    let objects: Vec<(&str, &str, &[u8])> = packages
+        .iter()
+        .map(|p| (p.function.logical_id.as_str(), p.key.as_str(), p.zip.as_slice()))
+        .chain(layers.iter().map(|l| (l.layer.logical_id.as_str(), l.key.as_str(), l.zip.as_slice())))
+        .collect();
+    let (uris, uploaded) = upload(&s3_client(sdk), &objects).await?;
     timings.push(("upload", t.elapsed()));
     let body = with_code_uris(stack::TEMPLATE, &uris)?;
     let mut kv: BTreeMap<&str, &str> = [("DeployFunctions", "true"), ("Architecture", architecture)].into();
@@ -319,8 +423,13 @@ pub async fn deploy(
     let t = Instant::now();
     wait_ready(&aws_sdk_lambda::Client::new(sdk), &function_names(&outputs)?, Duration::from_mins(2)).await?;
     timings.push(("functions ready", t.elapsed()));
-    let zip_bytes = packages.iter().map(|p| (p.function.binary.clone(), p.zip.len())).collect();
-    Ok(Deployed { outputs, architecture, uploaded, zip_bytes, timings })
+    let zip_bytes = packages
+        .iter()
+        .map(|p| (p.function.binary.clone(), p.zip.len()))
+        .chain(layers.iter().map(|l| (l.layer.logical_id.clone(), l.zip.len())))
+        .collect();
+    let layers = layers.into_iter().map(|l| (l.layer.logical_id, l.key, l.files)).collect();
+    Ok(Deployed { outputs, architecture, uploaded, zip_bytes, layers, timings })
 }
 
 /// [`deploy`], then [`verify`]; prints what was done and each check, and fails when a check did.
@@ -329,10 +438,11 @@ pub async fn deploy_and_report(
     sdk: &aws_config::SdkConfig,
     stack_name: &str,
     dir: &Path,
+    config: &Path,
     params: &[(&str, &str)],
 ) -> Result<HashMap<String, String>> {
     let started = Instant::now();
-    let d = deploy(sdk, stack_name, dir, params).await?;
+    let d = deploy(sdk, stack_name, dir, config, params).await?;
     let sizes: Vec<String> = d.zip_bytes.iter().map(|(b, n)| format!("{b} {:.1} MB", mb(*n))).collect();
     let steps: Vec<String> = d.timings.iter().map(|(what, t)| format!("{what} {:.1} s", t.as_secs_f64())).collect();
     println!(
@@ -343,6 +453,9 @@ pub async fn deploy_and_report(
         steps.join(", ")
     );
     println!("  code zips ({} uploaded, the rest already in s3://{CODE_BUCKET}): {}", d.uploaded, sizes.join(", "));
+    for (id, key, files) in &d.layers {
+        println!("  layer {id} from {} (s3://{CODE_BUCKET}/{key}): /opt/{}", config.display(), files.join(", /opt/"));
+    }
     let checks = verify(sdk, &d.outputs).await?;
     for c in &checks {
         println!("  {} {}", if c.ok { "ok  " } else { "FAIL" }, c.what);
@@ -443,6 +556,7 @@ pub const FUNCTION_ENVIRONMENT: &[(&str, Option<&str>)] = &[
     ("SDK_OPERATION_TIMEOUT_MS", None),
     ("RUST_LOG", None),
     ("ORDER_SERVICE_URL", None),
+    ("SAS_WORKFLOWS_FILE", None),
 ];
 
 /// The variables only one function has (what it hands over or publishes to), with the stack
@@ -483,6 +597,12 @@ pub async fn verify<S: std::hash::BuildHasher>(
         check(
             runtime.starts_with("provided") && c.handler() == Some("bootstrap"),
             format!("{id}: runtime {runtime}, handler {:?}, architectures {archs:?}", c.handler().unwrap_or("-")),
+        );
+        let layers: Vec<&str> = c.layers().iter().filter_map(aws_sdk_lambda::types::Layer::arn).collect();
+        let config_layer = format!(":layer:{}-config:", outputs.get("StackName").map_or("", String::as_str));
+        check(
+            layers.len() == 1 && layers[0].contains(&config_layer),
+            format!("{id}: layers {layers:?} (the configuration, in /opt)"),
         );
         let env = c.environment().and_then(|e| e.variables()).cloned().unwrap_or_default();
         let mut missing = Vec::new();
@@ -652,19 +772,92 @@ mod tests {
         assert_eq!(elf_architecture(b"#!/bin/sh\n"), None);
     }
 
+    /// Every entry of a zip: name, Unix mode, content.
+    fn unzip(z: &[u8]) -> Vec<(String, Option<u32>, Vec<u8>)> {
+        let mut a = zip::ZipArchive::new(std::io::Cursor::new(z)).expect("a zip");
+        (0..a.len())
+            .map(|i| {
+                let mut f = a.by_index(i).expect("an entry");
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut f, &mut bytes).expect("inflates");
+                (f.name().expect("a UTF-8 name").into_owned(), f.unix_mode(), bytes)
+            })
+            .collect()
+    }
+
     #[test]
     fn the_zip_is_one_executable_bootstrap_that_inflates_back() {
         let body: Vec<u8> = (0..100_000u32).map(|i| u8::try_from(i % 251).unwrap()).collect();
-        let z = zip_bootstrap(&body);
-        assert_eq!(&z[..4], b"PK\x03\x04");
-        assert_eq!(&z[30..39], b"bootstrap");
-        let csize = u32::from_le_bytes(z[18..22].try_into().unwrap()) as usize;
-        let mut inflated = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::DeflateDecoder::new(&z[39..39 + csize]), &mut inflated).unwrap();
-        assert_eq!(inflated, body);
-        let eocd = &z[z.len() - 22..];
-        assert_eq!(&eocd[..4], b"PK\x05\x06");
-        assert_eq!(zip_bootstrap(&body), z, "the same binary gives the same bytes (and S3 key)");
+        let z = zip_bootstrap(&body).unwrap();
+        let got = unzip(&z);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, "bootstrap");
+        assert_eq!(got[0].1.map(|m| m & 0o777), Some(0o755));
+        assert_eq!(got[0].2, body);
+        assert!(z.len() < body.len() / 2, "deflated: {} bytes", z.len());
+        assert_eq!(zip_bootstrap(&body).unwrap(), z, "the same binary gives the same bytes (and S3 key)");
+    }
+
+    #[test]
+    fn a_directory_zips_to_its_files_in_name_order_with_their_modes() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("sas-zip-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("workflows.json"), b"{\"workflows\": []}").unwrap();
+        std::fs::write(dir.join("agents.json"), b"{}").unwrap();
+        std::fs::write(dir.join("sub/run.sh"), b"#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(dir.join("sub/run.sh"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let entries = dir_entries(&dir).unwrap();
+        let z = zip_files(&entries).unwrap();
+        let again = zip_files(&dir_entries(&dir).unwrap()).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let got = unzip(&z);
+        let names: Vec<(&str, Option<u32>)> = got.iter().map(|(n, m, _)| (n.as_str(), m.map(|m| m & 0o777))).collect();
+        assert_eq!(names, [("agents.json", Some(0o644)), ("sub/run.sh", Some(0o755)), ("workflows.json", Some(0o644))]);
+        assert_eq!(got[2].2, b"{\"workflows\": []}");
+        assert_eq!(again, z, "the same files give the same bytes (and S3 key)");
+        assert!(dir_entries(&dir).is_err(), "a missing directory is an error");
+    }
+
+    #[test]
+    fn the_template_has_one_layer_the_configuration() {
+        assert_eq!(
+            layers(stack::TEMPLATE),
+            [LayerSpec { logical_id: CONFIG_LAYER.into(), content_uri: "config/".into() }]
+        );
+        let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
+        let p = package_layers(stack::TEMPLATE, &|_| Ok(config.clone())).unwrap();
+        assert_eq!(p[0].files, ["agents.json", "workflows.json"]);
+        let hash = p[0].key.strip_prefix("ConfigLayer/").and_then(|k| k.strip_suffix(".zip"));
+        assert!(hash.is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit())), "{}", p[0].key);
+        let empty = std::env::temp_dir().join(format!("sas-empty-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&empty).unwrap();
+        let e = package_layers(stack::TEMPLATE, &|_| Ok(empty.clone())).unwrap_err();
+        std::fs::remove_dir(&empty).unwrap();
+        assert!(format!("{e:#}").contains("holds no file"), "{e:#}");
+    }
+
+    #[test]
+    fn only_layers_with_a_local_directory_are_found() {
+        let t = "Parameters:\n  ContentUri:\n    Type: String\nResources:\n  A:\n    Type: AWS::Serverless::LayerVersion\n\
+                 # a comment\n\n    Properties:\n      ContentUri: layers/a/\n  B:\n    Type: AWS::Serverless::LayerVersion\n\
+                 \x20   Properties:\n      ContentUri: s3://bucket/b.zip\n  C:\n    Type: AWS::Serverless::Function\n\
+                 \x20   Properties:\n      ContentUri: c/\nOutputs:\n  D:\n    Value: x\n";
+        assert_eq!(layers(t), [LayerSpec { logical_id: "A".into(), content_uri: "layers/a/".into() }]);
+    }
+
+    #[test]
+    fn the_layers_content_uri_is_replaced_with_its_zip() {
+        let mut uris: HashMap<String, String> = functions(stack::TEMPLATE)
+            .into_iter()
+            .map(|f| (f.logical_id.clone(), format!("s3://b/{}.zip", f.binary)))
+            .collect();
+        uris.insert(CONFIG_LAYER.into(), "s3://b/ConfigLayer/0123.zip".into());
+        let t = with_code_uris(stack::TEMPLATE, &uris).unwrap();
+        assert!(!t.contains("ContentUri: config/"));
+        assert!(t.contains("      ContentUri: s3://b/ConfigLayer/0123.zip\n"));
+        assert!(layers(&t).is_empty(), "no local directory is left");
+        assert_eq!(t.lines().count(), stack::TEMPLATE.lines().count());
     }
 
     #[test]

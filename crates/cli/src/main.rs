@@ -52,6 +52,11 @@ enum Cmd {
         /// uploaded to S3, DeployFunctions=true, Architecture = the binaries'.
         #[arg(long, value_name = "DIR")]
         functions: Option<PathBuf>,
+        /// With --functions: the directory the configuration layer is made of (workflows.json,
+        /// agents.json; the functions read them in /opt). Deploying again with another one and the
+        /// same binaries changes the workflows without a rebuild.
+        #[arg(long, value_name = "DIR", default_value = "config")]
+        config: PathBuf,
     },
     /// The least-privilege check of a stack deployed with its functions: every AWS call they made
     /// (the JSON lines their SAS_AWS_CALL_LOG directory holds; deploy with
@@ -147,6 +152,9 @@ enum Cmd {
         /// folder, and let LocalStack's event sources and scheduled rule invoke them (no local runner).
         #[arg(long, value_name = "DIR")]
         functions: Option<PathBuf>,
+        /// Lambda mode: the directory the configuration layer is made of (workflows.json, agents.json).
+        #[arg(long, value_name = "DIR", default_value = "config")]
+        config: PathBuf,
         /// The stack of the Lambda mode (created, or updated with this run's order service URL).
         #[arg(long, default_value = "sas-demo-lambda")]
         name: String,
@@ -384,14 +392,14 @@ async fn run(cli: &Cli) -> Result<()> {
     }
     let sdk = sas_core::aws::load_sdk_config().await;
     match &cli.cmd {
-        Cmd::DeployLocal { name, params, functions } => {
+        Cmd::DeployLocal { name, params, functions, config } => {
             let mut kv: Vec<(&str, &str)> = vec![("DeployFunctions", "false")];
             for p in params {
                 let (k, v) = p.split_once('=').with_context(|| format!("--param {p}: expected KEY=VALUE"))?;
                 kv.push((k, v));
             }
             let out = if let Some(dir) = functions {
-                sas_cli::lambda::deploy_and_report(&sdk, name, dir, &kv[1..]).await?
+                sas_cli::lambda::deploy_and_report(&sdk, name, dir, config, &kv[1..]).await?
             } else {
                 sas_cli::stack::deploy(&sdk, name, &sas_cli::stack::local_template(sas_cli::stack::TEMPLATE), &kv)
                     .await?
@@ -557,10 +565,10 @@ async fn run(cli: &Cli) -> Result<()> {
             }
             println!("{note}");
         }
-        Cmd::Demo { timeout, functions, name } => {
+        Cmd::Demo { timeout, functions, config, name } => {
             let timeout = Duration::from_secs(*timeout);
             let ok = match functions {
-                Some(dir) => demo::run_lambda(&sdk, name, dir, &cli.outputs, timeout).await?,
+                Some(dir) => demo::run_lambda(&sdk, name, dir, config, &cli.outputs, timeout).await?,
                 None => demo::run(&sdk, deps(cli, &sdk).await?, timeout).await?,
             };
             if !ok {

@@ -74,10 +74,16 @@ where
 pub const TEMPLATE: &str = include_str!("../../../template.yaml");
 
 /// The template for a deployment with the functions switched off: SAM's transform accepts only
-/// an S3 `CodeUri` outside `sam build`/`sam package`, so the local path becomes a placeholder
-/// that nothing reads (no function is created).
+/// an S3 `CodeUri` (and layer `ContentUri`) outside `sam build`/`sam package`, so the local paths
+/// become placeholders that nothing reads (no function or layer is created).
 pub fn local_template(template: &str) -> String {
-    template.replace("CodeUri: ./", "CodeUri: s3://sas-local-placeholder/function.zip")
+    let layers: Vec<String> =
+        crate::lambda::layers(template).into_iter().map(|l| format!("ContentUri: {}", l.content_uri)).collect();
+    let mut out = template.replace("CodeUri: ./", "CodeUri: s3://sas-local-placeholder/function.zip");
+    for l in layers {
+        out = out.replace(&l, "ContentUri: s3://sas-local-placeholder/layer.zip");
+    }
+    out
 }
 
 /// The bucket templates over [`MAX_TEMPLATE_BODY`] and the functions' code go to (created when
@@ -344,5 +350,7 @@ mod tests {
             t.matches("s3://sas-local-placeholder/function.zip").count(),
             TEMPLATE.matches("CodeUri: ./").count()
         );
+        assert!(!t.contains("ContentUri: config/"), "the configuration layer's local directory is replaced too");
+        assert_eq!(t.matches("ContentUri: s3://sas-local-placeholder/layer.zip").count(), 1);
     }
 }

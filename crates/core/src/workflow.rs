@@ -177,6 +177,13 @@ pub enum WorkflowError {
     Json(String),
     #[error("cannot read workflow file {path}: {message}")]
     Io { path: String, message: String },
+    /// A file that was read but is not a valid configuration (a function refuses to start).
+    #[error("workflow file {path} is not valid: {source}")]
+    File {
+        path: String,
+        #[source]
+        source: Box<WorkflowError>,
+    },
 }
 
 impl StepDef {
@@ -359,16 +366,20 @@ impl WorkflowRegistry {
         Self::new(f.workflows)
     }
 
-    /// The built-in definitions, or the file named by `SAS_WORKFLOWS_FILE` when it is set.
+    /// The built-in definitions, or the file named by `SAS_WORKFLOWS_FILE` when it is set (the
+    /// functions: `/opt/workflows.json`, the configuration layer's).
     pub fn from_env() -> Result<Self, WorkflowError> {
         match std::env::var("SAS_WORKFLOWS_FILE") {
-            Ok(path) if !path.is_empty() => {
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| WorkflowError::Io { path: path.clone(), message: e.to_string() })?;
-                Self::from_json(&text)
-            }
+            Ok(path) if !path.is_empty() => Self::from_file(&path),
             _ => Self::from_json(BUILT_IN_WORKFLOWS),
         }
+    }
+
+    /// The definitions of a workflows file; an error names the file.
+    pub fn from_file(path: &str) -> Result<Self, WorkflowError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| WorkflowError::Io { path: path.to_owned(), message: e.to_string() })?;
+        Self::from_json(&text).map_err(|e| WorkflowError::File { path: path.to_owned(), source: Box::new(e) })
     }
 
     /// The named workflow at `version`, or its latest version when none is given.
@@ -403,6 +414,26 @@ mod tests {
     fn built_in_workflows_are_valid() {
         let r = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).unwrap();
         assert!(r.resolve("order", None).is_some());
+    }
+
+    #[test]
+    fn a_missing_or_invalid_file_is_an_error_naming_it() {
+        let dir = std::env::temp_dir().join(format!("sas-wf-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("missing.json").to_string_lossy().into_owned();
+        let e = WorkflowRegistry::from_file(&missing).unwrap_err();
+        assert!(e.to_string().starts_with(&format!("cannot read workflow file {missing}: ")), "{e}");
+        let bad = dir.join("workflows.json");
+        std::fs::write(&bad, r#"{"workflows": [{"name": "x"#).unwrap();
+        let bad = bad.to_string_lossy().into_owned();
+        let e = WorkflowRegistry::from_file(&bad).unwrap_err();
+        assert!(e.to_string().starts_with(&format!("workflow file {bad} is not valid: ")), "{e}");
+        std::fs::write(&bad, r#"{"workflows": [{"name": "x", "version": 1, "steps": []}]}"#).unwrap();
+        let e = WorkflowRegistry::from_file(&bad).unwrap_err();
+        assert_eq!(e.to_string(), format!("workflow file {bad} is not valid: workflow x has no steps"));
+        std::fs::write(&bad, BUILT_IN_WORKFLOWS).unwrap();
+        assert!(WorkflowRegistry::from_file(&bad).unwrap().resolve("order", None).is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -11,6 +11,8 @@ Modules:
 - `settings`: the knobs (environment variables `HOST_LAMBDA_*` of the LocalStack process).
 - `runtime_api`: the Lambda Runtime API that a function's `bootstrap` talks to.
 - `sandbox`: one `bootstrap` process with its Runtime API server and its output.
+- `layers`: a function's layers merged into the directory that stands for /opt, and its variables
+  that name paths under /opt pointed there.
 - `platform_log`: the START/END/REPORT (or JSON `platform.*`) lines Lambda adds to a function's log.
 - `executor`: `HostRuntimeExecutor` (LocalStack's `RuntimeExecutor`) and the plugin class.
 

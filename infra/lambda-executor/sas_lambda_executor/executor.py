@@ -16,6 +16,12 @@ serves one invocation at a time on it; concurrent invocations get environments o
                       ("suppressed init", counted against that invocation's timeout).
     stop()            end the process group; unblocks a start() in progress.
 
+Layers are applied as Lambda does, in a host process's terms (see `layers`): the function's layers
+are unpacked and merged in their order (a later layer's file wins) into one directory, made once
+for each set of layer versions, and every environment variable whose value is a path under /opt
+is pointed there (SAS_WORKFLOWS_FILE=/opt/workflows.json -> <merged>/workflows.json).
+A layer that cannot be unpacked fails the function's creation (prepare_version).
+
 LocalStack's docker executor needs a callback endpoint and its Go init; this executor returns the
 result directly and serves the Runtime API itself, so neither is used.
 Written against localstack-core 4.13.1.
@@ -26,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,7 +43,7 @@ from localstack.services.lambda_.invocation.lambda_models import FunctionVersion
 from localstack.services.lambda_.invocation.plugins import RuntimeExecutorPlugin
 from localstack.services.lambda_.invocation.runtime_executor import LambdaRuntimeException, RuntimeExecutor
 
-from . import settings
+from . import layers, settings
 from .platform_log import PlatformLog
 from .runtime_api import Event, error_document, error_type_of
 from .sandbox import InitResult, Sandbox, bootstrap_problem, host_architecture
@@ -64,6 +71,7 @@ class HostRuntimeExecutor(RuntimeExecutor):
         self._carry_log = ""  # a failed init's log, reported by the next invocation
         cfg = function_version.config
         self._code_dir = Path(cfg.code.get_unzipped_code_location())
+        self._opt_dir = _opt_dir(function_version)  # the merged layers, if it has any
         self._platform_log = PlatformLog(False, function_version.id.qualifier, int(cfg.memory_size))
 
     # -- helpers -------------------------------------------------------------------------------
@@ -79,6 +87,8 @@ class HostRuntimeExecutor(RuntimeExecutor):
             env = {key: os.environ[key] for key in settings.PASS_ENV if key in os.environ}
             env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         env.update({key: str(value) for key, value in env_vars.items() if value is not None})
+        if self._opt_dir is not None:
+            env = layers.rewrite_opt(env, self._opt_dir)
         # LocalStack fills in the container paths; here the code runs where it was unpacked.
         env["LAMBDA_TASK_ROOT"] = str(self._code_dir)
         env["LAMBDA_RUNTIME_DIR"] = str(self._code_dir)
@@ -106,6 +116,7 @@ class HostRuntimeExecutor(RuntimeExecutor):
 
     # -- RuntimeExecutor -----------------------------------------------------------------------
     def start(self, env_vars: dict[str, str]) -> None:
+        _apply_layers(self.function_version)  # done by prepare_version; unless LocalStack cleaned up
         self._env = self._process_env(env_vars)
         self._platform_log.json_format = env_vars.get("AWS_LAMBDA_LOG_FORMAT") == "JSON"
         _record_credentials(self._env)
@@ -231,7 +242,11 @@ class HostRuntimeExecutor(RuntimeExecutor):
                 "(an executable bootstrap in the zip) run as host processes"
             )
         if cfg.layers:
-            LOG.warning("host executor: %s: layers are not supported and are ignored", arn)
+            try:
+                opt = _apply_layers(function_version)
+            except Exception as e:
+                raise LambdaRuntimeException(f"host executor: {arn}: cannot unpack its layers: {e}") from e
+            LOG.info("host executor: %s: %d layer(s) merged into %s (its /opt)", arn, len(cfg.layers), opt)
         arch = cfg.architectures[0] if cfg.architectures else "x86_64"
         if arch != host_architecture():
             LOG.warning(
@@ -272,6 +287,28 @@ def _record_credentials(env: dict[str, str]) -> None:
             f.write(secret)
     except OSError as exc:
         LOG.warning("host executor: cannot record credentials in %s: %s", settings.CREDENTIALS_DIR, exc)
+
+
+def _layer_dirs(function_version: FunctionVersion) -> list[Path]:
+    return [Path(layer.code.get_unzipped_code_location()) for layer in function_version.config.layers or []]
+
+
+def _opt_dir(function_version: FunctionVersion) -> Path | None:
+    """The directory that stands for /opt: the merge of the function's layers (None without)."""
+    dirs = _layer_dirs(function_version)
+    if not dirs:
+        return None
+    return layers.merged_dir(Path(tempfile.gettempdir()) / "lambda" / "host-layers", dirs)
+
+
+def _apply_layers(function_version: FunctionVersion) -> Path | None:
+    """Unpack each layer (LocalStack's ArchiveCode) and merge them in order into `_opt_dir`."""
+    target = _opt_dir(function_version)
+    if target is None:
+        return None
+    for layer in function_version.config.layers:
+        layer.code.prepare_for_execution()
+    return layers.merge(_layer_dirs(function_version), target)
 
 
 def _message_of(document: bytes, request_id: str) -> str:

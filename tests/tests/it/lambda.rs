@@ -65,8 +65,33 @@ struct Fns {
     logs: aws_sdk_cloudwatchlogs::Client,
 }
 
+/// The workspace's configuration (`config/`): what the configuration layer is made of by default.
+const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../config");
+
 /// A fresh stack with its functions on; `params` add to or override the defaults above.
 async fn lambda_stack(label: &str, params: &[(&str, &str)]) -> Fns {
+    lambda_stack_with(label, Path::new(CONFIG), params).await
+}
+
+/// The defaults of every test stack, then `params`.
+fn stack_params(calls: &Path, params: &[(&str, &str)]) -> Vec<(String, String)> {
+    let p = policy();
+    let mut all: Vec<(String, String)> = [
+        ("SupervisorShards", "2".to_owned()),
+        ("QueueBudgetMs", p.queue_budget_ms.to_string()),
+        ("ResultGraceMs", p.result_grace_ms.to_string()),
+        ("SupervisorSchedule", "rate(1 day)".to_owned()),
+        ("AwsCallLog", calls.to_string_lossy().into_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    all.extend(params.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    all
+}
+
+/// [`lambda_stack`] with the configuration layer made of `config` (workflows.json, agents.json).
+async fn lambda_stack_with(label: &str, config: &Path, params: &[(&str, &str)]) -> Fns {
     sas_core::telemetry::init();
     assert!(
         std::env::var("AWS_ENDPOINT_URL").is_ok(),
@@ -75,30 +100,22 @@ async fn lambda_stack(label: &str, params: &[(&str, &str)]) -> Fns {
     let sdk = sas_core::aws::load_sdk_config().await;
     let name = format!("l-{label}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let p = policy();
-    let (budget, grace) = (p.queue_budget_ms.to_string(), p.result_grace_ms.to_string());
     let calls = calls_dir(&name);
-    let calls_param = calls.to_string_lossy().into_owned();
-    let mut all: Vec<(&str, &str)> = vec![
-        ("SupervisorShards", "2"),
-        ("QueueBudgetMs", &budget),
-        ("ResultGraceMs", &grace),
-        ("SupervisorSchedule", "rate(1 day)"),
-        ("AwsCallLog", &calls_param),
-    ];
-    all.extend_from_slice(params);
+    let all = stack_params(&calls, params);
+    let all: Vec<(&str, &str)> = all.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let started = Instant::now();
-    let d = sas_cli::lambda::deploy(&sdk, &name, &functions_dir(), &all)
+    let d = sas_cli::lambda::deploy(&sdk, &name, &functions_dir(), config, &all)
         .await
         .unwrap_or_else(|e| panic!("deploying {name} with its functions: {e:#}"));
     eprintln!("[{name}] deployed with its functions in {:.1} s: {:?}", started.elapsed().as_secs_f64(), d.timings);
     let res = Resources::from_outputs(&d.outputs).expect("all outputs present");
     let settings = Settings { policy: p, ..Settings::default() };
-    // The functions' definitions: the built-in ones, or the test's file (`WorkflowsFile`).
-    let workflows = match params.iter().find(|(k, _)| *k == "WorkflowsFile") {
-        Some((_, file)) => WorkflowRegistry::from_json(&std::fs::read_to_string(file).expect("the workflows file"))
-            .expect("the test's workflows"),
-        None => WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).expect("built-in workflows"),
-    };
+    // The functions' definitions: the configuration layer's, or the test's file (`WorkflowsFile`).
+    let file = params
+        .iter()
+        .find(|(k, _)| *k == "WorkflowsFile")
+        .map_or_else(|| config.join("workflows.json"), |(_, f)| PathBuf::from(f));
+    let workflows = WorkflowRegistry::from_file(&file.to_string_lossy()).expect("the functions' workflows");
     let deps = Arc::new(Deps::aws(&sdk, res.clone(), workflows, settings));
     let names = sas_cli::lambda::function_names(&d.outputs).expect("function names");
     Fns {
@@ -487,13 +504,120 @@ fn lines_with<'a>(log: &'a [String], needles: &[&str]) -> Vec<&'a String> {
     log.iter().filter(|l| needles.iter().all(|n| l.contains(n))).collect()
 }
 
+/// A configuration directory of the test's own (what the configuration layer is made of): the
+/// workspace's agents and `workflows` as the workflows file.
+fn config_dir(label: &str, workflows: &[Value]) -> PathBuf {
+    let dir = functions_dir().join("configs").join(format!("{label}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("a folder for the configuration");
+    std::fs::copy(Path::new(CONFIG).join("agents.json"), dir.join("agents.json")).expect("copying agents.json");
+    let file = json!({ "workflows": workflows });
+    std::fs::write(dir.join("workflows.json"), serde_json::to_string_pretty(&file).unwrap()).expect("workflows.json");
+    dir
+}
+
+impl Fns {
+    /// Deploy this stack again, same binaries, with the configuration layer made of `config`.
+    async fn redeploy(&self, config: &Path) -> sas_cli::lambda::Deployed {
+        let all = stack_params(&self.calls, &[]);
+        let all: Vec<(&str, &str)> = all.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let started = Instant::now();
+        let d = sas_cli::lambda::deploy(&self.s.sdk, &self.s.name, &functions_dir(), config, &all)
+            .await
+            .unwrap_or_else(|e| panic!("deploying {} again: {e:#}", self.s.name));
+        eprintln!("[{}] deployed again in {:.1} s: {:?}", self.s.name, started.elapsed().as_secs_f64(), d.timings);
+        d
+    }
+
+    /// Each function's code hash and layers, by logical ID.
+    async fn code_and_layers(&self) -> BTreeMap<String, (String, Vec<String>)> {
+        let mut out = BTreeMap::new();
+        for (id, name) in &self.names {
+            let c = self.lambda.get_function_configuration().function_name(name).send().await.expect("GetFunction");
+            let layers = c.layers().iter().filter_map(|l| l.arn().map(str::to_owned)).collect();
+            out.insert(id.clone(), (c.code_sha256().unwrap_or_default().to_owned(), layers));
+        }
+        out
+    }
+}
+
+/// Issue 16, part 4: workflows change without a rebuild. The stack is deployed with a
+/// configuration of the test's own (the built-in workflows plus `byow-pin`: a 60 s wait, then a
+/// sim step), a `byow-pin` task is submitted, then the stack is deployed again with the same
+/// binaries and another configuration: a new workflow `byow-sim`, and `byow-pin` at version 2
+/// only (other steps; version 1 is gone from the file). Only the layer changes (one zip uploaded,
+/// every function's code hash the same, a new layer version); a `byow-sim` task runs to
+/// Processed, and the `byow-pin` task, still waiting when the update is done, ends Processed with
+/// the definition it was submitted with. Then a configuration with an invalid workflows file:
+/// the functions refuse to start, and say which file, rather than run with the built-in workflows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_workflows_change_without_a_rebuild_and_running_tasks_keep_theirs() {
+    let built_in: Value = serde_json::from_str(BUILT_IN_WORKFLOWS).expect("built-in workflows");
+    let built_in = built_in["workflows"].as_array().expect("a list").clone();
+    let sim = |name: &str| json!({"name": name, "agent": "sim", "timeout_ms": 5000, "max_attempts": 2});
+    let pin_v1 = json!({"name": "byow-pin", "version": 1, "description": "before the update",
+                        "steps": [{"name": "hold", "kind": "wait", "wait_ms": 60_000}, sim("after-hold")]});
+    let pin_v2 = json!({"name": "byow-pin", "version": 2, "description": "after the update",
+                        "steps": [sim("other")]});
+    let first = config_dir("first", &[built_in.clone(), vec![pin_v1]].concat());
+    let f = lambda_stack_with("cfg", &first, &[]).await;
+    let before = f.code_and_layers().await;
+    let sub = |id: &str, wf: &str| json!({"v": 1, "task_id": id, "workflow": wf, "input": {}}).to_string();
+    f.s.send(&f.s.res.submission_queue_url, &sub("pin-1", "byow-pin")).await;
+    f.s.wait_for("pin-1", Duration::from_mins(1), |t| t.step_index == 0 && !t.process_state.is_terminal()).await;
+
+    // Named after the stack: a layer zip no earlier run has uploaded.
+    let byow_sim = json!({"name": "byow-sim", "version": 1, "description": format!("deployed to {} without a rebuild", f.s.name),
+                          "steps": [sim("reserve"), sim("ship")]});
+    let second = config_dir("second", &[built_in, vec![pin_v2, byow_sim]].concat());
+    let d = f.redeploy(&second).await;
+    let after = f.code_and_layers().await;
+    assert_eq!(d.uploaded, 1, "only the layer's zip is new (the code's are in the bucket): {:?}", d.zip_bytes);
+    for (id, (code, layers)) in &after {
+        let (old_code, old_layers) = &before[id];
+        assert_eq!(code, old_code, "{id}: the same code");
+        assert_eq!(layers.len(), 1, "{id}: {layers:?}");
+        assert_ne!(layers, old_layers, "{id}: a new layer version");
+    }
+    let pinned = f.s.task("pin-1").await.expect("pin-1");
+    assert!(
+        pinned.step_index == 0 && !pinned.process_state.is_terminal(),
+        "pin-1 is still waiting when the update is done (the update took too long?): {:?}",
+        pinned.history
+    );
+
+    f.s.send(&f.s.res.submission_queue_url, &sub("new-1", "byow-sim")).await;
+    let t = f.s.wait_terminal("new-1").await;
+    assert_eq!(t.process_state, ProcessState::Processed, "{:#?}", t.history);
+    let t = f.s.wait_for("pin-1", Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
+    assert_eq!(t.process_state, ProcessState::Processed, "{:#?}", t.history);
+    let steps: Vec<&str> = t.workflow.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!((t.workflow.version, steps), (1, vec!["hold", "after-hold"]), "its pinned definition");
+
+    // An invalid workflows file: every start fails, naming the file.
+    let broken = config_dir("broken", &[]);
+    std::fs::write(broken.join("workflows.json"), r#"{"workflows": [{"name": "half"#).expect("workflows.json");
+    f.redeploy(&broken).await;
+    let (err, resp) = f.invoke("SchedulerFunction", &fixture("scheduler-sqs-partial-failure.json")).await;
+    assert!(err.is_some(), "the function ran with a broken workflows file: {resp}");
+    let log = f.log_when("SchedulerFunction", SECS, |l| l.iter().any(|m| m.contains("is not valid"))).await;
+    let said: Vec<&String> = log.iter().filter(|m| m.contains("is not valid")).collect();
+    assert!(
+        said.iter().any(|m| m.contains("opt/workflows.json is not valid") && m.contains("cannot start")),
+        "no start error naming the workflows file in {log:#?}"
+    );
+    for dir in [first, second, broken] {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    f.delete().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lambda_deployed_functions_are_wired_and_answer_the_fixtures() {
     let f = lambda_stack("wired", &[]).await;
     let checks = sas_cli::lambda::verify(&f.s.sdk, &f.s.outputs).await.expect("verify");
     let failed: Vec<&str> = checks.iter().filter(|c| !c.ok).map(|c| c.what.as_str()).collect();
     assert!(failed.is_empty(), "{failed:#?}");
-    assert_eq!(checks.len(), 17, "3 checks per function, the rule and the callback URL: {checks:#?}");
+    assert_eq!(checks.len(), 22, "4 checks per function, the rule and the callback URL: {checks:#?}");
 
     // The record that can never parse is kept in the scheduler DLQ at once (F15), so nothing in
     // this batch is returned for another delivery.

@@ -28,7 +28,9 @@ pub async fn deploy_test_function(sdk: &aws_config::SdkConfig, label: &str) -> S
         .role("arn:aws:iam::000000000000:role/byow-orders")
         .architectures(Architecture::from(sas_cli::lambda::host_architecture()))
         .timeout(10)
-        .code(FunctionCode::builder().zip_file(sas_cli::lambda::zip_bootstrap(&script).into()).build())
+        .code(
+            FunctionCode::builder().zip_file(sas_cli::lambda::zip_bootstrap(&script).expect("zipping").into()).build(),
+        )
         .send()
         .await
         .expect("CreateFunction");
