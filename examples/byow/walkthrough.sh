@@ -92,9 +92,12 @@ TASK="$("$SASCTL" --outputs "$WORK/outputs.json" submit --workflow byow \
 echo "task $TASK"
 
 step "7. Read the result"
+state=none
 for _ in $(seq 1 60); do
-  "$SASCTL" --outputs "$WORK/outputs.json" status "$TASK" --json >"$WORK/status.json"
-  state="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ProcessState"])' "$WORK/status.json")"
+  # (the Submitter records the task a moment after the message is sent)
+  if "$SASCTL" --outputs "$WORK/outputs.json" status "$TASK" --json >"$WORK/status.json" 2>/dev/null; then
+    state="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["ProcessState"])' "$WORK/status.json")"
+  fi
   case "$state" in Processed | Error | Cancelled) break ;; esac
   sleep 1
 done
@@ -107,4 +110,31 @@ out = {s["name"]: s.get("output") for s in task["Steps"]}
 assert out["price"]["handled"] == "price" and out["price"]["order"] == "o-1001", out["price"]
 assert out["charge"] and out["ship"], out
 print("byow: Processed; price answered by the function, charge signed, ship keyed")
+PY
+
+step "8. What your APIs refuse: unsigned, wrongly signed, keyless"
+# (a key the payments API knows: the Agent function's, signed with the wrong secret)
+KNOWN_KEY="$(ls -t "$HOST_LAMBDA_CREDENTIALS_DIR" | head -1)"
+python3 - "$PAYMENTS_PORT" "$SHIPPING_PORT" "$KNOWN_KEY" <<'PY'
+import sys, time, urllib.error, urllib.request
+payments, shipping, known_key = sys.argv[1], sys.argv[2], sys.argv[3]
+def status(port, path, headers):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=b"{}", method="POST",
+                                 headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+amz = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+forged = (f"AWS4-HMAC-SHA256 Credential={known_key}/{amz[:8]}/us-east-1/execute-api/aws4_request, "
+          "SignedHeaders=content-type;host;idempotency-key;x-amz-date, Signature=" + "0" * 64)
+for name, got, want in [
+    ("unsigned", status(payments, "/payment/charge", {"Idempotency-Key": "x:1"}), 403),
+    ("wrongly signed", status(payments, "/payment/charge", {"Idempotency-Key": "x:1", "X-Amz-Date": amz, "Authorization": forged}), 403),
+    ("without the API key", status(shipping, "/shipping/ship", {"Idempotency-Key": "x:1"}), 401),
+    ("with a wrong API key", status(shipping, "/shipping/ship", {"Idempotency-Key": "x:1", "X-Api-Key": "guess"}), 401),
+]:
+    print(f"{name}: HTTP {got[0]} {got[1][:100]}")
+    assert got[0] == want, f"{name}: expected {want}"
 PY
