@@ -248,6 +248,53 @@ mod grant_tests {
             r.problems
         );
     }
+
+    #[test]
+    fn validate_checks_the_delivering_kinds_against_the_template_parameters_and_their_steps() {
+        let wf = r#"{"workflows": [{"name": "w", "version": 1, "steps": [
+            {"name": "a", "agent": "q", "kind": "callback", "timeout_ms": 1000},
+            {"name": "b", "agent": "local", "kind": "callback", "timeout_ms": 1000},
+            {"name": "c", "agent": "t", "kind": "callback", "timeout_ms": 1000},
+            {"name": "d", "agent": "bus", "kind": "callback", "timeout_ms": 1000},
+            {"name": "e", "agent": "bus-arn", "kind": "callback", "timeout_ms": 1000}]}]}"#;
+        let ag = r#"{"agents": {
+            "q": {"kind": "sqs", "queue_url": "https://sqs.eu-west-1.amazonaws.com/123456789012/work"},
+            "local": {"kind": "sqs", "queue_url": "http://localhost:4566/000000000000/local-work"},
+            "t": {"kind": "sns", "topic_arn": "arn:aws:sns:eu-west-1:123456789012:work"},
+            "bus": {"kind": "eventbridge", "bus": "orders"},
+            "bus-arn": {"kind": "eventbridge", "bus": "arn:aws:events:eu-west-1:123456789012:event-bus/shop"}}}"#;
+        let none = check_with_grants(wf, ag, &|_| None, &|_| None);
+        let mut said: Vec<&str> = none
+            .problems
+            .iter()
+            .map(|p| {
+                ["AgentQueueArns", "AgentTopicArns", "AgentEventBusArns"]
+                    .into_iter()
+                    .find(|param| p.contains(param))
+                    .unwrap_or_else(|| panic!("{p}"))
+            })
+            .collect();
+        said.sort_unstable();
+        assert_eq!(
+            said,
+            ["AgentEventBusArns", "AgentEventBusArns", "AgentQueueArns", "AgentQueueArns", "AgentTopicArns"],
+            "{:#?}",
+            none.problems
+        );
+        let params = |k: &str| match k {
+            "AgentQueueArns" => Some("arn:aws:sqs:eu-west-1:123456789012:work,arn:aws:sqs:*:*:local-*".to_owned()),
+            "AgentTopicArns" => Some("arn:aws:sns:eu-west-1:123456789012:work".to_owned()),
+            "AgentEventBusArns" => Some("arn:aws:events:*:123456789012:event-bus/*".to_owned()),
+            _ => None,
+        };
+        let granted = check_with_grants(wf, ag, &|_| None, &params);
+        assert!(granted.ok(), "{:#?}", granted.problems);
+        // a call step cannot use them: nothing would ever answer
+        let sync = wf.replace(r#""agent": "q", "kind": "callback""#, r#""agent": "q""#);
+        let r = check_with_grants(&sync, ag, &|_| None, &params);
+        assert_eq!(r.problems.len(), 1, "{:#?}", r.problems);
+        assert!(r.problems[0].contains("step a: agent q (sqs) only hands the work over"), "{}", r.problems[0]);
+    }
 }
 
 #[cfg(test)]

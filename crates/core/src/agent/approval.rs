@@ -16,8 +16,8 @@ use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 use tracing::info;
 
-use super::config::AgentConfigError;
 use super::handover::CallbackEndpoints;
+use super::kind::AgentConfigError;
 use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, Call};
 use crate::messages::AgentRequest;

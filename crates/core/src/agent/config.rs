@@ -12,6 +12,7 @@ use super::handover::CallbackEndpoints;
 
 use std::sync::Arc;
 
+pub use super::kind::AgentConfigError;
 use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 use super::sim::SimAgent;
@@ -110,21 +111,6 @@ pub fn survey(json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Result<Vec<A
 
 /// The agent definitions compiled into every binary.
 pub const BUILT_IN_AGENTS: &str = include_str!("../../../../config/agents.json");
-
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum AgentConfigError {
-    #[error("agent configuration is not valid: {0}")]
-    Json(String),
-    #[error("cannot read agent file {path}: {message}")]
-    Io { path: String, message: String },
-    #[error("agent {agent}: {url:?} is not an http(s) URL")]
-    BadUrl { agent: String, url: String },
-    #[error("agent {agent}: {arn:?} is not an SNS topic ARN")]
-    BadTopic { agent: String, arn: String },
-    /// A value the agent's kind cannot use.
-    #[error("agent {agent}: {message}")]
-    Invalid { agent: String, message: String },
-}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

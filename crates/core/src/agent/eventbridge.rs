@@ -15,9 +15,9 @@ use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 use tracing::info;
 
-use super::config::AgentConfigError;
 use super::deliver;
 use super::handover::CallbackEndpoints;
+use super::kind::AgentConfigError;
 use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, Call};
 

@@ -11,7 +11,6 @@ use aws_config::SdkConfig;
 use serde::de::DeserializeOwned;
 use tokio::sync::OnceCell;
 
-use super::config::AgentConfigError;
 use super::handover::CallbackEndpoints;
 use super::runtime::Agent;
 
@@ -80,4 +79,20 @@ impl AwsConfigCell {
             })
             .await
     }
+}
+
+/// A configuration the functions refuse (at start: the Agent function does not start).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum AgentConfigError {
+    #[error("agent configuration is not valid: {0}")]
+    Json(String),
+    #[error("cannot read agent file {path}: {message}")]
+    Io { path: String, message: String },
+    #[error("agent {agent}: {url:?} is not an http(s) URL")]
+    BadUrl { agent: String, url: String },
+    #[error("agent {agent}: {arn:?} is not an SNS topic ARN")]
+    BadTopic { agent: String, arn: String },
+    /// A value the agent's kind cannot use.
+    #[error("agent {agent}: {message}")]
+    Invalid { agent: String, message: String },
 }

@@ -30,7 +30,7 @@ impl super::kind::AgentKind for SimKind {
         self,
         _name: &str,
         _cx: &super::kind::BuildContext,
-    ) -> Result<std::sync::Arc<dyn Agent>, super::config::AgentConfigError> {
+    ) -> Result<std::sync::Arc<dyn Agent>, super::kind::AgentConfigError> {
         Ok(std::sync::Arc::new(SimAgent))
     }
 }

@@ -31,8 +31,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tracing::info;
 
-use super::config::AgentConfigError;
 use super::handover::CallbackEndpoints;
+use super::kind::AgentConfigError;
 use super::kind::{AgentKind, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, Call};
 use crate::ids::Millis;

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::secrets::{FetchError, SecretHeader, SecretHeaders, SecretRef, SecretSource, SecretText};
 use super::{HttpAgent, HttpKind, Signer};
-use crate::agent::config::AgentConfigError;
+use crate::agent::kind::AgentConfigError;
 use crate::agent::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 use crate::agent::runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 use crate::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
