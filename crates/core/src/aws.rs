@@ -142,6 +142,16 @@ pub fn sns_client(sdk: &SdkConfig) -> aws_sdk_sns::Client {
     aws_sdk_sns::Client::from_conf(b.build())
 }
 
+/// The EventBridge client of the `eventbridge` agent kind (with the recorder when asked, as
+/// [`sqs_client`]).
+pub fn eventbridge_client(sdk: &SdkConfig) -> aws_sdk_eventbridge::Client {
+    let mut b = aws_sdk_eventbridge::config::Builder::from(sdk);
+    if let Some(r) = crate::aws_calls::CallRecorder::from_env() {
+        b = b.interceptor(r);
+    }
+    aws_sdk_eventbridge::Client::from_conf(b.build())
+}
+
 /// The DynamoDB client of the roles (with the recorder when asked, as [`sqs_client`]).
 pub fn dynamodb_client(sdk: &SdkConfig) -> aws_sdk_dynamodb::Client {
     let mut b = aws_sdk_dynamodb::config::Builder::from(sdk);

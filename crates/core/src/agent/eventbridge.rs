@@ -94,15 +94,6 @@ pub struct EventBridgeAgent {
     events: OnceCell<aws_sdk_eventbridge::Client>,
 }
 
-/// The EventBridge client (with the AWS call recorder when asked, as [`crate::aws::sqs_client`]).
-fn client_of(sdk: &aws_config::SdkConfig) -> aws_sdk_eventbridge::Client {
-    let mut b = aws_sdk_eventbridge::config::Builder::from(sdk);
-    if let Some(r) = crate::aws_calls::CallRecorder::from_env() {
-        b = b.interceptor(r);
-    }
-    aws_sdk_eventbridge::Client::from_conf(b.build())
-}
-
 /// The size of an event entry as EventBridge counts it: its source, detail-type and detail.
 pub fn entry_size(source: &str, detail_type: &str, detail: &str) -> usize {
     source.len() + detail_type.len() + detail.len()
@@ -171,7 +162,7 @@ impl EventBridgeAgent {
     }
 
     async fn client(&self) -> &aws_sdk_eventbridge::Client {
-        self.events.get_or_init(|| async { client_of(self.aws.get().await) }).await
+        self.events.get_or_init(|| async { crate::aws::eventbridge_client(self.aws.get().await) }).await
     }
 }
 
