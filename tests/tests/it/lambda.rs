@@ -270,6 +270,17 @@ fn callback_workflows_file(stack_label: &str) -> PathBuf {
              "max_attempts": 2, "backoff": {"base_ms": 200, "max_ms": 500}}
         ]
     }));
+    // The order workflow with time to spare: a task whose charge fails three times ends through
+    // the Scheduler (its alert and retries), not through the Supervisor's timer, however late
+    // a loaded machine runs each attempt.
+    let mut patient = list.iter().find(|w| w["name"] == "sim-order").expect("sim-order is built in").clone();
+    patient["name"] = json!("sim-order-patient");
+    patient["description"] = json!("Lambda-mode test: sim-order with 60 s per attempt and short backoff");
+    for step in patient["steps"].as_array_mut().expect("steps") {
+        step["timeout_ms"] = json!(60_000);
+        step["backoff"] = json!({"base_ms": 200, "max_ms": 500});
+    }
+    list.push(patient);
     let dir = functions_dir().join("workflows");
     std::fs::create_dir_all(&dir).expect("a folder for the workflows file");
     let path = dir.join(format!("{stack_label}-{}.json", uuid::Uuid::new_v4().simple()));
@@ -840,7 +851,10 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     // it starts on the agent queue, its statuses.
     let hung = sub("hung", json!({"sim": {"charge": {"hang_attempts": 3}}}));
     // The Scheduler gives up on charge (three failed attempts): its alert and retries.
-    let flaky = sub("flaky", json!({"sim": {"charge": {"fail_attempts": 3}}}));
+    // sim-order-patient: 60 s per attempt, so however late a loaded machine runs each attempt it
+    // is the Scheduler that sees the third failure, never the Supervisor's timer.
+    let mut flaky = sub("flaky", json!({"sim": {"charge": {"fail_attempts": 3}}}));
+    flaky["workflow"] = json!("sim-order-patient");
     // Declined, then the same submission again: the Submitter reads the task it already created.
     let declined = sub("declined", json!({"sim": {"charge": {"permanent": "declined"}}}));
     // An input that fits a submission but not the agent request built from it: the Submitter
