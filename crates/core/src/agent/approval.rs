@@ -126,15 +126,20 @@ pub fn note(req: &AgentRequest, callback: &CallbackEndpoints) -> Result<Approval
     }
     let _ = writeln!(m, "\nTo approve:\n  sasctl approve {token} --comment 'why'");
     let _ = writeln!(m, "To reject:\n  sasctl reject {token} --reason 'why'");
-    if let Some(url) = &callback.url {
+    if callback.url.is_some() || callback.queue_url.is_some() {
+        // The same answers through the channels a person (or their tooling) may use instead of
+        // sasctl; without a function URL the queue is the only one, so the JSON is shown either way.
         let approve = json!({"v": 1, "token": token, "status": "succeeded", "output": {"approved": true}});
         let reject = json!({"v": 1, "token": token, "status": "failed", "error": "rejected: why", "retryable": false});
-        let _ = writeln!(m, "\nOr POST (signed with AWS SigV4, service lambda) to {url}:");
+        let _ = writeln!(m, "\nOr send one of these answers (JSON):");
         let _ = writeln!(m, "  approve: {approve}\n  reject:  {reject}");
-        let _ = writeln!(m, "  e.g. curl --aws-sigv4 aws:amz:REGION:lambda --user KEY:SECRET -H 'content-type: application/json' -d {} {}", quoted(&approve.to_string()), quoted(url));
-    }
-    if let Some(q) = &callback.queue_url {
-        let _ = writeln!(m, "\nOr send the same JSON to the callback queue {q}.");
+        if let Some(url) = &callback.url {
+            let _ = writeln!(m, "POSTed (signed with AWS SigV4, service lambda) to {url},");
+            let _ = writeln!(m, "  e.g. curl --aws-sigv4 aws:amz:REGION:lambda --user KEY:SECRET -H 'content-type: application/json' -d {} {}", quoted(&approve.to_string()), quoted(url));
+        }
+        if let Some(q) = &callback.queue_url {
+            let _ = writeln!(m, "or as a message to the callback queue {q}.");
+        }
     }
     let _ = writeln!(m, "\nThe token above is a secret: whoever holds it can answer this step.");
     Ok(ApprovalNote { subject, message: m })
@@ -222,6 +227,16 @@ mod tests {
         // without endpoints configured, sasctl is the way to answer
         let m = note(&r, &CallbackEndpoints::default()).unwrap().message;
         assert!(!m.contains("POST") && !m.contains("callback queue") && m.contains("sasctl approve"), "{m}");
+        // with the queue only (a stack without its function URL), the answers to send are shown
+        let queue_only = CallbackEndpoints { queue_url: Some("http://q/000000000000/cb".into()), url: None };
+        let m = note(&r, &queue_only).unwrap().message;
+        assert!(!m.contains("POST") && m.contains("callback queue http://q/000000000000/cb"), "{m}");
+        assert!(
+            m.contains(&format!(
+                r#"approve: {{"output":{{"approved":true}},"status":"succeeded","token":"{token}","v":1}}"#
+            )),
+            "{m}"
+        );
     }
 
     #[test]
