@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 ARGS ?=
 
-.PHONY: demo demo-local up down check validate sim lambda-smoke lambda-check test-lambda byow localstack-install localstack-start localstack-stop localstack-status tools lint sam-build stack-smoke test
+.PHONY: demo demo-local up down check validate sim lambda-smoke lambda-check test-lambda byow localstack-install localstack-start localstack-stop localstack-status tools lint sam-build sam-deploy-local sam-local-invoke docker-stop stack-smoke test
 
 demo: ## the main job on the real functions: LocalStack, the stack with its 5 Lambda functions, the order service, sample orders (synchronous and asynchronous), a summary
 	SAS_MODE=lambda infra/demo.sh
@@ -64,8 +64,17 @@ tools: ## sam, cfn-lint, cargo-lambda, awslocal into .local/tools/venv
 lint: ## sam validate --lint + cfn-lint (+ shellcheck when installed)
 	infra/lint.sh
 
-sam-build: ## sam build for x86_64 (arm64 needs rustup's aarch64 target: infra/sam-build.sh arm64)
+sam-build: ## sam build for x86_64, samconfig.toml's default (arm64 needs rustup's aarch64 target: infra/sam-build.sh arm64)
 	infra/sam-build.sh x86_64
+
+sam-deploy-local: ## SAM's own deploy of sam build's output to LocalStack (functions on), sasctl smoke to Processed, samlocal delete
+	infra/sam-deploy-local.sh
+
+sam-local-invoke: ## sam local invoke of all five functions (sam build's output) in Docker against LocalStack, each fed a real message, checked (root: own dockerd)
+	infra/sam-local-invoke.sh
+
+docker-stop: ## stop the project's own Docker engine (infra/docker.sh)
+	infra/docker.sh stop
 
 stack-smoke: ## deploy template.yaml on LocalStack, read back what it promises (indexes, TTL, redrive, KMS), delete it
 	infra/test.sh the_deployed_template

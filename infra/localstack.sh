@@ -13,6 +13,8 @@
 #
 # Everything lives under .local/localstack/ (git-ignored). Environment knobs:
 #   LOCALSTACK_PORT (4566), LOCALSTACK_START_TIMEOUT (120 s), LOCALSTACK_SERVICES (see below),
+#   LOCALSTACK_LISTEN_EXTRA: more addresses to listen on beside 127.0.0.1, comma-separated (e.g.
+#   the Docker bridge's 172.17.0.1, for functions run by `sam local invoke`: infra/sam-local-invoke.sh),
 #   PYTHON (python3): the interpreter for the venv; LocalStack 4.13.1 needs CPython 3.11 here.
 # Lambda functions run as host processes through the `host` runtime executor of
 # infra/lambda-executor/ (no Docker); its knobs are HOST_LAMBDA_* (see infra/NOTES.md).
@@ -365,7 +367,11 @@ cmd_start() {
   fi
   rm -f -- "$LOCALSTACK_PIDFILE"
   mkdir -p -- "$LOCALSTACK_FS"
-  log "starting LocalStack 4.13.1 on 127.0.0.1:$LOCALSTACK_PORT (log: ${LOCALSTACK_LOG#"$SAS_ROOT"/})"
+  local listen="127.0.0.1:$LOCALSTACK_PORT" extra
+  if [ -n "${LOCALSTACK_LISTEN_EXTRA:-}" ]; then
+    for extra in ${LOCALSTACK_LISTEN_EXTRA//,/ }; do listen="$listen,$extra:$LOCALSTACK_PORT"; done
+  fi
+  log "starting LocalStack 4.13.1 on $listen (log: ${LOCALSTACK_LOG#"$SAS_ROOT"/})"
   start=$SECONDS
   # setsid: its own session, so it outlives the calling shell; stop ends it by PID.
   (
@@ -373,7 +379,7 @@ cmd_start() {
     exec env \
       OVERRIDE_IN_DOCKER=0 \
       FILESYSTEM_ROOT="$LOCALSTACK_FS" \
-      GATEWAY_LISTEN="127.0.0.1:$LOCALSTACK_PORT" \
+      GATEWAY_LISTEN="$listen" \
       LOCALSTACK_HOST="localhost:$LOCALSTACK_PORT" \
       SQS_ENDPOINT_STRATEGY=path \
       DNS_ADDRESS=0 \

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# sam build for one architecture (default x86_64: offline-safe here; arm64 makes cargo-lambda run
-# `rustup target add aarch64-unknown-linux-gnu`, which needs the internet).
+# sam build for one architecture, through samconfig.toml's config env of that name (x86_64 is the
+# default env; arm64 makes cargo-lambda run `rustup target add aarch64-unknown-linux-gnu`, which
+# needs the internet). Deploy with the same config env, which pins the same Architecture.
 # The tools venv goes first on PATH: sam finds cargo-lambda there, and cargo-lambda finds zig
 # through that venv's python.
 set -euo pipefail
@@ -18,6 +19,8 @@ esac
 command -v cargo >/dev/null 2>&1 || { echo "cargo not found (rustup)" >&2; exit 1; }
 "$SAS_ROOT/infra/tools.sh" install
 start=$SECONDS
-PATH="$TOOLS_VENV/bin:$PATH" sam build --parameter-overrides "Architecture=$arch" "$@"
+env=default
+[ "$arch" = arm64 ] && env=arm64
+PATH="$TOOLS_VENV/bin:$PATH" sam build --config-env "$env" "$@"
 echo "[sam-build] $arch built in $((SECONDS - start)) s (.aws-sam/build); deploy with the same"
-echo "[sam-build] architecture, e.g. sam deploy --config-env x86_64 (samconfig.toml)"
+echo "[sam-build] config env: sam deploy --config-env $env (samconfig.toml)"

@@ -4,5 +4,6 @@ pub mod iam;
 pub mod lambda;
 pub mod load;
 pub mod ops;
+pub mod smoke;
 pub mod stack;
 pub mod table;

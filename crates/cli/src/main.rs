@@ -232,6 +232,19 @@ enum Cmd {
         #[command(flatten)]
         reply: ReplyArgs,
     },
+    /// After a deploy: send one task of a workflow that needs no remote service through the stack
+    /// and report its steps and history on a time axis. Exits 1 unless it ends Processed in time.
+    /// Against AWS: `sasctl --stack NAME smoke` (reads the stack's outputs).
+    Smoke {
+        #[arg(long, default_value = "sim-order")]
+        workflow: String,
+        /// The task's input, JSON.
+        #[arg(long, default_value = "{}")]
+        input: String,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 120)]
+        timeout_secs: u64,
+    },
     /// Benchmark: send a burst of tasks to the stack, poll until every one is terminal, and report
     /// drain time, throughput, latency percentiles, attempts per step and final states.
     Load {
@@ -615,6 +628,23 @@ async fn run(cli: &Cli) -> Result<()> {
         }
         Cmd::Complete { .. } | Cmd::Fail { .. } | Cmd::Heartbeat { .. } | Cmd::Approve { .. } | Cmd::Reject { .. } => {
             unreachable!("answers are handled before the SDK is loaded")
+        }
+        Cmd::Smoke { workflow, input, timeout_secs } => {
+            let deps = deps(cli, &sdk).await?;
+            let report = sas_cli::smoke::run(
+                deps.store.as_ref(),
+                &aws_sdk_sqs::Client::new(&sdk),
+                &deps.resources.submission_queue_url,
+                workflow,
+                serde_json::from_str(input).context("--input is not JSON")?,
+                Duration::from_secs(*timeout_secs),
+                POLL,
+            )
+            .await?;
+            print!("{}", report.render());
+            if !report.passed() {
+                bail!("smoke check failed: task {} did not end Processed", report.task_id);
+            }
         }
         Cmd::Load { tasks, workflow, input, timeout_secs, poll_ms, send_concurrency, json } => {
             let res = resources(cli, &sdk).await?;

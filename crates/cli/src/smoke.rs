@@ -1,0 +1,207 @@
+//! `sasctl smoke`: after a deploy, one task through the stack, and what happened to it.
+//!
+//! It sends a submission of a workflow that needs no remote service (`sim-order` by default) to
+//! the stack's submission queue, reads the task until it ends or the time is up, and reports its
+//! steps and its history on a time axis relative to the submission. Only the calls an operator's
+//! credentials make: `sqs:SendMessage` on the submission queue, `dynamodb:GetItem` on the table
+//! (plus `cloudformation:DescribeStacks` with `--stack`).
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use anyhow::Result;
+use sas_core::ids::{Millis, TaskId};
+use sas_core::messages::{Submission, VERSION};
+use sas_core::protocol::Task;
+use sas_core::store::StateStore;
+use serde_json::Value;
+
+/// What `smoke` found.
+#[derive(Debug)]
+pub struct SmokeReport {
+    pub task_id: TaskId,
+    /// When the submission was sent.
+    pub sent_at: Millis,
+    /// The task as last read; `None` when it was never created (the Submitter did not run, or
+    /// refused the submission: its reason is then in the submission DLQ).
+    pub task: Option<Task>,
+    /// It was still running when the time was up.
+    pub timed_out: bool,
+}
+
+impl SmokeReport {
+    /// The task ended `Processed`.
+    pub fn passed(&self) -> bool {
+        self.task.as_ref().is_some_and(|t| t.process_state == sas_core::state::ProcessState::Processed)
+    }
+
+    /// The report for a person: the verdict, each step, the history on a time axis.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let Some(t) = &self.task else {
+            let _ = writeln!(
+                out,
+                "smoke: FAILED: task {} was never created: the Submitter did not run or refused the submission \
+                 (look in the submission DLQ and the Submitter's log group)",
+                self.task_id
+            );
+            return out;
+        };
+        let took = self.sent_at.until(t.updated_at);
+        let verdict = if self.passed() {
+            format!("ok: {} ended Processed", t.task_id)
+        } else if self.timed_out {
+            format!("FAILED: {} is still {} (step {}) when the time was up", t.task_id, t.process_state, t.step_index)
+        } else {
+            format!("FAILED: {} ended {}", t.task_id, t.process_state)
+        };
+        let _ = writeln!(
+            out,
+            "smoke: {verdict}, {:.1} s after the submission (workflow {}@{})",
+            secs(took),
+            t.workflow.name,
+            t.workflow.version
+        );
+        if let Some(reason) = &t.reason {
+            let _ = writeln!(out, "  reason: {reason}");
+        }
+        let _ = writeln!(out, "  {:<12} {:<10} {:>8} {:>8}", "step", "status", "attempts", "failures");
+        for s in &t.steps {
+            let status = format!("{:?}", s.status).to_lowercase();
+            let _ = writeln!(out, "  {:<12} {:<10} {:>8} {:>8}", s.name, status, s.attempts, s.failures);
+        }
+        let _ = writeln!(out, "  history (seconds after the submission):");
+        for h in &t.history {
+            let at = i128::from(h.at.0) - i128::from(self.sent_at.0);
+            #[allow(clippy::cast_precision_loss)]
+            let at = at as f64 / 1000.0;
+            let line = format!(
+                "  {at:>+8.2}  {:<13} {:<10} {}",
+                h.state.as_str(),
+                h.step.as_deref().unwrap_or("-"),
+                h.reason.as_deref().unwrap_or("")
+            );
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+        out
+    }
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn secs(ms: u64) -> f64 {
+    ms as f64 / 1000.0
+}
+
+/// Send one submission of `workflow` with `input` and read the task every `poll` until it ends or
+/// `timeout` passes.
+pub async fn run(
+    store: &dyn StateStore,
+    sqs: &aws_sdk_sqs::Client,
+    submission_queue_url: &str,
+    workflow: &str,
+    input: Value,
+    timeout: Duration,
+    poll: Duration,
+) -> Result<SmokeReport> {
+    let task_id = TaskId::try_from(format!("smoke-{}", uuid::Uuid::new_v4().simple()).as_str())?;
+    let sub = Submission {
+        v: VERSION,
+        task_id: Some(task_id.clone()),
+        workflow: workflow.to_owned(),
+        workflow_version: None,
+        input,
+        reply_to: None,
+    };
+    let sent_at = Millis::now();
+    crate::ops::send_submission(sqs, submission_queue_url, &sub).await?;
+    tracing::info!(%task_id, workflow, "smoke: submitted");
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last_state = None;
+    loop {
+        let task = store.get(&task_id).await?;
+        if let Some(t) = &task {
+            if last_state != Some((t.process_state, t.step_index)) {
+                tracing::info!(state = %t.process_state, step = t.step_index, "smoke: progress");
+                last_state = Some((t.process_state, t.step_index));
+            }
+            if t.process_state.is_terminal() {
+                return Ok(SmokeReport { task_id, sent_at, task, timed_out: false });
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(SmokeReport { task_id, sent_at, task, timed_out: true });
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sas_core::protocol::{self, Ctx};
+    use sas_core::store::MemoryStore;
+    use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+    use serde_json::json;
+
+    fn submitted(at: Millis) -> Task {
+        let all = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).expect("the built-in workflows");
+        let wf = all.resolve("sim-order", None).expect("sim-order").clone();
+        let tr = protocol::submit(
+            TaskId::try_from("smoke-1").unwrap(),
+            wf,
+            json!({}),
+            None,
+            &Ctx::at(at),
+            &protocol::Policy::default(),
+        );
+        tr.task
+    }
+
+    #[test]
+    fn a_task_never_created_fails_and_says_where_to_look() {
+        let r = SmokeReport {
+            task_id: TaskId::try_from("smoke-1").unwrap(),
+            sent_at: Millis(0),
+            task: None,
+            timed_out: true,
+        };
+        assert!(!r.passed());
+        let text = r.render();
+        assert!(text.contains("FAILED") && text.contains("submission DLQ"), "{text}");
+    }
+
+    #[test]
+    fn a_running_task_at_the_deadline_fails_with_its_state_and_history_on_the_time_axis() {
+        let t = submitted(Millis(10_250));
+        let r = SmokeReport { task_id: t.task_id.clone(), sent_at: Millis(10_000), task: Some(t), timed_out: true };
+        assert!(!r.passed());
+        let text = r.render();
+        assert!(text.contains("FAILED") && text.contains("still"), "{text}");
+        assert!(text.contains("reserve") && text.contains("charge") && text.contains("ship"), "{text}");
+        assert!(text.contains("+0.25"), "the first history entry 250 ms after the send: {text}");
+    }
+
+    #[tokio::test]
+    async fn a_submission_that_cannot_be_sent_is_an_error_not_a_report() {
+        let store = MemoryStore::new(1);
+        let conf = aws_sdk_sqs::Config::builder()
+            .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+            .region(aws_sdk_sqs::config::Region::new("us-east-1"))
+            .endpoint_url("http://127.0.0.1:9")
+            .credentials_provider(aws_sdk_sqs::config::Credentials::new("a", "b", None, None, "test"))
+            .build();
+        let sqs = aws_sdk_sqs::Client::from_conf(conf);
+        let err = run(
+            &store,
+            &sqs,
+            "http://127.0.0.1:9/000000000000/q",
+            "sim-order",
+            json!({}),
+            Duration::ZERO,
+            Duration::ZERO,
+        )
+        .await
+        .expect_err("nothing listens on port 9");
+        assert!(format!("{err:#}").to_lowercase().contains("send"), "{err:#}");
+    }
+}
