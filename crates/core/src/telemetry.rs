@@ -18,7 +18,9 @@ pub fn init_with_default(default: &str) {
         // CloudWatch adds its own timestamp.
         builder.json().flatten_event(true).with_current_span(true).without_time().try_init()
     } else {
-        builder.compact().with_writer(std::io::stderr).try_init()
+        // Colours only on a terminal: CI logs and files get plain text.
+        let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        builder.compact().with_ansi(ansi).with_writer(std::io::stderr).try_init()
     };
     // A second init (tests) keeps the first subscriber.
     drop(result);
