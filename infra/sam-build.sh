@@ -10,11 +10,20 @@ set -euo pipefail
 source "$(dirname -- "${BASH_SOURCE[0]}")/env.sh"
 cd "$SAS_ROOT"
 
+# --if-missing: build only when there is no sam build output yet (the SAM targets that use it).
+if [ "${1:-}" = --if-missing ]; then
+  shift
+  if [ -f .aws-sam/build/template.yaml ]; then
+    "$SAS_ROOT/infra/tools.sh" install >/dev/null
+    exit 0
+  fi
+  echo "[sam-build] no sam build output (.aws-sam/build): building" >&2
+fi
 arch="${1:-x86_64}"
 [ $# -gt 0 ] && shift
 case "$arch" in
   x86_64 | arm64) ;;
-  *) echo "usage: infra/sam-build.sh [x86_64|arm64] [sam build args...]" >&2; exit 2 ;;
+  *) echo "usage: infra/sam-build.sh [--if-missing] [x86_64|arm64] [sam build args...]" >&2; exit 2 ;;
 esac
 command -v cargo >/dev/null 2>&1 || { echo "cargo not found (rustup)" >&2; exit 1; }
 "$SAS_ROOT/infra/tools.sh" install

@@ -16,11 +16,7 @@ cd "$SAS_ROOT"
 STACK="${SAM_DEPLOY_STACK:-sas-samdeploy}"
 log() { printf '[sam-deploy-local] %s\n' "$*" >&2; }
 
-infra/tools.sh install >/dev/null
-if [ ! -f .aws-sam/build/template.yaml ]; then
-  log "no sam build output: infra/sam-build.sh x86_64"
-  infra/sam-build.sh x86_64
-fi
+infra/sam-build.sh --if-missing x86_64
 cargo build -q -p sas-cli --bin sasctl
 if ! infra/localstack.sh healthy; then
   trap 'infra/localstack.sh stop' EXIT

@@ -21,11 +21,7 @@ WORK="$SAS_LOCAL_DIR/sam-local"
 SVC_PORT="${ORDER_SERVICE_PORT:-8093}"
 log() { printf '[sam-local-invoke] %s\n' "$*" >&2; }
 
-infra/tools.sh install >/dev/null
-if [ ! -f .aws-sam/build/template.yaml ]; then
-  log "no sam build output: infra/sam-build.sh x86_64"
-  infra/sam-build.sh x86_64
-fi
+infra/sam-build.sh --if-missing x86_64
 cargo build -q -p sas-cli --bin sasctl -p sas-order-service --bin order-service
 # The functions must start in AL2023 (glibc 2.34): the stand-in's newer glibc would hide a binary
 # built against a newer one.
