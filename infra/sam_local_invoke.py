@@ -36,8 +36,10 @@ import uuid
 from pathlib import Path
 
 import boto3
+from boto3.dynamodb.types import TypeDeserializer
 
 IMAGE = "public.ecr.aws/lambda/provided:al2023"  # the stand-in (infra/docker.sh image)
+DESERIALIZE = TypeDeserializer()  # numbers come back as Decimal
 FUNCTIONS = ["SubmitterFunction", "SchedulerFunction", "AgentFunction", "SupervisorFunction", "CallbackFunction"]
 
 
@@ -175,30 +177,12 @@ class Run:
         item = self.ddb.get_item(TableName=self.out["TaskTableName"], Key={"TaskId": {"S": task_id}}, ConsistentRead=True).get("Item")
         if not item:
             return {}
-        return {k: plain(v) for k, v in item.items()}
+        return {k: DESERIALIZE.deserialize(v) for k, v in item.items()}
 
     def ledger(self, order: str) -> list[str]:
         """The operations the order service applied for this order, in order."""
         with urllib.request.urlopen(f"{self.args.order_service_local_url}/ledger?order={order}", timeout=5) as r:
             return [e["op"] for e in json.loads(r.read())["entries"]]
-
-
-def plain(v: dict):
-    """A DynamoDB attribute value as plain JSON."""
-    (t, x), = v.items()
-    if t == "S":
-        return x
-    if t == "N":
-        return int(x) if x.lstrip("-").isdigit() else float(x)
-    if t == "BOOL":
-        return x
-    if t == "NULL":
-        return None
-    if t == "L":
-        return [plain(e) for e in x]
-    if t == "M":
-        return {k: plain(e) for k, e in x.items()}
-    return x
 
 
 def of_task(task_id: str, *types: str):
@@ -295,7 +279,7 @@ def main() -> int:
     tb = r.task(b)
     c(steps(tb)[:1] == ["running"] and bool(tb.get("CompleteBy")), f"Submitter claimed B's reserve (CompleteBy {tb.get('CompleteBy')})")
     r.take("AgentQueueUrl", of_task(b), "agent request of B (dropped: the lost attempt)")
-    wait = max(0.0, tb.get("CompleteBy", 0) / 1000 - time.time()) + 1.0
+    wait = max(0.0, int(tb.get("CompleteBy", 0)) / 1000 - time.time()) + 1.0
     print(f"     waiting {wait:.1f} s for B's CompleteBy to pass", flush=True)
     time.sleep(wait)
     sweep_now = r.work / "env-sweep-now.json"

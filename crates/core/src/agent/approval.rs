@@ -13,12 +13,11 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::OnceCell;
 use tracing::info;
 
 use super::handover::CallbackEndpoints;
 use super::kind::AgentConfigError;
-use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
+use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant, LazyClient};
 use super::runtime::{Agent, AgentError, Call};
 use crate::messages::AgentRequest;
 
@@ -43,7 +42,7 @@ impl AgentKind for ApprovalKind {
             return Err(AgentConfigError::BadTopic { agent: name.to_owned(), arn: self.topic_arn });
         }
         let mut agent = ApprovalAgent::new(self.topic_arn, cx.callback.clone());
-        agent.aws = cx.aws.clone();
+        agent.sns = LazyClient::new(cx.aws.clone(), crate::aws::sns_client);
         Ok(Arc::new(agent))
     }
 
@@ -56,11 +55,9 @@ impl AgentKind for ApprovalKind {
 pub struct ApprovalAgent {
     topic_arn: String,
     callback: CallbackEndpoints,
-    /// The process's AWS configuration (the function's: its endpoint, region and timeouts from
-    /// the environment), loaded on the first call.
-    aws: AwsConfigCell,
-    /// Built on the first call.
-    sns: OnceCell<aws_sdk_sns::Client>,
+    /// Built on the first call, from the function's configuration (its endpoint, region and
+    /// timeouts from the environment).
+    sns: LazyClient<aws_sdk_sns::Client>,
 }
 
 /// What the agent publishes: a subject and a plain-text body.
@@ -72,25 +69,20 @@ pub struct ApprovalNote {
 
 impl ApprovalAgent {
     pub fn new(topic_arn: impl Into<String>, callback: CallbackEndpoints) -> Self {
-        ApprovalAgent { topic_arn: topic_arn.into(), callback, aws: AwsConfigCell::default(), sns: OnceCell::new() }
+        ApprovalAgent {
+            topic_arn: topic_arn.into(),
+            callback,
+            sns: LazyClient::new(AwsConfigCell::default(), crate::aws::sns_client),
+        }
     }
 
     /// With a client of the caller's (tests, tools).
     pub fn with_client(topic_arn: impl Into<String>, callback: CallbackEndpoints, sns: aws_sdk_sns::Client) -> Self {
-        ApprovalAgent {
-            topic_arn: topic_arn.into(),
-            callback,
-            aws: AwsConfigCell::default(),
-            sns: OnceCell::new_with(Some(sns)),
-        }
+        ApprovalAgent { topic_arn: topic_arn.into(), callback, sns: LazyClient::given(sns, crate::aws::sns_client) }
     }
 
     pub fn topic_arn(&self) -> &str {
         &self.topic_arn
-    }
-
-    async fn client(&self) -> &aws_sdk_sns::Client {
-        self.sns.get_or_init(|| async { crate::aws::sns_client(self.aws.get().await) }).await
     }
 }
 
@@ -151,7 +143,8 @@ impl Agent for ApprovalAgent {
             let req = call.request;
             let note = note(req, &self.callback)?;
             let sent = self
-                .client()
+                .sns
+                .get()
                 .await
                 .publish()
                 .topic_arn(&self.topic_arn)

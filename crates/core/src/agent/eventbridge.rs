@@ -12,13 +12,12 @@ use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::OnceCell;
 use tracing::info;
 
 use super::deliver;
 use super::handover::CallbackEndpoints;
 use super::kind::AgentConfigError;
-use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
+use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant, LazyClient};
 use super::runtime::{Agent, AgentError, Call};
 
 /// The event source when the configuration names none.
@@ -71,7 +70,7 @@ impl AgentKind for EventBridgeKind {
             return Err(invalid("detail_type must not be empty".into()));
         }
         let mut agent = EventBridgeAgent::new(self.bus, source, detail_type, cx.callback.clone());
-        agent.aws = cx.aws.clone();
+        agent.events = LazyClient::new(cx.aws.clone(), crate::aws::eventbridge_client);
         Ok(Arc::new(agent))
     }
 
@@ -88,10 +87,7 @@ pub struct EventBridgeAgent {
     source: String,
     detail_type: String,
     callback: CallbackEndpoints,
-    /// The process's AWS configuration, loaded on the first call.
-    aws: AwsConfigCell,
-    /// Built on the first call.
-    events: OnceCell<aws_sdk_eventbridge::Client>,
+    events: LazyClient<aws_sdk_eventbridge::Client>,
 }
 
 /// The size of an event entry as EventBridge counts it: its source, detail-type and detail.
@@ -144,8 +140,7 @@ impl EventBridgeAgent {
             source: source.into(),
             detail_type: detail_type.into(),
             callback,
-            aws: AwsConfigCell::default(),
-            events: OnceCell::new(),
+            events: LazyClient::new(AwsConfigCell::default(), crate::aws::eventbridge_client),
         }
     }
 
@@ -158,11 +153,7 @@ impl EventBridgeAgent {
         events: aws_sdk_eventbridge::Client,
     ) -> Self {
         let agent = Self::new(bus, source, detail_type, callback);
-        EventBridgeAgent { events: OnceCell::new_with(Some(events)), ..agent }
-    }
-
-    async fn client(&self) -> &aws_sdk_eventbridge::Client {
-        self.events.get_or_init(|| async { crate::aws::eventbridge_client(self.aws.get().await) }).await
+        EventBridgeAgent { events: LazyClient::given(events, crate::aws::eventbridge_client), ..agent }
     }
 }
 
@@ -180,7 +171,8 @@ impl Agent for EventBridgeAgent {
                 .detail(detail)
                 .build();
             let out = self
-                .client()
+                .events
+                .get()
                 .await
                 .put_events()
                 .entries(entry)

@@ -81,6 +81,36 @@ impl AwsConfigCell {
     }
 }
 
+/// An AWS client an agent builds on its first call, from the process's configuration (an agent
+/// that is never called loads nothing), or one given by the caller (tests, tools).
+pub struct LazyClient<C> {
+    aws: AwsConfigCell,
+    client: OnceCell<C>,
+    make: fn(&SdkConfig) -> C,
+}
+
+impl<C> std::fmt::Debug for LazyClient<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyClient").field("built", &self.client.initialized()).finish_non_exhaustive()
+    }
+}
+
+impl<C> LazyClient<C> {
+    /// Built by `make` from the configuration `aws` loads, on first use.
+    pub fn new(aws: AwsConfigCell, make: fn(&SdkConfig) -> C) -> Self {
+        LazyClient { aws, client: OnceCell::new(), make }
+    }
+
+    /// This client, as it is.
+    pub fn given(client: C, make: fn(&SdkConfig) -> C) -> Self {
+        LazyClient { aws: AwsConfigCell::default(), client: OnceCell::new_with(Some(client)), make }
+    }
+
+    pub async fn get(&self) -> &C {
+        self.client.get_or_init(|| async { (self.make)(self.aws.get().await) }).await
+    }
+}
+
 /// A configuration the functions refuse (at start: the Agent function does not start).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AgentConfigError {

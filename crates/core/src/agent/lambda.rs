@@ -29,12 +29,11 @@ use aws_sdk_lambda::types::InvocationType;
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::OnceCell;
 use tracing::info;
 
 use super::handover::CallbackEndpoints;
 use super::kind::AgentConfigError;
-use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
+use super::kind::{AgentKind, BuildContext, Grant, LazyClient};
 use super::runtime::{Agent, AgentError, Call};
 
 /// The largest payload of a synchronous invoke (Lambda's limit: 6 MB).
@@ -91,8 +90,7 @@ impl AgentKind for LambdaKind {
             qualifier: self.qualifier,
             max_response_bytes: cx.max_response_bytes,
             callback: cx.callback.clone(),
-            aws: cx.aws.clone(),
-            client: OnceCell::new(),
+            client: LazyClient::new(cx.aws.clone(), client),
         }))
     }
 
@@ -112,8 +110,7 @@ pub struct LambdaAgent {
     qualifier: Option<String>,
     max_response_bytes: usize,
     callback: CallbackEndpoints,
-    aws: AwsConfigCell,
-    client: OnceCell<aws_sdk_lambda::Client>,
+    client: LazyClient<aws_sdk_lambda::Client>,
 }
 
 impl std::fmt::Debug for LambdaAgent {
@@ -135,13 +132,8 @@ impl LambdaAgent {
             qualifier: None,
             max_response_bytes: super::http::DEFAULT_MAX_RESPONSE_BYTES,
             callback: CallbackEndpoints::default(),
-            aws: AwsConfigCell::default(),
-            client: OnceCell::new_with(Some(client)),
+            client: LazyClient::given(client, self::client),
         }
-    }
-
-    async fn client(&self) -> &aws_sdk_lambda::Client {
-        self.client.get_or_init(|| async { client(self.aws.get().await) }).await
     }
 }
 
@@ -254,7 +246,8 @@ impl Agent for LambdaAgent {
             }
             let kind = if asynchronous { InvocationType::Event } else { InvocationType::RequestResponse };
             let sent = self
-                .client()
+                .client
+                .get()
                 .await
                 .invoke()
                 .function_name(&self.function)

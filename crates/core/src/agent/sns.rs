@@ -13,13 +13,12 @@ use aws_sdk_sns::types::MessageAttributeValue;
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::OnceCell;
 use tracing::info;
 
 use super::deliver;
 use super::handover::CallbackEndpoints;
 use super::kind::AgentConfigError;
-use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
+use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant, LazyClient};
 use super::runtime::{Agent, AgentError, Call};
 
 /// `{"kind": "sns", "topic_arn": "arn:aws:sns:REGION:ACCOUNT:NAME"}`: callback steps only.
@@ -51,7 +50,7 @@ impl AgentKind for SnsKind {
             });
         }
         let mut agent = SnsAgent::new(self.topic_arn, cx.callback.clone());
-        agent.aws = cx.aws.clone();
+        agent.sns = LazyClient::new(cx.aws.clone(), crate::aws::sns_client);
         Ok(Arc::new(agent))
     }
 
@@ -65,10 +64,7 @@ pub struct SnsAgent {
     topic_arn: String,
     fifo: bool,
     callback: CallbackEndpoints,
-    /// The process's AWS configuration, loaded on the first call.
-    aws: AwsConfigCell,
-    /// Built on the first call.
-    sns: OnceCell<aws_sdk_sns::Client>,
+    sns: LazyClient<aws_sdk_sns::Client>,
 }
 
 impl SnsAgent {
@@ -77,17 +73,13 @@ impl SnsAgent {
         // SNS requires the suffix in lower case.
         #[allow(clippy::case_sensitive_file_extension_comparisons)]
         let fifo = topic_arn.ends_with(".fifo");
-        SnsAgent { fifo, topic_arn, callback, aws: AwsConfigCell::default(), sns: OnceCell::new() }
+        SnsAgent { fifo, topic_arn, callback, sns: LazyClient::new(AwsConfigCell::default(), crate::aws::sns_client) }
     }
 
     /// With a client of the caller's (tests, tools).
     pub fn with_client(topic_arn: impl Into<String>, callback: CallbackEndpoints, sns: aws_sdk_sns::Client) -> Self {
         let agent = Self::new(topic_arn, callback);
-        SnsAgent { sns: OnceCell::new_with(Some(sns)), ..agent }
-    }
-
-    async fn client(&self) -> &aws_sdk_sns::Client {
-        self.sns.get_or_init(|| async { crate::aws::sns_client(self.aws.get().await) }).await
+        SnsAgent { sns: LazyClient::given(sns, crate::aws::sns_client), ..agent }
     }
 }
 
@@ -98,7 +90,7 @@ impl Agent for SnsAgent {
             let body = deliver::body(&call, SnsKind::KIND, &self.callback)?;
             let attrs = deliver::attributes(req);
             deliver::check_size(req, "an SNS message", deliver::message_size(&body, &attrs))?;
-            let mut publish = self.client().await.publish().topic_arn(&self.topic_arn).message(body);
+            let mut publish = self.sns.get().await.publish().topic_arn(&self.topic_arn).message(body);
             for (k, v) in attrs {
                 let attr = MessageAttributeValue::builder()
                     .data_type("String")

@@ -13,13 +13,12 @@ use aws_sdk_sqs::types::MessageAttributeValue;
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::OnceCell;
 use tracing::info;
 
 use super::deliver;
 use super::handover::CallbackEndpoints;
 use super::kind::AgentConfigError;
-use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
+use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant, LazyClient};
 use super::runtime::{Agent, AgentError, Call};
 use crate::messages::QueueUrl;
 
@@ -40,9 +39,11 @@ impl AgentKind for SqsKind {
             agent: name.to_owned(),
             message: format!("queue_url {:?} is not an SQS queue URL: {}", self.queue_url, e.why),
         })?;
-        let mut agent = SqsAgent::new(queue, cx.callback.clone());
-        agent.aws = cx.aws.clone();
-        Ok(Arc::new(agent))
+        Ok(Arc::new(SqsAgent {
+            queue,
+            callback: cx.callback.clone(),
+            sqs: LazyClient::new(cx.aws.clone(), crate::aws::sqs_client),
+        }))
     }
 
     fn grants(&self) -> Vec<Grant> {
@@ -72,25 +73,17 @@ pub fn queue_resource(url: &str) -> String {
 pub struct SqsAgent {
     queue: QueueUrl,
     callback: CallbackEndpoints,
-    /// The process's AWS configuration, loaded on the first call.
-    aws: AwsConfigCell,
-    /// Built on the first call.
-    sqs: OnceCell<aws_sdk_sqs::Client>,
+    sqs: LazyClient<aws_sdk_sqs::Client>,
 }
 
 impl SqsAgent {
     pub fn new(queue: QueueUrl, callback: CallbackEndpoints) -> Self {
-        SqsAgent { queue, callback, aws: AwsConfigCell::default(), sqs: OnceCell::new() }
+        SqsAgent { queue, callback, sqs: LazyClient::new(AwsConfigCell::default(), crate::aws::sqs_client) }
     }
 
     /// With a client of the caller's (tests, tools).
     pub fn with_client(queue: QueueUrl, callback: CallbackEndpoints, sqs: aws_sdk_sqs::Client) -> Self {
-        let agent = Self::new(queue, callback);
-        SqsAgent { sqs: OnceCell::new_with(Some(sqs)), ..agent }
-    }
-
-    async fn client(&self) -> &aws_sdk_sqs::Client {
-        self.sqs.get_or_init(|| async { crate::aws::sqs_client(self.aws.get().await) }).await
+        SqsAgent { queue, callback, sqs: LazyClient::given(sqs, crate::aws::sqs_client) }
     }
 }
 
@@ -101,7 +94,7 @@ impl Agent for SqsAgent {
             let body = deliver::body(&call, SqsKind::KIND, &self.callback)?;
             let attrs = deliver::attributes(req);
             deliver::check_size(req, "an SQS message", deliver::message_size(&body, &attrs))?;
-            let mut send = self.client().await.send_message().queue_url(self.queue.as_str()).message_body(body);
+            let mut send = self.sqs.get().await.send_message().queue_url(self.queue.as_str()).message_body(body);
             for (k, v) in attrs {
                 let attr = MessageAttributeValue::builder()
                     .data_type("String")
