@@ -113,6 +113,7 @@ pub fn records(event: SqsEvent) -> Vec<Record> {
         .into_iter()
         .map(|m| Record {
             receive_count: m.attributes.get("ApproximateReceiveCount").and_then(|n| n.parse().ok()).unwrap_or(1),
+            sent_at: m.attributes.get("SentTimestamp").and_then(|n| n.parse().ok()).map(sas_core::ids::Millis),
             message_id: m.message_id.unwrap_or_default(),
             body: m.body.unwrap_or_default(),
         })
@@ -209,6 +210,7 @@ pub async fn serve_agents() -> Result<(), Error> {
 
 async fn serve_with(role: Role, agents: impl FnOnce() -> Result<AgentRuntime, Error>) -> Result<(), Error> {
     sas_core::telemetry::init();
+    sas_core::telemetry::init_metrics();
     let started = async {
         let deps = Deps::from_env().await?;
         let agents = agents()?;
@@ -223,7 +225,12 @@ async fn serve_with(role: Role, agents: impl FnOnce() -> Result<AgentRuntime, Er
     };
     run(service_fn(move |event: LambdaEvent<Value>| {
         let (deps, agents) = (deps.clone(), agents.clone());
-        async move { Ok::<Value, Error>(handle_event(role, &deps, &agents, event.payload).await?.to_json()) }
+        async move {
+            let answer = handle_event(role, &deps, &agents, event.payload).await;
+            // One EMF record per dimension set this invocation used, before its answer.
+            sas_core::telemetry::flush_metrics();
+            Ok::<Value, Error>(answer?.to_json())
+        }
     }))
     .await
 }

@@ -169,6 +169,8 @@ pub enum Origin {
     EventSource,
     /// Lambda writing the function's log group.
     Logs,
+    /// Lambda sending the function's trace segments (active tracing).
+    Tracing,
     /// SNS encrypting a message the function published to a KMS-encrypted topic.
     TopicKey,
 }
@@ -365,11 +367,14 @@ pub struct DeployedFunction {
     pub log_group: String,
     /// The ARNs of its SQS event sources.
     pub queues: Vec<String>,
+    /// Active tracing: Lambda sends its segments to X-Ray with the function's role.
+    pub tracing: bool,
 }
 
 /// The calls the platform makes with the function's role: the event source's polling of each
 /// trigger queue (`ReceiveMessage`, `DeleteMessage`, `GetQueueAttributes`, as AWS's
-/// `AWSLambdaSQSQueueExecutionRole` grants), the log group's writes, and for every KMS-encrypted
+/// `AWSLambdaSQSQueueExecutionRole` grants), the log group's writes, the trace segments of a
+/// function with active tracing, and for every KMS-encrypted
 /// topic the function published to, the key's `GenerateDataKey` and `Decrypt`.
 pub fn platform_requests(
     f: &DeployedFunction,
@@ -391,6 +396,12 @@ pub fn platform_requests(
     );
     for action in ["logs:CreateLogStream", "logs:PutLogEvents"] {
         out.push(Request { action: action.into(), resource: stream.clone(), origin: Origin::Logs });
+    }
+    if f.tracing {
+        // X-Ray takes no resource-level permissions: "*" is the only resource it evaluates.
+        for action in ["xray:PutTraceSegments", "xray:PutTelemetryRecords"] {
+            out.push(Request { action: action.into(), resource: "*".into(), origin: Origin::Tracing });
+        }
     }
     for r in code.keys().filter(|r| r.action == "sns:Publish") {
         if let Some(key) = topic_keys.get(&r.resource) {
@@ -472,6 +483,7 @@ pub async fn check_stack(sdk: &aws_config::SdkConfig, stack: &str, calls: &[AwsC
             role,
             log_group,
             queues,
+            tracing: conf.tracing_config().and_then(|t| t.mode()) == Some(&aws_sdk_lambda::types::TracingMode::Active),
         });
     }
     if functions.is_empty() {
@@ -610,6 +622,7 @@ mod tests {
             name: "s-SchedulerFunction-x".into(),
             role: "s-SchedulerRole-x".into(),
             log_group: "s-SchedulerLogGroup-x".into(),
+            tracing: false,
             queues: vec!["arn:aws:sqs:r:1:s-SchedulerQueue".into()],
         };
         let code: BTreeMap<Request, usize> = [(req("sns:Publish", "arn:aws:sns:r:1:alerts"), 1)].into();

@@ -555,6 +555,7 @@ pub const FUNCTION_ENVIRONMENT: &[(&str, Option<&str>)] = &[
     ("SDK_ATTEMPT_TIMEOUT_MS", None),
     ("SDK_OPERATION_TIMEOUT_MS", None),
     ("RUST_LOG", None),
+    ("SAS_METRICS_NAMESPACE", Some("MetricsNamespace")),
     ("ORDER_SERVICE_URL", None),
     ("SAS_WORKFLOWS_FILE", None),
 ];

@@ -444,6 +444,10 @@ async fn run(cli: &Cli) -> Result<()> {
             println!("stack {name} deleted");
         }
         Cmd::Run { sweep_every, batch_window_ms } => {
+            // EMF records on stdout, as the functions write them, when asked (bench-cost counts them).
+            if std::env::var("SAS_METRICS").is_ok_and(|v| v.eq_ignore_ascii_case("on")) {
+                sas_core::telemetry::init_metrics();
+            }
             let deps = Arc::new(deps(cli, &sdk).await?);
             let opts = RunnerOptions {
                 sweep_every: Duration::from_secs(*sweep_every),

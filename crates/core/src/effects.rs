@@ -13,6 +13,7 @@ use crate::bus::{delay_seconds, BusError};
 use crate::deps::{Deps, HandlerError};
 use crate::ids::{message_mark, Millis, TaskId};
 use crate::messages::{AgentResult, Outcome, RunMessage, RunReason, SchedulerMessage, SQS_MAX_MESSAGE_BYTES, VERSION};
+use crate::metrics;
 use crate::protocol::{self, Effect, Event, Task};
 use crate::reply;
 use crate::store::{is_own_write, StoreError};
@@ -126,11 +127,13 @@ pub async fn send(deps: &Deps, c: &Committed) -> Sent {
                 Ok(()) => {
                     if let Effect::Alert(a) = e {
                         info!(task_id = %c.task.task_id, kind = ?a.kind, "operator alert published");
+                        metrics::count(&metrics::ALERTS_PUBLISHED, &[&c.task.workflow.name], 1);
                     }
                 }
                 Err(err) if matches!(e, Effect::Reply(_)) && err.is_permanent() => {
                     sent.failed += 1;
                     sent.undelivered += 1;
+                    metrics::count(&metrics::REPLIES_UNDELIVERED, &[&c.task.workflow.name], 1);
                     warn!(
                         task_id = %c.task.task_id, reply_undelivered = true, error = %err,
                         "the caller's reply_to refuses the status for good: not delivered, counted on the task (the task goes on)"

@@ -17,7 +17,7 @@
 //! [`deps`] (the composition root), [`twins`] (the stack on the in-memory twins), [`role`] (the role
 //! enum and dispatch), [`runner`] (the local runner that polls queues as Lambda does), [`sim`] (the
 //! deterministic simulation of the whole system), [`aws`] (SDK clients), [`aws_calls`] (the record
-//! of AWS calls for the least-privilege check), [`telemetry`] (logs).
+//! of AWS calls for the least-privilege check), [`telemetry`] (logs and the metrics recorder), [`metrics`] (what is measured).
 
 pub mod agent;
 pub mod aws;
@@ -31,6 +31,7 @@ pub mod effects;
 pub mod entropy;
 pub mod ids;
 pub mod messages;
+pub mod metrics;
 pub mod protocol;
 pub mod reply;
 pub mod role;

@@ -89,7 +89,7 @@ pub fn handle<'a>(
         let handled = match role {
             Role::Submitter => submitter::submit_message(deps, record).await.map(drop),
             Role::Scheduler => scheduler::handle(deps, record).await.map(drop),
-            Role::Agent => agent::handle(deps, agents, body).await.map(drop),
+            Role::Agent => agent::handle_sent(deps, agents, body, record.sent_at).await.map(drop),
             Role::Supervisor => supervisor::handle(deps, record).await.map(drop),
             Role::Callback => answer_record(deps, record).await,
         };

@@ -96,7 +96,7 @@ impl Runner {
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tokio::select! {
-                        _ = tick.tick() => { supervisor::sweep(&deps).await; }
+                        _ = tick.tick() => { supervisor::sweep(&deps).await; crate::telemetry::flush_metrics(); }
                         _ = rx.changed() => break,
                     }
                 }
@@ -158,9 +158,12 @@ async fn poll(
                         message_id: m.message_id.clone(),
                         body: m.body.clone(),
                         receive_count: m.receive_count,
+                        sent_at: m.sent_at,
                     })
                     .collect();
             let failed = process_batch(&records, |r| handle(role, &deps, &agents, r)).await;
+            // As a function does after each invocation (nothing without a recorder).
+            crate::telemetry::flush_metrics();
             let done: Vec<String> =
                 msgs.iter().filter(|m| !failed.contains(&m.message_id)).map(|m| m.receipt.clone()).collect();
             debug!(role = role.name(), received = msgs.len(), failed = failed.len(), "batch done");

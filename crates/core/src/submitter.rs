@@ -116,6 +116,7 @@ async fn reject(
     warn!(task_id = id.as_ref().map(TaskId::as_str), %reason, "submission rejected");
     let now = deps.now();
     deps.outbox().reject_to_dlq(raw, &reason, now).await?;
+    crate::metrics::count(&crate::metrics::SUBMISSIONS_REJECTED, &[], 1);
     if let Some(q) = reply {
         let status = StatusMessage {
             reason: Some(reason),
@@ -219,6 +220,7 @@ async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result
         %task_id, workflow = %tr.task.workflow.name, version = tr.task.workflow.version,
         step = tr.task.current_step_name().unwrap_or("-"), "task created, first step claimed"
     );
+    crate::metrics::record_created(&tr.task);
     let committed = Committed { task: tr.task, effects: tr.effects, now };
     let sent = effects::send(deps, &committed).await;
     // The start did not go out: fail the record, so the submission comes back and the start is

@@ -15,6 +15,7 @@ use crate::deps::{Deps, HandlerError};
 use crate::effects::drive;
 use crate::ids::{message_mark, Millis};
 use crate::messages::{TimerMessage, VERSION};
+use crate::metrics;
 use crate::protocol::{Event, Stale};
 use crate::transition::Applied;
 
@@ -71,6 +72,10 @@ pub struct SweepReport {
     /// Of those, handed to the timer queue.
     pub handed: usize,
     pub errors: usize,
+    /// The earliest `CompleteBy` among the entries found (for the `OldestOverdueStepAge` gauge;
+    /// not part of the function's answer).
+    #[serde(skip)]
+    pub oldest_complete_by: Option<Millis>,
 }
 
 /// Sweep every shard of the `CompleteBy` index once, for what expired more than the result grace
@@ -84,10 +89,17 @@ pub async fn sweep(deps: &Deps) -> SweepReport {
         total.expired += r.expired;
         total.handed += r.handed;
         total.errors += r.errors;
+        total.oldest_complete_by = total.oldest_complete_by.into_iter().chain(r.oldest_complete_by).min();
     }
     if total.expired > 0 || total.errors > 0 {
         info!(expired = total.expired, handed = total.handed, errors = total.errors, "sweep");
     }
+    // Every sweep records the age (0: nothing overdue), so a sweep that stops running shows as
+    // missing data, which the silent-hang alarm treats as breaching.
+    let age = total.oldest_complete_by.map_or(0, |c| c.until(deps.now()) / 1000);
+    metrics::count(&metrics::STEPS_EXPIRED, &[], total.expired as u64);
+    #[allow(clippy::cast_precision_loss)] // seconds far below 2^52
+    metrics::level(&metrics::OLDEST_OVERDUE_STEP_AGE, &[], age as f64);
     total
 }
 
@@ -111,6 +123,8 @@ async fn sweep_shard(deps: &Deps, shard: u32, now: Millis) -> SweepReport {
             report.errors += 1;
         }
         report.expired += page.keys.len();
+        report.oldest_complete_by =
+            report.oldest_complete_by.into_iter().chain(page.keys.iter().map(|k| k.complete_by)).min();
         let timers: Vec<Outgoing> = page
             .keys
             .iter()

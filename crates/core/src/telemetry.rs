@@ -25,3 +25,44 @@ pub fn init_with_default(default: &str) {
     // A second init (tests) keeps the first subscriber.
     drop(result);
 }
+
+/// The metrics recorder of this process, when [`init_metrics`] installed one.
+static METRICS: std::sync::OnceLock<&'static metrics_cloudwatch_embedded::Collector> = std::sync::OnceLock::new();
+
+/// Install the CloudWatch Embedded Metric Format recorder (namespace: `SAS_METRICS_NAMESPACE`,
+/// default [`crate::metrics::DEFAULT_NAMESPACE`]; `SAS_METRICS=off` installs none). Metrics are
+/// kept in memory until [`flush_metrics`]. A second call, or a process that has another recorder,
+/// keeps the first.
+pub fn init_metrics() {
+    if std::env::var("SAS_METRICS").is_ok_and(|v| v.eq_ignore_ascii_case("off")) {
+        return;
+    }
+    let namespace =
+        std::env::var("SAS_METRICS_NAMESPACE").unwrap_or_else(|_| crate::metrics::DEFAULT_NAMESPACE.to_owned());
+    if METRICS.get().is_some() {
+        return;
+    }
+    match metrics_cloudwatch_embedded::Builder::new().cloudwatch_namespace(namespace).init() {
+        Ok(c) => {
+            let _ = METRICS.set(c);
+            crate::metrics::describe();
+        }
+        Err(e) => tracing::warn!(error = %e, "metrics recorder not installed; no metrics from this process"),
+    }
+}
+
+/// Write the metrics recorded since the last flush as EMF records (one JSON line per dimension set
+/// used) to stdout, where Lambda sends them to CloudWatch Logs, which turns them into metrics.
+/// Nothing is written when nothing was recorded, or without a recorder.
+pub fn flush_metrics() {
+    flush_metrics_to(std::io::stdout().lock());
+}
+
+/// [`flush_metrics`] into `w`.
+pub fn flush_metrics_to(w: impl std::io::Write) {
+    if let Some(c) = METRICS.get() {
+        if let Err(e) = c.flush(w) {
+            tracing::warn!(error = %e, "metrics not written");
+        }
+    }
+}

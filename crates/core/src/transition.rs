@@ -60,6 +60,7 @@ pub async fn commit(
             Ok(tr) => tr,
             Err(stale) => {
                 info!(task_id = %task.task_id, event = event.name(), state = %task.process_state, reason = %stale, "stale event dropped");
+                crate::metrics::count(&crate::metrics::STALE_EVENTS, &[], 1);
                 return Ok((Applied::Stale(stale), Commit::Unchanged(Box::new(task))));
             }
         };
@@ -87,6 +88,7 @@ pub async fn commit(
             step = tr.task.current_step_name().unwrap_or("-"), failure_count = tr.task.failure_count, rev, landed,
             "transition"
         );
+        crate::metrics::record_transition(&task, &tr.task, event);
         let committed = Committed { task: tr.task, effects: tr.effects, now: ctx.now };
         return Ok((Applied::Changed { state, rev }, Commit::Written(Box::new(committed))));
     }

@@ -15,7 +15,9 @@
 use tracing::{info, info_span, Instrument};
 
 use crate::deps::{Deps, HandlerError};
+use crate::ids::Millis;
 use crate::messages::{AgentRequest, Outcome, SchedulerMessage, VERSION};
+use crate::metrics;
 
 pub mod approval;
 pub mod aws_error;
@@ -46,13 +48,30 @@ pub use sqs::SqsAgent;
 
 /// Handle one message of the agent queue. `Ok(true)` when a result was sent back.
 pub async fn handle(deps: &Deps, runtime: &AgentRuntime, raw: &str) -> Result<bool, HandlerError> {
+    handle_sent(deps, runtime, raw, None).await
+}
+
+/// [`handle`] for a request sent at `sent_at` (the queue message's `SentTimestamp`): also records
+/// how long it waited in the queue (`StepScheduleTime`) and how long its call took
+/// (`StepRunTime`), by agent.
+pub async fn handle_sent(
+    deps: &Deps,
+    runtime: &AgentRuntime,
+    raw: &str,
+    sent_at: Option<Millis>,
+) -> Result<bool, HandlerError> {
     let req: AgentRequest = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
     if req.v != VERSION {
         return Err(HandlerError::Malformed(format!("unsupported version {}", req.v)));
     }
     let span = info_span!("agent", task_id = %req.task_id, step = %req.step, attempt_no = req.attempt_no);
     async {
+        let started = deps.now();
+        if let Some(sent) = sent_at {
+            metrics::duration_ms(&metrics::STEP_SCHEDULE_TIME, &[&req.agent], sent.until(started));
+        }
         let Some(mut result) = runtime.run(&req).await else { return Ok(false) };
+        metrics::duration_ms(&metrics::STEP_RUN_TIME, &[&req.agent], started.until(deps.now()));
         if let Outcome::Succeeded { output } = &mut result.outcome {
             // what the task cannot store (or SQS carry) goes back as a success with a marker
             *output = crate::screen::output(output);

@@ -229,6 +229,7 @@ impl AwsBus {
             .wait_time_seconds(i32::try_from(wait.as_secs()).unwrap_or(20))
             .visibility_timeout(i32::try_from(visibility.as_secs()).unwrap_or(i32::MAX))
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
             .customize()
             .config_override(aws_sdk_sqs::config::Builder::default().timeout_config(long_poll_timeouts(wait)))
             .send()
@@ -245,6 +246,12 @@ impl AwsBus {
                     .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
                     .and_then(|n| n.parse().ok())
                     .unwrap_or(1),
+                sent_at: m
+                    .attributes
+                    .as_ref()
+                    .and_then(|a| a.get(&MessageSystemAttributeName::SentTimestamp))
+                    .and_then(|n| n.parse().ok())
+                    .map(crate::ids::Millis),
                 message_id: m.message_id.unwrap_or_default(),
                 receipt: m.receipt_handle.unwrap_or_default(),
                 body: m.body.unwrap_or_default(),

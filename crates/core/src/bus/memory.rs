@@ -31,6 +31,7 @@ struct Stored {
     body: String,
     attributes: Vec<(String, String)>,
     visible_at: Millis,
+    sent_at: Millis,
     receive_count: u32,
     receipt: Option<String>,
 }
@@ -249,6 +250,7 @@ impl MemoryBus {
             body: msg.body,
             attributes: msg.attributes,
             visible_at: now.plus_ms(delay),
+            sent_at: now,
             receive_count: 0,
             receipt: None,
         });
@@ -290,6 +292,7 @@ impl MemoryBus {
                 receipt,
                 body: m.body.clone(),
                 receive_count: m.receive_count,
+                sent_at: Some(m.sent_at),
             });
             i += 1;
         }

@@ -178,6 +178,8 @@ pub struct Received {
     pub body: String,
     /// 1 on the first delivery.
     pub receive_count: u32,
+    /// When the message was sent (`SentTimestamp`), if known.
+    pub sent_at: Option<Millis>,
 }
 
 /// One SQS record, whether from a Lambda event or a ReceiveMessage call.
@@ -188,11 +190,13 @@ pub struct Record {
     pub body: String,
     /// 1 on the first delivery (`ApproximateReceiveCount`).
     pub receive_count: u32,
+    /// When the message was first sent (`SentTimestamp`), if known: the start of its queue wait.
+    pub sent_at: Option<Millis>,
 }
 
 impl Record {
     pub fn new(message_id: impl Into<String>, body: impl Into<String>) -> Self {
-        Record { message_id: message_id.into(), body: body.into(), receive_count: 1 }
+        Record { message_id: message_id.into(), body: body.into(), receive_count: 1, sent_at: None }
     }
 }
 
