@@ -15,7 +15,7 @@
 // Deploy and recovery times go to stderr: nextest shows them for a failing or slow test.
 #![allow(clippy::print_stderr)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -709,6 +709,30 @@ async fn lambda_a_workflow_runs_through_every_function_and_the_timer_queue() {
     let timer = ["\"task_id\":\"w1\"", "deadline_expired", "\"message\":\"transition\""];
     let sup = f.log_when("SupervisorFunction", SECS, |l| !lines_with(l, &timer).is_empty()).await;
     assert!(!lines_with(&sup, &timer).is_empty(), "the Supervisor function (timer) moved w1 on: {sup:#?}");
+
+    // The metrics, as the functions wrote them to their logs: every EMF record valid, and each
+    // function's own measurements there.
+    let wants: [(&str, &[&str]); 4] = [
+        ("SubmitterFunction", &["TasksStarted", "StepsStarted", "SubmissionsRejected"]),
+        ("AgentFunction", &["StepScheduleTime", "StepRunTime"]),
+        ("SupervisorFunction", &["StepsTimedOut"]),
+        ("SchedulerFunction", &["StepsSucceeded", "StepRetries", "TasksSucceeded", "TaskTime"]),
+    ];
+    for (id, want) in wants {
+        let names = |log: &[String]| -> BTreeSet<String> {
+            log.iter()
+                .filter(|l| l.contains("\"_aws\""))
+                .flat_map(|l| {
+                    let rec = sas_core::metrics::check_emf(l).unwrap_or_else(|e| panic!("{id}: {e}: {l}"));
+                    assert_eq!(rec.namespace, sas_core::metrics::DEFAULT_NAMESPACE);
+                    rec.metrics.into_iter().map(|m| m.0)
+                })
+                .collect()
+        };
+        let log = f.log_when(id, SECS, |l| want.iter().all(|w| names(l).contains(*w))).await;
+        let got = names(&log);
+        assert!(want.iter().all(|w| got.contains(*w)), "{id}: wanted {want:?}, its EMF records hold {got:?}");
+    }
     f.delete().await;
 }
 
