@@ -113,6 +113,7 @@ pub fn records(event: SqsEvent) -> Vec<Record> {
         .into_iter()
         .map(|m| Record {
             receive_count: m.attributes.get("ApproximateReceiveCount").and_then(|n| n.parse().ok()).unwrap_or(1),
+            trace_header: m.attributes.get("AWSTraceHeader").cloned(),
             sent_at: m.attributes.get("SentTimestamp").and_then(|n| n.parse().ok()).map(sas_core::ids::Millis),
             message_id: m.message_id.unwrap_or_default(),
             body: m.body.unwrap_or_default(),

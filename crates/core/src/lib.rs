@@ -17,7 +17,8 @@
 //! [`deps`] (the composition root), [`twins`] (the stack on the in-memory twins), [`role`] (the role
 //! enum and dispatch), [`runner`] (the local runner that polls queues as Lambda does), [`sim`] (the
 //! deterministic simulation of the whole system), [`aws`] (SDK clients), [`aws_calls`] (the record
-//! of AWS calls for the least-privilege check), [`telemetry`] (logs and the metrics recorder), [`metrics`] (what is measured).
+//! of AWS calls for the least-privilege check), [`telemetry`] (logs and the metrics recorder), [`metrics`] (what is measured), [`trace`] (one
+//! trace per task).
 
 pub mod agent;
 pub mod aws;
@@ -44,6 +45,7 @@ pub mod store;
 pub mod submitter;
 pub mod supervisor;
 pub mod telemetry;
+pub mod trace;
 pub mod transition;
 pub mod twins;
 pub mod validate;

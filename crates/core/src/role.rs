@@ -85,7 +85,8 @@ pub fn handle<'a>(
     record: &'a Record,
 ) -> BoxFuture<'a, Result<(), HandlerError>> {
     let body = record.body.as_str();
-    Box::pin(async move {
+    let span = record_span(role, record);
+    let handling = async move {
         let handled = match role {
             Role::Submitter => submitter::submit_message(deps, record).await.map(drop),
             Role::Scheduler => scheduler::handle(deps, record).await.map(drop),
@@ -115,7 +116,28 @@ pub fn handle<'a>(
             }
             (other, _) => other,
         }
-    })
+    };
+    Box::pin(crate::trace::scope(record.trace_header.clone(), handling.instrument(span)))
+}
+
+/// The fields every log line of a record's handling carries (JSON logs: under `span`): its role,
+/// and the task, step and attempt its body names.
+fn record_span(role: Role, record: &Record) -> tracing::Span {
+    #[derive(serde::Deserialize)]
+    struct Names {
+        task_id: Option<String>,
+        step: Option<String>,
+        attempt_no: Option<u32>,
+    }
+    let n = serde_json::from_str::<Names>(&record.body).ok();
+    let n = n.as_ref();
+    tracing::info_span!(
+        "record",
+        role = role.name(),
+        task_id = n.and_then(|n| n.task_id.as_deref()),
+        step = n.and_then(|n| n.step.as_deref()),
+        attempt = n.and_then(|n| n.attempt_no),
+    )
 }
 
 /// One callback queue message: a `CallbackMessage`, applied by [`callback::answer`] (which logs

@@ -159,6 +159,7 @@ async fn poll(
                         body: m.body.clone(),
                         receive_count: m.receive_count,
                         sent_at: m.sent_at,
+                        trace_header: m.trace_header.clone(),
                     })
                     .collect();
             let failed = process_batch(&records, |r| handle(role, &deps, &agents, r)).await;

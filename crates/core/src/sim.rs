@@ -886,8 +886,13 @@ impl Sim {
                 }
                 continue; // the consumer died: the message comes back after its visibility timeout
             }
-            let record =
-                Record { message_id: m.message_id, body: m.body, receive_count: m.receive_count, sent_at: m.sent_at };
+            let record = Record {
+                message_id: m.message_id,
+                body: m.body,
+                receive_count: m.receive_count,
+                sent_at: m.sent_at,
+                trace_header: m.trace_header,
+            };
             let delete = !(first && self.chance(f.crash_after));
             let task = task_of(&record.body);
             if !first {

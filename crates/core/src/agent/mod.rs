@@ -12,7 +12,7 @@
 //! - [`kind`]: what each kind of agent provides (its configuration, how it is built, its IAM);
 //! - [`config`]: which agents a function hosts (`config/agents.json`).
 
-use tracing::{info, info_span, Instrument};
+use tracing::info;
 
 use crate::deps::{Deps, HandlerError};
 use crate::ids::Millis;
@@ -64,7 +64,6 @@ pub async fn handle_sent(
     if req.v != VERSION {
         return Err(HandlerError::Malformed(format!("unsupported version {}", req.v)));
     }
-    let span = info_span!("agent", task_id = %req.task_id, step = %req.step, attempt_no = req.attempt_no);
     async {
         let started = deps.now();
         if let Some(sent) = sent_at {
@@ -83,6 +82,5 @@ pub async fn handle_sent(
         deps.outbox().to_scheduler(&SchedulerMessage::Result(result), 0).await?;
         Ok(true)
     }
-    .instrument(span)
     .await
 }

@@ -8,6 +8,7 @@ use aws_sdk_sqs::types::BatchResultErrorEntry;
 use aws_sdk_sqs::types::{
     DeleteMessageBatchRequestEntry, MessageAttributeValue, MessageSystemAttributeName, SendMessageBatchRequestEntry,
 };
+use aws_sdk_sqs::types::{MessageSystemAttributeNameForSends, MessageSystemAttributeValue};
 use futures::future::BoxFuture;
 
 use super::{batch_outcome, Bus, BusError, Outgoing, Publication, Received, MAX_BATCH};
@@ -77,6 +78,11 @@ fn sqs_error(op: &'static str, queue: &str, e: aws_sdk_sqs::Error) -> BusError {
 
 fn sqs_attr(v: &str) -> MessageAttributeValue {
     MessageAttributeValue::builder().data_type("String").string_value(v).build().expect("type is set")
+}
+
+/// The `AWSTraceHeader` system attribute's value.
+fn trace_attr(header: &str) -> MessageSystemAttributeValue {
+    MessageSystemAttributeValue::builder().data_type("String").string_value(header).build().expect("type is set")
 }
 
 fn to_i32(n: u32) -> i32 {
@@ -160,6 +166,9 @@ impl AwsBus {
         for (k, v) in &msg.attributes {
             req = req.message_attributes(k, sqs_attr(v));
         }
+        if let Some(h) = &msg.trace_header {
+            req = req.message_system_attributes(MessageSystemAttributeNameForSends::AwsTraceHeader, trace_attr(h));
+        }
         req.send().await.map_err(|e| sqs_error("SendMessage", queue, e.into()))?;
         Ok(())
     }
@@ -179,6 +188,12 @@ impl AwsBus {
                     }
                     for (k, v) in &m.attributes {
                         e = e.message_attributes(k, sqs_attr(v));
+                    }
+                    if let Some(h) = &m.trace_header {
+                        e = e.message_system_attributes(
+                            MessageSystemAttributeNameForSends::AwsTraceHeader,
+                            trace_attr(h),
+                        );
                     }
                     e.build().expect("id and body are set")
                 })
@@ -230,6 +245,7 @@ impl AwsBus {
             .visibility_timeout(i32::try_from(visibility.as_secs()).unwrap_or(i32::MAX))
             .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
+            .message_system_attribute_names(MessageSystemAttributeName::AwsTraceHeader)
             .customize()
             .config_override(aws_sdk_sqs::config::Builder::default().timeout_config(long_poll_timeouts(wait)))
             .send()
@@ -246,6 +262,11 @@ impl AwsBus {
                     .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
                     .and_then(|n| n.parse().ok())
                     .unwrap_or(1),
+                trace_header: m
+                    .attributes
+                    .as_ref()
+                    .and_then(|a| a.get(&MessageSystemAttributeName::AwsTraceHeader))
+                    .cloned(),
                 sent_at: m
                     .attributes
                     .as_ref()

@@ -32,6 +32,7 @@ struct Stored {
     attributes: Vec<(String, String)>,
     visible_at: Millis,
     sent_at: Millis,
+    trace_header: Option<String>,
     receive_count: u32,
     receipt: Option<String>,
 }
@@ -251,6 +252,7 @@ impl MemoryBus {
             attributes: msg.attributes,
             visible_at: now.plus_ms(delay),
             sent_at: now,
+            trace_header: msg.trace_header,
             receive_count: 0,
             receipt: None,
         });
@@ -293,6 +295,7 @@ impl MemoryBus {
                 body: m.body.clone(),
                 receive_count: m.receive_count,
                 sent_at: Some(m.sent_at),
+                trace_header: m.trace_header.clone(),
             });
             i += 1;
         }

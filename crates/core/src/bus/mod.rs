@@ -157,15 +157,19 @@ pub struct Outgoing {
     pub fifo: Option<Fifo>,
     /// String message attributes.
     pub attributes: Vec<(String, String)>,
+    /// The X-Ray trace header it carries on (`AWSTraceHeader`): the one of the record whose
+    /// handling made it ([`crate::trace`]).
+    pub trace_header: Option<String>,
 }
 
 impl Outgoing {
+    /// A message of the record being handled: it carries that record's trace header.
     pub fn new(body: String) -> Self {
-        Outgoing { body, ..Outgoing::default() }
+        Outgoing { body, trace_header: crate::trace::current(), ..Outgoing::default() }
     }
 
     pub fn delayed(body: String, delay_seconds: u32) -> Self {
-        Outgoing { body, delay_seconds, ..Outgoing::default() }
+        Outgoing { delay_seconds, ..Outgoing::new(body) }
     }
 }
 
@@ -180,6 +184,8 @@ pub struct Received {
     pub receive_count: u32,
     /// When the message was sent (`SentTimestamp`), if known.
     pub sent_at: Option<Millis>,
+    /// Its `AWSTraceHeader`, if any.
+    pub trace_header: Option<String>,
 }
 
 /// One SQS record, whether from a Lambda event or a ReceiveMessage call.
@@ -192,11 +198,13 @@ pub struct Record {
     pub receive_count: u32,
     /// When the message was first sent (`SentTimestamp`), if known: the start of its queue wait.
     pub sent_at: Option<Millis>,
+    /// Its `AWSTraceHeader` (the X-Ray trace it belongs to), if any.
+    pub trace_header: Option<String>,
 }
 
 impl Record {
     pub fn new(message_id: impl Into<String>, body: impl Into<String>) -> Self {
-        Record { message_id: message_id.into(), body: body.into(), receive_count: 1, sent_at: None }
+        Record { message_id: message_id.into(), body: body.into(), receive_count: 1, sent_at: None, trace_header: None }
     }
 }
 

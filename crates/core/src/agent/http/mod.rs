@@ -65,8 +65,16 @@ pub struct HttpKind {
 }
 
 /// Headers the agent sets itself (or the signer does): a secret may not replace them.
-const OWN_HEADERS: [&str; 7] =
-    ["host", "content-type", "content-length", "idempotency-key", "x-request-deadline", "x-task-id", "user-agent"];
+const OWN_HEADERS: [&str; 8] = [
+    "host",
+    "content-type",
+    "content-length",
+    "idempotency-key",
+    "x-request-deadline",
+    "x-task-id",
+    "user-agent",
+    "x-amzn-trace-id",
+];
 
 impl HttpKind {
     fn secret_headers(
@@ -276,6 +284,10 @@ impl HttpAgent {
             .header("Idempotency-Key", req.idempotency_key.as_str())
             .header("X-Request-Deadline", call.deadline.to_string())
             .header("X-Task-Id", req.task_id.as_str());
+        // The task's trace goes on to the service (crate::trace).
+        if let Some(h) = crate::trace::current() {
+            builder = builder.header("X-Amzn-Trace-Id", h);
+        }
         for (name, value) in secret {
             builder = builder.header(name.clone(), value.clone());
         }

@@ -538,3 +538,15 @@ fn secrets_manager_and_ssm_errors_are_classified_by_what_the_caller_should_do() 
         SdkError::timeout_error("attempt timed out");
     assert!(matches!(classify("reading secret s1", &timeout), FetchError::Transient(m) if m.contains("secret s1")));
 }
+
+#[tokio::test]
+async fn the_task_trace_goes_to_the_service_as_x_amzn_trace_id() {
+    let (url, seen) = server(Arc::new(|_: &Seen| (200, "{}".into()))).await;
+    let agent = HttpAgent::new(super::client(), &url, 1024);
+    let h = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+    crate::trace::scope(Some(h.into()), call(&agent)).await.unwrap();
+    call(&agent).await.unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen[0].headers.get("x-amzn-trace-id").map(String::as_str), Some(h));
+    assert_eq!(seen[1].headers.get("x-amzn-trace-id"), None, "a call outside a traced record sends none");
+}
