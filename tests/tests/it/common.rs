@@ -151,6 +151,7 @@ impl Stack {
                 .max_number_of_messages(10)
                 .wait_time_seconds(1)
                 .message_attribute_names("All")
+                .message_system_attribute_names(aws_sdk_sqs::types::MessageSystemAttributeName::AwsTraceHeader)
                 .send()
                 .await
                 .expect("ReceiveMessage");

@@ -672,7 +672,22 @@ async fn lambda_a_workflow_runs_through_every_function_and_the_timer_queue() {
     // supervisor queue, handled by the Supervisor function) can notice; the rule is a day away.
     let sub = json!({"v": 1, "task_id": "w1", "workflow": "sim-order", "reply_to": reply,
                      "input": {"sim": {"reserve": {"hang_attempts": 1}}}});
-    f.s.send(&f.s.res.submission_queue_url, &sub.to_string()).await;
+    // Sent with a trace header, as an application traced by X-Ray sends it: every status the task
+    // sends back carries the same trace, through every function it passed.
+    let trace = "Root=1-6560e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
+    let header = aws_sdk_sqs::types::MessageSystemAttributeValue::builder()
+        .data_type("String")
+        .string_value(trace)
+        .build()
+        .unwrap();
+    f.s.sqs
+        .send_message()
+        .queue_url(&f.s.res.submission_queue_url)
+        .message_body(sub.to_string())
+        .message_system_attributes(aws_sdk_sqs::types::MessageSystemAttributeNameForSends::AwsTraceHeader, header)
+        .send()
+        .await
+        .unwrap();
     f.s.send(&f.s.res.submission_queue_url, "{not json").await;
 
     let t = f.s.wait_for("w1", Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
@@ -683,12 +698,12 @@ async fn lambda_a_workflow_runs_through_every_function_and_the_timer_queue() {
     assert_eq!(t.steps[2].output.as_ref().unwrap()["idempotency_key"], "w1:ship");
 
     // The caller's reply queue got every state change, in order (a FIFO queue).
-    let st: Vec<StatusMessage> =
-        f.s.bodies(&reply, 7, Duration::from_secs(10))
-            .await
-            .into_iter()
-            .map(|b| serde_json::from_value(b).unwrap())
-            .collect();
+    let msgs = f.s.drain(&reply, 7, Duration::from_secs(10)).await;
+    for m in &msgs {
+        let got = m.attributes().and_then(|a| a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::AwsTraceHeader));
+        assert_eq!(got.map(String::as_str), Some(trace), "{:?}", m.body());
+    }
+    let st: Vec<StatusMessage> = msgs.iter().map(|m| serde_json::from_str(m.body().unwrap()).unwrap()).collect();
     let states: Vec<ProcessState> = st.iter().map(|m| m.state).collect();
     use ProcessState::{Pending, Processed, Processing};
     assert_eq!(states, vec![Processing, Pending, Processing, Processing, Processing, Processed]);
