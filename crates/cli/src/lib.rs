@@ -7,3 +7,4 @@ pub mod ops;
 pub mod smoke;
 pub mod stack;
 pub mod table;
+pub mod timeline;
