@@ -8,3 +8,4 @@ pub mod smoke;
 pub mod stack;
 pub mod table;
 pub mod timeline;
+pub mod top;
