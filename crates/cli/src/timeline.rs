@@ -230,10 +230,12 @@ struct Span {
     why: Option<String>,
 }
 
-/// "timed out" or "failed", from the reason the protocol wrote.
+/// "refused" (a definite no), "timed out" or "failed", from the reason the protocol wrote.
 fn failure_word(reason: Option<&str>) -> &'static str {
     let r = reason.unwrap_or_default();
-    if r.contains("passed CompleteBy") || r.contains("timed out") || r.contains("no heartbeat") {
+    if r.contains("failed permanently") {
+        "refused"
+    } else if r.contains("passed CompleteBy") || r.contains("timed out") || r.contains("no heartbeat") {
         "timed out"
     } else {
         "failed"
@@ -270,6 +272,11 @@ fn spans(task: &Task, now: Millis) -> Vec<Span> {
     let class: Vec<Option<(Unit, bool)>> = (0..h.len())
         .map(|i| {
             let e = &h[i];
+            if e.state == ProcessState::Error {
+                // left by an operator's resubmit or cancel: the time in Error, on the unit it resumed
+                let n = h.get(i + 1)?;
+                return Some((unit_named(task, n.step.as_deref()?)?, true));
+            }
             if e.state.is_terminal() {
                 return None;
             }
@@ -304,16 +311,17 @@ fn spans(task: &Task, now: Millis) -> Vec<Span> {
         let span = if wait {
             let reason = e.reason.as_deref().unwrap_or_default();
             let after_error = i > 0 && h[i - 1].state == ProcessState::Error;
-            let label = if open {
-                "waiting for a claim"
+            let label = if e.state == ProcessState::Error {
+                "in Error"
             } else if reason.contains("; retry ") && !after_error {
                 "backoff"
             } else if after_error {
                 "resumed"
             } else if e.state == ProcessState::Compensating {
+                // until the forward attempt answers or can no longer apply
                 "settling"
             } else {
-                "waiting"
+                "waiting for a claim"
             };
             Span { unit, kind: Kind::Wait, start: e.at, end, open, tone: Tone::Plain, outcome: label.into(), why: None }
         } else {
@@ -402,7 +410,7 @@ fn unit_summary(task: &Task, unit: Unit) -> (Tone, String) {
                 StepStatus::TimedOut => (Tone::Bad, "timed out".to_owned()),
                 StepStatus::Cancelled => (Tone::Warn, "cancelled".to_owned()),
             };
-            if s.attempts > 0 {
+            if s.attempts > 0 && s.status != StepStatus::Running {
                 let _ = write!(text, ", {}", plural(s.attempts, "attempt"));
             }
             if s.failures > 0 {
@@ -430,7 +438,9 @@ fn unit_summary(task: &Task, unit: Unit) -> (Tone, String) {
                 CompensationStatus::Done => (Tone::Good, "done".to_owned()),
                 CompensationStatus::Failed => (Tone::Bad, "failed".to_owned()),
             };
-            let _ = write!(text, ", {}", plural(c.attempts, "attempt"));
+            if c.status != CompensationStatus::Running {
+                let _ = write!(text, ", {}", plural(c.attempts, "attempt"));
+            }
             if c.failures > 0 {
                 let _ = write!(text, ", {}", plural(c.failures, "failure"));
             }
@@ -926,7 +936,7 @@ mod tests {
             "{text}"
         );
         let wait = lines(&text, "wait ").into_iter().find(|l| l.contains("+0.700s")).unwrap();
-        assert!(wait.contains("waiting for a claim") && wait.contains("0.300s…"), "{text}");
+        assert!(wait.contains("backoff") && wait.contains("0.300s…"), "{text}");
         assert!(lines(&text, "  charge ").iter().any(|l| l.contains("not started")), "{text}");
     }
 
@@ -972,6 +982,17 @@ mod tests {
         assert!(lines(&text, "attempt 1").iter().any(|l| l.contains("refused")), "{text}");
         assert!(text.contains("out of stock") && text.contains("now: ended Error at +0.500s"), "{text}");
 
+        // an operator resubmits it: the wait before its claim, then attempt 2
+        let run = d.0.run;
+        let d = d.go(9_000, &Event::Resubmit { reason: "restocked".into(), run: Some(run) }).claim(9_100);
+        let text = d.render(9_600);
+        let wait = lines(&text, "    wait ").into_iter().find(|l| l.contains("+9.000s")).unwrap();
+        assert!(wait.contains("resumed") && wait.contains("0.100s"), "{text}");
+        let parked = lines(&text, "    wait ").into_iter().find(|l| l.contains("+0.500s")).unwrap();
+        assert!(parked.contains("in Error") && parked.contains("8.500s"), "{text}");
+        assert!(lines(&text, "attempt 2").iter().any(|l| l.contains("+9.100s") && l.contains("running")), "{text}");
+        assert!(lines(&text, "attempt 1").iter().any(|l| l.contains("refused") && l.contains("0.500s")), "{text}");
+
         let mut empty = Drive::order().0;
         empty.history.clear();
         let text = render(&empty, Millis(T0 + 1_000), &Options::full(false));
@@ -983,6 +1004,26 @@ mod tests {
         rejected.locked_by = None;
         let text = render(&rejected, Millis(T0), &Options::compact(false));
         assert!(text.contains("Rejected") && text.contains("now: ended Rejected"), "{text}");
+    }
+
+    #[test]
+    fn a_wait_step_sleeps_and_a_callback_step_runs_until_its_answer() {
+        // order-async: after the charge, cool-off sleeps 2 s; ship hands over a callback token
+        // (CompleteBy: +2.6 s + its 5 s schedule-to-start + 3 s heartbeat window; hard: + 30 s)
+        let d = Drive::of(workflow("order-async")).ok(300, json!({})).ok(600, json!({})).expire(2_600);
+        let text = d.render(4_600);
+        let sleep = lines(&text, "    sleep ");
+        assert_eq!(sleep.len(), 1, "{text}");
+        assert!(sleep[0].contains("+0.600s") && sleep[0].contains("2.000s") && sleep[0].contains("woke up"), "{text}");
+        assert!(sleep[0].contains('▒'), "{text}");
+        assert!(text.contains("now: waiting for ship (attempt 1 running) until CompleteBy +10.600s (6.000s from now); heartbeats cannot move it past +37.600s"), "{text}");
+        let attempt = d.attempt();
+        let answer = sas_core::messages::CallbackAnswer::Succeeded { output: json!({"tracking": "Z1"}) };
+        let d = d.go(7_000, &Event::Callback { attempt, unit: "ship".into(), answer });
+        let text = d.render(60_000);
+        let ship = lines(&text, "attempt 1").into_iter().find(|l| l.contains("+2.600s")).unwrap();
+        assert!(ship.contains("4.400s") && ship.contains("succeeded"), "{text}");
+        assert!(text.contains(r#"{"tracking":"Z1"}"#), "{text}");
     }
 
     #[test]
