@@ -879,6 +879,36 @@ mod tests {
     }
 
     #[test]
+    fn a_step_that_never_answers_is_retried_then_compensated_as_the_readme_shows() {
+        // ship hangs three times (each found 2 s after its CompleteBy), refund fails once
+        let d = Drive::order()
+            .ok(400, json!({"reservation": "r-1"}))
+            .ok(800, json!({"charge_id": "ch_1"}))
+            .expire(17_800)
+            .claim(19_300)
+            .expire(36_300)
+            .claim(38_300)
+            .expire(55_300)
+            .fail(55_900, "503 from payment", true)
+            .claim(57_400)
+            .ok(57_600, json!({}))
+            .ok(57_900, json!({}));
+        let text = d.render(90_000);
+        let attempt3 = lines(&text, "attempt 3");
+        assert!(attempt3[0].contains("timed out") && !attempt3[0].contains("retried"), "{text}");
+        assert!(text.contains("all 3 attempts used"), "{text}");
+        // the README's excerpt is this rendering, line for line
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("answered (the times are the renderer's test").expect("the README's timeline");
+        let block = readme[start..].split("```").nth(1).expect("its code block");
+        let shown: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty() && l.trim() != "...").collect();
+        assert!(shown.len() > 10, "{block}");
+        for line in shown {
+            assert!(text.lines().any(|l| l == line), "README line not rendered: {line:?}\n{text}");
+        }
+    }
+
+    #[test]
     fn a_cancelled_running_step_waits_to_settle_before_its_compensation() {
         // cancelled while charge runs: refund waits until charge's attempt cannot apply any more
         // (its CompleteBy +15.4 s, plus the 2 s settling margin), then refund and release run.
