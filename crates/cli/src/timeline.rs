@@ -9,8 +9,9 @@
 //! time axis shared by the whole task.
 //!
 //! `Compensating` names both a compensation waiting for its claim and one running: the protocol
-//! keeps the reason when the claim follows a wait, and writes a new one when an attempt fails, so
-//! an entry followed by the same unit with the same reason is a wait (see [`is_wait`]).
+//! keeps the reason and the failure count when the claim follows a wait, and counts a failure when
+//! an attempt fails, so an entry followed by the same unit with the same reason and count is a
+//! wait (see [`is_wait`]; checked against the protocol on random runs).
 //!
 //! The history on the item is capped (the protocol keeps the last `history_limit` entries); the
 //! timeline says how many earlier entries are gone, and numbers the attempts it still sees from the
@@ -169,15 +170,18 @@ fn recorded_attempts(task: &Task, unit: Unit) -> u32 {
 
 /// Whether history entry `i` starts a wait (rather than an attempt). `Pending` waits and
 /// `Processing` runs; `Compensating` says neither, so: a wait is followed by the same unit with
-/// the same reason (its claim, or a second wait when the awaited forward attempt answered), or by
-/// `Error` because it was never claimed; the last entry waits while nothing holds the task.
+/// the same reason and `FailureCount` (its claim, or a second wait when the awaited forward
+/// attempt answered; an attempt that fails counts a failure and says why anew), or by `Error`
+/// because it was never claimed; the last entry waits while nothing holds the task.
 fn is_wait(task: &Task, i: usize) -> bool {
     let h = &task.history;
     let e = &h[i];
     match e.state {
         ProcessState::Pending => true,
         ProcessState::Compensating => match h.get(i + 1) {
-            Some(n) if n.state == ProcessState::Compensating => n.step == e.step && n.reason == e.reason,
+            Some(n) if n.state == ProcessState::Compensating => {
+                n.step == e.step && n.reason == e.reason && n.failure_count == e.failure_count
+            }
             Some(n) if n.state == ProcessState::Error => n.reason.as_deref().is_some_and(|r| r.contains("not claimed")),
             Some(_) => false,
             None => task.process_state == ProcessState::Compensating && task.locked_by.is_none(),
@@ -1054,6 +1058,75 @@ mod tests {
         let ship = lines(&text, "attempt 1").into_iter().find(|l| l.contains("+2.600s")).unwrap();
         assert!(ship.contains("4.400s") && ship.contains("succeeded"), "{text}");
         assert!(text.contains(r#"{"tracking":"Z1"}"#), "{text}");
+    }
+
+    /// The protocol does not say whether a `Compensating` entry began a wait or an attempt; the
+    /// timeline infers it ([`is_wait`]). Checked against the truth (whether the transition that
+    /// wrote the entry left the task locked) on random runs of the order workflow: successes,
+    /// retryable and permanent failures, expiries, restarts, cancels and resubmits. So are the
+    /// attempts' numbers.
+    #[test]
+    fn compensating_entries_are_told_apart_as_the_protocol_wrote_them() {
+        let mut seed: u64 = 0x5eed;
+        let mut rnd = |n: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % n
+        };
+        let mut compensating = 0;
+        for _ in 0..1_000 {
+            let mut t = Drive::order().0;
+            let mut now = 0;
+            let mut truth: HashMap<u64, bool> = HashMap::new();
+            // the submission claims the first attempt
+            let mut numbers: HashMap<Millis, u32> = HashMap::from([(Millis(T0), 1)]);
+            for _ in 0..40 {
+                if t.process_state.is_terminal() && t.process_state != ProcessState::Error {
+                    break;
+                }
+                now += 100 + rnd(3_000);
+                let run = Some(t.run);
+                let e = match (t.process_state, &t.locked_by, rnd(6)) {
+                    (ProcessState::Error, _, k) if k < 3 => Event::Resubmit { reason: "again".into(), run },
+                    (ProcessState::Error, _, _) => Event::Cancel { reason: "stop".into(), run },
+                    (_, _, 0) => Event::Cancel { reason: "stop".into(), run: None },
+                    (_, Some(a), 1) => Event::AgentSucceeded { attempt: a.clone(), output: json!({}) },
+                    (_, Some(a), 2) => Event::AgentFailed { attempt: a.clone(), error: "503".into(), retryable: true },
+                    (_, Some(a), 3) => Event::AgentFailed { attempt: a.clone(), error: "no".into(), retryable: false },
+                    (_, Some(a), _) if rnd(2) == 0 => Event::AgentSucceeded { attempt: a.clone(), output: json!({}) },
+                    (_, None, k) if k < 4 => {
+                        now = now.max(t.not_before.map_or(0, |nb| nb.0 - T0));
+                        Event::Claim { rev: t.wait_rev }
+                    }
+                    _ => {
+                        now = now.max(t.complete_by.map_or(0, |cb| cb.0 - T0 + 2_000));
+                        Event::DeadlineExpired
+                    }
+                };
+                let Ok(tr) = apply(&t, &e, &ctx(now), &policy()) else { continue };
+                t = tr.task;
+                if let Some(last) = t.history.last() {
+                    truth.entry(last.seq).or_insert(t.locked_by.is_none());
+                    if t.locked_by.is_some() {
+                        let unit = unit_named(&t, t.current_step_name().unwrap()).unwrap();
+                        numbers.entry(last.at).or_insert(recorded_attempts(&t, unit));
+                    }
+                }
+            }
+            // and each attempt has the number the records gave it
+            for span in spans(&t, Millis(T0 + now)) {
+                if let Kind::Attempt(n) = span.kind {
+                    assert_eq!(Some(&n), numbers.get(&span.start), "{span:?} of {:#?}", t.history);
+                }
+            }
+            for (i, e) in t.history.iter().enumerate() {
+                if e.state == ProcessState::Compensating {
+                    compensating += 1;
+                    let want = truth[&e.seq];
+                    assert_eq!(is_wait(&t, i), want, "entry {i} (seq {}) of {:#?}", e.seq, t.history);
+                }
+            }
+        }
+        assert!(compensating > 1_000, "the runs compensate often enough to tell: {compensating}");
     }
 
     #[test]
