@@ -370,9 +370,10 @@ fn spans(task: &Task, now: Millis) -> Vec<Span> {
     out
 }
 
-/// The instant the time axis ends: the end for a task that ended, `now` for one in flight.
+/// The instant the time axis ends: the last entry for a task that ended (a late result may write
+/// it later), `now` for one in flight.
 fn axis_end(task: &Task, now: Millis, spans: &[Span]) -> Millis {
-    let last = task.history.last().map_or(task.updated_at, |h| h.at.max(task.updated_at));
+    let last = task.history.last().map_or(task.updated_at, |h| h.at);
     let end = if task.process_state.is_terminal() { last } else { now.max(last) };
     spans.iter().map(|s| s.end).fold(end, Millis::max)
 }
@@ -634,6 +635,14 @@ pub fn render(task: &Task, now: Millis, opts: &Options) -> String {
         }
     }
     let _ = writeln!(out, "  now: {}", current(task, now));
+    if task.late_results > 0 {
+        let _ = writeln!(
+            out,
+            "  late results: {} (a success after its attempt expired); last: {}",
+            task.late_results,
+            task.late_result.as_deref().map_or("-".into(), |r| humane(r, t0, 2 * CLIP))
+        );
+    }
     if full {
         history(task, &mut out);
         outputs(task, &mut out);
@@ -1067,6 +1076,28 @@ mod tests {
         let ship = lines(&text, "attempt 1").into_iter().find(|l| l.contains("+2.600s")).unwrap();
         assert!(ship.contains("4.400s") && ship.contains("succeeded"), "{text}");
         assert!(text.contains(r#"{"tracking":"Z1"}"#), "{text}");
+        assert!(!text.contains("late results"), "{text}");
+        // a second answer of an attempt that expired long ago: the task records it; the axis
+        // still ends with the task, and the timeline says when the late success came
+        let late =
+            Drive::of(workflow("order-async")).ok(300, json!({})).ok(600, json!({})).expire(2_600).expire(12_600);
+        let first = late.0.steps[3].issued[0].clone();
+        let ok = sas_core::messages::CallbackAnswer::Succeeded { output: json!({}) };
+        let late = late
+            .claim(14_600)
+            .expire(26_600)
+            .ok(27_000, json!({}))
+            .ok(27_300, json!({}))
+            .go(70_000, &Event::Callback { attempt: first, unit: "ship".into(), answer: ok });
+        assert_eq!((late.0.process_state, late.0.late_results), (ProcessState::Compensated, 1));
+        let text = late.render(80_000);
+        assert!(
+            text.contains(
+                "late results: 1 (a success after its attempt expired); last: ship: a success came at +1m10.0s"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("bars: 40 columns = 27.300s"), "{text}");
     }
 
     /// What ended an attempt, as the timeline words it.
