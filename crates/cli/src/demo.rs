@@ -3,7 +3,8 @@
 //! submits sample orders (clean, flaky, slow, hanging once, declined, lost in shipping, a duplicate,
 //! a malformed one; on `order-async`, shipping as a callback step answered on time, late, and
 //! never), shows them move, and checks each order's end and the service's ledger: every
-//! effect applied exactly once, every compensated order released and refunded.
+//! effect applied exactly once, every compensated order released and refunded; then each order's
+//! timeline (its steps and attempts on a time axis, [`sas_cli::timeline`]).
 //!
 //! Two modes: [`run`] hosts the roles in this process (the local runner, against a stack deployed
 //! with the functions off); [`run_lambda`] deploys the functions onto LocalStack and lets its
@@ -19,10 +20,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use aws_sdk_sqs::types::QueueAttributeName;
+use sas_cli::timeline;
 use sas_core::agent::{AgentRuntime, BUILT_IN_AGENTS};
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
-use sas_core::ids::TaskId;
+use sas_core::ids::{Millis, TaskId};
 use sas_core::messages::{Submission, VERSION};
 use sas_core::protocol::{ProcessState, Task};
 use sas_core::runner::{Runner, RunnerHandle, RunnerOptions};
@@ -212,6 +214,21 @@ async fn drain(sqs: &aws_sdk_sqs::Client, url: &str) -> Result<Vec<(String, Opti
             let reason =
                 m.message_attributes.as_ref().and_then(|a| a.get("RejectReason")).and_then(|v| v.string_value.clone());
             bodies.push((m.body.unwrap_or_default(), reason));
+        }
+    }
+}
+
+/// Each order's steps and attempts on its time axis (what `sasctl status` shows, without the
+/// history and the outputs).
+fn print_timelines(orders: &[Order], tasks: &BTreeMap<String, Task>) {
+    let opts = timeline::Options::compact(std::io::stdout().is_terminal());
+    let now = Millis::now();
+    println!("\n  timelines (`sasctl status <order>` adds the whole history and the outputs):");
+    for o in orders {
+        let Some(t) = tasks.get(&o.id) else { continue };
+        println!();
+        for line in timeline::render(t, now, &opts).lines() {
+            println!("    {line}");
         }
     }
 }
@@ -531,6 +548,7 @@ async fn scenario(
         .is_some_and(|t| t.history.iter().filter(|h| h.seq == 1).count() == 1 && t.steps[0].attempts == 1);
     println!("  duplicate submission created nothing new: {}", if dup_ok { "yes" } else { "NO" });
     ok &= dup_ok && rejected.len() == 1 && !alerts.is_empty();
+    print_timelines(&orders, &tasks);
     println!(
         "\n{}",
         if ok { "every order reached the end it was set up for" } else { "SOME ORDERS DID NOT END AS EXPECTED" }

@@ -7,3 +7,5 @@ pub mod ops;
 pub mod smoke;
 pub mod stack;
 pub mod table;
+pub mod timeline;
+pub mod top;

@@ -6,6 +6,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::collections::HashMap;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use clap::{Parser, Subcommand};
 use sas_cli::answer::{self, Answer};
 use sas_cli::ops::Command;
 use sas_cli::table::TableReader;
+use sas_cli::timeline;
 use sas_core::agent::AgentRuntime;
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
@@ -127,7 +129,9 @@ enum Cmd {
         #[arg(long)]
         reply_to: Option<String>,
     },
-    /// Show one task: state, steps, FailureCount, LockedBy, CompleteBy, history.
+    /// Show one task: its state, FailureCount, LockedBy, CompleteBy; its steps and their attempts
+    /// on a time axis from its creation (durations, backoffs, outcomes, a bar per attempt); every
+    /// history entry the item keeps; the steps' outputs; what it waits for now.
     Status {
         task_id: String,
         #[arg(long)]
@@ -142,6 +146,23 @@ enum Cmd {
         limit: u32,
         #[arg(long)]
         json: bool,
+    },
+    /// The tasks in flight by ProcessState and the oldest overdue steps (CompleteBy in the past),
+    /// most overdue first; with the ended tasks' counts. Says how many requests it made.
+    Top {
+        /// Look again every this many seconds, until Ctrl-C (default: once).
+        #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+        watch: Option<u64>,
+        /// How many overdue tasks to list.
+        #[arg(long, default_value_t = 10)]
+        show: usize,
+        /// Count the tasks in flight by state when there are at most this many (each is read,
+        /// 100 per BatchGetItem); above it only the overdue ones shown are read.
+        #[arg(long, default_value_t = 1_000)]
+        read_all: usize,
+        /// Skip the ended tasks' counts (Select=COUNT queries of ByEnd, one per shard and state).
+        #[arg(long)]
+        no_ended: bool,
     },
     /// The main job: run every role here, submit sample orders, show them move, check the ends.
     Demo {
@@ -317,20 +338,6 @@ async fn deps(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Deps> {
     Ok(Deps::aws(sdk, resources(cli, sdk).await?, WorkflowRegistry::from_env()?, Settings::from_env()?))
 }
 
-fn ms(m: Option<Millis>) -> String {
-    m.map_or_else(
-        || "-".to_owned(),
-        |m| {
-            let now = Millis::now();
-            if m > now {
-                format!("{m} (in {} ms)", now.until(m))
-            } else {
-                format!("{m} ({} ms ago)", m.until(now))
-            }
-        },
-    )
-}
-
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
@@ -494,51 +501,8 @@ async fn run(cli: &Cli) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&t)?);
                 return Ok(());
             }
-            println!("task          {}", t.task_id);
-            println!("workflow      {}@{}", t.workflow.name, t.workflow.version);
-            println!("ProcessState  {}", t.process_state);
-            println!("FailureCount  {}", t.failure_count);
-            println!("LockedBy      {}", t.locked_by.as_ref().map_or("-", |l| l.as_str()));
-            println!("CompleteBy    {}", ms(t.complete_by));
-            println!("reason        {}", t.reason.as_deref().unwrap_or("-"));
-            if t.undelivered_replies > 0 {
-                println!(
-                    "reply_to      {} statuses undelivered; last: {}",
-                    t.undelivered_replies,
-                    t.reply_error.as_deref().unwrap_or("-")
-                );
-            }
-            println!(
-                "\n{:<12} {:<10} {:>8} {:>8}  {:<22} error",
-                "step", "status", "attempts", "failures", "compensation"
-            );
-            for s in &t.steps {
-                let comp = s
-                    .compensation
-                    .as_ref()
-                    .map_or("-".to_owned(), |c| format!("{} {:?}", c.name, c.status).to_lowercase());
-                println!(
-                    "{:<12} {:<10} {:>8} {:>8}  {:<22} {}",
-                    s.name,
-                    format!("{:?}", s.status).to_lowercase(),
-                    s.attempts,
-                    s.failures,
-                    comp,
-                    s.error.as_deref().unwrap_or("")
-                );
-            }
-            println!("\n{:>4}  {:<13} {:<10} {:>5}  {:<15} reason", "seq", "state", "step", "fails", "at");
-            for h in &t.history {
-                println!(
-                    "{:>4}  {:<13} {:<10} {:>5}  {:<15} {}",
-                    h.seq,
-                    h.state.as_str(),
-                    h.step.as_deref().unwrap_or("-"),
-                    h.failure_count,
-                    h.at,
-                    h.reason.as_deref().unwrap_or("")
-                );
-            }
+            let color = std::io::stdout().is_terminal();
+            print!("{}", timeline::render(&t, Millis::now(), &timeline::Options::full(color)));
         }
         Cmd::List { state, limit, json } => {
             let deps = deps(cli, &sdk).await?;
@@ -581,6 +545,26 @@ async fn run(cli: &Cli) -> Result<()> {
                 );
             }
             println!("{note}");
+        }
+        Cmd::Top { watch, show, read_all, no_ended } => {
+            let deps = deps(cli, &sdk).await?;
+            let reader = TableReader::new(&sdk, &deps.resources);
+            let tty = std::io::stdout().is_terminal();
+            loop {
+                let text = top(&deps, &reader, *show, *read_all, !*no_ended).await?;
+                let Some(secs) = watch else {
+                    print!("{text}");
+                    break;
+                };
+                if tty {
+                    print!("\x1b[2J\x1b[H");
+                }
+                println!("{text}(every {secs} s; Ctrl-C to stop)\n");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(*secs)) => {}
+                    _ = tokio::signal::ctrl_c() => break,
+                }
+            }
         }
         Cmd::Demo { timeout, functions, config, name } => {
             let timeout = Duration::from_secs(*timeout);
@@ -665,6 +649,19 @@ async fn run(cli: &Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One look for `sasctl top`: the tasks in flight (and, with `ended`, the ended ones' counts).
+async fn top(deps: &Deps, reader: &TableReader, show: usize, read_all: usize, ended: bool) -> Result<String> {
+    let mut snap = sas_cli::top::in_flight(deps.store.as_ref(), Millis::now(), read_all, show).await?;
+    if ended {
+        // Rejected submissions never become tasks (they are in the submission DLQ).
+        for state in ProcessState::ALL.into_iter().filter(|s| s.is_terminal() && *s != ProcessState::Rejected) {
+            snap.ended.push((state, reader.count_by_state(state).await?));
+            snap.count_queries += u64::from(deps.resources.shards.max(1));
+        }
+    }
+    Ok(sas_cli::top::render(&snap))
 }
 
 /// The answer a `complete|fail|heartbeat|approve|reject` command gives, checked (`None` for the

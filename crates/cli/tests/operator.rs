@@ -1,6 +1,7 @@
 //! The operator commands against LocalStack, through the `sasctl` binary: a no-op is refused at
 //! once as one line (no backtrace, even with `RUST_BACKTRACE=1`) and exit 1; a cancel and a
-//! resubmit print the states they led to; `list` says when it stops at `--limit`;
+//! resubmit print the states they led to; `status` prints a task's timeline; `top` counts the tasks
+//! by state; `list` says when it stops at `--limit`;
 //! `resubmit --state Error` counts what moved.
 //!
 //! Needs `AWS_ENDPOINT_URL` (LocalStack: `source infra/env.sh`). Deploys its own stack, runs the
@@ -163,6 +164,15 @@ async fn operator_commands_report_their_outcome() {
     s.wait_for(&ok2, "Processed", is(ProcessState::Processed)).await;
     s.wait_for(&err, "Error", is(ProcessState::Error)).await;
 
+    // status: the facts and the timeline, every step's attempt on the time axis
+    let out = assert_ok(&s.sasctl(&["status", &ok1]));
+    assert!(out.contains("ProcessState  Processed") && out.contains("now: ended Processed at +"), "{out}");
+    let attempts = out.lines().filter(|l| l.trim_start().starts_with("attempt 1") && l.contains("succeeded"));
+    assert_eq!(attempts.count(), 3, "{out}");
+    assert!(out.contains("history: 4 entries kept on the task item"), "{out}");
+    let out = assert_ok(&s.sasctl(&["status", &stuck]));
+    assert!(out.contains("cancelled") && out.contains("now: ended Cancelled at +"), "{out}");
+
     // No-ops are refused at once, naming the state and why.
     assert_refused(&s.sasctl(&["cancel", &format!("{run}-nope")]), "there is no such task");
     assert_refused(&s.sasctl(&["cancel", &ok1]), &format!("cannot cancel {ok1}: it is Processed"));
@@ -181,6 +191,11 @@ async fn operator_commands_report_their_outcome() {
 
     // Every Error task, in batches, with a summary (the release is refused again: back to Error).
     s.wait_for(&err, "Error again", |t| t.process_state == ProcessState::Error && t.run == 2).await;
+    // top: nothing in flight, the ended tasks counted, and what it cost (2 shards)
+    let out = assert_ok(&s.sasctl(&["top"]));
+    assert!(out.contains("in flight: 0 tasks (Pending 0, Processing 0, Compensating 0)"), "{out}");
+    assert!(out.contains("Processed 2, Compensated 0, Error 1, Cancelled 1"), "{out}");
+    assert!(out.contains("requests: 2 ByCompleteBy queries (keys only), 0 BatchGetItem"), "{out}");
     let out = assert_ok(&s.sasctl(&["resubmit", "--state", "Error"]));
     assert!(out.ends_with("resubmit --state Error: requested 1, moved 1, unchanged 0"), "{out}");
 
