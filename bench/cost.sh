@@ -10,7 +10,8 @@
 # (bench/cost_proxy.py) and the local runner pointed at the proxy, runs bench/cost_bench.py, and
 # stops what it started: the runner and the proxy always; LocalStack only if it started it (else
 # it deletes its stack, so a shared LocalStack is left as it was).
-# Knobs: BENCH_N (1-step tasks, default 200; 3-step workloads get half), SWEEP=1, SWEEP_FINISHED
+# Knobs: BENCH_N (1-step tasks, default 200; 3-step workloads get half), BENCH_LOG_LEVEL (the
+# runner's RUST_LOG, default info, as the template's LogLevel), SWEEP=1, SWEEP_FINISHED
 # (100000), BENCH_QUEUE_BUDGET_MS (15000), LOCALSTACK_PORT (4566), CARGO_TARGET_DIR.
 # Output: the tables on stdout, raw figures in .local/bench-cost.json, every DynamoDB item write
 # (sizes before/after, index entry sizes, units) in .local/bench-writes.jsonl.
@@ -32,6 +33,8 @@ PORT_FILE="$SAS_LOCAL_DIR/bench-proxy.port"
 PROXY_LOG="$SAS_LOCAL_DIR/bench-proxy.log"
 TRACE="$SAS_LOCAL_DIR/bench-writes.jsonl"
 RUNNER_LOG="$SAS_LOCAL_DIR/bench-runner.log"
+# The runner's stdout: its JSON log lines and EMF records, as the functions write them.
+RUNNER_OUT="$SAS_LOCAL_DIR/bench-runner.jsonl"
 UPSTREAM="http://127.0.0.1:$LOCALSTACK_PORT"
 SASCTL="${CARGO_TARGET_DIR:-$SAS_ROOT/target}/debug/sasctl"
 PYTHON="${PYTHON:-python3}"
@@ -99,15 +102,19 @@ PROXY="http://127.0.0.1:$(cat "$PORT_FILE")"
 # scheduled, not per task: measured on its own); a short queue budget so that every deadline timer
 # fires, and is counted, within the run. Batches gather for the template's default
 # BatchingWindowSeconds (1 s), as the functions' event sources do.
+# Logs as the functions write them (JSON, RUST_LOG=BENCH_LOG_LEVEL, default the template's INFO),
+# with their EMF records: bench/cost_bench.py counts the bytes per task (what seeing costs).
+export BENCH_LOG_LEVEL="${BENCH_LOG_LEVEL:-info}"
 AWS_ENDPOINT_URL="$PROXY" SAS_OUTPUTS="$OUTPUTS" QUEUE_BUDGET_MS="${BENCH_QUEUE_BUDGET_MS:-15000}" \
-  "$SASCTL" run --sweep-every 86400 --batch-window-ms "${BENCH_BATCH_WINDOW_MS:-1000}" >"$RUNNER_LOG" 2>&1 &
+  SAS_LOG_FORMAT=json SAS_METRICS=on RUST_LOG="$BENCH_LOG_LEVEL" \
+  "$SASCTL" run --sweep-every 86400 --batch-window-ms "${BENCH_BATCH_WINDOW_MS:-1000}" >"$RUNNER_OUT" 2>"$RUNNER_LOG" &
 runner_pid=$!
 sleep 1
-kill -0 "$runner_pid" 2>/dev/null || { echo "the runner died at start:" >&2; tail -20 "$RUNNER_LOG" >&2; exit 1; }
+kill -0 "$runner_pid" 2>/dev/null || { echo "the runner died at start:" >&2; tail -20 "$RUNNER_LOG" "$RUNNER_OUT" >&2; exit 1; }
 log "LocalStack $UPSTREAM, proxy $PROXY (log $PROXY_LOG), runner pid $runner_pid (log $RUNNER_LOG)"
 
 common=(--outputs "$OUTPUTS" --upstream "$UPSTREAM" --proxy "$PROXY" --sasctl "$SASCTL" --json-out "$JSON_OUT"
-  --in-flight "$IN_FLIGHT")
+  --in-flight "$IN_FLIGHT" --runner-out "$RUNNER_OUT")
 rc=0
 if [ "$MODE" = sweep ]; then
   BENCH_N="${BENCH_N:-20}" QUEUE_BUDGET_MS="${BENCH_QUEUE_BUDGET_MS:-15000}" \

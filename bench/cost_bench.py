@@ -26,6 +26,44 @@ from cost_proxy import Upstream, item_size  # noqa: E402
 
 # us-east-1 list prices, $ per million.
 PRICE = {"sqs": 0.40, "wcu": 0.625, "rcu": 0.125, "lambda": 0.20, "sns": 0.50}
+# CloudWatch Logs ingestion (us-east-1, standard class): $0.50 per GB, counted here as each line's
+# bytes plus the 26 bytes PutLogEvents counts per event. EMF records are log lines: no PutMetricData.
+LOGS_USD_PER_GB = 0.50
+LOG_EVENT_OVERHEAD = 26
+
+
+def log_slice(path: str, start: int) -> dict:
+    """What the runner wrote to stdout (its JSON log lines and EMF records, as a function writes
+    them to CloudWatch Logs) from byte `start` on, by kind and level."""
+    if not path or not os.path.exists(path):
+        return {}
+    with open(path, "rb") as f:
+        f.seek(start)
+        data = f.read()
+    out = {"emf_lines": 0, "emf_bytes": 0, "log_lines": 0, "log_bytes": 0, "by_level": {}, "by_message": {}}
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        size = len(line) + 1 + LOG_EVENT_OVERHEAD
+        if b'"_aws"' in line:
+            out["emf_lines"] += 1
+            out["emf_bytes"] += size
+            continue
+        out["log_lines"] += 1
+        out["log_bytes"] += size
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = {}
+        level = str(rec.get("level", "?"))
+        out["by_level"][level] = out["by_level"].get(level, 0) + 1
+        msg = str(rec.get("message", "?"))[:60]
+        out["by_message"][msg] = out["by_message"].get(msg, 0) + size
+    return out
+
+
+def file_size(path: str) -> int:
+    return os.path.getsize(path) if path and os.path.exists(path) else 0
 TERMINAL = {"Processed", "Compensated", "Error", "Cancelled", "Rejected"}
 ROLES = {
     "SubmissionQueueUrl": "submission",
@@ -339,6 +377,7 @@ def run_workload(env: Env, a, reply_url: str, reply_queue: str, spec) -> dict:
     run = uuid.uuid4().hex[:6]
     ids = [f"bench-{run}-{i:05d}" for i in range(n)]
     env.reset()
+    log_start = file_size(a.runner_out)
     t0 = time.time()
     submit(env, workflow, inp, ids, reply_url)
     log(f"{name}: {n} tasks sent")
@@ -365,6 +404,11 @@ def run_workload(env: Env, a, reply_url: str, reply_queue: str, spec) -> dict:
     waited = env.wait_quiet(a.quiet_timeout, f"after {name}")
     time.sleep(a.settle)
     snap = env.counters()
+    seen = log_slice(a.runner_out, log_start)
+    if seen:
+        seen["per_task"] = {k: seen[k] / n for k in ("emf_lines", "emf_bytes", "log_lines", "log_bytes")}
+        seen["usd_per_million"] = (seen["emf_bytes"] + seen["log_bytes"]) / n * 1e6 / 1e9 * LOGS_USD_PER_GB
+        seen["by_message"] = dict(sorted(seen["by_message"].items(), key=lambda kv: -kv[1])[:8])
     replies = drain(env, reply_url)
     problems = check(env.get_items(ids), ids, expected)
     summary = summarize(snap["rows"], n, env.queue_role, reply_queue)
@@ -377,7 +421,7 @@ def run_workload(env: Env, a, reply_url: str, reply_queue: str, spec) -> dict:
         "window_secs": round(snap["until"] - snap["since"], 1), "window": [snap["since"], snap["until"]],
         "replies_received": replies,
         "problems": problems[:20], "problem_count": len(problems), "rows": snap["rows"], "summary": summary,
-        "sample_task": ids[0],
+        "sample_task": ids[0], "seeing": seen,
     }
 
 
@@ -425,6 +469,7 @@ def cmd_workloads(a):
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "stack": env.outputs.get("StackName"), "table": env.table, "prices_usd_per_million": PRICE,
         "queue_budget_ms": os.environ.get("QUEUE_BUDGET_MS"), "elapsed_secs": round(time.time() - started, 1),
+        "log_level": os.environ.get("BENCH_LOG_LEVEL", "info"),
         "workloads": results, "idle": idle, "idle_sweep": sweep,
     }
     with open(a.json_out, "w") as f:
@@ -454,6 +499,23 @@ def print_report(out: dict, env: Env):
   priced separately from the task cost.
 - Deadline timers are included: the runner uses a short queue budget (QUEUE_BUDGET_MS=%s), so every
   timer fired (receive + GetItem + delete) before the counters were read.""" % out["queue_budget_ms"])
+    if any(r.get("seeing") for r in results):
+        p(f"\n### What seeing costs: log lines and EMF records per task (RUST_LOG={out.get('log_level')})\n")
+        p("| workload | log lines | log bytes | EMF records | EMF bytes | $/M tasks (CloudWatch Logs, $0.50/GB) | lines by level |")
+        p("|---|---:|---:|---:|---:|---:|---|")
+        for r in results:
+            s = r.get("seeing")
+            if not s:
+                continue
+            pt = s["per_task"]
+            levels = ", ".join(f"{k} {fmt(v / r['tasks'])}" for k, v in sorted(s["by_level"].items()))
+            p(f"| {r['name']} | {fmt(pt['log_lines'])} | {pt['log_bytes']:.0f} | {fmt(pt['emf_lines'])} | "
+              f"{pt['emf_bytes']:.0f} | ${s['usd_per_million']:.2f} | {levels} |")
+        p("""
+- Bytes as CloudWatch Logs counts them: each line plus 26 bytes per event. The local runner writes what
+  the functions write (the same JSON lines; one EMF flush per batch, as a function flushes per
+  invocation). Lambda's own START/END/REPORT lines are not counted: the template keeps them out
+  (PlatformLogLevel WARN); at INFO each invocation adds three more events.""")
     p("\n### Requests per task by operation\n")
     p(detail_table(results, env.queue_role, reply_queue, out["table"]))
     p("\n### Other figures per workload\n")
@@ -568,6 +630,7 @@ def main(argv=None):
     p.add_argument("--quiet-timeout", type=float, default=240)
     p.add_argument("--settle", type=float, default=5)
     p.add_argument("--idle-secs", type=float, default=20)
+    p.add_argument("--runner-out", help="the local runner's stdout (JSON logs and EMF records), to count what seeing costs")
     p.add_argument("--in-flight", help="sweep: a JSON file with an in-flight task item (DynamoDB JSON)")
     p.add_argument("--finished", type=int, default=100_000)
     p.add_argument("--expired", default="0,10,100")

@@ -328,19 +328,23 @@ pub async fn run_lambda(
 
     let logs = aws_sdk_cloudwatchlogs::Client::new(sdk);
     println!("\n  function invocations (LocalStack's event sources and rule; CloudWatch Logs /aws/lambda/<fn>):");
+    let mut metrics = Emf::default();
     for (id, fname) in sas_cli::lambda::function_names(&out)? {
         let messages = sas_cli::lambda::log_messages(&logs, &fname).await?;
         let n = sas_cli::lambda::invocations(&messages);
         let errors = messages.iter().filter(|m| m.contains("\"level\":\"ERROR\"")).count();
+        let records = metrics.add(&messages);
         ok &= n > 0;
         println!(
-            "    {} {:<19} {:>4} invocations, {:>3} error lines   /aws/lambda/{fname}",
+            "    {} {:<19} {:>4} invocations, {:>3} error lines, {:>3} EMF records   /aws/lambda/{fname}",
             if n > 0 { "ok  " } else { "FAIL" },
             id,
             n,
-            errors
+            errors,
+            records
         );
     }
+    ok &= metrics.report();
     println!(
         "\n{}",
         if ok { "every function ran, and every order reached its end" } else { "LAMBDA MODE DID NOT DO EVERYTHING" }
@@ -554,4 +558,54 @@ async fn scenario(
         if ok { "every order reached the end it was set up for" } else { "SOME ORDERS DID NOT END AS EXPECTED" }
     );
     Ok(ok)
+}
+
+/// The metrics the functions wrote to their logs (EMF records), each checked against the format's
+/// specification, summed by name.
+#[derive(Default)]
+struct Emf {
+    records: usize,
+    invalid: Vec<String>,
+    totals: BTreeMap<String, f64>,
+}
+
+impl Emf {
+    /// Take the EMF records among `messages`; how many there were.
+    fn add(&mut self, messages: &[String]) -> usize {
+        let mut n = 0;
+        for line in messages.iter().filter(|m| m.contains("\"_aws\"")) {
+            n += 1;
+            match sas_core::metrics::check_emf(line) {
+                Ok(rec) => {
+                    let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+                    for (name, _, _) in rec.metrics {
+                        let x = match &v[&name] {
+                            serde_json::Value::Array(a) => f64::from(u32::try_from(a.len()).unwrap_or(u32::MAX)),
+                            x => x.as_f64().unwrap_or(0.0),
+                        };
+                        *self.totals.entry(name).or_default() += x;
+                    }
+                }
+                Err(e) => self.invalid.push(format!("{e}: {line}")),
+            }
+        }
+        self.records += n;
+        n
+    }
+
+    /// Print the sums; whether every record was valid and there were some.
+    fn report(&self) -> bool {
+        let sums: Vec<String> = self.totals.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        println!(
+            "\n  metrics the functions wrote (CloudWatch EMF records in their logs; durations: how many values):\n    {}",
+            if sums.is_empty() { "none".to_owned() } else { sums.join(", ") }
+        );
+        if self.invalid.is_empty() && self.records > 0 {
+            println!("    ok   all {} records valid against the EMF specification", self.records);
+            true
+        } else {
+            println!("    FAIL {} of {} records invalid: {:?}", self.invalid.len(), self.records, self.invalid);
+            false
+        }
+    }
 }

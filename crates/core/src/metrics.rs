@@ -183,15 +183,17 @@ pub fn observe(before: &Task, after: &Task, event: &Event) -> Vec<Observation> {
         let succeeded = b.status != StepStatus::Succeeded && a.status == StepStatus::Succeeded;
         unit(&STEPS_SUCCEEDED, name, u64::from(succeeded));
         if let Some(ac) = &a.compensation {
+            // A compensation's metrics carry its own name (`release`, `refund`) as the Step.
+            let comp = ac.name.as_str();
             let bc = b.compensation.as_ref();
             let (b_attempts, b_failures, b_status) =
                 bc.map_or((0, 0, None), |c| (c.attempts, c.failures, Some(c.status)));
-            unit(&COMPENSATIONS_STARTED, name, u64::from(ac.attempts.saturating_sub(b_attempts)));
+            unit(&COMPENSATIONS_STARTED, comp, u64::from(ac.attempts.saturating_sub(b_attempts)));
             let cfailed = u64::from(ac.failures.saturating_sub(b_failures));
-            unit(if timed_out { &STEPS_TIMED_OUT } else { &STEPS_FAILED }, name, cfailed);
+            unit(if timed_out { &STEPS_TIMED_OUT } else { &STEPS_FAILED }, comp, cfailed);
             let ended = |s| b_status != Some(s) && ac.status == s;
-            unit(&COMPENSATIONS_SUCCEEDED, name, u64::from(ended(CompensationStatus::Done)));
-            unit(&COMPENSATIONS_FAILED, name, u64::from(ended(CompensationStatus::Failed)));
+            unit(&COMPENSATIONS_SUCCEEDED, comp, u64::from(ended(CompensationStatus::Done)));
+            unit(&COMPENSATIONS_FAILED, comp, u64::from(ended(CompensationStatus::Failed)));
         }
     }
     if before.process_state != after.process_state {

@@ -15,8 +15,10 @@ pub fn init_with_default(default: &str) {
         || std::env::var("SAS_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
     let result = if json {
-        // CloudWatch adds its own timestamp.
-        builder.json().flatten_event(true).with_current_span(true).without_time().try_init()
+        // CloudWatch adds its own timestamp. The current span's fields (role, task_id, step,
+        // attempt: role::handle) go under "span"; not the list of every span (the same fields
+        // again, billed by the byte).
+        builder.json().flatten_event(true).with_current_span(true).with_span_list(false).without_time().try_init()
     } else {
         // Colours only on a terminal: CI logs and files get plain text.
         let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());

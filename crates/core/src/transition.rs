@@ -59,7 +59,8 @@ pub async fn commit(
         let tr = match protocol::apply(&task, event, &ctx, &deps.settings.policy) {
             Ok(tr) => tr,
             Err(stale) => {
-                info!(task_id = %task.task_id, event = event.name(), state = %task.process_state, reason = %stale, "stale event dropped");
+                // Expected (a timer after the end, a duplicate): counted by StaleEvents, logged at debug.
+                debug!(task_id = %task.task_id, event = event.name(), state = %task.process_state, reason = %stale, "stale event dropped");
                 crate::metrics::count(&crate::metrics::STALE_EVENTS, &[], 1);
                 return Ok((Applied::Stale(stale), Commit::Unchanged(Box::new(task))));
             }

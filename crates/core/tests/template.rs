@@ -98,3 +98,22 @@ fn the_namespace_default_is_the_codes_and_the_dashboard_body_is_json() {
     let v: serde_json::Value = serde_json::from_str(&plain).unwrap_or_else(|e| panic!("{e}: {plain}"));
     assert!(v["widgets"].as_array().is_some_and(|w| w.len() > 10));
 }
+
+#[test]
+fn the_readme_describes_every_metric_and_alarm() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).expect("README.md");
+    let chapter = readme.split("### Metrics\n").nth(1).expect("a Metrics section");
+    let chapter = &chapter[..chapter.find("### One trace per task").expect("the trace section after it")];
+    for m in CATALOGUE {
+        assert!(chapter.contains(&format!("`{}`", m.name)), "README's metrics table lacks {}", m.name);
+    }
+    // Every alarm of the template has a row saying what it means.
+    let t = template();
+    for line in t.lines() {
+        if let Some(name) = line.strip_prefix("  ").and_then(|l| l.strip_suffix("Alarm:")) {
+            if !name.contains(' ') && !name.ends_with("Errors") {
+                assert!(chapter.contains(&format!("`{name}Alarm`")), "README does not explain {name}Alarm");
+            }
+        }
+    }
+}
