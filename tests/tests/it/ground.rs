@@ -266,5 +266,9 @@ async fn the_deployed_template_has_its_indexes_ttl_redrive_and_encryption() {
         topic.attributes().and_then(|a| a.get("KmsMasterKeyId")).is_some_and(|k| !k.is_empty()),
         "the alert topic is encrypted with its KMS key"
     );
-    s.delete().await;
+    // The stack (functions off, as most tests and the local runner deploy it) is deleted for good:
+    // a GetAtt of a resource its condition leaves out once kept it in DELETE_IN_PROGRESS.
+    let cfn = aws_sdk_cloudformation::Client::new(&s.sdk);
+    let deleted = sas_cli::stack::delete_and_wait(&cfn, &s.name, Duration::from_mins(2)).await;
+    assert!(deleted.is_ok(), "{deleted:?}");
 }
