@@ -5,6 +5,9 @@
 //! dimensions. A metric the code stops emitting, or emits with other dimensions, fails here (and
 //! the template's dashboard and alarms may only name catalogue metrics: `tests/template.rs`).
 
+// Counts are whole numbers (EMF values are JSON numbers): compared exactly.
+#![allow(clippy::float_cmp)]
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use sas_core::agent::AgentRuntime;
@@ -164,3 +167,59 @@ async fn a_task_is_counted_once_however_often_its_messages_come() {
 
 /// The two tests share the process's one recorder: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Sum the end metrics and the tasks' final states over `seeds` runs with `faults`.
+fn counted_and_true(faults: &Faults, seeds: std::ops::Range<u64>) -> (BTreeMap<String, f64>, BTreeMap<String, f64>) {
+    let mut truth: BTreeMap<String, f64> = BTreeMap::new();
+    let mut counted: BTreeMap<String, f64> = BTreeMap::new();
+    for seed in seeds {
+        let r = sim::run(&SimConfig { burst: 4, trickle: 2, faults: faults.clone(), ..SimConfig::for_seed(seed) });
+        assert!(r.violations.is_empty(), "{}", sim::describe(&r));
+        *truth.entry("tasks".into()).or_default() += f64::from(u32::try_from(r.tasks).unwrap());
+        for (state, n) in &r.end_states {
+            *truth.entry(state.clone()).or_default() += f64::from(u32::try_from(*n).unwrap());
+        }
+        for (k, v) in totals(&flush()) {
+            *counted.entry(k).or_default() += v;
+        }
+    }
+    (counted, truth)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn under_the_simulators_faults_each_task_start_and_end_is_counted() {
+    // Operators neither cancel nor resubmit on their own here: the simulator's operators cancel
+    // what is parked in Error, so every Cancelled task ended Error first (two true ends). Ambiguous
+    // writes are left out: a write that landed but answered with an error fails its handler, and
+    // the message that comes back finds the write done and counts nothing (as a function that dies
+    // before its flush loses its counts).
+    telemetry::init_metrics();
+    let _guard = SERIAL.lock().await;
+    flush();
+    let quiet = Faults { cancel: 0.0, resubmit: 0.0, ambiguous_writes: 0.0, ..Faults::all() };
+    // 1. Without concurrent duplicates: exactly once.
+    let once = Faults { duplicate: 0.0, agent_duplicate: 0.0, late_duplicate: 0.0, cb_duplicate: 0.0, ..quiet.clone() };
+    let (counted, truth) = counted_and_true(&once, 100..120);
+    let got = |m: &str| counted.get(m).copied().unwrap_or(0.0);
+    let end = |s: &str| truth.get(s).copied().unwrap_or(0.0);
+    let why = format!("counted {counted:?}, truth {truth:?}");
+    assert_eq!(got("TasksStarted"), end("tasks"), "{why}");
+    assert_eq!(got("TasksSucceeded"), end("Processed"), "{why}");
+    assert_eq!(got("TasksCompensated"), end("Compensated"), "{why}");
+    assert_eq!(got("TasksCancelled"), end("Cancelled"), "{why}");
+    assert_eq!(got("TasksFailed"), end("Error") + end("Cancelled"), "{why}");
+    let ends = ["TasksSucceeded", "TasksCompensated", "TasksCancelled", "TasksFailed"].map(got).iter().sum::<f64>();
+    assert_eq!(got("TaskTime"), ends, "one task time per end: {why}");
+    assert!(got("StaleEvents") > 0.0, "the faults made late and repeated messages: {why}");
+
+    // 2. With two consumers handling one message at once: at least once. Both may decide the same
+    // transition from the same item in the same millisecond; each then takes the other's write
+    // for its own (`store::is_own_write`) and counts it (as each performs its effects).
+    let (counted, truth) = counted_and_true(&quiet, 200..220);
+    let got = |m: &str| counted.get(m).copied().unwrap_or(0.0);
+    let end = |s: &str| truth.get(s).copied().unwrap_or(0.0);
+    let why = format!("counted {counted:?}, truth {truth:?}");
+    assert!(got("TasksStarted") >= end("tasks"), "{why}");
+    assert!(got("TasksSucceeded") >= end("Processed"), "{why}");
+    assert!(got("TasksCompensated") >= end("Compensated"), "{why}");
+}
