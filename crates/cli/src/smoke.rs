@@ -65,24 +65,14 @@ impl SmokeReport {
         if let Some(reason) = &t.reason {
             let _ = writeln!(out, "  reason: {reason}");
         }
-        let _ = writeln!(out, "  {:<12} {:<10} {:>8} {:>8}", "step", "status", "attempts", "failures");
-        for s in &t.steps {
-            let status = format!("{:?}", s.status).to_lowercase();
-            let _ = writeln!(out, "  {:<12} {:<10} {:>8} {:>8}", s.name, status, s.attempts, s.failures);
-        }
-        let _ = writeln!(out, "  history (seconds after the submission):");
-        for h in &t.history {
-            let at = i128::from(h.at.0) - i128::from(self.sent_at.0);
-            #[allow(clippy::cast_precision_loss)]
-            let at = at as f64 / 1000.0;
-            let line = format!(
-                "  {at:>+8.2}  {:<13} {:<10} {}",
-                h.state.as_str(),
-                h.step.as_deref().unwrap_or("-"),
-                h.reason.as_deref().unwrap_or("")
-            );
-            let _ = writeln!(out, "{}", line.trim_end());
-        }
+        // The task's steps and attempts on a time axis (relative to its creation), as `sasctl
+        // status` shows them; the task as read at the end of the smoke run is "now".
+        let created = i128::from(t.created_at.0) - i128::from(self.sent_at.0);
+        #[allow(clippy::cast_precision_loss)]
+        let created = created as f64 / 1000.0;
+        let _ = writeln!(out, "  created {created:+.2} s after the submission; its timeline:");
+        let now = t.updated_at.max(self.sent_at);
+        out.push_str(&crate::timeline::render(t, now, &crate::timeline::Options::compact(false)));
         out
     }
 }
@@ -178,7 +168,8 @@ mod tests {
         let text = r.render();
         assert!(text.contains("FAILED") && text.contains("still"), "{text}");
         assert!(text.contains("reserve") && text.contains("charge") && text.contains("ship"), "{text}");
-        assert!(text.contains("+0.25"), "the first history entry 250 ms after the send: {text}");
+        assert!(text.contains("created +0.25 s after the submission"), "{text}");
+        assert!(text.contains("attempt 1"), "the timeline's attempts: {text}");
     }
 
     #[tokio::test]
