@@ -18,7 +18,7 @@ use sas_core::protocol::Policy;
 use sas_core::role::{self, Record, Role};
 use sas_core::sim::{self, Faults, SimConfig};
 use sas_core::twins::Twins;
-use sas_core::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
+use sas_core::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use sas_core::{submitter, supervisor, telemetry};
 use serde_json::json;
 
@@ -29,19 +29,7 @@ fn flush() -> Vec<String> {
 }
 
 fn twins() -> Twins {
-    let step = StepDef {
-        name: "only".into(),
-        kind: StepKind::Call,
-        heartbeat_ms: None,
-        wait_ms: None,
-        wait_until: None,
-        agent: "sim".into(),
-        timeout_ms: 5_000,
-        schedule_to_start_ms: None,
-        max_attempts: 1,
-        backoff: Backoff { base_ms: 100, max_ms: 100, multiplier: 1.0 },
-        compensation: None,
-    };
+    let step = StepDef { max_attempts: 1, ..StepDef::call("only", "sim", 5_000) };
     let wf = WorkflowDef {
         name: "one".into(),
         version: 1,

@@ -10,25 +10,13 @@ use sas_core::config::Settings;
 use sas_core::ids::Millis;
 use sas_core::role::{self, Record, Role};
 use sas_core::twins::Twins;
-use sas_core::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
+use sas_core::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use serde_json::json;
 
 const H: &str = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";
 
 fn twins() -> Twins {
-    let step = |name: &str| StepDef {
-        name: name.into(),
-        kind: StepKind::Call,
-        heartbeat_ms: None,
-        wait_ms: None,
-        wait_until: None,
-        agent: "sim".into(),
-        timeout_ms: 5_000,
-        schedule_to_start_ms: None,
-        max_attempts: 1,
-        backoff: Backoff { base_ms: 100, max_ms: 100, multiplier: 1.0 },
-        compensation: None,
-    };
+    let step = |name: &str| StepDef { max_attempts: 1, ..StepDef::call(name, "sim", 5_000) };
     let wf = WorkflowDef {
         name: "two".into(),
         version: 1,
