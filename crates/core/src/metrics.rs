@@ -88,7 +88,7 @@ catalogue! {
     STEP_SCHEDULE_TIME = "StepScheduleTime", "Milliseconds", BY_AGENT, "Agent",
         "schedule-to-start: how long a request waited in the agent queue";
     STEP_RUN_TIME = "StepRunTime", "Milliseconds", BY_AGENT, "Agent",
-        "start-to-close: how long the agent's call (with its own retries) took";
+        "start-to-close: how long the agent's call (with its own retries) took, for steps whose agent answers (a callback step's hand-off is not counted)";
     LATE_RESULTS = "LateResults", "Count", TASK, "Scheduler, Callback",
         "successes that came after their attempt had expired: an effect the task may not account for";
     STALE_EVENTS = "StaleEvents", "Count", NONE, "any role",

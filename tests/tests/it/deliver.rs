@@ -159,12 +159,17 @@ async fn the_sqs_kind_delivers_the_request_to_a_standard_and_a_fifo_queue_once_p
     );
 
     // a standard queue: the request arrives as it is, with attributes to route on
+    // (handled as part of a traced record: the worker's message carries the task's trace)
     let req = request(&format!("sqs-{run}"), "warehouse", &AttemptToken::fresh());
-    assert_eq!(rt.run(&req).await, None, "a delivered hand-off reports nothing: the step waits for its answer");
+    let trace = "Root=1-6560e988-bd862e3fe1be46a994272794;Parent=53995c3f42cd8ad8;Sampled=1";
+    let handed = sas_core::trace::scope(Some(trace.into()), rt.run(&req)).await;
+    assert_eq!(handed, None, "a delivered hand-off reports nothing: the step waits for its answer");
     let got = receive(&sqs, &plain, 1, Duration::from_secs(10)).await;
     assert_eq!(got.len(), 1, "{got:?}");
     assert_contract(&body_of(&got[0]), &req);
     assert_eq!((attr(&got[0], "task_id"), attr(&got[0], "step")), (Some(req.task_id.as_str()), Some("ship")));
+    let header = got[0].attributes.as_ref().and_then(|a| a.get(&MessageSystemAttributeName::AwsTraceHeader));
+    assert_eq!(header.map(String::as_str), Some(trace), "the task's trace goes on to the worker");
 
     // a FIFO queue: a call of the same attempt made again is delivered once, a new attempt again
     let first = request(&format!("sqsf-{run}"), "warehouse-fifo", &AttemptToken::fresh());

@@ -89,8 +89,11 @@ async fn a_lambda_agent_invokes_the_function_and_classifies_what_it_answers() {
     let rt = AgentRuntime::from_config_with(&config, &vars, AwsConfigCell::with(sdk.clone())).expect("agents");
     let task = &function[5..];
 
-    // a call step: the function's answer is the output; it saw the idempotency key
-    let out = rt.run(&request(&format!("{task}-ok"), "charge", json!({}), false)).await.expect("a result");
+    // a call step: the function's answer is the output; it saw the idempotency key (the call is
+    // part of a traced record: the task's trace header goes with the invoke)
+    let trace = "Root=1-6560e988-bd862e3fe1be46a994272795;Parent=53995c3f42cd8ad8;Sampled=1";
+    let ok = request(&format!("{task}-ok"), "charge", json!({}), false);
+    let out = sas_core::trace::scope(Some(trace.into()), rt.run(&ok)).await.expect("a result");
     let Outcome::Succeeded { output } = out.outcome else { panic!("{out:?}") };
     assert_eq!(output["handled"], "charge");
     assert_eq!(output["order"], "o-1");

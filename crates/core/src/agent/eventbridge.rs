@@ -169,6 +169,8 @@ impl Agent for EventBridgeAgent {
                 .source(&self.source)
                 .detail_type(&self.detail_type)
                 .detail(detail)
+                // The task's trace goes on with the event (crate::trace).
+                .set_trace_header(crate::trace::current())
                 .build();
             let out = self
                 .events

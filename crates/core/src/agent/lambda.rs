@@ -245,7 +245,7 @@ impl Agent for LambdaAgent {
                 });
             }
             let kind = if asynchronous { InvocationType::Event } else { InvocationType::RequestResponse };
-            let sent = self
+            let invoke = self
                 .client
                 .get()
                 .await
@@ -253,9 +253,20 @@ impl Agent for LambdaAgent {
                 .function_name(&self.function)
                 .set_qualifier(self.qualifier.clone())
                 .invocation_type(kind)
-                .payload(Blob::new(payload))
-                .send()
-                .await;
+                .payload(Blob::new(payload));
+            // The task's trace goes on to the function (the SDK would send the invocation's).
+            let sent = match crate::trace::current() {
+                Some(h) => {
+                    invoke
+                        .customize()
+                        .mutate_request(move |r| {
+                            r.headers_mut().insert("X-Amzn-Trace-Id", h.clone());
+                        })
+                        .send()
+                        .await
+                }
+                None => invoke.send().await,
+            };
             let out = match sent {
                 Ok(out) => out,
                 Err(e) => {

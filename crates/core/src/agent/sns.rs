@@ -103,7 +103,20 @@ impl Agent for SnsAgent {
                 publish =
                     publish.message_group_id(deliver::group_id(req)).message_deduplication_id(deliver::dedup_id(req));
             }
-            match publish.send().await {
+            // The task's trace goes on with the message (the SDK would send the invocation's).
+            let published = match crate::trace::current() {
+                Some(h) => {
+                    publish
+                        .customize()
+                        .mutate_request(move |r| {
+                            r.headers_mut().insert("X-Amzn-Trace-Id", h.clone());
+                        })
+                        .send()
+                        .await
+                }
+                None => publish.send().await,
+            };
+            match published {
                 Ok(out) => {
                     let id = out.message_id().unwrap_or_default();
                     info!(task_id = %req.task_id, step = %req.step, message_id = id, topic = %self.topic_arn, "callback step published to its topic");

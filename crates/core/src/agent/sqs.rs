@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use aws_sdk_sqs::types::MessageAttributeValue;
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeNameForSends, MessageSystemAttributeValue};
 use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -105,6 +105,15 @@ impl Agent for SqsAgent {
             }
             if self.queue.is_fifo() {
                 send = send.message_group_id(deliver::group_id(req)).message_deduplication_id(deliver::dedup_id(req));
+            }
+            // The task's trace goes on with the message (crate::trace).
+            if let Some(h) = crate::trace::current() {
+                let header = MessageSystemAttributeValue::builder()
+                    .data_type("String")
+                    .string_value(h)
+                    .build()
+                    .map_err(|e| AgentError::Permanent { message: format!("AWSTraceHeader: {e}") })?;
+                send = send.message_system_attributes(MessageSystemAttributeNameForSends::AwsTraceHeader, header);
             }
             match send.send().await {
                 Ok(out) => {
