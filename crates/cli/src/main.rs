@@ -501,6 +501,13 @@ async fn run(cli: &Cli) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&t)?);
                 return Ok(());
             }
+            // The whole history: the entries the item dropped are in its archive.
+            let mut t = t;
+            if let Some(first) = t.history.first().map(|h| h.seq).filter(|s| *s > 1) {
+                let mut older = deps.store.archived_history(&t.task_id, 1, first).await?;
+                older.append(&mut t.history);
+                t.history = older;
+            }
             let color = std::io::stdout().is_terminal();
             print!("{}", timeline::render(&t, Millis::now(), &timeline::Options::full(color)));
         }

@@ -660,7 +660,7 @@ fn history(task: &Task, out: &mut String) {
         let gone = first.seq - 1;
         let _ = writeln!(
             out,
-            "  {gone} earlier entr{} not kept in the task item (it keeps the most recent ones)",
+            "  {gone} earlier entr{} not kept in the task item nor its archive (the item keeps the most recent ones; the archive keeps the others RetentionDays + 30 days)",
             if gone == 1 { "y" } else { "ies" }
         );
     }
@@ -1012,7 +1012,7 @@ mod tests {
         assert_eq!(d.0.history[0].seq, 13);
         let text = d.render(60_000);
         assert!(text.contains("history: 50 entries kept"), "{text}");
-        assert!(text.contains("12 earlier entries not kept in the task item"), "{text}");
+        assert!(text.contains("12 earlier entries not kept in the task item nor its archive"), "{text}");
         // 50 entries: the last is Processed, so 25 attempts and 24 waits show; attempts 1-6 are gone
         assert!(text.contains("(6 earlier attempts not in the kept history)"), "{text}");
         assert!(!text.contains("attempt 6 ") && text.contains("attempt 7 ") && text.contains("attempt 31 "), "{text}");

@@ -556,7 +556,8 @@ pub fn run(cfg: &SimConfig) -> SimReport {
     let settings = Settings {
         policy: Policy {
             start_timeout_ms: 10_000,
-            history_limit: 50,
+            // Small, so that the store's archive of dropped entries runs under every fault.
+            history_limit: 6,
             queue_budget_ms: 120_000,
             result_grace_ms: 2_000,
             settle_ms: 500,
@@ -1405,6 +1406,11 @@ impl Sim {
                     t.process_state,
                     t.reason
                 ));
+            }
+            // The item's entries and the archive are the whole history, each status once.
+            let seqs: Vec<u64> = self.store.archived(&t.task_id).iter().chain(&t.history).map(|h| h.seq).collect();
+            if seqs != (1..=t.status_seq).collect::<Vec<u64>>() {
+                v.push(format!("history: {id}: statuses kept and archived {seqs:?}, {} written", t.status_seq));
             }
             if t.process_state == ProcessState::Error && !alerts.contains(&id) {
                 v.push(format!("error-alert: {id}: Error without a task_error alert"));

@@ -611,3 +611,39 @@ async fn an_unreadable_item_in_the_index_is_skipped_and_reported_not_blocking_it
     assert_eq!(report.handed, 1, "the real task behind them is handed over: {report:?}");
     s.delete().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_entries_a_write_drops_are_archived_in_the_table_and_read_back() {
+    use sas_core::protocol::{self as proto, Ctx, HistoryEntry};
+    let s = stack("history").await;
+    let def = sas_core::sim::workflows().resolve("sim-order", None).unwrap().clone();
+    let id = TaskId::try_from("hist-1").unwrap();
+    let mut read =
+        proto::submit(id.clone(), def, json!({}), None, &Ctx::at(Millis::now()), &proto::Policy::default()).task;
+    let entry = |seq: u64| HistoryEntry {
+        seq,
+        state: ProcessState::Processing,
+        step: Some("reserve".into()),
+        failure_count: 0,
+        reason: Some(format!("entry {seq}")),
+        at: Millis(1_795_000_000_000 + seq),
+    };
+    read.history = (1..=6).map(entry).collect();
+    read.status_seq = 6;
+    s.deps.store.create(&read).await.unwrap();
+    // The next write keeps the last four entries and one new: 1, 2 and 3 are dropped.
+    let mut next = read.clone();
+    next.rev += 1;
+    next.history = (4..=7).map(entry).collect();
+    next.status_seq = 7;
+    s.deps.store.save(&next, &read).await.unwrap();
+    let archived = s.deps.store.archived_history(&id, 1, 4).await.unwrap();
+    assert_eq!(archived, (1..=3).map(entry).collect::<Vec<_>>());
+    // A write that drops nothing archives nothing more; the item itself is unchanged in shape.
+    let mut again = next.clone();
+    again.rev += 1;
+    s.deps.store.save(&again, &next).await.unwrap();
+    assert_eq!(s.deps.store.archived_history(&id, 1, 10).await.unwrap().len(), 3);
+    assert_eq!(s.task("hist-1").await.unwrap().history, next.history);
+    s.delete().await;
+}

@@ -12,6 +12,12 @@
 //! - `EndShard` with `UpdatedAt`: the keys of the `ByEnd` index, present only once the task has
 //!   ended ([`super::end_key`]): written once per task, spread over the shards;
 //! - `ExpiresAt`: the TTL of a terminal task (never for `Error`).
+//!
+//! A task's history past the protocol's `history_limit` is not rewritten by every later write:
+//! each entry the item drops is archived as an item of its own (`TaskId` =
+//! `history:{task}:{seq}`, attribute `Entry`), one `PutItem` (1 write unit) per entry dropped,
+//! so only tasks with more than `history_limit` status changes pay for it. Archived entries
+//! expire `RetentionDays` + 30 days after they were written.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -23,13 +29,19 @@ use futures::future::BoxFuture;
 
 use super::{check_size, end_key, index_key, is_own_write, Page, PageKey, StateStore, StoreError, TaskSummary};
 use crate::ids::{Millis, TaskId};
-use crate::protocol::{ProcessState, Task};
+use crate::protocol::{HistoryEntry, ProcessState, Task};
 use crate::workflow::WorkflowDef;
 
 pub const BY_COMPLETE_BY: &str = "ByCompleteBy";
 pub const BY_END: &str = "ByEnd";
 /// `TaskId` prefix of workflow definition items (`:` never appears in a task id).
 const WORKFLOW_KEY_PREFIX: &str = "workflow:";
+const HISTORY_KEY_PREFIX: &str = "history:";
+
+/// The key of an archived history entry (`seq` zero-padded: the keys sort as the entries do).
+fn history_key(task_id: &TaskId, seq: u64) -> String {
+    format!("{HISTORY_KEY_PREFIX}{task_id}:{seq:010}")
+}
 /// `BatchGetItem` takes at most 100 keys.
 const BATCH_GET_MAX: usize = 100;
 
@@ -285,8 +297,62 @@ impl DynamoStore {
         Ok(tasks)
     }
 
+    /// Archive the history entries this write drops (see [`super::trimmed_history`]): written
+    /// before the task, unconditionally (the same entry always has the same content).
+    async fn archive_history(&self, task: &Task, read: &Task) -> Result<(), StoreError> {
+        for h in super::trimmed_history(task, read) {
+            let mut item = Item::from([
+                ("TaskId".to_owned(), AttributeValue::S(history_key(&task.task_id, h.seq))),
+                ("Entry".to_owned(), serde_dynamo::to_attribute_value(h).map_err(codec)?),
+            ]);
+            if self.retention_days > 0 {
+                let expires = h.at.0 / 1000 + (u64::from(self.retention_days) + 30) * 86_400;
+                item.insert("ExpiresAt".into(), AttributeValue::N(expires.to_string()));
+            }
+            self.client.put_item().table_name(&self.table).set_item(Some(item)).send().await.map_err(aws("PutItem"))?;
+        }
+        Ok(())
+    }
+
+    async fn archived(&self, task_id: &TaskId, from: u64, to: u64) -> Result<Vec<HistoryEntry>, StoreError> {
+        let mut out = Vec::new();
+        let seqs: Vec<u64> = (from..to).collect();
+        for chunk in seqs.chunks(100) {
+            let mut keys: Vec<Item> = chunk
+                .iter()
+                .map(|s| Item::from([("TaskId".to_owned(), AttributeValue::S(history_key(task_id, *s)))]))
+                .collect();
+            // Unprocessed keys (throttling) are asked for again, a few times.
+            for _ in 0..5 {
+                if keys.is_empty() {
+                    break;
+                }
+                let req = KeysAndAttributes::builder()
+                    .set_keys(Some(keys))
+                    .build()
+                    .map_err(|e| StoreError::Codec(format!("BatchGetItem keys: {e}")))?;
+                let got = self
+                    .client
+                    .batch_get_item()
+                    .request_items(&self.table, req)
+                    .send()
+                    .await
+                    .map_err(aws("BatchGetItem"))?;
+                for mut item in got.responses.and_then(|mut r| r.remove(&self.table)).unwrap_or_default() {
+                    if let Some(e) = item.remove("Entry") {
+                        out.push(serde_dynamo::from_attribute_value::<_, HistoryEntry>(e).map_err(codec)?);
+                    }
+                }
+                keys = got.unprocessed_keys.and_then(|mut u| u.remove(&self.table)).map(|k| k.keys).unwrap_or_default();
+            }
+        }
+        out.sort_by_key(|h| h.seq);
+        Ok(out)
+    }
+
     async fn save_item(&self, task: &Task, read: &Task) -> Result<(), StoreError> {
         let item = self.to_item(task)?;
+        self.archive_history(task, read).await?;
         // The item names its definition by a reference computed here: make sure the definition
         // item is there before any item names it (a task read in the previous layout, or a
         // definition that serialises differently in this build, names one nobody stored yet).
@@ -536,6 +602,15 @@ impl StateStore for DynamoStore {
 
     fn get_many<'a>(&'a self, ids: &'a [TaskId]) -> BoxFuture<'a, Result<Vec<Task>, StoreError>> {
         Box::pin(self.get_items(ids))
+    }
+
+    fn archived_history<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        from: u64,
+        to: u64,
+    ) -> BoxFuture<'a, Result<Vec<HistoryEntry>, StoreError>> {
+        Box::pin(self.archived(task_id, from, to))
     }
 
     fn expired(

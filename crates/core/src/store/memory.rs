@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 
 use super::{check_size, end_key, index_key, Page, PageKey, StateStore, StoreError, TaskSummary};
 use crate::ids::{Millis, TaskId};
-use crate::protocol::{ProcessState, Task};
+use crate::protocol::{HistoryEntry, ProcessState, Task};
 
 /// Which operation an injected failure hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +40,8 @@ pub enum Ambiguity {
 #[derive(Debug, Default)]
 struct Inner {
     tasks: BTreeMap<TaskId, Task>,
+    /// Archived history entries, by task and seq (see [`super::trimmed_history`]).
+    history: BTreeMap<(TaskId, u64), HistoryEntry>,
     /// Failures to return, in order, the next time each operation runs.
     failures: Vec<(StoreOp, VecDeque<StoreError>)>,
     /// Writes that will apply and then report a failure, in order (see [`Ambiguity`]).
@@ -158,6 +160,12 @@ impl MemoryStore {
         Ok(inner)
     }
 
+    /// Every archived history entry of `task_id`, in order (the simulator's check).
+    pub fn archived(&self, task_id: &TaskId) -> Vec<HistoryEntry> {
+        let inner = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        inner.history.range((task_id.clone(), 0)..=(task_id.clone(), u64::MAX)).map(|(_, h)| h.clone()).collect()
+    }
+
     fn create_now(&self, task: &Task) -> Result<(), StoreError> {
         let mut inner = self.begin(StoreOp::Create, "create")?;
         check_size(task)?;
@@ -177,6 +185,11 @@ impl MemoryStore {
                 Err(StoreError::Conflict { current: Some(Box::new(current.clone())) })
             }
             Some(_) => {
+                // As DynamoDB does it: the dropped entries are archived before the write (here
+                // under the same lock; a lost write archives committed entries all the same).
+                for h in super::trimmed_history(task, read) {
+                    inner.history.insert((task.task_id.clone(), h.seq), h.clone());
+                }
                 inner.tasks.insert(task.task_id.clone(), task.clone());
                 Self::after_applied(&mut inner, StoreOp::Save, task)
             }
@@ -242,6 +255,20 @@ impl StateStore for MemoryStore {
         Box::pin(async move {
             self.turn().await;
             self.save_now(task, read)
+        })
+    }
+
+    fn archived_history<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        from: u64,
+        to: u64,
+    ) -> BoxFuture<'a, Result<Vec<HistoryEntry>, StoreError>> {
+        Box::pin(async move {
+            self.turn().await;
+            let inner = self.begin(StoreOp::Get, "archived_history")?;
+            let range = (task_id.clone(), from)..(task_id.clone(), to.max(from));
+            Ok(inner.history.range(range).map(|(_, h)| h.clone()).collect())
         })
     }
 

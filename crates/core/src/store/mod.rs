@@ -15,7 +15,7 @@
 use futures::future::BoxFuture;
 
 use crate::ids::{Millis, TaskId};
-use crate::protocol::{ProcessState, Task};
+use crate::protocol::{HistoryEntry, ProcessState, Task};
 
 mod dynamo;
 mod memory;
@@ -140,6 +140,29 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
 
     /// How many shards the Supervisor's index is spread over.
     fn shards(&self) -> u32;
+
+    /// The entries of a task's history that its item no longer holds, `seq` from `from` up to
+    /// (not including) `to`, in order. The protocol keeps the last `history_limit` entries in the
+    /// item; [`StateStore::save`] archives each entry a write drops (see [`trimmed_history`]), so
+    /// operators can read the whole history. Entries whose archive expired are missing.
+    fn archived_history<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        from: u64,
+        to: u64,
+    ) -> BoxFuture<'a, Result<Vec<HistoryEntry>, StoreError>> {
+        let _ = (task_id, from, to);
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+/// The history entries `read` (the item as stored) holds that `task` (the item to write) no
+/// longer does: the oldest ones, dropped by the protocol at its `history_limit`. A save archives
+/// them before its conditional write: they are committed facts whichever write wins.
+pub fn trimmed_history<'a>(task: &Task, read: &'a Task) -> &'a [HistoryEntry] {
+    let first = task.history.first().map_or(u64::MAX, |h| h.seq);
+    let n = read.history.iter().take_while(|h| h.seq < first).count();
+    &read.history[..n]
 }
 
 /// The shard a task's index entry lives in: a stable hash of its id (FNV-1a).
