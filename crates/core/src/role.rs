@@ -121,7 +121,7 @@ pub fn handle<'a>(
 }
 
 /// The fields every log line of a record's handling carries (JSON logs: under `span`): its role,
-/// and the task, step and attempt its body names.
+/// its SQS message id, and the task, step and attempt its body names.
 fn record_span(role: Role, record: &Record) -> tracing::Span {
     #[derive(serde::Deserialize)]
     struct Names {
@@ -134,6 +134,7 @@ fn record_span(role: Role, record: &Record) -> tracing::Span {
     tracing::info_span!(
         "record",
         role = role.name(),
+        message_id = %record.message_id,
         task_id = n.and_then(|n| n.task_id.as_deref()),
         step = n.and_then(|n| n.step.as_deref()),
         attempt = n.and_then(|n| n.attempt_no),
