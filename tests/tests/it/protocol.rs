@@ -616,7 +616,7 @@ async fn an_unreadable_item_in_the_index_is_skipped_and_reported_not_blocking_it
 async fn history_entries_a_write_drops_are_archived_in_the_table_and_read_back() {
     use sas_core::protocol::{self as proto, Ctx, HistoryEntry};
     let s = stack("history").await;
-    let def = sas_core::sim::workflows().resolve("sim-order", None).unwrap().clone();
+    let def = crate::common::workflows().resolve("three-slow", None).unwrap().clone();
     let id = TaskId::try_from("hist-1").unwrap();
     let mut read =
         proto::submit(id.clone(), def, json!({}), None, &Ctx::at(Millis::now()), &proto::Policy::default()).task;
