@@ -265,10 +265,21 @@ impl DynamoStore {
     /// Eventually consistent `BatchGetItem`s, 100 keys each; what DynamoDB leaves unprocessed
     /// (throttling) is asked again after a backoff.
     pub async fn get_items(&self, ids: &[TaskId]) -> Result<Vec<Task>, StoreError> {
+        let keys = ids.iter().map(ToString::to_string).collect();
         let mut tasks = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(BATCH_GET_MAX) {
+        for item in self.batch_get(keys).await? {
+            tasks.push(self.decode(item).await?);
+        }
+        Ok(tasks)
+    }
+
+    /// The items of these `TaskId` keys that exist, eventually consistent: `BatchGetItem`s of 100
+    /// keys, what DynamoDB leaves unprocessed (throttling) asked again after a backoff.
+    async fn batch_get(&self, keys: Vec<String>) -> Result<Vec<Item>, StoreError> {
+        let mut items = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(BATCH_GET_MAX) {
             let keys: Vec<Item> =
-                chunk.iter().map(|id| Item::from([("TaskId".to_owned(), AttributeValue::S(id.to_string()))])).collect();
+                chunk.iter().map(|k| Item::from([("TaskId".to_owned(), AttributeValue::S(k.clone()))])).collect();
             let mut pending = Some(
                 KeysAndAttributes::builder()
                     .set_keys(Some(keys))
@@ -284,9 +295,7 @@ impl DynamoStore {
                     .send()
                     .await
                     .map_err(aws("BatchGetItem"))?;
-                for item in out.responses.unwrap_or_default().remove(&self.table).unwrap_or_default() {
-                    tasks.push(self.decode(item).await?);
-                }
+                items.extend(out.responses.unwrap_or_default().remove(&self.table).unwrap_or_default());
                 pending = out.unprocessed_keys.unwrap_or_default().remove(&self.table).filter(|k| !k.keys().is_empty());
                 if pending.is_some() {
                     tokio::time::sleep(backoff).await;
@@ -294,7 +303,7 @@ impl DynamoStore {
                 }
             }
         }
-        Ok(tasks)
+        Ok(items)
     }
 
     /// Archive the history entries this write drops (see [`super::trimmed_history`]): written
@@ -315,35 +324,11 @@ impl DynamoStore {
     }
 
     async fn archived(&self, task_id: &TaskId, from: u64, to: u64) -> Result<Vec<HistoryEntry>, StoreError> {
+        let keys = (from..to).map(|seq| history_key(task_id, seq)).collect();
         let mut out = Vec::new();
-        let seqs: Vec<u64> = (from..to).collect();
-        for chunk in seqs.chunks(100) {
-            let mut keys: Vec<Item> = chunk
-                .iter()
-                .map(|s| Item::from([("TaskId".to_owned(), AttributeValue::S(history_key(task_id, *s)))]))
-                .collect();
-            // Unprocessed keys (throttling) are asked for again, a few times.
-            for _ in 0..5 {
-                if keys.is_empty() {
-                    break;
-                }
-                let req = KeysAndAttributes::builder()
-                    .set_keys(Some(keys))
-                    .build()
-                    .map_err(|e| StoreError::Codec(format!("BatchGetItem keys: {e}")))?;
-                let got = self
-                    .client
-                    .batch_get_item()
-                    .request_items(&self.table, req)
-                    .send()
-                    .await
-                    .map_err(aws("BatchGetItem"))?;
-                for mut item in got.responses.and_then(|mut r| r.remove(&self.table)).unwrap_or_default() {
-                    if let Some(e) = item.remove("Entry") {
-                        out.push(serde_dynamo::from_attribute_value::<_, HistoryEntry>(e).map_err(codec)?);
-                    }
-                }
-                keys = got.unprocessed_keys.and_then(|mut u| u.remove(&self.table)).map(|k| k.keys).unwrap_or_default();
+        for mut item in self.batch_get(keys).await? {
+            if let Some(e) = item.remove("Entry") {
+                out.push(serde_dynamo::from_attribute_value::<_, HistoryEntry>(e).map_err(codec)?);
             }
         }
         out.sort_by_key(|h| h.seq);
