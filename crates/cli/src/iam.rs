@@ -55,6 +55,9 @@ pub struct Statement {
     pub effect: Effect,
     pub actions: Patterns,
     pub resources: Patterns,
+    /// `Condition: {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [...]}}`: the statement
+    /// allows only requests whose item key matches one of these (the only condition evaluated).
+    pub leading_keys: Option<Vec<String>>,
 }
 
 /// IAM's wildcard match: `*` any run of characters, `?` one character. Actions match without
@@ -95,6 +98,27 @@ fn strings(v: &Value, policy: &str, key: &str) -> Result<Vec<String>, PolicyErro
     }
 }
 
+/// The key patterns of a `{"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [...]}}`
+/// condition (`StringEquals` too); `None` for any other condition.
+fn leading_keys(c: &Value) -> Option<Vec<String>> {
+    let o = c.as_object().filter(|o| o.len() == 1)?;
+    let (op, v) = o.iter().next()?;
+    if !matches!(op.as_str(), "ForAllValues:StringLike" | "ForAllValues:StringEquals") {
+        return None;
+    }
+    let keys = v.as_object().filter(|k| k.len() == 1)?.get("dynamodb:LeadingKeys")?;
+    let mut out = match keys {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => a.iter().map(|x| x.as_str().map(str::to_owned)).collect::<Option<Vec<_>>>()?,
+        _ => return None,
+    };
+    if op == "ForAllValues:StringEquals" {
+        // literal: no wildcards (a literal `*` would not match our keys anyway)
+        out.retain(|k| !k.contains(['*', '?']));
+    }
+    Some(out)
+}
+
 /// The statements of one identity policy document (`policy` names it in ids and errors).
 pub fn parse_policy(policy: &str, doc: &Value) -> Result<Vec<Statement>, PolicyError> {
     let unsupported = |what: String| PolicyError::Unsupported { policy: policy.to_owned(), what };
@@ -109,7 +133,10 @@ pub fn parse_policy(policy: &str, doc: &Value) -> Result<Vec<Statement>, PolicyE
         let id =
             format!("{policy}/{}", o.get("Sid").and_then(Value::as_str).map_or_else(|| format!("#{i}"), str::to_owned));
         for key in o.keys() {
-            if !matches!(key.as_str(), "Sid" | "Effect" | "Action" | "NotAction" | "Resource" | "NotResource") {
+            if !matches!(
+                key.as_str(),
+                "Sid" | "Effect" | "Action" | "NotAction" | "Resource" | "NotResource" | "Condition"
+            ) {
                 return Err(unsupported(format!("{id}: {key} is not evaluated by this check")));
             }
         }
@@ -125,11 +152,20 @@ pub fn parse_policy(policy: &str, doc: &Value) -> Result<Vec<Statement>, PolicyE
                 _ => Err(unsupported(format!("{id}: exactly one of {only} and {except}"))),
             }
         };
+        let leading_keys = match o.get("Condition") {
+            None => None,
+            Some(c) => Some(leading_keys(c).ok_or_else(|| {
+                unsupported(format!(
+                    "{id}: Condition {c} is not evaluated by this check (only ForAllValues:StringLike on dynamodb:LeadingKeys is)"
+                ))
+            })?),
+        };
         out.push(Statement {
             actions: pair("Action", "NotAction")?,
             resources: pair("Resource", "NotResource")?,
             id,
             effect,
+            leading_keys,
         });
     }
     Ok(out)
@@ -147,7 +183,20 @@ pub enum Decision {
 }
 
 pub fn evaluate(statements: &[Statement], action: &str, resource: &str) -> Decision {
-    let hit = |s: &&Statement| s.actions.matches(action, true) && s.resources.matches(resource, false);
+    evaluate_keyed(statements, action, resource, None)
+}
+
+/// [`evaluate`] for a request that names an item `key` (as [`sas_core::aws_calls::key_class`]
+/// classes it). A statement with a `dynamodb:LeadingKeys` condition allows only requests with a
+/// key that matches (stricter than IAM, where `ForAllValues` holds for a request without keys:
+/// the check never lets a condition pass for want of a key).
+pub fn evaluate_keyed(statements: &[Statement], action: &str, resource: &str, key: Option<&str>) -> Decision {
+    let keyed = |s: &Statement| match (&s.leading_keys, key) {
+        (None, _) => true,
+        (Some(pats), Some(k)) => pats.iter().any(|p| glob(p, k, false)),
+        (Some(_), None) => false,
+    };
+    let hit = |s: &&Statement| s.actions.matches(action, true) && s.resources.matches(resource, false) && keyed(s);
     if let Some(d) = statements.iter().filter(|s| s.effect == Effect::Deny).find(hit) {
         return Decision::ExplicitDeny(d.id.clone());
     }
@@ -181,6 +230,9 @@ pub struct Request {
     pub action: String,
     pub resource: String,
     pub origin: Origin,
+    /// The class of the item key a single-item table request names (see
+    /// [`sas_core::aws_calls::key_class`]).
+    pub key: Option<String>,
 }
 
 /// One grant: an action pattern on a resource pattern of an Allow statement (a `NotAction` or
@@ -204,6 +256,7 @@ fn grants(statements: &[Statement]) -> Vec<(Grant, Statement)> {
                             effect: Effect::Allow,
                             actions: Patterns::Only(vec![a.clone()]),
                             resources: Patterns::Only(vec![r.clone()]),
+                            leading_keys: s.leading_keys.clone(),
                         };
                         out.push((Grant { statement: s.id.clone(), action: a.clone(), resource: r.clone() }, one));
                     }
@@ -246,10 +299,14 @@ pub fn check_role(
     let all = grants(statements);
     let mut out = Vec::new();
     for (r, n) in requests {
-        let d = evaluate(statements, &r.action, &r.resource);
+        let key = r.key.as_deref();
+        let d = evaluate_keyed(statements, &r.action, &r.resource, key);
         if matches!(d, Decision::Allowed(_)) {
             for (g, one) in &all {
-                if matches!(evaluate(std::slice::from_ref(one), &r.action, &r.resource), Decision::Allowed(_)) {
+                if matches!(
+                    evaluate_keyed(std::slice::from_ref(one), &r.action, &r.resource, key),
+                    Decision::Allowed(_)
+                ) {
                     used.insert(g.clone());
                 }
             }
@@ -298,10 +355,11 @@ impl Report {
                 };
                 let _ = writeln!(
                     s,
-                    "    {:<5} {} on {} ({:?}, {n}x): {verdict}",
+                    "    {:<5} {} on {}{} ({:?}, {n}x): {verdict}",
                     if matches!(d, Decision::Allowed(_)) { "ok" } else { "FAIL" },
                     q.action,
                     q.resource,
+                    q.key.as_ref().map(|k| format!(" key {k}")).unwrap_or_default(),
                     q.origin
                 );
             }
@@ -386,7 +444,7 @@ pub fn platform_requests(
     let mut out = Vec::new();
     for q in &f.queues {
         for action in ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"] {
-            out.push(Request { action: action.into(), resource: q.clone(), origin: Origin::EventSource });
+            out.push(Request { action: action.into(), resource: q.clone(), origin: Origin::EventSource, key: None });
         }
     }
     let stream = format!(
@@ -395,18 +453,18 @@ pub fn platform_requests(
         f.log_group
     );
     for action in ["logs:CreateLogStream", "logs:PutLogEvents"] {
-        out.push(Request { action: action.into(), resource: stream.clone(), origin: Origin::Logs });
+        out.push(Request { action: action.into(), resource: stream.clone(), origin: Origin::Logs, key: None });
     }
     if f.tracing {
         // X-Ray takes no resource-level permissions: "*" is the only resource it evaluates.
         for action in ["xray:PutTraceSegments", "xray:PutTelemetryRecords"] {
-            out.push(Request { action: action.into(), resource: "*".into(), origin: Origin::Tracing });
+            out.push(Request { action: action.into(), resource: "*".into(), origin: Origin::Tracing, key: None });
         }
     }
     for r in code.keys().filter(|r| r.action == "sns:Publish") {
         if let Some(key) = topic_keys.get(&r.resource) {
             for action in ["kms:GenerateDataKey", "kms:Decrypt"] {
-                out.push(Request { action: action.into(), resource: key.clone(), origin: Origin::TopicKey });
+                out.push(Request { action: action.into(), resource: key.clone(), origin: Origin::TopicKey, key: None });
             }
         }
     }
@@ -499,7 +557,9 @@ pub async fn check_stack(sdk: &aws_config::SdkConfig, stack: &str, calls: &[AwsC
         let mut code: BTreeMap<Request, usize> = BTreeMap::new();
         for c in calls.iter().filter(|c| c.function == f.name) {
             for resource in c.resources(&account)? {
-                *code.entry(Request { action: c.action.clone(), resource, origin: Origin::Code }).or_default() += 1;
+                let key = c.leading_key();
+                *code.entry(Request { action: c.action.clone(), resource, origin: Origin::Code, key }).or_default() +=
+                    1;
             }
         }
         for r in code.keys().filter(|r| r.action == "sns:Publish") {
@@ -560,11 +620,27 @@ mod tests {
     }
 
     #[test]
+    fn a_leading_keys_condition_allows_only_the_keys_it_names() {
+        let s = doc(&json!([{"Sid": "Limits", "Effect": "Allow",
+            "Action": ["dynamodb:UpdateItem", "dynamodb:PutItem"], "Resource": "arn:aws:dynamodb:r:1:table/t",
+            "Condition": {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["limit:*"]}}}]));
+        let t = "arn:aws:dynamodb:r:1:table/t";
+        assert!(matches!(evaluate_keyed(&s, "dynamodb:UpdateItem", t, Some("limit:…")), Decision::Allowed(_)));
+        assert_eq!(evaluate_keyed(&s, "dynamodb:UpdateItem", t, Some("<task id>")), Decision::ImplicitDeny);
+        assert_eq!(evaluate_keyed(&s, "dynamodb:PutItem", t, Some("history:…")), Decision::ImplicitDeny);
+        // stricter than IAM: a request without a key is not let through by the condition
+        assert_eq!(evaluate(&s, "dynamodb:UpdateItem", t), Decision::ImplicitDeny);
+        let other = json!({"Statement": [{"Effect": "Allow", "Action": "dynamodb:GetItem", "Resource": "*",
+            "Condition": {"ForAnyValue:StringLike": {"dynamodb:LeadingKeys": ["limit:*"]}}}]});
+        assert!(parse_policy("p", &other).unwrap_err().to_string().contains("not evaluated"));
+    }
+
+    #[test]
     fn conditions_and_unknown_keys_are_errors_not_ignored() {
         let cond = json!({"Statement": [{"Effect": "Allow", "Action": "sns:Publish", "Resource": "*",
                                          "Condition": {"StringEquals": {"aws:SourceAccount": "1"}}}]});
         let e = parse_policy("p", &cond).unwrap_err();
-        assert!(e.to_string().contains("Condition is not evaluated"), "{e}");
+        assert!(e.to_string().contains("is not evaluated by this check"), "{e}");
         let both = json!({"Statement": {"Effect": "Allow", "Action": "a:b", "NotAction": "a:c", "Resource": "*"}});
         assert!(parse_policy("p", &both).is_err());
         assert!(
@@ -573,7 +649,7 @@ mod tests {
     }
 
     fn req(action: &str, resource: &str) -> Request {
-        Request { action: action.into(), resource: resource.into(), origin: Origin::Code }
+        Request { action: action.into(), resource: resource.into(), origin: Origin::Code, key: None }
     }
 
     /// The Submitter's statements as the template had them before G1's fix: the first dispatch to

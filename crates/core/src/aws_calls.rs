@@ -49,6 +49,9 @@ pub enum Target {
     Table {
         name: String,
         index: Option<String>,
+        /// The partition key (`TaskId`) of a single-item request (`Key`, or `Item` for a put).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
     },
     Tables {
         names: Vec<String>,
@@ -102,7 +105,9 @@ pub fn target_of(body: &[u8]) -> Target {
             return Target::Queue { url };
         }
         if let Some(name) = s("TableName") {
-            return Target::Table { name, index: s("IndexName") };
+            let key =
+                ["Key", "Item"].iter().find_map(|k| o.get(*k)?.get("TaskId")?.get("S")?.as_str().map(str::to_owned));
+            return Target::Table { name, index: s("IndexName"), key };
         }
         if let Some(serde_json::Value::Object(items)) = o.get("RequestItems") {
             return Target::Tables { names: items.keys().cloned().collect() };
@@ -161,7 +166,26 @@ pub fn queue_arn(url: &str, region: &str) -> Result<String, ResourceError> {
     Ok(format!("arn:{}:sqs:{region}:{account}:{name}", partition(region)))
 }
 
+/// The class of a table key, as the least-privilege check reports and evaluates it (one row per
+/// kind of item, not per task): the prefix of a prefixed item with `…` for the rest
+/// (`limit:…`, `history:…`, `workflow:…`), `<task id>` for a task's own item (task ids have no
+/// `:`).
+pub fn key_class(key: &str) -> String {
+    match key.split_once(':') {
+        Some((prefix, _)) => format!("{prefix}:…"),
+        None => "<task id>".to_owned(),
+    }
+}
+
 impl AwsCall {
+    /// The class ([`key_class`]) of the item key a single-item table request names.
+    pub fn leading_key(&self) -> Option<String> {
+        match &self.target {
+            Target::Table { key: Some(k), .. } => Some(key_class(k)),
+            _ => None,
+        }
+    }
+
     /// The ARNs IAM evaluates this call against; a table is in the caller's `account`.
     pub fn resources(&self, account: &str) -> Result<Vec<String>, ResourceError> {
         let region = || self.region.clone().ok_or_else(|| ResourceError::NoRegion(self.action.clone()));
@@ -169,8 +193,8 @@ impl AwsCall {
             |region: &str, name: &str| format!("arn:{}:dynamodb:{region}:{account}:table/{name}", partition(region));
         Ok(match &self.target {
             Target::Queue { url } => vec![queue_arn(url, &region()?)?],
-            Target::Table { name, index: None } => vec![table(&region()?, name)],
-            Target::Table { name, index: Some(i) } => vec![format!("{}/index/{i}", table(&region()?, name))],
+            Target::Table { name, index: None, .. } => vec![table(&region()?, name)],
+            Target::Table { name, index: Some(i), .. } => vec![format!("{}/index/{i}", table(&region()?, name))],
             Target::Tables { names } => {
                 let r = region()?;
                 names.iter().map(|n| table(&r, n)).collect()
@@ -316,7 +340,7 @@ mod tests {
         );
         assert_eq!(
             target_of(br#"{"TableName":"t","IndexName":"ByCompleteBy"}"#),
-            Target::Table { name: "t".into(), index: Some("ByCompleteBy".into()) }
+            Target::Table { name: "t".into(), index: Some("ByCompleteBy".into()), key: None }
         );
         assert_eq!(
             target_of(br#"{"RequestItems":{"a":{},"b":{}}}"#),
@@ -339,7 +363,7 @@ mod tests {
             |target| AwsCall { function: "f".into(), action: "x:Y".into(), region: Some("eu-west-1".into()), target };
         let q = call(Target::Queue { url: "https://sqs.eu-west-1.amazonaws.com/222233334444/replies.fifo".into() });
         assert_eq!(q.resources("111122223333").unwrap(), vec!["arn:aws:sqs:eu-west-1:222233334444:replies.fifo"]);
-        let i = call(Target::Table { name: "t".into(), index: Some("ByCompleteBy".into()) });
+        let i = call(Target::Table { name: "t".into(), index: Some("ByCompleteBy".into()), key: None });
         assert_eq!(
             i.resources("111122223333").unwrap(),
             vec!["arn:aws:dynamodb:eu-west-1:111122223333:table/t/index/ByCompleteBy"]

@@ -181,6 +181,11 @@ impl Settings {
         }
         if let Ok(v) = std::env::var("QUEUE_BUDGET_MS") {
             s.policy.queue_budget_ms = parse_num("QUEUE_BUDGET_MS", &v)?;
+            let min = crate::workflow::MIN_QUEUE_BUDGET_MS;
+            if s.policy.queue_budget_ms > 0 && s.policy.queue_budget_ms < min {
+                let why = format!("0 (no budget) or at least {min}: a request not started within it is claimed again");
+                return Err(ConfigError::Invalid { name: "QUEUE_BUDGET_MS", value: v, why });
+            }
         }
         if let Ok(v) = std::env::var("RESULT_GRACE_MS") {
             s.policy.result_grace_ms = parse_num("RESULT_GRACE_MS", &v)?;

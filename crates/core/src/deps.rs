@@ -10,13 +10,15 @@ use crate::config::{ConfigError, Resources, Settings};
 use crate::entropy::{Entropy, OsEntropy};
 use crate::ids::Millis;
 use crate::protocol::Ctx;
-use crate::store::{DynamoStore, StateStore, StoreError};
+use crate::store::{DynamoStore, Limiter, StateStore, StoreError};
 use crate::workflow::{WorkflowError, WorkflowRegistry};
 
 /// The ports and settings of a role. Cheap to clone (everything shared is behind an `Arc`).
 #[derive(Debug, Clone)]
 pub struct Deps {
     pub store: Arc<dyn StateStore>,
+    /// The agents' concurrency limits (leases in the task table; see [`crate::limit`]).
+    pub limiter: Arc<dyn Limiter>,
     pub bus: Arc<dyn Bus>,
     pub resources: Resources,
     pub workflows: Arc<WorkflowRegistry>,
@@ -44,8 +46,10 @@ impl Deps {
             settings.retention_days,
         )
         .knowing(workflows.all());
+        let store = Arc::new(store);
         Deps {
-            store: Arc::new(store),
+            store: store.clone(),
+            limiter: store,
             bus: Arc::new(BufferedBus::new(
                 Arc::new(AwsBus::from_sdk(sdk)),
                 Duration::from_millis(settings.send_linger_ms),

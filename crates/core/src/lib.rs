@@ -31,6 +31,7 @@ pub mod deps;
 pub mod effects;
 pub mod entropy;
 pub mod ids;
+pub mod limit;
 pub mod messages;
 pub mod metrics;
 pub mod protocol;

@@ -69,6 +69,12 @@ pub enum Outcome {
     TimedOut {
         error: String,
     },
+    /// This copy of the request was not started: it waited (in the agent queue, or for a slot of
+    /// an agent at its `max_in_flight`) past its `start_by`. No failure: the Scheduler claims the
+    /// unit again with a fresh schedule-to-start budget, so overload is a delay.
+    NotStarted {
+        error: String,
+    },
 }
 
 /// Scheduler queue: an agent's result for one attempt, fenced by the attempt token.
@@ -175,6 +181,19 @@ pub struct AgentRequest {
     /// hand-off that fails is reported like any failed attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback: Option<CallbackRef>,
+    /// How often this request found its agent at its `max_in_flight` and was sent back to the
+    /// agent queue to wait (absent: never).
+    #[serde(default, skip_serializing_if = "crate::messages::is_zero")]
+    pub waits: u32,
+    /// When it first found its agent full (epoch ms): its schedule-to-start time counts from
+    /// then as from its first send.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<Millis>,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+pub(crate) fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl AgentRequest {
@@ -198,6 +217,8 @@ impl AgentRequest {
                 ("outputs".to_owned(), Value::Object(serde_json::Map::new())),
             ])),
             callback: None,
+            waits: 0,
+            waiting_since: None,
         }
     }
 

@@ -86,9 +86,11 @@ catalogue! {
     COMPENSATIONS_FAILED = "CompensationsFailed", "Count", UNIT, "Scheduler, Supervisor",
         "compensations that failed for good (the task ends in Error)";
     STEP_SCHEDULE_TIME = "StepScheduleTime", "Milliseconds", BY_AGENT, "Agent",
-        "schedule-to-start: how long a request waited in the agent queue";
+        "schedule-to-start: how long a request waited in the agent queue (and for a slot of an agent at its max_in_flight)";
     STEP_RUN_TIME = "StepRunTime", "Milliseconds", BY_AGENT, "Agent",
         "start-to-close: how long the agent's call (with its own retries) took, for steps whose agent answers (a callback step's hand-off is not counted)";
+    AGENT_AT_LIMIT = "AgentAtLimit", "Count", BY_AGENT, "Agent",
+        "requests that found their agent at its max_in_flight and were put back to wait (a delay, not a failure)";
     LATE_RESULTS = "LateResults", "Count", TASK, "Scheduler, Callback",
         "successes that came after their attempt had expired: an effect the task may not account for";
     STALE_EVENTS = "StaleEvents", "Count", NONE, "any role",

@@ -33,6 +33,10 @@ pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
                 attempt: r.attempt.clone(),
                 error: crate::ids::clip(error, MAX_ERROR_BYTES).to_owned(),
             },
+            Outcome::NotStarted { error } => Event::AgentNotStarted {
+                attempt: r.attempt.clone(),
+                error: crate::ids::clip(error, MAX_ERROR_BYTES).to_owned(),
+            },
             Outcome::Failed { error, retryable } => Event::AgentFailed {
                 attempt: r.attempt.clone(),
                 // an agent's error is stored on the task: bounded

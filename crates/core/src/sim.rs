@@ -115,7 +115,7 @@ use futures::executor::block_on;
 use futures::future::join_all;
 use serde_json::json;
 
-use crate::agent::runtime::execution_deadline;
+use crate::agent::{self, runtime::execution_deadline};
 use crate::bus::{Bus, MemoryBus, Outgoing, QueueConfig, Received};
 use crate::callback;
 use crate::clock::{Clock, ManualClock};
@@ -337,6 +337,13 @@ pub struct SimReport {
     pub virtual_ms: u64,
     /// What the answer desk said to the callback workers' answers and heartbeats, by result.
     pub callbacks: BTreeMap<String, u64>,
+    /// Requests for [`LIMITED_AGENT`] that found it at its limit and were put back to wait.
+    pub limit_waits: u64,
+    /// Copies of attempts their agent did not start (they waited past `start_by`): each is
+    /// claimed again, not counted as a failure. Included in `attempts`.
+    pub not_started: u64,
+    /// The most calls of [`LIMITED_AGENT`] open at once.
+    pub limited_max: u32,
 }
 
 /// One applied remote effect.
@@ -435,6 +442,34 @@ enum Action {
     Answer(Box<CallbackMessage>),
     /// A message delivered again later (a copy put back on its queue).
     Again { queue: String, body: String },
+    /// An agent gives its slot of [`LIMITED_AGENT`] back.
+    Release { holder: String },
+}
+
+/// The most intervals `[start, end)` open at once, and the first instant it was so (a call that
+/// ends when another starts is not open with it).
+fn most_at_once(calls: &[(Millis, Millis)]) -> (u32, Millis) {
+    let mut edges: Vec<(Millis, i32)> = calls.iter().flat_map(|(s, e)| [(*s, 1), (*e, -1)]).collect();
+    edges.sort(); // at one instant, ends (-1) before starts (+1)
+    let (mut open, mut most, mut at) = (0i32, 0i32, Millis(0));
+    for (t, d) in edges {
+        open += d;
+        if open > most {
+            most = open;
+            at = t;
+        }
+    }
+    (u32::try_from(most).unwrap_or(0), at)
+}
+
+/// Whether an agent may call for a request now.
+enum Turn {
+    /// Yes, holding this lease (none for an agent without a limit).
+    Call(Option<String>),
+    /// Its agent is full: the request was sent back to wait.
+    Waits,
+    /// The slot could not be asked for: the message stays on its queue.
+    Failed,
 }
 
 /// The remote side of one callback attempt: it heartbeats until `done_at`, then applies its
@@ -491,6 +526,8 @@ struct Sim {
     /// heartbeat window; and those whose worker died.
     heard: BTreeMap<String, (Millis, u64)>,
     dead: BTreeSet<String>,
+    /// The calls of [`LIMITED_AGENT`] at its service: from the start to when the agent let go.
+    limited_calls: Vec<(Millis, Millis)>,
 }
 
 const STEP_TIMEOUT_MS: u64 = 5_000;
@@ -511,6 +548,11 @@ fn step(name: &str, comp: Option<&str>) -> StepDef {
     }
 }
 
+/// The agent of the `charge` steps: at most [`LIMIT`] of its calls in flight at once, across
+/// all tasks (`max_in_flight`; the other agents have no limit).
+pub const LIMITED_AGENT: &str = "sim.pay";
+pub const LIMIT: u32 = 2;
+
 /// How often a callback step's worker must heartbeat, and its hard timeout.
 const CALLBACK_HEARTBEAT_MS: u64 = 5_000;
 const CALLBACK_TIMEOUT_MS: u64 = 60_000;
@@ -524,7 +566,11 @@ pub fn workflows() -> WorkflowRegistry {
         version: 1,
         description: "simulated order".into(),
         on_failure,
-        steps: vec![step("reserve", Some("release")), step("charge", Some("refund")), step("ship", None)],
+        steps: vec![
+            step("reserve", Some("release")),
+            StepDef { agent: LIMITED_AGENT.into(), ..step("charge", Some("refund")) },
+            step("ship", None),
+        ],
     };
     let mut async_order = wf("order-async", OnFailure::Compensate);
     async_order.steps[2] = StepDef {
@@ -571,6 +617,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
     };
     let deps = Deps {
         store: Arc::new(store.clone()),
+        limiter: Arc::new(store.clone()),
         bus: Arc::new(bus.clone()),
         resources: res,
         workflows: Arc::new(workflows()),
@@ -593,6 +640,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         report: SimReport { seed: cfg.seed, ..SimReport::default() },
         agents_free_at: Millis(0),
         dispatched: BTreeSet::new(),
+        limited_calls: Vec::new(),
         claims: BTreeMap::new(),
         locks: BTreeMap::new(),
         fates: BTreeMap::new(),
@@ -766,7 +814,17 @@ impl Sim {
 
     fn act(&mut self, action: Action) {
         match action {
-            Action::AgentCopy(req) => self.run_request(&req),
+            Action::AgentCopy(req) => {
+                // another agent: it takes its own slot (or waits, or fails and the copy is gone)
+                if let Turn::Call(lease) = self.take_slot(&req, None) {
+                    let ended = self.run_request(&req);
+                    self.called(lease, ended);
+                }
+            }
+            Action::Release { holder } => {
+                // a release that fails leaves the lease to expire at its end
+                block_on(self.deps.limiter.release(LIMITED_AGENT, &holder)).ok();
+            }
             Action::Worker(w) => self.work(*w),
             Action::Answer(msg) => {
                 // the desk's sends after its write fail now and then (the sender sees a 5xx)
@@ -1046,17 +1104,62 @@ impl Sim {
             self.fates.entry(req.attempt.to_string()).or_default().push(Fate::Lost);
             return;
         }
+        // its agent's slot first: a request that must wait was sent back; one whose slot could
+        // not be asked for stays on the queue (it comes back after its visibility timeout)
+        let lease = match self.take_slot(&req, m.sent_at) {
+            Turn::Call(lease) => lease,
+            Turn::Waits => {
+                block_on(self.bus.delete(url, vec![m.receipt.clone()])).ok();
+                return;
+            }
+            Turn::Failed => return,
+        };
         block_on(self.bus.delete(url, vec![m.receipt.clone()])).ok();
         if self.chance(self.cfg.faults.agent_duplicate) {
             // SQS delivers the request again, to another agent, a moment later
             let when = self.now().plus_ms(self.between(0, 2_000));
             self.at(when, Action::AgentCopy(Box::new(req.clone())));
         }
-        self.run_request(&req);
+        let ended = self.run_request(&req);
+        self.called(lease, ended);
     }
 
-    /// One agent runs one copy of an attempt against the remote service.
-    fn run_request(&mut self, req: &AgentRequest) {
+    /// The slot of a request for [`LIMITED_AGENT`], as the real agent takes it
+    /// ([`agent::take_slot`], on the twins).
+    fn take_slot(&mut self, req: &AgentRequest, sent_at: Option<Millis>) -> Turn {
+        if req.agent != LIMITED_AGENT {
+            return Turn::Call(None);
+        }
+        match block_on(agent::take_slot(&self.deps, Some(LIMIT), req, sent_at)) {
+            Ok(agent::Slot::Held(holder)) => Turn::Call(Some(holder)),
+            Ok(agent::Slot::Unlimited) => Turn::Call(None),
+            Ok(agent::Slot::Wait) => {
+                self.report.limit_waits += 1;
+                Turn::Waits
+            }
+            Err(_) => Turn::Failed,
+        }
+    }
+
+    /// A call of a request that held `lease` ended at the agent (`ended`: when, and whether the
+    /// agent lived to give its slot back; `None`: it never started).
+    fn called(&mut self, lease: Option<String>, ended: Option<(Millis, bool)>) {
+        let Some(holder) = lease else { return };
+        match ended {
+            None => self.act(Action::Release { holder }),
+            Some((at, alive)) => {
+                self.limited_calls.push((self.now(), at));
+                if alive {
+                    self.at(at, Action::Release { holder });
+                }
+            }
+        }
+    }
+
+    /// One agent runs one copy of an attempt against the remote service. Returns when the agent
+    /// let go of the call (it answered, or cut it at its deadline) and whether it lived to give
+    /// its slot back; `None` when it never started.
+    fn run_request(&mut self, req: &AgentRequest) -> Option<(Millis, bool)> {
         let now = self.now();
         let f = self.cfg.faults.clone();
         self.report.attempts += 1;
@@ -1064,13 +1167,21 @@ impl Sim {
         self.complete_by.insert(token.clone(), req.complete_by);
         // nothing starts after its start_by; started now, it has its whole timeout
         let Some(deadline) = execution_deadline(req, now) else {
-            self.fates.entry(token).or_default().push(Fate::Lost);
-            return;
+            if req.start_by.is_some() && now < req.complete_by {
+                // waited past its start_by: the agent says so at once, nothing started
+                let when = now.plus_ms(self.between(5, 50));
+                let error = "not started: it waited past its start_by".to_owned();
+                self.report.not_started += 1;
+                self.answer(&token, when, req.complete_by, reply_to(req, Outcome::NotStarted { error }));
+            } else {
+                self.fates.entry(token).or_default().push(Fate::Lost);
+            }
+            return None;
         };
         let key = req.idempotency_key.to_string();
         if let Some(cb) = &req.callback {
             self.hand_over(req, cb.token.clone(), cb.heartbeat_ms.unwrap_or(CALLBACK_TIMEOUT_MS), key);
-            return;
+            return Some((now, true));
         }
         let reply = |outcome| reply_to(req, outcome);
         // Another copy holds the key: the service answers 409 "key in use"; the runtime retries
@@ -1086,7 +1197,7 @@ impl Sim {
                 deadline,
                 reply(Outcome::Failed { error: "409 key in use".into(), retryable: true }),
             );
-            return;
+            return Some((when.min(deadline), true));
         }
         // A decided key is answered as decided (the runtime's retries wait out a short 409).
         if let Some(decided) = known.decided {
@@ -1096,7 +1207,7 @@ impl Sim {
                 Decided::Declined => Outcome::Failed { error: "declined (replayed)".into(), retryable: false },
             };
             self.answer(&token, when, deadline, reply(outcome));
-            return;
+            return Some((when.min(deadline), true));
         }
         let latency = if self.chance(f.slow) { self.between(3_000, 9_000) } else { self.between(20, 1_500) };
         let done = now.plus_ms(latency);
@@ -1116,6 +1227,9 @@ impl Sim {
         let k = if req.phase == Phase::Compensate { 0.5 } else { 1.0 };
         let busy_until;
         let mut decided = None;
+        // when the agent lets go of the call, and whether it lives to give its slot back
+        let mut let_go = done.min(deadline);
+        let mut alive = true;
         if pick(f.transient * k) {
             busy_until = done;
             self.answer(&token, done, deadline, reply(Outcome::Failed { error: "503".into(), retryable: true }));
@@ -1126,17 +1240,20 @@ impl Sim {
         } else if pick(f.hang * k) {
             // no effect, no answer: the agent cuts the call at the deadline
             busy_until = deadline;
+            let_go = deadline;
             self.cut(&token, deadline, reply);
         } else if pick(f.effect_no_answer * k) {
             busy_until = done;
             decided = (done < deadline).then_some(Decided::Applies);
             self.at(done, apply(done)); // the agent died after the service applied the effect
             self.fates.entry(token).or_default().push(Fate::Lost);
+            alive = false;
         } else if pick(f.effect_then_retryable * k) {
             busy_until = done;
             decided = (done < deadline).then_some(Decided::Applies);
             self.at(done, apply(done));
             let later = done.plus_ms(self.between(10, 500));
+            let_go = later.min(deadline);
             self.answer(
                 &token,
                 later,
@@ -1150,6 +1267,8 @@ impl Sim {
             let answered = now.plus_ms(self.between(500, 2_000));
             let lands = answered.plus_ms(self.between(100, deadline.0 - answered.0));
             busy_until = lands;
+            // the service works on after the gateway's 504: not a call any agent holds open
+            let_go = answered;
             decided = Some(Decided::Applies);
             self.answer(
                 &token,
@@ -1167,6 +1286,7 @@ impl Sim {
         let held = self.ledger.keys.entry(key).or_default();
         held.until = held.until.max(busy_until);
         held.decided = held.decided.or(decided);
+        Some((let_go, alive))
     }
 
     /// A callback step's agent hands the work over: the warehouse refuses it (for good, or for
@@ -1378,6 +1498,14 @@ impl Sim {
     fn check(&mut self) {
         let mut v = std::mem::take(&mut self.report.violations);
         v.extend(self.ledger.twice.iter().cloned());
+        let (most, at) = most_at_once(&self.limited_calls);
+        self.report.limited_max = most;
+        if most > LIMIT {
+            v.push(format!(
+                "max-in-flight: {most} calls of {LIMITED_AGENT} were open at once at {}; its max_in_flight is {LIMIT}",
+                at.0
+            ));
+        }
         let tasks = self.store.tasks();
         if tasks.len() != self.report.tasks {
             v.push(format!("terminal: {} of {} submissions became tasks", tasks.len(), self.report.tasks));

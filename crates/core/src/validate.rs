@@ -151,7 +151,10 @@ fn check_config(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> 
     let agents: Vec<AgentSurvey> =
         agent::survey(agents_json, vars).map_err(|e| r.problems.push(format!("agents: {e}"))).unwrap_or_default();
     for a in &agents {
-        r.agents.push(format!("{} ({})", a.name, a.kind));
+        match a.max_in_flight {
+            Some(max) => r.agents.push(format!("{} ({}, max_in_flight {max})", a.name, a.kind)),
+            None => r.agents.push(format!("{} ({})", a.name, a.kind)),
+        }
         if let Some(var) = &a.missing_var {
             r.problems.push(format!("agent {}: variable {var} is not set (every call would fail)", a.name));
         }
@@ -173,6 +176,11 @@ fn check_config(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> 
                 Some(a) if a.callback_only && step.kind != StepKind::Callback => r.problems.push(format!(
                     "workflow {}@{} step {}: agent {} ({}) only hands the work over, so the step must be kind \"callback\" (with timeout_ms)",
                     def.name, def.version, step.name, a.name, a.kind
+                )),
+                Some(a) if a.max_in_flight.is_some() && step.schedule_to_start_ms.is_none() => r.warnings.push(format!(
+                    "workflow {}@{} step {}: agent {} takes at most {} calls at once; a request waiting for a slot \
+                     uses the queue budget (template parameter QueueBudgetMs): set schedule_to_start_ms to the longest wait you accept",
+                    def.name, def.version, step.name, a.name, a.max_in_flight.unwrap_or_default()
                 )),
                 Some(_) => {}
             }

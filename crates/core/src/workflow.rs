@@ -21,6 +21,9 @@ pub const MAX_LONG_STEP_MS: u64 = 366 * 24 * 60 * 60 * 1000;
 pub const MIN_HEARTBEAT_MS: u64 = 1_000;
 /// The longest a request may wait in the agent queue before it starts.
 pub const MAX_QUEUE_BUDGET_MS: u64 = 60 * 60 * 1000;
+/// The shortest schedule-to-start budget a step may set (but 0, no budget): a request not started
+/// within it is claimed again, so this bounds how often.
+pub const MIN_QUEUE_BUDGET_MS: u64 = 1_000;
 /// The longest backoff one SQS delay can express.
 pub const MAX_BACKOFF_MS: u64 = 15 * 60 * 1000;
 
@@ -275,6 +278,12 @@ impl StepDef {
         self.validate_kind().map_err(problem)?;
         if self.schedule_to_start_ms.is_some_and(|b| b > MAX_QUEUE_BUDGET_MS) {
             return Err(problem(format!("schedule_to_start_ms is over {MAX_QUEUE_BUDGET_MS}")));
+        }
+        if self.schedule_to_start_ms.is_some_and(|b| b > 0 && b < MIN_QUEUE_BUDGET_MS) {
+            // a request not started by then is claimed again: at most once a second
+            return Err(problem(format!(
+                "schedule_to_start_ms must be 0 (no budget) or at least {MIN_QUEUE_BUDGET_MS}"
+            )));
         }
         if self.max_attempts == 0 {
             return Err(problem("max_attempts must be at least 1".into()));

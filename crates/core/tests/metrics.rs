@@ -50,7 +50,7 @@ async fn every_record_is_valid_emf_and_every_catalogue_metric_is_emitted_as_decl
     telemetry::init_metrics();
     let _guard = SERIAL.lock().await;
     let mut lines = Vec::new();
-    for seed in sim::seeds(1, 12) {
+    for seed in sim::seeds(1, 60) {
         // Few tasks per run and a flush after each: a function flushes after every invocation, and
         // a record keeps at most 100 values of one duration. Half the runs with many permanent
         // failures, so compensations fail for good too.
@@ -78,6 +78,14 @@ async fn every_record_is_valid_emf_and_every_catalogue_metric_is_emitted_as_decl
     let tw = twins();
     let sub = json!({"v": 1, "task_id": "lost", "workflow": "one", "input": {}}).to_string();
     submitter::submit(&tw.deps, &sub).await.unwrap();
+    // ... whose agent is at its max_in_flight: the request waits
+    let mut limited = AgentRuntime::with_builtins();
+    limited.set_limit("sim", 1);
+    let now = tw.deps.now();
+    tw.deps.limiter.acquire("sim", 1, "busy", now.plus_ms(3_600_000), now).await.unwrap();
+    let body = tw.bus.take(&url).pop().expect("the step was dispatched");
+    role::handle(Role::Agent, &tw.deps, &limited, &Record::new("m-limited", body)).await.unwrap();
+    assert_eq!(tw.bus.depth(&url), 1, "sent back to wait");
     tw.clock.set(Millis(tw.deps.now().0 + 600_000));
     assert_eq!(supervisor::sweep(&tw.deps).await.expired, 1);
     lines.extend(flush());

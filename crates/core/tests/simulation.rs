@@ -33,13 +33,15 @@ fn every_seed_keeps_the_invariants() {
     let mut failed = Vec::new();
     // each invariant broken: in how many seeds, the first of them and its first violation
     let mut broken: std::collections::BTreeMap<String, (usize, u64, String)> = std::collections::BTreeMap::new();
-    let (mut handled, mut attempts) = (0, 0);
+    let (mut handled, mut attempts, mut limit_waits, mut limited_max) = (0, 0, 0, 0);
     let mut callbacks: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     let faults = faults();
     for &seed in &seeds {
         let r = sim::run(&SimConfig { faults: faults.clone(), ..SimConfig::for_seed(seed) });
         handled += r.handled;
         attempts += r.attempts;
+        limit_waits += r.limit_waits;
+        limited_max = limited_max.max(r.limited_max);
         for (k, n) in &r.callbacks {
             *callbacks.entry(k.clone()).or_default() += n;
         }
@@ -62,8 +64,17 @@ fn every_seed_keeps_the_invariants() {
         started.elapsed().as_secs_f64()
     );
     eprintln!("callback answers and heartbeats, by what the desk said: {callbacks:?}");
+    eprintln!(
+        "{}: {limit_waits} requests waited for a slot; at most {limited_max} calls open at once (max_in_flight {})",
+        sim::LIMITED_AGENT,
+        sim::LIMIT
+    );
     for (kind, (n, first, text)) in &broken {
         eprintln!("  {kind}: {n} seeds, first seed {first}: {text}");
+    }
+    if seeds.len() >= 50 {
+        // the limit was met, so the max-in-flight invariant was put to the test
+        assert!(limit_waits > 0 && limited_max == sim::LIMIT, "{limit_waits} waits, at most {limited_max} at once");
     }
     assert!(
         failed.is_empty(),
@@ -95,12 +106,16 @@ fn a_burst_far_beyond_capacity_drains_with_every_task_processed() {
     let r = sim::run(&cfg);
     let processed = r.end_states.get("Processed").copied().unwrap_or(0);
     #[allow(clippy::cast_precision_loss)]
-    let per_unit = r.attempts as f64 / r.units.max(1) as f64;
+    let per_unit = (r.attempts - r.not_started) as f64 / r.units.max(1) as f64;
     eprintln!(
-        "burst: {:?}, {} attempts for {} units ({per_unit:.2} per step), {} s virtual",
+        "burst: {:?}, {} attempts for {} units ({per_unit:.2} per step; {} more not started: they waited \
+         past their start_by and were claimed again), {} waits for a slot of {}, {} s virtual",
         r.end_states,
-        r.attempts,
+        r.attempts - r.not_started,
         r.units,
+        r.not_started,
+        r.limit_waits,
+        sim::LIMITED_AGENT,
         r.virtual_ms / 1000
     );
     assert_eq!(processed, 300, "{}", sim::describe(&r));

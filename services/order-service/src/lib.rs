@@ -79,6 +79,41 @@ struct Inner {
     confirm_after: Duration,
     /// What requests must carry, and what was refused.
     auth: Mutex<Auth>,
+    /// Effect requests open now, and the most ever open at once, by endpoint.
+    in_flight: Mutex<HashMap<&'static str, InFlight>>,
+}
+
+/// Concurrent requests to one endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InFlight {
+    pub now: u32,
+    pub max: u32,
+    pub total: u64,
+}
+
+/// Counts one open request of an endpoint while it lives.
+struct InFlightGuard {
+    svc: OrderService,
+    path: &'static str,
+}
+
+impl InFlightGuard {
+    fn open(svc: &OrderService, path: &'static str) -> Self {
+        let mut all = lock(&svc.inner.in_flight);
+        let e = all.entry(path).or_default();
+        e.now += 1;
+        e.max = e.max.max(e.now);
+        e.total += 1;
+        InFlightGuard { svc: svc.clone(), path }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if let Some(e) = lock(&self.svc.inner.in_flight).get_mut(self.path) {
+            e.now -= 1;
+        }
+    }
 }
 
 /// The optional authentication of requests.
@@ -115,6 +150,7 @@ impl Default for Inner {
             sender: Arc::new(SqsSender::default()),
             confirm_after: DEFAULT_CONFIRM_AFTER,
             auth: Mutex::default(),
+            in_flight: Mutex::default(),
         }
     }
 }
@@ -203,6 +239,12 @@ impl OrderService {
     }
 
     /// The requests refused so far by the authentication, oldest first.
+    /// How many effect requests to `endpoint` (e.g. `"/payment/charge"`) are open now, the most
+    /// ever open at once, and how many came: what a caller's concurrency limit is checked by.
+    pub fn in_flight(&self, endpoint: &str) -> InFlight {
+        lock(&self.inner.in_flight).iter().find(|(p, _)| **p == endpoint).map(|(_, f)| *f).unwrap_or_default()
+    }
+
     pub fn auth_refusals(&self) -> Vec<AuthRefusal> {
         lock(&self.inner.auth).refusals.clone()
     }
@@ -364,6 +406,7 @@ impl EffectRequest {
 }
 
 async fn effect(svc: OrderService, op: Op, headers: HeaderMap, body: Bytes) -> Response {
+    let _open = InFlightGuard::open(&svc, op.path());
     let key = headers
         .get(IDEMPOTENCY_KEY)
         .and_then(|v| v.to_str().ok())

@@ -246,6 +246,17 @@ fn callback_workflows_file(stack_label: &str) -> PathBuf {
             call("confirm")
         ]
     }));
+    // An agent with max_in_flight 1: tasks submitted together take turns (the others wait on the
+    // agent queue).
+    list.push(json!({
+        "name": "sim-serial",
+        "version": 1,
+        "description": "Lambda-mode test: one step on an agent that takes one call at a time",
+        "steps": [
+            {"name": "call", "agent": "sim.serial", "timeout_ms": 20_000, "schedule_to_start_ms": 120_000,
+             "max_attempts": 2, "backoff": {"base_ms": 200, "max_ms": 500}}
+        ]
+    }));
     list.push(json!({
         "name": "sim-callback-lost",
         "version": 1,
@@ -406,6 +417,7 @@ async fn lambda_callback_steps_are_answered_through_the_queue_and_the_signed_url
         action: action.into(),
         resource: resource.into(),
         origin: sas_cli::iam::Origin::Code,
+        key: None,
     };
     let needed: BTreeMap<sas_cli::iam::Request, usize> = [
         (req("sqs:SendMessage", &queue_arn), 1),
@@ -868,8 +880,16 @@ async fn lambda_a_failing_record_alone_is_redelivered_until_its_dlq() {
 async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() {
     let file = callback_workflows_file("iam");
     let file_param = file.to_string_lossy().into_owned();
-    let f = lambda_stack(
+    // the workspace's agents and one that takes one call at a time
+    let wfs: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).expect("the workflows file");
+    let config = config_dir("iam", wfs["workflows"].as_array().expect("a list"));
+    let mut agents: Value =
+        serde_json::from_str(&std::fs::read_to_string(config.join("agents.json")).unwrap()).expect("agents.json");
+    agents["agents"]["sim.serial"] = json!({"kind": "sim", "max_in_flight": 1});
+    std::fs::write(config.join("agents.json"), agents.to_string()).unwrap();
+    let f = lambda_stack_with(
         "iam",
+        &config,
         &[
             ("WorkflowsFile", &file_param),
             // No queue budget: an attempt's execution deadline is its CompleteBy, so a hung agent
@@ -912,7 +932,18 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     // An approval step: the Agent publishes its token to ApprovalTopic (the rest of the workflow
     // is cancelled once the approval was asked for).
     let cb_approval = json!({"v": 1, "task_id": "cb-approval", "workflow": "sim-everything", "input": {}});
-    for body in [&hung, &flaky, &declined, &declined, &big, &refused, &cb_ok, &cb_late, &cb_approval] {
+    // Three tasks at once on an agent that takes one call (3 s) at a time: the first lease
+    // creates the agent's limit item, the others update it; the requests that find the agent full
+    // wait on the agent queue.
+    let serial: Vec<Value> = (1..=3)
+        .map(|i| {
+            json!({"v": 1, "task_id": format!("serial-{i}"), "workflow": "sim-serial",
+                        "input": {"sim": {"call": {"delay_ms": 3_000}}}})
+        })
+        .collect();
+    for body in
+        [&hung, &flaky, &declined, &declined, &big, &refused, &cb_ok, &cb_late, &cb_approval].into_iter().chain(&serial)
+    {
         f.s.send(&f.s.res.submission_queue_url, &body.to_string()).await;
     }
     // A message that can never parse on each function's queue: each moves it to its own DLQ.
@@ -960,6 +991,12 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
         let t = f.s.wait_for(id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
         eprintln!("[{}] {id}: {:?}, FailureCount {}", f.s.name, t.process_state, t.failure_count);
     }
+    for id in ["serial-1", "serial-2", "serial-3"] {
+        let t = f.s.wait_for(id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
+        assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{id}: {:?}", t.history);
+    }
+    let held = f.s.deps.limiter.leases("sim.serial").await.unwrap();
+    assert!(held.is_empty(), "every lease of sim.serial was given back: {held:?}");
     for (dlq, want) in [
         ("SubmissionDlqUrl", 2),
         ("SchedulerDlqUrl", 1),

@@ -17,5 +17,6 @@ mod ground;
 mod http_auth;
 mod lambda;
 mod lambda_agent;
+mod limits;
 mod orders;
 mod protocol;

@@ -167,26 +167,23 @@ impl Agent for ApprovalAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::{AttemptToken, CallbackToken, IdempotencyKey, Millis, TaskId};
-    use crate::messages::{CallbackRef, Phase};
+    use crate::ids::{AttemptToken, Millis, TaskId};
 
     fn req(callback: bool) -> AgentRequest {
         let task_id = TaskId::try_from("order-9").unwrap();
         let attempt = AttemptToken::from("0123456789abcdef0123456789abcdef");
-        AgentRequest {
-            v: 1,
-            idempotency_key: IdempotencyKey::for_step(&task_id, "approve"),
-            callback: callback
-                .then(|| CallbackRef { token: CallbackToken::new(&task_id, "approve", &attempt), heartbeat_ms: None }),
+        let r = AgentRequest::first_attempt(
             task_id,
-            step: "approve".into(),
-            phase: Phase::Forward,
-            agent: "approval".into(),
-            attempt,
-            attempt_no: 1,
-            start_by: None,
-            complete_by: Millis(86_400_000),
-            input: json!({"input": {"order": "o-9", "amount": 1250}, "outputs": {}}),
+            "approve",
+            "approval",
+            json!({"order": "o-9", "amount": 1250}),
+            Millis(86_400_000),
+        )
+        .with_attempt(attempt);
+        if callback {
+            r.with_callback(None)
+        } else {
+            r
         }
     }
 

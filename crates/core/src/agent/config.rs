@@ -48,6 +48,9 @@ impl AgentRuntime {
             aws,
         };
         for entry in file.entries(vars)? {
+            if let Some(max) = entry.max_in_flight {
+                rt.set_limit(entry.name.clone(), max);
+            }
             if let Some(spec) = entry.spec {
                 let agent = spec.build(&entry.name, &cx)?;
                 rt.register_arc(entry.name, agent);
@@ -88,6 +91,8 @@ pub struct AgentSurvey {
     pub missing_var: Option<String>,
     /// Empty when a variable is missing (the resources are not known).
     pub grants: Vec<Grant>,
+    /// How many of its calls may be in flight at once, if it says.
+    pub max_in_flight: Option<u32>,
 }
 
 /// The agents of a configuration file, checked as [`AgentRuntime::from_config`] builds them, and
@@ -105,6 +110,7 @@ pub fn survey(json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Result<Vec<A
             callback_only: e.callback_only,
             missing_var: e.missing_var,
             grants: e.spec.map(|s| s.grants()).unwrap_or_default(),
+            max_in_flight: e.max_in_flight,
         })
         .collect())
 }
@@ -159,6 +165,22 @@ struct Entry {
     callback_only: bool,
     missing_var: Option<String>,
     spec: Option<AgentSpec>,
+    /// How many of its calls may be in flight at once, across all tasks (see [`crate::limit`]).
+    max_in_flight: Option<u32>,
+}
+
+/// An entry's `max_in_flight` (any kind may have one), taken out of the entry so its kind's own
+/// fields are checked without it.
+fn take_max_in_flight(name: &str, raw: &Value) -> Result<(Value, Option<u32>), AgentConfigError> {
+    let mut v = raw.clone();
+    let Some(max) = v.as_object_mut().and_then(|o| o.remove("max_in_flight")) else { return Ok((v, None)) };
+    match max.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|n| (1..=crate::limit::MAX_IN_FLIGHT).contains(n)) {
+        Some(n) => Ok((v, Some(n))),
+        None => Err(AgentConfigError::Json(format!(
+            "agent {name}: max_in_flight is {max}; it must be a whole number from 1 to {}",
+            crate::limit::MAX_IN_FLIGHT
+        ))),
+    }
 }
 
 impl AgentFile {
@@ -168,9 +190,10 @@ impl AgentFile {
         };
         let mut out = Vec::new();
         for (name, raw) in &self.agents {
+            let (raw, max_in_flight) = take_max_in_flight(name, raw)?;
             // the entry as written must already be a valid one of its kind
-            let written = parse(name, raw)?;
-            let (spec, missing_var) = match expand_value(raw, vars) {
+            let written = parse(name, &raw)?;
+            let (spec, missing_var) = match expand_value(&raw, vars) {
                 Ok(v) => (Some(parse(name, &v)?), None),
                 Err(var) => (None, Some(var)),
             };
@@ -180,6 +203,7 @@ impl AgentFile {
                 callback_only: written.callback_only(),
                 missing_var,
                 spec,
+                max_in_flight,
             });
         }
         Ok(out)

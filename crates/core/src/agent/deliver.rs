@@ -90,27 +90,24 @@ pub(super) mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::ids::{AttemptToken, CallbackToken, IdempotencyKey, Millis, TaskId};
-    use crate::messages::{CallbackRef, Phase};
+    use crate::ids::{AttemptToken, Millis, TaskId};
 
     /// A callback step's request (or a call step's, `callback: false`).
     pub fn req(task: &str, attempt: &str, callback: bool) -> AgentRequest {
         let task_id = TaskId::try_from(task).unwrap();
         let attempt = AttemptToken::from(attempt);
-        AgentRequest {
-            v: 1,
-            idempotency_key: IdempotencyKey::for_step(&task_id, "ship"),
-            callback: callback
-                .then(|| CallbackRef { token: CallbackToken::new(&task_id, "ship", &attempt), heartbeat_ms: None }),
+        let r = AgentRequest::first_attempt(
             task_id,
-            step: "ship".into(),
-            phase: Phase::Forward,
-            agent: "warehouse".into(),
-            attempt,
-            attempt_no: 1,
-            start_by: None,
-            complete_by: Millis::now().plus_ms(5_000),
-            input: json!({"input": {"order": "o-1"}, "outputs": {}}),
+            "ship",
+            "warehouse",
+            json!({"order": "o-1"}),
+            Millis::now().plus_ms(5_000),
+        )
+        .with_attempt(attempt);
+        if callback {
+            r.with_callback(None)
+        } else {
+            r
         }
     }
 

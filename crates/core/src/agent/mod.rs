@@ -12,12 +12,14 @@
 //! - [`kind`]: what each kind of agent provides (its configuration, how it is built, its IAM);
 //! - [`config`]: which agents a function hosts (`config/agents.json`).
 
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::deps::{Deps, HandlerError};
 use crate::ids::Millis;
-use crate::messages::{AgentRequest, Outcome, SchedulerMessage, VERSION};
+use crate::limit;
+use crate::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage, VERSION};
 use crate::metrics;
+use crate::store::Acquire;
 
 pub mod approval;
 pub mod aws_error;
@@ -65,11 +67,46 @@ pub async fn handle_sent(
         return Err(HandlerError::Malformed(format!("unsupported version {}", req.v)));
     }
     async {
+        let now = deps.now();
+        if let (None, Some(start_by)) = (runtime::execution_deadline(&req, now), req.start_by) {
+            if now >= req.complete_by {
+                info!("CompleteBy passed before the request started: nothing started, nothing sent");
+                return Ok(false);
+            }
+            // It waited too long to start (a backlog, or its agent's max_in_flight): said at once,
+            // so the Scheduler claims the step again with a fresh budget (not a failure).
+            let waited = req.waiting_since.or(sent_at).map_or(0, |s| s.until(now));
+            let slot = if req.waits > 0 {
+                format!(", {} times sent back to wait for a slot of agent {}", req.waits, req.agent)
+            } else {
+                String::new()
+            };
+            let error = format!(
+                "not started: it waited past its start_by ({} ms late; {waited} ms waited{slot})",
+                start_by.until(now)
+            );
+            info!(%error, "request not started");
+            let result = AgentResult { v: VERSION, task_id: req.task_id.clone(), step: req.step.clone(), attempt: req.attempt.clone(), outcome: Outcome::NotStarted { error } };
+            deps.outbox().to_scheduler(&SchedulerMessage::Result(result), 0).await?;
+            return Ok(true);
+        }
+        let lease = match take_slot(deps, runtime.limit(&req.agent), &req, sent_at).await? {
+            Slot::Wait => return Ok(false),
+            Slot::Held(holder) => Some(holder),
+            Slot::Unlimited => None,
+        };
         let started = deps.now();
-        if let Some(sent) = sent_at {
+        if let Some(sent) = req.waiting_since.or(sent_at) {
             metrics::duration_ms(&metrics::STEP_SCHEDULE_TIME, &[&req.agent], sent.until(started));
         }
-        let Some(mut result) = runtime.run(&req).await else { return Ok(false) };
+        let ran = runtime.run(&req).await;
+        if let Some(holder) = lease {
+            // a lease not given back ends by itself at the attempt's deadline
+            if let Err(e) = deps.limiter.release(&req.agent, &holder).await {
+                warn!(agent = %req.agent, error = %e, "could not give the agent's slot back; it frees itself at the attempt's deadline");
+            }
+        }
+        let Some(mut result) = ran else { return Ok(false) };
         metrics::duration_ms(&metrics::STEP_RUN_TIME, &[&req.agent], started.until(deps.now()));
         if let Outcome::Succeeded { output } = &mut result.outcome {
             // what the task cannot store (or SQS carry) goes back as a success with a marker
@@ -83,4 +120,50 @@ pub async fn handle_sent(
         Ok(true)
     }
     .await
+}
+
+/// Whether a request may call its agent now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    /// The agent has no `max_in_flight`.
+    Unlimited,
+    /// A lease is held by this holder: give it back once the calls are done.
+    Held(String),
+    /// The agent is full: the request was sent back to the agent queue to wait.
+    Wait,
+}
+
+/// Take a slot of the request's agent if it has a `max_in_flight` (`max`; see [`crate::limit`]);
+/// when it is full, send the request back to the agent queue to ask again later (a request that
+/// may no longer start is left to [`AgentRuntime::run`], which says so and starts nothing). An
+/// error leaves the message to come back: it was not sent back.
+pub async fn take_slot(
+    deps: &Deps,
+    max: Option<u32>,
+    req: &AgentRequest,
+    sent_at: Option<Millis>,
+) -> Result<Slot, HandlerError> {
+    let Some(max) = max else { return Ok(Slot::Unlimited) };
+    let now = deps.now();
+    let Some(deadline) = runtime::execution_deadline(req, now) else { return Ok(Slot::Unlimited) };
+    let holder = format!("{}.{}", req.attempt, &deps.entropy.token().to_string()[..8]);
+    let until = deadline.plus_ms(limit::LEASE_MARGIN_MS);
+    match deps.limiter.acquire(&req.agent, max, &holder, until, now).await? {
+        Acquire::Taken { reclaimed } => {
+            if reclaimed > 0 {
+                warn!(agent = %req.agent, reclaimed, "reclaimed slots whose holders passed their deadline without giving them back");
+            }
+            Ok(Slot::Held(holder))
+        }
+        Acquire::Full { held } => {
+            let mut again = req.clone();
+            again.waits = req.waits.saturating_add(1);
+            again.waiting_since = req.waiting_since.or(sent_at).or(Some(now));
+            let delay = limit::wait_delay(again.waits, deps.entropy.jitter());
+            info!(agent = %req.agent, max_in_flight = max, held, waits = again.waits, delay_s = delay, "agent at its max_in_flight: the request waits");
+            metrics::count(&metrics::AGENT_AT_LIMIT, &[&req.agent], 1);
+            deps.outbox().dispatch_later(&again, delay).await?;
+            Ok(Slot::Wait)
+        }
+    }
 }

@@ -94,19 +94,37 @@ impl CallRetry {
 pub struct AgentRuntime {
     agents: HashMap<String, Arc<dyn Agent>>,
     retry: CallRetry,
+    /// `max_in_flight` of the agents that declare one.
+    limits: HashMap<String, u32>,
 }
 
 impl std::fmt::Debug for AgentRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut names: Vec<_> = self.agents.keys().collect();
         names.sort();
-        f.debug_struct("AgentRuntime").field("agents", &names).field("retry", &self.retry).finish()
+        f.debug_struct("AgentRuntime")
+            .field("agents", &names)
+            .field("retry", &self.retry)
+            .field("limits", &self.limits)
+            .finish()
     }
 }
 
 impl AgentRuntime {
     pub fn new(retry: CallRetry) -> Self {
-        AgentRuntime { agents: HashMap::new(), retry }
+        AgentRuntime { agents: HashMap::new(), retry, limits: HashMap::new() }
+    }
+
+    /// At most `max` calls of agent `name` may be in flight at once, across all tasks and agent
+    /// processes (see [`crate::limit`]).
+    pub fn set_limit(&mut self, name: impl Into<String>, max: u32) -> &mut Self {
+        self.limits.insert(name.into(), max);
+        self
+    }
+
+    /// The agent's `max_in_flight`, if it has one.
+    pub fn limit(&self, name: &str) -> Option<u32> {
+        self.limits.get(name).copied()
     }
 
     pub fn register(&mut self, name: impl Into<String>, agent: impl Agent + 'static) -> &mut Self {

@@ -7,25 +7,22 @@ use serde_json::{json, Value};
 use super::config::{expand, AgentConfigError, BUILT_IN_AGENTS};
 use super::runtime::{execution_deadline, AgentRuntime, CallRetry};
 use super::sim::SimAgent;
-use crate::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
-use crate::messages::{AgentRequest, Outcome, Phase};
+use crate::ids::{AttemptToken, Millis, TaskId};
+use crate::messages::{AgentRequest, Outcome};
 
 #[allow(clippy::needless_pass_by_value)]
 fn req(sim: Value, attempt_no: u32, deadline_in_ms: u64) -> AgentRequest {
     let task_id = TaskId::try_from("t").unwrap();
     AgentRequest {
-        v: 1,
-        idempotency_key: IdempotencyKey::for_step(&task_id, "charge"),
-        task_id,
-        step: "charge".into(),
-        phase: Phase::Forward,
-        agent: "sim".into(),
-        attempt: AttemptToken::from("a"),
         attempt_no,
-        start_by: None,
-        complete_by: Millis::now().plus_ms(deadline_in_ms),
-        input: json!({"input": {"sim": {"charge": sim}}, "outputs": {}}),
-        callback: None,
+        ..AgentRequest::first_attempt(
+            task_id,
+            "charge",
+            "sim",
+            json!({"sim": {"charge": sim}}),
+            Millis::now().plus_ms(deadline_in_ms),
+        )
+        .with_attempt(AttemptToken::from("a"))
     }
 }
 
@@ -366,4 +363,110 @@ async fn a_callback_hand_off_that_fails_is_reported_like_any_failed_attempt() {
     assert_eq!(out.outcome, Outcome::Failed { error: "no such warehouse".into(), retryable: false });
     let out = fast().run(&handed(json!({"fail_calls": 9}))).await.unwrap();
     assert!(matches!(out.outcome, Outcome::Failed { retryable: true, .. }), "{out:?}");
+}
+
+mod limits {
+    //! `max_in_flight` in the agent handler, on the twins: a request that finds its agent full
+    //! waits on the agent queue (no result, no failure); one that waited past its start_by says
+    //! so (not started); a held slot is given back after the call.
+
+    use serde_json::json;
+
+    use crate::agent::{self, AgentRuntime};
+    use crate::config::Settings;
+    use crate::ids::{Millis, TaskId};
+    use crate::messages::{AgentRequest, Outcome, SchedulerMessage};
+    use crate::store::Acquire;
+    use crate::twins::Twins;
+    use crate::workflow::WorkflowRegistry;
+
+    fn twins() -> Twins {
+        Twins::new(WorkflowRegistry::new([]).unwrap(), Settings::default(), Millis::now())
+    }
+
+    fn outcomes(tw: &Twins) -> Vec<Outcome> {
+        tw.bus
+            .take(&tw.deps.resources.scheduler_queue_url)
+            .iter()
+            .map(|b| match serde_json::from_str(b).unwrap() {
+                SchedulerMessage::Result(r) => r.outcome,
+                other => panic!("not a result: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_request_for_a_full_agent_waits_on_the_agent_queue_then_runs_and_gives_its_slot_back() {
+        let tw = twins();
+        let mut rt = AgentRuntime::with_builtins();
+        rt.set_limit("sim", 1);
+        let now = tw.deps.now();
+        let other = tw.deps.limiter.acquire("sim", 1, "other", now.plus_ms(60_000), now).await.unwrap();
+        assert_eq!(other, Acquire::Taken { reclaimed: 0 });
+        let req = AgentRequest::first_attempt(
+            TaskId::try_from("t1").unwrap(),
+            "charge",
+            "sim",
+            json!({}),
+            now.plus_ms(60_000),
+        );
+        let body = serde_json::to_string(&req).unwrap();
+
+        assert!(!agent::handle_sent(&tw.deps, &rt, &body, Some(now)).await.unwrap(), "nothing sent back");
+        assert!(outcomes(&tw).is_empty(), "waiting is no failure");
+        let waiting = tw.bus.take(&tw.deps.resources.agent_queue_url);
+        assert_eq!(waiting.len(), 1, "sent back to the agent queue");
+        let again: AgentRequest = serde_json::from_str(&waiting[0]).unwrap();
+        assert_eq!((again.waits, again.waiting_since), (1, Some(now)));
+        assert_eq!(again.attempt, req.attempt, "the same attempt");
+
+        // the other call ends: the request runs, and gives its slot back
+        tw.deps.limiter.release("sim", "other").await.unwrap();
+        assert!(agent::handle_sent(&tw.deps, &rt, &waiting[0], None).await.unwrap());
+        assert!(matches!(outcomes(&tw).as_slice(), [Outcome::Succeeded { .. }]));
+        assert!(tw.deps.limiter.leases("sim").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_request_that_waited_past_its_start_by_says_it_did_not_start() {
+        let tw = twins();
+        let rt = AgentRuntime::with_builtins();
+        let now = tw.deps.now();
+        let mut req = AgentRequest::first_attempt(
+            TaskId::try_from("t2").unwrap(),
+            "charge",
+            "sim",
+            json!({}),
+            now.plus_ms(60_000),
+        );
+        req.start_by = Some(Millis(now.0 - 1_000));
+        req.waits = 3;
+        let body = serde_json::to_string(&req).unwrap();
+        assert!(agent::handle_sent(&tw.deps, &rt, &body, Some(Millis(now.0 - 5_000))).await.unwrap());
+        match outcomes(&tw).as_slice() {
+            [Outcome::NotStarted { error }] => {
+                assert!(error.contains("3 times sent back to wait for a slot of agent sim"), "{error}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // past CompleteBy nothing may be sent
+        req.complete_by = Millis(now.0 - 1);
+        let body = serde_json::to_string(&req).unwrap();
+        assert!(!agent::handle_sent(&tw.deps, &rt, &body, None).await.unwrap());
+        assert!(outcomes(&tw).is_empty());
+    }
+}
+
+#[test]
+fn max_in_flight_is_read_for_any_kind_and_checked() {
+    let ok = r#"{"agents": {"a": {"kind": "sim", "max_in_flight": 5}, "b": {"kind": "sim"}}}"#;
+    let rt = AgentRuntime::from_config(ok, &|_| None).unwrap();
+    assert_eq!((rt.limit("a"), rt.limit("b")), (Some(5), None));
+    let s = super::survey(ok, &|_| None).unwrap();
+    assert_eq!(s.iter().map(|a| a.max_in_flight).collect::<Vec<_>>(), vec![Some(5), None]);
+    for bad in ["0", "1001", "2.5", "\"3\"", "-1"] {
+        let json = format!(r#"{{"agents": {{"a": {{"kind": "sim", "max_in_flight": {bad}}}}}}}"#);
+        let e = AgentRuntime::from_config(&json, &|_| None).unwrap_err();
+        assert!(e.to_string().contains("agent a: max_in_flight is") && e.to_string().contains("from 1 to 1000"), "{e}");
+    }
 }

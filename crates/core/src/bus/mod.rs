@@ -289,6 +289,12 @@ impl Outbox<'_> {
         self.bus.send(&self.res.agent_queue_url, Outgoing::new(encode(req)?)).await
     }
 
+    /// An agent request back onto the agent queue, delivered after `delay_seconds`: its agent was
+    /// at its `max_in_flight` (see [`crate::limit`]).
+    pub async fn dispatch_later(&self, req: &AgentRequest, delay_seconds: u32) -> Result<(), BusError> {
+        self.bus.send(&self.res.agent_queue_url, Outgoing::delayed(encode(req)?, delay_seconds)).await
+    }
+
     /// A timer due `grace_ms` after the attempt's CompleteBy (capped at 15 minutes: a timer that
     /// fires early is re-armed by the Supervisor; the scheduled sweep is the backstop).
     pub async fn arm_timer(&self, timer: &TimerMessage, now: Millis, grace_ms: u64) -> Result<(), BusError> {

@@ -109,6 +109,12 @@ pub enum Event {
         attempt: AttemptToken,
         error: String,
     },
+    /// The agent did not start this copy of the attempt: it waited past its `start_by` (in the
+    /// queue, or for a slot of its agent). Not a failure: the unit is claimed again.
+    AgentNotStarted {
+        attempt: AttemptToken,
+        error: String,
+    },
     /// The Supervisor found `CompleteBy` in the past.
     DeadlineExpired,
     /// Stop the task: an application's or an operator's. `run`: the run the sender saw; a
@@ -141,6 +147,7 @@ impl Event {
             Event::AgentSucceeded { .. } => "agent_succeeded",
             Event::AgentFailed { .. } => "agent_failed",
             Event::AgentTimedOut { .. } => "agent_timed_out",
+            Event::AgentNotStarted { .. } => "agent_not_started",
             Event::DeadlineExpired => "deadline_expired",
             Event::Cancel { .. } => "cancel",
             Event::Resubmit { .. } => "resubmit",
@@ -387,6 +394,8 @@ fn attempt_request(task: &Task, token: &AttemptToken, attempt_no: u32, start_by:
             token: CallbackToken::new(&task.task_id, &def.name, token),
             heartbeat_ms: def.heartbeat_ms,
         }),
+        waits: 0,
+        waiting_since: None,
     }
 }
 
@@ -420,6 +429,7 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
         Event::AgentSucceeded { attempt, output } => agent_succeeded(task, attempt, output, &mut c)?,
         Event::AgentFailed { attempt, error, retryable } => agent_failed(task, attempt, error, *retryable, &mut c)?,
         Event::AgentTimedOut { attempt, error } => agent_timed_out(task, attempt, error, &mut c)?,
+        Event::AgentNotStarted { attempt, error } => agent_not_started(task, attempt, error, &mut c)?,
         Event::DeadlineExpired => deadline_expired(task, &mut c)?,
         Event::Cancel { reason, .. } => cancel(task, reason, &mut c)?,
         Event::Resubmit { reason, .. } => resubmit(reason, &mut c),
@@ -518,6 +528,39 @@ fn agent_timed_out(task: &Task, attempt: &AttemptToken, error: &str, c: &mut Cha
     c.t.outstanding.push(attempt.clone());
     let reason = format!("{} {} attempt {} {error}", noun(c.t.phase()), c.t.current_def().name, c.t.unit_attempts());
     c.attempt_failed(&reason, true);
+    Ok(())
+}
+
+/// The agent did not start the current attempt: its request waited past its `start_by` (in a
+/// backlogged agent queue, or for a slot of an agent at its `max_in_flight`). That is no failure
+/// (no failure is counted, no backoff): the unit is claimed again at once with a new attempt and
+/// a fresh schedule-to-start budget, so overload turns into delay. Each such claim comes at least
+/// one budget after the last (the agent says so only once `start_by` has passed).
+///
+/// "Not started" speaks for the copy that agent held, not for the attempt: another copy (an SQS
+/// duplicate) may be running elsewhere. So the attempt stays outstanding (its success is still
+/// taken), the step may have applied (it is compensated if it fails for good), and an awaited
+/// attempt is not released by it.
+fn agent_not_started(task: &Task, attempt: &AttemptToken, error: &str, c: &mut Change) -> Result<(), Stale> {
+    if task.locked_by.as_ref() != Some(attempt) {
+        return Err(Stale::NotCurrentAttempt);
+    }
+    c.t.outstanding.push(attempt.clone());
+    if c.t.outstanding.len() > task::MAX_ISSUED {
+        c.t.outstanding.remove(0);
+    }
+    if c.t.phase() == Phase::Forward {
+        let i = c.t.step_index;
+        c.t.steps[i].maybe_applied = true;
+    }
+    c.t.reason = Some(format!(
+        "{} {} attempt {} {error}; claimed again",
+        noun(c.t.phase()),
+        c.t.current_def().name,
+        c.t.unit_attempts()
+    ));
+    c.unlock();
+    c.start_unit();
     Ok(())
 }
 

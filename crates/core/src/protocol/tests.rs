@@ -1,3 +1,4 @@
+use super::task::MAX_ISSUED;
 use super::*;
 use crate::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef};
 use proptest::prelude::*;
@@ -451,6 +452,50 @@ fn an_attempt_its_agent_says_timed_out_is_retried_now_and_counts_as_a_timeout() 
 }
 
 #[test]
+fn an_attempt_not_started_in_time_is_claimed_again_at_once_without_a_failure() {
+    // overload is a delay: however often its request waits past start_by, the step is claimed
+    // again with a fresh attempt; its attempts are not used up
+    let mut t = new_task(false).task;
+    for n in 0..12u32 {
+        let first = token(&t);
+        let r = go(
+            &t,
+            Event::AgentNotStarted { attempt: first.clone(), error: "not started: waited".into() },
+            2_000 + u64::from(n),
+        );
+        assert_eq!((r.task.failure_count, r.task.steps[0].failures), (0, 0));
+        assert_eq!(r.task.process_state, ProcessState::Processing, "claimed in the same write");
+        assert_ne!(r.task.locked_by.as_ref(), Some(&first), "a new attempt");
+        assert_eq!(dispatched(&r.effects).len(), 1);
+        assert!(r.task.outstanding.contains(&first), "another copy may run: its success is taken");
+        assert!(r.task.outstanding.len() <= MAX_ISSUED, "the outstanding list stays bounded");
+        assert!(r.task.steps[0].maybe_applied, "another copy may have applied: compensated if it fails");
+        assert!(r.task.reason.as_deref().unwrap_or_default().contains("claimed again"), "{:?}", r.task.reason);
+        t = r.task;
+    }
+    assert_eq!(t.steps[0].attempts, 13);
+    // a stale "not started" (an older attempt) changes nothing
+    let old = t.outstanding[0].clone();
+    let e = Event::AgentNotStarted { attempt: old.clone(), error: "x".into() };
+    assert_eq!(apply(&t, &e, &ctx(3_000), &policy()), Err(Stale::NotCurrentAttempt));
+    // a success of an earlier copy still counts
+    let r = go(&t, Event::AgentSucceeded { attempt: old, output: json!({"ok": 1}) }, 3_100);
+    assert_eq!(r.task.steps[0].status, StepStatus::Succeeded);
+}
+
+#[test]
+fn a_not_started_copy_does_not_release_a_compensation_waiting_for_its_attempt() {
+    // cancelled while running: the compensation waits for the attempt; a copy that did not start
+    // proves nothing about another copy
+    let t = new_task(false).task;
+    let running = token(&t);
+    let c = go(&t, Event::Cancel { reason: "c".into(), run: None }, 1_100).task;
+    assert_eq!(c.awaits.as_ref(), Some(&running));
+    let e = Event::AgentNotStarted { attempt: running, error: "x".into() };
+    assert_eq!(apply(&c, &e, &ctx(1_200), &policy()), Err(Stale::NotCurrentAttempt));
+}
+
+#[test]
 fn commands_are_fenced_by_run_and_an_error_task_takes_only_fenced_ones() {
     // G14: a cancel is a new run; a duplicate or late cancel names the old run and changes nothing,
     // so it never resumes a compensation that failed again.
@@ -739,6 +784,7 @@ enum Move {
     ExpireEarly,
     Cancel,
     Resubmit,
+    NotStarted,
 }
 
 fn a_move() -> impl Strategy<Value = Move> {
@@ -753,6 +799,7 @@ fn a_move() -> impl Strategy<Value = Move> {
         1 => Just(Move::ExpireEarly),
         1 => Just(Move::Cancel),
         1 => Just(Move::Resubmit),
+        1 => Just(Move::NotStarted),
     ]
 }
 
@@ -787,6 +834,7 @@ fn event_for(t: &Task, m: &Move, stale_token: &AttemptToken) -> (Event, u64) {
         Move::ExpireEarly => (Event::DeadlineExpired, t.complete_by.map_or(now, |c| c.0.saturating_sub(1))),
         Move::Cancel => (Event::Cancel { reason: "r".into(), run: Some(t.run) }, now),
         Move::Resubmit => (Event::Resubmit { reason: "r".into(), run: Some(t.run) }, now),
+        Move::NotStarted => (Event::AgentNotStarted { attempt: cur, error: "e".into() }, now),
     }
 }
 

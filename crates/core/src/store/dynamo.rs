@@ -20,6 +20,7 @@
 //! expire `RetentionDays` + 30 days after they were written.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -28,7 +29,9 @@ use aws_sdk_dynamodb::Client;
 use futures::future::BoxFuture;
 
 use super::{check_size, end_key, index_key, is_own_write, Page, PageKey, StateStore, StoreError, TaskSummary};
+use super::{Acquire, Limiter};
 use crate::ids::{Millis, TaskId};
+use crate::limit::{expired_leases, limit_key};
 use crate::protocol::{HistoryEntry, ProcessState, Task};
 use crate::workflow::WorkflowDef;
 
@@ -570,6 +573,165 @@ fn page_key(k: &Item) -> Result<PageKey, StoreError> {
         _ => return Err(bad()),
     };
     Ok(PageKey { task_id, complete_by })
+}
+
+/// At most this many expired leases are reclaimed by one write (its condition names each).
+const RECLAIM_MAX: usize = 20;
+
+/// The leases of a limit item.
+fn leases_of(item: &Item) -> Vec<(String, Millis)> {
+    match item.get("Leases") {
+        Some(AttributeValue::M(m)) => m
+            .iter()
+            .map(|(h, v)| {
+                let until = match v {
+                    AttributeValue::N(n) => n.parse().unwrap_or(0),
+                    _ => 0,
+                };
+                (h.clone(), Millis(until))
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl DynamoStore {
+    /// One try at a lease: `Ok(Ok(taken))`, or `Ok(Err(item))` with the item as it is (`None`:
+    /// no item yet) when the agent was full or the leases changed under us.
+    async fn try_lease(
+        &self,
+        agent: &str,
+        max: u32,
+        holder: &str,
+        until: Millis,
+        reclaim: &[(String, Millis)],
+    ) -> Result<Result<Acquire, Option<Item>>, StoreError> {
+        use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+        let mut req = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("TaskId", AttributeValue::S(limit_key(agent)))
+            .expression_attribute_names("#h", holder)
+            .expression_attribute_values(":until", AttributeValue::N(until.0.to_string()))
+            .expression_attribute_values(":max", AttributeValue::N((max as usize + reclaim.len()).to_string()))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+        let mut condition = "size(Leases) < :max".to_owned();
+        let mut removes = Vec::new();
+        for (i, (h, u)) in reclaim.iter().enumerate() {
+            req = req
+                .expression_attribute_names(format!("#e{i}"), h)
+                .expression_attribute_values(format!(":e{i}"), AttributeValue::N(u.0.to_string()));
+            let _ = write!(condition, " AND Leases.#e{i} = :e{i}");
+            removes.push(format!("Leases.#e{i}"));
+        }
+        let update = if removes.is_empty() {
+            "SET Leases.#h = :until".to_owned()
+        } else {
+            format!("SET Leases.#h = :until REMOVE {}", removes.join(", "))
+        };
+        match req.update_expression(update).condition_expression(condition).send().await {
+            Ok(_) => Ok(Ok(Acquire::Taken { reclaimed: u32::try_from(reclaim.len()).unwrap_or(u32::MAX) })),
+            Err(e) => match e.into_service_error() {
+                UpdateItemError::ConditionalCheckFailedException(c) => Ok(Err(c.item)),
+                other => Err(backend("UpdateItem", other.into())),
+            },
+        }
+    }
+
+    async fn acquire_lease(
+        &self,
+        agent: &str,
+        max: u32,
+        holder: &str,
+        until: Millis,
+        now: Millis,
+    ) -> Result<Acquire, StoreError> {
+        let mut reclaim = Vec::new();
+        // A few rounds: each lost one means the leases changed (taken, given back, reclaimed).
+        for _ in 0..4 {
+            let item = match self.try_lease(agent, max, holder, until, &reclaim).await? {
+                Ok(taken) => return Ok(taken),
+                Err(item) => item,
+            };
+            let Some(item) = item else {
+                // the agent's first lease ever: create its item
+                let mut first = Item::new();
+                first.insert("TaskId".into(), AttributeValue::S(limit_key(agent)));
+                first.insert(
+                    "Leases".into(),
+                    AttributeValue::M(HashMap::from([(holder.to_owned(), AttributeValue::N(until.0.to_string()))])),
+                );
+                if self.put_new(first).await?.is_none() {
+                    return Ok(Acquire::Taken { reclaimed: 0 });
+                }
+                reclaim.clear();
+                continue;
+            };
+            let leases = leases_of(&item);
+            reclaim = if leases.len() >= max as usize { expired_leases(&leases, now, RECLAIM_MAX) } else { Vec::new() };
+            if leases.len() - reclaim.len() >= max as usize {
+                let held = leases.iter().filter(|(_, u)| *u > now).count();
+                return Ok(Acquire::Full { held: u32::try_from(held).unwrap_or(u32::MAX) });
+            }
+        }
+        // still changing under us: as full, the request waits and asks again
+        Ok(Acquire::Full { held: max })
+    }
+
+    async fn release_lease(&self, agent: &str, holder: &str) -> Result<(), StoreError> {
+        use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key("TaskId", AttributeValue::S(limit_key(agent)))
+            .expression_attribute_names("#h", holder)
+            .update_expression("REMOVE Leases.#h")
+            // not a new item with the key alone when the lease (or the item) is gone
+            .condition_expression("attribute_exists(Leases.#h)")
+            .send()
+            .await;
+        match out {
+            Ok(_) => Ok(()),
+            Err(e) => match e.into_service_error() {
+                UpdateItemError::ConditionalCheckFailedException(_) => Ok(()), // reclaimed already
+                other => Err(backend("UpdateItem", other.into())),
+            },
+        }
+    }
+}
+
+impl Limiter for DynamoStore {
+    fn acquire<'a>(
+        &'a self,
+        agent: &'a str,
+        max: u32,
+        holder: &'a str,
+        until: Millis,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<Acquire, StoreError>> {
+        Box::pin(self.acquire_lease(agent, max, holder, until, now))
+    }
+
+    fn release<'a>(&'a self, agent: &'a str, holder: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.release_lease(agent, holder))
+    }
+
+    fn leases<'a>(&'a self, agent: &'a str) -> BoxFuture<'a, Result<Vec<(String, Millis)>, StoreError>> {
+        Box::pin(async move {
+            let out = self
+                .client
+                .get_item()
+                .table_name(&self.table)
+                .key("TaskId", AttributeValue::S(limit_key(agent)))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(aws("GetItem"))?;
+            Ok(out.item.as_ref().map(leases_of).unwrap_or_default())
+        })
+    }
 }
 
 impl StateStore for DynamoStore {

@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::future::BoxFuture;
 
 use super::{check_size, end_key, index_key, Page, PageKey, StateStore, StoreError, TaskSummary};
+use super::{Acquire, Limiter};
 use crate::ids::{Millis, TaskId};
+use crate::limit::expired_leases;
 use crate::protocol::{HistoryEntry, ProcessState, Task};
 
 /// Which operation an injected failure hits.
@@ -23,6 +25,8 @@ pub enum StoreOp {
     Save,
     Expired,
     ListByState,
+    /// Taking or giving back an agent's lease ([`crate::limit::Limiter`]).
+    Limit,
 }
 
 /// How a conditional write that applied reports back.
@@ -48,6 +52,8 @@ struct Inner {
     ambiguous: VecDeque<(StoreOp, Ambiguity)>,
     /// Requests served, by operation (for tests that count round-trips).
     calls: BTreeMap<&'static str, u64>,
+    /// The agents' leases (see [`crate::limit`]): agent, then holder to lease end.
+    leases: BTreeMap<String, BTreeMap<String, Millis>>,
 }
 
 /// The in-memory implementation of [`StateStore`]. Clones share the same tasks.
@@ -233,6 +239,54 @@ impl MemoryStore {
             rows.sort_by_key(|t| (t.complete_by, t.task_id.clone()));
         }
         Ok(rows.into_iter().take(max).map(TaskSummary::of).collect())
+    }
+}
+
+impl Limiter for MemoryStore {
+    fn acquire<'a>(
+        &'a self,
+        agent: &'a str,
+        max: u32,
+        holder: &'a str,
+        until: Millis,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<Acquire, StoreError>> {
+        Box::pin(async move {
+            self.turn().await;
+            let mut inner = self.begin(StoreOp::Limit, "acquire")?;
+            let leases = inner.leases.entry(agent.to_owned()).or_default();
+            let mut reclaimed = 0;
+            if leases.len() >= max as usize {
+                let all: Vec<_> = leases.iter().map(|(h, u)| (h.clone(), *u)).collect();
+                for (h, _) in expired_leases(&all, now, all.len()) {
+                    leases.remove(&h);
+                    reclaimed += 1;
+                }
+            }
+            if leases.len() >= max as usize {
+                return Ok(Acquire::Full { held: u32::try_from(leases.len()).unwrap_or(u32::MAX) });
+            }
+            leases.insert(holder.to_owned(), until);
+            Ok(Acquire::Taken { reclaimed })
+        })
+    }
+
+    fn release<'a>(&'a self, agent: &'a str, holder: &'a str) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.turn().await;
+            let mut inner = self.begin(StoreOp::Limit, "release")?;
+            if let Some(leases) = inner.leases.get_mut(agent) {
+                leases.remove(holder);
+            }
+            Ok(())
+        })
+    }
+
+    fn leases<'a>(&'a self, agent: &'a str) -> BoxFuture<'a, Result<Vec<(String, Millis)>, StoreError>> {
+        Box::pin(async move {
+            let inner = self.begin(StoreOp::Get, "leases")?;
+            Ok(inner.leases.get(agent).map(|l| l.iter().map(|(h, u)| (h.clone(), *u)).collect()).unwrap_or_default())
+        })
     }
 }
 

@@ -156,6 +156,40 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
     }
 }
 
+// ---- agents' concurrency limits (see [`crate::limit`]) ---------------------------------------
+
+/// What a request for a slot got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquire {
+    /// The lease is held: call, then [`Limiter::release`].
+    Taken {
+        /// Expired leases reclaimed on the way (their holders died or hung).
+        reclaimed: u32,
+    },
+    /// `held` unexpired leases are out: wait.
+    Full { held: u32 },
+}
+
+/// Where the leases live: the task table (DynamoDB), or the in-memory twin.
+pub trait Limiter: Send + Sync + std::fmt::Debug {
+    /// Take a lease for `holder` on one of `agent`'s `max` slots, ending at `until`, unless `max`
+    /// unexpired leases are out at `now`. Expired leases are reclaimed on the way.
+    fn acquire<'a>(
+        &'a self,
+        agent: &'a str,
+        max: u32,
+        holder: &'a str,
+        until: Millis,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<Acquire, StoreError>>;
+
+    /// Give `holder`'s lease back (nothing if it was reclaimed already).
+    fn release<'a>(&'a self, agent: &'a str, holder: &'a str) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The leases of `agent` (holder, end), for operators and tests.
+    fn leases<'a>(&'a self, agent: &'a str) -> BoxFuture<'a, Result<Vec<(String, Millis)>, StoreError>>;
+}
+
 /// The history entries `read` (the item as stored) holds that `task` (the item to write) no
 /// longer does: the oldest ones, dropped by the protocol at its `history_limit`. A save archives
 /// them before its conditional write: they are committed facts whichever write wins.

@@ -14,25 +14,13 @@ use super::{HttpAgent, HttpKind, Signer};
 use crate::agent::kind::AgentConfigError;
 use crate::agent::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 use crate::agent::runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
-use crate::ids::{AttemptToken, IdempotencyKey, Millis, TaskId};
-use crate::messages::{AgentRequest, Outcome, Phase};
+use crate::ids::{AttemptToken, Millis, TaskId};
+use crate::messages::{AgentRequest, Outcome};
 
 fn req() -> AgentRequest {
     let task_id = TaskId::try_from("t-1").unwrap();
-    AgentRequest {
-        v: 1,
-        idempotency_key: IdempotencyKey::for_step(&task_id, "charge"),
-        task_id,
-        step: "charge".into(),
-        phase: Phase::Forward,
-        agent: "h".into(),
-        attempt: AttemptToken::from("a"),
-        attempt_no: 1,
-        start_by: None,
-        complete_by: Millis::now().plus_ms(10_000),
-        input: json!({"input": {"amount": 5}, "outputs": {}}),
-        callback: None,
-    }
+    AgentRequest::first_attempt(task_id, "charge", "h", json!({"amount": 5}), Millis::now().plus_ms(10_000))
+        .with_attempt(AttemptToken::from("a"))
 }
 
 async fn call(agent: &dyn Agent) -> Result<Value, AgentError> {
