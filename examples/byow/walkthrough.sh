@@ -114,7 +114,8 @@ PY
 
 step "8. What your APIs refuse: unsigned, wrongly signed, keyless"
 # (a key the payments API knows: the Agent function's, signed with the wrong secret)
-KNOWN_KEY="$(ls -t "$HOST_LAMBDA_CREDENTIALS_DIR" | head -1)"
+# (sed, not head: head exits after one line and ls dies of SIGPIPE, which pipefail reports)
+KNOWN_KEY="$(ls -t "$HOST_LAMBDA_CREDENTIALS_DIR" | sed -n 1p)"
 python3 - "$PAYMENTS_PORT" "$SHIPPING_PORT" "$KNOWN_KEY" <<'PY'
 import sys, time, urllib.error, urllib.request
 payments, shipping, known_key = sys.argv[1], sys.argv[2], sys.argv[3]

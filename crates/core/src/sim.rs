@@ -42,6 +42,11 @@
 //! 13. `callback-lost`: a callback attempt whose worker died is let go within [`LATE_LOST_MS`]
 //!     of its heartbeat deadline (one heartbeat window after the worker was last heard of) +
 //!     the result grace (the sweep's bound when the Supervisor's own sends failed).
+//! 14. `max-in-flight`: never more calls of [`LIMITED_AGENT`] (the `charge` steps' agent, limited
+//!     to [`LIMIT`]) open at once at its service than its `max_in_flight`. The fleet takes its
+//!     slots through the real [`agent::take_slot`] on the twins (a copy of a request takes its
+//!     own); a request that finds the agent full goes back to the agent queue, and one that
+//!     waited past its `start_by` is answered "not started" and claimed again.
 //!
 //! Callback and wait steps (workflow `order-async`: a 2 s wait, then `ship` as a callback step,
 //! 60 s hard timeout, heartbeats every 5 s, undone by `recall`): the warehouse refuses the
