@@ -340,6 +340,15 @@ fn spans(task: &Task, now: Millis) -> Vec<Span> {
             let (tone, outcome, why) = match next {
                 None if task.process_state.is_terminal() => (Tone::Plain, "ended".to_owned(), None),
                 None => (Tone::Live, if sleep { "sleeping" } else { "running" }.to_owned(), None),
+                // its request waited past start_by (a backlog, or an agent at its max_in_flight):
+                // claimed again at once, not a failure
+                Some(n)
+                    if n.step == e.step
+                        && class[i + 1].is_some_and(|(_, w)| !w)
+                        && n.reason.as_deref().is_some_and(|r| r.contains(" not started: ")) =>
+                {
+                    (Tone::Warn, "not started, claimed again".to_owned(), why_of(n))
+                }
                 Some(n) if n.step == e.step && class[i + 1].is_some_and(|(_, w)| w) => {
                     (Tone::Warn, format!("{}, retried", failure_word(n.reason.as_deref())), why_of(n))
                 }
@@ -1108,6 +1117,7 @@ mod tests {
             Event::AgentFailed { retryable: false, .. } => "refused",
             Event::DeadlineExpired => "timed out",
             Event::Cancel { .. } => "cancelled",
+            Event::AgentNotStarted { .. } => "not started",
             _ => "?",
         }
     }
@@ -1148,6 +1158,10 @@ mod tests {
                     (_, Some(a), 1) => Event::AgentSucceeded { attempt: a.clone(), output: json!({}) },
                     (_, Some(a), 2) => Event::AgentFailed { attempt: a.clone(), error: "503".into(), retryable: true },
                     (_, Some(a), 3) => Event::AgentFailed { attempt: a.clone(), error: "no".into(), retryable: false },
+                    (_, Some(a), 4) if rnd(4) == 0 => Event::AgentNotStarted {
+                        attempt: a.clone(),
+                        error: "not started: it waited past its start_by".into(),
+                    },
                     (_, Some(a), _) if rnd(2) == 0 => Event::AgentSucceeded { attempt: a.clone(), output: json!({}) },
                     (_, None, k) if k < 4 => {
                         now = now.max(t.not_before.map_or(0, |nb| nb.0 - T0));
