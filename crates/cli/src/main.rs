@@ -163,6 +163,10 @@ enum Cmd {
         /// Skip the ended tasks' counts (Select=COUNT queries of ByEnd, one per shard and state).
         #[arg(long)]
         no_ended: bool,
+        /// The agents file whose agents with a max_in_flight are shown with their leases
+        /// (default: SAS_AGENTS_FILE, else the built-in config/agents.json).
+        #[arg(long)]
+        agents: Option<PathBuf>,
     },
     /// The main job: run every role here, submit sample orders, show them move, check the ends.
     Demo {
@@ -553,12 +557,13 @@ async fn run(cli: &Cli) -> Result<()> {
             }
             println!("{note}");
         }
-        Cmd::Top { watch, show, read_all, no_ended } => {
+        Cmd::Top { watch, show, read_all, no_ended, agents } => {
             let deps = deps(cli, &sdk).await?;
             let reader = TableReader::new(&sdk, &deps.resources);
             let tty = std::io::stdout().is_terminal();
+            let limited = limited_agents(agents.as_deref())?;
             loop {
-                let text = top(&deps, &reader, *show, *read_all, !*no_ended).await?;
+                let text = top(&deps, &reader, *show, *read_all, !*no_ended, &limited).await?;
                 let Some(secs) = watch else {
                     print!("{text}");
                     break;
@@ -658,9 +663,35 @@ async fn run(cli: &Cli) -> Result<()> {
     Ok(())
 }
 
-/// One look for `sasctl top`: the tasks in flight (and, with `ended`, the ended ones' counts).
-async fn top(deps: &Deps, reader: &TableReader, show: usize, read_all: usize, ended: bool) -> Result<String> {
-    let mut snap = sas_cli::top::in_flight(deps.store.as_ref(), Millis::now(), read_all, show).await?;
+/// The agents of an agents file (`path`, else `SAS_AGENTS_FILE`, else the built-in one) that
+/// have a `max_in_flight`, with it.
+fn limited_agents(path: Option<&std::path::Path>) -> Result<Vec<(String, u32)>> {
+    let path = path
+        .map(std::path::Path::to_path_buf)
+        .or_else(|| std::env::var("SAS_AGENTS_FILE").ok().filter(|p| !p.is_empty()).map(PathBuf::from));
+    let json = match &path {
+        Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        None => sas_core::agent::BUILT_IN_AGENTS.to_owned(),
+    };
+    let agents = sas_core::agent::survey(&json, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        .context("reading the agents file")?;
+    Ok(agents.into_iter().filter_map(|a| a.max_in_flight.map(|m| (a.name, m))).collect())
+}
+
+/// One look for `sasctl top`: the tasks in flight (and, with `ended`, the ended ones' counts),
+/// and the leases of the agents with a `max_in_flight`.
+async fn top(
+    deps: &Deps,
+    reader: &TableReader,
+    show: usize,
+    read_all: usize,
+    ended: bool,
+    limited: &[(String, u32)],
+) -> Result<String> {
+    let now = Millis::now();
+    let mut snap = sas_cli::top::in_flight(deps.store.as_ref(), now, read_all, show).await?;
+    snap.limits = sas_cli::top::agent_limits(deps.limiter.as_ref(), limited, now).await?;
+    snap.limit_reads = limited.len() as u64;
     if ended {
         // Rejected submissions never become tasks (they are in the submission DLQ).
         for state in ProcessState::ALL.into_iter().filter(|s| s.is_terminal() && *s != ProcessState::Rejected) {

@@ -8,13 +8,14 @@
 //! the next sweep times them out or restarts them). The index holds no state, so the tasks are
 //! then read (`BatchGetItem`, 100 per request): all of them when they are few (`read_all`), else
 //! only the oldest overdue ones. Ended tasks are counted apart ([`crate::table::TableReader`]'s
-//! `Select=COUNT` queries of `ByEnd`).
+//! `Select=COUNT` queries of `ByEnd`). The agents with a `max_in_flight` are shown with their
+//! leases ([`agent_limits`]: one `GetItem` each).
 
 use std::fmt::Write as _;
 
 use sas_core::ids::{Millis, TaskId};
 use sas_core::protocol::{ProcessState, Task};
-use sas_core::store::{PageKey, StateStore, StoreError};
+use sas_core::store::{Limiter, PageKey, StateStore, StoreError};
 
 use crate::timeline::{duration, utc};
 
@@ -61,6 +62,42 @@ pub struct Snapshot {
     pub count_queries: u64,
     /// Index entries this build could not read.
     pub unreadable: usize,
+    /// The agents with a `max_in_flight` and their leases now, when looked at.
+    pub limits: Vec<AgentLimit>,
+    /// `GetItem` requests of the agents' limit items.
+    pub limit_reads: u64,
+}
+
+/// An agent with a `max_in_flight`, as its limit item is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentLimit {
+    pub agent: String,
+    pub max: u32,
+    /// Leases not yet ended: calls in flight (or holders about to give their slot back).
+    pub held: u32,
+    /// Leases past their end: their holder died or hung; the next taker that finds the agent
+    /// full reclaims them.
+    pub expired: u32,
+}
+
+/// The leases of each agent in `agents` (name, `max_in_flight`): one consistent `GetItem` each.
+pub async fn agent_limits(
+    limiter: &dyn Limiter,
+    agents: &[(String, u32)],
+    now: Millis,
+) -> Result<Vec<AgentLimit>, StoreError> {
+    let mut out = Vec::new();
+    for (agent, max) in agents {
+        let leases = limiter.leases(agent).await?;
+        let expired = leases.iter().filter(|(_, until)| *until <= now).count();
+        out.push(AgentLimit {
+            agent: agent.clone(),
+            max: *max,
+            held: u32::try_from(leases.len() - expired).unwrap_or(u32::MAX),
+            expired: u32::try_from(expired).unwrap_or(u32::MAX),
+        });
+    }
+    Ok(out)
 }
 
 /// Read the in-flight part: every key of `ByCompleteBy`, then the tasks (every one when there are
@@ -193,9 +230,26 @@ pub fn render(s: &Snapshot) -> String {
             );
         }
     }
+    if !s.limits.is_empty() {
+        let _ = writeln!(out, "agents with a max_in_flight (leases held now / the limit):");
+        let w = s.limits.iter().map(|l| l.agent.len()).max().unwrap_or(5).max(5);
+        for l in &s.limits {
+            let note = if l.expired > 0 {
+                format!(
+                    ", {} expired (holders that died or hung; reclaimed by the next request that finds it full)",
+                    l.expired
+                )
+            } else if l.held >= l.max {
+                ": full, requests wait on the agent queue (metric AgentAtLimit)".to_owned()
+            } else {
+                String::new()
+            };
+            let _ = writeln!(out, "  {:<w$}  {}/{}{note}", l.agent, l.held, l.max);
+        }
+    }
     let _ = writeln!(
         out,
-        "requests: {} ByCompleteBy queries (keys only), {} BatchGetItem ({} tasks read){}",
+        "requests: {} ByCompleteBy queries (keys only), {} BatchGetItem ({} tasks read){}{}",
         s.key_queries,
         s.item_requests,
         s.items_read,
@@ -203,12 +257,37 @@ pub fn render(s: &Snapshot) -> String {
             format!(", at least {} Select=COUNT queries of ByEnd", s.count_queries)
         } else {
             String::new()
-        }
+        },
+        if s.limit_reads > 0 { format!(", {} GetItem of agents' limits", s.limit_reads) } else { String::new() }
     );
     if s.unreadable > 0 {
         let _ = writeln!(out, "{} index entries could not be read by this build", s.unreadable);
     }
     out
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+    use sas_core::store::MemoryStore;
+
+    #[tokio::test]
+    async fn agents_limits_show_held_and_expired_leases() {
+        let store = MemoryStore::new(1);
+        let now = Millis(1_000_000);
+        store.acquire("pay", 2, "a", now.plus_ms(5_000), now).await.unwrap();
+        store.acquire("pay", 2, "b", Millis(now.0 - 1), Millis(now.0 - 10)).await.unwrap();
+        store.acquire("ship", 1, "c", now.plus_ms(5_000), now).await.unwrap();
+        let agents = vec![("pay".to_owned(), 2), ("ship".to_owned(), 1), ("idle".to_owned(), 4)];
+        let limits = agent_limits(&store, &agents, now).await.unwrap();
+        let got: Vec<(u32, u32)> = limits.iter().map(|l| (l.held, l.expired)).collect();
+        assert_eq!(got, vec![(1, 1), (1, 0), (0, 0)]);
+        let text = render(&Snapshot { at: now, limits, limit_reads: 3, ..Snapshot::default() });
+        assert!(text.contains("  pay    1/2, 1 expired (holders that died or hung"), "{text}");
+        assert!(text.contains("  ship   1/1: full, requests wait on the agent queue"), "{text}");
+        assert!(text.contains("  idle   0/4\n"), "{text}");
+        assert!(text.contains(", 3 GetItem of agents' limits"), "{text}");
+    }
 }
 
 #[cfg(test)]

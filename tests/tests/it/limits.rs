@@ -41,8 +41,11 @@ async fn leases_in_dynamodb_never_exceed_the_limit_and_expired_ones_are_reclaime
     assert_eq!(lim.acquire("svc", 5, "late", t.plus_ms(1_000), t).await.unwrap(), Acquire::Taken { reclaimed: 0 });
     assert_eq!(lim.acquire("svc", 5, "later", t.plus_ms(1_000), t).await.unwrap(), Acquire::Full { held: 5 });
 
-    // at t + 2 s the lease of "late" has ended (its holder died or hung): it is reclaimed
+    // at t + 2 s the lease of "late" has ended (its holder died or hung): `sasctl top` shows it
+    // expired, and the next taker reclaims it
     let at = t.plus_ms(2_000);
+    let seen = sas_cli::top::agent_limits(lim.as_ref(), &[("svc".to_owned(), 5)], at).await.unwrap();
+    assert_eq!((seen[0].held, seen[0].expired), (4, 1), "{seen:?}");
     assert_eq!(lim.acquire("svc", 5, "later", t.plus_ms(60_000), at).await.unwrap(), Acquire::Taken { reclaimed: 1 });
     let holders: Vec<String> = lim.leases("svc").await.unwrap().into_iter().map(|(h, _)| h).collect();
     assert!(holders.contains(&"later".to_owned()) && !holders.contains(&"late".to_owned()), "{holders:?}");
