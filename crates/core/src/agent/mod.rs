@@ -69,26 +69,7 @@ pub async fn handle_sent(
     async {
         let now = deps.now();
         if let (None, Some(start_by)) = (runtime::execution_deadline(&req, now), req.start_by) {
-            if now >= req.complete_by {
-                info!("CompleteBy passed before the request started: nothing started, nothing sent");
-                return Ok(false);
-            }
-            // It waited too long to start (a backlog, or its agent's max_in_flight): said at once,
-            // so the Scheduler claims the step again with a fresh budget (not a failure).
-            let waited = req.waiting_since.or(sent_at).map_or(0, |s| s.until(now));
-            let slot = if req.waits > 0 {
-                format!(", {} times sent back to wait for a slot of agent {}", req.waits, req.agent)
-            } else {
-                String::new()
-            };
-            let error = format!(
-                "not started: it waited past its start_by ({} ms late; {waited} ms waited{slot})",
-                start_by.until(now)
-            );
-            info!(%error, "request not started");
-            let result = AgentResult { v: VERSION, task_id: req.task_id.clone(), step: req.step.clone(), attempt: req.attempt.clone(), outcome: Outcome::NotStarted { error } };
-            deps.outbox().to_scheduler(&SchedulerMessage::Result(result), 0).await?;
-            return Ok(true);
+            return not_started(deps, &req, start_by, sent_at).await;
         }
         let lease = match take_slot(deps, runtime.limit(&req.agent), &req, sent_at).await? {
             Slot::Wait => return Ok(false),
@@ -120,6 +101,40 @@ pub async fn handle_sent(
         Ok(true)
     }
     .await
+}
+
+/// A request that may no longer start (it waited past `start_by`): before `CompleteBy` the
+/// Scheduler is told at once, so it claims the step again with a fresh budget (not a failure);
+/// after it nothing may be sent.
+async fn not_started(
+    deps: &Deps,
+    req: &AgentRequest,
+    start_by: Millis,
+    sent_at: Option<Millis>,
+) -> Result<bool, HandlerError> {
+    let now = deps.now();
+    if now >= req.complete_by {
+        info!("CompleteBy passed before the request started: nothing started, nothing sent");
+        return Ok(false);
+    }
+    let waited = req.waiting_since.or(sent_at).map_or(0, |s| s.until(now));
+    let slot = if req.waits > 0 {
+        format!(", {} times sent back to wait for a slot of agent {}", req.waits, req.agent)
+    } else {
+        String::new()
+    };
+    let error =
+        format!("not started: it waited past its start_by ({} ms late; {waited} ms waited{slot})", start_by.until(now));
+    info!(%error, "request not started");
+    let result = AgentResult {
+        v: VERSION,
+        task_id: req.task_id.clone(),
+        step: req.step.clone(),
+        attempt: req.attempt.clone(),
+        outcome: Outcome::NotStarted { error },
+    };
+    deps.outbox().to_scheduler(&SchedulerMessage::Result(result), 0).await?;
+    Ok(true)
 }
 
 /// Whether a request may call its agent now.
