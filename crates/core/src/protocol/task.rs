@@ -40,10 +40,7 @@ pub enum CompensationStatus {
     Failed,
 }
 
-#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
+use crate::messages::is_zero;
 
 #[allow(clippy::trivially_copy_pass_by_ref)]
 fn is_false(b: &bool) -> bool {
