@@ -238,5 +238,66 @@ async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Resul
             other => other,
         },
         Effect::ArmTimer(t) => out.arm_timer(t, now, timer_grace(task, deps.settings.policy.result_grace_ms)).await,
+        Effect::Spawn { step, elements } => spawn(deps, task, *step, elements).await,
+        Effect::Send(m) => out.to_scheduler(m, 0).await,
     }
+}
+
+/// How many map elements one handler creates at once.
+const SPAWN_CONCURRENCY: usize = 16;
+
+/// Create map elements, each with one conditional write (claimed at once, like a submission),
+/// then send what it owes (its dispatch and timer). An element that exists already (an earlier
+/// delivery created it) sends again what its last write owes: its work, or, once it has ended,
+/// its end to the parent.
+async fn spawn(deps: &Deps, parent: &Task, step: usize, elements: &[(u32, serde_json::Value)]) -> Result<(), BusError> {
+    let mut first = None;
+    for chunk in elements.chunks(SPAWN_CONCURRENCY) {
+        let results = join_all(chunk.iter().map(|(e, item)| spawn_one(deps, parent, step, *e, item.clone()))).await;
+        for r in results {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+fn spawn_one<'a>(
+    deps: &'a Deps,
+    parent: &'a Task,
+    step: usize,
+    element: u32,
+    item: serde_json::Value,
+) -> futures::future::BoxFuture<'a, Result<(), BusError>> {
+    Box::pin(async move {
+        let ctx = deps.ctx();
+        let tr = protocol::element_task(parent, step, element, item, &ctx, &deps.settings.policy);
+        let store_failed = |e: StoreError| BusError::Backend {
+            op: "CreateElement",
+            target: tr.task.task_id.to_string(),
+            message: e.to_string(),
+            source: None,
+        };
+        let sent = match deps.store.create(&tr.task).await {
+            Ok(()) => {
+                info!(task_id = %tr.task.task_id, parent = %parent.task_id, element, "map element created");
+                send(deps, &Committed { task: tr.task.clone(), effects: tr.effects.clone(), now: ctx.now }).await
+            }
+            Err(StoreError::AlreadyExists) => match deps.store.get(&tr.task.task_id).await.map_err(store_failed)? {
+                Some(child) => resend(deps, child).await.map_err(|e| BusError::Backend {
+                    op: "ResendElement",
+                    target: tr.task.task_id.to_string(),
+                    message: e.to_string(),
+                    source: None,
+                })?,
+                None => Sent::default(),
+            },
+            Err(e) => return Err(store_failed(e)),
+        };
+        match sent.essential.or(sent.work) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    })
 }

@@ -75,9 +75,44 @@ impl TaskId {
     }
 }
 
+impl TaskId {
+    /// The id of element `element` of the map step at index `step` of task `parent`:
+    /// `{parent}~{step}~{element}`. `~` is in no submitted id, so an element's id never collides
+    /// with a task a caller names.
+    pub fn child(parent: &TaskId, step: usize, element: u32) -> TaskId {
+        TaskId(format!("{}~{step}~{element}", parent.0))
+    }
+
+    /// For a map element's id: its parent task, step index and element index.
+    pub fn parent_of(&self) -> Option<(TaskId, usize, u32)> {
+        let mut parts = self.0.rsplitn(3, '~');
+        let element = parts.next()?.parse().ok()?;
+        let step = parts.next()?.parse().ok()?;
+        let parent = parts.next()?;
+        Some((TaskId(parent.to_owned()), step, element))
+    }
+
+    /// Whether this is a map element's id (it has a `~`).
+    pub fn is_child(&self) -> bool {
+        self.0.contains('~')
+    }
+}
+
 impl TryFrom<String> for TaskId {
     type Error = IdError;
     fn try_from(s: String) -> Result<Self, IdError> {
+        // A map element's id: a task id, then `~{step}~{element}` (digits).
+        if let Some((parent, rest)) = s.split_once('~') {
+            let mut nums = rest.split('~');
+            let digits = |p: Option<&str>| {
+                p.is_some_and(|p| !p.is_empty() && p.len() <= 6 && p.bytes().all(|b| b.is_ascii_digit()))
+            };
+            if !(digits(nums.next()) && digits(nums.next()) && nums.next().is_none()) {
+                return Err(IdError::BadChar { what: "task_id", ch: '~' });
+            }
+            check_token_chars("task_id", parent, Self::MAX_LEN)?;
+            return Ok(TaskId(s));
+        }
         check_token_chars("task_id", &s, Self::MAX_LEN)?;
         Ok(TaskId(s))
     }
@@ -291,6 +326,16 @@ mod tests {
         assert!(TaskId::try_from("a.b_c-1").is_ok());
         assert_eq!(TaskId::try_from(""), Err(IdError::Empty { what: "task_id" }));
         assert_eq!(TaskId::try_from("a:b"), Err(IdError::BadChar { what: "task_id", ch: ':' }));
+        let parent = TaskId::try_from("order-42").unwrap();
+        let child = TaskId::child(&parent, 1, 17);
+        assert_eq!(child.as_str(), "order-42~1~17");
+        assert_eq!(TaskId::try_from("order-42~1~17"), Ok(child.clone()));
+        assert_eq!(child.parent_of(), Some((parent.clone(), 1, 17)));
+        assert!(child.is_child() && !parent.is_child());
+        assert_eq!(parent.parent_of(), None);
+        for bad in ["a~1", "a~1~", "a~x~1", "a~1~2~3", "~1~2", "a:b~1~2", "a~1~1234567"] {
+            assert!(TaskId::try_from(bad).is_err(), "{bad}");
+        }
         let long = "x".repeat(129);
         assert!(matches!(TaskId::try_from(long), Err(IdError::TooLong { len: 129, .. })));
     }

@@ -115,6 +115,41 @@ pub struct ResubmitMessage {
     pub run: Option<u32>,
 }
 
+/// Scheduler queue, from a map element (a task of its own) to its parent: the element ended in
+/// `state`. Sent again whenever the message that ended it comes back, and whenever the parent
+/// commands an element that has ended; the parent counts each element once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ElementEnded {
+    pub v: u32,
+    /// The parent task.
+    pub task_id: TaskId,
+    /// The map step's index in the parent's workflow.
+    pub step: usize,
+    pub element: u32,
+    pub state: ProcessState,
+}
+
+/// Scheduler queue, from a parent to one of its map elements that ended `Processed`: undo it (run
+/// its compensation). The parent's map failed, was cancelled, or a later step failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UndoMessage {
+    pub v: u32,
+    pub task_id: TaskId,
+    pub reason: String,
+}
+
+/// Scheduler queue: every element of the parent's map step has ended; read their outputs and
+/// finish the step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinMessage {
+    pub v: u32,
+    pub task_id: TaskId,
+    pub step: usize,
+}
+
 /// Everything the scheduler queue carries, tagged by `type`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -123,6 +158,9 @@ pub enum SchedulerMessage {
     Result(AgentResult),
     Cancel(CancelMessage),
     Resubmit(ResubmitMessage),
+    ElementEnded(ElementEnded),
+    Undo(UndoMessage),
+    Join(JoinMessage),
 }
 
 impl SchedulerMessage {
@@ -132,6 +170,9 @@ impl SchedulerMessage {
             SchedulerMessage::Result(m) => &m.task_id,
             SchedulerMessage::Cancel(m) => &m.task_id,
             SchedulerMessage::Resubmit(m) => &m.task_id,
+            SchedulerMessage::ElementEnded(m) => &m.task_id,
+            SchedulerMessage::Undo(m) => &m.task_id,
+            SchedulerMessage::Join(m) => &m.task_id,
         }
     }
 
@@ -141,6 +182,9 @@ impl SchedulerMessage {
             SchedulerMessage::Result(m) => m.v,
             SchedulerMessage::Cancel(m) => m.v,
             SchedulerMessage::Resubmit(m) => m.v,
+            SchedulerMessage::ElementEnded(m) => m.v,
+            SchedulerMessage::Undo(m) => m.v,
+            SchedulerMessage::Join(m) => m.v,
         }
     }
 }

@@ -10,7 +10,11 @@ use crate::deps::{Deps, HandlerError};
 use crate::effects::{drive, run_message};
 use crate::ids::TaskId;
 use crate::messages::{Outcome, RunReason, SchedulerMessage, VERSION};
-use crate::protocol::{Event, Stale};
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use crate::protocol::{self, Effect, Event, Stale, Task};
 use crate::screen;
 use crate::transition::Applied;
 
@@ -46,6 +50,10 @@ pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
         },
         SchedulerMessage::Cancel(c) => Event::Cancel { reason: c.reason.clone(), run: c.run },
         SchedulerMessage::Resubmit(r) => Event::Resubmit { reason: r.reason.clone(), run: r.run },
+        SchedulerMessage::ElementEnded(m) => Event::ElementEnded { step: m.step, element: m.element, state: m.state },
+        SchedulerMessage::Undo(m) => Event::Undo { reason: crate::ids::clip(&m.reason, MAX_ERROR_BYTES).to_owned() },
+        // The outputs are read once the task is (see `join_output`).
+        SchedulerMessage::Join(m) => Event::Joined { step: m.step, output: Value::Null },
     };
     Ok((msg.task_id().clone(), event))
 }
@@ -66,6 +74,14 @@ async fn schedule_with(deps: &Deps, raw: &str, message: Option<&str>) -> Result<
         warn!(%task_id, event = event.name(), "no such task; message dropped");
         return Ok(Applied::Missing);
     };
+    let event = match event {
+        Event::Joined { step, .. } if joining(&task, step) => {
+            Event::Joined { step, output: join_output(deps, &task, step).await? }
+        }
+        other => other,
+    };
+    let command = matches!(event, Event::Cancel { .. } | Event::Undo { .. });
+    let ended = (task.task_id.is_child() && command).then(|| protocol::element_notice(&task)).flatten();
     let applied = match (drive(deps, task.clone(), &event, message).await, &event) {
         // A success whose output makes the task too large (or that DynamoDB refuses for a reason
         // the screen does not know) would fail every delivery: keep the success, with the marker
@@ -85,5 +101,59 @@ async fn schedule_with(deps: &Deps, raw: &str, message: Option<&str>) -> Result<
         let run = run_message(&task_id, *rev, RunReason::Retry);
         deps.outbox().to_scheduler(&run, delay_seconds(now.until(*not_before))).await?;
     }
+    // A parent's command to a map element that has ended: it says so again (its first notice may
+    // be the one the parent is missing).
+    if let (Applied::Stale(_), Some(Effect::Send(notice))) = (&applied, ended) {
+        info!(%task_id, "a command for a map element that has ended: its end is sent to its parent again");
+        deps.outbox().to_scheduler(&notice, 0).await?;
+    }
     Ok(applied)
+}
+
+/// The most bytes of element outputs a map step keeps as its output (later steps receive it in
+/// every request); beyond it the output says where the elements' outputs are.
+pub const MAX_JOIN_BYTES: usize = 64 * 1024;
+
+fn joining(task: &Task, step: usize) -> bool {
+    task.steps.get(step).and_then(|s| s.map.as_ref()).is_some_and(|p| p.joining)
+}
+
+/// The outputs of a map step's elements, in element order (`null` for an element that failed
+/// within `tolerated_failures`). Read with `BatchGetItem`; an element the eventually consistent
+/// read misses or finds not yet ended is read again strongly.
+async fn join_output(deps: &Deps, task: &Task, step: usize) -> Result<Value, HandlerError> {
+    let p = task.steps[step].map.as_ref().expect("a joining map has its progress");
+    let ids: Vec<TaskId> = p.ok.ones(p.n).map(|e| TaskId::child(&task.task_id, step, e)).collect();
+    let mut found: HashMap<TaskId, Task> =
+        deps.store.get_many(&ids).await?.into_iter().map(|t| (t.task_id.clone(), t)).collect();
+    for id in &ids {
+        if !found.get(id).is_some_and(|t| t.process_state.is_terminal()) {
+            if let Some(t) = deps.store.get(id).await? {
+                found.insert(id.clone(), t);
+            }
+        }
+    }
+    let outputs: Vec<Value> = (0..p.n)
+        .map(|e| {
+            found
+                .get(&TaskId::child(&task.task_id, step, e))
+                .and_then(|t| t.steps.first())
+                .and_then(|s| s.output.clone())
+                .unwrap_or(Value::Null)
+        })
+        .collect();
+    let output = Value::Array(outputs);
+    let bytes = serde_json::to_vec(&output).map_or(0, |b| b.len());
+    if bytes <= MAX_JOIN_BYTES {
+        return Ok(output);
+    }
+    Ok(serde_json::json!({
+        "elements": p.n,
+        "failed": p.failed,
+        "outputs_bytes": bytes,
+        "outputs": format!(
+            "over {MAX_JOIN_BYTES} bytes, not kept on the task: element i's output is the output of task {}~{step}~i",
+            task.task_id
+        ),
+    }))
 }

@@ -75,6 +75,8 @@ fn validate(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<(Submiss
         return Err(Rejection::UnknownWorkflow { name, version: sub.workflow_version });
     }
     let id = match (&sub.task_id, message_id) {
+        // `~` marks the ids of map elements, which only the Scheduler creates.
+        (Some(id), _) if id.is_child() => return Err(Rejection::TaskId(IdError::BadChar { what: "task_id", ch: '~' })),
         (Some(id), _) => id.clone(),
         // A redelivery of the same message must not create a second task: the id comes from the
         // message, which SQS keeps across deliveries.

@@ -127,6 +127,117 @@ pub struct StepDef {
     /// The step that undoes this one, run in reverse order when the task fails or is cancelled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compensation: Option<Box<StepDef>>,
+    /// A map step: the step runs once per element of an array (see [`MapSpec`]); each element is
+    /// a task of its own with its own key, deadline, attempts and compensation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map: Option<MapSpec>,
+}
+
+/// The most elements one map step may have.
+pub const MAX_MAP_ELEMENTS: usize = 10_000;
+/// The most elements of one map step running at once.
+pub const MAX_MAP_CONCURRENCY: u32 = 1_000;
+/// How long a map step may run, all its elements together, when it does not say.
+pub const DEFAULT_MAP_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
+
+/// What makes a step a map: where its array is, how many elements run at once, how many may fail.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct MapSpec {
+    /// A JSON pointer (RFC 6901) into the unit's input, `{"input": …, "outputs": {step: …}}`,
+    /// naming the array: `/input/items`, `/outputs/quote/lines`.
+    pub items: String,
+    /// Elements running at once (1 to [`MAX_MAP_CONCURRENCY`]); the next starts as one ends.
+    #[serde(default = "default_concurrency")]
+    pub max_concurrency: u32,
+    /// Elements that may fail for good before the map fails: a count (`2`) or a share (`"10%"`
+    /// of the elements, rounded down). 0 when absent.
+    #[serde(default, skip_serializing_if = "Tolerance::is_none")]
+    pub tolerated_failures: Tolerance,
+    /// How long the map may run, all elements together, before it fails (default a day).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+fn default_concurrency() -> u32 {
+    10
+}
+
+/// How many elements of a map may fail: a count, or a percentage of the elements.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub enum Tolerance {
+    #[default]
+    None,
+    Count(u32),
+    Percent(u32),
+}
+
+impl Tolerance {
+    pub fn is_none(&self) -> bool {
+        matches!(self, Tolerance::None | Tolerance::Count(0))
+    }
+
+    /// The most elements of `n` that may fail with the map still succeeding.
+    pub fn allowed(self, n: usize) -> usize {
+        match self {
+            Tolerance::None => 0,
+            Tolerance::Count(c) => c as usize,
+            Tolerance::Percent(p) => n * p as usize / 100,
+        }
+    }
+}
+
+impl Serialize for Tolerance {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Tolerance::None => s.serialize_u32(0),
+            Tolerance::Count(c) => s.serialize_u32(*c),
+            Tolerance::Percent(p) => s.serialize_str(&format!("{p}%")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Tolerance {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::Number(n) => n
+                .as_u64()
+                .and_then(|c| u32::try_from(c).ok())
+                .map(Tolerance::Count)
+                .ok_or_else(|| D::Error::custom(format!("tolerated_failures {n} is not a count"))),
+            serde_json::Value::String(t) => t
+                .strip_suffix('%')
+                .and_then(|p| p.parse::<u32>().ok())
+                .filter(|p| *p <= 100)
+                .map(Tolerance::Percent)
+                .ok_or_else(|| D::Error::custom(format!("tolerated_failures {t:?} is not a percentage like \"10%\""))),
+            other => Err(D::Error::custom(format!("tolerated_failures {other} is neither a count nor \"N%\""))),
+        }
+    }
+}
+
+impl MapSpec {
+    /// How long the map may run.
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_ms.unwrap_or(DEFAULT_MAP_TIMEOUT_MS)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if !self.items.starts_with("/input") && !self.items.starts_with("/outputs/") {
+            return Err(format!(
+                "map.items {:?} must be a JSON pointer into /input or /outputs/<step> (for example /input/items)",
+                self.items
+            ));
+        }
+        if self.max_concurrency == 0 || self.max_concurrency > MAX_MAP_CONCURRENCY {
+            return Err(format!("map.max_concurrency {} is outside 1..={MAX_MAP_CONCURRENCY}", self.max_concurrency));
+        }
+        if self.timeout_ms.is_some_and(|t| t == 0 || t > MAX_LONG_STEP_MS) {
+            return Err(format!("map.timeout_ms must be within 1..={MAX_LONG_STEP_MS}"));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -204,6 +315,7 @@ impl StepDef {
             max_attempts: 3,
             backoff: Backoff::default(),
             compensation: None,
+            map: None,
         }
     }
 
@@ -297,7 +409,18 @@ impl StepDef {
         if !(self.backoff.multiplier >= 1.0 && self.backoff.multiplier <= 10.0) {
             return Err(problem("backoff multiplier must be within 1..=10".into()));
         }
+        if let Some(m) = &self.map {
+            m.validate().map_err(problem)?;
+            if self.kind == StepKind::Wait {
+                return Err(problem("a wait step cannot be a map".into()));
+            }
+        }
         if let Some(c) = &self.compensation {
+            if c.map.is_some() {
+                return Err(problem(
+                    "a compensation cannot be a map (a map step's compensation undoes each element)".into(),
+                ));
+            }
             if c.compensation.is_some() {
                 return Err(problem("a compensating step cannot have a compensation".into()));
             }
@@ -320,6 +443,13 @@ impl WorkflowDef {
         let mut seen = HashSet::new();
         for s in &self.steps {
             s.validate(&self.name)?;
+            if s.map.is_some() && self.on_failure == OnFailure::Error {
+                return Err(WorkflowError::Step {
+                    workflow: self.name.clone(),
+                    step: s.name.clone(),
+                    problem: "a map step needs on_failure: compensate (an Error task cannot yet resume a map)".into(),
+                });
+            }
             let names = std::iter::once(&s.name).chain(s.compensation.as_ref().map(|c| &c.name));
             for n in names {
                 if !seen.insert(n.clone()) {

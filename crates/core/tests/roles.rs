@@ -36,6 +36,7 @@ fn step(name: &str, comp: Option<&str>) -> StepDef {
         max_attempts: 3,
         backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
         compensation: comp.map(|c| Box::new(step(c, None))),
+        map: None,
     }
 }
 

@@ -37,6 +37,7 @@ fn step(name: &str) -> StepDef {
         max_attempts: 3,
         backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
         compensation: None,
+        map: None,
     }
 }
 

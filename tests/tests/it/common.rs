@@ -37,6 +37,7 @@ fn step(name: &str, timeout_ms: u64, comp: Option<&str>) -> StepDef {
         max_attempts: 3,
         backoff: Backoff { base_ms: 200, max_ms: 1_000, multiplier: 2.0 },
         compensation: comp.map(|c| Box::new(step(c, timeout_ms, None))),
+        map: None,
     }
 }
 

@@ -19,6 +19,9 @@
 //! - Compensation ends `Compensated`; a compensation that fails for good ends `Error` (alert).
 //! - [`Event::Cancel`] (`cancel`): completed steps are compensated and the task ends `Cancelled`.
 //! - [`Event::Resubmit`] (`resubmit`): an operator resumes an `Error` task at its failed unit.
+//! - A **map step** runs once per element of an array, each element a task of its own; the
+//!   parent counts their ends ([`Event::ElementEnded`]), joins their outputs ([`Event::Joined`])
+//!   and, compensating, undoes the ones that succeeded ([`Event::Undo`]). See `map`.
 //!
 //! A **unit of work** is a forward step or the compensation of one (see [`task`]); every rule
 //! about attempts, retries and giving up is written once for both.
@@ -27,7 +30,8 @@ use serde_json::Value;
 
 use crate::ids::{AttemptToken, CallbackToken, IdempotencyKey, Millis, TaskId};
 use crate::messages::{
-    AgentRequest, Alert, AlertKind, CallbackAnswer, CallbackRef, Phase, RunReason, StatusMessage, TimerMessage, VERSION,
+    AgentRequest, Alert, AlertKind, CallbackAnswer, CallbackRef, Phase, RunReason, SchedulerMessage, StatusMessage,
+    TimerMessage, VERSION,
 };
 use crate::workflow::{OnFailure, StepDef, StepKind, WorkflowDef, MAX_LONG_STEP_MS};
 
@@ -35,7 +39,10 @@ pub mod task;
 
 pub use crate::state::{ProcessState, UnknownState};
 use task::{noun, running_state, waiting_state};
-pub use task::{CompensationRecord, CompensationStatus, EndCause, HistoryEntry, Stage, StepRecord, StepStatus, Task};
+pub use task::{
+    Bits, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, MapProgress, Stage, StepRecord, StepStatus,
+    Task,
+};
 
 /// Tunables of the protocol that are not per step.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,6 +145,21 @@ pub enum Event {
         unit: String,
         answer: CallbackAnswer,
     },
+    /// Element `element` of the map step at index `step` ended in `state`.
+    ElementEnded {
+        step: usize,
+        element: u32,
+        state: ProcessState,
+    },
+    /// A map element that ended `Processed` is undone (its parent compensates the map).
+    Undo {
+        reason: String,
+    },
+    /// Every element of the map step at `step` ended; `output` is their outputs in order.
+    Joined {
+        step: usize,
+        output: Value,
+    },
 }
 
 impl Event {
@@ -154,6 +176,9 @@ impl Event {
             Event::Callback { answer: CallbackAnswer::Succeeded { .. }, .. } => "callback_succeeded",
             Event::Callback { answer: CallbackAnswer::Failed { .. }, .. } => "callback_failed",
             Event::Callback { answer: CallbackAnswer::Heartbeat { .. }, .. } => "callback_heartbeat",
+            Event::ElementEnded { .. } => "element_ended",
+            Event::Undo { .. } => "undo",
+            Event::Joined { .. } => "joined",
         }
     }
 
@@ -182,6 +207,15 @@ pub enum Effect {
     Dispatch(AgentRequest),
     /// A message to the supervisor queue, due at the attempt's `CompleteBy`.
     ArmTimer(TimerMessage),
+    /// Create these elements of the map step at `step` (index, item), each a task of its own
+    /// claimed at once ([`element_task`]); one that exists already sends again what it owes.
+    Spawn {
+        step: usize,
+        elements: Vec<(u32, Value)>,
+    },
+    /// A message to the scheduler queue: a map element's end to its parent, a parent's cancel or
+    /// undo to an element, a join.
+    Send(SchedulerMessage),
 }
 
 impl Effect {
@@ -192,6 +226,8 @@ impl Effect {
             Effect::Run { .. } => "run",
             Effect::Dispatch(_) => "dispatch",
             Effect::ArmTimer(_) => "timer",
+            Effect::Spawn { .. } => "spawn",
+            Effect::Send(_) => "send",
         }
     }
 
@@ -204,7 +240,7 @@ impl Effect {
     /// send fails, the handler fails, so its message comes back and the notice is sent again.
     pub fn is_essential(&self) -> bool {
         match self {
-            Effect::Alert(_) => true,
+            Effect::Alert(_) | Effect::Send(SchedulerMessage::ElementEnded(_)) => true,
             Effect::Reply(s) => s.state.is_terminal(),
             _ => false,
         }
@@ -347,6 +383,9 @@ pub fn resend(task: &Task, now: Millis, policy: &Policy) -> Transition {
 /// The work a non-terminal task's last write sent (see [`owed_sends`]).
 fn owed_work(task: &Task, now: Millis, policy: &Policy) -> Vec<Effect> {
     let Some(complete_by) = task.complete_by else { return Vec::new() };
+    if map::map_running(task) {
+        return map::owed(task);
+    }
     match &task.locked_by {
         Some(token) => {
             let def = task.current_def();
@@ -417,7 +456,8 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
     if task.process_state == ProcessState::Error && command && event.run().is_none() {
         return Err(Stale::Unfenced { current: task.run });
     }
-    if task.process_state.is_terminal() && !(task.process_state == ProcessState::Error && command) {
+    let undo = matches!(event, Event::Undo { .. }) && task.process_state == ProcessState::Processed;
+    if task.process_state.is_terminal() && !(task.process_state == ProcessState::Error && command) && !undo {
         return Err(Stale::Terminal(task.process_state));
     }
     let mut t = task.clone();
@@ -434,6 +474,9 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
         Event::Cancel { reason, .. } => cancel(task, reason, &mut c)?,
         Event::Resubmit { reason, .. } => resubmit(reason, &mut c),
         Event::Callback { .. } => unreachable!("callback answers are applied before this match"),
+        Event::ElementEnded { step, element, state } => map::element_ended(task, *step, *element, *state, &mut c)?,
+        Event::Undo { reason } => map::undo(task, reason, &mut c)?,
+        Event::Joined { step, output } => map::joined(task, *step, output, &mut c)?,
     }
     Ok(Transition { task: c.t, effects: c.fx, keeps_mark: false })
 }
@@ -444,7 +487,7 @@ fn claim(task: &Task, rev: u64, c: &mut Change) -> Result<(), Stale> {
     if rev != task.wait_rev {
         return Err(Stale::OldRun { message: rev, current: task.wait_rev });
     }
-    if task.locked_by.is_some() {
+    if task.locked_by.is_some() || map::map_running(task) {
         return Err(Stale::AlreadyClaimed);
     }
     if task.process_state != waiting_state(task.phase()) {
@@ -569,6 +612,13 @@ fn agent_not_started(task: &Task, attempt: &AttemptToken, error: &str, c: &mut C
 /// a running attempt has timed out.
 fn deadline_expired(task: &Task, c: &mut Change) -> Result<(), Stale> {
     let complete_by = task.complete_by.unwrap_or(Millis(0));
+    if map::map_running(task) {
+        if complete_by.plus_ms(c.policy.result_grace_ms) > c.ctx.now {
+            return Err(Stale::NotExpired { complete_by, now: c.ctx.now });
+        }
+        map::deadline(task, c);
+        return Ok(());
+    }
     let waiting = task.locked_by.is_some() && task.current_def().kind == StepKind::Wait;
     let grace = if waiting { 0 } else { c.policy.result_grace_ms };
     if complete_by.plus_ms(grace) > c.ctx.now {
@@ -612,6 +662,10 @@ fn cancel(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stale> {
         c.t.reason = Some(format!("cancelled (run {}): {reason}", c.t.run));
         c.t.unit_record().reset();
         c.wait_for_claim(c.ctx.now, RunReason::Retry);
+        return Ok(());
+    }
+    if map::map_running(task) {
+        map::cancel(task, reason, c);
         return Ok(());
     }
     // A command is a new run: one that names the run before it changes nothing now.
@@ -835,6 +889,7 @@ pub fn terminal_notices(task: &Task) -> Vec<Effect> {
             at: task.updated_at,
         }));
     }
+    fx.extend(map::ended_notice(task));
     fx
 }
 
@@ -930,6 +985,13 @@ impl Change<'_> {
     /// (each heartbeat moves it on, never past the hard one). A wait unit has no agent: see
     /// [`Change::start_wait`].
     fn start_unit(&mut self) {
+        if let Some(spec) = self.t.workflow.steps[self.t.unit_step()].map.clone() {
+            match self.t.phase() {
+                Phase::Forward => self.start_map(&spec),
+                Phase::Compensate => self.start_map_undo(&spec),
+            }
+            return;
+        }
         let def = self.t.current_def().clone();
         if def.kind == StepKind::Wait {
             self.start_wait(&def);
@@ -1113,6 +1175,7 @@ impl Change<'_> {
             let alert = self.alert(AlertKind::TaskError, &reason);
             self.fx.push(Effect::Alert(alert));
         }
+        self.fx.extend(map::ended_notice(&self.t));
     }
 
     fn alert(&self, kind: AlertKind, reason: &str) -> Alert {
@@ -1131,6 +1194,14 @@ impl Change<'_> {
     }
 }
 
+mod map;
+pub use map::element_task;
+
+/// The end a map element owes its parent, once it has ended (none for other tasks).
+pub fn element_notice(task: &Task) -> Option<Effect> {
+    map::ended_notice(task)
+}
+
 #[cfg(test)]
 #[allow(clippy::needless_pass_by_value, clippy::many_single_char_names)]
 mod tests;
@@ -1138,3 +1209,6 @@ mod tests;
 #[cfg(test)]
 #[allow(clippy::needless_pass_by_value)]
 mod callback_tests;
+
+#[cfg(test)]
+mod map_tests;

@@ -108,6 +108,126 @@ pub struct StepRecord {
     /// A callback step: the attempts it handed a token to (the last [`MAX_ISSUED`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub issued: Vec<AttemptToken>,
+    /// A map step, once started: where its elements are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map: Option<MapProgress>,
+}
+
+/// A set of element indexes, stored as a hex bitmap (2,500 characters for 10,000 elements).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Bits(Vec<u8>);
+
+impl Bits {
+    pub fn new(n: usize) -> Self {
+        Bits(vec![0; n.div_ceil(8)])
+    }
+
+    pub fn get(&self, i: u32) -> bool {
+        let i = i as usize;
+        self.0.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0)
+    }
+
+    /// Set bit `i`; whether it was clear.
+    pub fn set(&mut self, i: u32) -> bool {
+        let i = i as usize;
+        if i / 8 >= self.0.len() {
+            self.0.resize(i / 8 + 1, 0);
+        }
+        let was = self.0[i / 8] & (1 << (i % 8)) == 0;
+        self.0[i / 8] |= 1 << (i % 8);
+        was
+    }
+
+    pub fn count(&self) -> u32 {
+        self.0.iter().map(|b| b.count_ones()).sum()
+    }
+
+    /// The set indexes below `n`, in order.
+    pub fn ones(&self, n: u32) -> impl Iterator<Item = u32> + '_ {
+        (0..n).filter(|i| self.get(*i))
+    }
+}
+
+impl Serialize for Bits {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use std::fmt::Write;
+        let hex = self.0.iter().fold(String::with_capacity(self.0.len() * 2), |mut h, b| {
+            let _ = write!(h, "{b:02x}");
+            h
+        });
+        s.serialize_str(&hex)
+    }
+}
+
+impl<'de> Deserialize<'de> for Bits {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let hex = String::deserialize(d)?;
+        if hex.len() % 2 != 0 {
+            return Err(serde::de::Error::custom("a bitmap has an even number of hex digits"));
+        }
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(serde::de::Error::custom))
+            .collect::<Result<Vec<u8>, _>>()
+            .map(Bits)
+    }
+}
+
+/// A map step's elements: each is a task of its own (`{task}~{step}~{i}`, see
+/// [`TaskId::child`]); the parent keeps only which have started, ended, succeeded and been undone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MapProgress {
+    /// Elements in the array.
+    pub n: u32,
+    /// Elements created so far: `0..started` (at most `max_concurrency` more than have ended).
+    pub started: u32,
+    /// Elements that have ended (their end was counted).
+    pub ended: Bits,
+    /// Elements that ended `Processed`: their effect is applied.
+    pub ok: Bits,
+    /// Elements that failed for good (ended in any other state).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed: u32,
+    /// Elements that ended `Error`: their own compensation failed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stuck: u32,
+    /// Elements undone by this map's compensation.
+    #[serde(default, skip_serializing_if = "Bits::is_empty")]
+    pub undone: Bits,
+    /// The map is stopping (too many failures, a cancel, its deadline): no element starts, the
+    /// running ones are cancelled, and once all have ended the task compensates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping: Option<EndCause>,
+    /// Every element ended: the outputs are being read (a join message is out).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub joining: bool,
+}
+
+impl Bits {
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(|b| *b == 0)
+    }
+}
+
+impl MapProgress {
+    pub fn new(n: u32) -> Self {
+        MapProgress {
+            n,
+            started: 0,
+            ended: Bits::new(n as usize),
+            ok: Bits::new(n as usize),
+            failed: 0,
+            stuck: 0,
+            undone: Bits::default(),
+            stopping: None,
+            joining: false,
+        }
+    }
+
+    /// Elements started and not yet ended.
+    pub fn running(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.started).filter(|i| !self.ended.get(*i))
+    }
 }
 
 /// How many attempt tokens a callback unit remembers.
@@ -130,6 +250,7 @@ impl StepRecord {
             done_by: None,
             progress: None,
             issued: Vec::new(),
+            map: None,
         }
     }
 }

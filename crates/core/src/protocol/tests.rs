@@ -29,8 +29,10 @@ fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
                 max_attempts: 2,
                 backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
                 compensation: None,
+                map: None,
             })
         }),
+        map: None,
     }
 }
 

@@ -1,0 +1,409 @@
+//! Map steps: a step run once per element of an array, each element a task of its own.
+//!
+//! An element is a one-step task, `{task}~{step}~{i}` (see [`TaskId::child`]): it is created
+//! already claimed, like a submission, and runs through the same protocol as any task (its own
+//! idempotency key, deadline, attempts, retries, timer, sweep, and its own compensation when one
+//! of its attempts may have applied). When it ends, it tells its parent ([`ElementEnded`], sent
+//! again whenever the message that ended it comes back). The parent's map step only keeps
+//! bitmaps: which elements started, ended, succeeded, were undone. So a map of 10,000 elements
+//! adds a few kilobytes to the parent, whatever the elements' inputs and outputs.
+//!
+//! The parent's map unit, forward:
+//! - **start**: read the array at `map.items`; create elements `0..max_concurrency`.
+//! - **an element ends**: counted once (its bit). While the failures are within
+//!   `tolerated_failures`, the next element starts (so at most `max_concurrency` run at once). Past
+//!   them the map **stops**: no element starts, the running ones are cancelled (each compensates
+//!   what it may have applied), and once every started element has ended the step gives up;
+//!   the task compensates, the map's succeeded elements first among the steps to undo.
+//! - **all ended**: a join message reads the elements' outputs (in element order) and the step
+//!   succeeds with them as its output.
+//!
+//! The map step's compensation sends an undo to each element that ended `Processed` and waits
+//! until every one of them has ended `Compensated` (an element whose compensation fails ends
+//! `Error`, and so does the task).
+
+use serde_json::{json, Value};
+
+use super::task::{MapProgress, StepStatus};
+use super::{submit, Ctx, Policy};
+use super::{Change, Effect, EndCause, Stale, Task, Transition};
+use crate::ids::TaskId;
+use crate::messages::{CancelMessage, ElementEnded, JoinMessage, Phase, SchedulerMessage, UndoMessage, VERSION};
+use crate::state::ProcessState;
+use crate::workflow::{MapSpec, OnFailure, WorkflowDef, MAX_MAP_ELEMENTS};
+
+/// The array a map step runs over, read from the unit's input (`{"input", "outputs"}`).
+pub(crate) fn items(task: &Task, spec: &MapSpec) -> Result<Vec<Value>, String> {
+    let input = task.unit_input();
+    match input.pointer(&spec.items) {
+        None => Err(format!("map.items {} names nothing in the task", spec.items)),
+        Some(Value::Array(a)) if a.len() > MAX_MAP_ELEMENTS => {
+            Err(format!("map.items {} has {} elements; a map takes at most {MAX_MAP_ELEMENTS}", spec.items, a.len()))
+        }
+        Some(Value::Array(a)) => Ok(a.clone()),
+        Some(other) => {
+            Err(format!("map.items {} is {}, not an array", spec.items, crate::ids::clip(&other.to_string(), 40)))
+        }
+    }
+}
+
+/// The task of one map element: a one-step workflow (the map step without its `map`), input
+/// `{"item": …, "index": i}`, claimed at once as a submission is.
+pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: &Ctx, policy: &Policy) -> Transition {
+    let mut def = parent.workflow.steps[step].clone();
+    def.map = None;
+    let workflow = WorkflowDef {
+        name: parent.workflow.name.clone(),
+        version: parent.workflow.version,
+        description: String::new(),
+        on_failure: OnFailure::Compensate,
+        steps: vec![def],
+    };
+    let id = TaskId::child(&parent.task_id, step, element);
+    let input =
+        Value::Object(serde_json::Map::from_iter([("item".to_owned(), item), ("index".to_owned(), json!(element))]));
+    submit(id, workflow, input, None, ctx, policy)
+}
+
+/// The notice a map element owes its parent once it has ended (none for other tasks).
+pub(crate) fn ended_notice(task: &Task) -> Option<Effect> {
+    if !task.process_state.is_terminal() {
+        return None;
+    }
+    let (parent, step, element) = task.task_id.parent_of()?;
+    Some(Effect::Send(SchedulerMessage::ElementEnded(ElementEnded {
+        v: VERSION,
+        task_id: parent,
+        step,
+        element,
+        state: task.process_state,
+    })))
+}
+
+/// Whether the task's current unit is a map step's (forward or its compensation) that has
+/// started and not ended.
+pub(crate) fn map_running(task: &Task) -> bool {
+    if task.process_state.is_terminal() || task.locked_by.is_some() {
+        return false;
+    }
+    let i = task.unit_step();
+    if task.workflow.steps[i].map.is_none() {
+        return false;
+    }
+    let step = &task.steps[i];
+    match task.phase() {
+        Phase::Forward => step.status == StepStatus::Running && step.map.is_some(),
+        Phase::Compensate => {
+            step.compensation.as_ref().is_some_and(|c| c.status == super::task::CompensationStatus::Running)
+        }
+    }
+}
+
+fn cancel_message(task: &Task, step: usize, element: u32, reason: &str) -> Effect {
+    Effect::Send(SchedulerMessage::Cancel(CancelMessage {
+        v: VERSION,
+        task_id: TaskId::child(&task.task_id, step, element),
+        reason: reason.to_owned(),
+        run: None,
+    }))
+}
+
+fn undo_message(task: &Task, step: usize, element: u32) -> Effect {
+    Effect::Send(SchedulerMessage::Undo(UndoMessage {
+        v: VERSION,
+        task_id: TaskId::child(&task.task_id, step, element),
+        reason: format!("task {} compensates its map step {}", task.task_id, task.workflow.steps[step].name),
+    }))
+}
+
+fn join_message(task: &Task, step: usize) -> Effect {
+    Effect::Send(SchedulerMessage::Join(JoinMessage { v: VERSION, task_id: task.task_id.clone(), step }))
+}
+
+/// What a running map unit's last write sent, sent again (idempotent for their receivers: an
+/// element is created once, a command to an element that ended makes it say so again).
+pub(crate) fn owed(task: &Task) -> Vec<Effect> {
+    let i = task.unit_step();
+    let Some(p) = &task.steps[i].map else { return Vec::new() };
+    match task.phase() {
+        Phase::Forward if p.joining => vec![join_message(task, i)],
+        Phase::Forward if p.stopping.is_some() => {
+            let why = task.reason.clone().unwrap_or_default();
+            p.running().map(|e| cancel_message(task, i, e, &why)).collect()
+        }
+        Phase::Forward => {
+            let Some(spec) = &task.workflow.steps[i].map else { return Vec::new() };
+            let all = items(task, spec).unwrap_or_default();
+            let elements: Vec<(u32, Value)> =
+                p.running().filter_map(|e| all.get(e as usize).map(|v| (e, v.clone()))).collect();
+            vec![Effect::Spawn { step: i, elements }]
+        }
+        Phase::Compensate => p.ok.ones(p.n).filter(|e| !p.undone.get(*e)).map(|e| undo_message(task, i, e)).collect(),
+    }
+}
+
+/// An element ended: count it once, then start the next, stop, or join.
+pub(crate) fn element_ended(
+    task: &Task,
+    step: usize,
+    element: u32,
+    state: ProcessState,
+    c: &mut Change,
+) -> Result<(), Stale> {
+    if !state.is_terminal() {
+        return Err(Stale::NotCurrentAttempt);
+    }
+    let Some(p) = task.steps.get(step).and_then(|s| s.map.as_ref()) else { return Err(Stale::NotCurrentAttempt) };
+    if element >= p.n || !map_running(task) || task.unit_step() != step {
+        return Err(Stale::NotCurrentAttempt);
+    }
+    let mut p = p.clone();
+    if task.phase() == Phase::Compensate {
+        return element_undone(task, step, element, state, p, c);
+    }
+    if !p.ended.set(element) {
+        return Err(Stale::Duplicate);
+    }
+    let def = &task.workflow.steps[step];
+    let spec = def.map.clone().expect("a running map unit's step is a map");
+    if state == ProcessState::Processed {
+        p.ok.set(element);
+    } else {
+        p.failed += 1;
+        c.t.failure_count += 1;
+        if state == ProcessState::Error {
+            p.stuck += 1;
+        }
+        let allowed = spec.tolerated_failures.allowed(p.n as usize);
+        if p.stopping.is_none() && p.failed as usize > allowed {
+            let why = format!(
+                "map step {}: element {element} ended {state}; {} of {} elements failed for good, {allowed} tolerated",
+                def.name, p.failed, p.n
+            );
+            stop(&mut p, EndCause::Failed, &why, step, c);
+        }
+    }
+    if p.stopping.is_none() && p.started < p.n {
+        let all = items(&c.t, &spec).unwrap_or_default();
+        let next = p.started;
+        p.started += 1;
+        let item = all.get(next as usize).cloned().unwrap_or(Value::Null);
+        c.fx.push(Effect::Spawn { step, elements: vec![(next, item)] });
+    } else if p.stopping.is_none() && p.ended.count() == p.n {
+        p.joining = true;
+        let fx = join_message(&c.t, step);
+        c.fx.push(fx);
+    }
+    let done_stopping = p.stopping.filter(|_| p.running().next().is_none());
+    c.t.steps[step].map = Some(p);
+    if let Some(cause) = done_stopping {
+        end_stopped(c, cause);
+    }
+    Ok(())
+}
+
+/// Stop the map: no element starts any more, the running ones are cancelled.
+fn stop(p: &mut MapProgress, cause: EndCause, why: &str, step: usize, c: &mut Change) {
+    p.stopping = Some(cause);
+    p.joining = false;
+    c.t.reason = Some(why.to_owned());
+    let cancels: Vec<Effect> = p.running().map(|e| cancel_message(&c.t, step, e, why)).collect();
+    c.fx.extend(cancels);
+}
+
+/// Every started element of a stopping map has ended: the step gives up. Its succeeded elements
+/// are undone by its compensation; an element that could not undo itself (`Error`) leaves the
+/// task in `Error` for an operator.
+fn end_stopped(c: &mut Change, cause: EndCause) {
+    let i = c.t.step_index;
+    let p = c.t.steps[i].map.clone().expect("a stopping map has its progress");
+    c.t.steps[i].maybe_applied = p.ok.count() > 0;
+    c.t.steps[i].status = if cause == EndCause::Cancelled { StepStatus::Cancelled } else { StepStatus::Failed };
+    let reason = c.t.reason.clone().unwrap_or_default();
+    if p.stuck > 0 {
+        c.t.reason = Some(format!(
+            "{reason}; {} element(s) could not undo what they applied (they are in Error, as task {}~{i}~N)",
+            p.stuck, c.t.task_id
+        ));
+        c.finish(ProcessState::Error);
+        return;
+    }
+    match cause {
+        EndCause::Failed => c.give_up(reason),
+        EndCause::Cancelled => c.begin_compensation(EndCause::Cancelled, reason),
+    }
+}
+
+/// The map step's compensation: an element it asked to undo has ended.
+fn element_undone(
+    task: &Task,
+    step: usize,
+    element: u32,
+    state: ProcessState,
+    mut p: MapProgress,
+    c: &mut Change,
+) -> Result<(), Stale> {
+    if !p.ok.get(element) || p.undone.get(element) {
+        return Err(Stale::Duplicate);
+    }
+    match state {
+        ProcessState::Compensated => {
+            p.undone.set(element);
+            let done = p.ok.ones(p.n).all(|e| p.undone.get(e));
+            c.t.steps[step].map = Some(p);
+            if done {
+                c.t.unit_record().succeeded();
+                c.advance();
+            }
+            Ok(())
+        }
+        ProcessState::Error => {
+            c.t.failure_count += 1;
+            let name = task.current_def().name.clone();
+            c.t.unit_record().refused(&format!("element {element} could not be undone"));
+            c.give_up(format!(
+                "compensation {name} failed: element {element} ({}) could not undo what it applied",
+                TaskId::child(&task.task_id, step, element)
+            ));
+            Ok(())
+        }
+        // Processed: the element has not taken the undo yet (a notice from before it).
+        _ => Err(Stale::Duplicate),
+    }
+}
+
+/// All elements ended and their outputs were read: the step succeeds with them.
+pub(crate) fn joined(task: &Task, step: usize, output: &Value, c: &mut Change) -> Result<(), Stale> {
+    let joining = task.steps.get(step).and_then(|s| s.map.as_ref()).is_some_and(|p| p.joining);
+    if !joining || !map_running(task) || task.phase() != Phase::Forward || task.step_index != step {
+        return Err(Stale::NotCurrentAttempt);
+    }
+    if let Some(p) = c.t.steps[step].map.as_mut() {
+        p.joining = false;
+    }
+    c.t.unit_record().succeeded();
+    c.t.steps[step].output = Some(output.clone());
+    c.t.reason = None;
+    c.advance();
+    Ok(())
+}
+
+/// A map unit's deadline: joining or stopping, what was sent is sent again; running, the map has
+/// taken too long and stops; its compensation sends its undos again.
+pub(crate) fn deadline(task: &Task, c: &mut Change) {
+    let i = task.unit_step();
+    let spec = task.workflow.steps[i].map.clone().expect("a map unit's step is a map");
+    c.t.complete_by = Some(c.ctx.now.plus_ms(spec.timeout_ms()));
+    let p = task.steps[i].map.clone().expect("a running map has its progress");
+    if task.phase() == Phase::Forward && !p.joining && p.stopping.is_none() {
+        let mut p = p;
+        let why = format!(
+            "map step {} did not end within {} ms ({} of {} elements ended)",
+            task.workflow.steps[i].name,
+            spec.timeout_ms(),
+            p.ended.count(),
+            p.n
+        );
+        stop(&mut p, EndCause::Failed, &why, i, c);
+        let idle = p.running().next().is_none();
+        c.t.steps[i].map = Some(p);
+        if idle {
+            end_stopped(c, EndCause::Failed);
+        }
+        return;
+    }
+    let again = owed(&c.t);
+    c.fx.extend(again);
+}
+
+/// A cancel while the map runs forward: it stops, and compensates once its elements have ended.
+pub(crate) fn cancel(task: &Task, reason: &str, c: &mut Change) {
+    let i = task.step_index;
+    let mut p = task.steps[i].map.clone().expect("a running map has its progress");
+    c.t.run += 1;
+    stop(&mut p, EndCause::Cancelled, &format!("cancelled: {reason}"), i, c);
+    let idle = p.running().next().is_none();
+    c.t.steps[i].map = Some(p);
+    if idle {
+        end_stopped(c, EndCause::Cancelled);
+    }
+}
+
+impl Change<'_> {
+    /// Start a map step: read its array, create its first elements.
+    pub(super) fn start_map(&mut self, spec: &MapSpec) {
+        let i = self.t.step_index;
+        let name = self.t.workflow.steps[i].name.clone();
+        self.t.not_before = None;
+        self.t.restarts = 0;
+        self.t.awaits = None;
+        self.unlock();
+        self.t.unit_record().begin_attempt();
+        let all = match items(&self.t, spec) {
+            Ok(all) => all,
+            Err(why) => {
+                self.t.failure_count += 1;
+                self.t.unit_record().refused(&why);
+                self.give_up(format!("step {name} failed permanently: {why}"));
+                return;
+            }
+        };
+        if all.is_empty() {
+            self.t.steps[i].output = Some(Value::Array(Vec::new()));
+            self.t.unit_record().succeeded();
+            self.advance();
+            return;
+        }
+        let n = u32::try_from(all.len()).expect("at most MAX_MAP_ELEMENTS");
+        let mut p = MapProgress::new(n);
+        p.started = n.min(spec.max_concurrency);
+        let elements = all.into_iter().take(p.started as usize).zip(0..).map(|(v, e)| (e, v)).collect();
+        self.t.steps[i].map = Some(p);
+        self.t.complete_by = Some(self.ctx.now.plus_ms(spec.timeout_ms()));
+        self.note(ProcessState::Processing);
+        self.fx.push(Effect::Spawn { step: i, elements });
+    }
+
+    /// Start a map step's compensation: undo each element that succeeded.
+    pub(super) fn start_map_undo(&mut self, spec: &MapSpec) {
+        let i = self.t.unit_step();
+        self.t.not_before = None;
+        self.t.restarts = 0;
+        self.t.awaits = None;
+        self.unlock();
+        self.t.unit_record().begin_attempt();
+        let undos: Vec<Effect> = match &self.t.steps[i].map {
+            Some(p) => p.ok.ones(p.n).filter(|e| !p.undone.get(*e)).map(|e| undo_message(&self.t, i, e)).collect(),
+            None => Vec::new(),
+        };
+        if undos.is_empty() {
+            self.t.unit_record().succeeded();
+            self.advance();
+            return;
+        }
+        self.t.complete_by = Some(self.ctx.now.plus_ms(spec.timeout_ms()));
+        self.note(ProcessState::Compensating);
+        self.fx.extend(undos);
+    }
+}
+
+/// Undo a map element that ended `Processed` (its parent's map is compensated): its steps with a
+/// compensation are undone, and it ends `Compensated`.
+pub(crate) fn undo(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stale> {
+    if task.process_state != ProcessState::Processed || !task.task_id.is_child() {
+        return Err(Stale::Terminal(task.process_state));
+    }
+    c.t.run += 1;
+    c.t.reason = Some(format!("undone: {reason}"));
+    let plan: Vec<usize> = (0..task.steps.len())
+        .rev()
+        .filter(|&j| task.steps[j].status == StepStatus::Succeeded && task.workflow.steps[j].compensation.is_some())
+        .collect();
+    if plan.is_empty() {
+        c.finish(ProcessState::Compensated);
+        return Ok(());
+    }
+    c.t.stage = super::task::Stage::Compensating { plan, pos: 0, cause: EndCause::Failed };
+    c.start_unit();
+    Ok(())
+}

@@ -1,0 +1,478 @@
+//! Map steps, driven purely: a parent and its elements exchange the protocol's own effects
+//! through a FIFO "queue", agents answer at once by rule.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use serde_json::{json, Value};
+
+use super::*;
+use crate::workflow::{MapSpec, Tolerance};
+
+fn call(name: &str, comp: Option<&str>) -> StepDef {
+    StepDef {
+        max_attempts: 2,
+        backoff: crate::workflow::Backoff { base_ms: 10, max_ms: 100, multiplier: 2.0 },
+        compensation: comp.map(|c| Box::new(StepDef { max_attempts: 2, ..StepDef::call(c, "sim", 1_000) })),
+        ..StepDef::call(name, "sim", 1_000)
+    }
+}
+
+fn map_step(mc: u32, tolerated: Tolerance) -> StepDef {
+    StepDef {
+        map: Some(MapSpec {
+            items: "/input/lines".into(),
+            max_concurrency: mc,
+            tolerated_failures: tolerated,
+            timeout_ms: None,
+        }),
+        ..call("reserve", Some("release"))
+    }
+}
+
+fn workflow(map: StepDef) -> WorkflowDef {
+    WorkflowDef {
+        name: "order".into(),
+        version: 1,
+        description: String::new(),
+        on_failure: OnFailure::Compensate,
+        steps: vec![call("quote", Some("unquote")), map, call("charge", Some("refund"))],
+    }
+}
+
+fn policy() -> Policy {
+    Policy {
+        start_timeout_ms: 500,
+        history_limit: 50,
+        queue_budget_ms: 0,
+        result_grace_ms: 0,
+        settle_ms: 0,
+        max_restarts: 8,
+    }
+}
+
+/// The event a message between tasks carries (as the Scheduler reads it).
+fn event_of(m: SchedulerMessage) -> (TaskId, Event) {
+    match m {
+        SchedulerMessage::ElementEnded(m) => {
+            (m.task_id, Event::ElementEnded { step: m.step, element: m.element, state: m.state })
+        }
+        SchedulerMessage::Undo(m) => (m.task_id, Event::Undo { reason: m.reason }),
+        SchedulerMessage::Cancel(m) => (m.task_id, Event::Cancel { reason: m.reason, run: m.run }),
+        SchedulerMessage::Join(m) => (m.task_id, Event::Joined { step: m.step, output: Value::Null }),
+        other => panic!("not a message between tasks: {other:?}"),
+    }
+}
+
+/// The parent, its elements, and the messages between them.
+struct World {
+    tasks: BTreeMap<TaskId, Task>,
+    queue: VecDeque<(TaskId, Event)>,
+    now: u64,
+    /// Elements whose forward step the service refuses.
+    refuse: HashSet<u32>,
+    /// Parent steps the service refuses.
+    refuse_steps: HashSet<&'static str>,
+    /// Elements whose compensation the service refuses.
+    refuse_undo: HashSet<u32>,
+    /// Compensation calls per task and unit.
+    undos: HashMap<(TaskId, String), u32>,
+    /// Forward calls that applied, per element task.
+    applied: HashMap<TaskId, u32>,
+    /// The most elements running (created, not ended) at once.
+    most_running: usize,
+    /// Join and element-end messages handled, stale or not.
+    stale: Vec<String>,
+    /// Deliver the queue in this pseudo-random order instead of FIFO (a seed).
+    shuffle: Option<u64>,
+    /// Deliver every message between tasks twice (SQS is at least once).
+    twice: bool,
+}
+
+impl World {
+    fn new(lines: usize, map: StepDef) -> World {
+        let lines: Vec<Value> = (0..lines).map(|i| json!({"sku": format!("s{i}")})).collect();
+        let tr = submit(
+            TaskId::try_from("p").unwrap(),
+            workflow(map),
+            json!({"lines": lines}),
+            None,
+            &Ctx { now: Millis(1_000), fresh_token: AttemptToken::fresh(), jitter: 0.5 },
+            &policy(),
+        );
+        let mut w = World {
+            tasks: BTreeMap::new(),
+            queue: VecDeque::new(),
+            now: 1_000,
+            refuse: HashSet::new(),
+            refuse_steps: HashSet::new(),
+            refuse_undo: HashSet::new(),
+            undos: HashMap::new(),
+            applied: HashMap::new(),
+            most_running: 0,
+            stale: Vec::new(),
+            shuffle: None,
+            twice: false,
+        };
+        let id = tr.task.task_id.clone();
+        w.tasks.insert(id.clone(), tr.task.clone());
+        w.effects(&id, tr.effects);
+        w
+    }
+
+    fn parent(&self) -> &Task {
+        &self.tasks[&TaskId::try_from("p").unwrap()]
+    }
+
+    fn ctx(&mut self) -> Ctx {
+        self.now += 1;
+        Ctx { now: Millis(self.now), fresh_token: AttemptToken::fresh(), jitter: 0.5 }
+    }
+
+    fn effects(&mut self, from: &TaskId, fx: Vec<Effect>) {
+        for e in fx {
+            match e {
+                Effect::Dispatch(r) => {
+                    let element = r.task_id.parent_of().map(|(_, _, e)| e);
+                    let refused = match r.phase {
+                        Phase::Forward => {
+                            element.is_some_and(|e| self.refuse.contains(&e))
+                                || (element.is_none() && self.refuse_steps.contains(r.step.as_str()))
+                        }
+                        Phase::Compensate => element.is_some_and(|e| self.refuse_undo.contains(&e)),
+                    };
+                    let event = if refused {
+                        Event::AgentFailed { attempt: r.attempt, error: "out of stock".into(), retryable: false }
+                    } else {
+                        let count = match r.phase {
+                            Phase::Forward => self.applied.entry(r.task_id.clone()).or_default(),
+                            Phase::Compensate => self.undos.entry((r.task_id.clone(), r.step.clone())).or_default(),
+                        };
+                        *count += 1;
+                        let item = r.input.pointer("/input/item").cloned().unwrap_or(Value::Null);
+                        Event::AgentSucceeded { attempt: r.attempt, output: json!({"step": r.step, "item": item}) }
+                    };
+                    self.queue.push_back((r.task_id, event));
+                }
+                Effect::Run { rev, .. } => self.queue.push_back((from.clone(), Event::Claim { rev })),
+                Effect::Spawn { step, elements } => {
+                    let parent = self.tasks[from].clone();
+                    for (e, item) in elements {
+                        let ctx = self.ctx();
+                        let tr = element_task(&parent, step, e, item, &ctx, &policy());
+                        let id = tr.task.task_id.clone();
+                        if self.tasks.contains_key(&id) {
+                            let again = resend(&self.tasks[&id], Millis(self.now), &policy());
+                            self.effects(&id, again.effects);
+                            continue;
+                        }
+                        self.tasks.insert(id.clone(), tr.task);
+                        self.effects(&id, tr.effects);
+                    }
+                    let running =
+                        self.tasks.values().filter(|t| t.task_id.is_child() && !t.process_state.is_terminal()).count();
+                    self.most_running = self.most_running.max(running);
+                }
+                Effect::Send(m) => {
+                    let (id, event) = event_of(m);
+                    if self.twice {
+                        self.queue.push_back((id.clone(), event.clone()));
+                    }
+                    self.queue.push_back((id, event));
+                }
+                Effect::Reply(_) | Effect::Alert(_) | Effect::ArmTimer(_) => {}
+            }
+        }
+    }
+
+    /// The join's reading of the elements' outputs (as the Scheduler does it).
+    fn join_output(&self, parent: &Task, step: usize) -> Value {
+        let p = parent.steps[step].map.as_ref().unwrap();
+        Value::Array(
+            (0..p.n)
+                .map(|e| {
+                    let id = TaskId::child(&parent.task_id, step, e);
+                    let t = &self.tasks[&id];
+                    if p.ok.get(e) {
+                        t.steps[0].output.clone().unwrap_or(Value::Null)
+                    } else {
+                        Value::Null
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    fn next(&mut self) -> Option<(TaskId, Event)> {
+        match self.shuffle.as_mut() {
+            Some(seed) if !self.queue.is_empty() => {
+                *seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                let i = usize::try_from(*seed >> 33).unwrap() % self.queue.len();
+                self.queue.remove(i)
+            }
+            _ => self.queue.pop_front(),
+        }
+    }
+
+    fn step(&mut self, id: &TaskId, event: Event) {
+        let task = self.tasks[id].clone();
+        let event = match event {
+            Event::Joined { step, .. } if task.steps[step].map.as_ref().is_some_and(|p| p.joining) => {
+                Event::Joined { step, output: self.join_output(&task, step) }
+            }
+            other => other,
+        };
+        let ctx = self.ctx();
+        match apply(&task, &event, &ctx, &policy()) {
+            Ok(tr) => {
+                self.tasks.insert(id.clone(), tr.task);
+                self.effects(id, tr.effects);
+            }
+            Err(stale) => {
+                self.stale.push(format!("{id} {}: {stale}", event.name()));
+                let command = matches!(event, Event::Cancel { .. } | Event::Undo { .. });
+                if command && id.is_child() {
+                    if let Some(notice) = element_notice(&task) {
+                        self.effects(id, vec![notice]);
+                    }
+                }
+            }
+        }
+    }
+
+    fn run(&mut self) {
+        let mut n = 0;
+        while let Some((id, event)) = self.next() {
+            self.step(&id, event);
+            n += 1;
+            assert!(n < 200_000, "the run does not end");
+        }
+    }
+
+    fn elements(&self) -> Vec<&Task> {
+        self.tasks.values().filter(|t| t.task_id.is_child()).collect()
+    }
+
+    fn undone(&self, id: &TaskId) -> u32 {
+        self.undos.iter().filter(|((t, _), _)| t == id).map(|(_, n)| *n).sum()
+    }
+}
+
+#[test]
+fn a_map_runs_every_element_at_most_max_concurrency_at_once_and_joins_their_outputs_in_order() {
+    for (seed, twice) in [(None, false), (Some(1), false), (Some(7), true), (Some(42), true)] {
+        let mut w = World::new(9, map_step(3, Tolerance::None));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.run();
+        let p = w.parent();
+        assert_eq!(p.process_state, ProcessState::Processed, "{seed:?}: {:?}", p.reason);
+        assert_eq!(w.elements().len(), 9);
+        assert!(w.elements().iter().all(|t| t.process_state == ProcessState::Processed));
+        assert!(w.most_running <= 3, "{seed:?}: {} elements ran at once", w.most_running);
+        let out = p.steps[1].output.clone().unwrap();
+        let skus: Vec<&str> = out.as_array().unwrap().iter().map(|o| o["item"]["sku"].as_str().unwrap()).collect();
+        assert_eq!(skus, (0..9).map(|i| format!("s{i}")).collect::<Vec<_>>(), "element order, whatever the end order");
+        assert_eq!(p.steps[2].status, StepStatus::Succeeded, "the step after the map ran");
+        assert_eq!(p.outputs()["reserve"], out);
+        let bits = p.steps[1].map.as_ref().unwrap();
+        assert_eq!((bits.ended.count(), bits.ok.count(), bits.failed), (9, 9, 0));
+        assert!(w.applied.iter().filter(|(t, _)| t.is_child()).all(|(_, n)| *n == 1));
+    }
+}
+
+#[test]
+fn an_element_that_fails_past_the_tolerance_stops_the_map_and_every_applied_element_is_undone_once() {
+    for (seed, twice) in [(None, false), (Some(3), true), (Some(11), false), (Some(99), true)] {
+        let mut w = World::new(8, map_step(3, Tolerance::None));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.refuse.insert(4);
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
+        assert!(p
+            .history
+            .iter()
+            .any(|h| h.reason.as_deref().is_some_and(|r| r.contains("element 4 ended Compensated"))));
+        let map = p.steps[1].map.as_ref().unwrap();
+        assert!(map.started < 8, "{seed:?}: elements after the stop never started ({} did)", map.started);
+        for t in w.elements() {
+            let applied = w.applied.get(&t.task_id).copied().unwrap_or(0);
+            let (_, _, e) = t.task_id.parent_of().unwrap();
+            if e == 4 {
+                assert_eq!(applied, 0, "the refused element applied nothing");
+                continue;
+            }
+            // every element that applied is undone exactly once; the others never
+            assert_eq!(w.undone(&t.task_id), applied, "{seed:?}: {} applied {applied}", t.task_id);
+            assert!(
+                matches!(t.process_state, ProcessState::Compensated | ProcessState::Cancelled),
+                "{}: {}",
+                t.task_id,
+                t.process_state
+            );
+        }
+        let parent = TaskId::try_from("p").unwrap();
+        assert_eq!(w.undone(&parent), 1, "quote (before the map) is compensated once");
+        assert_eq!(w.applied.get(&parent), Some(&1), "charge (after the map) never ran");
+    }
+}
+
+#[test]
+fn failures_within_the_tolerance_leave_null_outputs_and_the_task_processed() {
+    let mut w = World::new(10, map_step(4, Tolerance::Percent(20)));
+    w.refuse.extend([2, 7]);
+    w.run();
+    let p = w.parent();
+    assert_eq!(p.process_state, ProcessState::Processed, "{:?}", p.reason);
+    let out = p.steps[1].output.as_ref().unwrap().as_array().unwrap().clone();
+    assert!(out[2].is_null() && out[7].is_null() && out[3]["item"]["sku"] == "s3");
+    assert_eq!(p.steps[1].map.as_ref().unwrap().failed, 2);
+    assert_eq!(p.failure_count, 2);
+    // a third failure is one too many
+    let mut w = World::new(10, map_step(4, Tolerance::Percent(20)));
+    w.refuse.extend([2, 7, 9]);
+    w.run();
+    assert_eq!(w.parent().process_state, ProcessState::Compensated);
+}
+
+#[test]
+fn a_step_after_the_map_that_fails_undoes_every_element() {
+    let mut w = World::new(5, map_step(2, Tolerance::None));
+    w.twice = true;
+    w.shuffle = Some(5);
+    w.refuse_steps.insert("charge");
+    w.run();
+    let p = w.parent();
+    assert_eq!(p.process_state, ProcessState::Compensated, "{:?}", p.reason);
+    for t in w.elements() {
+        assert_eq!(t.process_state, ProcessState::Compensated, "{}", t.task_id);
+        assert_eq!(w.undone(&t.task_id), 1);
+    }
+    assert_eq!(p.steps[1].compensation.as_ref().unwrap().status, CompensationStatus::Done);
+}
+
+#[test]
+fn a_cancel_mid_map_cancels_the_running_elements_and_undoes_the_finished_ones() {
+    let mut w = World::new(6, map_step(2, Tolerance::None));
+    // run until two elements have ended
+    while let Some((id, e)) = w.next() {
+        w.step(&id, e);
+        if w.parent().steps[1].map.as_ref().is_some_and(|p| p.ended.count() == 2) {
+            break;
+        }
+    }
+    let p = w.parent().clone();
+    let cancel = Event::Cancel { reason: "customer".into(), run: None };
+    w.step(&p.task_id, cancel);
+    w.run();
+    let p = w.parent();
+    assert_eq!(p.process_state, ProcessState::Cancelled, "{:?}", p.reason);
+    for t in w.elements() {
+        let applied = w.applied.get(&t.task_id).copied().unwrap_or(0);
+        assert_eq!(w.undone(&t.task_id), applied, "{} applied {applied}", t.task_id);
+    }
+    assert!(w.elements().len() < 6, "elements after the cancel never started");
+}
+
+#[test]
+fn an_element_end_counts_once_and_a_command_to_an_ended_element_makes_it_say_so_again() {
+    let mut w = World::new(2, map_step(2, Tolerance::None));
+    // handle everything but the last element end
+    let mut held = None;
+    while let Some((id, e)) = w.next() {
+        if matches!(e, Event::ElementEnded { element: 1, .. }) && held.is_none() {
+            held = Some((id, e));
+            continue;
+        }
+        w.step(&id, e);
+    }
+    let (pid, ended) = held.unwrap();
+    w.step(&pid, ended.clone());
+    let joined_at = w.parent().rev;
+    w.step(&pid, ended);
+    assert!(w.stale.last().unwrap().contains("applied before"), "{:?}", w.stale.last());
+    assert_eq!(w.parent().rev, joined_at, "counted once");
+    // an undo to an element that ended Processed undoes it; the second is stale and re-sends
+    let child = TaskId::child(&pid, 1, 0);
+    w.run();
+    w.step(&child, Event::Cancel { reason: "late".into(), run: None });
+    assert!(
+        matches!(w.queue.back(), Some((p, Event::ElementEnded { element: 0, state: ProcessState::Processed, .. })) if *p == pid)
+    );
+}
+
+#[test]
+fn a_map_over_nothing_succeeds_and_one_over_no_array_fails_for_good() {
+    let mut w = World::new(0, map_step(2, Tolerance::None));
+    w.run();
+    assert_eq!(w.parent().process_state, ProcessState::Processed);
+    assert_eq!(w.parent().steps[1].output, Some(json!([])));
+    let bad = StepDef {
+        map: Some(MapSpec {
+            items: "/input/nope".into(),
+            max_concurrency: 2,
+            tolerated_failures: Tolerance::None,
+            timeout_ms: None,
+        }),
+        ..call("reserve", Some("release"))
+    };
+    let mut w = World::new(3, bad);
+    w.run();
+    let p = w.parent();
+    assert_eq!(p.process_state, ProcessState::Compensated);
+    assert!(p.reason.as_deref().unwrap().contains("map.items /input/nope names nothing"), "{:?}", p.reason);
+    assert!(w.elements().is_empty());
+}
+
+#[test]
+fn a_map_past_its_deadline_stops() {
+    let mut w = World::new(4, map_step(2, Tolerance::None));
+    // the first two elements are created; then nothing answers
+    while let Some((id, e)) = w.next() {
+        w.step(&id, e);
+        if w.parent().steps[1].map.is_some() {
+            break;
+        }
+    }
+    w.queue.clear();
+    let p = w.parent().clone();
+    let late = p.complete_by.unwrap().0 + 1;
+    let ctx = Ctx { now: Millis(late), fresh_token: AttemptToken::fresh(), jitter: 0.5 };
+    let tr = apply(&p, &Event::DeadlineExpired, &ctx, &policy()).unwrap();
+    let cancels = tr.effects.iter().filter(|e| matches!(e, Effect::Send(SchedulerMessage::Cancel(_)))).count();
+    assert_eq!(cancels, 2, "the running elements are cancelled");
+    assert!(tr.task.reason.as_deref().unwrap().contains("did not end within 86400000 ms (0 of 4 elements ended)"));
+    assert_eq!(tr.task.process_state, ProcessState::Processing, "it waits for the cancelled elements to end");
+    let again = resend(&tr.task, Millis(late + 5), &policy());
+    assert_eq!(again.effects.len(), 2, "the cancels are owed again");
+}
+
+#[test]
+fn an_element_that_cannot_undo_itself_leaves_the_task_in_error() {
+    let mut w = World::new(3, map_step(3, Tolerance::None));
+    w.refuse_steps.insert("charge");
+    w.refuse_undo.insert(1);
+    w.run();
+    let p = w.parent();
+    assert_eq!(p.process_state, ProcessState::Error, "{:?}", p.reason);
+    assert!(p.reason.as_deref().unwrap().contains("element 1 (p~1~1) could not undo"), "{:?}", p.reason);
+    let child = TaskId::try_from("p~1~1").unwrap();
+    assert_eq!(w.tasks[&child].process_state, ProcessState::Error);
+}
+
+#[test]
+fn ten_thousand_elements_keep_the_parent_small() {
+    let mut p = MapProgress::new(10_000);
+    p.started = 10_000;
+    for e in 0..10_000 {
+        p.ended.set(e);
+        p.ok.set(e);
+        p.undone.set(e);
+    }
+    let bytes = serde_json::to_vec(&p).unwrap().len();
+    assert!(bytes < 8_000, "{bytes} bytes for 10,000 elements");
+    let back: MapProgress = serde_json::from_slice(&serde_json::to_vec(&p).unwrap()).unwrap();
+    assert_eq!(back, p);
+    assert_eq!(back.ok.count(), 10_000);
+}
