@@ -238,7 +238,7 @@ async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Resul
             other => other,
         },
         Effect::ArmTimer(t) => out.arm_timer(t, now, timer_grace(task, deps.settings.policy.result_grace_ms)).await,
-        Effect::Spawn { step, elements } => spawn(deps, task, *step, elements).await,
+        Effect::Spawn { step, elements, cancel } => spawn(deps, task, *step, elements, cancel.as_deref()).await,
         Effect::Send(m) => out.to_scheduler(m, 0).await,
     }
 }
@@ -250,10 +250,19 @@ const SPAWN_CONCURRENCY: usize = 16;
 /// then send what it owes (its dispatch and timer). An element that exists already (an earlier
 /// delivery created it) sends again what its last write owes: its work, or, once it has ended,
 /// its end to the parent.
-async fn spawn(deps: &Deps, parent: &Task, step: usize, elements: &[(u32, serde_json::Value)]) -> Result<(), BusError> {
+/// A stopping map (`cancel`) creates an element that does not exist ended, never run, and
+/// cancels one that exists.
+async fn spawn(
+    deps: &Deps,
+    parent: &Task,
+    step: usize,
+    elements: &[(u32, serde_json::Value)],
+    cancel: Option<&str>,
+) -> Result<(), BusError> {
     let mut first = None;
     for chunk in elements.chunks(SPAWN_CONCURRENCY) {
-        let results = join_all(chunk.iter().map(|(e, item)| spawn_one(deps, parent, step, *e, item.clone()))).await;
+        let results =
+            join_all(chunk.iter().map(|(e, item)| spawn_one(deps, parent, step, *e, item.clone(), cancel))).await;
         for r in results {
             if let Err(e) = r {
                 first.get_or_insert(e);
@@ -269,10 +278,15 @@ fn spawn_one<'a>(
     step: usize,
     element: u32,
     item: serde_json::Value,
+    cancel: Option<&'a str>,
 ) -> futures::future::BoxFuture<'a, Result<(), BusError>> {
     Box::pin(async move {
         let ctx = deps.ctx();
-        let tr = protocol::element_task(parent, step, element, item, &ctx, &deps.settings.policy);
+        let policy = &deps.settings.policy;
+        let tr = match cancel {
+            None => protocol::element_task(parent, step, element, item, &ctx, policy),
+            Some(why) => protocol::element_tombstone(parent, step, element, why, &ctx, policy),
+        };
         let store_failed = |e: StoreError| BusError::Backend {
             op: "CreateElement",
             target: tr.task.task_id.to_string(),
@@ -285,6 +299,23 @@ fn spawn_one<'a>(
                 send(deps, &Committed { task: tr.task.clone(), effects: tr.effects.clone(), now: ctx.now }).await
             }
             Err(StoreError::AlreadyExists) => match deps.store.get(&tr.task.task_id).await.map_err(store_failed)? {
+                Some(child) if cancel.is_some() && !child.process_state.is_terminal() => {
+                    let m = SchedulerMessage::Cancel(crate::messages::CancelMessage {
+                        v: VERSION,
+                        task_id: child.task_id.clone(),
+                        reason: cancel.unwrap_or_default().to_owned(),
+                        run: None,
+                    });
+                    deps.outbox().to_scheduler(&m, 0).await?;
+                    Sent::default()
+                }
+                // It ended: it says so again (only that: its alert, if any, went out already).
+                Some(child) if child.process_state.is_terminal() => {
+                    if let Some(Effect::Send(notice)) = protocol::element_notice(&child) {
+                        deps.outbox().to_scheduler(&notice, 0).await?;
+                    }
+                    Sent::default()
+                }
                 Some(child) => resend(deps, child).await.map_err(|e| BusError::Backend {
                     op: "ResendElement",
                     target: tr.task.task_id.to_string(),

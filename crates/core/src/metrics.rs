@@ -198,7 +198,8 @@ pub fn observe(before: &Task, after: &Task, event: &Event) -> Vec<Observation> {
             unit(&COMPENSATIONS_FAILED, comp, u64::from(ended(CompensationStatus::Failed)));
         }
     }
-    if before.process_state != after.process_state {
+    // A map element is its parent's step: its attempts count as steps, its end not as a task's.
+    if before.process_state != after.process_state && !after.task_id.is_child() {
         if let Some(m) = end_metric(after.process_state) {
             out.push(Observation::Count { metric: m, step: None, n: 1 });
             out.push(Observation::TaskTime { ms: after.created_at.until(after.updated_at) });

@@ -135,7 +135,7 @@ use crate::messages::{
 use crate::protocol::{CompensationStatus, EndCause, Policy, ProcessState, Stage, StepStatus};
 use crate::role::{self, Record, Role};
 use crate::store::{Ambiguity, MemoryStore, StoreOp};
-use crate::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
+use crate::workflow::{Backoff, MapSpec, OnFailure, StepDef, StepKind, Tolerance, WorkflowDef, WorkflowRegistry};
 use crate::{agent::AgentRuntime, supervisor, twins};
 
 /// What one run looks like.
@@ -152,6 +152,9 @@ pub struct SimConfig {
     pub faults: Faults,
     /// Give up after this much virtual time.
     pub horizon_ms: u64,
+    /// Every submission is an `order-map` with this many lines (else a mix of workflows, maps of
+    /// 1 to 5 lines among them).
+    pub map_lines: Option<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -325,7 +328,15 @@ pub const LATE_LOST_MS: u64 = 5_000;
 impl SimConfig {
     /// The default run for a seed: a burst and a trickle of tasks with every fault on.
     pub fn for_seed(seed: u64) -> Self {
-        SimConfig { seed, burst: 12, trickle: 8, agent_rate: 20, faults: Faults::all(), horizon_ms: 6 * 3_600_000 }
+        SimConfig {
+            seed,
+            burst: 12,
+            trickle: 8,
+            agent_rate: 20,
+            faults: Faults::all(),
+            horizon_ms: 6 * 3_600_000,
+            map_lines: None,
+        }
     }
 }
 
@@ -349,6 +360,10 @@ pub struct SimReport {
     pub not_started: u64,
     /// The most calls of [`LIMITED_AGENT`] open at once.
     pub limited_max: u32,
+    /// The most elements of one map running at once.
+    pub elements_max: u32,
+    /// How the map elements ended (`end_states` counts the submitted tasks only).
+    pub element_states: BTreeMap<String, usize>,
 }
 
 /// One applied remote effect.
@@ -531,6 +546,11 @@ struct Sim {
     /// heartbeat window; and those whose worker died.
     heard: BTreeMap<String, (Millis, u64)>,
     dead: BTreeSet<String>,
+    /// Map elements that succeeded and are being undone.
+    undoing: BTreeSet<String>,
+    /// Map steps (`{task}#{step}`) seen with an output, and how often each was joined.
+    joined: BTreeSet<String>,
+    joins: BTreeMap<String, u32>,
     /// The calls of [`LIMITED_AGENT`] at its service: from the start to when the agent let go.
     limited_calls: Vec<(Millis, Millis)>,
 }
@@ -558,6 +578,9 @@ fn step(name: &str, comp: Option<&str>) -> StepDef {
 /// all tasks (`max_in_flight`; the other agents have no limit).
 pub const LIMITED_AGENT: &str = "sim.pay";
 pub const LIMIT: u32 = 2;
+
+/// `order-map` reserves each of its lines in a map step, this many at once.
+pub const MAP_CONCURRENCY: u32 = 2;
 
 /// How often a callback step's worker must heartbeat, and its hard timeout.
 const CALLBACK_HEARTBEAT_MS: u64 = 5_000;
@@ -588,8 +611,20 @@ pub fn workflows() -> WorkflowRegistry {
         ..step("ship", Some("recall"))
     };
     async_order.steps.insert(2, StepDef::wait("cool-off", 2_000));
-    WorkflowRegistry::new([wf("order", OnFailure::Compensate), wf("order-parked", OnFailure::Error), async_order])
-        .expect("valid simulated workflows")
+    let mut map_order = wf("order-map", OnFailure::Compensate);
+    map_order.steps[0].map = Some(MapSpec {
+        items: "/input/lines".into(),
+        max_concurrency: MAP_CONCURRENCY,
+        tolerated_failures: Tolerance::None,
+        timeout_ms: None,
+    });
+    WorkflowRegistry::new([
+        wf("order", OnFailure::Compensate),
+        wf("order-parked", OnFailure::Error),
+        async_order,
+        map_order,
+    ])
+    .expect("valid simulated workflows")
 }
 
 /// An operator's cancel of `task_id`; `run`: the run the operator saw (for the fence the cancel
@@ -616,7 +651,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
             max_restarts: 8,
         },
         retention_days: 1,
-        max_input_bytes: 16 * 1024,
+        max_input_bytes: 64 * 1024,
         sweep_page_size: 5,
         sweep_lag_ms: 60_000,
         ..Settings::default()
@@ -660,6 +695,9 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         timers_handled: BTreeMap::new(),
         heard: BTreeMap::new(),
         dead: BTreeSet::new(),
+        undoing: BTreeSet::new(),
+        joined: BTreeSet::new(),
+        joins: BTreeMap::new(),
     };
     sim.go();
     sim.report
@@ -689,17 +727,23 @@ impl Sim {
     /// A submission; one in five names no task id (the Submitter derives one from the message).
     fn submission(&self, id: &str) -> String {
         let roll = self.rng.unit();
-        let workflow = if roll < 0.25 {
+        let workflow = if self.cfg.map_lines.is_some() {
+            "order-map"
+        } else if roll < 0.2 {
             "order-parked"
-        } else if roll < 0.5 {
+        } else if roll < 0.4 {
             "order-async"
+        } else if roll < 0.6 {
+            "order-map"
         } else {
             "order"
         };
+        let n = self.cfg.map_lines.unwrap_or_else(|| usize::try_from(self.between(1, 6)).unwrap_or(1));
+        let lines: Vec<serde_json::Value> = (0..n).map(|i| json!({"sku": format!("s{i}"), "qty": 1})).collect();
         let mut body = if self.chance(0.2) {
-            json!({"v": VERSION, "workflow": workflow, "input": {"sku": "a", "ref": id}})
+            json!({"v": VERSION, "workflow": workflow, "input": {"sku": "a", "ref": id, "lines": lines}})
         } else {
-            json!({"v": VERSION, "task_id": id, "workflow": workflow, "input": {"sku": "a"}})
+            json!({"v": VERSION, "task_id": id, "workflow": workflow, "input": {"sku": "a", "lines": lines}})
         };
         if self.chance(self.cfg.faults.reply_to) {
             body["reply_to"] = json!(REPLY_QUEUE);
@@ -786,7 +830,7 @@ impl Sim {
         let queues = [&r.submission_queue_url, &r.scheduler_queue_url, &r.agent_queue_url, &r.supervisor_queue_url];
         self.actions.is_empty()
             && queues.iter().all(|q| self.bus.depth(q) == 0)
-            && self.store.tasks().len() == self.report.tasks
+            && self.store.tasks().iter().filter(|t| !t.task_id.is_child()).count() == self.report.tasks
             && self.store.tasks().iter().all(|t| t.process_state.is_terminal())
     }
 
@@ -1413,7 +1457,9 @@ impl Sim {
     /// Record the states seen, and any terminal state left.
     fn observe(&mut self) {
         let now = self.now();
-        for t in self.store.tasks() {
+        let tasks = self.store.tasks();
+        self.observe_maps(&tasks);
+        for t in tasks {
             let id = t.task_id.to_string();
             // attempts claimed and let go
             let lock = t.locked_by.as_ref().map(ToString::to_string);
@@ -1460,8 +1506,20 @@ impl Sim {
             } else {
                 self.in_error.remove(&id);
             }
+            // A map element that succeeded is undone when its parent compensates: the one
+            // terminal state that is left, for Compensated (or Error, if it cannot undo).
+            let undone = t.task_id.is_child()
+                && (self.undoing.contains(&id)
+                    || (self.terminal.get(&id) == Some(&ProcessState::Processed)
+                        && matches!(t.stage, Stage::Compensating { .. })));
+            if undone {
+                self.undoing.insert(id.clone());
+                if t.process_state.is_terminal() {
+                    self.terminal.insert(id.clone(), t.process_state);
+                }
+            }
             match self.terminal.get(&id) {
-                Some(&first) if first != t.process_state => {
+                Some(&first) if first != t.process_state && !undone => {
                     self.report
                         .violations
                         .push(format!("overwritten: {id}: terminal state {first} overwritten by {}", t.process_state));
@@ -1471,6 +1529,38 @@ impl Sim {
                     self.terminal.insert(id, t.process_state);
                 }
                 Some(_) | None => {}
+            }
+        }
+    }
+
+    /// Map elements running at once, per parent (not counting the undo of one that succeeded),
+    /// and each map step's joins.
+    fn observe_maps(&mut self, tasks: &[crate::protocol::Task]) {
+        let mut running: BTreeMap<String, u32> = BTreeMap::new();
+        for t in tasks {
+            if let Some((parent, _, _)) = t.task_id.parent_of() {
+                // an element that succeeded and is undone runs again, but not as the map's work
+                let undo = t.steps.first().is_some_and(|s| s.status == StepStatus::Succeeded);
+                if !t.process_state.is_terminal() && !undo {
+                    *running.entry(parent.to_string()).or_default() += 1;
+                }
+            }
+            for (i, s) in t.steps.iter().enumerate() {
+                if s.map.is_none() {
+                    continue;
+                }
+                let key = format!("{}#{i}", t.task_id);
+                if s.output.is_some() && self.joined.insert(key.clone()) {
+                    *self.joins.entry(key).or_default() += 1;
+                }
+            }
+        }
+        for (parent, n) in running {
+            self.report.elements_max = self.report.elements_max.max(n);
+            if n > MAP_CONCURRENCY {
+                self.report.violations.push(format!(
+                    "max-concurrency: {parent}: {n} map elements ran at once; its max_concurrency is {MAP_CONCURRENCY}"
+                ));
             }
         }
     }
@@ -1513,9 +1603,11 @@ impl Sim {
             ));
         }
         let tasks = self.store.tasks();
-        if tasks.len() != self.report.tasks {
-            v.push(format!("terminal: {} of {} submissions became tasks", tasks.len(), self.report.tasks));
+        let submitted = tasks.iter().filter(|t| !t.task_id.is_child()).count();
+        if submitted != self.report.tasks {
+            v.push(format!("terminal: {submitted} of {} submissions became tasks", self.report.tasks));
         }
+        self.check_maps(&tasks, &mut v);
         let r = &self.deps.resources;
         for q in [&r.submission_queue_url, &r.scheduler_queue_url, &r.agent_queue_url, &r.supervisor_queue_url] {
             for body in self.bus.bodies(&format!("{q}-dlq")) {
@@ -1531,7 +1623,9 @@ impl Sim {
             .collect();
         for t in &tasks {
             let id = t.task_id.to_string();
-            *self.report.end_states.entry(t.process_state.to_string()).or_default() += 1;
+            let states =
+                if t.task_id.is_child() { &mut self.report.element_states } else { &mut self.report.end_states };
+            *states.entry(t.process_state.to_string()).or_default() += 1;
             self.report.units += t.steps.iter().filter(|s| s.attempts > 0).count() as u64;
             if !t.process_state.is_terminal() {
                 v.push(format!(
@@ -1550,7 +1644,8 @@ impl Sim {
                 v.push(format!("error-alert: {id}: Error without a task_error alert"));
             }
             if t.process_state == ProcessState::Processed {
-                for def in t.workflow.steps.iter().filter(|d| d.kind != StepKind::Wait) {
+                // a map step applies nothing itself: its elements are tasks, checked as such
+                for def in t.workflow.steps.iter().filter(|d| d.kind != StepKind::Wait && d.map.is_none()) {
                     let n = self.applied_all(&id, &def.name).len();
                     if n != 1 {
                         v.push(format!("processed-once: {id}: Processed, but step {} applied {n} times", def.name));
@@ -1604,6 +1699,56 @@ impl Sim {
             }
         }
         self.report.violations = v;
+    }
+
+    /// Every map's elements: none lost (a Processed map has every element Processed, its output
+    /// one entry per element), each succeeded element undone when its task compensates, each join
+    /// made once.
+    fn check_maps(&self, tasks: &[crate::protocol::Task], v: &mut Vec<String>) {
+        let by_id: BTreeMap<&str, &crate::protocol::Task> = tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
+        for t in tasks {
+            for (i, s) in t.steps.iter().enumerate() {
+                let Some(p) = &s.map else { continue };
+                let key = format!("{}#{i}", t.task_id);
+                let elements: Vec<Option<&&crate::protocol::Task>> =
+                    (0..p.n).map(|e| by_id.get(TaskId::child(&t.task_id, i, e).as_str())).collect();
+                let existing = elements.iter().filter(|e| e.is_some()).count();
+                if existing != p.started as usize {
+                    v.push(format!("element-lost: {key}: {} elements started, {existing} exist", p.started));
+                }
+                match t.process_state {
+                    ProcessState::Processed => {
+                        let ok = elements
+                            .iter()
+                            .filter(|e| e.is_some_and(|c| c.process_state == ProcessState::Processed))
+                            .count();
+                        let out = s.output.as_ref().and_then(|o| o.as_array()).map_or(0, Vec::len);
+                        if ok != p.n as usize || out != p.n as usize {
+                            v.push(format!(
+                                "element-lost: {key}: Processed with {ok} of {} elements Processed and {out} outputs",
+                                p.n
+                            ));
+                        }
+                    }
+                    ProcessState::Compensated | ProcessState::Cancelled => {
+                        for c in elements.iter().flatten() {
+                            if c.process_state != ProcessState::Compensated
+                                && c.process_state != ProcessState::Cancelled
+                            {
+                                v.push(format!(
+                                    "map-undone: {key}: the task ended {} but element {} ended {}",
+                                    t.process_state, c.task_id, c.process_state
+                                ));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                if let Some(n) = self.joins.get(&key).filter(|n| **n > 1) {
+                    v.push(format!("join-once: {key}: joined {n} times"));
+                }
+            }
+        }
     }
 
     /// Every task's final status reached the reply queue, and no terminal status too often.

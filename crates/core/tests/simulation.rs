@@ -33,7 +33,7 @@ fn every_seed_keeps_the_invariants() {
     let mut failed = Vec::new();
     // each invariant broken: in how many seeds, the first of them and its first violation
     let mut broken: std::collections::BTreeMap<String, (usize, u64, String)> = std::collections::BTreeMap::new();
-    let (mut handled, mut attempts, mut limit_waits, mut limited_max) = (0, 0, 0, 0);
+    let (mut handled, mut attempts, mut limit_waits, mut limited_max, mut elements_max) = (0, 0, 0, 0, 0);
     let mut callbacks: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     let faults = faults();
     for &seed in &seeds {
@@ -42,6 +42,7 @@ fn every_seed_keeps_the_invariants() {
         attempts += r.attempts;
         limit_waits += r.limit_waits;
         limited_max = limited_max.max(r.limited_max);
+        elements_max = elements_max.max(r.elements_max);
         for (k, n) in &r.callbacks {
             *callbacks.entry(k.clone()).or_default() += n;
         }
@@ -69,12 +70,18 @@ fn every_seed_keeps_the_invariants() {
         sim::LIMITED_AGENT,
         sim::LIMIT
     );
+    eprintln!(
+        "map elements: at most {elements_max} of one map running at once (max_concurrency {})",
+        sim::MAP_CONCURRENCY
+    );
     for (kind, (n, first, text)) in &broken {
         eprintln!("  {kind}: {n} seeds, first seed {first}: {text}");
     }
     if seeds.len() >= 50 {
         // the limit was met, so the max-in-flight invariant was put to the test
         assert!(limit_waits > 0 && limited_max == sim::LIMIT, "{limit_waits} waits, at most {limited_max} at once");
+        // maps ran elements side by side, so the max-concurrency invariant was put to the test
+        assert_eq!(elements_max, sim::MAP_CONCURRENCY, "at most {elements_max} elements of a map at once");
     }
     assert!(
         failed.is_empty(),
@@ -101,8 +108,15 @@ fn a_seed_replays_exactly() {
 fn a_burst_far_beyond_capacity_drains_with_every_task_processed() {
     // 300 three-step tasks at once; the agents start 20 requests a second: 45 s of queue for
     // 5 s steps. No fault: every task must end Processed, at about one attempt per step.
-    let cfg =
-        SimConfig { seed: 7, burst: 300, trickle: 0, agent_rate: 20, faults: Faults::none(), horizon_ms: 3_600_000 };
+    let cfg = SimConfig {
+        seed: 7,
+        burst: 300,
+        trickle: 0,
+        agent_rate: 20,
+        faults: Faults::none(),
+        horizon_ms: 3_600_000,
+        map_lines: None,
+    };
     let r = sim::run(&cfg);
     let processed = r.end_states.get("Processed").copied().unwrap_or(0);
     #[allow(clippy::cast_precision_loss)]
@@ -120,4 +134,50 @@ fn a_burst_far_beyond_capacity_drains_with_every_task_processed() {
     );
     assert_eq!(processed, 300, "{}", sim::describe(&r));
     assert!(per_unit < 1.05, "attempts per step {per_unit:.2}");
+}
+
+/// A 1,000-element map (two elements at once) under every fault of the infrastructure (crashes,
+/// duplicates, lost sends, ambiguous writes, failed batches; the services answer, slowly at times)
+/// ends `Processed` with every element `Processed` once; under every fault of the services too
+/// (refusals, hangs, cancels), it ends, with its invariants kept.
+#[test]
+fn a_thousand_element_map_ends() {
+    let infrastructure = Faults {
+        transient: 0.0,
+        permanent: 0.0,
+        hang: 0.0,
+        effect_no_answer: 0.0,
+        effect_then_retryable: 0.0,
+        late_effect: 0.0,
+        cancel: 0.0,
+        resubmit: 0.0,
+        ..Faults::all()
+    };
+    for (faults, processed) in [(infrastructure, true), (Faults::all(), false)] {
+        let cfg = SimConfig {
+            burst: 1,
+            trickle: 0,
+            map_lines: Some(1_000),
+            horizon_ms: 48 * 3_600_000,
+            faults,
+            ..SimConfig::for_seed(5)
+        };
+        let started = std::time::Instant::now();
+        let r = sim::run(&cfg);
+        eprintln!(
+            "1,000-element map: {:?} after {} s virtual, {} messages, {} attempts, at most {} elements at once, in {:.1} s",
+            (&r.end_states, &r.element_states),
+            r.virtual_ms / 1000,
+            r.handled,
+            r.attempts,
+            r.elements_max,
+            started.elapsed().as_secs_f64()
+        );
+        assert!(r.violations.is_empty(), "{}", sim::describe(&r));
+        if processed {
+            assert_eq!(r.end_states.get("Processed"), Some(&1), "{:?}", r.end_states);
+            assert_eq!(r.element_states.get("Processed"), Some(&1_000), "{:?}", r.element_states);
+            assert_eq!(r.elements_max, sim::MAP_CONCURRENCY);
+        }
+    }
 }

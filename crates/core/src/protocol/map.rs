@@ -25,7 +25,7 @@
 use serde_json::{json, Value};
 
 use super::task::{MapProgress, StepStatus};
-use super::{submit, Ctx, Policy};
+use super::{new_task, Ctx, Policy};
 use super::{Change, Effect, EndCause, Stale, Task, Transition};
 use crate::ids::TaskId;
 use crate::messages::{CancelMessage, ElementEnded, JoinMessage, Phase, SchedulerMessage, UndoMessage, VERSION};
@@ -48,7 +48,10 @@ pub(crate) fn items(task: &Task, spec: &MapSpec) -> Result<Vec<Value>, String> {
 }
 
 /// The task of one map element: a one-step workflow (the map step without its `map`), input
-/// `{"item": …, "index": i}`, claimed at once as a submission is.
+/// `{"item": …, "index": i}`, waiting for its claim (a run message; if that is lost, the
+/// Supervisor sends it again at `CompleteBy`, as for any task waiting for a claim). Created
+/// unclaimed, so that nothing is claimed by a write whose sends may be lost for good (the
+/// message that made the parent's write may never make it again).
 pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: &Ctx, policy: &Policy) -> Transition {
     let mut def = parent.workflow.steps[step].clone();
     def.map = None;
@@ -62,7 +65,37 @@ pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: 
     let id = TaskId::child(&parent.task_id, step, element);
     let input =
         Value::Object(serde_json::Map::from_iter([("item".to_owned(), item), ("index".to_owned(), json!(element))]));
-    submit(id, workflow, input, None, ctx, policy)
+    let mut c = Change { t: new_task(id, workflow, input, None, ctx), fx: Vec::new(), ctx, policy };
+    c.wait_for_claim(ctx.now, crate::messages::RunReason::Start);
+    Transition { task: c.t, effects: c.fx, keeps_mark: false }
+}
+
+/// An element created ended (`Cancelled`, never run) by a map that is stopping: a spawn that was
+/// lost (its handler died before it) can no longer start it, and the parent learns it ended.
+pub fn element_tombstone(
+    parent: &Task,
+    step: usize,
+    element: u32,
+    reason: &str,
+    ctx: &Ctx,
+    policy: &Policy,
+) -> Transition {
+    let mut t = element_task(parent, step, element, Value::Null, ctx, policy).task;
+    let name = t.steps[0].name.clone();
+    t.steps[0] = super::task::StepRecord { status: StepStatus::Cancelled, ..super::task::StepRecord::new(&name) };
+    t.history.clear();
+    t.status_seq = 0;
+    t.reason = Some(format!("never started: {reason}"));
+    let mut c = Change { t, fx: Vec::new(), ctx, policy };
+    c.finish(ProcessState::Cancelled);
+    Transition { task: c.t, effects: c.fx, keeps_mark: false }
+}
+
+/// How often the Supervisor looks at a running map (its `CompleteBy`): about one attempt of its
+/// step (schedule-to-start and timeout), at least a minute, at most an hour. Each look creates any
+/// element whose creation was lost and makes each element that ended say so again.
+fn watch_ms(def: &crate::workflow::StepDef, policy: &Policy) -> u64 {
+    (def.schedule_to_start_ms.unwrap_or(policy.queue_budget_ms) + def.timeout_ms).clamp(60_000, 3_600_000)
 }
 
 /// The notice a map element owes its parent once it has ended (none for other tasks).
@@ -127,18 +160,15 @@ pub(crate) fn owed(task: &Task) -> Vec<Effect> {
     let Some(p) = &task.steps[i].map else { return Vec::new() };
     match task.phase() {
         Phase::Forward if p.joining => vec![join_message(task, i)],
-        Phase::Forward if p.stopping.is_some() => {
-            let why = task.reason.clone().unwrap_or_default();
-            p.running().map(|e| cancel_message(task, i, e, &why)).collect()
-        }
         Phase::Forward => {
             let Some(spec) = &task.workflow.steps[i].map else { return Vec::new() };
             let all = items(task, spec).unwrap_or_default();
             let elements: Vec<(u32, Value)> =
                 p.running().filter_map(|e| all.get(e as usize).map(|v| (e, v.clone()))).collect();
-            vec![Effect::Spawn { step: i, elements }]
+            let cancel = p.stopping.map(|_| task.reason.clone().unwrap_or_default());
+            vec![Effect::Spawn { step: i, elements, cancel }]
         }
-        Phase::Compensate => p.ok.ones(p.n).filter(|e| !p.undone.get(*e)).map(|e| undo_message(task, i, e)).collect(),
+        Phase::Compensate => p.to_undo().map(|e| undo_message(task, i, e)).collect(),
     }
 }
 
@@ -172,7 +202,7 @@ pub(crate) fn element_ended(
         p.failed += 1;
         c.t.failure_count += 1;
         if state == ProcessState::Error {
-            p.stuck += 1;
+            p.errored.set(element);
         }
         let allowed = spec.tolerated_failures.allowed(p.n as usize);
         if p.stopping.is_none() && p.failed as usize > allowed {
@@ -188,7 +218,7 @@ pub(crate) fn element_ended(
         let next = p.started;
         p.started += 1;
         let item = all.get(next as usize).cloned().unwrap_or(Value::Null);
-        c.fx.push(Effect::Spawn { step, elements: vec![(next, item)] });
+        c.fx.push(Effect::Spawn { step, elements: vec![(next, item)], cancel: None });
     } else if p.stopping.is_none() && p.ended.count() == p.n {
         p.joining = true;
         let fx = join_message(&c.t, step);
@@ -217,13 +247,15 @@ fn stop(p: &mut MapProgress, cause: EndCause, why: &str, step: usize, c: &mut Ch
 fn end_stopped(c: &mut Change, cause: EndCause) {
     let i = c.t.step_index;
     let p = c.t.steps[i].map.clone().expect("a stopping map has its progress");
-    c.t.steps[i].maybe_applied = p.ok.count() > 0;
+    c.t.steps[i].maybe_applied = p.to_undo().next().is_some();
     c.t.steps[i].status = if cause == EndCause::Cancelled { StepStatus::Cancelled } else { StepStatus::Failed };
     let reason = c.t.reason.clone().unwrap_or_default();
-    if p.stuck > 0 {
+    if let Some(e) = p.errored.ones(p.n).next() {
         c.t.reason = Some(format!(
-            "{reason}; {} element(s) could not undo what they applied (they are in Error, as task {}~{i}~N)",
-            p.stuck, c.t.task_id
+            "{reason}; {} element(s) could not undo what they applied and are in Error (the first: task {}): \
+             resubmit this task once they are mended, or cancel it (their compensation is resumed)",
+            p.errored.count(),
+            TaskId::child(&c.t.task_id, i, e)
         ));
         c.finish(ProcessState::Error);
         return;
@@ -243,13 +275,14 @@ fn element_undone(
     mut p: MapProgress,
     c: &mut Change,
 ) -> Result<(), Stale> {
-    if !p.ok.get(element) || p.undone.get(element) {
+    if !(p.ok.get(element) || p.errored.get(element)) || p.undone.get(element) {
         return Err(Stale::Duplicate);
     }
     match state {
-        ProcessState::Compensated => {
+        // Cancelled: an operator resumed its failed undo with a cancel; undone either way
+        ProcessState::Compensated | ProcessState::Cancelled => {
             p.undone.set(element);
-            let done = p.ok.ones(p.n).all(|e| p.undone.get(e));
+            let done = p.to_undo().next().is_none();
             c.t.steps[step].map = Some(p);
             if done {
                 c.t.unit_record().succeeded();
@@ -288,14 +321,19 @@ pub(crate) fn joined(task: &Task, step: usize, output: &Value, c: &mut Change) -
     Ok(())
 }
 
-/// A map unit's deadline: joining or stopping, what was sent is sent again; running, the map has
-/// taken too long and stops; its compensation sends its undos again.
+/// A running map's `CompleteBy`, its watch: what it sent is sent again (an element whose creation
+/// was lost is created, one that ended says so again, the join or the undos go out again). Past
+/// the map's own deadline, a map still running stops.
 pub(crate) fn deadline(task: &Task, c: &mut Change) {
     let i = task.unit_step();
-    let spec = task.workflow.steps[i].map.clone().expect("a map unit's step is a map");
-    c.t.complete_by = Some(c.ctx.now.plus_ms(spec.timeout_ms()));
+    let def = &task.workflow.steps[i];
+    let spec = def.map.clone().expect("a map unit's step is a map");
     let p = task.steps[i].map.clone().expect("a running map has its progress");
-    if task.phase() == Phase::Forward && !p.joining && p.stopping.is_none() {
+    let watch = c.ctx.now.plus_ms(watch_ms(def, c.policy));
+    let forward = task.phase() == Phase::Forward && !p.joining && p.stopping.is_none();
+    c.t.complete_by = Some(if forward { watch.min(p.deadline.max(c.ctx.now)) } else { watch });
+    if forward && c.ctx.now >= p.deadline {
+        c.t.complete_by = Some(watch);
         let mut p = p;
         let why = format!(
             "map step {} did not end within {} ms ({} of {} elements ended)",
@@ -339,6 +377,10 @@ impl Change<'_> {
         self.t.awaits = None;
         self.unlock();
         self.t.unit_record().begin_attempt();
+        if let Some(p) = self.t.steps[i].map.clone() {
+            self.resume_map(p, spec);
+            return;
+        }
         let all = match items(&self.t, spec) {
             Ok(all) => all,
             Err(why) => {
@@ -355,17 +397,46 @@ impl Change<'_> {
             return;
         }
         let n = u32::try_from(all.len()).expect("at most MAX_MAP_ELEMENTS");
-        let mut p = MapProgress::new(n);
+        let deadline = self.ctx.now.plus_ms(spec.timeout_ms());
+        let mut p = MapProgress::new(n, deadline);
         p.started = n.min(spec.max_concurrency);
         let elements = all.into_iter().take(p.started as usize).zip(0..).map(|(v, e)| (e, v)).collect();
         self.t.steps[i].map = Some(p);
-        self.t.complete_by = Some(self.ctx.now.plus_ms(spec.timeout_ms()));
+        let watch = self.ctx.now.plus_ms(watch_ms(&self.t.workflow.steps[i], self.policy));
+        self.t.complete_by = Some(watch.min(deadline));
         self.note(ProcessState::Processing);
-        self.fx.push(Effect::Spawn { step: i, elements });
+        self.fx.push(Effect::Spawn { step: i, elements, cancel: None });
+    }
+
+    /// An operator resubmits a task whose map stopped (some element could not undo itself): its
+    /// elements are not run again; the ends of those that did not succeed are read again (a
+    /// mended element now says `Compensated`), and the map goes on stopping from there.
+    fn resume_map(&mut self, mut p: MapProgress, spec: &MapSpec) {
+        let i = self.t.step_index;
+        for e in 0..p.started {
+            if p.ended.get(e) && !p.ok.get(e) {
+                p.ended.clear(e);
+                p.errored.clear(e);
+            }
+        }
+        p.failed = 0;
+        p.stopping.get_or_insert(EndCause::Failed);
+        let why = self.t.reason.clone().unwrap_or_default();
+        let all = items(&self.t, spec).unwrap_or_default();
+        let elements: Vec<(u32, Value)> =
+            p.running().map(|e| (e, all.get(e as usize).cloned().unwrap_or(Value::Null))).collect();
+        self.t.steps[i].map = Some(p);
+        self.t.complete_by = Some(self.ctx.now.plus_ms(watch_ms(&self.t.workflow.steps[i], self.policy)));
+        self.note(ProcessState::Processing);
+        if elements.is_empty() {
+            end_stopped(self, EndCause::Failed);
+        } else {
+            self.fx.push(Effect::Spawn { step: i, elements, cancel: Some(why) });
+        }
     }
 
     /// Start a map step's compensation: undo each element that succeeded.
-    pub(super) fn start_map_undo(&mut self, spec: &MapSpec) {
+    pub(super) fn start_map_undo(&mut self) {
         let i = self.t.unit_step();
         self.t.not_before = None;
         self.t.restarts = 0;
@@ -373,7 +444,7 @@ impl Change<'_> {
         self.unlock();
         self.t.unit_record().begin_attempt();
         let undos: Vec<Effect> = match &self.t.steps[i].map {
-            Some(p) => p.ok.ones(p.n).filter(|e| !p.undone.get(*e)).map(|e| undo_message(&self.t, i, e)).collect(),
+            Some(p) => p.to_undo().map(|e| undo_message(&self.t, i, e)).collect(),
             None => Vec::new(),
         };
         if undos.is_empty() {
@@ -381,7 +452,7 @@ impl Change<'_> {
             self.advance();
             return;
         }
-        self.t.complete_by = Some(self.ctx.now.plus_ms(spec.timeout_ms()));
+        self.t.complete_by = Some(self.ctx.now.plus_ms(watch_ms(&self.t.workflow.steps[i], self.policy)));
         self.note(ProcessState::Compensating);
         self.fx.extend(undos);
     }
@@ -390,11 +461,22 @@ impl Change<'_> {
 /// Undo a map element that ended `Processed` (its parent's map is compensated): its steps with a
 /// compensation are undone, and it ends `Compensated`.
 pub(crate) fn undo(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stale> {
-    if task.process_state != ProcessState::Processed || !task.task_id.is_child() {
+    if !task.task_id.is_child() || !matches!(task.process_state, ProcessState::Processed | ProcessState::Error) {
         return Err(Stale::Terminal(task.process_state));
     }
     c.t.run += 1;
     c.t.reason = Some(format!("undone: {reason}"));
+    if task.process_state == ProcessState::Error {
+        // its compensation failed: resumed, as an operator's cancel resumes it
+        if task.is_compensating() {
+            c.unlock();
+            c.t.unit_record().reset();
+            c.wait_for_claim(c.ctx.now, crate::messages::RunReason::Retry);
+        } else {
+            c.begin_compensation(EndCause::Failed, format!("undone: {reason}"));
+        }
+        return Ok(());
+    }
     let plan: Vec<usize> = (0..task.steps.len())
         .rev()
         .filter(|&j| task.steps[j].status == StepStatus::Succeeded && task.workflow.steps[j].compensation.is_some())

@@ -212,6 +212,10 @@ pub enum Effect {
     Spawn {
         step: usize,
         elements: Vec<(u32, Value)>,
+        /// The map is stopping: an element that does not exist is created ended (`Cancelled`,
+        /// never run: a spawn that was lost can no longer start it), one that exists is
+        /// cancelled, with this reason.
+        cancel: Option<String>,
     },
     /// A message to the scheduler queue: a map element's end to its parent, a parent's cancel or
     /// undo to an element, a join.
@@ -308,8 +312,16 @@ pub fn submit(
     ctx: &Ctx,
     policy: &Policy,
 ) -> Transition {
+    let task = new_task(task_id, workflow, input, reply_to, ctx);
+    let mut c = Change { t: task, fx: Vec::new(), ctx, policy };
+    c.start_unit();
+    Transition { task: c.t, effects: c.fx, keeps_mark: false }
+}
+
+/// A task as it is before its first transition.
+fn new_task(task_id: TaskId, workflow: WorkflowDef, input: Value, reply_to: Option<String>, ctx: &Ctx) -> Task {
     let steps = workflow.steps.iter().map(|s| StepRecord::new(&s.name)).collect();
-    let task = Task {
+    Task {
         task_id,
         workflow,
         input,
@@ -340,10 +352,7 @@ pub fn submit(
         late_results: 0,
         late_result: None,
         late_attempt: None,
-    };
-    let mut c = Change { t: task, fx: Vec::new(), ctx, policy };
-    c.start_unit();
-    Transition { task: c.t, effects: c.fx, keeps_mark: false }
+    }
 }
 
 /// What the last write of a task owes the world, derived from the task alone: for the message
@@ -456,7 +465,8 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
     if task.process_state == ProcessState::Error && command && event.run().is_none() {
         return Err(Stale::Unfenced { current: task.run });
     }
-    let undo = matches!(event, Event::Undo { .. }) && task.process_state == ProcessState::Processed;
+    let undo = matches!(event, Event::Undo { .. })
+        && matches!(task.process_state, ProcessState::Processed | ProcessState::Error);
     if task.process_state.is_terminal() && !(task.process_state == ProcessState::Error && command) && !undo {
         return Err(Stale::Terminal(task.process_state));
     }
@@ -988,7 +998,7 @@ impl Change<'_> {
         if let Some(spec) = self.t.workflow.steps[self.t.unit_step()].map.clone() {
             match self.t.phase() {
                 Phase::Forward => self.start_map(&spec),
-                Phase::Compensate => self.start_map_undo(&spec),
+                Phase::Compensate => self.start_map_undo(),
             }
             return;
         }
@@ -1195,7 +1205,7 @@ impl Change<'_> {
 }
 
 mod map;
-pub use map::element_task;
+pub use map::{element_task, element_tombstone};
 
 /// The end a map element owes its parent, once it has ended (none for other tasks).
 pub fn element_notice(task: &Task) -> Option<Effect> {

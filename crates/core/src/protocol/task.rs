@@ -188,9 +188,9 @@ pub struct MapProgress {
     /// Elements that failed for good (ended in any other state).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub failed: u32,
-    /// Elements that ended `Error`: their own compensation failed.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub stuck: u32,
+    /// Elements that ended `Error`: their own compensation failed (an undo resumes it).
+    #[serde(default, skip_serializing_if = "Bits::is_empty")]
+    pub errored: Bits,
     /// Elements undone by this map's compensation.
     #[serde(default, skip_serializing_if = "Bits::is_empty")]
     pub undone: Bits,
@@ -201,23 +201,34 @@ pub struct MapProgress {
     /// Every element ended: the outputs are being read (a join message is out).
     #[serde(default, skip_serializing_if = "is_false")]
     pub joining: bool,
+    /// The map's own deadline (`map.timeout_ms` from its start): past it, it stops.
+    pub deadline: Millis,
 }
 
 impl Bits {
-    fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.0.iter().all(|b| *b == 0)
+    }
+
+    /// Clear bit `i`.
+    pub fn clear(&mut self, i: u32) {
+        let i = i as usize;
+        if let Some(b) = self.0.get_mut(i / 8) {
+            *b &= !(1 << (i % 8));
+        }
     }
 }
 
 impl MapProgress {
-    pub fn new(n: u32) -> Self {
+    pub fn new(n: u32, deadline: Millis) -> Self {
         MapProgress {
+            deadline,
             n,
             started: 0,
             ended: Bits::new(n as usize),
             ok: Bits::new(n as usize),
             failed: 0,
-            stuck: 0,
+            errored: Bits::default(),
             undone: Bits::default(),
             stopping: None,
             joining: false,
@@ -227,6 +238,12 @@ impl MapProgress {
     /// Elements started and not yet ended.
     pub fn running(&self) -> impl Iterator<Item = u32> + '_ {
         (0..self.started).filter(|i| !self.ended.get(*i))
+    }
+
+    /// Elements the map's compensation undoes: those that succeeded or could not undo themselves,
+    /// not yet undone.
+    pub fn to_undo(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.n).filter(|e| (self.ok.get(*e) || self.errored.get(*e)) && !self.undone.get(*e))
     }
 }
 
