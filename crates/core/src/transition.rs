@@ -45,6 +45,10 @@ pub struct Committed {
 /// then delivered again).
 pub const MAX_CONFLICTS: u32 = 5;
 
+/// The same for a map element's end: up to `max_concurrency` of them race for the parent's item
+/// (each lost write re-decides on the item the store returned, without a read).
+pub const MAX_ELEMENT_CONFLICTS: u32 = 64;
+
 /// Decide and write. `mark`: the [`crate::ids::message_mark`] of the queue message that carries
 /// the event, recorded on the written task (see `Task::last_message`). On
 /// [`Commit::Written`] the caller performs the effects.
@@ -54,7 +58,8 @@ pub async fn commit(
     event: &Event,
     mark: Option<&str>,
 ) -> Result<(Applied, Commit), HandlerError> {
-    for _ in 0..MAX_CONFLICTS {
+    let max = if matches!(event, Event::ElementEnded { .. }) { MAX_ELEMENT_CONFLICTS } else { MAX_CONFLICTS };
+    for _ in 0..max {
         let ctx = deps.ctx();
         let tr = match protocol::apply(&task, event, &ctx, &deps.settings.policy) {
             Ok(tr) => tr,
@@ -93,5 +98,5 @@ pub async fn commit(
         let committed = Committed { task: tr.task, effects: tr.effects, now: ctx.now };
         return Ok((Applied::Changed { state, rev }, Commit::Written(Box::new(committed))));
     }
-    Err(HandlerError::Contended(MAX_CONFLICTS))
+    Err(HandlerError::Contended(max))
 }

@@ -164,8 +164,21 @@ impl Books {
         }
     }
 
-    fn append(&mut self, order: &str, op: Op, key: &str, detail: Value) {
+    /// A map element's effect (`order` is `{order}~{step}~{line}`) is booked on its order, with
+    /// the line in its detail.
+    fn append(&mut self, order: &str, op: Op, key: &str, mut detail: Value) {
         let at_ms = crate::now_ms();
+        let order = match order.split_once('~') {
+            Some((parent, rest)) => {
+                if let (Some(line), Some(d)) =
+                    (rest.rsplit('~').next().and_then(|l| l.parse::<u64>().ok()), detail.as_object_mut())
+                {
+                    d.insert("line".into(), json!(line));
+                }
+                parent
+            }
+            None => order,
+        };
         self.entries.push(LedgerEntry {
             seq: self.entries.len() as u64 + 1,
             order: order.to_owned(),

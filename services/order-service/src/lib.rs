@@ -383,6 +383,12 @@ impl EffectRequest {
         let input = body.get("input").filter(|v| v.is_object());
         let order_json =
             input.and_then(|i| i.get("input")).filter(|v| v.is_object()).or(input).cloned().unwrap_or(Value::Null);
+        // A map element's request (`task_id` `{order}~{step}~{line}`, input `{"item": …, "index": …}`)
+        // is about one line of the order: that item, and the faults it carries.
+        let order_json = match order_json.get("item").filter(|v| v.is_object()) {
+            Some(item) => json!({"items": [item], "faults": item.get("faults").cloned().unwrap_or(Value::Null)}),
+            None => order_json,
+        };
         let fault = order_json.get("faults").and_then(Value::as_object).and_then(|faults| {
             let (name, spec) =
                 faults.iter().find(|(name, _)| normalize_endpoint(name) == normalize_endpoint(op.path()))?;

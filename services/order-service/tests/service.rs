@@ -625,3 +625,37 @@ async fn a_callback_the_service_cannot_answer_is_refused() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(sent.sent().is_empty() && api.ledger_for("o5").is_empty());
 }
+
+/// A map element's request (`{order}~{step}~{line}`, input `{"item", "index"}`) reserves that
+/// line only, is booked on its order with the line, is released on its own, and carries the
+/// item's faults.
+#[tokio::test]
+async fn a_map_element_reserves_and_releases_its_own_line() {
+    let api = start().await;
+    let line = |i: u32, item: Value| {
+        json!({"task_id": format!("o7~0~{i}"), "step": "reserve", "attempt_no": 1,
+               "input": {"input": {"item": item, "index": i}, "outputs": {}}})
+    };
+    let r0 = api.post("/inventory/reserve", Some("o7~0~0:reserve"), &line(0, json!({"sku": "a", "qty": 2}))).await;
+    assert_eq!(r0.status, StatusCode::OK, "{:?}", r0.body);
+    assert_eq!(r0.body["items"], json!([{"sku": "a", "qty": 2}]));
+    let r1 = api.post("/inventory/reserve", Some("o7~0~1:reserve"), &line(1, json!({"sku": "b"}))).await;
+    assert_eq!(r1.status, StatusCode::OK);
+    let oos = json!({"sku": "c", "faults": {"/inventory/reserve": {"permanent": "out of stock: c"}}});
+    let r2 = api.post("/inventory/reserve", Some("o7~0~2:reserve"), &line(2, oos)).await;
+    assert_eq!(r2.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(r2.body["error"], "out of stock: c");
+    let back = api.post("/inventory/release", Some("o7~0~1:release"), &line(1, json!({"sku": "b"}))).await;
+    assert_eq!(back.body["released"], true);
+    let ledger: Vec<(String, String, Value)> =
+        api.svc.ledger().into_iter().map(|e| (e.order, e.op, e.detail["line"].clone())).collect();
+    assert_eq!(
+        ledger,
+        vec![
+            ("o7".to_owned(), "reserve".to_owned(), json!(0)),
+            ("o7".to_owned(), "reserve".to_owned(), json!(1)),
+            ("o7".to_owned(), "release".to_owned(), json!(1)),
+        ],
+        "booked on the order, line by line; line 0 stays reserved"
+    );
+}

@@ -18,5 +18,6 @@ mod http_auth;
 mod lambda;
 mod lambda_agent;
 mod limits;
+mod maps;
 mod orders;
 mod protocol;

@@ -1,0 +1,135 @@
+//! Map steps against LocalStack on the local runner: an order reserves each of its lines in a map
+//! (each line an element task of its own in DynamoDB, its HTTP call to the order service under
+//! its own idempotency key), at most `max_concurrency` at once; a line out of stock stops the map,
+//! and every line reserved is released exactly once, nothing charged.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sas_core::agent::{AgentRuntime, AwsConfigCell};
+use sas_core::ids::TaskId;
+use sas_core::protocol::ProcessState;
+use sas_core::workflow::{MapSpec, OnFailure, StepDef, Tolerance, WorkflowDef, WorkflowRegistry};
+use sas_order_service::{spawn_service, FaultRule, OrderService};
+use serde_json::{json, Value};
+
+use crate::common::{stack_with, Stack};
+
+const AT_ONCE: u32 = 10;
+
+fn lines_workflow() -> WorkflowDef {
+    let call = |name: &str, agent: &str, comp: Option<(&str, &str)>| StepDef {
+        compensation: comp.map(|(n, a)| Box::new(StepDef::call(n, a, 10_000))),
+        ..StepDef::call(name, agent, 10_000)
+    };
+    let mut reserve = call("reserve", "reserve", Some(("release", "release")));
+    reserve.map = Some(MapSpec {
+        items: "/input/items".into(),
+        max_concurrency: AT_ONCE,
+        tolerated_failures: Tolerance::None,
+        timeout_ms: None,
+    });
+    WorkflowDef {
+        name: "lines".into(),
+        version: 1,
+        description: "reserve each line, then charge and ship".into(),
+        on_failure: OnFailure::Compensate,
+        steps: vec![reserve, call("charge", "charge", Some(("refund", "refund"))), call("ship", "ship", None)],
+    }
+}
+
+async fn order_service_and_runner(s: &Stack, svc: &OrderService) -> sas_core::runner::RunnerHandle {
+    let base = spawn_service(svc).await.unwrap();
+    let agents = r#"{"agents": {
+        "reserve": {"kind": "http", "url": "${BASE}/inventory/reserve"},
+        "release": {"kind": "http", "url": "${BASE}/inventory/release"},
+        "charge": {"kind": "http", "url": "${BASE}/payment/charge"},
+        "refund": {"kind": "http", "url": "${BASE}/payment/refund"},
+        "ship": {"kind": "http", "url": "${BASE}/shipping/ship"}}}"#;
+    let vars = |k: &str| (k == "BASE").then(|| base.clone());
+    let rt = AgentRuntime::from_config_with(agents, &vars, AwsConfigCell::with(s.sdk.clone())).unwrap();
+    s.runner_with(rt)
+}
+
+/// The ledger of one order: (op, line) → how many times.
+fn books(svc: &OrderService, order: &str) -> BTreeMap<(String, Option<u64>), u32> {
+    let mut b = BTreeMap::new();
+    for e in svc.ledger().into_iter().filter(|e| e.order == order) {
+        *b.entry((e.op, e.detail.get("line").and_then(Value::as_u64))).or_default() += 1;
+    }
+    b
+}
+
+#[tokio::test]
+async fn a_hundred_line_order_reserves_every_line_in_a_map_then_charges_and_ships() {
+    let s = stack_with("maps", WorkflowRegistry::new([lines_workflow()]).unwrap()).await;
+    let svc = OrderService::new();
+    // each reservation takes a moment, so that the lines overlap at the service
+    svc.add_fault(FaultRule { endpoint: Some("/inventory/reserve".into()), latency_ms: 100, ..FaultRule::default() });
+    let runner = order_service_and_runner(&s, &svc).await;
+    let items: Vec<Value> = (0..100).map(|i| json!({"sku": format!("sku-{i}"), "qty": 1 + i % 3})).collect();
+    let body = json!({"v": 1, "task_id": "big-1", "workflow": "lines", "input": {"customer": "c-1", "items": items}});
+    s.send(&s.res.submission_queue_url, &body.to_string()).await;
+
+    let t = s.wait_for("big-1", Duration::from_mins(3), |t| t.process_state.is_terminal()).await;
+    assert_eq!(t.process_state, ProcessState::Processed, "{:?}", t.reason);
+    let out = t.steps[0].output.as_ref().unwrap().as_array().unwrap().clone();
+    assert_eq!(out.len(), 100, "one output per line, in line order");
+    for (i, o) in out.iter().enumerate() {
+        assert_eq!(o["items"][0]["sku"], format!("sku-{i}"), "line {i}: {o}");
+    }
+    let map = t.steps[0].map.as_ref().unwrap();
+    assert_eq!((map.n, map.ok.count(), map.failed), (100, 100, 0));
+    // every element is a task of its own, Processed
+    let ids: Vec<TaskId> = (0..100).map(|i| TaskId::child(&t.task_id, 0, i)).collect();
+    let elements = s.deps.store.get_many(&ids).await.unwrap();
+    assert_eq!(elements.len(), 100);
+    assert!(elements.iter().all(|e| e.process_state == ProcessState::Processed));
+    let seen = svc.in_flight("/inventory/reserve");
+    assert!(seen.max <= AT_ONCE, "{} reservations were open at once; max_concurrency is {AT_ONCE}", seen.max);
+    assert!(seen.max > 1, "the lines ran side by side");
+    let b = books(&svc, "big-1");
+    for i in 0..100 {
+        assert_eq!(b.get(&("reserve".into(), Some(i))), Some(&1), "line {i} reserved once: {b:?}");
+    }
+    assert_eq!(b.get(&("charge".into(), None)), Some(&1));
+    assert_eq!(b.get(&("ship".into(), None)), Some(&1));
+    assert_eq!(b.len(), 102, "nothing else: {b:?}");
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+#[tokio::test]
+async fn a_line_out_of_stock_stops_the_map_and_every_reserved_line_is_released_once() {
+    let s = stack_with("maps-oos", WorkflowRegistry::new([lines_workflow()]).unwrap()).await;
+    let svc = OrderService::new();
+    let runner = order_service_and_runner(&s, &svc).await;
+    let mut items: Vec<Value> = (0..30).map(|i| json!({"sku": format!("sku-{i}")})).collect();
+    items[17] = json!({"sku": "sku-17", "faults": {"/inventory/reserve": {"permanent": "out of stock: sku-17"}}});
+    let body = json!({"v": 1, "task_id": "oos-1", "workflow": "lines", "input": {"customer": "c-1", "items": items}});
+    s.send(&s.res.submission_queue_url, &body.to_string()).await;
+
+    let t = s.wait_for("oos-1", Duration::from_mins(3), |t| t.process_state.is_terminal()).await;
+    assert_eq!(t.process_state, ProcessState::Compensated, "{:?}", t.reason);
+    assert!(
+        t.history.iter().any(|h| h.reason.as_deref().is_some_and(|r| r.contains("element 17 ended"))),
+        "{:?}",
+        t.history
+    );
+    let b = books(&svc, "oos-1");
+    assert_eq!(b.get(&("reserve".into(), Some(17))), None, "the line out of stock reserved nothing");
+    let reserved: Vec<u64> = b.keys().filter(|(op, _)| op == "reserve").filter_map(|(_, l)| *l).collect();
+    assert!(!reserved.is_empty(), "some lines were reserved before the stop");
+    for line in &reserved {
+        assert_eq!(b.get(&("reserve".into(), Some(*line))), Some(&1));
+        assert_eq!(b.get(&("release".into(), Some(*line))), Some(&1), "line {line} released once: {b:?}");
+    }
+    let released = b.keys().filter(|(op, _)| op == "release").count();
+    assert_eq!(released, reserved.len(), "nothing released that was not reserved: {b:?}");
+    assert!(!b.keys().any(|(op, _)| op == "charge" || op == "ship"), "nothing charged or shipped: {b:?}");
+    // lines after the stop never started
+    let map = t.steps[0].map.as_ref().unwrap();
+    assert!(map.started < 30, "{} of 30 lines started", map.started);
+    runner.shutdown().await;
+    s.delete().await;
+}
