@@ -11,7 +11,8 @@
 # stops what it started: the runner and the proxy always; LocalStack only if it started it (else
 # it deletes its stack, so a shared LocalStack is left as it was).
 # Knobs: BENCH_N (1-step tasks, default 200; 3-step workloads get half), BENCH_LOG_LEVEL (the
-# runner's RUST_LOG, default info, as the template's LogLevel), SWEEP=1, SWEEP_FINISHED
+# runner's RUST_LOG, default info, as the template's LogLevel), BENCH_ONLY (workloads to run, e.g.
+# 5 for the 1,000-element map alone), SWEEP=1, SWEEP_FINISHED
 # (100000), BENCH_QUEUE_BUDGET_MS (15000), LOCALSTACK_PORT (4566), CARGO_TARGET_DIR.
 # Output: the tables on stdout, raw figures in .local/bench-cost.json, every DynamoDB item write
 # (sizes before/after, index entry sizes, units) in .local/bench-writes.jsonl.
@@ -120,7 +121,9 @@ if [ "$MODE" = sweep ]; then
   BENCH_N="${BENCH_N:-20}" QUEUE_BUDGET_MS="${BENCH_QUEUE_BUDGET_MS:-15000}" \
     "$PYTHON" bench/cost_bench.py workloads "${common[@]}" --only 3 >/dev/null || rc=$?
 else
-  QUEUE_BUDGET_MS="${BENCH_QUEUE_BUDGET_MS:-15000}" "$PYTHON" bench/cost_bench.py workloads "${common[@]}" || rc=$?
+  only=()
+  [ -n "${BENCH_ONLY:-}" ] && only=(--only "$BENCH_ONLY")
+  QUEUE_BUDGET_MS="${BENCH_QUEUE_BUDGET_MS:-15000}" "$PYTHON" bench/cost_bench.py workloads "${common[@]}" "${only[@]}" || rc=$?
 fi
 if [ "$rc" = 0 ] && { [ "$MODE" = sweep ] || [ "${SWEEP:-0}" = 1 ]; }; then
   # The sweep recovers the expired copies: without a runner their follow-up messages stay queued,

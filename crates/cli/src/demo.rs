@@ -39,8 +39,11 @@ struct Order {
     faults: Value,
     expect: ProcessState,
     min_failures: u32,
-    /// The effects the ledger must show for this order, in order.
+    /// The effects the ledger must show for this order, in order (a map's lines: see
+    /// [`lines_ok`]).
     effects: &'static [&'static str],
+    /// The order's line items.
+    items: Value,
 }
 
 const DONE: &[&str] = &["reserve", "charge", "ship"];
@@ -54,6 +57,7 @@ fn orders(run: &str) -> Vec<Order> {
         expect,
         min_failures,
         effects,
+        items: json!([{"sku": "book", "qty": 1}]),
     };
     vec![
         o("clean-1", "clean", json!({}), ProcessState::Processed, 0, DONE),
@@ -94,6 +98,66 @@ fn orders(run: &str) -> Vec<Order> {
     ]
 }
 
+/// Orders on `order-lines`: each line item is reserved on its own, in a map step (one element task
+/// per line); one order has a line out of stock.
+fn line_orders(run: &str) -> Vec<Order> {
+    let o = |n: &str, what, items, expect, min_failures| Order {
+        id: format!("{run}-{n}"),
+        what,
+        workflow: "order-lines",
+        faults: json!({}),
+        expect,
+        min_failures,
+        effects: &[],
+        items,
+    };
+    let oos = json!({"sku": "lamp", "qty": 1, "faults": {"inventory/reserve": {"permanent": "out of stock: lamp"}}});
+    vec![
+        o(
+            "lines",
+            "three lines, each reserved on its own",
+            json!([{"sku": "book", "qty": 1}, {"sku": "pen", "qty": 3}, {"sku": "mug", "qty": 2}]),
+            ProcessState::Processed,
+            0,
+        ),
+        o(
+            "lines-oos",
+            "a line out of stock: the reserved lines released, nothing charged",
+            json!([{"sku": "book", "qty": 1}, oos, {"sku": "mug", "qty": 2}]),
+            ProcessState::Compensated,
+            1,
+        ),
+    ]
+}
+
+/// A map order's ledger, line by line: every line reserved once and the order charged and shipped
+/// once (`Processed`); or every line reserved released exactly once, the line out of stock never
+/// reserved, nothing charged (`Compensated`). Returns whether it holds and the ledger in words.
+fn lines_ok(o: &Order, ledger: &[sas_order_service::LedgerEntry]) -> (bool, String) {
+    let mine: Vec<_> = ledger.iter().filter(|e| e.order == o.id).collect();
+    let lines = o.items.as_array().map_or(0, Vec::len) as u64;
+    let of = |op: &str| -> Vec<u64> {
+        let mut v: Vec<u64> =
+            mine.iter().filter(|e| e.op == op).filter_map(|e| e.detail.get("line").and_then(Value::as_u64)).collect();
+        v.sort_unstable();
+        v
+    };
+    let count = |op: &str| mine.iter().filter(|e| e.op == op).count();
+    let (reserved, released) = (of("reserve"), of("release"));
+    let text = format!(
+        "lines reserved {reserved:?}, released {released:?}; charge x{}, refund x{}, ship x{}",
+        count("charge"),
+        count("refund"),
+        count("ship")
+    );
+    let good = if o.expect == ProcessState::Processed {
+        reserved == (0..lines).collect::<Vec<_>>() && released.is_empty() && count("charge") == 1 && count("ship") == 1
+    } else {
+        reserved == released && count("charge") == 0 && count("ship") == 0 && !reserved.contains(&1)
+    };
+    (good, text)
+}
+
 /// The late order's confirmation delay: after both ship attempts expired (each a 5 s start budget
 /// plus a 3 s heartbeat window plus the result grace) and the order was compensated.
 const LATE_MS: u64 = 60_000;
@@ -109,6 +173,7 @@ fn async_orders(run: &str) -> Vec<Order> {
         expect,
         min_failures,
         effects,
+        items: json!([{"sku": "book", "qty": 1}]),
     };
     vec![
         o(
@@ -386,6 +451,7 @@ async fn scenario(
         .map_err(aws_sdk_sns::Error::from)?;
 
     let mut orders = orders(&run);
+    orders.extend(line_orders(&run));
     if with_async {
         orders.extend(async_orders(&run));
     }
@@ -402,7 +468,7 @@ async fn scenario(
                 task_id: Some(TaskId::try_from(o.id.as_str()).expect("valid id")),
                 workflow: o.workflow.into(),
                 workflow_version: None,
-                input: json!({"customer": "c-42", "items": [{"sku": "book", "qty": 1}], "amount_cents": 1999, "faults": o.faults}),
+                input: json!({"customer": "c-42", "items": o.items, "amount_cents": 1999, "faults": o.faults}),
                 reply_to: Some(reply.clone()),
             })
             .expect("serialises")
@@ -535,10 +601,14 @@ async fn scenario(
     let mut ledger_ok = true;
     println!("\n  order service ledger (effects applied, per order):");
     for o in &orders {
-        let got: Vec<String> = ledger.iter().filter(|e| e.order == o.id).map(|e| e.op.clone()).collect();
-        let good = got == o.effects;
+        let (good, text) = if o.workflow == "order-lines" {
+            lines_ok(o, &ledger)
+        } else {
+            let got: Vec<String> = ledger.iter().filter(|e| e.order == o.id).map(|e| e.op.clone()).collect();
+            (got == o.effects, got.join(" -> "))
+        };
         ledger_ok &= good;
-        println!("    {} {:<26} {}", if good { "ok  " } else { "FAIL" }, o.id, got.join(" -> "));
+        println!("    {} {:<26} {text}", if good { "ok  " } else { "FAIL" }, o.id);
     }
     let keys: std::collections::HashSet<&str> = ledger.iter().map(|e| e.idempotency_key.as_str()).collect();
     let exactly_once = keys.len() == ledger.len();

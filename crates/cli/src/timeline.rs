@@ -439,6 +439,9 @@ fn unit_summary(task: &Task, unit: Unit) -> (Tone, String) {
             if s.failures > 0 {
                 let _ = write!(text, ", {}", plural(s.failures, "failure"));
             }
+            if let Some(m) = map_summary(task, i) {
+                let _ = write!(text, "; {m}");
+            }
             if let Some(c) = &s.compensation {
                 let how = match c.status {
                     CompensationStatus::Done => "undone",
@@ -502,7 +505,17 @@ fn current(task: &Task, now: Millis) -> String {
         );
     }
     let unit = task.current_step_name().unwrap_or("?");
-    let what = if task.locked_by.is_some() {
+    let map = task.steps.get(task.unit_step()).and_then(|s| s.map.as_ref()).filter(|_| task.locked_by.is_none());
+    let what = if let Some(p) =
+        map.filter(|_| matches!(task.process_state, ProcessState::Processing | ProcessState::Compensating))
+    {
+        let running = p.running().count();
+        format!(
+            "{unit} (its map elements: {running} running, {} ended of {}; CompleteBy is the map's next look)",
+            p.ended.count(),
+            p.n
+        )
+    } else if task.locked_by.is_some() {
         let n = unit_named(task, unit).map_or(0, |u| recorded_attempts(task, u));
         format!("{unit} (attempt {n} running)")
     } else {
@@ -575,6 +588,38 @@ fn header(task: &Task, now: Millis, out: &mut String) {
 }
 
 /// The task's timeline: see the module's documentation.
+/// What a map step's elements are doing, in words (none for another step).
+pub fn map_summary(task: &Task, i: usize) -> Option<String> {
+    let p = task.steps.get(i)?.map.as_ref()?;
+    let mut text = format!(
+        "map of {} elements: {} ended ({} succeeded, {} failed), {} running",
+        p.n,
+        p.ended.count(),
+        p.ok.count(),
+        p.failed,
+        p.running().count()
+    );
+    if p.started < p.n {
+        let _ = write!(text, ", {} not started", p.n - p.started);
+    }
+    if let Some(cause) = p.stopping {
+        let why = if cause == sas_core::protocol::EndCause::Cancelled { "cancelled" } else { "failed" };
+        let _ = write!(text, "; stopping ({why}): the running ones are cancelled");
+    }
+    if p.joining {
+        text.push_str("; all ended, their outputs are being read");
+    }
+    let errored = p.errored.count();
+    if errored > 0 {
+        let _ = write!(text, "; {errored} could not undo themselves (Error)");
+    }
+    if !p.undone.is_empty() {
+        let _ = write!(text, "; {} undone", p.undone.count());
+    }
+    let _ = write!(text, "; elements are tasks {}~{i}~0 to ~{}", task.task_id, p.n.saturating_sub(1));
+    Some(text)
+}
+
 pub fn render(task: &Task, now: Millis, opts: &Options) -> String {
     let mut out = String::new();
     let t0 = task.created_at;
@@ -587,6 +632,12 @@ pub fn render(task: &Task, now: Millis, opts: &Options) -> String {
             out,
             "{}  {}@{}  {}  FailureCount {}",
             task.task_id, task.workflow.name, task.workflow.version, task.process_state, task.failure_count
+        );
+    }
+    if let Some((parent, step, element)) = task.task_id.parent_of() {
+        let _ = writeln!(
+            out,
+            "element {element} of the map step at index {step} of task {parent} (sasctl status {parent})"
         );
     }
     let spans = spans(task, now);
@@ -1224,5 +1275,39 @@ mod tests {
         assert!(!d.render(1_000).contains('\x1b'));
         let coloured = render(&d.0, Millis(T0 + 1_000), &Options::full(true));
         assert!(coloured.contains("\x1b[32m"), "succeeded in green: {coloured}");
+    }
+
+    #[test]
+    fn a_map_step_says_where_its_elements_are() {
+        let mut wf = workflow("order");
+        wf.steps[0].map = Some(sas_core::workflow::MapSpec {
+            items: "/input/lines".into(),
+            max_concurrency: 2,
+            tolerated_failures: sas_core::workflow::Tolerance::None,
+            timeout_ms: None,
+        });
+        let tr = protocol::submit(
+            TaskId::try_from("order-9").unwrap(),
+            wf,
+            json!({"lines": [{"sku": "a"}, {"sku": "b"}, {"sku": "c"}]}),
+            None,
+            &ctx(0),
+            &policy(),
+        );
+        let d = Drive(tr.task).go(1_000, &Event::ElementEnded { step: 0, element: 1, state: ProcessState::Processed });
+        let text = render(&d.0, Millis(T0 + 2_000), &Options::full(false));
+        assert!(
+            text.contains(
+                "map of 3 elements: 1 ended (1 succeeded, 0 failed), 2 running; elements are tasks order-9~0~0 to ~2"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("reserve (its map elements: 2 running, 1 ended of 3;"), "{text}");
+        let element = protocol::element_task(&d.0, 0, 2, json!({"sku": "c"}), &ctx(1_000), &policy()).task;
+        let text = render(&element, Millis(T0 + 2_000), &Options::full(false));
+        assert!(
+            text.contains("element 2 of the map step at index 0 of task order-9 (sasctl status order-9)"),
+            "{text}"
+        );
     }
 }

@@ -25,7 +25,7 @@ use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
 use sas_core::ids::{AttemptToken, CallbackToken, Millis, TaskId};
 use sas_core::messages::{CallbackResult, RunMessage, SchedulerMessage, StatusMessage, VERSION};
-use sas_core::protocol::{self, Ctx, Effect, Event, Policy, ProcessState, StepStatus, Task};
+use sas_core::protocol::{self, CompensationStatus, Ctx, Effect, Event, Policy, ProcessState, StepStatus, Task};
 use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use serde_json::{json, Value};
 
@@ -870,6 +870,56 @@ async fn lambda_a_failing_record_alone_is_redelivered_until_its_dlq() {
     f.delete().await;
 }
 
+/// Issue 20's "done when", on deployed functions: a map of 100 elements (ten at once) runs to
+/// `Processed` with its outputs in element order; the same workflow with one element refused for
+/// good ends `Compensated`, every element that applied undone exactly once, the others never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_a_hundred_element_map_runs_and_one_refused_element_compensates_the_others() {
+    let file = callback_workflows_file("map");
+    let f = lambda_stack("map", &[("WorkflowsFile", &file.to_string_lossy())]).await;
+    let lines: Vec<Value> = (0..100).map(|i| json!({"sku": format!("s{i}")})).collect();
+    let mut bad: Vec<Value> = (0..40).map(|i| json!({"sku": format!("s{i}")})).collect();
+    bad[23] = json!({"sku": "s23", "sim": {"reserve": {"permanent": "out of stock"}}});
+    for (id, lines) in [("map-ok", &lines), ("map-bad", &bad)] {
+        let body = json!({"v": 1, "task_id": id, "workflow": "sim-map", "input": {"lines": lines}});
+        f.s.send(&f.s.res.submission_queue_url, &body.to_string()).await;
+    }
+    let ok = f.s.wait_for("map-ok", Duration::from_mins(5), |t| t.process_state.is_terminal()).await;
+    assert_eq!(ok.process_state, ProcessState::Processed, "{:?}", ok.reason);
+    let out = ok.steps[0].output.as_ref().and_then(Value::as_array).expect("the elements' outputs").clone();
+    assert_eq!(out.len(), 100);
+    assert!(out.iter().enumerate().all(|(i, o)| o["idempotency_key"] == format!("map-ok~0~{i}:reserve")), "{out:?}");
+    let bad = f.s.wait_for("map-bad", Duration::from_mins(5), |t| t.process_state.is_terminal()).await;
+    assert_eq!(bad.process_state, ProcessState::Compensated, "{:?}", bad.reason);
+    let p = bad.steps[0].map.as_ref().expect("the map's progress");
+    let ids: Vec<TaskId> = (0..p.started).map(|e| TaskId::child(&bad.task_id, 0, e)).collect();
+    let elements = f.s.deps.store.get_many(&ids).await.unwrap();
+    assert_eq!(elements.len(), p.started as usize, "every element started exists");
+    let mut undone = 0;
+    for e in &elements {
+        let step = &e.steps[0];
+        let comp = step.compensation.as_ref();
+        if step.status == StepStatus::Succeeded || step.maybe_applied {
+            // applied: undone exactly once (by the map's undo, or by itself when the stop
+            // cancelled it while it ran)
+            assert!(
+                matches!(e.process_state, ProcessState::Compensated | ProcessState::Cancelled),
+                "{}: {:?}",
+                e.task_id,
+                e.history
+            );
+            let c = comp.expect("its compensation ran");
+            assert_eq!((c.status, c.attempts), (CompensationStatus::Done, 1), "{}: undone once", e.task_id);
+            undone += 1;
+        } else {
+            assert!(comp.is_none(), "{}: nothing applied, nothing undone", e.task_id);
+        }
+    }
+    assert!(undone > 0, "some elements had applied before the stop");
+    assert!(bad.steps[1].attempts == 0, "nothing charged");
+    f.delete().await;
+}
+
 /// The least-privilege proof (LocalStack Community does not enforce IAM): a workload that reaches
 /// every path on which a function calls AWS, recorded by the functions themselves
 /// (`SAS_AWS_CALL_LOG`), then every call, and the platform's calls with each role, evaluated
@@ -941,8 +991,13 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
                         "input": {"sim": {"call": {"delay_ms": 3_000}}}})
         })
         .collect();
-    for body in
-        [&hung, &flaky, &declined, &declined, &big, &refused, &cb_ok, &cb_late, &cb_approval].into_iter().chain(&serial)
+    // A map of three lines: the Submitter creates its first elements, the Scheduler the next and
+    // reads their outputs back (BatchGetItem) when they have all ended.
+    let lines: Vec<Value> = (0..3).map(|i| json!({"sku": format!("s{i}")})).collect();
+    let map = json!({"v": 1, "task_id": "map-1", "workflow": "sim-map", "input": {"lines": lines}});
+    for body in [&hung, &flaky, &declined, &declined, &big, &refused, &cb_ok, &cb_late, &cb_approval, &map]
+        .into_iter()
+        .chain(&serial)
     {
         f.s.send(&f.s.res.submission_queue_url, &body.to_string()).await;
     }
@@ -991,7 +1046,7 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
         let t = f.s.wait_for(id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
         eprintln!("[{}] {id}: {:?}, FailureCount {}", f.s.name, t.process_state, t.failure_count);
     }
-    for id in ["serial-1", "serial-2", "serial-3"] {
+    for id in ["serial-1", "serial-2", "serial-3", "map-1"] {
         let t = f.s.wait_for(id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
         assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{id}: {:?}", t.history);
     }

@@ -40,16 +40,7 @@ fn flow(steps: Vec<StepDef>) -> WorkflowDef {
     w
 }
 
-fn policy() -> Policy {
-    Policy {
-        start_timeout_ms: 500,
-        history_limit: 50,
-        queue_budget_ms: 0,
-        result_grace_ms: 0,
-        settle_ms: 0,
-        max_restarts: 8,
-    }
-}
+use super::tests::policy;
 
 fn at(now: u64) -> Ctx {
     Ctx { now: Millis(now), fresh_token: AttemptToken::fresh(), jitter: 0.5 }

@@ -39,16 +39,7 @@ fn workflow(map: StepDef) -> WorkflowDef {
     }
 }
 
-fn policy() -> Policy {
-    Policy {
-        start_timeout_ms: 500,
-        history_limit: 50,
-        queue_budget_ms: 0,
-        result_grace_ms: 0,
-        settle_ms: 0,
-        max_restarts: 8,
-    }
-}
+use super::tests::policy;
 
 /// The event a message between tasks carries (as the Scheduler reads it).
 fn event_of(m: SchedulerMessage) -> (TaskId, Event) {

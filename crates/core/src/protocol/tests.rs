@@ -46,7 +46,8 @@ fn order() -> WorkflowDef {
     }
 }
 
-fn policy() -> Policy {
+/// The tests' policy (also the callback and map tests').
+pub(super) fn policy() -> Policy {
     Policy {
         start_timeout_ms: 500,
         history_limit: 50,
