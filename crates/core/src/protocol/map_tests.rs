@@ -140,7 +140,14 @@ impl World {
                         };
                         *count += 1;
                         let item = r.input.pointer("/input/item").cloned().unwrap_or(Value::Null);
-                        Event::AgentSucceeded { attempt: r.attempt, output: json!({"step": r.step, "item": item}) }
+                        let output = json!({"step": r.step, "item": item});
+                        if r.callback.is_some() {
+                            // a callback step: the remote side answers with the attempt's token later
+                            let answer = crate::messages::CallbackAnswer::Succeeded { output };
+                            Event::Callback { attempt: r.attempt, unit: r.step.clone(), answer }
+                        } else {
+                            Event::AgentSucceeded { attempt: r.attempt, output }
+                        }
                     };
                     self.queue.push_back((r.task_id, event));
                 }
@@ -480,4 +487,28 @@ fn ten_thousand_elements_keep_the_parent_small() {
     let back: MapProgress = serde_json::from_slice(&serde_json::to_vec(&p).unwrap()).unwrap();
     assert_eq!(back, p);
     assert_eq!(back.ok.count(), 10_000);
+}
+
+#[test]
+fn a_map_of_callback_steps_runs_each_element_through_its_own_token() {
+    let step = StepDef {
+        kind: StepKind::Callback,
+        timeout_ms: 60_000,
+        heartbeat_ms: Some(5_000),
+        ..map_step(3, Tolerance::None)
+    };
+    let mut w = World::new(7, step);
+    w.shuffle = Some(9);
+    w.run();
+    let p = w.parent();
+    assert_eq!(p.process_state, ProcessState::Processed, "{:?}", p.reason);
+    let out = p.steps[1].output.as_ref().unwrap().as_array().unwrap().clone();
+    assert_eq!(out.len(), 7);
+    assert!(out.iter().enumerate().all(|(i, o)| o["item"]["sku"] == format!("s{i}")), "{out:?}");
+    for t in w.elements() {
+        let s = &t.steps[0];
+        assert_eq!((s.status, s.issued.len()), (StepStatus::Succeeded, 1), "{}: one token, answered", t.task_id);
+        assert_eq!(s.done_by.as_ref(), s.issued.first(), "{}", t.task_id);
+    }
+    assert!(w.most_running <= 3);
 }
