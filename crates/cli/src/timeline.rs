@@ -1294,7 +1294,8 @@ mod tests {
             &ctx(0),
             &policy(),
         );
-        let d = Drive(tr.task).go(1_000, &Event::ElementEnded { step: 0, element: 1, state: ProcessState::Processed });
+        let d = Drive(tr.task)
+            .go(1_000, &Event::ElementEnded { step: 0, element: 1, state: ProcessState::Processed, reason: None });
         let text = render(&d.0, Millis(T0 + 2_000), &Options::full(false));
         assert!(
             text.contains(

@@ -128,6 +128,9 @@ pub struct ElementEnded {
     pub step: usize,
     pub element: u32,
     pub state: ProcessState,
+    /// Why it ended so, when it did not succeed (its own reason, clipped to 300 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// Scheduler queue, from a parent to one of its map elements that ended `Processed`: undo it (run

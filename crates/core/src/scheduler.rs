@@ -50,7 +50,12 @@ pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
         },
         SchedulerMessage::Cancel(c) => Event::Cancel { reason: c.reason.clone(), run: c.run },
         SchedulerMessage::Resubmit(r) => Event::Resubmit { reason: r.reason.clone(), run: r.run },
-        SchedulerMessage::ElementEnded(m) => Event::ElementEnded { step: m.step, element: m.element, state: m.state },
+        SchedulerMessage::ElementEnded(m) => Event::ElementEnded {
+            step: m.step,
+            element: m.element,
+            state: m.state,
+            reason: m.reason.as_deref().map(|r| crate::ids::clip(r, MAX_ERROR_BYTES).to_owned()),
+        },
         SchedulerMessage::Undo(m) => Event::Undo { reason: crate::ids::clip(&m.reason, MAX_ERROR_BYTES).to_owned() },
         // The outputs are read once the task is (see `join_output`).
         SchedulerMessage::Join(m) => Event::Joined { step: m.step, output: Value::Null },

@@ -112,7 +112,10 @@ async fn a_line_out_of_stock_stops_the_map_and_every_reserved_line_is_released_o
     let t = s.wait_for("oos-1", Duration::from_mins(3), |t| t.process_state.is_terminal()).await;
     assert_eq!(t.process_state, ProcessState::Compensated, "{:?}", t.reason);
     assert!(
-        t.history.iter().any(|h| h.reason.as_deref().is_some_and(|r| r.contains("element 17 ended"))),
+        t.history.iter().any(|h| h
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("element 17 ended") && r.contains("out of stock: sku-17"))),
         "{:?}",
         t.history
     );

@@ -110,6 +110,11 @@ pub(crate) fn ended_notice(task: &Task) -> Option<Effect> {
         step,
         element,
         state: task.process_state,
+        reason: task
+            .reason
+            .as_deref()
+            .filter(|_| task.process_state != ProcessState::Processed)
+            .map(|r| crate::ids::clip(r, 300).to_owned()),
     })))
 }
 
@@ -178,6 +183,7 @@ pub(crate) fn element_ended(
     step: usize,
     element: u32,
     state: ProcessState,
+    reason: Option<&str>,
     c: &mut Change,
 ) -> Result<(), Stale> {
     if !state.is_terminal() {
@@ -207,8 +213,11 @@ pub(crate) fn element_ended(
         let allowed = spec.tolerated_failures.allowed(p.n as usize);
         if p.stopping.is_none() && p.failed as usize > allowed {
             let why = format!(
-                "map step {}: element {element} ended {state}; {} of {} elements failed for good, {allowed} tolerated",
-                def.name, p.failed, p.n
+                "map step {}: element {element} ended {state}{}; {} of {} elements failed for good, {allowed} tolerated",
+                def.name,
+                reason.map(|r| format!(" ({r})")).unwrap_or_default(),
+                p.failed,
+                p.n
             );
             stop(&mut p, EndCause::Failed, &why, step, c);
         }

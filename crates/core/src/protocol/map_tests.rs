@@ -45,7 +45,7 @@ use super::tests::policy;
 fn event_of(m: SchedulerMessage) -> (TaskId, Event) {
     match m {
         SchedulerMessage::ElementEnded(m) => {
-            (m.task_id, Event::ElementEnded { step: m.step, element: m.element, state: m.state })
+            (m.task_id, Event::ElementEnded { step: m.step, element: m.element, state: m.state, reason: m.reason })
         }
         SchedulerMessage::Undo(m) => (m.task_id, Event::Undo { reason: m.reason }),
         SchedulerMessage::Cancel(m) => (m.task_id, Event::Cancel { reason: m.reason, run: m.run }),
@@ -295,10 +295,8 @@ fn an_element_that_fails_past_the_tolerance_stops_the_map_and_every_applied_elem
         w.run();
         let p = w.parent().clone();
         assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
-        assert!(p
-            .history
-            .iter()
-            .any(|h| h.reason.as_deref().is_some_and(|r| r.contains("element 4 ended Compensated"))));
+        let why = "element 4 ended Compensated (step reserve failed permanently: out of stock)";
+        assert!(p.history.iter().any(|h| h.reason.as_deref().is_some_and(|r| r.contains(why))), "{:?}", p.history);
         let map = p.steps[1].map.as_ref().unwrap();
         if seed.is_none() {
             assert!(map.started < 8, "elements after the stop never started ({} did)", map.started);

@@ -150,6 +150,8 @@ pub enum Event {
         step: usize,
         element: u32,
         state: ProcessState,
+        /// Why it ended so (its own reason), when it did not succeed.
+        reason: Option<String>,
     },
     /// A map element that ended `Processed` is undone (its parent compensates the map).
     Undo {
@@ -484,7 +486,9 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
         Event::Cancel { reason, .. } => cancel(task, reason, &mut c)?,
         Event::Resubmit { reason, .. } => resubmit(reason, &mut c),
         Event::Callback { .. } => unreachable!("callback answers are applied before this match"),
-        Event::ElementEnded { step, element, state } => map::element_ended(task, *step, *element, *state, &mut c)?,
+        Event::ElementEnded { step, element, state, reason } => {
+            map::element_ended(task, *step, *element, *state, reason.as_deref(), &mut c)?;
+        }
         Event::Undo { reason } => map::undo(task, reason, &mut c)?,
         Event::Joined { step, output } => map::joined(task, *step, output, &mut c)?,
     }
