@@ -270,7 +270,12 @@ fn end_stopped(c: &mut Change, cause: EndCause) {
         return;
     }
     match cause {
-        EndCause::Failed => c.give_up(reason),
+        EndCause::Failed => {
+            // the one alert for the elements that failed (they raise none of their own)
+            let alert = c.alert(crate::messages::AlertKind::RetriesExhausted, &reason);
+            c.fx.push(Effect::Alert(alert));
+            c.give_up(reason);
+        }
         EndCause::Cancelled => c.begin_compensation(EndCause::Cancelled, reason),
     }
 }

@@ -65,6 +65,8 @@ struct World {
     refuse_steps: HashSet<&'static str>,
     /// Elements whose compensation the service refuses.
     refuse_undo: HashSet<u32>,
+    /// Elements whose every forward attempt fails retryably (a 503).
+    flaky: HashSet<u32>,
     /// Compensation calls per task and unit.
     undos: HashMap<(TaskId, String), u32>,
     /// Forward calls that applied, per element task.
@@ -77,6 +79,8 @@ struct World {
     shuffle: Option<u64>,
     /// Deliver every message between tasks twice (SQS is at least once).
     twice: bool,
+    /// Operator alerts raised, by task.
+    alerts: Vec<(TaskId, AlertKind)>,
 }
 
 impl World {
@@ -97,12 +101,14 @@ impl World {
             refuse: HashSet::new(),
             refuse_steps: HashSet::new(),
             refuse_undo: HashSet::new(),
+            flaky: HashSet::new(),
             undos: HashMap::new(),
             applied: HashMap::new(),
             most_running: 0,
             stale: Vec::new(),
             shuffle: None,
             twice: false,
+            alerts: Vec::new(),
         };
         let id = tr.task.task_id.clone();
         w.tasks.insert(id.clone(), tr.task.clone());
@@ -131,7 +137,10 @@ impl World {
                         }
                         Phase::Compensate => element.is_some_and(|e| self.refuse_undo.contains(&e)),
                     };
-                    let event = if refused {
+                    let flaky = r.phase == Phase::Forward && element.is_some_and(|e| self.flaky.contains(&e));
+                    let event = if flaky {
+                        Event::AgentFailed { attempt: r.attempt, error: "503".into(), retryable: true }
+                    } else if refused {
                         Event::AgentFailed { attempt: r.attempt, error: "out of stock".into(), retryable: false }
                     } else {
                         let count = match r.phase {
@@ -151,7 +160,11 @@ impl World {
                     };
                     self.queue.push_back((r.task_id, event));
                 }
-                Effect::Run { rev, .. } => self.queue.push_back((from.clone(), Event::Claim { rev })),
+                Effect::Run { rev, delay_ms, .. } => {
+                    // delivered once its delay has passed (the clock jumps there)
+                    self.now += delay_ms;
+                    self.queue.push_back((from.clone(), Event::Claim { rev }));
+                }
                 Effect::Spawn { step, elements, cancel } => {
                     let parent = self.tasks[from].clone();
                     for (e, item) in elements {
@@ -184,7 +197,8 @@ impl World {
                     }
                     self.queue.push_back((id, event));
                 }
-                Effect::Reply(_) | Effect::Alert(_) | Effect::ArmTimer(_) => {}
+                Effect::Alert(a) => self.alerts.push((a.task_id, a.kind)),
+                Effect::Reply(_) | Effect::ArmTimer(_) => {}
             }
         }
     }
@@ -335,10 +349,13 @@ fn failures_within_the_tolerance_leave_null_outputs_and_the_task_processed() {
     assert_eq!(p.steps[1].map.as_ref().unwrap().failed, 2);
     assert_eq!(p.failure_count, 2);
     // a third failure is one too many
+    assert!(w.alerts.is_empty(), "failures within the tolerance alert nobody: {:?}", w.alerts);
     let mut w = World::new(10, map_step(4, Tolerance::Percent(20)));
     w.refuse.extend([2, 7, 9]);
     w.run();
     assert_eq!(w.parent().process_state, ProcessState::Compensated);
+    let parent = TaskId::try_from("p").unwrap();
+    assert_eq!(w.alerts, vec![(parent, AlertKind::RetriesExhausted)], "one alert, the parent's, when the map stops");
 }
 
 #[test]
@@ -509,4 +526,24 @@ fn a_map_of_callback_steps_runs_each_element_through_its_own_token() {
         assert_eq!(s.done_by.as_ref(), s.issued.first(), "{}", t.task_id);
     }
     assert!(w.most_running <= 3);
+}
+
+#[test]
+fn elements_that_use_up_their_attempts_raise_no_alert_of_their_own_their_parent_raises_one() {
+    // within the tolerance: no alert at all
+    let mut w = World::new(6, map_step(3, Tolerance::Count(1)));
+    w.flaky.insert(2);
+    w.run();
+    assert_eq!(w.parent().process_state, ProcessState::Processed, "{:?}", w.parent().reason);
+    let e2 = &w.tasks[&TaskId::try_from("p~1~2").unwrap()];
+    assert_eq!((e2.process_state, e2.steps[0].attempts), (ProcessState::Compensated, 2), "both attempts used");
+    assert!(w.alerts.is_empty(), "{:?}", w.alerts);
+    // past it: one alert, the parent's
+    let mut w = World::new(6, map_step(3, Tolerance::None));
+    w.flaky.extend([1, 2]);
+    w.run();
+    assert_eq!(w.parent().process_state, ProcessState::Compensated);
+    let alerts: Vec<&(TaskId, AlertKind)> =
+        w.alerts.iter().filter(|(_, k)| *k == AlertKind::RetriesExhausted).collect();
+    assert_eq!(alerts, vec![&(TaskId::try_from("p").unwrap(), AlertKind::RetriesExhausted)], "{:?}", w.alerts);
 }

@@ -1118,7 +1118,9 @@ impl Change<'_> {
         self.t.unit_record().exhausted(timed_out);
         match self.t.phase() {
             Phase::Forward => {
-                if self.t.workflow.on_failure == OnFailure::Compensate {
+                // A map element's parent speaks for it: one alert when its map stops, not one
+                // per element (a map that tolerates failures would alert for each).
+                if self.t.workflow.on_failure == OnFailure::Compensate && !self.t.task_id.is_child() {
                     let alert = self.alert(AlertKind::RetriesExhausted, &gave_up);
                     self.fx.push(Effect::Alert(alert));
                 }
