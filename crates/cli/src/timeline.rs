@@ -1294,8 +1294,10 @@ mod tests {
             &ctx(0),
             &policy(),
         );
-        let d = Drive(tr.task)
-            .go(1_000, &Event::ElementEnded { step: 0, element: 1, state: ProcessState::Processed, reason: None });
+        let d = Drive(tr.task).go(
+            1_000,
+            &Event::ElementEnded { step: 0, element: 1, state: ProcessState::Processed, reason: None, output: None },
+        );
         let text = render(&d.0, Millis(T0 + 2_000), &Options::full(false));
         assert!(
             text.contains(

@@ -30,6 +30,7 @@ pub mod config;
 pub mod deps;
 pub mod effects;
 pub mod entropy;
+pub mod graph;
 pub mod ids;
 pub mod limit;
 pub mod messages;

@@ -131,6 +131,10 @@ pub struct ElementEnded {
     /// Why it ended so, when it did not succeed (its own reason, clipped to 300 bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// A branch of a parallel region that succeeded: its step's output (the steps after it in
+    /// the region read it). Absent for a map's elements, whose outputs the join reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<serde_json::Value>,
 }
 
 /// Scheduler queue, from a parent to one of its map elements that ended `Processed`: undo it (run

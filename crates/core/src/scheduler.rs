@@ -55,6 +55,7 @@ pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
             element: m.element,
             state: m.state,
             reason: m.reason.as_deref().map(|r| crate::ids::clip(r, MAX_ERROR_BYTES).to_owned()),
+            output: m.output.clone(),
         },
         SchedulerMessage::Undo(m) => Event::Undo { reason: crate::ids::clip(&m.reason, MAX_ERROR_BYTES).to_owned() },
         // The outputs are read once the task is (see `join_output`).

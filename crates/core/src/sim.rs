@@ -560,6 +560,7 @@ const STEP_TIMEOUT_MS: u64 = 5_000;
 fn step(name: &str, comp: Option<&str>) -> StepDef {
     StepDef {
         name: name.into(),
+        after: None,
         kind: StepKind::Call,
         heartbeat_ms: None,
         wait_ms: None,

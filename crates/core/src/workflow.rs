@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::graph::StepGraph;
 use crate::ids::{check_name, IdError};
 
 /// The longest a step may run: an agent Lambda's timeout is at most 15 minutes, and SQS
@@ -94,6 +95,11 @@ impl StepKind {
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct StepDef {
     pub name: String,
+    /// The steps this one waits for (see [`crate::graph`]): it starts once all of them have
+    /// succeeded. Absent: the step listed before it (none for the first). `[]`: none, it starts
+    /// with the task. Steps that do not wait for each other run at once, each as a branch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "StepKind::is_call")]
     pub kind: StepKind,
     /// The logical agent that performs it (an entry of the agent runtime's registry); empty for
@@ -305,6 +311,7 @@ impl StepDef {
     pub fn call(name: &str, agent: &str, timeout_ms: u64) -> StepDef {
         StepDef {
             name: name.to_owned(),
+            after: None,
             kind: StepKind::Call,
             agent: agent.to_owned(),
             timeout_ms,
@@ -427,6 +434,11 @@ impl StepDef {
             if c.kind == StepKind::Wait {
                 return Err(problem("a compensation cannot be a wait step".into()));
             }
+            if c.after.is_some() {
+                return Err(problem(
+                    "a compensation takes no after: compensations run in the reverse of the steps' order".into(),
+                ));
+            }
             c.validate(workflow)?;
         }
         Ok(())
@@ -457,7 +469,51 @@ impl WorkflowDef {
                 }
             }
         }
+        let graph = self.graph()?;
+        for region in graph.regions() {
+            for s in &self.steps[region.clone()] {
+                let problem = |p: &str| WorkflowError::Step {
+                    workflow: self.name.clone(),
+                    step: s.name.clone(),
+                    problem: p.to_owned(),
+                };
+                if s.map.is_some() {
+                    return Err(problem(
+                        "a map step cannot run beside other steps yet: make it a join point (the steps \
+                         beside it wait for it, or it waits for them)",
+                    ));
+                }
+                if self.on_failure == OnFailure::Error {
+                    return Err(problem(
+                        "steps that run beside each other need on_failure: compensate (an Error task cannot yet \
+                         resume its branches)",
+                    ));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The steps as a graph (see [`crate::graph`]), or why their `after` lists cannot run.
+    pub fn graph(&self) -> Result<StepGraph, WorkflowError> {
+        StepGraph::of(&self.steps).map_err(|e| WorkflowError::Step {
+            workflow: self.name.clone(),
+            step: e.step().to_owned(),
+            problem: e.to_string(),
+        })
+    }
+
+    /// The parallel region (a range of step indexes) whose first step is `head`, if there is one.
+    pub fn region_at(&self, head: usize) -> Option<std::ops::Range<usize>> {
+        self.regions().into_iter().find(|r| r.start == head)
+    }
+
+    /// The parallel regions (ranges of step indexes), in order.
+    pub fn regions(&self) -> Vec<std::ops::Range<usize>> {
+        if self.steps.iter().all(|s| s.after.is_none()) {
+            return Vec::new(); // a plain sequence: the common case costs nothing
+        }
+        self.graph().map(|g| g.regions()).unwrap_or_default()
     }
 
     /// Every agent name the workflow uses, compensations included.

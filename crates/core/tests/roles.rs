@@ -26,6 +26,7 @@ const T0: Millis = Millis(1_700_000_000_000);
 fn step(name: &str, comp: Option<&str>) -> StepDef {
     StepDef {
         name: name.into(),
+        after: None,
         kind: StepKind::Call,
         heartbeat_ms: None,
         wait_ms: None,

@@ -26,6 +26,7 @@ pub struct Stack {
 fn step(name: &str, timeout_ms: u64, comp: Option<&str>) -> StepDef {
     StepDef {
         name: name.into(),
+        after: None,
         kind: StepKind::Call,
         heartbeat_ms: None,
         wait_ms: None,

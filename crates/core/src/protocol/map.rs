@@ -32,10 +32,28 @@ use crate::messages::{CancelMessage, ElementEnded, JoinMessage, Phase, Scheduler
 use crate::state::ProcessState;
 use crate::workflow::{MapSpec, OnFailure, WorkflowDef, MAX_MAP_ELEMENTS};
 
+/// What `pointer` names in the unit's input (`{"input", "outputs"}`), read in place.
+fn source<'a>(task: &'a Task, pointer: &str) -> Option<&'a Value> {
+    if let Some(rest) = pointer.strip_prefix("/input") {
+        return if rest.is_empty() || rest.starts_with('/') { task.input.pointer(rest) } else { None };
+    }
+    let rest = pointer.strip_prefix("/outputs/")?;
+    let (name, rest) = rest.split_once('/').map_or((rest, ""), |(n, r)| (n, r));
+    let name = name.replace("~1", "/").replace("~0", "~");
+    let output = match task.steps.iter().find(|s| s.name == name && s.status == StepStatus::Succeeded) {
+        Some(s) => s.output.as_ref()?,
+        None => task.upstream.as_ref()?.get(&name)?,
+    };
+    if rest.is_empty() {
+        Some(output)
+    } else {
+        output.pointer(&format!("/{rest}"))
+    }
+}
+
 /// The array a map step runs over, read from the unit's input (`{"input", "outputs"}`).
 pub(crate) fn items(task: &Task, spec: &MapSpec) -> Result<Vec<Value>, String> {
-    let input = task.unit_input();
-    match input.pointer(&spec.items) {
+    match source(task, &spec.items) {
         None => Err(format!("map.items {} names nothing in the task", spec.items)),
         Some(Value::Array(a)) if a.len() > MAX_MAP_ELEMENTS => {
             Err(format!("map.items {} has {} elements; a map takes at most {MAX_MAP_ELEMENTS}", spec.items, a.len()))
@@ -47,14 +65,67 @@ pub(crate) fn items(task: &Task, spec: &MapSpec) -> Result<Vec<Value>, String> {
     }
 }
 
+/// Element `i` of a map's array, read in place (an element's end must not copy the whole array).
+fn item_at(task: &Task, spec: &MapSpec, i: u32) -> Value {
+    source(task, &spec.items).and_then(|a| a.get(i as usize)).cloned().unwrap_or(Value::Null)
+}
+
+/// Whether step `j` is undone by a unit of its own when the task compensates: a step with a
+/// compensation outside the parallel regions, or a region (at its first step) with a step that
+/// has one (its branches undo themselves). A region's other steps are undone with it.
+pub(crate) fn undoable(task: &Task, regions: &[std::ops::Range<usize>], j: usize) -> bool {
+    let steps = &task.workflow.steps;
+    match regions.iter().find(|r| r.contains(&j)) {
+        Some(r) if r.start == j => steps[r.clone()].iter().any(|s| s.compensation.is_some()),
+        Some(_) => false,
+        None => steps[j].compensation.is_some(),
+    }
+}
+
+/// The branches of a parallel region ready to start: not started, every step they wait for
+/// succeeded (those before the region have: the region starts after them).
+fn ready(task: &Task, region: &std::ops::Range<usize>, p: &MapProgress) -> Vec<u32> {
+    let Ok(graph) = task.workflow.graph() else { return Vec::new() };
+    (0..p.n)
+        .filter(|&e| !p.began(e))
+        .filter(|&e| {
+            graph
+                .after(region.start + e as usize)
+                .iter()
+                .all(|&d| d < region.start || p.ok.get(u32::try_from(d - region.start).unwrap_or(u32::MAX)))
+        })
+        .collect()
+}
+
+/// The region's branches whose undo may start now: a branch is undone after the branches that
+/// come after it (dependent compensations in reverse order; independent ones at once).
+fn undo_now(task: &Task, step: usize, p: &MapProgress) -> Vec<u32> {
+    let Some(region) = task.workflow.region_at(step) else { return p.to_undo().collect() };
+    let Ok(graph) = task.workflow.graph() else { return Vec::new() };
+    let pending: Vec<u32> = p.to_undo().collect();
+    pending
+        .iter()
+        .copied()
+        .filter(|&e| {
+            !pending.iter().any(|&f| f != e && graph.comes_before(region.start + e as usize, region.start + f as usize))
+        })
+        .collect()
+}
+
 /// The task of one map element: a one-step workflow (the map step without its `map`), input
 /// `{"item": …, "index": i}`, waiting for its claim (a run message; if that is lost, the
 /// Supervisor sends it again at `CompleteBy`, as for any task waiting for a claim). Created
 /// unclaimed, so that nothing is claimed by a write whose sends may be lost for good (the
 /// message that made the parent's write may never make it again).
+///
+/// A branch of the parallel region that starts at `step` is made the same way: its workflow is
+/// the region's step `step + element` (without its `after`), its input the parent's, and it gets
+/// the outputs of the parent's steps it comes after ([`Task::upstream`]).
 pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: &Ctx, policy: &Policy) -> Transition {
-    let mut def = parent.workflow.steps[step].clone();
+    let branch = parent.workflow.region_at(step).map(|r| r.start + element as usize);
+    let mut def = parent.workflow.steps[branch.unwrap_or(step)].clone();
     def.map = None;
+    def.after = None;
     let workflow = WorkflowDef {
         name: parent.workflow.name.clone(),
         version: parent.workflow.version,
@@ -63,11 +134,35 @@ pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: 
         steps: vec![def],
     };
     let id = TaskId::child(&parent.task_id, step, element);
-    let input =
-        Value::Object(serde_json::Map::from_iter([("item".to_owned(), item), ("index".to_owned(), json!(element))]));
-    let mut c = Change { t: new_task(id, workflow, input, None, ctx), fx: Vec::new(), ctx, policy };
+    let input = match branch {
+        Some(_) => parent.input.clone(),
+        None => {
+            Value::Object(serde_json::Map::from_iter([("item".to_owned(), item), ("index".to_owned(), json!(element))]))
+        }
+    };
+    let mut t = new_task(id, workflow, input, None, ctx);
+    if let Some(s) = branch {
+        t.upstream = Some(upstream(parent, s));
+    }
+    let mut c = Change { t, fx: Vec::new(), ctx, policy };
     c.wait_for_claim(ctx.now, crate::messages::RunReason::Start);
     Transition { task: c.t, effects: c.fx, keeps_mark: false }
+}
+
+/// The outputs of the steps that step `s` comes after (the parent's, and those its branches
+/// brought back), by name.
+fn upstream(parent: &Task, s: usize) -> Value {
+    let Ok(graph) = parent.workflow.graph() else { return json!({}) };
+    let mut out = match &parent.upstream {
+        Some(Value::Object(up)) => up.clone(),
+        _ => serde_json::Map::new(),
+    };
+    for (j, rec) in parent.steps.iter().enumerate().take(s) {
+        if let (true, Some(o)) = (graph.comes_before(j, s), &rec.output) {
+            out.insert(rec.name.clone(), o.clone());
+        }
+    }
+    Value::Object(out)
 }
 
 /// An element created ended (`Cancelled`, never run) by a map that is stopping: a spawn that was
@@ -90,6 +185,10 @@ pub fn element_tombstone(
     c.finish(ProcessState::Cancelled);
     Transition { task: c.t, effects: c.fx, keeps_mark: false }
 }
+
+/// A parallel region has no deadline of its own (each branch has its step's, and a branch starts
+/// only once those it waits for end): this is a bound far past any of them.
+const REGION_TIMEOUT_MS: u64 = 10 * crate::workflow::MAX_LONG_STEP_MS;
 
 /// How often the Supervisor looks at a running map (its `CompleteBy`): about one attempt of its
 /// step (schedule-to-start and timeout), at least a minute, at most an hour. Each look creates any
@@ -115,6 +214,11 @@ pub(crate) fn ended_notice(task: &Task) -> Option<Effect> {
             .as_deref()
             .filter(|_| task.process_state != ProcessState::Processed)
             .map(|r| crate::ids::clip(r, 300).to_owned()),
+        output: task
+            .upstream
+            .as_ref()
+            .filter(|_| task.process_state == ProcessState::Processed)
+            .map(|_| task.steps.first().and_then(|s| s.output.clone()).unwrap_or(Value::Null)),
     })))
 }
 
@@ -125,7 +229,7 @@ pub(crate) fn map_running(task: &Task) -> bool {
         return false;
     }
     let i = task.unit_step();
-    if task.workflow.steps[i].map.is_none() {
+    if task.workflow.steps[i].map.is_none() && task.workflow.region_at(i).is_none() {
         return false;
     }
     let step = &task.steps[i];
@@ -147,10 +251,14 @@ fn cancel_message(task: &Task, step: usize, element: u32, reason: &str) -> Effec
 }
 
 fn undo_message(task: &Task, step: usize, element: u32) -> Effect {
+    let what = match task.workflow.region_at(step) {
+        Some(r) => format!("its branch {}", task.workflow.steps[r.start + element as usize].name),
+        None => format!("its map step {}", task.workflow.steps[step].name),
+    };
     Effect::Send(SchedulerMessage::Undo(UndoMessage {
         v: VERSION,
         task_id: TaskId::child(&task.task_id, step, element),
-        reason: format!("task {} compensates its map step {}", task.task_id, task.workflow.steps[step].name),
+        reason: format!("task {} compensates {what}", task.task_id),
     }))
 }
 
@@ -166,24 +274,27 @@ pub(crate) fn owed(task: &Task) -> Vec<Effect> {
     match task.phase() {
         Phase::Forward if p.joining => vec![join_message(task, i)],
         Phase::Forward => {
-            let Some(spec) = &task.workflow.steps[i].map else { return Vec::new() };
-            let all = items(task, spec).unwrap_or_default();
-            let elements: Vec<(u32, Value)> =
-                p.running().filter_map(|e| all.get(e as usize).map(|v| (e, v.clone()))).collect();
+            let elements: Vec<(u32, Value)> = match &task.workflow.steps[i].map {
+                Some(spec) => p.running().map(|e| (e, item_at(task, spec, e))).collect(),
+                None => p.running().map(|e| (e, Value::Null)).collect(),
+            };
             let cancel = p.stopping.map(|_| task.reason.clone().unwrap_or_default());
             vec![Effect::Spawn { step: i, elements, cancel }]
         }
-        Phase::Compensate => p.to_undo().map(|e| undo_message(task, i, e)).collect(),
+        Phase::Compensate => undo_now(task, i, p).into_iter().map(|e| undo_message(task, i, e)).collect(),
     }
 }
 
-/// An element ended: count it once, then start the next, stop, or join.
+/// An element ended: count it once, then start the next, stop, or join. A parallel region's
+/// branch: its output is kept, the branches waiting for it start, and once all have succeeded the
+/// region has (no join: each branch brought its output back with its end).
 pub(crate) fn element_ended(
     task: &Task,
     step: usize,
     element: u32,
     state: ProcessState,
     reason: Option<&str>,
+    output: Option<&Value>,
     c: &mut Change,
 ) -> Result<(), Stale> {
     if !state.is_terminal() {
@@ -197,36 +308,66 @@ pub(crate) fn element_ended(
     if task.phase() == Phase::Compensate {
         return element_undone(task, step, element, state, p, c);
     }
-    if !p.ended.set(element) {
+    if !p.began(element) || !p.ended.set(element) {
         return Err(Stale::Duplicate);
     }
+    let region = task.workflow.region_at(step);
     let def = &task.workflow.steps[step];
-    let spec = def.map.clone().expect("a running map unit's step is a map");
+    let spec = def.map.clone();
     if state == ProcessState::Processed {
         p.ok.set(element);
+        if let Some(r) = &region {
+            c.t.steps[r.start + element as usize].output = Some(output.cloned().unwrap_or(Value::Null));
+        }
     } else {
         p.failed += 1;
         c.t.failure_count += 1;
         if state == ProcessState::Error {
             p.errored.set(element);
         }
-        let allowed = spec.tolerated_failures.allowed(p.n as usize);
+        let allowed = spec.as_ref().map_or(0, |s| s.tolerated_failures.allowed(p.n as usize));
         if p.stopping.is_none() && p.failed as usize > allowed {
-            let why = format!(
-                "map step {}: element {element} ended {state}{}; {} of {} elements failed for good, {allowed} tolerated",
-                def.name,
-                reason.map(|r| format!(" ({r})")).unwrap_or_default(),
-                p.failed,
-                p.n
-            );
+            let why = match &region {
+                Some(r) => format!(
+                    "branch {} ended {state}{}",
+                    task.workflow.steps[r.start + element as usize].name,
+                    reason.map(|r| format!(" ({r})")).unwrap_or_default(),
+                ),
+                None => format!(
+                    "map step {}: element {element} ended {state}{}; {} of {} elements failed for good, {allowed} tolerated",
+                    def.name,
+                    reason.map(|r| format!(" ({r})")).unwrap_or_default(),
+                    p.failed,
+                    p.n
+                ),
+            };
             stop(&mut p, EndCause::Failed, &why, step, c);
         }
     }
-    if p.stopping.is_none() && p.started < p.n {
-        let all = items(&c.t, &spec).unwrap_or_default();
+    if let Some(r) = region.filter(|_| p.stopping.is_none()) {
+        let next = ready(&c.t, &r, &p);
+        if next.is_empty() && p.ended.count() == p.n {
+            c.t.steps[step].map = Some(p);
+            region_succeeded(c, &r);
+            return Ok(());
+        }
+        for e in &next {
+            if let Some(b) = p.branches.as_mut() {
+                b.set(*e);
+            }
+            p.started += 1;
+        }
+        if !next.is_empty() {
+            c.fx.push(Effect::Spawn {
+                step,
+                elements: next.into_iter().map(|e| (e, Value::Null)).collect(),
+                cancel: None,
+            });
+        }
+    } else if let (None, Some(spec)) = (p.stopping, spec.as_ref().filter(|_| p.started < p.n)) {
         let next = p.started;
         p.started += 1;
-        let item = all.get(next as usize).cloned().unwrap_or(Value::Null);
+        let item = item_at(&c.t, spec, next);
         c.fx.push(Effect::Spawn { step, elements: vec![(next, item)], cancel: None });
     } else if p.stopping.is_none() && p.ended.count() == p.n {
         p.joining = true;
@@ -239,6 +380,18 @@ pub(crate) fn element_ended(
         end_stopped(c, cause);
     }
     Ok(())
+}
+
+/// Every branch of the parallel region `r` succeeded: so did each of its steps, and the task goes
+/// on after the region.
+fn region_succeeded(c: &mut Change, r: &std::ops::Range<usize>) {
+    for j in r.clone().skip(1) {
+        c.t.steps[j].status = StepStatus::Succeeded;
+    }
+    c.t.unit_record().succeeded();
+    c.t.reason = None;
+    c.t.step_index = r.end - 1;
+    c.advance();
 }
 
 /// Stop the map: no element starts any more, the running ones are cancelled.
@@ -295,8 +448,16 @@ fn element_undone(
     match state {
         // Cancelled: an operator resumed its failed undo with a cancel; undone either way
         ProcessState::Compensated | ProcessState::Cancelled => {
+            let before = undo_now(task, step, &p);
             p.undone.set(element);
             let done = p.to_undo().next().is_none();
+            // a region's branches that waited for this one's undo (the branches after them) go now
+            let next: Vec<Effect> = undo_now(task, step, &p)
+                .into_iter()
+                .filter(|e| !before.contains(e))
+                .map(|e| undo_message(task, step, e))
+                .collect();
+            c.fx.extend(next);
             c.t.steps[step].map = Some(p);
             if done {
                 c.t.unit_record().succeeded();
@@ -341,7 +502,7 @@ pub(crate) fn joined(task: &Task, step: usize, output: &Value, c: &mut Change) -
 pub(crate) fn deadline(task: &Task, c: &mut Change) {
     let i = task.unit_step();
     let def = &task.workflow.steps[i];
-    let spec = def.map.clone().expect("a map unit's step is a map");
+    let timeout_ms = def.map.as_ref().map_or(REGION_TIMEOUT_MS, MapSpec::timeout_ms);
     let p = task.steps[i].map.clone().expect("a running map has its progress");
     let watch = c.ctx.now.plus_ms(watch_ms(def, c.policy));
     let forward = task.phase() == Phase::Forward && !p.joining && p.stopping.is_none();
@@ -352,7 +513,7 @@ pub(crate) fn deadline(task: &Task, c: &mut Change) {
         let why = format!(
             "map step {} did not end within {} ms ({} of {} elements ended)",
             task.workflow.steps[i].name,
-            spec.timeout_ms(),
+            timeout_ms,
             p.ended.count(),
             p.n
         );
@@ -382,8 +543,10 @@ pub(crate) fn cancel(task: &Task, reason: &str, c: &mut Change) {
 }
 
 impl Change<'_> {
-    /// Start a map step: read its array, create its first elements.
-    pub(super) fn start_map(&mut self, spec: &MapSpec) {
+    /// Start a map step: read its array, create its first elements. Without a spec, start the
+    /// parallel region that begins at the current step: create the branches that wait for no
+    /// other branch.
+    pub(super) fn start_map(&mut self, spec: Option<&MapSpec>) {
         let i = self.t.step_index;
         let name = self.t.workflow.steps[i].name.clone();
         self.t.not_before = None;
@@ -395,6 +558,28 @@ impl Change<'_> {
             self.resume_map(p, spec);
             return;
         }
+        let Some(spec) = spec else {
+            let Some(region) = self.t.workflow.region_at(i) else { return };
+            let n = u32::try_from(region.len()).expect("a region has few steps");
+            let mut p = MapProgress::new(n, self.ctx.now.plus_ms(REGION_TIMEOUT_MS));
+            p.branches = Some(super::task::Bits::new(n as usize));
+            let first = ready(&self.t, &region, &p);
+            for e in &first {
+                p.branches.as_mut().expect("set above").set(*e);
+            }
+            p.started = u32::try_from(first.len()).expect("a region has few steps");
+            self.t.steps[i].map = Some(p);
+            let watch =
+                region.clone().map(|j| watch_ms(&self.t.workflow.steps[j], self.policy)).max().unwrap_or(60_000);
+            self.t.complete_by = Some(self.ctx.now.plus_ms(watch));
+            self.note(ProcessState::Processing);
+            self.fx.push(Effect::Spawn {
+                step: i,
+                elements: first.into_iter().map(|e| (e, Value::Null)).collect(),
+                cancel: None,
+            });
+            return;
+        };
         let all = match items(&self.t, spec) {
             Ok(all) => all,
             Err(why) => {
@@ -425,10 +610,10 @@ impl Change<'_> {
     /// An operator resubmits a task whose map stopped (some element could not undo itself): its
     /// elements are not run again; the ends of those that did not succeed are read again (a
     /// mended element now says `Compensated`), and the map goes on stopping from there.
-    fn resume_map(&mut self, mut p: MapProgress, spec: &MapSpec) {
+    fn resume_map(&mut self, mut p: MapProgress, spec: Option<&MapSpec>) {
         let i = self.t.step_index;
-        for e in 0..p.started {
-            if p.ended.get(e) && !p.ok.get(e) {
+        for e in 0..p.n {
+            if p.began(e) && p.ended.get(e) && !p.ok.get(e) {
                 p.ended.clear(e);
                 p.errored.clear(e);
             }
@@ -436,9 +621,8 @@ impl Change<'_> {
         p.failed = 0;
         p.stopping.get_or_insert(EndCause::Failed);
         let why = self.t.reason.clone().unwrap_or_default();
-        let all = items(&self.t, spec).unwrap_or_default();
         let elements: Vec<(u32, Value)> =
-            p.running().map(|e| (e, all.get(e as usize).cloned().unwrap_or(Value::Null))).collect();
+            p.running().map(|e| (e, spec.map_or(Value::Null, |s| item_at(&self.t, s, e)))).collect();
         self.t.steps[i].map = Some(p);
         self.t.complete_by = Some(self.ctx.now.plus_ms(watch_ms(&self.t.workflow.steps[i], self.policy)));
         self.note(ProcessState::Processing);
@@ -457,8 +641,17 @@ impl Change<'_> {
         self.t.awaits = None;
         self.unlock();
         self.t.unit_record().begin_attempt();
+        if let (Some(r), Some(p)) = (self.t.workflow.region_at(i), self.t.steps[i].map.as_mut()) {
+            // a branch whose step has no compensation has nothing to undo
+            for e in 0..p.n {
+                let undoes = self.t.workflow.steps[r.start + e as usize].compensation.is_some();
+                if p.ok.get(e) && !p.errored.get(e) && !undoes {
+                    p.undone.set(e);
+                }
+            }
+        }
         let undos: Vec<Effect> = match &self.t.steps[i].map {
-            Some(p) => p.to_undo().map(|e| undo_message(&self.t, i, e)).collect(),
+            Some(p) => undo_now(&self.t, i, p).into_iter().map(|e| undo_message(&self.t, i, e)).collect(),
             None => Vec::new(),
         };
         if undos.is_empty() {

@@ -44,9 +44,16 @@ use super::tests::policy;
 /// The event a message between tasks carries (as the Scheduler reads it).
 fn event_of(m: SchedulerMessage) -> (TaskId, Event) {
     match m {
-        SchedulerMessage::ElementEnded(m) => {
-            (m.task_id, Event::ElementEnded { step: m.step, element: m.element, state: m.state, reason: m.reason })
-        }
+        SchedulerMessage::ElementEnded(m) => (
+            m.task_id,
+            Event::ElementEnded {
+                step: m.step,
+                element: m.element,
+                state: m.state,
+                reason: m.reason,
+                output: m.output,
+            },
+        ),
         SchedulerMessage::Undo(m) => (m.task_id, Event::Undo { reason: m.reason }),
         SchedulerMessage::Cancel(m) => (m.task_id, Event::Cancel { reason: m.reason, run: m.run }),
         SchedulerMessage::Join(m) => (m.task_id, Event::Joined { step: m.step, output: Value::Null }),
@@ -81,15 +88,22 @@ struct World {
     twice: bool,
     /// Operator alerts raised, by task.
     alerts: Vec<(TaskId, AlertKind)>,
+    /// Every request an agent took: (task, unit, input), in order.
+    requests: Vec<(TaskId, String, Value)>,
 }
 
 impl World {
     fn new(lines: usize, map: StepDef) -> World {
         let lines: Vec<Value> = (0..lines).map(|i| json!({"sku": format!("s{i}")})).collect();
+        World::with(workflow(map), json!({"lines": lines}))
+    }
+
+    fn with(def: WorkflowDef, input: Value) -> World {
+        def.validate().expect("a valid workflow");
         let tr = submit(
             TaskId::try_from("p").unwrap(),
-            workflow(map),
-            json!({"lines": lines}),
+            def,
+            input,
             None,
             &Ctx { now: Millis(1_000), fresh_token: AttemptToken::fresh(), jitter: 0.5 },
             &policy(),
@@ -109,6 +123,7 @@ impl World {
             shuffle: None,
             twice: false,
             alerts: Vec::new(),
+            requests: Vec::new(),
         };
         let id = tr.task.task_id.clone();
         w.tasks.insert(id.clone(), tr.task.clone());
@@ -129,11 +144,12 @@ impl World {
         for e in fx {
             match e {
                 Effect::Dispatch(r) => {
+                    self.requests.push((r.task_id.clone(), r.step.clone(), r.input.clone()));
                     let element = r.task_id.parent_of().map(|(_, _, e)| e);
                     let refused = match r.phase {
                         Phase::Forward => {
                             element.is_some_and(|e| self.refuse.contains(&e))
-                                || (element.is_none() && self.refuse_steps.contains(r.step.as_str()))
+                                || self.refuse_steps.contains(r.step.as_str())
                         }
                         Phase::Compensate => element.is_some_and(|e| self.refuse_undo.contains(&e)),
                     };
@@ -546,4 +562,187 @@ fn elements_that_use_up_their_attempts_raise_no_alert_of_their_own_their_parent_
     let alerts: Vec<&(TaskId, AlertKind)> =
         w.alerts.iter().filter(|(_, k)| *k == AlertKind::RetriesExhausted).collect();
     assert_eq!(alerts, vec![&(TaskId::try_from("p").unwrap(), AlertKind::RetriesExhausted)], "{:?}", w.alerts);
+}
+
+// ---- parallel regions (steps with `after`) ------------------------------------------------------
+
+fn after(step: StepDef, names: &[&str]) -> StepDef {
+    StepDef { after: Some(names.iter().map(|n| (*n).to_owned()).collect()), ..step }
+}
+
+/// quote, then charge and a fraud check at once, then ship once both have succeeded.
+fn diamond() -> WorkflowDef {
+    WorkflowDef {
+        name: "order".into(),
+        version: 1,
+        description: String::new(),
+        on_failure: OnFailure::Compensate,
+        steps: vec![
+            call("quote", Some("unquote")),
+            call("charge", Some("refund")),
+            after(call("fraud", None), &["quote"]),
+            after(call("ship", Some("unship")), &["charge", "fraud"]),
+        ],
+    }
+}
+
+/// a, then b and c at once, d after b (beside c), then e after c and d: a region b, c, d in
+/// which d's undo must come before b's.
+fn chain_in_region() -> WorkflowDef {
+    WorkflowDef {
+        name: "deep".into(),
+        version: 1,
+        description: String::new(),
+        on_failure: OnFailure::Compensate,
+        steps: vec![
+            call("a", Some("undo_a")),
+            call("b", Some("undo_b")),
+            after(call("c", Some("undo_c")), &["a"]),
+            after(call("d", Some("undo_d")), &["b"]),
+            after(call("e", None), &["c", "d"]),
+        ],
+    }
+}
+
+const ORDERS: [(Option<u64>, bool); 4] = [(None, false), (Some(5), false), (Some(17), true), (Some(23), true)];
+
+#[test]
+fn two_branches_run_at_once_as_tasks_of_their_own_and_the_step_after_them_sees_both_outputs() {
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(diamond(), json!({"order": 1}));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Processed, "{seed:?}: {:?}", p.reason);
+        assert!(p.steps.iter().all(|s| s.status == StepStatus::Succeeded), "{:?}", p.steps);
+        let outputs = p.outputs();
+        for s in ["quote", "charge", "fraud", "ship"] {
+            assert_eq!(outputs[s]["step"], s, "{seed:?}: the output of {s} is kept: {outputs}");
+        }
+        // the branches ran as tasks of their own, each once, with the outputs of what they come after
+        let branches: Vec<_> = w.requests.iter().filter(|(t, _, _)| t.is_child()).collect();
+        assert_eq!(branches.len(), 2, "{branches:?}");
+        for (t, step, input) in &branches {
+            assert_eq!(input["input"]["order"], 1, "{t} gets the task's input");
+            assert_eq!(input["outputs"]["quote"]["step"], "quote", "{t} ({step}) gets quote's output");
+        }
+        let ship = w.requests.iter().find(|(_, s, _)| s == "ship").unwrap();
+        assert_eq!(ship.2["outputs"]["charge"]["step"], "charge");
+        assert_eq!(ship.2["outputs"]["fraud"]["step"], "fraud");
+        if seed.is_none() {
+            assert_eq!(w.most_running, 2, "charge and fraud ran at once");
+        }
+        let pid = TaskId::try_from("p").unwrap();
+        assert_eq!(w.applied[&pid], 2, "quote and ship, in the task");
+        assert!(w.applied.iter().all(|(t, n)| *t == pid || *n == 1), "each branch applied once: {:?}", w.applied);
+    }
+}
+
+#[test]
+fn inside_a_region_a_branch_starts_only_once_the_branches_it_waits_for_succeeded() {
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(chain_in_region(), json!({}));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Processed, "{seed:?}: {:?}", p.reason);
+        let order: Vec<&str> = w.requests.iter().map(|(_, s, _)| s.as_str()).collect();
+        let at = |s: &str| order.iter().position(|o| *o == s).unwrap();
+        assert!(at("b") < at("d") && at("a") < at("c") && at("d") < at("e") && at("c") < at("e"), "{order:?}");
+        let d = w.requests.iter().find(|(_, s, _)| s == "d").unwrap();
+        assert_eq!(d.2["outputs"]["b"]["step"], "b", "d reads the output of b, a sibling branch");
+        assert!(d.2["outputs"].get("c").is_none(), "d does not come after c: {}", d.2["outputs"]);
+    }
+}
+
+#[test]
+fn a_branch_that_fails_for_good_cancels_its_sibling_and_every_step_that_applied_is_undone_once() {
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(diamond(), json!({}));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.refuse_steps.insert("fraud");
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
+        assert!(p.reason.as_deref().is_some_and(|r| r.contains("branch fraud ended Compensated")), "{:?}", p.reason);
+        assert!(!w.requests.iter().any(|(_, s, _)| s == "ship"), "ship never ran");
+        // charge ran as a branch: applied once and refunded once, or cancelled before it applied
+        let charge = w.requests.iter().find(|(_, s, _)| s == "charge").map(|(t, _, _)| t.clone());
+        if let Some(charge) = charge {
+            let applied = w.applied.get(&charge).copied().unwrap_or(0);
+            assert_eq!(w.undone(&charge), applied, "{seed:?}: charge applied {applied}");
+        }
+        assert_eq!(w.undone(&TaskId::try_from("p").unwrap()), 1, "quote undone once");
+        assert!(w.elements().iter().all(|t| t.process_state != ProcessState::Processed), "no branch left applied");
+    }
+}
+
+#[test]
+fn a_step_after_a_region_that_fails_undoes_dependent_branches_in_reverse_order_and_independent_ones_at_once() {
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(chain_in_region(), json!({}));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.refuse_steps.insert("e");
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
+        let undos: Vec<&str> =
+            w.requests.iter().filter(|(_, s, _)| s.starts_with("undo_")).map(|(_, s, _)| s.as_str()).collect();
+        let at = |s: &str| undos.iter().position(|o| *o == s).unwrap_or_else(|| panic!("{s} not undone: {undos:?}"));
+        assert!(at("undo_d") < at("undo_b"), "{seed:?}: d comes after b, so it is undone first: {undos:?}");
+        assert!(at("undo_b") < at("undo_a") && at("undo_c") < at("undo_a"), "{undos:?}");
+        for u in ["undo_a", "undo_b", "undo_c", "undo_d"] {
+            assert_eq!(undos.iter().filter(|s| **s == u).count(), 1, "{u} once: {undos:?}");
+        }
+        if seed.is_none() {
+            // c and d are independent: d's undo went out with c's, before either ended
+            let sent = |s: &str| w.requests.iter().position(|(_, r, _)| r == s).unwrap();
+            assert!(sent("undo_c").abs_diff(sent("undo_d")) == 1, "{undos:?}");
+        }
+        assert!(w.elements().iter().all(|t| t.process_state == ProcessState::Compensated));
+    }
+}
+
+#[test]
+fn a_cancel_while_branches_run_stops_them_and_undoes_what_applied() {
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(diamond(), json!({}));
+        w.shuffle = seed;
+        w.twice = twice;
+        // run until both branches exist, then cancel the parent
+        while w.elements().len() < 2 {
+            let (id, e) = w.next().expect("the branches start");
+            w.step(&id, e);
+        }
+        let pid = TaskId::try_from("p").unwrap();
+        w.step(&pid, Event::Cancel { reason: "customer".into(), run: None });
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Cancelled, "{seed:?}: {:?}", p.reason);
+        for t in w.elements() {
+            let applied = w.applied.get(&t.task_id).copied().unwrap_or(0);
+            let comp = t.steps[0].name == "charge";
+            assert_eq!(w.undone(&t.task_id), if comp { applied } else { 0 }, "{seed:?}: {}", t.task_id);
+            assert!(t.process_state != ProcessState::Processed || !comp, "{}", t.task_id);
+        }
+        assert!(!w.requests.iter().any(|(_, s, _)| s == "ship"));
+    }
+}
+
+#[test]
+fn bad_graphs_are_refused_when_the_workflow_loads() {
+    let mut bad = diamond();
+    bad.steps[3] = after(call("ship", None), &["charge", "nope"]);
+    assert!(bad.validate().unwrap_err().to_string().contains("after names nope"));
+    let mut map_beside = diamond();
+    map_beside.steps[2] = after(map_step(2, Tolerance::None), &["quote"]);
+    map_beside.steps[3] = after(call("ship", None), &["charge", "reserve"]);
+    assert!(map_beside.validate().unwrap_err().to_string().contains("cannot run beside"));
+    let mut parked = diamond();
+    parked.on_failure = OnFailure::Error;
+    assert!(parked.validate().unwrap_err().to_string().contains("on_failure: compensate"));
 }

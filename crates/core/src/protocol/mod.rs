@@ -152,6 +152,8 @@ pub enum Event {
         state: ProcessState,
         /// Why it ended so (its own reason), when it did not succeed.
         reason: Option<String>,
+        /// A branch that succeeded: its step's output.
+        output: Option<Value>,
     },
     /// A map element that ended `Processed` is undone (its parent compensates the map).
     Undo {
@@ -354,6 +356,7 @@ fn new_task(task_id: TaskId, workflow: WorkflowDef, input: Value, reply_to: Opti
         late_results: 0,
         late_result: None,
         late_attempt: None,
+        upstream: None,
     }
 }
 
@@ -486,8 +489,8 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
         Event::Cancel { reason, .. } => cancel(task, reason, &mut c)?,
         Event::Resubmit { reason, .. } => resubmit(reason, &mut c),
         Event::Callback { .. } => unreachable!("callback answers are applied before this match"),
-        Event::ElementEnded { step, element, state, reason } => {
-            map::element_ended(task, *step, *element, *state, reason.as_deref(), &mut c)?;
+        Event::ElementEnded { step, element, state, reason, output } => {
+            map::element_ended(task, *step, *element, *state, reason.as_deref(), output.as_ref(), &mut c)?;
         }
         Event::Undo { reason } => map::undo(task, reason, &mut c)?,
         Event::Joined { step, output } => map::joined(task, *step, output, &mut c)?,
@@ -999,9 +1002,17 @@ impl Change<'_> {
     /// (each heartbeat moves it on, never past the hard one). A wait unit has no agent: see
     /// [`Change::start_wait`].
     fn start_unit(&mut self) {
-        if let Some(spec) = self.t.workflow.steps[self.t.unit_step()].map.clone() {
+        let i = self.t.unit_step();
+        if let Some(spec) = self.t.workflow.steps[i].map.clone() {
             match self.t.phase() {
-                Phase::Forward => self.start_map(&spec),
+                Phase::Forward => self.start_map(Some(&spec)),
+                Phase::Compensate => self.start_map_undo(),
+            }
+            return;
+        }
+        if self.t.workflow.region_at(i).is_some() {
+            match self.t.phase() {
+                Phase::Forward => self.start_map(None),
                 Phase::Compensate => self.start_map_undo(),
             }
             return;
@@ -1151,7 +1162,8 @@ impl Change<'_> {
     fn begin_compensation(&mut self, cause: EndCause, reason: String) {
         let t = &self.t;
         let i = t.step_index;
-        let has_comp = |j: usize| t.workflow.steps[j].compensation.is_some();
+        let regions = t.workflow.regions();
+        let has_comp = |j: usize| map::undoable(t, &regions, j);
         let mut plan = Vec::new();
         let current = t.steps[i].maybe_applied && has_comp(i);
         if current {

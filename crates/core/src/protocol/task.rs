@@ -203,6 +203,11 @@ pub struct MapProgress {
     pub joining: bool,
     /// The map's own deadline (`map.timeout_ms` from its start): past it, it stops.
     pub deadline: Millis,
+    /// A parallel region's branches (see [`crate::graph`]) rather than a map's elements: which
+    /// have started (a branch starts once the steps it waits for have succeeded, so the started
+    /// ones are not `0..started`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branches: Option<Bits>,
 }
 
 impl Bits {
@@ -232,12 +237,21 @@ impl MapProgress {
             undone: Bits::default(),
             stopping: None,
             joining: false,
+            branches: None,
+        }
+    }
+
+    /// Whether element (or branch) `e` has started.
+    pub fn began(&self, e: u32) -> bool {
+        match &self.branches {
+            Some(b) => b.get(e),
+            None => e < self.started,
         }
     }
 
     /// Elements started and not yet ended.
     pub fn running(&self) -> impl Iterator<Item = u32> + '_ {
-        (0..self.started).filter(|i| !self.ended.get(*i))
+        (0..self.n).filter(|i| self.began(*i) && !self.ended.get(*i))
     }
 
     /// Elements the map's compensation undoes: those that succeeded or could not undo themselves,
@@ -558,6 +572,10 @@ pub struct Task {
     /// The last of them, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub late_result: Option<String>,
+    /// A branch of a parallel region: the outputs of its parent's steps that it comes after,
+    /// which its agent receives among `outputs` as if it ran in its parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Value>,
     /// The attempt of the last of them (its repeat is not counted twice).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub late_attempt: Option<AttemptToken>,
@@ -603,9 +621,8 @@ impl Task {
         let step = &self.workflow.steps[self.unit_step()];
         match self.stage {
             Stage::Forward => step,
-            Stage::Compensating { .. } => {
-                step.compensation.as_deref().expect("compensation plans only name steps that have a compensation")
-            }
+            // a parallel region's undo (its branches undo themselves) may have none of its own
+            Stage::Compensating { .. } => step.compensation.as_deref().unwrap_or(step),
         }
     }
 
@@ -648,7 +665,10 @@ impl Task {
     /// The outputs of the steps that succeeded, by step name: what later steps receive as
     /// `outputs`, and a `Processed` task's result.
     pub fn outputs(&self) -> Value {
-        let mut outputs = serde_json::Map::new();
+        let mut outputs = match &self.upstream {
+            Some(Value::Object(up)) => up.clone(),
+            _ => serde_json::Map::new(),
+        };
         for s in &self.steps {
             if let (StepStatus::Succeeded, Some(o)) = (s.status, &s.output) {
                 outputs.insert(s.name.clone(), o.clone());

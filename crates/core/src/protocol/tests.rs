@@ -7,6 +7,7 @@ use serde_json::json;
 fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
     StepDef {
         name: name.into(),
+        after: None,
         kind: StepKind::Call,
         heartbeat_ms: None,
         wait_ms: None,
@@ -19,6 +20,7 @@ fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
         compensation: comp.map(|c| {
             Box::new(StepDef {
                 name: c.into(),
+                after: None,
                 kind: StepKind::Call,
                 heartbeat_ms: None,
                 wait_ms: None,
