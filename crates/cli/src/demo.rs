@@ -99,13 +99,18 @@ fn orders(run: &str) -> Vec<Order> {
 }
 
 /// Orders on `order-lines`: each line item is reserved on its own, in a map step (one element task
-/// per line); one order has a line out of stock.
+/// per line), then the charge and a fraud check run at once (two branches); one order has a line
+/// out of stock, one is refused by the fraud check.
 fn line_orders(run: &str) -> Vec<Order> {
     let o = |n: &str, what, items, expect, min_failures| Order {
         id: format!("{run}-{n}"),
         what,
         workflow: "order-lines",
-        faults: json!({}),
+        faults: if n == "lines-fraud" {
+            json!({"fraud/screen": {"permanent": "fraud suspected: card used in three countries today"}})
+        } else {
+            json!({})
+        },
         expect,
         min_failures,
         effects: &[],
@@ -127,6 +132,13 @@ fn line_orders(run: &str) -> Vec<Order> {
             ProcessState::Compensated,
             1,
         ),
+        o(
+            "lines-fraud",
+            "the fraud check beside the charge refuses: refunded (if charged), lines released",
+            json!([{"sku": "book", "qty": 1}, {"sku": "pen", "qty": 3}]),
+            ProcessState::Compensated,
+            1,
+        ),
     ]
 }
 
@@ -145,13 +157,23 @@ fn lines_ok(o: &Order, ledger: &[sas_order_service::LedgerEntry]) -> (bool, Stri
     let count = |op: &str| mine.iter().filter(|e| e.op == op).count();
     let (reserved, released) = (of("reserve"), of("release"));
     let text = format!(
-        "lines reserved {reserved:?}, released {released:?}; charge x{}, refund x{}, ship x{}",
+        "lines reserved {reserved:?}, released {released:?}; charge x{}, refund x{}, fraud check x{}, ship x{}",
         count("charge"),
         count("refund"),
+        count("screen"),
         count("ship")
     );
+    let all = (0..lines).collect::<Vec<_>>();
     let good = if o.expect == ProcessState::Processed {
-        reserved == (0..lines).collect::<Vec<_>>() && released.is_empty() && count("charge") == 1 && count("ship") == 1
+        reserved == all && released.is_empty() && count("charge") == 1 && count("screen") == 1 && count("ship") == 1
+    } else if o.id.ends_with("lines-fraud") {
+        // the charge ran beside the refused check: charged and refunded once, or never charged
+        reserved == all
+            && released == all
+            && count("charge") <= 1
+            && count("refund") == count("charge")
+            && count("screen") == 0
+            && count("ship") == 0
     } else {
         reserved == released && count("charge") == 0 && count("ship") == 0 && !reserved.contains(&1)
     };

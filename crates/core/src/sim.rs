@@ -24,7 +24,8 @@
 //! 4. `error-alert`: `Error` only with a `task_error` alert;
 //! 5. `overwritten`: no terminal state overwritten (`Error` may be left by an operator's hand);
 //! 6. `reply-once`: each task's final status reached its reply queue at least once, and no
-//!    terminal status more than [`MAX_TERMINAL_REPLIES`] times;
+//!    terminal status more than [`MAX_TERMINAL_REPLIES`] times (and one more per callback answer
+//!    repeated after it ended its unit: each makes the desk send again what the ending write owed);
 //! 7. `alert-once`: at most one `task_error` alert per `Error` episode (from entering `Error` to
 //!    the operator's resubmit or cancel), redeliveries and duplicates of a message about the task
 //!    excepted;
@@ -553,6 +554,10 @@ struct Sim {
     joins: BTreeMap<String, u32>,
     /// The calls of [`LIMITED_AGENT`] at its service: from the start to when the agent let go.
     limited_calls: Vec<(Millis, Millis)>,
+    /// Callback answers taken as repeats of the one that ended their unit, by task: each one
+    /// (a worker's retry after an error, a duplicate) makes the desk send again what the ending
+    /// write owed, its terminal status among it, so each one allows one more status.
+    repeated_answers: BTreeMap<String, usize>,
 }
 
 const STEP_TIMEOUT_MS: u64 = 5_000;
@@ -619,11 +624,24 @@ pub fn workflows() -> WorkflowRegistry {
         tolerated_failures: Tolerance::None,
         timeout_ms: None,
     });
+    // reserve, then three branches at once-ish: the charge, and a fraud check followed by a
+    // notice (its undo must come before the fraud check's); ship once the charge and the notice are
+    let after =
+        |s: StepDef, names: &[&str]| StepDef { after: Some(names.iter().map(|n| (*n).to_owned()).collect()), ..s };
+    let mut graph_order = wf("order-graph", OnFailure::Compensate);
+    graph_order.steps = vec![
+        step("reserve", Some("release")),
+        StepDef { agent: LIMITED_AGENT.into(), ..step("charge", Some("refund")) },
+        after(step("fraud", Some("clear")), &["reserve"]),
+        step("notify", Some("unnotify")),
+        after(step("ship", None), &["charge", "notify"]),
+    ];
     WorkflowRegistry::new([
         wf("order", OnFailure::Compensate),
         wf("order-parked", OnFailure::Error),
         async_order,
         map_order,
+        graph_order,
     ])
     .expect("valid simulated workflows")
 }
@@ -683,6 +701,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         agents_free_at: Millis(0),
         dispatched: BTreeSet::new(),
         limited_calls: Vec::new(),
+        repeated_answers: BTreeMap::new(),
         claims: BTreeMap::new(),
         locks: BTreeMap::new(),
         fates: BTreeMap::new(),
@@ -736,6 +755,8 @@ impl Sim {
             "order-async"
         } else if roll < 0.6 {
             "order-map"
+        } else if roll < 0.8 {
+            "order-graph"
         } else {
             "order"
         };
@@ -885,6 +906,9 @@ impl Sim {
                 let answered = block_on(callback::answer(&self.deps, &msg, None));
                 self.bus.clear_send_failures();
                 if let Ok(reply) = answered {
+                    if reply.result == crate::messages::CallbackResult::Duplicate {
+                        *self.repeated_answers.entry(msg.token.task_id().to_string()).or_default() += 1;
+                    }
                     self.count_callback(reply.result);
                 } else {
                     // the sender tries again
@@ -1348,11 +1372,21 @@ impl Sim {
         let f = self.cfg.faults.clone();
         let reply = |outcome| reply_to(req, outcome);
         let k = if req.phase == Phase::Compensate { 0.5 } else { 1.0 };
-        if self.chance(f.permanent * k) {
+        // the warehouse decides once per key: a copy of a request it took (a duplicate) is taken
+        // again, one it refused for good is refused again
+        let known = self.ledger.keys.get(&key).and_then(|k| k.decided);
+        let refuse = match known {
+            Some(Decided::Declined) => true,
+            Some(Decided::Applies) => false,
+            None => self.chance(f.permanent * k),
+        };
+        if refuse {
+            self.ledger.keys.entry(key).or_default().decided = Some(Decided::Declined);
             self.at(now.plus_ms(50), reply(Outcome::Failed { error: "warehouse refuses".into(), retryable: false }));
             return;
         }
-        if self.chance(f.transient * k) {
+        self.ledger.keys.entry(key.clone()).or_default().decided = Some(Decided::Applies);
+        if known.is_none() && self.chance(f.transient * k) {
             self.at(now.plus_ms(50), reply(Outcome::Failed { error: "warehouse busy".into(), retryable: true }));
             return;
         }
@@ -1542,7 +1576,8 @@ impl Sim {
             if let Some((parent, _, _)) = t.task_id.parent_of() {
                 // an element that succeeded and is undone runs again, but not as the map's work
                 let undo = t.steps.first().is_some_and(|s| s.status == StepStatus::Succeeded);
-                if !t.process_state.is_terminal() && !undo {
+                // a region's branches (which carry their upstream outputs) are not map elements
+                if !t.process_state.is_terminal() && !undo && t.upstream.is_none() {
                     *running.entry(parent.to_string()).or_default() += 1;
                 }
             }
@@ -1645,8 +1680,16 @@ impl Sim {
                 v.push(format!("error-alert: {id}: Error without a task_error alert"));
             }
             if t.process_state == ProcessState::Processed {
-                // a map step applies nothing itself: its elements are tasks, checked as such
-                for def in t.workflow.steps.iter().filter(|d| d.kind != StepKind::Wait && d.map.is_none()) {
+                // a map step applies nothing itself, nor do a region's steps: its elements and
+                // branches are tasks, checked as such
+                let regions = t.workflow.regions();
+                let in_region = |d: &StepDef| {
+                    let j = t.workflow.steps.iter().position(|s| s.name == d.name).unwrap_or(0);
+                    regions.iter().any(|r| r.contains(&j))
+                };
+                for def in
+                    t.workflow.steps.iter().filter(|d| d.kind != StepKind::Wait && d.map.is_none() && !in_region(d))
+                {
                     let n = self.applied_all(&id, &def.name).len();
                     if n != 1 {
                         v.push(format!("processed-once: {id}: Processed, but step {} applied {n} times", def.name));
@@ -1717,6 +1760,10 @@ impl Sim {
                 if existing != p.started as usize {
                     v.push(format!("element-lost: {key}: {} elements started, {existing} exist", p.started));
                 }
+                if let Some(r) = t.workflow.region_at(i) {
+                    self.check_region(t, i, &r, &elements, v);
+                    continue;
+                }
                 match t.process_state {
                     ProcessState::Processed => {
                         let ok = elements
@@ -1752,17 +1799,79 @@ impl Sim {
         }
     }
 
+    /// A parallel region's branches: a Processed task has every branch Processed and every step
+    /// of the region its output; a compensated one none left Processed, and each branch undone
+    /// after the branches that come after it (`branch-order`).
+    fn check_region(
+        &self,
+        t: &crate::protocol::Task,
+        head: usize,
+        r: &std::ops::Range<usize>,
+        branches: &[Option<&&crate::protocol::Task>],
+        v: &mut Vec<String>,
+    ) {
+        let key = format!("{}#{head}", t.task_id);
+        match t.process_state {
+            ProcessState::Processed => {
+                let ok =
+                    branches.iter().filter(|b| b.is_some_and(|c| c.process_state == ProcessState::Processed)).count();
+                let outs = t.steps[r.clone()].iter().filter(|s| s.output.is_some()).count();
+                if ok != r.len() || outs != r.len() {
+                    v.push(format!(
+                        "element-lost: {key}: Processed with {ok} of {} branches Processed and {outs} outputs",
+                        r.len()
+                    ));
+                }
+            }
+            ProcessState::Compensated | ProcessState::Cancelled => {
+                for c in branches.iter().flatten() {
+                    if !matches!(c.process_state, ProcessState::Compensated | ProcessState::Cancelled) {
+                        v.push(format!(
+                            "map-undone: {key}: the task ended {} but branch {} ended {}",
+                            t.process_state, c.task_id, c.process_state
+                        ));
+                    }
+                }
+                let Ok(graph) = t.workflow.graph() else { return };
+                let undone_at = |e: usize| {
+                    let def = &t.workflow.steps[r.start + e];
+                    let comp = def.compensation.as_ref()?;
+                    let id = TaskId::child(&t.task_id, head, u32::try_from(e).ok()?);
+                    self.applied(id.as_str(), &comp.name).map(|a| (def.name.clone(), a.at))
+                };
+                for a in 0..r.len() {
+                    for b in 0..r.len() {
+                        if !graph.comes_before(r.start + a, r.start + b) {
+                            continue;
+                        }
+                        if let (Some((an, at_a)), Some((bn, at_b))) = (undone_at(a), undone_at(b)) {
+                            if at_a < at_b {
+                                v.push(format!(
+                                    "branch-order: {key}: {an} was undone at {at_a}, before {bn} (after it) at {at_b}"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// Every task's final status reached the reply queue, and no terminal status too often.
     fn check_replies(&self, tasks: &[crate::protocol::Task], v: &mut Vec<String>) {
         let mut delivered: BTreeMap<(String, u64), (ProcessState, usize)> = BTreeMap::new();
         for body in self.bus.bodies(REPLY_QUEUE) {
             match serde_json::from_str::<StatusMessage>(&body) {
+                // the answer to a duplicate submission is a notice of its own, not a redelivery
+                Ok(s) if s.duplicate => {}
                 Ok(s) => delivered.entry((s.task_id.to_string(), s.seq)).or_insert((s.state, 0)).1 += 1,
                 Err(e) => v.push(format!("reply-once: a reply that is no status: {e}")),
             }
         }
         for ((id, seq), (state, n)) in &delivered {
-            if state.is_terminal() && *n > MAX_TERMINAL_REPLIES {
+            let repeats = self.repeated_answers.get(id).copied().unwrap_or(0);
+            if state.is_terminal() && *n > MAX_TERMINAL_REPLIES + repeats {
                 v.push(format!("reply-once: {id}: status {seq} ({state}) delivered {n} times"));
             }
         }

@@ -31,10 +31,12 @@ pub(crate) enum Op {
     Charge,
     Refund,
     Ship,
+    /// A fraud check: changes nothing, books its verdict (so a summary can show it ran).
+    Screen,
 }
 
 impl Op {
-    pub const ALL: [Op; 5] = [Op::Reserve, Op::Release, Op::Charge, Op::Refund, Op::Ship];
+    pub const ALL: [Op; 6] = [Op::Reserve, Op::Release, Op::Charge, Op::Refund, Op::Ship, Op::Screen];
 
     /// The ledger's name for the operation.
     pub fn name(self) -> &'static str {
@@ -44,6 +46,7 @@ impl Op {
             Op::Charge => "charge",
             Op::Refund => "refund",
             Op::Ship => "ship",
+            Op::Screen => "screen",
         }
     }
 
@@ -55,6 +58,7 @@ impl Op {
             Op::Charge => "/payment/charge",
             Op::Refund => "/payment/refund",
             Op::Ship => "/shipping/ship",
+            Op::Screen => "/fraud/screen",
         }
     }
 }
@@ -65,6 +69,8 @@ pub(crate) struct OrderInput {
     pub customer: Option<String>,
     pub items: Vec<Item>,
     pub amount_cents: Option<u64>,
+    /// A map element's request: about one line of its order.
+    pub element: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -94,6 +100,7 @@ impl OrderInput {
             customer: order.get("customer").and_then(Value::as_str).map(str::to_owned),
             items,
             amount_cents: order.get("amount_cents").and_then(Value::as_u64),
+            element: false,
         }
     }
 
@@ -112,6 +119,8 @@ pub(crate) struct Books {
     reservations: HashMap<String, Vec<String>>,
     /// Per order: charges (id, amount) not yet refunded.
     charges: HashMap<String, Vec<(String, u64)>>,
+    /// The effect being applied is a map element's (its line is booked with it).
+    element: bool,
 }
 
 impl Books {
@@ -121,6 +130,7 @@ impl Books {
 
     /// Applies one effect and returns the 200 response body.
     pub fn apply(&mut self, op: Op, order: &str, key: &str, input: &OrderInput) -> Value {
+        self.element = input.element;
         match op {
             Op::Reserve => {
                 let reservation_id = format!("res-{}", uuid::Uuid::new_v4().simple());
@@ -161,17 +171,23 @@ impl Books {
                 self.append(order, op, key, detail);
                 json!({"shipment_id": shipment_id, "carrier": carrier})
             }
+            Op::Screen => {
+                let detail =
+                    json!({"verdict": "clear", "amount_cents": input.amount_cents(), "customer": input.customer});
+                self.append(order, op, key, detail.clone());
+                detail
+            }
         }
     }
 
     /// A map element's effect (`order` is `{order}~{step}~{line}`) is booked on its order, with
-    /// the line in its detail.
+    /// the line in its detail; so is a parallel branch's (`{order}~{region}~{branch}`), as itself.
     fn append(&mut self, order: &str, op: Op, key: &str, mut detail: Value) {
         let at_ms = crate::now_ms();
         let order = match order.split_once('~') {
             Some((parent, rest)) => {
-                if let (Some(line), Some(d)) =
-                    (rest.rsplit('~').next().and_then(|l| l.parse::<u64>().ok()), detail.as_object_mut())
+                if let (true, Some(line), Some(d)) =
+                    (self.element, rest.rsplit('~').next().and_then(|l| l.parse::<u64>().ok()), detail.as_object_mut())
                 {
                     d.insert("line".into(), json!(line));
                 }

@@ -81,6 +81,8 @@ struct Inner {
     auth: Mutex<Auth>,
     /// Effect requests open now, and the most ever open at once, by endpoint.
     in_flight: Mutex<HashMap<&'static str, InFlight>>,
+    /// Pairs of endpoints that had requests open at the same time (each pair once, in order).
+    overlaps: Mutex<std::collections::BTreeSet<(&'static str, &'static str)>>,
 }
 
 /// Concurrent requests to one endpoint.
@@ -100,6 +102,10 @@ struct InFlightGuard {
 impl InFlightGuard {
     fn open(svc: &OrderService, path: &'static str) -> Self {
         let mut all = lock(&svc.inner.in_flight);
+        let mut overlaps = lock(&svc.inner.overlaps);
+        for (other, _) in all.iter().filter(|(p, f)| **p != path && f.now > 0) {
+            overlaps.insert(if path < *other { (path, other) } else { (other, path) });
+        }
         let e = all.entry(path).or_default();
         e.now += 1;
         e.max = e.max.max(e.now);
@@ -151,6 +157,7 @@ impl Default for Inner {
             confirm_after: DEFAULT_CONFIRM_AFTER,
             auth: Mutex::default(),
             in_flight: Mutex::default(),
+            overlaps: Mutex::default(),
         }
     }
 }
@@ -192,7 +199,7 @@ impl OrderService {
     /// All routes, with this service's state attached:
     ///
     /// * `POST /inventory/reserve`, `/inventory/release`, `/payment/charge`, `/payment/refund`,
-    ///   `/shipping/ship`: the effects (header `Idempotency-Key` required); a request with a
+    ///   `/shipping/ship`, `/fraud/screen` (a check: books its verdict, changes nothing): the effects (header `Idempotency-Key` required); a request with a
     ///   `callback` object is accepted at once (202) and confirmed later through the callback
     ///   queue (see the `callback` module);
     /// * `GET /ledger[?order=ID]` → `{"entries": [...]}`;
@@ -243,6 +250,12 @@ impl OrderService {
     /// ever open at once, and how many came: what a caller's concurrency limit is checked by.
     pub fn in_flight(&self, endpoint: &str) -> InFlight {
         lock(&self.inner.in_flight).iter().find(|(p, _)| **p == endpoint).map(|(_, f)| *f).unwrap_or_default()
+    }
+
+    /// Whether requests to the endpoints `a` and `b` were ever open at the same time: steps that
+    /// run at once are seen to.
+    pub fn overlapped(&self, a: &str, b: &str) -> bool {
+        lock(&self.inner.overlaps).iter().any(|(x, y)| (*x == a && *y == b) || (*x == b && *y == a))
     }
 
     pub fn auth_refusals(&self) -> Vec<AuthRefusal> {
@@ -385,6 +398,7 @@ impl EffectRequest {
             input.and_then(|i| i.get("input")).filter(|v| v.is_object()).or(input).cloned().unwrap_or(Value::Null);
         // A map element's request (`task_id` `{order}~{step}~{line}`, input `{"item": …, "index": …}`)
         // is about one line of the order: that item, and the faults it carries.
+        let element = order_json.get("item").is_some_and(Value::is_object);
         let order_json = match order_json.get("item").filter(|v| v.is_object()) {
             Some(item) => json!({"items": [item], "faults": item.get("faults").cloned().unwrap_or(Value::Null)}),
             None => order_json,
@@ -403,7 +417,7 @@ impl EffectRequest {
         Ok(EffectRequest {
             step: body.get("step").and_then(Value::as_str).map(str::to_owned),
             attempt_no: body.get("attempt_no").and_then(Value::as_u64),
-            input: OrderInput::from_json(&order_json),
+            input: OrderInput { element, ..OrderInput::from_json(&order_json) },
             fault,
             order,
             callback: CallbackReq::parse(&body)?,

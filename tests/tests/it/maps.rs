@@ -1,7 +1,9 @@
-//! Map steps against LocalStack on the local runner: an order reserves each of its lines in a map
-//! (each line an element task of its own in DynamoDB, its HTTP call to the order service under
-//! its own idempotency key), at most `max_concurrency` at once; a line out of stock stops the map,
-//! and every line reserved is released exactly once, nothing charged.
+//! Map steps and parallel branches against LocalStack on the local runner: an order reserves each
+//! of its lines in a map (each line an element task of its own in DynamoDB, its HTTP call to the
+//! order service under its own idempotency key), at most `max_concurrency` at once; a line out of
+//! stock stops the map, and every line reserved is released exactly once, nothing charged. Then
+//! the charge and a fraud check run at once (two branches: `after`), and ship waits for both; a
+//! fraud check that refuses undoes the charge beside it and every line.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -45,7 +47,8 @@ async fn order_service_and_runner(s: &Stack, svc: &OrderService) -> sas_core::ru
         "release": {"kind": "http", "url": "${BASE}/inventory/release"},
         "charge": {"kind": "http", "url": "${BASE}/payment/charge"},
         "refund": {"kind": "http", "url": "${BASE}/payment/refund"},
-        "ship": {"kind": "http", "url": "${BASE}/shipping/ship"}}}"#;
+        "ship": {"kind": "http", "url": "${BASE}/shipping/ship"},
+        "fraud": {"kind": "http", "url": "${BASE}/fraud/screen"}}}"#;
     let vars = |k: &str| (k == "BASE").then(|| base.clone());
     let rt = AgentRuntime::from_config_with(agents, &vars, AwsConfigCell::with(s.sdk.clone())).unwrap();
     s.runner_with(rt)
@@ -133,6 +136,95 @@ async fn a_line_out_of_stock_stops_the_map_and_every_reserved_line_is_released_o
     // lines after the stop never started
     let map = t.steps[0].map.as_ref().unwrap();
     assert!(map.started < 30, "{} of 30 lines started", map.started);
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+/// The lines reserved in a map, then charge and a fraud check at once, then ship after both.
+fn graph_workflow() -> WorkflowDef {
+    let mut wf = lines_workflow();
+    wf.name = "lines-graph".into();
+    wf.description = "reserve each line, then charge and check for fraud at once, then ship".into();
+    let fraud = StepDef { after: Some(vec!["reserve".into()]), ..StepDef::call("fraud", "fraud", 10_000) };
+    wf.steps.insert(2, fraud);
+    wf.steps[3].after = Some(vec!["charge".into(), "fraud".into()]);
+    wf
+}
+
+#[tokio::test]
+async fn the_charge_and_a_fraud_check_run_at_once_after_the_map_and_ship_waits_for_both() {
+    let s = stack_with("graph", WorkflowRegistry::new([graph_workflow()]).unwrap()).await;
+    let svc = OrderService::new();
+    // each takes a moment, so that running at once shows at the service
+    for endpoint in ["/payment/charge", "/fraud/screen"] {
+        svc.add_fault(FaultRule { endpoint: Some(endpoint.into()), latency_ms: 1_000, ..FaultRule::default() });
+    }
+    let runner = order_service_and_runner(&s, &svc).await;
+    let items: Vec<Value> = (0..12).map(|i| json!({"sku": format!("sku-{i}")})).collect();
+    let body =
+        json!({"v": 1, "task_id": "g-1", "workflow": "lines-graph", "input": {"customer": "c-1", "items": items}});
+    s.send(&s.res.submission_queue_url, &body.to_string()).await;
+
+    let t = s.wait_for("g-1", Duration::from_mins(3), |t| t.process_state.is_terminal()).await;
+    assert_eq!(t.process_state, ProcessState::Processed, "{:?}", t.reason);
+    assert!(svc.overlapped("/payment/charge", "/fraud/screen"), "the charge and the fraud check were open at once");
+    assert!(!svc.overlapped("/inventory/reserve", "/payment/charge"), "the charge waited for every line");
+    assert!(!svc.overlapped("/payment/charge", "/shipping/ship"), "ship waited for the charge");
+    assert!(!svc.overlapped("/fraud/screen", "/shipping/ship"), "ship waited for the fraud check");
+    let out = t.outputs();
+    assert_eq!(out["fraud"]["verdict"], "clear", "{out}");
+    assert!(out["charge"]["charge_id"].is_string(), "{out}");
+    assert_eq!(out["reserve"].as_array().map(Vec::len), Some(12));
+    // the branches are tasks of their own, each Processed
+    let branches =
+        s.deps.store.get_many(&[TaskId::child(&t.task_id, 1, 0), TaskId::child(&t.task_id, 1, 1)]).await.unwrap();
+    assert_eq!(branches.len(), 2);
+    assert!(branches.iter().all(|b| b.process_state == ProcessState::Processed), "{branches:?}");
+    let b = books(&svc, "g-1");
+    for op in ["charge", "screen", "ship"] {
+        assert_eq!(b.get(&(op.into(), None)), Some(&1), "{op} once: {b:?}");
+    }
+    assert_eq!(b.len(), 15, "12 lines, charge, screen, ship and nothing else: {b:?}");
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+#[tokio::test]
+async fn a_fraud_check_that_refuses_undoes_the_charge_beside_it_and_every_line() {
+    let s = stack_with("graph-fraud", WorkflowRegistry::new([graph_workflow()]).unwrap()).await;
+    let svc = OrderService::new();
+    // the charge is still open when the fraud check refuses
+    svc.add_fault(FaultRule { endpoint: Some("/payment/charge".into()), latency_ms: 1_500, ..FaultRule::default() });
+    let runner = order_service_and_runner(&s, &svc).await;
+    let items: Vec<Value> = (0..5).map(|i| json!({"sku": format!("sku-{i}")})).collect();
+    let faults = json!({"/fraud/screen": {"permanent": "fraud suspected"}});
+    let body = json!({"v": 1, "task_id": "g-2", "workflow": "lines-graph",
+        "input": {"customer": "c-1", "items": items, "faults": faults}});
+    s.send(&s.res.submission_queue_url, &body.to_string()).await;
+
+    let t = s.wait_for("g-2", Duration::from_mins(3), |t| t.process_state.is_terminal()).await;
+    assert_eq!(t.process_state, ProcessState::Compensated, "{:?}", t.reason);
+    assert!(
+        t.history.iter().any(|h| h
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.contains("branch fraud ended") && r.contains("fraud suspected"))),
+        "{:?}",
+        t.history
+    );
+    let b = books(&svc, "g-2");
+    for line in 0..5 {
+        assert_eq!(b.get(&("reserve".into(), Some(line))), Some(&1), "{b:?}");
+        assert_eq!(b.get(&("release".into(), Some(line))), Some(&1), "line {line} released once: {b:?}");
+    }
+    let charged = b.get(&("charge".into(), None)).copied().unwrap_or(0);
+    assert!(charged <= 1, "{b:?}");
+    assert_eq!(
+        b.get(&("refund".into(), None)).copied().unwrap_or(0),
+        charged,
+        "refunded exactly as often as charged: {b:?}"
+    );
+    assert!(!b.keys().any(|(op, _)| op == "ship" || op == "screen"), "nothing shipped, no verdict booked: {b:?}");
     runner.shutdown().await;
     s.delete().await;
 }
