@@ -510,10 +510,12 @@ fn current(task: &Task, now: Millis) -> String {
         map.filter(|_| matches!(task.process_state, ProcessState::Processing | ProcessState::Compensating))
     {
         let running = p.running().count();
+        let what = if p.branches.is_some() { "parallel branches" } else { "map elements" };
         format!(
-            "{unit} (its map elements: {running} running, {} ended of {}; CompleteBy is the map's next look)",
+            "{unit} (its {what}: {running} running, {} ended of {}; CompleteBy is the {}'s next look)",
             p.ended.count(),
-            p.n
+            p.n,
+            if p.branches.is_some() { "region" } else { "map" }
         )
     } else if task.locked_by.is_some() {
         let n = unit_named(task, unit).map_or(0, |u| recorded_attempts(task, u));
@@ -591,6 +593,9 @@ fn header(task: &Task, now: Millis, out: &mut String) {
 /// What a map step's elements are doing, in words (none for another step).
 pub fn map_summary(task: &Task, i: usize) -> Option<String> {
     let p = task.steps.get(i)?.map.as_ref()?;
+    if let Some(r) = task.workflow.region_at(i) {
+        return Some(region_summary(task, i, &r, p));
+    }
     let mut text = format!(
         "map of {} elements: {} ended ({} succeeded, {} failed), {} running",
         p.n,
@@ -620,6 +625,34 @@ pub fn map_summary(task: &Task, i: usize) -> Option<String> {
     Some(text)
 }
 
+/// A parallel region's branches, by name: where each is, and which task runs it.
+fn region_summary(task: &Task, head: usize, r: &std::ops::Range<usize>, p: &sas_core::protocol::MapProgress) -> String {
+    let names: Vec<&str> = task.workflow.steps[r.clone()].iter().map(|s| s.name.as_str()).collect();
+    let mut text = format!("parallel branches {}:", names.join(", "));
+    for (e, name) in (0u32..).zip(&names) {
+        let at = if p.undone.get(e) {
+            "undone"
+        } else if p.errored.get(e) {
+            "could not undo itself (Error)"
+        } else if p.ok.get(e) {
+            "succeeded"
+        } else if p.ended.get(e) {
+            "failed"
+        } else if p.began(e) {
+            "running"
+        } else {
+            "waiting for the steps it comes after"
+        };
+        let _ = write!(text, " {name} {at} (task {}~{head}~{e}),", task.task_id);
+    }
+    text.pop();
+    if let Some(cause) = p.stopping {
+        let why = if cause == sas_core::protocol::EndCause::Cancelled { "cancelled" } else { "failed" };
+        let _ = write!(text, "; stopping ({why}): the running ones are cancelled");
+    }
+    text
+}
+
 pub fn render(task: &Task, now: Millis, opts: &Options) -> String {
     let mut out = String::new();
     let t0 = task.created_at;
@@ -635,10 +668,17 @@ pub fn render(task: &Task, now: Millis, opts: &Options) -> String {
         );
     }
     if let Some((parent, step, element)) = task.task_id.parent_of() {
-        let _ = writeln!(
-            out,
-            "element {element} of the map step at index {step} of task {parent} (sasctl status {parent})"
-        );
+        if task.upstream.is_some() {
+            let _ = writeln!(
+                out,
+                "branch {element} of the parallel region at step index {step} of task {parent} (sasctl status {parent})"
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "element {element} of the map step at index {step} of task {parent} (sasctl status {parent})"
+            );
+        }
     }
     let spans = spans(task, now);
     let t1 = axis_end(task, now, &spans);
@@ -1275,6 +1315,41 @@ mod tests {
         assert!(!d.render(1_000).contains('\x1b'));
         let coloured = render(&d.0, Millis(T0 + 1_000), &Options::full(true));
         assert!(coloured.contains("\x1b[32m"), "succeeded in green: {coloured}");
+    }
+
+    #[test]
+    fn a_parallel_region_says_where_each_branch_is() {
+        let mut wf = workflow("order");
+        // reserve, then charge beside a fraud check, then ship
+        let mut fraud = wf.steps[1].clone();
+        fraud.name = "fraud".into();
+        fraud.compensation = None;
+        fraud.after = Some(vec!["reserve".into()]);
+        wf.steps.insert(2, fraud);
+        wf.steps[3].after = Some(vec!["charge".into(), "fraud".into()]);
+        let tr = protocol::submit(TaskId::try_from("order-7").unwrap(), wf, json!({}), None, &ctx(0), &policy());
+        let d = Drive(tr.task).ok(400, json!({}));
+        let d = d.go(
+            1_000,
+            &Event::ElementEnded {
+                step: 1,
+                element: 1,
+                state: ProcessState::Processed,
+                reason: None,
+                output: Some(json!({"verdict": "clear"})),
+            },
+        );
+        let text = render(&d.0, Millis(T0 + 2_000), &Options::full(false));
+        assert!(
+            text.contains(
+                "parallel branches charge, fraud: charge running (task order-7~1~0), fraud succeeded (task order-7~1~1)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("(its parallel branches: 1 running, 1 ended of 2;"), "{text}");
+        let branch = protocol::element_task(&d.0, 1, 0, json!(null), &ctx(1_000), &policy()).task;
+        let text = render(&branch, Millis(T0 + 2_000), &Options::full(false));
+        assert!(text.contains("branch 0 of the parallel region at step index 1 of task order-7"), "{text}");
     }
 
     #[test]

@@ -295,7 +295,12 @@ fn spawn_one<'a>(
         };
         let sent = match deps.store.create(&tr.task).await {
             Ok(()) => {
-                info!(task_id = %tr.task.task_id, parent = %parent.task_id, element, "map element created");
+                if tr.task.upstream.is_some() {
+                    let step = tr.task.steps.first().map_or("", |s| s.name.as_str());
+                    info!(task_id = %tr.task.task_id, parent = %parent.task_id, branch = element, step, "parallel branch created");
+                } else {
+                    info!(task_id = %tr.task.task_id, parent = %parent.task_id, element, "map element created");
+                }
                 send(deps, &Committed { task: tr.task.clone(), effects: tr.effects.clone(), now: ctx.now }).await
             }
             Err(StoreError::AlreadyExists) => match deps.store.get(&tr.task.task_id).await.map_err(store_failed)? {

@@ -870,18 +870,21 @@ async fn lambda_a_failing_record_alone_is_redelivered_until_its_dlq() {
     f.delete().await;
 }
 
-/// Issue 20's "done when", on deployed functions: a map of 100 elements (ten at once) runs to
-/// `Processed` with its outputs in element order; the same workflow with one element refused for
-/// good ends `Compensated`, every element that applied undone exactly once, the others never.
+/// Issue 20's "done when", on deployed functions: `sim-graph`, a map of 100 elements (ten at once)
+/// then two parallel branches (charge beside a fraud check) then ship, runs to `Processed` with
+/// the map's outputs in element order and both branches' outputs; the same workflow with one
+/// element refused for good ends `Compensated`, every element that applied undone exactly once,
+/// the others never, and no branch started.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lambda_a_hundred_element_map_runs_and_one_refused_element_compensates_the_others() {
+async fn lambda_a_graph_with_two_branches_and_a_hundred_element_map_runs_and_one_refused_element_compensates_the_others(
+) {
     let file = callback_workflows_file("map");
     let f = lambda_stack("map", &[("WorkflowsFile", &file.to_string_lossy())]).await;
     let lines: Vec<Value> = (0..100).map(|i| json!({"sku": format!("s{i}")})).collect();
     let mut bad: Vec<Value> = (0..40).map(|i| json!({"sku": format!("s{i}")})).collect();
     bad[23] = json!({"sku": "s23", "sim": {"reserve": {"permanent": "out of stock"}}});
     for (id, lines) in [("map-ok", &lines), ("map-bad", &bad)] {
-        let body = json!({"v": 1, "task_id": id, "workflow": "sim-map", "input": {"lines": lines}});
+        let body = json!({"v": 1, "task_id": id, "workflow": "sim-graph", "input": {"lines": lines}});
         f.s.send(&f.s.res.submission_queue_url, &body.to_string()).await;
     }
     let ok = f.s.wait_for("map-ok", Duration::from_mins(5), |t| t.process_state.is_terminal()).await;
@@ -889,6 +892,16 @@ async fn lambda_a_hundred_element_map_runs_and_one_refused_element_compensates_t
     let out = ok.steps[0].output.as_ref().and_then(Value::as_array).expect("the elements' outputs").clone();
     assert_eq!(out.len(), 100);
     assert!(out.iter().enumerate().all(|(i, o)| o["idempotency_key"] == format!("map-ok~0~{i}:reserve")), "{out:?}");
+    // the two branches ran as tasks of their own (the charge and the fraud check), then ship
+    let branches =
+        f.s.deps.store.get_many(&[TaskId::child(&ok.task_id, 1, 0), TaskId::child(&ok.task_id, 1, 1)]).await.unwrap();
+    let names: Vec<&str> = branches.iter().map(|b| b.steps[0].name.as_str()).collect();
+    assert_eq!(branches.len(), 2, "{names:?}");
+    assert!(branches.iter().all(|b| b.process_state == ProcessState::Processed), "{branches:?}");
+    let outputs = ok.outputs();
+    for (step, key) in [("charge", "map-ok~1~0:charge"), ("fraud", "map-ok~1~1:fraud"), ("ship", "map-ok:ship")] {
+        assert_eq!(outputs[step]["idempotency_key"], key, "{step}: {outputs}");
+    }
     let bad = f.s.wait_for("map-bad", Duration::from_mins(5), |t| t.process_state.is_terminal()).await;
     assert_eq!(bad.process_state, ProcessState::Compensated, "{:?}", bad.reason);
     let p = bad.steps[0].map.as_ref().expect("the map's progress");
@@ -916,7 +929,9 @@ async fn lambda_a_hundred_element_map_runs_and_one_refused_element_compensates_t
         }
     }
     assert!(undone > 0, "some elements had applied before the stop");
-    assert!(bad.steps[1].attempts == 0, "nothing charged");
+    assert!(bad.steps[1..].iter().all(|s| s.attempts == 0), "no branch started, nothing charged or shipped");
+    let branch = f.s.deps.store.get(&TaskId::child(&bad.task_id, 1, 0)).await.unwrap();
+    assert!(branch.is_none(), "no branch task was created");
     f.delete().await;
 }
 
