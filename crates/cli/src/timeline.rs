@@ -423,6 +423,17 @@ fn unit_summary(task: &Task, unit: Unit) -> (Tone, String) {
     match unit {
         Unit::Step(i) => {
             let Some(s) = task.steps.get(i) else { return (Tone::Plain, "no record".into()) };
+            // a region's other steps run as its branches: the region's first step says where
+            if let Some(r) = task.workflow.regions().into_iter().find(|r| r.contains(&i) && r.start != i) {
+                let head = &task.workflow.steps[r.start].name;
+                let e = i - r.start;
+                let text = match s.status {
+                    StepStatus::Succeeded => format!("succeeded (branch {e} of the region at {head})"),
+                    _ => format!("a branch of the region at {head}: see there (task {}~{}~{e})", task.task_id, r.start),
+                };
+                let tone = if s.status == StepStatus::Succeeded { Tone::Good } else { Tone::Plain };
+                return (tone, text);
+            }
             let (tone, mut text) = match s.status {
                 StepStatus::Pending if s.attempts == 0 => (Tone::Plain, "not started".to_owned()),
                 StepStatus::Pending => (Tone::Warn, format!("waiting for attempt {}", s.attempts + 1)),
