@@ -95,6 +95,9 @@ WORKLOADS = [
     # figures per task are per map; print_report adds them per element
     ("sim-map, 1,000 elements", "sim-map", {"lines": [{"sku": f"s{i}"} for i in range(1000)]}, 1,
      {"reserve": 1, "charge": 1}),
+    # sim-order with a fraud check beside the charge: two branches, each a task of its own (the
+    # task's own record counts the region's start on its first step, charge; fraud ran elsewhere)
+    ("sim-branches", "sim-branches", {}, 100, {"reserve": 1, "charge": 1, "fraud": 0, "ship": 1}),
 ]
 
 # Workloads whose task is a map: how many elements it has (for the figures per element).

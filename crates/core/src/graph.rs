@@ -18,8 +18,6 @@
 
 use std::ops::Range;
 
-use crate::workflow::StepDef;
-
 /// Why a workflow's `after` lists do not make a graph that can run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GraphError {
@@ -60,23 +58,29 @@ pub struct StepGraph {
 }
 
 impl StepGraph {
-    /// The graph of `steps`, or why it cannot run.
-    pub fn of(steps: &[StepDef]) -> Result<StepGraph, GraphError> {
+    /// The graph of the steps, each given as its name and its `after`, in the listing's order; or
+    /// why it cannot run.
+    pub fn of<'a>(listing: impl IntoIterator<Item = (&'a str, Option<&'a [String]>)>) -> Result<StepGraph, GraphError> {
+        struct Step<'a> {
+            name: &'a str,
+            after: Option<&'a [String]>,
+        }
+        let steps: Vec<Step<'a>> = listing.into_iter().map(|(name, after)| Step { name, after }).collect();
         let index = |name: &str| steps.iter().position(|s| s.name == name);
         let mut after = Vec::with_capacity(steps.len());
         for (i, s) in steps.iter().enumerate() {
-            let deps = match &s.after {
+            let deps = match s.after {
                 None => i.checked_sub(1).into_iter().collect(),
                 Some(names) => {
                     let mut deps: Vec<usize> = Vec::with_capacity(names.len());
                     for name in names {
                         let j = index(name)
-                            .ok_or_else(|| GraphError::Unknown { step: s.name.clone(), name: name.clone() })?;
+                            .ok_or_else(|| GraphError::Unknown { step: s.name.to_owned(), name: name.clone() })?;
                         if j == i {
-                            return Err(GraphError::SelfReference { step: s.name.clone() });
+                            return Err(GraphError::SelfReference { step: s.name.to_owned() });
                         }
                         if deps.contains(&j) {
-                            return Err(GraphError::Repeated { step: s.name.clone(), name: name.clone() });
+                            return Err(GraphError::Repeated { step: s.name.to_owned(), name: name.clone() });
                         }
                         deps.push(j);
                     }
@@ -86,11 +90,14 @@ impl StepGraph {
             after.push(deps);
         }
         if let Some(cycle) = find_cycle(&after) {
-            return Err(GraphError::Cycle(cycle.into_iter().map(|i| steps[i].name.clone()).collect()));
+            return Err(GraphError::Cycle(cycle.into_iter().map(|i| steps[i].name.to_owned()).collect()));
         }
         for (i, deps) in after.iter().enumerate() {
             if let Some(&j) = deps.iter().find(|&&j| j > i) {
-                return Err(GraphError::ListedBefore { step: steps[i].name.clone(), waits_for: steps[j].name.clone() });
+                return Err(GraphError::ListedBefore {
+                    step: steps[i].name.to_owned(),
+                    waits_for: steps[j].name.to_owned(),
+                });
             }
         }
         let n = steps.len();
@@ -197,12 +204,12 @@ fn find_cycle(after: &[Vec<usize>]) -> Option<Vec<usize>> {
 mod tests {
     use super::*;
 
-    fn step(name: &str, after: Option<&[&str]>) -> StepDef {
-        StepDef { after: after.map(|a| a.iter().map(|s| (*s).to_owned()).collect()), ..StepDef::call(name, "a", 1_000) }
-    }
-
     fn graph(steps: &[(&str, Option<&[&str]>)]) -> Result<StepGraph, GraphError> {
-        StepGraph::of(&steps.iter().map(|(n, a)| step(n, *a)).collect::<Vec<_>>())
+        let owned: Vec<(String, Option<Vec<String>>)> = steps
+            .iter()
+            .map(|(n, a)| ((*n).to_owned(), a.map(|a| a.iter().map(|s| (*s).to_owned()).collect())))
+            .collect();
+        StepGraph::of(owned.iter().map(|(n, a)| (n.as_str(), a.as_deref())))
     }
 
     #[test]

@@ -496,10 +496,8 @@ impl WorkflowDef {
 
     /// The steps as a graph (see [`crate::graph`]), or why their `after` lists cannot run.
     pub fn graph(&self) -> Result<StepGraph, WorkflowError> {
-        StepGraph::of(&self.steps).map_err(|e| WorkflowError::Step {
-            workflow: self.name.clone(),
-            step: e.step().to_owned(),
-            problem: e.to_string(),
+        StepGraph::of(self.steps.iter().map(|s| (s.name.as_str(), s.after.as_deref()))).map_err(|e| {
+            WorkflowError::Step { workflow: self.name.clone(), step: e.step().to_owned(), problem: e.to_string() }
         })
     }
 

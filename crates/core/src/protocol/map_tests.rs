@@ -746,3 +746,47 @@ fn bad_graphs_are_refused_when_the_workflow_loads() {
     parked.on_failure = OnFailure::Error;
     assert!(parked.validate().unwrap_err().to_string().contains("on_failure: compensate"));
 }
+
+#[test]
+fn a_task_may_start_with_branches_and_end_with_them() {
+    // a and b start with the task (after: []), c waits for both; d and e both wait only for c
+    let def = WorkflowDef {
+        name: "edges".into(),
+        version: 1,
+        description: String::new(),
+        on_failure: OnFailure::Compensate,
+        steps: vec![
+            after(call("a", Some("undo_a")), &[]),
+            after(call("b", None), &[]),
+            after(call("c", Some("undo_c")), &["a", "b"]),
+            after(call("d", Some("undo_d")), &["c"]),
+            after(call("e", None), &["c"]),
+        ],
+    };
+    assert_eq!(def.regions(), vec![0..2, 3..5]);
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(def.clone(), json!({}));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Processed, "{seed:?}: {:?}", p.reason);
+        assert_eq!(w.elements().len(), 4, "a, b, d and e ran as branches");
+        let c = w.requests.iter().find(|(_, s, _)| s == "c").unwrap();
+        assert_eq!(
+            (c.2["outputs"]["a"]["step"].clone(), c.2["outputs"]["b"]["step"].clone()),
+            (json!("a"), json!("b"))
+        );
+        assert_eq!(p.outputs().as_object().map(serde_json::Map::len), Some(5), "{}", p.outputs());
+    }
+    // the last region fails: c and the first region are undone (a's undo after c's)
+    let mut w = World::with(def, json!({}));
+    w.refuse_steps.insert("e");
+    w.run();
+    assert_eq!(w.parent().process_state, ProcessState::Compensated);
+    let undos: Vec<&str> =
+        w.requests.iter().filter(|(_, s, _)| s.starts_with("undo_")).map(|(_, s, _)| s.as_str()).collect();
+    assert_eq!(undos.first(), Some(&"undo_d"), "{undos:?}");
+    let at = |s: &str| undos.iter().position(|o| *o == s).unwrap();
+    assert!(at("undo_d") < at("undo_c") && at("undo_c") < at("undo_a"), "{undos:?}");
+}
