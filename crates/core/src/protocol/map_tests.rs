@@ -790,3 +790,29 @@ fn a_task_may_start_with_branches_and_end_with_them() {
     let at = |s: &str| undos.iter().position(|o| *o == s).unwrap();
     assert!(at("undo_d") < at("undo_c") && at("undo_c") < at("undo_a"), "{undos:?}");
 }
+
+#[test]
+fn a_branch_that_cannot_undo_itself_parks_the_task_and_a_resubmit_after_the_mend_undoes_only_what_is_left() {
+    let mut w = World::with(diamond(), json!({}));
+    w.refuse_steps.insert("ship");
+    w.refuse_undo.insert(0); // the charge branch's refund
+    w.run();
+    let pid = TaskId::try_from("p").unwrap();
+    let p = w.parent().clone();
+    assert_eq!(p.process_state, ProcessState::Error, "{:?}", p.reason);
+    assert!(p.reason.as_deref().unwrap().contains("element 0 (p~1~0) could not undo"), "{:?}", p.reason);
+    let charge = TaskId::try_from("p~1~0").unwrap();
+    assert_eq!(w.tasks[&charge].process_state, ProcessState::Error);
+    assert_eq!(w.undone(&pid), 0, "the region is undone before quote, and it could not be: {:?}", w.undos);
+    // the refund service is mended; the operator resubmits the task: only what is left is undone
+    w.refuse_undo.clear();
+    let applied_before = w.applied.clone();
+    w.step(&pid, Event::Resubmit { reason: "refunds work again".into(), run: Some(p.run) });
+    w.run();
+    let p = w.parent().clone();
+    assert_eq!(p.process_state, ProcessState::Compensated, "{:?}", p.reason);
+    assert_eq!(w.applied, applied_before, "no forward step ran again");
+    assert_eq!(w.undos.get(&(charge.clone(), "refund".to_owned())), Some(&1), "refunded once: {:?}", w.undos);
+    assert_eq!(w.undos.get(&(pid.clone(), "unquote".to_owned())), Some(&1), "quote undone once: {:?}", w.undos);
+    assert_eq!(w.tasks[&charge].process_state, ProcessState::Compensated);
+}
