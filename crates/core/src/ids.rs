@@ -101,13 +101,12 @@ impl TaskId {
 impl TryFrom<String> for TaskId {
     type Error = IdError;
     fn try_from(s: String) -> Result<Self, IdError> {
-        // A map element's id: a task id, then `~{step}~{element}` (digits).
+        // A map element's or a branch's id: a task id, then `~{step}~{element}` (digits); twice
+        // for the element of a map that runs as a branch (`{task}~{r}~{k}~{step}~{i}`).
         if let Some((parent, rest)) = s.split_once('~') {
-            let mut nums = rest.split('~');
-            let digits = |p: Option<&str>| {
-                p.is_some_and(|p| !p.is_empty() && p.len() <= 6 && p.bytes().all(|b| b.is_ascii_digit()))
-            };
-            if !(digits(nums.next()) && digits(nums.next()) && nums.next().is_none()) {
+            let nums: Vec<&str> = rest.split('~').collect();
+            let digits = |p: &&str| !p.is_empty() && p.len() <= 6 && p.bytes().all(|b| b.is_ascii_digit());
+            if !((nums.len() == 2 || nums.len() == 4) && nums.iter().all(digits)) {
                 return Err(IdError::BadChar { what: "task_id", ch: '~' });
             }
             check_token_chars("task_id", parent, Self::MAX_LEN)?;
@@ -179,8 +178,8 @@ pub struct CallbackToken {
 }
 
 impl CallbackToken {
-    /// The longest token: 32 + 1 + 64 + 1 + 128.
-    pub const MAX_LEN: usize = 226;
+    /// The longest token: 32 + 1 + 64 + 1 + 128, and two child suffixes (`~{6 digits}~{6 digits}`).
+    pub const MAX_LEN: usize = 226 + 2 * 14;
 
     pub fn new(task_id: &TaskId, unit: &str, attempt: &AttemptToken) -> Self {
         CallbackToken { attempt: attempt.clone(), unit: unit.to_owned(), task_id: task_id.clone() }

@@ -625,7 +625,8 @@ pub fn workflows() -> WorkflowRegistry {
         timeout_ms: None,
     });
     // reserve, then three branches at once-ish: the charge, and a fraud check followed by a
-    // notice (its undo must come before the fraud check's); ship once the charge and the notice are
+    // notice to each line's customer, a map run as a branch (its elements the branch's own; its
+    // undo must come before the fraud check's); ship once the charge and the notices are
     let after =
         |s: StepDef, names: &[&str]| StepDef { after: Some(names.iter().map(|n| (*n).to_owned()).collect()), ..s };
     let mut graph_order = wf("order-graph", OnFailure::Compensate);
@@ -633,7 +634,15 @@ pub fn workflows() -> WorkflowRegistry {
         step("reserve", Some("release")),
         StepDef { agent: LIMITED_AGENT.into(), ..step("charge", Some("refund")) },
         after(step("fraud", Some("clear")), &["reserve"]),
-        step("notify", Some("unnotify")),
+        StepDef {
+            map: Some(MapSpec {
+                items: "/input/lines".into(),
+                max_concurrency: MAP_CONCURRENCY,
+                tolerated_failures: Tolerance::None,
+                timeout_ms: None,
+            }),
+            ..step("notify", Some("unnotify"))
+        },
         after(step("ship", None), &["charge", "notify"]),
     ];
     WorkflowRegistry::new([
@@ -1833,18 +1842,29 @@ impl Sim {
                     }
                 }
                 let Ok(graph) = t.workflow.graph() else { return };
+                // when a branch's undos landed, first and last: its own, or its elements' when
+                // it is a map (`{branch}~{step}~{i}`)
                 let undone_at = |e: usize| {
                     let def = &t.workflow.steps[r.start + e];
                     let comp = def.compensation.as_ref()?;
-                    let id = TaskId::child(&t.task_id, head, u32::try_from(e).ok()?);
-                    self.applied(id.as_str(), &comp.name).map(|a| (def.name.clone(), a.at))
+                    let id = TaskId::child(&t.task_id, head, u32::try_from(e).ok()?).to_string();
+                    let unit = format!(":{}", comp.name);
+                    let ats: Vec<Millis> = self
+                        .ledger
+                        .applied
+                        .range(id.clone()..)
+                        .take_while(|(k, _)| k.starts_with(&id))
+                        .filter(|(k, _)| k.contains(&unit))
+                        .map(|(_, a)| a.at)
+                        .collect();
+                    Some((def.name.clone(), *ats.iter().min()?, *ats.iter().max()?))
                 };
                 for a in 0..r.len() {
                     for b in 0..r.len() {
                         if !graph.comes_before(r.start + a, r.start + b) {
                             continue;
                         }
-                        if let (Some((an, at_a)), Some((bn, at_b))) = (undone_at(a), undone_at(b)) {
+                        if let (Some((an, at_a, _)), Some((bn, _, at_b))) = (undone_at(a), undone_at(b)) {
                             if at_a < at_b {
                                 v.push(format!(
                                     "branch-order: {key}: {an} was undone at {at_a}, before {bn} (after it) at {at_b}"

@@ -477,12 +477,6 @@ impl WorkflowDef {
                     step: s.name.clone(),
                     problem: p.to_owned(),
                 };
-                if s.map.is_some() {
-                    return Err(problem(
-                        "a map step cannot run beside other steps yet: make it a join point (the steps \
-                         beside it wait for it, or it waits for them)",
-                    ));
-                }
                 if self.on_failure == OnFailure::Error {
                     return Err(problem(
                         "steps that run beside each other need on_failure: compensate (an Error task cannot yet \

@@ -228,3 +228,43 @@ async fn a_fraud_check_that_refuses_undoes_the_charge_beside_it_and_every_line()
     runner.shutdown().await;
     s.delete().await;
 }
+
+#[tokio::test]
+async fn a_map_runs_as_a_branch_beside_the_charge_from_the_first_step() {
+    // reserve (a map over the lines) and charge both start with the task; ship waits for both
+    let mut wf = lines_workflow();
+    wf.name = "lines-beside".into();
+    wf.steps[0].after = Some(vec![]);
+    wf.steps[1].after = Some(vec![]);
+    wf.steps[2].after = Some(vec!["reserve".into(), "charge".into()]);
+    let s = stack_with("map-branch", WorkflowRegistry::new([wf]).unwrap()).await;
+    let svc = OrderService::new();
+    svc.add_fault(FaultRule { endpoint: Some("/inventory/reserve".into()), latency_ms: 200, ..FaultRule::default() });
+    svc.add_fault(FaultRule { endpoint: Some("/payment/charge".into()), latency_ms: 1_500, ..FaultRule::default() });
+    let runner = order_service_and_runner(&s, &svc).await;
+    let items: Vec<Value> = (0..8).map(|i| json!({"sku": format!("sku-{i}")})).collect();
+    let body =
+        json!({"v": 1, "task_id": "mb-1", "workflow": "lines-beside", "input": {"customer": "c-1", "items": items}});
+    s.send(&s.res.submission_queue_url, &body.to_string()).await;
+
+    let t = s.wait_for("mb-1", Duration::from_mins(3), |t| t.process_state.is_terminal()).await;
+    assert_eq!(t.process_state, ProcessState::Processed, "{:?}", t.reason);
+    assert!(svc.overlapped("/inventory/reserve", "/payment/charge"), "the lines were reserved while the charge ran");
+    let out = t.outputs()["reserve"].as_array().cloned().expect("the map's array");
+    assert_eq!(out.len(), 8);
+    // the map ran in the branch task mb-1~0~0; its elements are that branch's own
+    let branch = TaskId::child(&t.task_id, 0, 0);
+    let elements =
+        s.deps.store.get_many(&(0..8).map(|i| TaskId::child(&branch, 0, i)).collect::<Vec<_>>()).await.unwrap();
+    assert_eq!(elements.len(), 8);
+    assert!(elements.iter().all(|e| e.process_state == ProcessState::Processed));
+    let b = books(&svc, "mb-1");
+    for i in 0..8 {
+        assert_eq!(b.get(&("reserve".into(), Some(i))), Some(&1), "line {i} reserved once: {b:?}");
+    }
+    assert_eq!(b.get(&("charge".into(), None)), Some(&1));
+    assert_eq!(b.get(&("ship".into(), None)), Some(&1));
+    assert_eq!(b.len(), 10, "{b:?}");
+    runner.shutdown().await;
+    s.delete().await;
+}

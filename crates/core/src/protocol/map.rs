@@ -32,6 +32,13 @@ use crate::messages::{CancelMessage, ElementEnded, JoinMessage, Phase, Scheduler
 use crate::state::ProcessState;
 use crate::workflow::{MapSpec, OnFailure, WorkflowDef, MAX_MAP_ELEMENTS};
 
+/// The map spec of the unit at step `i` when that unit is a map: none for a parallel region, even
+/// one whose first step is a map (that map runs in its branch).
+pub(crate) fn map_spec(task: &Task, i: usize) -> Option<&MapSpec> {
+    let spec = task.workflow.steps.get(i)?.map.as_ref()?;
+    task.workflow.region_at(i).is_none().then_some(spec)
+}
+
 /// What `pointer` names in the unit's input (`{"input", "outputs"}`), read in place.
 fn source<'a>(task: &'a Task, pointer: &str) -> Option<&'a Value> {
     if let Some(rest) = pointer.strip_prefix("/input") {
@@ -124,7 +131,9 @@ fn undo_now(task: &Task, step: usize, p: &MapProgress) -> Vec<u32> {
 pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: &Ctx, policy: &Policy) -> Transition {
     let branch = parent.workflow.region_at(step).map(|r| r.start + element as usize);
     let mut def = parent.workflow.steps[branch.unwrap_or(step)].clone();
-    def.map = None;
+    if branch.is_none() {
+        def.map = None; // a branch that is a map step runs its map: its elements are its own
+    }
     def.after = None;
     let workflow = WorkflowDef {
         name: parent.workflow.name.clone(),
@@ -274,7 +283,7 @@ pub(crate) fn owed(task: &Task) -> Vec<Effect> {
     match task.phase() {
         Phase::Forward if p.joining => vec![join_message(task, i)],
         Phase::Forward => {
-            let elements: Vec<(u32, Value)> = match &task.workflow.steps[i].map {
+            let elements: Vec<(u32, Value)> = match map_spec(task, i) {
                 Some(spec) => p.running().map(|e| (e, item_at(task, spec, e))).collect(),
                 None => p.running().map(|e| (e, Value::Null)).collect(),
             };
@@ -313,7 +322,7 @@ pub(crate) fn element_ended(
     }
     let region = task.workflow.region_at(step);
     let def = &task.workflow.steps[step];
-    let spec = def.map.clone();
+    let spec = map_spec(task, step).cloned();
     if state == ProcessState::Processed {
         p.ok.set(element);
         if let Some(r) = &region {
@@ -502,7 +511,7 @@ pub(crate) fn joined(task: &Task, step: usize, output: &Value, c: &mut Change) -
 pub(crate) fn deadline(task: &Task, c: &mut Change) {
     let i = task.unit_step();
     let def = &task.workflow.steps[i];
-    let timeout_ms = def.map.as_ref().map_or(REGION_TIMEOUT_MS, MapSpec::timeout_ms);
+    let timeout_ms = map_spec(task, i).map_or(REGION_TIMEOUT_MS, MapSpec::timeout_ms);
     let p = task.steps[i].map.clone().expect("a running map has its progress");
     let watch = c.ctx.now.plus_ms(watch_ms(def, c.policy));
     let forward = task.phase() == Phase::Forward && !p.joining && p.stopping.is_none();

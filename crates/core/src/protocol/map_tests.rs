@@ -741,7 +741,7 @@ fn bad_graphs_are_refused_when_the_workflow_loads() {
     let mut map_beside = diamond();
     map_beside.steps[2] = after(map_step(2, Tolerance::None), &["quote"]);
     map_beside.steps[3] = after(call("ship", None), &["charge", "reserve"]);
-    assert!(map_beside.validate().unwrap_err().to_string().contains("cannot run beside"));
+    map_beside.validate().expect("a map may run as a branch");
     let mut parked = diamond();
     parked.on_failure = OnFailure::Error;
     assert!(parked.validate().unwrap_err().to_string().contains("on_failure: compensate"));
@@ -815,4 +815,75 @@ fn a_branch_that_cannot_undo_itself_parks_the_task_and_a_resubmit_after_the_mend
     assert_eq!(w.undos.get(&(charge.clone(), "refund".to_owned())), Some(&1), "refunded once: {:?}", w.undos);
     assert_eq!(w.undos.get(&(pid.clone(), "unquote".to_owned())), Some(&1), "quote undone once: {:?}", w.undos);
     assert_eq!(w.tasks[&charge].process_state, ProcessState::Compensated);
+}
+
+/// quote, then the charge beside a map that reserves every line (a branch that is a map: its
+/// elements are the branch's own, `p~1~1~0~i`), then ship.
+fn map_beside_charge() -> WorkflowDef {
+    let mut wf = diamond();
+    wf.steps[2] = after(map_step(2, Tolerance::None), &["quote"]);
+    wf.steps[3] = after(call("ship", Some("unship")), &["charge", "reserve"]);
+    wf
+}
+
+/// The same with the map first in the region (the region's first step is a map step: the region
+/// runs, and the map runs in its branch `p~1~0`).
+fn map_first_beside_charge() -> WorkflowDef {
+    let mut wf = map_beside_charge();
+    wf.steps.swap(1, 2);
+    wf.steps[1].after = Some(vec!["quote".into()]);
+    wf.steps[2].after = Some(vec!["quote".into()]);
+    wf
+}
+
+#[test]
+fn a_region_whose_first_step_is_a_map_runs_the_map_in_its_branch() {
+    let lines: Vec<Value> = (0..4).map(|i| json!({"sku": format!("s{i}")})).collect();
+    let mut w = World::with(map_first_beside_charge(), json!({"lines": lines}));
+    w.run();
+    let p = w.parent().clone();
+    assert_eq!(p.process_state, ProcessState::Processed, "{:?}", p.reason);
+    assert_eq!(p.outputs()["reserve"].as_array().map(Vec::len), Some(4));
+    for i in 0..4 {
+        let id = TaskId::try_from(format!("p~1~0~0~{i}")).unwrap();
+        assert_eq!(w.tasks[&id].process_state, ProcessState::Processed, "{id}");
+    }
+    let charge = TaskId::try_from("p~1~1").unwrap();
+    assert_eq!(w.tasks[&charge].process_state, ProcessState::Processed);
+}
+
+#[test]
+fn a_map_runs_as_a_branch_beside_the_charge_and_is_undone_element_by_element() {
+    let lines: Vec<Value> = (0..5).map(|i| json!({"sku": format!("s{i}")})).collect();
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(map_beside_charge(), json!({"lines": lines}));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Processed, "{seed:?}: {:?}", p.reason);
+        let out = p.outputs()["reserve"].as_array().cloned().expect("the map's outputs");
+        let skus: Vec<&str> = out.iter().map(|o| o["item"]["sku"].as_str().unwrap()).collect();
+        assert_eq!(skus, ["s0", "s1", "s2", "s3", "s4"], "{seed:?}");
+        for i in 0..5 {
+            let id = TaskId::try_from(format!("p~1~1~0~{i}")).unwrap();
+            assert_eq!(w.tasks[&id].process_state, ProcessState::Processed, "{id}");
+            assert_eq!(id.parent_of().map(|(p, _, _)| p.to_string()), Some("p~1~1".to_owned()));
+        }
+        assert!(w.applied.iter().all(|(t, n)| t.as_str() == "p" || *n == 1), "{:?}", w.applied);
+    }
+    // ship fails: every line released once, the charge refunded once, quote undone once
+    let mut w = World::with(map_beside_charge(), json!({"lines": lines}));
+    w.shuffle = Some(3);
+    w.refuse_steps.insert("ship");
+    w.run();
+    assert_eq!(w.parent().process_state, ProcessState::Compensated, "{:?}", w.parent().reason);
+    for i in 0..5 {
+        let id = TaskId::try_from(format!("p~1~1~0~{i}")).unwrap();
+        assert_eq!(w.undos.get(&(id.clone(), "release".to_owned())), Some(&1), "{id}: {:?}", w.undos);
+    }
+    let charge = TaskId::try_from("p~1~0").unwrap();
+    assert_eq!(w.undos.get(&(charge, "refund".to_owned())), Some(&1), "{:?}", w.undos);
+    assert_eq!(w.undone(&TaskId::try_from("p").unwrap()), 1, "quote once");
+    assert!(w.elements().iter().all(|t| t.process_state == ProcessState::Compensated), "nothing left applied");
 }

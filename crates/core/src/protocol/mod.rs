@@ -1003,16 +1003,17 @@ impl Change<'_> {
     /// [`Change::start_wait`].
     fn start_unit(&mut self) {
         let i = self.t.unit_step();
-        if let Some(spec) = self.t.workflow.steps[i].map.clone() {
+        // a parallel region first: its first step may be a map (which runs in its branch)
+        if self.t.workflow.region_at(i).is_some() {
             match self.t.phase() {
-                Phase::Forward => self.start_map(Some(&spec)),
+                Phase::Forward => self.start_map(None),
                 Phase::Compensate => self.start_map_undo(),
             }
             return;
         }
-        if self.t.workflow.region_at(i).is_some() {
+        if let Some(spec) = self.t.workflow.steps[i].map.clone() {
             match self.t.phase() {
-                Phase::Forward => self.start_map(None),
+                Phase::Forward => self.start_map(Some(&spec)),
                 Phase::Compensate => self.start_map_undo(),
             }
             return;
