@@ -182,6 +182,76 @@ async fn a_saved_task_names_only_a_stored_workflow_definition() {
     s.delete().await;
 }
 
+/// A large input is stored once, apart from the task's item: every write of the task stays small
+/// (the parent of a map over a long array is rewritten at each element's end), another process
+/// reads the task whole, and the input expires after the task once it has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_input_is_stored_once_apart_from_the_task() {
+    let s = stack("bigin").await;
+    let ddb = aws_sdk_dynamodb::Client::new(&s.sdk);
+    let table = s.res.task_table.clone();
+    let wf = s.deps.workflows.resolve("three", None).unwrap().clone();
+    let lines: Vec<_> = (0..1000).map(|i| serde_json::json!({"sku": format!("sku-{i}"), "qty": 1})).collect();
+    let t = protocol::submit(
+        TaskId::try_from("big-1").unwrap(),
+        wf,
+        serde_json::json!({"items": lines}),
+        None,
+        &protocol::Ctx::at(Millis::now()),
+        &Policy::default(),
+    )
+    .task;
+    let writer = DynamoStore::new(ddb.clone(), table.clone(), 2, 1);
+    writer.create(&t).await.expect("created");
+    writer.create(&t).await.expect("a create sent again is not a duplicate");
+    let mut next = t.clone();
+    next.rev += 1;
+    next.failure_count += 1;
+    writer.save(&next, &t).await.expect("saved");
+
+    let raw = |key: String| {
+        let ddb = ddb.clone();
+        let table = table.clone();
+        async move {
+            ddb.get_item()
+                .table_name(table)
+                .key("TaskId", AttributeValue::S(key))
+                .consistent_read(true)
+                .send()
+                .await
+                .expect("GetItem")
+                .item
+                .expect("the item")
+        }
+    };
+    let item = raw("big-1".into()).await;
+    assert!(!item.contains_key("Input"), "the input is not in the task's item");
+    let Some(AttributeValue::S(key)) = item.get("InputRef").cloned() else { panic!("no InputRef: {item:?}") };
+    let bytes = sas_core::store::item_size(&item);
+    assert!(bytes < 2048, "the task's item is {bytes} bytes");
+    assert!(!raw(key.clone()).await.contains_key("ExpiresAt"), "no expiry while the task runs");
+
+    // another process (an empty cache) reads the task whole
+    let reader = DynamoStore::new(ddb.clone(), table.clone(), 2, 1);
+    let got = reader.get(&t.task_id).await.expect("GetItem").expect("the task");
+    assert_eq!(got, next);
+
+    // the task ends: its input expires 30 days after it
+    let mut done = next.clone();
+    done.rev += 1;
+    done.process_state = ProcessState::Cancelled;
+    done.locked_by = None;
+    done.complete_by = None;
+    writer.save(&done, &next).await.expect("ended");
+    let item = raw("big-1".into()).await;
+    let expiry = |i: &HashMap<String, AttributeValue>| match i.get("ExpiresAt") {
+        Some(AttributeValue::N(n)) => n.parse::<u64>().unwrap(),
+        other => panic!("no ExpiresAt: {other:?}"),
+    };
+    assert_eq!(expiry(&raw(key).await), expiry(&item) + 30 * 86_400);
+    s.delete().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_alert_reaches_a_subscribed_queue() {
     let s = stack("sns").await;

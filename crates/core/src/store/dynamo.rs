@@ -18,6 +18,14 @@
 //! `history:{task}:{seq}`, attribute `Entry`), one `PutItem` (1 write unit) per entry dropped,
 //! so only tasks with more than `history_limit` status changes pay for it. Archived entries
 //! expire `RetentionDays` + 30 days after they were written.
+//!
+//! An input larger than [`INLINE_INPUT_MAX`] is not rewritten by every write either: it never
+//! changes, so it is stored once, as an item of its own (`TaskId` = `input:{task}:{digest}`,
+//! attribute `Input`), written before the task's item is created, and the task names it in
+//! `InputRef`. A map over a 1,000-line order thus writes a parent of about a kilobyte at each
+//! element's end, not the 17 KB array each time. The input is read with the task (strongly
+//! consistent, once per process: it is cached, being immutable) and expires 30 days after the task
+//! (rewritten with its `ExpiresAt` once, when the task ends).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -40,6 +48,11 @@ pub const BY_END: &str = "ByEnd";
 /// `TaskId` prefix of workflow definition items (`:` never appears in a task id).
 const WORKFLOW_KEY_PREFIX: &str = "workflow:";
 const HISTORY_KEY_PREFIX: &str = "history:";
+const INPUT_KEY_PREFIX: &str = "input:";
+/// An input over this many bytes (as DynamoDB counts them) is stored as an item of its own.
+pub const INLINE_INPUT_MAX: usize = 4096;
+/// Inputs kept in memory per process (each at most `MaxInputBytes`, 256 KiB).
+const INPUT_CACHE_MAX: usize = 64;
 
 /// The key of an archived history entry (`seq` zero-padded: the keys sort as the entries do).
 fn history_key(task_id: &TaskId, seq: u64) -> String {
@@ -81,13 +94,24 @@ fn codec(e: serde_dynamo::Error) -> StoreError {
 /// The name of a workflow definition's item: `{name}@{version}:{digest}`, the digest a hash of the
 /// definition, so a definition changed under the same version is stored apart.
 pub fn workflow_ref(def: &WorkflowDef) -> String {
-    let json = serde_json::to_string(def).unwrap_or_default();
+    format!("{}@{}:{:016x}", def.name, def.version, digest(def))
+}
+
+/// A stable 64-bit digest (FNV-1a) of a value's JSON.
+fn digest<T: serde::Serialize>(value: &T) -> u64 {
+    let json = serde_json::to_string(value).unwrap_or_default();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in json.bytes() {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    format!("{}@{}:{h:016x}", def.name, def.version)
+    h
+}
+
+/// The key of the item holding a task's input when it is stored apart (the digest makes two
+/// different inputs under one task id two items: a duplicate submission never overwrites one).
+fn input_key(task: &Task) -> String {
+    format!("{INPUT_KEY_PREFIX}{}:{:016x}", task.task_id, digest(&task.input))
 }
 
 /// The definitions this process knows, and those it knows are stored (one cell per definition,
@@ -106,11 +130,20 @@ pub struct DynamoStore {
     shards: u32,
     retention_days: u32,
     workflows: Arc<Mutex<Workflows>>,
+    /// Inputs stored apart, by key (immutable: a cached one is never stale).
+    inputs: Arc<Mutex<HashMap<String, AttributeValue>>>,
 }
 
 impl DynamoStore {
     pub fn new(client: Client, table: impl Into<String>, shards: u32, retention_days: u32) -> Self {
-        DynamoStore { client, table: table.into(), shards, retention_days, workflows: Arc::default() }
+        DynamoStore {
+            client,
+            table: table.into(),
+            shards,
+            retention_days,
+            workflows: Arc::default(),
+            inputs: Arc::default(),
+        }
     }
 
     /// Know these definitions without reading them (the deployed ones); tasks pinned to other
@@ -146,6 +179,10 @@ impl DynamoStore {
         let r = workflow_ref(&task.workflow);
         self.known().defs.entry(r.clone()).or_insert_with(|| task.workflow.clone());
         item.insert("WorkflowRef".into(), AttributeValue::S(r));
+        if item.get("Input").is_some_and(|v| value_size(v) > INLINE_INPUT_MAX) {
+            item.remove("Input");
+            item.insert("InputRef".into(), AttributeValue::S(input_key(task)));
+        }
         if task.process_state.is_terminal() {
             // An Error task waits for an operator: it never expires.
             if self.retention_days > 0 && task.process_state != ProcessState::Error {
@@ -171,7 +208,56 @@ impl DynamoStore {
             let def = self.workflow(&r).await?;
             item.insert("Workflow".into(), serde_dynamo::to_attribute_value(def).map_err(codec)?);
         }
+        if let Some(AttributeValue::S(r)) = item.remove("InputRef") {
+            item.insert("Input".into(), self.input(&r).await?);
+        }
         serde_dynamo::from_item(item).map_err(codec)
+    }
+
+    /// The input stored apart under `key`: from this process's cache, else a strongly consistent
+    /// `GetItem` (it was written before the task's item that names it).
+    async fn input(&self, key: &str) -> Result<AttributeValue, StoreError> {
+        if let Some(v) = self.cached_inputs().get(key) {
+            return Ok(v.clone());
+        }
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("TaskId", AttributeValue::S(key.to_owned()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(aws("GetItem"))?;
+        let v = out
+            .item
+            .and_then(|mut i| i.remove("Input"))
+            .ok_or_else(|| StoreError::Codec(format!("the task's input {key} is not in the table")))?;
+        let mut cache = self.cached_inputs();
+        if cache.len() >= INPUT_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(key.to_owned(), v.clone());
+        Ok(v)
+    }
+
+    fn cached_inputs(&self) -> MutexGuard<'_, HashMap<String, AttributeValue>> {
+        self.inputs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The item holding the task's input when its item names one (`InputRef`), with the task's
+    /// `ExpiresAt` plus 30 days once the task has one.
+    fn input_item(task: &Task, item: &Item) -> Result<Option<Item>, StoreError> {
+        let Some(AttributeValue::S(key)) = item.get("InputRef") else { return Ok(None) };
+        let mut input = Item::from([
+            ("TaskId".to_owned(), AttributeValue::S(key.clone())),
+            ("Input".to_owned(), serde_dynamo::to_attribute_value(&task.input).map_err(codec)?),
+        ]);
+        if let Some(AttributeValue::N(at)) = item.get("ExpiresAt") {
+            let at: u64 = at.parse().unwrap_or(0);
+            input.insert("ExpiresAt".into(), AttributeValue::N((at + 30 * 86_400).to_string()));
+        }
+        Ok(Some(input))
     }
 
     async fn workflow(&self, r: &str) -> Result<WorkflowDef, StoreError> {
@@ -218,6 +304,10 @@ impl DynamoStore {
     async fn create_item(&self, task: &Task) -> Result<(), StoreError> {
         let item = self.to_item(task)?;
         self.ensure_workflow(&task.workflow).await?;
+        if let Some(input) = Self::input_item(task, &item)? {
+            // there already (a create sent again): the same content, by its key's digest
+            self.put_new(input).await?;
+        }
         let Some(there) = self.put_new(item).await? else { return Ok(()) };
         // The item there is the one this create wrote: the SDK sent the request again after the
         // first copy had landed. Created, not a duplicate.
@@ -340,6 +430,7 @@ impl DynamoStore {
 
     async fn save_item(&self, task: &Task, read: &Task) -> Result<(), StoreError> {
         let item = self.to_item(task)?;
+        let written = item.clone();
         self.archive_history(task, read).await?;
         // The item names its definition by a reference computed here: make sure the definition
         // item is there before any item names it (a task read in the previous layout, or a
@@ -361,7 +452,12 @@ impl DynamoStore {
             None => req.condition_expression("#rev = :rev AND attribute_not_exists(LockedBy)"),
         };
         match req.send().await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                if !read.process_state.is_terminal() {
+                    self.expire_input(task, &written).await;
+                }
+                Ok(())
+            }
             Err(e) => match e.into_service_error() {
                 aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c) => {
                     let current = match c.item {
@@ -372,6 +468,28 @@ impl DynamoStore {
                 }
                 other => Err(backend("PutItem", other.into())),
             },
+        }
+    }
+
+    /// The task has just ended (`item` as written carries its `ExpiresAt`): its input stored apart
+    /// expires 30 days after it. After the task's write, so that a crash between the two leaves an
+    /// input that never expires rather than a task without its input; a failure is logged, not
+    /// returned (the task's write stands, and a retry of the message would find it done).
+    async fn expire_input(&self, task: &Task, item: &Item) {
+        if !item.contains_key("ExpiresAt") {
+            return;
+        }
+        let put = match Self::input_item(task, item) {
+            Ok(Some(input)) => self.client.put_item().table_name(&self.table).set_item(Some(input)).send().await,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(task_id = %task.task_id, error = %e, "input item not encoded: it will not expire");
+                return;
+            }
+        };
+        if let Err(e) = put {
+            let e = aws_sdk_dynamodb::Error::from(e);
+            tracing::warn!(task_id = %task.task_id, error = %e, "input item not given its ExpiresAt: it will not expire");
         }
     }
 
@@ -887,6 +1005,31 @@ mod tests {
                 assert!(bytes <= 1024, "{name}, write {i} ({}): {bytes} bytes", t.process_state);
             }
         }
+    }
+
+    #[test]
+    fn a_large_input_is_named_not_carried() {
+        let s = store();
+        let mut t = task("sim-order");
+        let lines: Vec<_> = (0..1000).map(|i| serde_json::json!({"sku": format!("sku-{i}"), "qty": 1})).collect();
+        t.input = serde_json::json!({"items": lines});
+        let item = s.to_item(&t).unwrap();
+        assert!(!item.contains_key("Input"));
+        let Some(AttributeValue::S(key)) = item.get("InputRef").cloned() else { panic!("no InputRef") };
+        assert!(key.starts_with("input:msg-0f3c9a5e-7a1b-4c2d-9e8f-0123456789ab:"), "{key}");
+        assert!(item_size(&item) <= 1024, "{} bytes", item_size(&item));
+        // the item holding it: no expiry while the task runs
+        let input = DynamoStore::input_item(&t, &item).unwrap().unwrap();
+        assert!(item_size(&input) > 10_000 && !input.contains_key("ExpiresAt"), "{} bytes", item_size(&input));
+        // read back whole (the input from this process's cache: nothing to ask DynamoDB)
+        s.cached_inputs().insert(key.clone(), input["Input"].clone());
+        assert_eq!(block_on(s.decode(item)).unwrap(), t);
+        // another input under the same id is another item (a duplicate never overwrites one)
+        let mut other = t.clone();
+        other.input["items"][0]["qty"] = serde_json::json!(2);
+        assert_ne!(s.to_item(&other).unwrap()["InputRef"], AttributeValue::S(key));
+        // a small input stays in the item
+        assert!(s.to_item(&task("sim-order")).unwrap().contains_key("Input"));
     }
 
     #[test]
