@@ -506,6 +506,12 @@ fn an_element_that_cannot_undo_itself_leaves_the_task_in_error() {
 
 #[test]
 fn ten_thousand_elements_keep_the_parent_small() {
+    let size = |p: &MapProgress| serde_json::to_vec(p).unwrap().len();
+    let round_trips = |p: &MapProgress| {
+        let back: MapProgress = serde_json::from_slice(&serde_json::to_vec(p).unwrap()).unwrap();
+        assert_eq!(&back, p);
+    };
+    // every element ended and was undone: a run per bitmap
     let mut p = MapProgress::new(10_000, Millis(1));
     p.started = 10_000;
     for e in 0..10_000 {
@@ -513,11 +519,61 @@ fn ten_thousand_elements_keep_the_parent_small() {
         p.ok.set(e);
         p.undone.set(e);
     }
-    let bytes = serde_json::to_vec(&p).unwrap().len();
-    assert!(bytes < 8_000, "{bytes} bytes for 10,000 elements");
-    let back: MapProgress = serde_json::from_slice(&serde_json::to_vec(&p).unwrap()).unwrap();
-    assert_eq!(back, p);
-    assert_eq!(back.ok.count(), 10_000);
+    assert!(size(&p) < 200, "{} bytes for 10,000 elements", size(&p));
+    round_trips(&p);
+    assert_eq!(serde_json::from_slice::<MapProgress>(&serde_json::to_vec(&p).unwrap()).unwrap().ok.count(), 10_000);
+
+    // mid-run, ten at once ending out of order, a few failed: still a few runs
+    let mut p = MapProgress::new(10_000, Millis(1));
+    p.started = 6_010;
+    for e in (0..6_000).chain([6_003, 6_007]) {
+        p.ended.set(e);
+        if e % 1_000 != 17 {
+            p.ok.set(e);
+        }
+    }
+    assert!(size(&p) < 300, "{} bytes mid-run", size(&p));
+    round_trips(&p);
+
+    // the worst case (every other element): the hex bitmap, as before
+    let mut p = MapProgress::new(10_000, Millis(1));
+    p.started = 10_000;
+    for e in (0..10_000).step_by(2) {
+        p.ended.set(e);
+        p.ok.set(e);
+        p.undone.set(e);
+    }
+    assert!(size(&p) < 8_000, "{} bytes at worst", size(&p));
+    round_trips(&p);
+}
+
+#[test]
+fn bitmaps_round_trip_in_either_form() {
+    use crate::protocol::task::Bits;
+    let mut seed: u64 = 7;
+    for case in 0..300 {
+        let n = (case * 37) % 700 + 1;
+        let mut b = Bits::new(n);
+        // density from empty to full, in runs and scattered
+        for i in 0..u32::try_from(n).unwrap() {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            if (seed >> 33) % 100 < (case % 101) as u64 {
+                b.set(i);
+            }
+        }
+        let json = serde_json::to_string(&b).unwrap();
+        let back: Bits = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, b, "case {case}: {json}");
+    }
+    // the form items were written in before runs existed still reads
+    let old: Bits = serde_json::from_str("\"0f01\"").unwrap();
+    assert!((0..4).all(|i| old.get(i)) && old.get(8) && old.count() == 5);
+    assert_eq!(serde_json::to_string(&old).unwrap(), "\"0f01\"", "hex when no shorter");
+    let runs: Bits = serde_json::from_str("\"r2:0-3,8\"").unwrap();
+    assert_eq!(runs, old);
+    for bad in ["\"r2:9-3\"", "\"r1:8\"", "\"r2:x\"", "\"r99999999:\""] {
+        assert!(serde_json::from_str::<Bits>(bad).is_err(), "{bad}");
+    }
 }
 
 #[test]

@@ -113,7 +113,10 @@ pub struct StepRecord {
     pub map: Option<MapProgress>,
 }
 
-/// A set of element indexes, stored as a hex bitmap (2,500 characters for 10,000 elements).
+/// A set of element indexes. Stored as whichever is shorter: a hex bitmap (2,500 characters for
+/// 10,000 elements), or its runs of set bits, `r{bytes}:{from}-{to},{i},...` (a map's elements end
+/// nearly in order, so `ended` and `ok` are a few runs: `r1250:0-9989,9991-9999`). The parent's
+/// item, rewritten at each element's end, thus stays small however long the array.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Bits(Vec<u8>);
 
@@ -148,9 +151,53 @@ impl Bits {
     }
 }
 
+impl Bits {
+    /// The runs of set bits, `from-to` (inclusive) or `i`, comma-separated.
+    fn runs(&self) -> String {
+        use std::fmt::Write;
+        let n = u32::try_from(self.0.len() * 8).unwrap_or(u32::MAX);
+        let mut out = String::new();
+        let mut i = 0;
+        while i < n {
+            if !self.get(i) {
+                i += 1;
+                continue;
+            }
+            let from = i;
+            while i + 1 < n && self.get(i + 1) {
+                i += 1;
+            }
+            let sep = if out.is_empty() { "" } else { "," };
+            let _ = if from == i { write!(out, "{sep}{i}") } else { write!(out, "{sep}{from}-{i}") };
+            i += 1;
+        }
+        out
+    }
+
+    fn from_runs(bytes: usize, runs: &str) -> Result<Bits, String> {
+        let mut b = Bits(vec![0; bytes]);
+        for run in runs.split(',').filter(|r| !r.is_empty()) {
+            let (from, to) = run.split_once('-').unwrap_or((run, run));
+            let (from, to): (u32, u32) =
+                (from.parse().map_err(|e| format!("{run}: {e}"))?, to.parse().map_err(|e| format!("{run}: {e}"))?);
+            if from > to || to as usize >= bytes * 8 {
+                return Err(format!("run {run} is not within {bytes} bytes"));
+            }
+            for i in from..=to {
+                b.set(i);
+            }
+        }
+        Ok(b)
+    }
+}
+
 impl Serialize for Bits {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use std::fmt::Write;
+        let runs = format!("r{}:{}", self.0.len(), self.runs());
+        if runs.len() < self.0.len() * 2 {
+            return s.serialize_str(&runs);
+        }
         let hex = self.0.iter().fold(String::with_capacity(self.0.len() * 2), |mut h, b| {
             let _ = write!(h, "{b:02x}");
             h
@@ -161,7 +208,15 @@ impl Serialize for Bits {
 
 impl<'de> Deserialize<'de> for Bits {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let hex = String::deserialize(d)?;
+        let text = String::deserialize(d)?;
+        if let Some((bytes, runs)) = text.strip_prefix('r').and_then(|r| r.split_once(':')) {
+            let bytes: usize = bytes.parse().map_err(serde::de::Error::custom)?;
+            if bytes > 1 << 16 {
+                return Err(serde::de::Error::custom(format!("a bitmap of {bytes} bytes is longer than any map")));
+            }
+            return Bits::from_runs(bytes, runs).map_err(serde::de::Error::custom);
+        }
+        let hex = text;
         if hex.len() % 2 != 0 {
             return Err(serde::de::Error::custom("a bitmap has an even number of hex digits"));
         }
