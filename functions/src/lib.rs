@@ -165,7 +165,7 @@ pub async fn handle_event(
     match parse_event(role, payload)? {
         Invocation::Sqs(ev) => {
             let records = records(ev);
-            let failed = process_batch(&records, |r| handle(role, deps, agents, r)).await;
+            let failed = process_batch(role, &records, |r| handle(role, deps, agents, r)).await;
             Ok(Response::Batch(batch_response(failed)))
         }
         Invocation::Scheduled(_) => {

@@ -149,27 +149,122 @@ async fn answer_record(deps: &Deps, record: &Record) -> Result<(), HandlerError>
     callback::answer(deps, &msg, Some(&record.message_id)).await.map(drop)
 }
 
-/// Handle a batch the way an SQS-triggered Lambda with `ReportBatchItemFailures` does: every record
-/// concurrently, each in its own span; the ids of the records that failed are returned, so only
-/// those are delivered again.
-pub async fn process_batch<'a, F, Fut, T>(records: &'a [Record], handler: F) -> Vec<String>
+/// Handle a batch the way an SQS-triggered Lambda with `ReportBatchItemFailures` does: the ids of
+/// the records that failed are returned, so only those are delivered again. Records run
+/// concurrently, except those naming the same task (`task_id` in the body), which run one after
+/// the other in the batch's order: they would only race for the task's item, and each lost
+/// conditional write costs a write unit and a re-decision (the ends of a map's elements arrive
+/// together, each a write on their parent). Not the Agent's: its records are remote calls of up
+/// to 110 s each, and two of one task in a row could outlast the function's timeout.
+pub async fn process_batch<'a, F, Fut, T>(role: Role, records: &'a [Record], handler: F) -> Vec<String>
 where
     F: Fn(&'a Record) -> Fut,
     Fut: std::future::Future<Output = Result<T, HandlerError>>,
 {
-    let runs = records.iter().map(|r| {
-        let span = info_span!("record", message_id = %r.message_id);
-        let fut = handler(r);
-        async move {
-            match fut.await {
-                Ok(_) => None,
-                Err(e) => {
-                    error!(error = %e, "record failed; SQS will deliver it again");
-                    Some(r.message_id.clone())
-                }
+    #[derive(serde::Deserialize)]
+    struct Names {
+        task_id: Option<String>,
+    }
+    let mut groups: Vec<(Option<String>, Vec<&'a Record>)> = Vec::new();
+    for r in records {
+        let task = serde_json::from_str::<Names>(&r.body).ok().and_then(|n| n.task_id);
+        let task = task.filter(|_| role != Role::Agent);
+        match groups.iter_mut().find(|(t, _)| task.is_some() && *t == task) {
+            Some((_, rs)) => rs.push(r),
+            None => groups.push((task, vec![r])),
+        }
+    }
+    let handler = &handler;
+    let runs = groups.into_iter().map(|(_, rs)| async move {
+        let mut failed = Vec::new();
+        for r in rs {
+            let span = info_span!("record", message_id = %r.message_id);
+            let outcome = handler(r).instrument(span.clone()).await;
+            if let Err(e) = outcome {
+                span.in_scope(|| error!(error = %e, "record failed; SQS will deliver it again"));
+                failed.push(r.message_id.clone());
             }
         }
-        .instrument(span)
+        failed
     });
     futures::future::join_all(runs).await.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    fn record(id: &str, body: &str) -> Record {
+        Record { message_id: id.to_owned(), body: body.to_owned(), receive_count: 1, sent_at: None, trace_header: None }
+    }
+
+    #[tokio::test]
+    async fn records_of_one_task_run_in_order_and_others_beside_them() {
+        let records = vec![
+            record("a1", r#"{"task_id":"a","n":1}"#),
+            record("b1", r#"{"task_id":"b","n":1}"#),
+            record("a2", r#"{"task_id":"a","n":2}"#),
+            record("x", "not json"),
+            record("a3", r#"{"task_id":"a","n":3}"#),
+            record("y", "not json either"),
+        ];
+        let now = AtomicUsize::new(0);
+        let most = AtomicUsize::new(0);
+        let per_task: Mutex<HashMap<String, usize>> = Mutex::default();
+        let order = Mutex::new(Vec::new());
+        let failed = process_batch(Role::Scheduler, &records, |r| {
+            let (now, most, per_task, order) = (&now, &most, &per_task, &order);
+            async move {
+                let task = serde_json::from_str::<serde_json::Value>(&r.body)
+                    .ok()
+                    .and_then(|v| v["task_id"].as_str().map(str::to_owned));
+                let running = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(running, Ordering::SeqCst);
+                if let Some(t) = &task {
+                    let mut m = per_task.lock().unwrap();
+                    let n = m.entry(t.clone()).or_default();
+                    *n += 1;
+                    assert_eq!(*n, 1, "two records of task {t} at once");
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                if let Some(t) = &task {
+                    *per_task.lock().unwrap().get_mut(t).unwrap() -= 1;
+                }
+                order.lock().unwrap().push(r.message_id.clone());
+                now.fetch_sub(1, Ordering::SeqCst);
+                if r.message_id == "a2" {
+                    Err(HandlerError::Malformed("refused".into()))
+                } else {
+                    Ok(())
+                }
+            }
+        })
+        .await;
+        assert_eq!(failed, vec!["a2".to_owned()], "a failed record is reported, and the ones after it still run");
+        let order = order.into_inner().unwrap();
+        let pos = |id: &str| order.iter().position(|o| o == id).unwrap();
+        assert!(pos("a1") < pos("a2") && pos("a2") < pos("a3"), "{order:?}");
+        assert_eq!(order.len(), 6);
+        // a, b and each record without a task ran beside each other
+        assert_eq!(most.into_inner(), 4);
+
+        // the Agent's records all run at once
+        let most = AtomicUsize::new(0);
+        let now = AtomicUsize::new(0);
+        let failed = process_batch(Role::Agent, &records, |_| {
+            let (now, most) = (&now, &most);
+            async move {
+                most.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, HandlerError>(())
+            }
+        })
+        .await;
+        assert!(failed.is_empty());
+        assert_eq!(most.into_inner(), 6);
+    }
 }

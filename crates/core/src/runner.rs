@@ -162,7 +162,7 @@ async fn poll(
                         trace_header: m.trace_header.clone(),
                     })
                     .collect();
-            let failed = process_batch(&records, |r| handle(role, &deps, &agents, r)).await;
+            let failed = process_batch(role, &records, |r| handle(role, &deps, &agents, r)).await;
             // As a function does after each invocation (nothing without a recorder).
             crate::telemetry::flush_metrics();
             let done: Vec<String> =
