@@ -204,6 +204,11 @@ async fn a_large_input_is_stored_once_apart_from_the_task() {
     let writer = DynamoStore::new(ddb.clone(), table.clone(), 2, 1);
     writer.create(&t).await.expect("created");
     writer.create(&t).await.expect("a create sent again is not a duplicate");
+    // a duplicate of the id with another input: refused, and its input item expires in a day
+    let mut dup = t.clone();
+    dup.input["items"][0]["qty"] = serde_json::json!(2);
+    dup.locked_by = Some(AttemptToken::fresh());
+    assert!(matches!(writer.create(&dup).await, Err(StoreError::AlreadyExists)));
     let mut next = t.clone();
     next.rev += 1;
     next.failure_count += 1;
@@ -230,6 +235,13 @@ async fn a_large_input_is_stored_once_apart_from_the_task() {
     let bytes = sas_core::store::item_size(&item);
     assert!(bytes < 2048, "the task's item is {bytes} bytes");
     assert!(!raw(key.clone()).await.contains_key("ExpiresAt"), "no expiry while the task runs");
+    let dup_key = writer.to_item(&dup).unwrap()["InputRef"].as_s().unwrap().clone();
+    assert_ne!(dup_key, key);
+    let day = Millis::now().0 / 1000 + 86_400;
+    match raw(dup_key).await.get("ExpiresAt") {
+        Some(AttributeValue::N(n)) => assert!(n.parse::<u64>().unwrap().abs_diff(day) < 600, "{n}"),
+        other => panic!("the duplicate's input does not expire: {other:?}"),
+    }
 
     // another process (an empty cache) reads the task whole
     let reader = DynamoStore::new(ddb.clone(), table.clone(), 2, 1);

@@ -304,16 +304,31 @@ impl DynamoStore {
     async fn create_item(&self, task: &Task) -> Result<(), StoreError> {
         let item = self.to_item(task)?;
         self.ensure_workflow(&task.workflow).await?;
-        if let Some(input) = Self::input_item(task, &item)? {
+        let input = Self::input_item(task, &item)?;
+        if let Some(input) = &input {
             // there already (a create sent again): the same content, by its key's digest
-            self.put_new(input).await?;
+            self.put_new(input.clone()).await?;
         }
-        let Some(there) = self.put_new(item).await? else { return Ok(()) };
+        let Some(there) = self.put_new(item.clone()).await? else { return Ok(()) };
+        if let (Some(input), false) = (input, there.get("InputRef") == item.get("InputRef")) {
+            // A duplicate with another input: the input just stored is no task's. It expires in a
+            // day (a caller repeating a task id with new inputs does not grow the table for good).
+            self.expire_orphan(task, input).await;
+        }
         // The item there is the one this create wrote: the SDK sent the request again after the
         // first copy had landed. Created, not a duplicate.
         match self.decode(there).await {
             Ok(t) if is_own_write(&t, task) => Ok(()),
             _ => Err(StoreError::AlreadyExists),
+        }
+    }
+
+    async fn expire_orphan(&self, task: &Task, mut input: Item) {
+        let at = Millis::now().0 / 1000 + 86_400;
+        input.insert("ExpiresAt".into(), AttributeValue::N(at.to_string()));
+        if let Err(e) = self.client.put_item().table_name(&self.table).set_item(Some(input)).send().await {
+            let e = aws_sdk_dynamodb::Error::from(e);
+            tracing::warn!(task_id = %task.task_id, error = %e, "a duplicate's input item not given its ExpiresAt");
         }
     }
 
