@@ -95,6 +95,8 @@ catalogue! {
         "successes that came after their attempt had expired: an effect the task may not account for";
     STALE_EVENTS = "StaleEvents", "Count", NONE, "any role",
         "events that changed nothing (duplicates, results of fenced attempts, late timers)";
+    WRITE_CONFLICTS = "WriteConflicts", "Count", TASK, "any role",
+        "conditional writes of a task lost to another writer, each re-decided on the item it found (contention: a map's elements ending at once, roles racing); each costs a write unit";
     REPLIES_UNDELIVERED = "RepliesUndelivered", "Count", TASK, "any role",
         "statuses the caller's reply_to refused for good";
     ALERTS_PUBLISHED = "AlertsPublished", "Count", TASK, "any role",

@@ -82,6 +82,7 @@ pub async fn commit(
             Err(StoreError::Conflict { current: Some(current) }) if is_own_write(&current, &tr.task) => true,
             Err(StoreError::Conflict { current: Some(current) }) => {
                 debug!(task_id = %task.task_id, event = event.name(), "conditional write lost; re-deciding on the current item");
+                crate::metrics::count(&crate::metrics::WRITE_CONFLICTS, &[task.workflow.name.as_str()], 1);
                 task = *current;
                 continue;
             }
