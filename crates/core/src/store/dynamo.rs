@@ -220,17 +220,9 @@ impl DynamoStore {
         if let Some(v) = self.cached_inputs().get(key) {
             return Ok(v.clone());
         }
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("TaskId", AttributeValue::S(key.to_owned()))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(aws("GetItem"))?;
-        let v = out
-            .item
+        let v = self
+            .get_raw(key.to_owned())
+            .await?
             .and_then(|mut i| i.remove("Input"))
             .ok_or_else(|| StoreError::Codec(format!("the task's input {key} is not in the table")))?;
         let mut cache = self.cached_inputs();
@@ -264,17 +256,9 @@ impl DynamoStore {
         if let Some(d) = self.known().defs.get(r) {
             return Ok(d.clone());
         }
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key("TaskId", AttributeValue::S(format!("{WORKFLOW_KEY_PREFIX}{r}")))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(aws("GetItem"))?;
-        let def = out
-            .item
+        let def = self
+            .get_raw(format!("{WORKFLOW_KEY_PREFIX}{r}"))
+            .await?
             .and_then(|mut i| i.remove("Definition"))
             .ok_or_else(|| StoreError::Codec(format!("workflow definition {r} is not in the table")))?;
         let def: WorkflowDef = serde_dynamo::from_attribute_value(def).map_err(codec)?;
@@ -354,17 +338,22 @@ impl DynamoStore {
         }
     }
 
-    async fn get_item(&self, task_id: &TaskId) -> Result<Option<Task>, StoreError> {
+    /// The item under `key`, strongly consistent.
+    async fn get_raw(&self, key: String) -> Result<Option<Item>, StoreError> {
         let out = self
             .client
             .get_item()
             .table_name(&self.table)
-            .key("TaskId", AttributeValue::S(task_id.to_string()))
+            .key("TaskId", AttributeValue::S(key))
             .consistent_read(true)
             .send()
             .await
             .map_err(aws("GetItem"))?;
-        match out.item {
+        Ok(out.item)
+    }
+
+    async fn get_item(&self, task_id: &TaskId) -> Result<Option<Task>, StoreError> {
+        match self.get_raw(task_id.to_string()).await? {
             Some(item) => Ok(Some(self.decode(item).await?)),
             None => Ok(None),
         }
