@@ -117,8 +117,21 @@ pub struct StepRecord {
 /// 10,000 elements), or its runs of set bits, `r{bytes}:{from}-{to},{i},...` (a map's elements end
 /// nearly in order, so `ended` and `ok` are a few runs: `r1250:0-9989,9991-9999`). The parent's
 /// item, rewritten at each element's end, thus stays small however long the array.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Bits(Vec<u8>);
+
+/// Two bitmaps are equal when the same bits are set, whatever their lengths: a bitmap whose bits
+/// were all cleared is stored as none at all (`skip_serializing_if`), and reads back empty. (With
+/// the derived equality, such a task read back from the table was not the task written, and a
+/// write that had landed was taken for another writer's.)
+impl PartialEq for Bits {
+    fn eq(&self, other: &Bits) -> bool {
+        let n = self.0.len().max(other.0.len());
+        (0..n).all(|i| self.0.get(i).copied().unwrap_or(0) == other.0.get(i).copied().unwrap_or(0))
+    }
+}
+
+impl Eq for Bits {}
 
 impl Bits {
     pub fn new(n: usize) -> Self {

@@ -11,11 +11,27 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
 
-use super::{check_size, end_key, index_key, Page, PageKey, StateStore, StoreError, TaskSummary};
+use super::{end_key, index_key, Page, PageKey, StateStore, StoreError, TaskSummary};
 use super::{Acquire, Limiter};
 use crate::ids::{Millis, TaskId};
 use crate::limit::expired_leases;
 use crate::protocol::{HistoryEntry, ProcessState, Task};
+
+/// The task as a store gives it back: through its serialised form (as DynamoDB holds it), so
+/// every test and simulated run reads what was encoded, not the value the protocol wrote. A
+/// task that does not read back equal is a codec fault a real store would turn into a wrong
+/// item (and an own write taken for another's): refused here.
+fn stored_form(task: &Task) -> Result<Task, StoreError> {
+    let bytes = serde_json::to_vec(task).map_err(|e| StoreError::Codec(e.to_string()))?;
+    if bytes.len() > super::MAX_ITEM_BYTES {
+        return Err(StoreError::TooLarge { bytes: bytes.len() });
+    }
+    let back: Task = serde_json::from_slice(&bytes).map_err(|e| StoreError::Codec(e.to_string()))?;
+    if back != *task {
+        return Err(StoreError::Codec(format!("task {} does not read back as written", task.task_id)));
+    }
+    Ok(back)
+}
 
 /// Which operation an injected failure hits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,17 +190,17 @@ impl MemoryStore {
 
     fn create_now(&self, task: &Task) -> Result<(), StoreError> {
         let mut inner = self.begin(StoreOp::Create, "create")?;
-        check_size(task)?;
+        let stored = stored_form(task)?;
         if inner.tasks.contains_key(&task.task_id) {
             return Err(StoreError::AlreadyExists);
         }
-        inner.tasks.insert(task.task_id.clone(), task.clone());
+        inner.tasks.insert(task.task_id.clone(), stored);
         Self::after_applied(&mut inner, StoreOp::Create, task)
     }
 
     fn save_now(&self, task: &Task, read: &Task) -> Result<(), StoreError> {
         let mut inner = self.begin(StoreOp::Save, "save")?;
-        check_size(task)?;
+        let stored = stored_form(task)?;
         match inner.tasks.get(&task.task_id) {
             None => Err(StoreError::Conflict { current: None }),
             Some(current) if current.rev != read.rev || current.locked_by != read.locked_by => {
@@ -196,7 +212,7 @@ impl MemoryStore {
                 for h in super::trimmed_history(task, read) {
                     inner.history.insert((task.task_id.clone(), h.seq), h.clone());
                 }
-                inner.tasks.insert(task.task_id.clone(), task.clone());
+                inner.tasks.insert(task.task_id.clone(), stored);
                 Self::after_applied(&mut inner, StoreOp::Save, task)
             }
         }
