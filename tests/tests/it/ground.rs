@@ -195,7 +195,7 @@ async fn a_large_input_is_stored_once_apart_from_the_task() {
     let t = protocol::submit(
         TaskId::try_from("big-1").unwrap(),
         wf,
-        serde_json::json!({"items": lines}),
+        serde_json::json!({"items": lines, "total": 10.0}),
         None,
         &protocol::Ctx::at(Millis::now()),
         &Policy::default(),
@@ -243,10 +243,20 @@ async fn a_large_input_is_stored_once_apart_from_the_task() {
         other => panic!("the duplicate's input does not expire: {other:?}"),
     }
 
-    // another process (an empty cache) reads the task whole
+    // another process (an empty cache) reads the task whole (10.0 comes back as the number 10)
     let reader = DynamoStore::new(ddb.clone(), table.clone(), 2, 1);
     let got = reader.get(&t.task_id).await.expect("GetItem").expect("the task");
-    assert_eq!(got, next);
+    assert_eq!((got.rev, got.failure_count, &got.input["items"]), (next.rev, next.failure_count, &next.input["items"]));
+    assert_eq!(got.input["total"].as_f64(), Some(10.0));
+    // ... and writes a transition of what it read: its item still names the input stored
+    let mut next = got.clone();
+    next.rev += 1;
+    reader.save(&next, &got).await.expect("saved");
+    // the same write again (as the SDK resends one whose answer was lost): it is ours, it landed
+    reader.save(&next, &got).await.expect("a write found in place is the write that landed");
+    let third = DynamoStore::new(ddb.clone(), table.clone(), 2, 1);
+    let got = third.get(&t.task_id).await.expect("the input is found").expect("the task");
+    assert_eq!(got.rev, next.rev);
 
     // the task ends: its input expires 30 days after it
     let mut done = next.clone();

@@ -97,8 +97,8 @@ pub fn workflow_ref(def: &WorkflowDef) -> String {
     format!("{}@{}:{:016x}", def.name, def.version, digest(def))
 }
 
-/// A stable 64-bit digest (FNV-1a) of a value's JSON.
-fn digest<T: serde::Serialize>(value: &T) -> u64 {
+/// A stable 64-bit digest (FNV-1a) of a definition's JSON.
+fn digest(value: &WorkflowDef) -> u64 {
     let json = serde_json::to_string(value).unwrap_or_default();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in json.bytes() {
@@ -110,8 +110,54 @@ fn digest<T: serde::Serialize>(value: &T) -> u64 {
 
 /// The key of the item holding a task's input when it is stored apart (the digest makes two
 /// different inputs under one task id two items: a duplicate submission never overwrites one).
-fn input_key(task: &Task) -> String {
-    format!("{INPUT_KEY_PREFIX}{}:{:016x}", task.task_id, digest(&task.input))
+///
+/// The digest is of the input as DynamoDB holds it, not of its JSON: a task read back must name
+/// the same item when written again, and JSON does not survive the trip (`10.0` is stored as the
+/// number 10 and reads back as `10`; a map's keys come back in another order).
+fn input_key(task_id: &TaskId, input: &AttributeValue) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    digest_value(input, &mut h);
+    format!("{INPUT_KEY_PREFIX}{task_id}:{h:016x}")
+}
+
+/// FNV-1a over a canonical form of `v`: a tag per kind, lengths before contents, map keys sorted.
+fn digest_value(v: &AttributeValue, h: &mut u64) {
+    fn eat(h: &mut u64, bytes: &[u8]) {
+        for b in bytes {
+            *h ^= u64::from(*b);
+            *h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn text(h: &mut u64, tag: u8, s: &str) {
+        eat(h, &[tag]);
+        eat(h, &(s.len() as u64).to_le_bytes());
+        eat(h, s.as_bytes());
+    }
+    match v {
+        AttributeValue::S(s) => text(h, b's', s),
+        AttributeValue::N(n) => text(h, b'n', n),
+        AttributeValue::Bool(b) => eat(h, &[b'b', u8::from(*b)]),
+        AttributeValue::Null(_) => eat(h, b"z"),
+        AttributeValue::L(l) => {
+            eat(h, b"l");
+            eat(h, &(l.len() as u64).to_le_bytes());
+            for v in l {
+                digest_value(v, h);
+            }
+        }
+        AttributeValue::M(m) => {
+            eat(h, b"m");
+            eat(h, &(m.len() as u64).to_le_bytes());
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            for k in keys {
+                text(h, b'k', k);
+                digest_value(&m[k], h);
+            }
+        }
+        // sets and binaries never come from JSON
+        other => text(h, b'?', &format!("{other:?}")),
+    }
 }
 
 /// The definitions this process knows, and those it knows are stored (one cell per definition,
@@ -180,8 +226,8 @@ impl DynamoStore {
         self.known().defs.entry(r.clone()).or_insert_with(|| task.workflow.clone());
         item.insert("WorkflowRef".into(), AttributeValue::S(r));
         if item.get("Input").is_some_and(|v| value_size(v) > INLINE_INPUT_MAX) {
-            item.remove("Input");
-            item.insert("InputRef".into(), AttributeValue::S(input_key(task)));
+            let input = item.remove("Input").expect("checked above");
+            item.insert("InputRef".into(), AttributeValue::S(input_key(&task.task_id, &input)));
         }
         if task.process_state.is_terminal() {
             // An Error task waits for an operator: it never expires.
@@ -294,6 +340,12 @@ impl DynamoStore {
             self.put_new(input.clone()).await?;
         }
         let Some(there) = self.put_new(item.clone()).await? else { return Ok(()) };
+        if there == item {
+            // The item there is the very item this create wrote: the SDK sent the request again
+            // after the first copy had landed. Created, not a duplicate. (Compared as stored: a
+            // task read back is not always the task written, e.g. an input's 10.0 reads as 10.)
+            return Ok(());
+        }
         if let (Some(input), false) = (input, there.get("InputRef") == item.get("InputRef")) {
             // A duplicate with another input: the input just stored is no task's. It expires in a
             // day (a caller repeating a task id with new inputs does not grow the table for good).
@@ -464,6 +516,14 @@ impl DynamoStore {
             }
             Err(e) => match e.into_service_error() {
                 aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c) => {
+                    if c.item.as_ref() == Some(&written) {
+                        // The item there is the very item this write carried: it landed, and the
+                        // SDK's retry of it failed its condition (compared as stored, see create).
+                        if !read.process_state.is_terminal() {
+                            self.expire_input(task, &written).await;
+                        }
+                        return Ok(());
+                    }
                     let current = match c.item {
                         Some(item) => Some(Box::new(self.decode(item).await?)),
                         None => None,
@@ -1034,6 +1094,17 @@ mod tests {
         assert_ne!(s.to_item(&other).unwrap()["InputRef"], AttributeValue::S(key));
         // a small input stays in the item
         assert!(s.to_item(&task("sim-order")).unwrap().contains_key("Input"));
+        // a task read back names the same input item when written again, though its JSON changed
+        // on the way (10.0 comes back as 10)
+        let mut t = task("sim-order");
+        let lines: Vec<_> = (0..500).map(|i| serde_json::json!({"price": 10.0, "sku": format!("s{i}")})).collect();
+        t.input = serde_json::json!({"lines": lines, "total": 5000.0});
+        let item = s.to_item(&t).unwrap();
+        let input = DynamoStore::input_item(&t, &item).unwrap().unwrap();
+        s.cached_inputs().insert(item["InputRef"].as_s().unwrap().clone(), input["Input"].clone());
+        let back = block_on(s.decode(item.clone())).unwrap();
+        assert_ne!(serde_json::to_string(&back.input).unwrap(), serde_json::to_string(&t.input).unwrap());
+        assert_eq!(s.to_item(&back).unwrap()["InputRef"], item["InputRef"]);
     }
 
     #[test]
