@@ -508,31 +508,26 @@ impl DynamoStore {
             None => req.condition_expression("#rev = :rev AND attribute_not_exists(LockedBy)"),
         };
         match req.send().await {
-            Ok(_) => {
-                if !read.process_state.is_terminal() {
-                    self.expire_input(task, &written).await;
-                }
-                Ok(())
-            }
+            Ok(_) => {}
             Err(e) => match e.into_service_error() {
+                // The item there is the very item this write carried: it landed, and the SDK's
+                // retry of it failed its condition (compared as stored, see create).
+                aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c)
+                    if c.item.as_ref() == Some(&written) => {}
                 aws_sdk_dynamodb::operation::put_item::PutItemError::ConditionalCheckFailedException(c) => {
-                    if c.item.as_ref() == Some(&written) {
-                        // The item there is the very item this write carried: it landed, and the
-                        // SDK's retry of it failed its condition (compared as stored, see create).
-                        if !read.process_state.is_terminal() {
-                            self.expire_input(task, &written).await;
-                        }
-                        return Ok(());
-                    }
                     let current = match c.item {
                         Some(item) => Some(Box::new(self.decode(item).await?)),
                         None => None,
                     };
-                    Err(StoreError::Conflict { current })
+                    return Err(StoreError::Conflict { current });
                 }
-                other => Err(backend("PutItem", other.into())),
+                other => return Err(backend("PutItem", other.into())),
             },
         }
+        if !read.process_state.is_terminal() {
+            self.expire_input(task, &written).await;
+        }
+        Ok(())
     }
 
     /// The task has just ended (`item` as written carries its `ExpiresAt`): its input stored apart
