@@ -12,7 +12,8 @@
 # it deletes its stack, so a shared LocalStack is left as it was).
 # Knobs: BENCH_N (1-step tasks, default 200; 3-step workloads get half), BENCH_LOG_LEVEL (the
 # runner's RUST_LOG, default info, as the template's LogLevel), BENCH_ONLY (workloads to run, e.g.
-# 5 for the 1,000-element map alone), SWEEP=1, SWEEP_FINISHED
+# 5 for the 1,000-element map alone), BENCH_CONCURRENCY (the runner's batches in flight per queue,
+# as concurrent invocations; default 4), SWEEP=1, SWEEP_FINISHED
 # (100000), BENCH_QUEUE_BUDGET_MS (15000), LOCALSTACK_PORT (4566), CARGO_TARGET_DIR.
 # Output: the tables on stdout, raw figures in .local/bench-cost.json, every DynamoDB item write
 # (sizes before/after, index entry sizes, units) in .local/bench-writes.jsonl.
@@ -108,7 +109,8 @@ PROXY="http://127.0.0.1:$(cat "$PORT_FILE")"
 export BENCH_LOG_LEVEL="${BENCH_LOG_LEVEL:-info}"
 AWS_ENDPOINT_URL="$PROXY" SAS_OUTPUTS="$OUTPUTS" QUEUE_BUDGET_MS="${BENCH_QUEUE_BUDGET_MS:-15000}" \
   SAS_LOG_FORMAT=json SAS_METRICS=on RUST_LOG="$BENCH_LOG_LEVEL" \
-  "$SASCTL" run --sweep-every 86400 --batch-window-ms "${BENCH_BATCH_WINDOW_MS:-1000}" >"$RUNNER_OUT" 2>"$RUNNER_LOG" &
+  "$SASCTL" run --sweep-every 86400 --batch-window-ms "${BENCH_BATCH_WINDOW_MS:-1000}" \
+    --concurrency "${BENCH_CONCURRENCY:-4}" >"$RUNNER_OUT" 2>"$RUNNER_LOG" &
 runner_pid=$!
 sleep 1
 kill -0 "$runner_pid" 2>/dev/null || { echo "the runner died at start:" >&2; tail -20 "$RUNNER_LOG" "$RUNNER_OUT" >&2; exit 1; }

@@ -111,6 +111,10 @@ enum Cmd {
         /// template's BatchingWindowSeconds does for the functions); 0 handles each receive at once.
         #[arg(long, default_value_t = 1000)]
         batch_window_ms: u64,
+        /// Batches in flight per queue, as a function's concurrent invocations (reserved
+        /// concurrency on AWS): more makes a task's messages race as they do on AWS at scale.
+        #[arg(long, default_value_t = 4)]
+        concurrency: usize,
     },
     /// Run one Supervisor sweep now (every shard of the CompleteBy index, as the scheduled rule
     /// does) and print what it did as JSON.
@@ -454,7 +458,7 @@ async fn run(cli: &Cli) -> Result<()> {
             sas_cli::stack::delete_and_wait(&cfn, name, Duration::from_mins(2)).await?;
             println!("stack {name} deleted");
         }
-        Cmd::Run { sweep_every, batch_window_ms } => {
+        Cmd::Run { sweep_every, batch_window_ms, concurrency } => {
             // EMF records on stdout, as the functions write them, when asked (bench-cost counts them).
             if std::env::var("SAS_METRICS").is_ok_and(|v| v.eq_ignore_ascii_case("on")) {
                 sas_core::telemetry::init_metrics();
@@ -463,6 +467,7 @@ async fn run(cli: &Cli) -> Result<()> {
             let opts = RunnerOptions {
                 sweep_every: Duration::from_secs(*sweep_every),
                 batch_window: Duration::from_millis(*batch_window_ms),
+                concurrency: *concurrency,
                 ..RunnerOptions::default()
             };
             let handle = Runner::new(deps, Arc::new(AgentRuntime::from_env()?), opts).spawn();
