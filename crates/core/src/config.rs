@@ -140,9 +140,6 @@ pub struct Settings {
     /// How long a send to a queue waits for others to the same queue, to go with them in one
     /// SendMessageBatch request (see `bus::BufferedBus`); 0 sends each message on its own.
     pub send_linger_ms: u64,
-    /// After a conditional write of a task lost to another writer, the longest random pause
-    /// before re-deciding on the item found (see `transition::commit`); 0 re-decides at once.
-    pub conflict_backoff_ms: u64,
 }
 
 /// The longest accepted `SEND_LINGER_MS`: every send waits up to this long.
@@ -169,7 +166,6 @@ impl Default for Settings {
             sweep_page_size: 100,
             sweep_lag_ms: 60_000,
             send_linger_ms: 20,
-            conflict_backoff_ms: 50,
         }
     }
 }

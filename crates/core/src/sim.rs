@@ -682,8 +682,6 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         max_input_bytes: 64 * 1024,
         sweep_page_size: 5,
         sweep_lag_ms: 60_000,
-        // The simulator orders the writers itself: a pause on the wall clock would only slow it.
-        conflict_backoff_ms: 0,
         ..Settings::default()
     };
     let deps = Deps {

@@ -49,26 +49,6 @@ pub const MAX_CONFLICTS: u32 = 5;
 /// (each lost write re-decides on the item the store returned, without a read).
 pub const MAX_ELEMENT_CONFLICTS: u32 = 64;
 
-/// The pause after the `lost`-th lost write in a row: random, up to 8 ms after the first and
-/// doubling, at most `conflict_backoff_ms`. Writers that lost to each other (a map's element ends
-/// handled by concurrent invocations, all on the parent) retried at once and collided again: 12.8
-/// lost writes per element with 16 invocations at once, some records giving up after 64.
-pub fn conflict_pause_ms(cap_ms: u64, lost: u32, jitter: f64) -> u64 {
-    let ceiling = (4u64 << lost.min(16)).min(cap_ms);
-    // jitter is in [0, 1): the product is below the ceiling
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
-    let ms = (ceiling as f64 * jitter) as u64;
-    ms
-}
-
-async fn conflict_pause(deps: &Deps, lost: u32) {
-    let cap = deps.settings.conflict_backoff_ms;
-    if cap > 0 {
-        let ms = conflict_pause_ms(cap, lost, deps.entropy.jitter());
-        tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-    }
-}
-
 /// Decide and write. `mark`: the [`crate::ids::message_mark`] of the queue message that carries
 /// the event, recorded on the written task (see `Task::last_message`). On
 /// [`Commit::Written`] the caller performs the effects.
@@ -79,10 +59,7 @@ pub async fn commit(
     mark: Option<&str>,
 ) -> Result<(Applied, Commit), HandlerError> {
     let max = if matches!(event, Event::ElementEnded { .. }) { MAX_ELEMENT_CONFLICTS } else { MAX_CONFLICTS };
-    for lost in 0..max {
-        if lost > 0 {
-            conflict_pause(deps, lost).await;
-        }
+    for _ in 0..max {
         let ctx = deps.ctx();
         let tr = match protocol::apply(&task, event, &ctx, &deps.settings.policy) {
             Ok(tr) => tr,
@@ -123,20 +100,4 @@ pub async fn commit(
         return Ok((Applied::Changed { state, rev }, Commit::Written(Box::new(committed))));
     }
     Err(HandlerError::Contended(max))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::conflict_pause_ms;
-
-    #[test]
-    fn the_pause_after_a_lost_write_is_random_doubles_and_stops_at_the_cap() {
-        let almost = 0.999_999;
-        let most: Vec<u64> = (1..=6).map(|lost| conflict_pause_ms(50, lost, almost)).collect();
-        assert_eq!(most, vec![7, 15, 31, 49, 49, 49], "below 8 ms after the first, doubling, under the cap");
-        assert_eq!(conflict_pause_ms(50, 3, 0.0), 0, "the jitter chooses where in it");
-        assert_eq!(conflict_pause_ms(50, 2, 0.5), 8);
-        assert_eq!(conflict_pause_ms(0, 5, almost), 0, "0 turns the pause off");
-        assert_eq!(conflict_pause_ms(1_000, 63, almost), 999, "no overflow after many losses");
-    }
 }
