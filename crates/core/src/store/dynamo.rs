@@ -97,14 +97,21 @@ pub fn workflow_ref(def: &WorkflowDef) -> String {
     format!("{}@{}:{:016x}", def.name, def.version, digest(def))
 }
 
+/// FNV-1a's starting state.
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Feed `bytes` to an FNV-1a digest.
+fn fnv(h: &mut u64, bytes: &[u8]) {
+    for b in bytes {
+        *h ^= u64::from(*b);
+        *h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+}
+
 /// A stable 64-bit digest (FNV-1a) of a definition's JSON.
 fn digest(value: &WorkflowDef) -> u64 {
-    let json = serde_json::to_string(value).unwrap_or_default();
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in json.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
+    let mut h = FNV_OFFSET;
+    fnv(&mut h, serde_json::to_string(value).unwrap_or_default().as_bytes());
     h
 }
 
@@ -115,39 +122,33 @@ fn digest(value: &WorkflowDef) -> u64 {
 /// the same item when written again, and JSON does not survive the trip (`10.0` is stored as the
 /// number 10 and reads back as `10`; a map's keys come back in another order).
 fn input_key(task_id: &TaskId, input: &AttributeValue) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut h = FNV_OFFSET;
     digest_value(input, &mut h);
     format!("{INPUT_KEY_PREFIX}{task_id}:{h:016x}")
 }
 
 /// FNV-1a over a canonical form of `v`: a tag per kind, lengths before contents, map keys sorted.
 fn digest_value(v: &AttributeValue, h: &mut u64) {
-    fn eat(h: &mut u64, bytes: &[u8]) {
-        for b in bytes {
-            *h ^= u64::from(*b);
-            *h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
     fn text(h: &mut u64, tag: u8, s: &str) {
-        eat(h, &[tag]);
-        eat(h, &(s.len() as u64).to_le_bytes());
-        eat(h, s.as_bytes());
+        fnv(h, &[tag]);
+        fnv(h, &(s.len() as u64).to_le_bytes());
+        fnv(h, s.as_bytes());
     }
     match v {
         AttributeValue::S(s) => text(h, b's', s),
         AttributeValue::N(n) => text(h, b'n', n),
-        AttributeValue::Bool(b) => eat(h, &[b'b', u8::from(*b)]),
-        AttributeValue::Null(_) => eat(h, b"z"),
+        AttributeValue::Bool(b) => fnv(h, &[b'b', u8::from(*b)]),
+        AttributeValue::Null(_) => fnv(h, b"z"),
         AttributeValue::L(l) => {
-            eat(h, b"l");
-            eat(h, &(l.len() as u64).to_le_bytes());
+            fnv(h, b"l");
+            fnv(h, &(l.len() as u64).to_le_bytes());
             for v in l {
                 digest_value(v, h);
             }
         }
         AttributeValue::M(m) => {
-            eat(h, b"m");
-            eat(h, &(m.len() as u64).to_le_bytes());
+            fnv(h, b"m");
+            fnv(h, &(m.len() as u64).to_le_bytes());
             let mut keys: Vec<&String> = m.keys().collect();
             keys.sort();
             for k in keys {
@@ -351,8 +352,7 @@ impl DynamoStore {
             // day (a caller repeating a task id with new inputs does not grow the table for good).
             self.expire_orphan(task, input).await;
         }
-        // The item there is the one this create wrote: the SDK sent the request again after the
-        // first copy had landed. Created, not a duplicate.
+        // An item in another layout (written before an upgrade) may still hold this very task.
         match self.decode(there).await {
             Ok(t) if is_own_write(&t, task) => Ok(()),
             _ => Err(StoreError::AlreadyExists),
