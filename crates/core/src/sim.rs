@@ -11,7 +11,7 @@
 //!
 //! Also: remote effects that land *after* the agent's retryable answer (a gateway 504 while the
 //! backend keeps working); agent requests delivered twice (the second copy finds the key in use:
-//! 409, retryable); conditional writes that apply and still report a failure (an SDK retry of a
+//! 409, and asks again until it is free or its deadline); conditional writes that apply and still report a failure (an SDK retry of a
 //! write that landed); send requests that fail as a whole, taking up to ten buffered messages of
 //! different tasks with them; timers delivered again seconds later; a reply queue named by every
 //! submission.
@@ -185,7 +185,8 @@ pub struct Faults {
     /// the effect lands after the answer, before the request's deadline.
     pub late_effect: f64,
     /// An agent request is delivered twice (SQS at least once): a second agent runs it a little
-    /// later; while the first copy holds the key the service answers 409 "key in use".
+    /// later; while the first copy holds the key the service answers 409 "key in use" and the
+    /// runtime asks again until the key is free (its answer replayed) or the copy's deadline.
     pub agent_duplicate: f64,
     /// Per handler run of a batch: a conditional write applies and then reports a failure
     /// (`AlreadyExists`/`Conflict` with the item just written, or a `Backend` error).
@@ -344,6 +345,8 @@ impl SimConfig {
 /// What a run did and what it broke.
 #[derive(Debug, Clone, Default)]
 pub struct SimReport {
+    /// Why top-level tasks that did not end `Processed` ended as they did (the first 20).
+    pub unprocessed: BTreeMap<String, String>,
     pub seed: u64,
     pub violations: Vec<String>,
     pub tasks: usize,
@@ -359,6 +362,11 @@ pub struct SimReport {
     /// Copies of attempts their agent did not start (they waited past `start_by`): each is
     /// claimed again, not counted as a failure. Included in `attempts`.
     pub not_started: u64,
+    /// Copies of attempts that found their key in use by another call (409) and asked again
+    /// until it was free; and of those, the ones whose key was still held at their deadline (each
+    /// timed out).
+    pub keys_in_use: u64,
+    pub keys_in_use_to_the_deadline: u64,
     /// The most calls of [`LIMITED_AGENT`] open at once.
     pub limited_max: u32,
     /// The most elements of one map running at once.
@@ -1268,30 +1276,26 @@ impl Sim {
             return Some((now, true));
         }
         let reply = |outcome| reply_to(req, outcome);
-        // Another copy holds the key: the service answers 409 "key in use"; the runtime retries
-        // it as transient (5 calls, jittered backoff: 0.3 to 1.5 s in all), then reports a
-        // retryable failure.
+        // Another call holds the key: the service answers 409 "key in use", and the runtime asks
+        // again (jittered backoff) until the key is free or the attempt's deadline, counting no
+        // failure. Free before the deadline, the key is asked again at once: a decided key's
+        // answer is replayed, an undecided one's call is this copy's to make.
         let known = self.ledger.keys.get(&key).copied().unwrap_or_default();
-        let retries_for = self.between(300, 1_500);
-        if known.until > now.plus_ms(retries_for) {
-            let when = now.plus_ms(retries_for);
-            self.answer(
-                &token,
-                when,
-                deadline,
-                reply(Outcome::Failed { error: "409 key in use".into(), retryable: true }),
-            );
-            return Some((when.min(deadline), true));
+        let in_use = known.until > now;
+        self.report.keys_in_use += u64::from(in_use);
+        let now = if in_use { known.until.plus_ms(self.between(20, 300)) } else { now };
+        if now >= deadline {
+            self.report.keys_in_use_to_the_deadline += 1;
+            self.cut(&token, deadline, reply);
+            return Some((deadline, true));
         }
-        // A decided key is answered as decided (the runtime's retries wait out a short 409).
         if let Some(decided) = known.decided {
-            let when = now.max(known.until).plus_ms(self.between(20, 300));
             let outcome = match decided {
                 Decided::Applies => Outcome::Succeeded { output: json!({"ok": true, "replayed": true}) },
                 Decided::Declined => Outcome::Failed { error: "declined (replayed)".into(), retryable: false },
             };
-            self.answer(&token, when, deadline, reply(outcome));
-            return Some((when.min(deadline), true));
+            self.answer(&token, now, deadline, reply(outcome));
+            return Some((now, true));
         }
         let latency = if self.chance(f.slow) { self.between(3_000, 9_000) } else { self.between(20, 1_500) };
         let done = now.plus_ms(latency);
@@ -1671,6 +1675,11 @@ impl Sim {
             let states =
                 if t.task_id.is_child() { &mut self.report.element_states } else { &mut self.report.end_states };
             *states.entry(t.process_state.to_string()).or_default() += 1;
+            if !t.task_id.is_child() && t.process_state != ProcessState::Processed && self.report.unprocessed.len() < 20
+            {
+                let why = format!("{}: {}", t.process_state, t.reason.as_deref().unwrap_or("-"));
+                self.report.unprocessed.insert(id.clone(), why);
+            }
             self.report.units += t.steps.iter().filter(|s| s.attempts > 0).count() as u64;
             if !t.process_state.is_terminal() {
                 v.push(format!(

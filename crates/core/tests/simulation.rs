@@ -137,9 +137,16 @@ fn a_burst_far_beyond_capacity_drains_with_every_task_processed() {
 }
 
 /// A 1,000-element map (two elements at once) under every fault of the infrastructure (crashes,
-/// duplicates, lost sends, ambiguous writes, failed batches; the services answer, slowly at times)
-/// ends `Processed` with every element `Processed` once; under every fault of the services too
+/// duplicates of messages and of agent requests, lost sends, ambiguous writes, failed batches; the
+/// services answer, slowly at times) ends `Processed` with every element `Processed` once, in each
+/// of [`MAP_SEEDS`] seeds (`MAP_SEEDS=n` for more); under every fault of the services too
 /// (refusals, hangs, cancels), it ends, with its invariants kept.
+///
+/// Agent requests are duplicated four times as often as in [`Faults::all`], so that copies meet a
+/// key held by another call (a slow one): such a copy waits for the key. It used to count each 409
+/// as a failed attempt, three of them failed the element, and the map compensated in 10 of 12
+/// seeds. Slow calls are rarer than in [`Faults::all`] (1 in 100): three in a row past the step's
+/// timeout fail an element by the retry policy, as they should (in 2 of 28 seeds at 1 in 20).
 #[test]
 fn a_thousand_element_map_ends() {
     let infrastructure = Faults {
@@ -151,33 +158,63 @@ fn a_thousand_element_map_ends() {
         late_effect: 0.0,
         cancel: 0.0,
         resubmit: 0.0,
+        slow: 0.01,
+        agent_duplicate: 0.2,
         ..Faults::all()
     };
-    for (faults, processed) in [(infrastructure, true), (Faults::all(), false)] {
-        let cfg = SimConfig {
-            burst: 1,
-            trickle: 0,
-            map_lines: Some(1_000),
-            horizon_ms: 48 * 3_600_000,
-            faults,
-            ..SimConfig::for_seed(5)
-        };
-        let started = std::time::Instant::now();
-        let r = sim::run(&cfg);
+    let seeds = std::env::var("MAP_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(MAP_SEEDS);
+    let runs: Vec<(u64, Faults, bool)> =
+        (1..=seeds).map(|seed| (seed, infrastructure.clone(), true)).chain([(5, Faults::all(), false)]).collect();
+    // the seeds side by side: each is a few seconds
+    let reports: Vec<sim::SimReport> = std::thread::scope(|s| {
+        let running: Vec<_> = runs
+            .iter()
+            .map(|(seed, faults, _)| {
+                s.spawn(move || {
+                    let cfg = SimConfig {
+                        burst: 1,
+                        trickle: 0,
+                        map_lines: Some(1_000),
+                        horizon_ms: 48 * 3_600_000,
+                        faults: faults.clone(),
+                        ..SimConfig::for_seed(*seed)
+                    };
+                    sim::run(&cfg)
+                })
+            })
+            .collect();
+        running.into_iter().map(|h| h.join().expect("a seed's run")).collect()
+    });
+    let mut failed = Vec::new();
+    let mut keys_in_use = 0;
+    for ((seed, _, processed), r) in runs.iter().zip(&reports) {
         eprintln!(
-            "1,000-element map: {:?} after {} s virtual, {} messages, {} attempts, at most {} elements at once, in {:.1} s",
+            "1,000-element map, seed {seed}{}: {:?} after {} s virtual, {} messages, {} attempts, {} copies \
+             found the key in use ({} to their deadline), at most {} elements at once",
+            if *processed { "" } else { " (every fault)" },
             (&r.end_states, &r.element_states),
             r.virtual_ms / 1000,
             r.handled,
             r.attempts,
+            r.keys_in_use,
+            r.keys_in_use_to_the_deadline,
             r.elements_max,
-            started.elapsed().as_secs_f64()
         );
-        assert!(r.violations.is_empty(), "{}", sim::describe(&r));
-        if processed {
-            assert_eq!(r.end_states.get("Processed"), Some(&1), "{:?}", r.end_states);
-            assert_eq!(r.element_states.get("Processed"), Some(&1_000), "{:?}", r.element_states);
-            assert_eq!(r.elements_max, sim::MAP_CONCURRENCY);
+        assert!(r.violations.is_empty(), "seed {seed}: {}", sim::describe(r));
+        if *processed {
+            keys_in_use += r.keys_in_use;
+            let ok = r.end_states.get("Processed") == Some(&1)
+                && r.element_states.get("Processed") == Some(&1_000)
+                && r.elements_max == sim::MAP_CONCURRENCY;
+            if !ok {
+                failed.push(format!("seed {seed}: {:?}", r.unprocessed));
+            }
         }
     }
+    assert!(failed.is_empty(), "{} of {seeds} seeds did not end Processed:\n{}", failed.len(), failed.join("\n"));
+    // the case was met: copies found their key held by another call
+    assert!(keys_in_use > 0, "no copy of an agent request found its key in use");
 }
+
+/// Seeds of [`a_thousand_element_map_ends`] under infrastructure faults.
+const MAP_SEEDS: u64 = 6;

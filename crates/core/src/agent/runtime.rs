@@ -6,6 +6,9 @@
 //!   when that is before `CompleteBy` (the attempt is retried now, its effect counted as maybe
 //!   applied, instead of waiting for the Supervisor at `CompleteBy`, which covers a crashed agent);
 //! - transient errors are retried with exponential backoff and jitter, inside the deadline;
+//! - a key in use (another call holds the idempotency key: the effect is in progress there) is
+//!   asked again with backoff until the key is free or the deadline, and never counts as a
+//!   failure: at the deadline the attempt timed out (its effect is unknown);
 //! - permanent errors are reported at once; nothing is reported after `CompleteBy`.
 
 use std::collections::HashMap;
@@ -25,6 +28,13 @@ pub enum AgentError {
     /// Worth another try (timeouts, 5xx, throttling); `retry_after` honours a server's hint.
     #[error("transient: {message}")]
     Transient { message: String, retry_after: Option<Duration> },
+    /// The service works on this idempotency key under another call (an SQS duplicate of the
+    /// request, or an earlier attempt still running there): HTTP 409, as Stripe and the IETF
+    /// `Idempotency-Key` draft answer a request whose key is in use. No failure of this attempt:
+    /// asked again with backoff until the key is free (the holder's answer is then replayed) or
+    /// the attempt's deadline, whatever `max_calls`.
+    #[error("key in use: {message}")]
+    KeyInUse { message: String, retry_after: Option<Duration> },
     /// The service said no for good (4xx, declined): retrying cannot help.
     #[error("permanent: {message}")]
     Permanent { message: String },
@@ -68,6 +78,8 @@ pub trait Agent: Send + Sync {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CallRetry {
+    /// Calls that fail transiently before the attempt gives up (answers that the key is in use
+    /// do not count: they are asked again until the deadline).
     pub max_calls: u32,
     pub base_ms: u64,
     pub max_ms: u64,
@@ -168,34 +180,55 @@ impl AgentRuntime {
         let started = Millis::now();
         // Out of time: said at once while before CompleteBy (the Scheduler retries now); at
         // CompleteBy itself nothing is sent and the Supervisor's timer decides.
-        let timed_out = |call_no: u32| {
+        let timed_out = |call_no: u32, in_use: Option<&str>| {
             (deadline < req.complete_by).then(|| {
+                let within = started.until(deadline);
                 result(Outcome::TimedOut {
-                    error: format!(
-                        "timed out: no answer within the attempt's {} ms (after {call_no} calls)",
-                        started.until(deadline)
-                    ),
+                    error: match in_use {
+                        None => {
+                            format!("timed out: no answer within the attempt's {within} ms (after {call_no} calls)")
+                        }
+                        Some(message) => format!(
+                            "timed out: the idempotency key was still in use by another call at the attempt's \
+                             deadline ({within} ms, {call_no} calls; last answer: {message})"
+                        ),
+                    },
                 })
             })
         };
         let mut call_no = 1;
+        // transient failures so far (a key in use is none); the last answer that the key is in use
+        let mut failed_calls = 0;
+        let mut in_use: Option<String> = None;
         loop {
             let left = Millis::now().until(deadline);
             if left == 0 {
-                return timed_out(call_no);
+                return timed_out(call_no - 1, in_use.as_deref());
             }
             let call = agent.call(Call { request: req, call_no, deadline });
             let Ok(answer) = tokio::time::timeout(Duration::from_millis(left), call).await else {
                 warn!(task_id = %req.task_id, step = %req.step, call_no, "call cancelled at the attempt's deadline");
-                return timed_out(call_no);
+                return timed_out(call_no, None);
             };
             let outcome = match answer {
                 Ok(output) => Outcome::Succeeded { output },
                 Err(AgentError::Permanent { message }) => Outcome::Failed { error: message, retryable: false },
-                Err(AgentError::Transient { message, retry_after }) => {
+                Err(AgentError::KeyInUse { message, retry_after }) => {
+                    // The effect is in progress under another call: wait for it, up to the deadline.
                     let backoff = retry_after.unwrap_or_else(|| self.retry.delay(call_no, rand::random()));
+                    let backoff = backoff.min(Duration::from_millis(Millis::now().until(deadline)));
+                    info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, backoff_ms = backoff.as_millis(), "the idempotency key is in use by another call; asking again");
+                    in_use = Some(message);
+                    tokio::time::sleep(backoff).await;
+                    call_no += 1;
+                    continue;
+                }
+                Err(AgentError::Transient { message, retry_after }) => {
+                    failed_calls += 1;
+                    in_use = None;
+                    let backoff = retry_after.unwrap_or_else(|| self.retry.delay(failed_calls, rand::random()));
                     let time_left = Millis::now().until(deadline);
-                    if call_no >= self.retry.max_calls || u128::from(time_left) <= backoff.as_millis() {
+                    if failed_calls >= self.retry.max_calls || u128::from(time_left) <= backoff.as_millis() {
                         info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, "giving up this attempt");
                         Outcome::Failed { error: format!("{message} (after {call_no} calls)"), retryable: true }
                     } else {

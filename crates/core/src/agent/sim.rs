@@ -12,6 +12,7 @@ use super::runtime::{Agent, AgentError, Call};
 /// tells it, under `input.sim.<step name>` (a map element: `input.item.sim.<step name>`, its item's):
 /// `{"delay_ms": 50, "hang_attempts": 1, "fail_calls": 2, "fail_attempts": 1, "permanent": "declined"}`
 /// - `hang_attempts`: attempts 1..=n never answer (as a crashed or hung service);
+/// - `busy_calls`: in every attempt, calls 1..=n find the key in use by another call;
 /// - `fail_calls`: in every attempt, calls 1..=n fail transiently;
 /// - `fail_attempts`: attempts 1..=n fail transiently on every call;
 /// - `permanent`: fail permanently with this message.
@@ -43,6 +44,8 @@ struct SimSpec {
     #[serde(default)]
     hang_attempts: u32,
     #[serde(default)]
+    busy_calls: u32,
+    #[serde(default)]
     fail_calls: u32,
     #[serde(default)]
     fail_attempts: u32,
@@ -71,6 +74,12 @@ impl Agent for SimAgent {
             }
             if let Some(message) = spec.permanent {
                 return Err(AgentError::Permanent { message });
+            }
+            if call.call_no <= spec.busy_calls {
+                return Err(AgentError::KeyInUse {
+                    message: format!("simulated 409 key in use (attempt {}, call {})", req.attempt_no, call.call_no),
+                    retry_after: None,
+                });
             }
             if req.attempt_no <= spec.fail_attempts || call.call_no <= spec.fail_calls {
                 return Err(AgentError::Transient {

@@ -51,6 +51,32 @@ async fn too_many_transient_errors_report_a_retryable_failure() {
 }
 
 #[tokio::test]
+async fn a_key_in_use_is_asked_again_until_it_is_free_and_counts_no_failed_call() {
+    // max_calls 4: ten answers that the key is in use (another call holds it) are no failures,
+    // and two transient failures after them still have their budget
+    let r = fast().run(&req(json!({"busy_calls": 10, "fail_calls": 12}), 1, 5_000)).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::Succeeded { ref output } if output["calls"] == 13), "{r:?}");
+}
+
+#[tokio::test]
+async fn a_key_still_in_use_at_the_attempt_s_deadline_is_a_timeout() {
+    // the holder may still apply the effect: not a failure of the service, an unknown outcome
+    let mut r = req(json!({"busy_calls": 1_000_000}), 1, 60_300);
+    r.start_by = Some(Millis::now().plus_ms(60_000));
+    let started = std::time::Instant::now();
+    let out = fast().run(&r).await.expect("said before CompleteBy");
+    let took = started.elapsed();
+    assert!(
+        matches!(out.outcome, Outcome::TimedOut { ref error }
+            if error.starts_with("timed out: the idempotency key was still in use") && error.contains("simulated 409")),
+        "{out:?}"
+    );
+    assert!(took >= Duration::from_millis(290) && took < Duration::from_secs(5), "{took:?}");
+    // at CompleteBy itself nothing is said: the Supervisor's timer decides
+    assert!(fast().run(&req(json!({"busy_calls": 1_000_000}), 1, 200)).await.is_none());
+}
+
+#[tokio::test]
 async fn permanent_errors_are_reported_at_once() {
     let r = fast().run(&req(json!({"permanent": "declined"}), 1, 5_000)).await.unwrap();
     assert_eq!(r.outcome, Outcome::Failed { error: "declined".into(), retryable: false });
@@ -206,12 +232,36 @@ async fn an_oversized_2xx_is_a_success_whose_output_says_it_was_truncated() {
 }
 
 #[tokio::test]
-async fn a_409_is_worth_another_try() {
+async fn a_409_says_the_key_is_in_use_and_is_asked_again_until_the_deadline() {
+    // max_calls 2 does not bound it: the call holding the key may answer any moment
     let url = serve_once("409 Conflict", "{\"error\": \"in progress\"}".into()).await;
-    let mut r = req(json!({}), 1, 5_000);
+    let mut r = req(json!({}), 1, 60_300);
+    r.start_by = Some(Millis::now().plus_ms(60_000));
     r.agent = "h".into();
     let out = http_runtime(&url, 1_000).run(&r).await.unwrap();
-    assert!(matches!(out.outcome, Outcome::Failed { retryable: true, .. }), "{out:?}");
+    let Outcome::TimedOut { error } = out.outcome else { panic!("{out:?}") };
+    assert!(error.contains("still in use") && error.contains("HTTP 409: {\"error\": \"in progress\"}"), "{error}");
+    let calls: u32 = error.split(" calls;").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(calls > 2, "{error}");
+}
+
+#[tokio::test]
+async fn an_agent_may_say_its_service_means_by_409_a_conflict_for_good() {
+    let url = serve_once("409 Conflict", "{\"error\": \"order already shipped\"}".into()).await;
+    let config = |conflict: &str| format!(r#"{{"agents": {{"h": {{"kind": "http", "url": "{url}"{conflict}}}}}}}"#);
+    let rt = AgentRuntime::from_config(&config(r#", "conflict": "permanent""#), &|_| None).unwrap();
+    let mut r = req(json!({}), 1, 5_000);
+    r.agent = "h".into();
+    let started = std::time::Instant::now();
+    let out = rt.run(&r).await.unwrap();
+    assert!(
+        matches!(out.outcome, Outcome::Failed { retryable: false, ref error } if error.contains("order already shipped")),
+        "{out:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2), "answered at once");
+    let bad = AgentRuntime::from_config(&config(r#", "conflict": "retry""#), &|_| None);
+    assert!(bad.is_err(), "an unknown meaning is refused");
+    assert!(AgentRuntime::from_config(&config(r#", "conflict": "key_in_use""#), &|_| None).is_ok());
 }
 
 fn callback_req(heartbeat_ms: Option<u64>) -> AgentRequest {

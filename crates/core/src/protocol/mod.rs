@@ -555,8 +555,8 @@ fn agent_failed(
     c: &mut Change,
 ) -> Result<(), Stale> {
     // Only a definite "no" proves the awaited attempt can no longer apply. A retryable failure
-    // proves nothing (a gateway's 504 while the backend works on; a 409 from a second copy of the
-    // attempt that holds the key): the compensation waits on until the attempt settles.
+    // proves nothing (a gateway's 504 while the backend works on; a 503 to a second copy of the
+    // attempt while the first applies): the compensation waits on until the attempt settles.
     if !retryable && c.awaited(attempt) {
         c.release_compensation();
         return Ok(());

@@ -405,8 +405,8 @@ fn cancel_mid_way_compensates_and_ends_cancelled() {
 
 #[test]
 fn only_a_definite_answer_of_the_awaited_attempt_releases_its_compensation() {
-    // G2: a 504 from a gateway while the backend works on, or a 409 from a second copy of the
-    // attempt holding the key, is retryable: it proves nothing, so the refund must not race the
+    // G2: a 504 from a gateway while the backend works on, or a 503 to a second copy of the
+    // attempt while the first applies, is retryable: it proves nothing, so the refund must not race the
     // charge that may still land before its CompleteBy (2_100).
     let mut t = new_task(false).task;
     t = succeed(&t, 1_100).task; // charge running until 2_100
@@ -425,10 +425,11 @@ fn only_a_definite_answer_of_the_awaited_attempt_releases_its_compensation() {
 
 #[test]
 fn a_retryable_failure_of_one_copy_keeps_the_success_of_the_other() {
-    // G11: two copies of one attempt (an SQS duplicate): one answers 409 "key in use", the other
-    // applies and answers success afterwards. The success is the step's.
+    // G11: two copies of one attempt (an SQS duplicate): one fails retryably (a 503; or, before
+    // agents waited for a key in use, a 409), the other applies and answers success afterwards.
+    // The success is the step's.
     let t = new_task(false).task;
-    let busy = go(&t, Event::AgentFailed { attempt: token(&t), error: "409".into(), retryable: true }, 1_100).task;
+    let busy = go(&t, Event::AgentFailed { attempt: token(&t), error: "503".into(), retryable: true }, 1_100).task;
     assert_eq!(busy.process_state, ProcessState::Pending, "the retry waits for its backoff");
     let ok = go(&busy, Event::AgentSucceeded { attempt: token(&t), output: json!({"r": 1}) }, 1_150);
     assert_eq!(ok.task.steps[0].status, StepStatus::Succeeded);

@@ -2,9 +2,10 @@
 //! so a caller cannot make an agent call an arbitrary URL), with the step's idempotency key as the
 //! `Idempotency-Key` header and each request's timeout bounded by `CompleteBy`.
 //!
-//! Classification: connection errors, timeouts, 5xx, 408 and 409 (the key is busy) are transient;
-//! 429 is transient and its `Retry-After` (seconds) is honoured by the runtime; any other 4xx and a
-//! redirect are permanent. A 2xx JSON response becomes the step's output; a 2xx over the size limit
+//! Classification: connection errors, timeouts, 5xx and 408 are transient; 429 is transient and
+//! its `Retry-After` (seconds) is honoured by the runtime; 409 says the idempotency key is in use
+//! by another call (asked again until it is free or the deadline, no failure counted), unless the
+//! agent says `"conflict": "permanent"`; any other 4xx and a redirect are permanent. A 2xx JSON response becomes the step's output; a 2xx over the size limit
 //! is a success whose output only says it was truncated (the effect happened).
 //!
 //! Authentication (both optional, together or alone):
@@ -46,7 +47,8 @@ pub use sign::{SignSpec, Signer};
 /// and carried to later steps, so it must stay far below DynamoDB's 400 KB).
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
-/// `{"kind": "http", "url": "https://...", "sign": {...}, "headers": {...}, "secret_max_age_ms": N}`.
+/// `{"kind": "http", "url": "https://...", "sign": {...}, "headers": {...}, "secret_max_age_ms": N,
+/// "conflict": "key_in_use"}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpKind {
@@ -62,6 +64,21 @@ pub struct HttpKind {
     /// (default [`DEFAULT_SECRET_MAX_AGE_MS`]).
     #[serde(default)]
     pub secret_max_age_ms: Option<u64>,
+    /// What the service means by 409 Conflict (default: the idempotency key is in use).
+    #[serde(default)]
+    pub conflict: Conflict,
+}
+
+/// What a 409 Conflict from the service means.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Conflict {
+    /// Another call holds the request's idempotency key (Stripe's and the IETF `Idempotency-Key`
+    /// draft's meaning): asked again until the key is free or the attempt's deadline.
+    #[default]
+    KeyInUse,
+    /// The request conflicts with the resource's state: a "no" for good, as other 4xx.
+    Permanent,
 }
 
 /// Headers the agent sets itself (or the signer does): a secret may not replace them.
@@ -127,8 +144,9 @@ impl AgentKind for HttpKind {
         }
         let invalid = |message: String| AgentConfigError::Invalid { agent: name.to_owned(), message };
         let headers = self.secret_headers(&invalid)?;
-        let mut agent =
-            HttpAgent::new(cx.http.clone(), self.url, cx.max_response_bytes).with_callback(cx.callback.clone());
+        let mut agent = HttpAgent::new(cx.http.clone(), self.url, cx.max_response_bytes)
+            .with_callback(cx.callback.clone())
+            .with_conflict(self.conflict);
         if let Some(sign) = self.sign {
             if sign.service.trim().is_empty() {
                 return Err(invalid("sign.service is empty".into()));
@@ -183,6 +201,7 @@ pub struct HttpAgent {
     client: reqwest::Client,
     url: String,
     max_response_bytes: usize,
+    conflict: Conflict,
     callback: CallbackEndpoints,
     signer: Option<Signer>,
     /// Shared by clones: one cache per configured agent.
@@ -205,10 +224,18 @@ impl HttpAgent {
             client,
             url: url.into(),
             max_response_bytes,
+            conflict: Conflict::default(),
             callback: CallbackEndpoints::default(),
             signer: None,
             secrets: None,
         }
+    }
+
+    /// What a 409 from the service means.
+    #[must_use]
+    pub fn with_conflict(mut self, conflict: Conflict) -> Self {
+        self.conflict = conflict;
+        self
     }
 
     /// Sign every request.
@@ -344,9 +371,12 @@ impl HttpAgent {
         if status == StatusCode::TOO_MANY_REQUESTS {
             return Err(AgentError::Transient { message, retry_after: hint });
         }
-        // 409: the service is still working on this idempotency key (or saw it conflict):
-        // asking again later may succeed.
-        if status.is_server_error() || status == StatusCode::REQUEST_TIMEOUT || status == StatusCode::CONFLICT {
+        // 409: the service is still working on this idempotency key under another call: asked
+        // again until it is free (the holder's answer is then replayed) or the deadline.
+        if status == StatusCode::CONFLICT && self.conflict == Conflict::KeyInUse {
+            return Err(AgentError::KeyInUse { message, retry_after: hint });
+        }
+        if status.is_server_error() || status == StatusCode::REQUEST_TIMEOUT {
             return Err(AgentError::Transient { message, retry_after: hint });
         }
         if let (true, Some(signer)) = (refused(status), &self.signer) {
