@@ -24,7 +24,7 @@ use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent
 use sas_core::agent::AgentRuntime;
 use sas_core::deps::{Deps, HandlerError};
 use sas_core::messages::{CallbackMessage, CallbackReply};
-use sas_core::role::{handle, process_batch, Record, Role};
+use sas_core::role::{handle_group, process_batch, Record, Role};
 use sas_core::supervisor::{self, SweepReport};
 use serde::Deserialize;
 use serde_json::Value;
@@ -165,7 +165,7 @@ pub async fn handle_event(
     match parse_event(role, payload)? {
         Invocation::Sqs(ev) => {
             let records = records(ev);
-            let failed = process_batch(role, &records, |r| handle(role, deps, agents, r)).await;
+            let failed = process_batch(role, &records, |rs| handle_group(role, deps, agents, rs)).await;
             Ok(Response::Batch(batch_response(failed)))
         }
         Invocation::Scheduled(_) => {

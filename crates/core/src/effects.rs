@@ -39,12 +39,20 @@ pub async fn drive_task(
 ) -> Result<(Applied, Option<Task>), HandlerError> {
     let mark = message.map(message_mark);
     let (applied, commit) = commit(deps, task, event, mark.as_deref()).await?;
+    let after = finish(deps, commit, mark.as_slice()).await?;
+    Ok((applied, after))
+}
+
+/// Perform what a commit wrote, or, when it changed nothing but the task's last write was one of
+/// `marks`' messages (delivered again), send again what that write owes. The task as the events
+/// left it (`None` when it is gone); a failed send of work or of an essential notice fails.
+pub async fn finish(deps: &Deps, commit: Commit, marks: &[String]) -> Result<Option<Task>, HandlerError> {
     let (sent, after) = match commit {
         Commit::Written(c) => {
             let after = c.task.clone();
             (perform(deps, *c).await, Some(after))
         }
-        Commit::Unchanged(current) if mark.is_some() && current.last_message == mark => {
+        Commit::Unchanged(current) if current.last_message.as_ref().is_some_and(|m| marks.contains(m)) => {
             let after = (*current).clone();
             (resend(deps, *current).await?, Some(after))
         }
@@ -53,7 +61,7 @@ pub async fn drive_task(
     };
     match sent.essential.or(sent.work) {
         Some(e) => Err(HandlerError::Bus(e)),
-        None => Ok((applied, after)),
+        None => Ok(after),
     }
 }
 

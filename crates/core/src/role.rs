@@ -9,7 +9,7 @@ use crate::bus::Outgoing;
 pub use crate::bus::Record;
 use crate::config::Resources;
 use crate::deps::{Deps, HandlerError};
-use crate::ids::clip;
+use crate::ids::{clip, TaskId};
 use crate::screen;
 use crate::{callback, scheduler, submitter, supervisor};
 
@@ -156,10 +156,10 @@ async fn answer_record(deps: &Deps, record: &Record) -> Result<(), HandlerError>
 /// conditional write costs a write unit and a re-decision (the ends of a map's elements arrive
 /// together, each a write on their parent). Not the Agent's: its records are remote calls of up
 /// to 110 s each, and two of one task in a row could outlast the function's timeout.
-pub async fn process_batch<'a, F, Fut, T>(role: Role, records: &'a [Record], handler: F) -> Vec<String>
+pub async fn process_batch<'a, F, Fut>(role: Role, records: &'a [Record], handler: F) -> Vec<String>
 where
-    F: Fn(&'a Record) -> Fut,
-    Fut: std::future::Future<Output = Result<T, HandlerError>>,
+    F: Fn(Vec<&'a Record>) -> Fut,
+    Fut: std::future::Future<Output = Vec<Result<(), HandlerError>>>,
 {
     #[derive(serde::Deserialize)]
     struct Names {
@@ -176,18 +176,65 @@ where
     }
     let handler = &handler;
     let runs = groups.into_iter().map(|(_, rs)| async move {
+        let ids: Vec<&str> = rs.iter().map(|r| r.message_id.as_str()).collect();
+        let outcomes = handler(rs).await;
         let mut failed = Vec::new();
-        for r in rs {
-            let span = info_span!("record", message_id = %r.message_id);
-            let outcome = handler(r).instrument(span.clone()).await;
+        for (id, outcome) in ids.into_iter().zip(outcomes) {
             if let Err(e) = outcome {
-                span.in_scope(|| error!(error = %e, "record failed; SQS will deliver it again"));
-                failed.push(r.message_id.clone());
+                info_span!("record", message_id = %id)
+                    .in_scope(|| error!(error = %e, "record failed; SQS will deliver it again"));
+                failed.push(id.to_owned());
             }
         }
         failed
     });
     futures::future::join_all(runs).await.into_iter().flatten().collect()
+}
+
+/// Handle the records of one task from one batch ([`process_batch`]'s groups), in order: each on
+/// its own ([`handle`]), except a run of two or more ends of elements (or branches) of one parent
+/// for the Scheduler, which are applied together and written once ([`scheduler::handle_ends`]):
+/// one conditional write on the parent instead of one each, each a race with the other
+/// invocations' writers. The run's outcome is each of its records'. One outcome per record.
+pub fn handle_group<'a>(
+    role: Role,
+    deps: &'a Deps,
+    agents: &'a AgentRuntime,
+    records: Vec<&'a Record>,
+) -> BoxFuture<'a, Vec<Result<(), HandlerError>>> {
+    Box::pin(async move {
+        let parents: Vec<Option<TaskId>> = records
+            .iter()
+            .map(|r| if role == Role::Scheduler { scheduler::ended_parent(&r.body) } else { None })
+            .collect();
+        let mut out = Vec::with_capacity(records.len());
+        let mut i = 0;
+        while i < records.len() {
+            let run = match &parents[i] {
+                Some(p) => parents[i..].iter().take_while(|q| q.as_ref() == Some(p)).count(),
+                None => 1,
+            };
+            if run >= 2 {
+                let group = &records[i..i + run];
+                let span = info_span!("records", role = role.name(), task_id = ?parents[i], ends = run);
+                if let Err(e) = scheduler::handle_ends(deps, group).instrument(span.clone()).await {
+                    // One by one instead, so that each record gets its own outcome (a message
+                    // the task cannot take goes to the DLQ alone; a write that landed resends
+                    // what it owes through the message whose mark it kept).
+                    span.in_scope(|| warn!(error = %e, "ends handled together failed; handling them one by one"));
+                    for r in group {
+                        out.push(handle(role, deps, agents, r).await);
+                    }
+                } else {
+                    out.extend(group.iter().map(|_| Ok(())));
+                }
+            } else {
+                out.push(handle(role, deps, agents, records[i]).await);
+            }
+            i += run;
+        }
+        out
+    })
 }
 
 #[cfg(test)]
@@ -215,8 +262,9 @@ mod tests {
         let most = AtomicUsize::new(0);
         let per_task: Mutex<HashMap<String, usize>> = Mutex::default();
         let order = Mutex::new(Vec::new());
-        let failed = process_batch(Role::Scheduler, &records, |r| {
+        let each = |r: &Record| {
             let (now, most, per_task, order) = (&now, &most, &per_task, &order);
+            let r = r.clone();
             async move {
                 let task = serde_json::from_str::<serde_json::Value>(&r.body)
                     .ok()
@@ -241,6 +289,13 @@ mod tests {
                     Ok(())
                 }
             }
+        };
+        let failed = process_batch(Role::Scheduler, &records, |rs| async {
+            let mut out = Vec::new();
+            for r in rs {
+                out.push(each(r).await);
+            }
+            out
         })
         .await;
         assert_eq!(failed, vec!["a2".to_owned()], "a failed record is reported, and the ones after it still run");
@@ -254,13 +309,14 @@ mod tests {
         // the Agent's records all run at once
         let most = AtomicUsize::new(0);
         let now = AtomicUsize::new(0);
-        let failed = process_batch(Role::Agent, &records, |_| {
+        let failed = process_batch(Role::Agent, &records, |rs| {
             let (now, most) = (&now, &most);
             async move {
+                assert_eq!(rs.len(), 1, "the Agent's records are not grouped");
                 most.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 now.fetch_sub(1, Ordering::SeqCst);
-                Ok::<_, HandlerError>(())
+                vec![Ok::<_, HandlerError>(())]
             }
         })
         .await;

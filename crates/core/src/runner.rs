@@ -12,7 +12,7 @@ use tracing::{debug, info, warn};
 
 use crate::agent::AgentRuntime;
 use crate::deps::Deps;
-use crate::role::{handle, process_batch, Record, Role};
+use crate::role::{handle_group, process_batch, Record, Role};
 use crate::supervisor;
 
 #[derive(Debug, Clone)]
@@ -162,7 +162,7 @@ async fn poll(
                         trace_header: m.trace_header.clone(),
                     })
                     .collect();
-            let failed = process_batch(role, &records, |r| handle(role, &deps, &agents, r)).await;
+            let failed = process_batch(role, &records, |rs| handle_group(role, &deps, &agents, rs)).await;
             // As a function does after each invocation (nothing without a recorder).
             crate::telemetry::flush_metrics();
             let done: Vec<String> =

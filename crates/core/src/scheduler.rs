@@ -7,8 +7,8 @@ use tracing::{info, warn};
 use crate::bus::delay_seconds;
 use crate::bus::Record;
 use crate::deps::{Deps, HandlerError};
-use crate::effects::{drive, run_message};
-use crate::ids::TaskId;
+use crate::effects::{drive, finish, run_message};
+use crate::ids::{message_mark, TaskId};
 use crate::messages::{Outcome, RunReason, SchedulerMessage, VERSION};
 use std::collections::HashMap;
 
@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::protocol::{self, Effect, Event, Stale, Task};
 use crate::screen;
-use crate::transition::Applied;
+use crate::transition::{commit_many, Applied};
 
 /// The longest agent error kept on a task.
 pub const MAX_ERROR_BYTES: usize = 1024;
@@ -67,6 +67,40 @@ pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
 /// Handle one message of the scheduler queue, as delivered.
 pub async fn handle(deps: &Deps, record: &Record) -> Result<Applied, HandlerError> {
     schedule_with(deps, &record.body, Some(&record.message_id)).await
+}
+
+/// The ends of elements (or branches) of one parent that one batch brings, in the batch's order:
+/// applied one after the other and written in one conditional write, then their effects performed
+/// (see [`crate::transition::commit_many`]). Each of `records` must carry an `element_ended` for
+/// the same task ([`ended_parent`]); the outcome is the group's.
+pub async fn handle_ends(deps: &Deps, records: &[&Record]) -> Result<(), HandlerError> {
+    let mut task_id = None;
+    let mut events = Vec::with_capacity(records.len());
+    for r in records {
+        let (id, event) = event_of(&r.body)?;
+        if !matches!(event, Event::ElementEnded { .. }) || task_id.as_ref().is_some_and(|t| *t != id) {
+            return Err(HandlerError::Malformed(format!("message {} is not an end for {id:?}'s group", r.message_id)));
+        }
+        task_id = Some(id);
+        events.push((event, message_mark(&r.message_id)));
+    }
+    let Some(task_id) = task_id else { return Ok(()) };
+    let Some(task) = deps.store.get(&task_id).await? else {
+        warn!(%task_id, events = events.len(), "no such task; element ends dropped");
+        return Ok(());
+    };
+    let marks: Vec<String> = events.iter().map(|(_, m)| m.clone()).collect();
+    let pairs: Vec<(&Event, Option<&str>)> = events.iter().map(|(e, m)| (e, Some(m.as_str()))).collect();
+    let (_, commit) = commit_many(deps, task, &pairs).await?;
+    finish(deps, commit, &marks).await.map(drop)
+}
+
+/// The parent an `element_ended` message is for, when `raw` is one.
+pub fn ended_parent(raw: &str) -> Option<TaskId> {
+    match event_of(raw) {
+        Ok((id, Event::ElementEnded { .. })) => Some(id),
+        _ => None,
+    }
 }
 
 /// Handle one scheduler-queue message body.

@@ -1113,7 +1113,32 @@ impl Sim {
         }
         let deps = &self.deps;
         let agents = AgentRuntime::default();
-        let results = block_on(join_all(runs.iter().map(|(role, _, _, r, _)| role::handle(*role, deps, &agents, r))));
+        // As a function does with its batch: the Scheduler's ends for one parent go together
+        // (role::handle_group), every other record on its own, all at once.
+        let mut groups: Vec<(Role, Vec<usize>)> = Vec::new();
+        for (i, (role, _, _, r, _)) in runs.iter().enumerate() {
+            let parent = (*role == Role::Scheduler).then(|| crate::scheduler::ended_parent(&r.body)).flatten();
+            let same = |g: &(Role, Vec<usize>)| {
+                parent.is_some() && crate::scheduler::ended_parent(&runs[g.1[0]].3.body) == parent
+            };
+            match groups.iter_mut().find(|g| same(g)) {
+                Some(g) => g.1.push(i),
+                None => groups.push((*role, vec![i])),
+            }
+        }
+        let outcomes = block_on(join_all(
+            groups
+                .iter()
+                .map(|(role, ix)| role::handle_group(*role, deps, &agents, ix.iter().map(|&i| &runs[i].3).collect())),
+        ));
+        let mut results: Vec<Option<Result<(), crate::deps::HandlerError>>> = runs.iter().map(|_| None).collect();
+        for ((_, ix), outs) in groups.iter().zip(outcomes) {
+            for (&i, o) in ix.iter().zip(outs) {
+                results[i] = Some(o);
+            }
+        }
+        let results: Vec<Result<(), crate::deps::HandlerError>> =
+            results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect();
         self.supervised = runs.iter().filter(|r| r.0 == Role::Supervisor).filter_map(|r| task_of(&r.3.body)).collect();
         self.bus.clear_send_failures();
         self.store.clear_ambiguous();

@@ -1,0 +1,147 @@
+//! A map's element ends that one batch brings to their parent are applied together and written
+//! once (`role::handle_group`), on the in-memory twins: one conditional write on the parent for
+//! the batch instead of one per end, the same parent as ends handled one by one, duplicates
+//! counted once, and a lost write re-decided for the whole group.
+
+use sas_core::agent::AgentRuntime;
+use sas_core::config::Settings;
+use sas_core::ids::Millis;
+use sas_core::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage};
+use sas_core::protocol::{Policy, ProcessState, Task};
+use sas_core::role::{self, Record, Role};
+use sas_core::store::{StoreError, StoreOp};
+use sas_core::twins::Twins;
+use sas_core::workflow::{MapSpec, OnFailure, StepDef, Tolerance, WorkflowDef, WorkflowRegistry};
+use sas_core::{scheduler, submitter};
+use serde_json::json;
+
+const T0: Millis = Millis(1_700_000_000_000);
+const LINES: u32 = 4;
+
+fn twins() -> Twins {
+    let mut reserve = StepDef::call("reserve", "a", 5_000);
+    reserve.map = Some(MapSpec {
+        items: "/input/items".into(),
+        max_concurrency: LINES,
+        tolerated_failures: Tolerance::None,
+        timeout_ms: None,
+    });
+    let wf = WorkflowDef {
+        name: "lines".into(),
+        version: 1,
+        description: String::new(),
+        on_failure: OnFailure::Compensate,
+        steps: vec![reserve],
+    };
+    let settings = Settings {
+        policy: Policy { queue_budget_ms: 0, result_grace_ms: 0, settle_ms: 0, ..Policy::default() },
+        ..Settings::default()
+    };
+    Twins::new(WorkflowRegistry::new([wf]).unwrap(), settings, T0)
+}
+
+fn parent(tw: &Twins, id: &str) -> Task {
+    tw.store.tasks().into_iter().find(|t| t.task_id.as_str() == id).expect("the parent exists")
+}
+
+/// Submit a map over `LINES` lines and run every element to success, keeping the ends the
+/// elements send their parent (not handled): the batch the Scheduler would receive.
+async fn ends_of_a_map(tw: &Twins, id: &str) -> Vec<String> {
+    let items: Vec<_> = (0..LINES).map(|i| json!({"sku": i})).collect();
+    let body = json!({"v": 1, "task_id": id, "workflow": "lines", "input": {"items": items}}).to_string();
+    submitter::submit(&tw.deps, &body).await.unwrap();
+    let r = tw.deps.resources.clone();
+    let mut ends = Vec::new();
+    for _ in 0..20 {
+        let (runs, calls) = (tw.bus.take(&r.scheduler_queue_url), tw.bus.take(&r.agent_queue_url));
+        if runs.is_empty() && calls.is_empty() {
+            break;
+        }
+        for b in runs {
+            if scheduler::ended_parent(&b).is_some() {
+                ends.push(b);
+            } else {
+                scheduler::schedule(&tw.deps, &b).await.unwrap();
+            }
+        }
+        for b in calls {
+            let req: AgentRequest = serde_json::from_str(&b).unwrap();
+            let res = SchedulerMessage::Result(AgentResult {
+                v: 1,
+                task_id: req.task_id.clone(),
+                step: req.step.clone(),
+                attempt: req.attempt.clone(),
+                outcome: Outcome::Succeeded { output: json!({"line": req.task_id.as_str()}) },
+            });
+            scheduler::schedule(&tw.deps, &serde_json::to_string(&res).unwrap()).await.unwrap();
+        }
+    }
+    assert_eq!(ends.len(), LINES as usize, "every element ended and told its parent");
+    ends
+}
+
+fn records(bodies: &[String]) -> Vec<Record> {
+    let record = |(i, b): (usize, &String)| Record {
+        message_id: format!("m-{i}"),
+        body: b.clone(),
+        receive_count: 1,
+        sent_at: None,
+        trace_header: None,
+    };
+    bodies.iter().enumerate().map(record).collect()
+}
+
+async fn handle_together(tw: &Twins, records: &[Record]) {
+    let agents = AgentRuntime::default();
+    let outcomes = role::handle_group(Role::Scheduler, &tw.deps, &agents, records.iter().collect()).await;
+    assert_eq!(outcomes.len(), records.len());
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+}
+
+#[tokio::test]
+async fn the_ends_of_one_batch_are_one_write_on_their_parent() {
+    let tw = twins();
+    let ends = ends_of_a_map(&tw, "p1").await;
+    let saves = tw.store.calls("save");
+    handle_together(&tw, &records(&ends)).await;
+    assert_eq!(tw.store.calls("save") - saves, 1, "one write for {LINES} ends");
+    let p = parent(&tw, "p1");
+    let map = p.steps[0].map.as_ref().unwrap();
+    assert_eq!((map.ended.count(), map.ok.count(), map.failed), (LINES, LINES, 0));
+    assert!(map.joining, "the last end joins the map");
+    assert_eq!(p.last_message.as_deref(), Some(sas_core::ids::message_mark(&format!("m-{}", LINES - 1)).as_str()));
+    let join: Vec<String> = tw.bus.take(&tw.deps.resources.scheduler_queue_url);
+    assert_eq!(join.len(), 1, "the join is sent once: {join:?}");
+
+    // the same ends one by one: the same parent, one write each
+    let tw2 = twins();
+    let ends = ends_of_a_map(&tw2, "p1").await;
+    let saves = tw2.store.calls("save");
+    for r in &records(&ends) {
+        role::handle(Role::Scheduler, &tw2.deps, &AgentRuntime::default(), r).await.unwrap();
+    }
+    assert_eq!(tw2.store.calls("save") - saves, u64::from(LINES));
+    let q = parent(&tw2, "p1");
+    assert_eq!(q.steps[0].map, p.steps[0].map);
+    assert_eq!(q.process_state, p.process_state);
+}
+
+#[tokio::test]
+async fn an_end_delivered_twice_in_one_batch_counts_once_and_a_lost_write_re_decides_the_group() {
+    let tw = twins();
+    let mut ends = ends_of_a_map(&tw, "p2").await;
+    ends.insert(1, ends[0].clone());
+    let mut rs = records(&ends);
+    rs[1].message_id = rs[0].message_id.clone();
+    // another writer changed the parent since it was read: the group's write is lost once
+    let current = parent(&tw, "p2");
+    tw.store.fail_next(StoreOp::Save, StoreError::Conflict { current: Some(Box::new(current)) });
+    let saves = tw.store.calls("save");
+    handle_together(&tw, &rs).await;
+    assert_eq!(tw.store.calls("save") - saves, 2, "the lost write and the one re-decided");
+    let p = parent(&tw, "p2");
+    let map = p.steps[0].map.as_ref().unwrap();
+    assert_eq!((map.ended.count(), map.ok.count()), (LINES, LINES));
+    assert_eq!(p.process_state, ProcessState::Processing);
+    assert!(map.joining);
+}
