@@ -548,7 +548,7 @@ def print_report(out: dict, env: Env):
               f"{fmt(per['rcu'] * r['tasks'] / k)} | ${per['usd_per_million'] * r['tasks'] / k:.2f} | "
               f"{fmt(tot['failed_conditions'] / k, 3)} | {r['drain_secs']} |")
         p("- The parent's own steps (charge) and its submission are spread over the elements; a map element "
-          "is created, claimed, run and ended as a task of its own, and its end is one write on the parent.")
+          "is created, claimed, run and ended as a task of its own, and the ends one batch brings to the parent are one write on it.")
     idle, sw = out["idle"], out["idle_sweep"]
     p(f"\n### Scheduled costs (not per task)\n")
     p(f"- Idle polling (local runner: one long poll of 2 s at a time per queue, 4 queues): "

@@ -154,8 +154,9 @@ async fn answer_record(deps: &Deps, record: &Record) -> Result<(), HandlerError>
 /// concurrently, except those naming the same task (`task_id` in the body), which run one after
 /// the other in the batch's order: they would only race for the task's item, and each lost
 /// conditional write costs a write unit and a re-decision (the ends of a map's elements arrive
-/// together, each a write on their parent). Not the Agent's: its records are remote calls of up
-/// to 110 s each, and two of one task in a row could outlast the function's timeout.
+/// together, each a write on their parent). `handler` gets each task's records together (see
+/// [`handle_group`]) and returns one outcome per record. Not the Agent's: its records are remote
+/// calls of up to 110 s each, and two of one task in a row could outlast the function's timeout.
 pub async fn process_batch<'a, F, Fut>(role: Role, records: &'a [Record], handler: F) -> Vec<String>
 where
     F: Fn(Vec<&'a Record>) -> Fut,
@@ -216,7 +217,8 @@ pub fn handle_group<'a>(
             };
             if run >= 2 {
                 let group = &records[i..i + run];
-                let span = info_span!("records", role = role.name(), task_id = ?parents[i], ends = run);
+                let parent = parents[i].as_ref().map_or("-", TaskId::as_str);
+                let span = info_span!("records", role = role.name(), task_id = parent, ends = run);
                 if let Err(e) = scheduler::handle_ends(deps, group).instrument(span.clone()).await {
                     // One by one instead, so that each record gets its own outcome (a message
                     // the task cannot take goes to the DLQ alone; a write that landed resends
