@@ -42,7 +42,9 @@ pub fn status_of_error(e: &HandlerError) -> (u16, &'static str) {
     match e {
         HandlerError::Malformed(_) => (400, "malformed"),
         HandlerError::Unstorable(_) => (422, "unstorable"),
-        HandlerError::Store(_) | HandlerError::Bus(_) | HandlerError::Contended(_) => (503, "unavailable"),
+        HandlerError::Store(_) | HandlerError::Bus(_) | HandlerError::Contended(_) | HandlerError::WithRun(_) => {
+            (503, "unavailable")
+        }
     }
 }
 

@@ -100,6 +100,9 @@ pub enum HandlerError {
     Bus(#[from] BusError),
     #[error("the task kept changing under us ({0} conflicting writes)")]
     Contended(u32),
+    /// A record handled with others of its batch (the ends of one parent), which failed together.
+    #[error("handled with the other ends of its batch, which failed: {0}")]
+    WithRun(String),
 }
 
 impl From<StoreError> for HandlerError {

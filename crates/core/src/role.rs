@@ -219,16 +219,22 @@ pub fn handle_group<'a>(
                 let group = &records[i..i + run];
                 let parent = parents[i].as_ref().map_or("-", TaskId::as_str);
                 let span = info_span!("records", role = role.name(), task_id = parent, ends = run);
-                if let Err(e) = scheduler::handle_ends(deps, group).instrument(span.clone()).await {
-                    // One by one instead, so that each record gets its own outcome (a message
-                    // the task cannot take goes to the DLQ alone; a write that landed resends
-                    // what it owes through the message whose mark it kept).
-                    span.in_scope(|| warn!(error = %e, "ends handled together failed; handling them one by one"));
-                    for r in group {
-                        out.push(handle(role, deps, agents, r).await);
+                match scheduler::handle_ends(deps, group).instrument(span.clone()).await {
+                    Ok(()) => out.extend(group.iter().map(|_| Ok(()))),
+                    // A message the task cannot take: one by one, so that it goes to the DLQ alone.
+                    Err(e @ (HandlerError::Malformed(_) | HandlerError::Unstorable(_))) => {
+                        span.in_scope(|| warn!(error = %e, "ends handled together refused; handling them one by one"));
+                        for r in group {
+                            out.push(handle(role, deps, agents, r).await);
+                        }
                     }
-                } else {
-                    out.extend(group.iter().map(|_| Ok(())));
+                    // Anything else fails the run's records alike: SQS delivers them again, and
+                    // the one whose mark a landed write kept resends what it owes.
+                    Err(e) => {
+                        let why = e.to_string();
+                        out.push(Err(e));
+                        out.extend(group[1..].iter().map(|_| Err(HandlerError::WithRun(why.clone()))));
+                    }
                 }
             } else {
                 out.push(handle(role, deps, agents, records[i]).await);

@@ -5,6 +5,7 @@
 
 use sas_core::agent::AgentRuntime;
 use sas_core::config::Settings;
+use sas_core::deps::HandlerError;
 use sas_core::ids::Millis;
 use sas_core::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage};
 use sas_core::protocol::{Policy, ProcessState, Task};
@@ -143,5 +144,29 @@ async fn an_end_delivered_twice_in_one_batch_counts_once_and_a_lost_write_re_dec
     let map = p.steps[0].map.as_ref().unwrap();
     assert_eq!((map.ended.count(), map.ok.count()), (LINES, LINES));
     assert_eq!(p.process_state, ProcessState::Processing);
+    assert!(map.joining);
+}
+
+#[tokio::test]
+async fn a_group_whose_write_fails_for_now_fails_every_record_and_its_redelivery_counts_each_once() {
+    let tw = twins();
+    let ends = ends_of_a_map(&tw, "p3").await;
+    let rs = records(&ends);
+    tw.store.fail_next(StoreOp::Save, StoreError::Backend { op: "save", message: "throttled".into(), source: None });
+    let saves = tw.store.calls("save");
+    let agents = AgentRuntime::default();
+    let outcomes = role::handle_group(Role::Scheduler, &tw.deps, &agents, rs.iter().collect()).await;
+    // not handled again one by one (a write each, racing the other writers): all delivered again
+    assert_eq!(tw.store.calls("save") - saves, 1, "only the failed write");
+    assert!(matches!(outcomes[0], Err(HandlerError::Store(_))), "{outcomes:?}");
+    assert!(
+        outcomes[1..].iter().all(|o| matches!(o, Err(HandlerError::WithRun(why)) if why.contains("throttled"))),
+        "{outcomes:?}"
+    );
+    assert_eq!(parent(&tw, "p3").steps[0].map.as_ref().unwrap().ended.count(), 0, "nothing counted yet");
+    // SQS delivers them again
+    handle_together(&tw, &rs).await;
+    let map = parent(&tw, "p3").steps[0].map.clone().unwrap();
+    assert_eq!((map.ended.count(), map.ok.count()), (LINES, LINES));
     assert!(map.joining);
 }
