@@ -2,7 +2,8 @@
 //! on: a message is delivered at least once; it becomes visible after its delay; a received
 //! message is hidden for the visibility timeout and delivered again unless deleted; after
 //! `max_receives` receives it moves to the queue's DLQ; a FIFO queue drops a repeated
-//! deduplication id. Sending to a queue that was never created fails, as on SQS. The topic keeps
+//! deduplication id, and delivers a message group's messages in order, none of a group while one of
+//! its messages is in flight (received, neither deleted nor back after its visibility timeout). Sending to a queue that was never created fails, as on SQS. The topic keeps
 //! every publication and copies it to subscribed queues (raw delivery). Time comes from a
 //! [`Clock`], so a test can move it by hand.
 
@@ -35,6 +36,8 @@ struct Stored {
     trace_header: Option<String>,
     receive_count: u32,
     receipt: Option<String>,
+    /// Its FIFO message group.
+    group: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -255,6 +258,7 @@ impl MemoryBus {
             trace_header: msg.trace_header,
             receive_count: 0,
             receipt: None,
+            group: msg.fifo.map(|f| f.group),
         });
         Ok(())
     }
@@ -272,12 +276,19 @@ impl MemoryBus {
             source: None,
         })?;
         let (dlq, max_receives) = (q.config.dlq.clone(), q.config.max_receives);
+        // FIFO groups with a message in flight: none of theirs is delivered until it is done
+        let busy: HashSet<String> = q
+            .messages
+            .iter()
+            .filter(|m| m.receipt.is_some() && m.visible_at > now)
+            .filter_map(|m| m.group.clone())
+            .collect();
         let mut out = Vec::new();
         let mut to_dlq = Vec::new();
         let mut i = 0;
         while i < q.messages.len() && out.len() < max.clamp(1, MAX_BATCH) {
             let m = &mut q.messages[i];
-            if m.visible_at > now {
+            if m.visible_at > now || m.group.as_ref().is_some_and(|g| busy.contains(g)) {
                 i += 1;
                 continue;
             }
@@ -471,6 +482,40 @@ mod tests {
         assert_eq!(bus.depth(Q), 1, "the first receipt is stale");
         futures::executor::block_on(bus.delete(Q, vec![r2[0].receipt.clone()])).unwrap();
         assert_eq!(bus.depth(Q), 0);
+    }
+
+    #[test]
+    fn a_fifo_group_is_delivered_in_order_and_not_while_one_of_its_messages_is_in_flight() {
+        let (bus, clock) = bus();
+        let send = |group: &str, body: &str| {
+            let fifo = Some(Fifo { group: group.into(), dedup: body.into() });
+            futures::executor::block_on(bus.send(Q, Outgoing { fifo, ..Outgoing::new(body.into()) })).unwrap();
+        };
+        for (g, b) in [("g", "g1"), ("g", "g2"), ("h", "h1")] {
+            send(g, b);
+        }
+        let take = |max: usize| -> Vec<Received> {
+            futures::executor::block_on(bus.receive(Q, max, Duration::ZERO, Duration::from_secs(30))).unwrap()
+        };
+        let bodies = |r: &[Received]| r.iter().map(|m| m.body.clone()).collect::<Vec<_>>();
+        let first = take(1);
+        assert_eq!(bodies(&first), ["g1"]);
+        let h = take(10);
+        assert_eq!(bodies(&h), ["h1"], "g2 waits behind g1, in flight");
+        futures::executor::block_on(bus.delete(Q, vec![h[0].receipt.clone()])).unwrap();
+        // g1 not deleted: back after its visibility timeout, still ahead of g2
+        clock.advance(30_000);
+        let again = take(1);
+        assert_eq!(bodies(&again), ["g1"]);
+        futures::executor::block_on(bus.delete(Q, vec![again[0].receipt.clone()])).unwrap();
+        assert_eq!(bodies(&take(10)), ["g2"], "the group goes on once g1 is done");
+        // a batch may take several messages of one free group, in order
+        send("k", "k1");
+        send("k", "k2");
+        assert_eq!(bodies(&take(10)), ["k1", "k2"]);
+        // standard messages are not held
+        futures::executor::block_on(bus.send(Q, Outgoing::new("plain".into()))).unwrap();
+        assert_eq!(bodies(&take(10)), ["plain"]);
     }
 
     #[test]
