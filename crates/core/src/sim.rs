@@ -11,10 +11,10 @@
 //!
 //! Also: remote effects that land *after* the agent's retryable answer (a gateway 504 while the
 //! backend keeps working); agent requests delivered twice (the second copy finds the key in use:
-//! 409, and asks again until it is free or its deadline); conditional writes that apply and still report a failure (an SDK retry of a
-//! write that landed); send requests that fail as a whole, taking up to ten buffered messages of
-//! different tasks with them; timers delivered again seconds later; a reply queue named by every
-//! submission.
+//! 409, and asks again until it is free or its deadline); conditional writes that apply and still
+//! report a failure (an SDK retry of a write that landed); send requests that fail as a whole,
+//! taking up to ten buffered messages of different tasks with them; timers delivered again seconds
+//! later; a reply queue named by every submission.
 //!
 //! After each run it checks, against the remote services' ledger, the queues and the topic:
 //! 1. `key-once`: no idempotency key applied twice;
@@ -1115,30 +1115,24 @@ impl Sim {
         let agents = AgentRuntime::default();
         // As a function does with its batch: the Scheduler's ends for one parent go together
         // (role::handle_group), every other record on its own, all at once.
-        let mut groups: Vec<(Role, Vec<usize>)> = Vec::new();
+        let mut groups: Vec<(Role, Option<crate::ids::TaskId>, Vec<usize>)> = Vec::new();
         for (i, (role, _, _, r, _)) in runs.iter().enumerate() {
             let parent = (*role == Role::Scheduler).then(|| crate::scheduler::ended_parent(&r.body)).flatten();
-            let same = |g: &(Role, Vec<usize>)| {
-                parent.is_some() && crate::scheduler::ended_parent(&runs[g.1[0]].3.body) == parent
-            };
-            match groups.iter_mut().find(|g| same(g)) {
-                Some(g) => g.1.push(i),
-                None => groups.push((*role, vec![i])),
+            match groups.iter_mut().find(|g| parent.is_some() && g.1 == parent) {
+                Some(g) => g.2.push(i),
+                None => groups.push((*role, parent, vec![i])),
             }
         }
-        let outcomes = block_on(join_all(
-            groups
-                .iter()
-                .map(|(role, ix)| role::handle_group(*role, deps, &agents, ix.iter().map(|&i| &runs[i].3).collect())),
-        ));
-        let mut results: Vec<Option<Result<(), crate::deps::HandlerError>>> = runs.iter().map(|_| None).collect();
-        for ((_, ix), outs) in groups.iter().zip(outcomes) {
+        let outcomes =
+            block_on(join_all(groups.iter().map(|(role, _, ix)| {
+                role::handle_group(*role, deps, &agents, ix.iter().map(|&i| &runs[i].3).collect())
+            })));
+        let mut results: Vec<Result<(), crate::deps::HandlerError>> = runs.iter().map(|_| Ok(())).collect();
+        for ((_, _, ix), outs) in groups.iter().zip(outcomes) {
             for (&i, o) in ix.iter().zip(outs) {
-                results[i] = Some(o);
+                results[i] = o;
             }
         }
-        let results: Vec<Result<(), crate::deps::HandlerError>> =
-            results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect();
         self.supervised = runs.iter().filter(|r| r.0 == Role::Supervisor).filter_map(|r| task_of(&r.3.body)).collect();
         self.bus.clear_send_failures();
         self.store.clear_ambiguous();
