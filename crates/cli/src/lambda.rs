@@ -543,6 +543,7 @@ pub const FUNCTION_ENVIRONMENT: &[(&str, Option<&str>)] = &[
     ("SUPERVISOR_SHARDS", Some("SupervisorShards")),
     ("CALLBACK_QUEUE_URL", Some("CallbackQueueUrl")),
     ("CALLBACK_DLQ_URL", Some("CallbackDlqUrl")),
+    ("ENDS_QUEUE_URL", Some("EndsQueueUrl")),
     ("RETENTION_DAYS", None),
     ("START_TIMEOUT_MS", None),
     ("QUEUE_BUDGET_MS", None),
@@ -565,18 +566,18 @@ pub const FUNCTION_ENVIRONMENT: &[(&str, Option<&str>)] = &[
 pub const OWN_ENVIRONMENT: &[(&str, &str, &str)] =
     &[("AgentFunction", "CALLBACK_URL", "CallbackUrl"), ("AgentFunction", "APPROVAL_TOPIC_ARN", "ApprovalTopicArn")];
 
-/// The queue (output key of its ARN) whose event source mapping invokes each function.
-const EVENT_SOURCES: &[(&str, &str)] = &[
-    ("SubmitterFunction", "SubmissionQueueArn"),
-    ("SchedulerFunction", "SchedulerQueueArn"),
-    ("AgentFunction", "AgentQueueArn"),
-    ("SupervisorFunction", "SupervisorQueueArn"),
-    ("CallbackFunction", "CallbackQueueArn"),
+/// The queues (output keys of their ARNs) whose event source mappings invoke each function.
+const EVENT_SOURCES: &[(&str, &[&str])] = &[
+    ("SubmitterFunction", &["SubmissionQueueArn"]),
+    ("SchedulerFunction", &["SchedulerQueueArn", "EndsQueueArn"]),
+    ("AgentFunction", &["AgentQueueArn"]),
+    ("SupervisorFunction", &["SupervisorQueueArn"]),
+    ("CallbackFunction", &["CallbackQueueArn"]),
 ];
 
 /// Read back what the deployed functions are wired to: each one's runtime, architecture and
-/// environment (every variable the code reads, equal to the stack's outputs), its one SQS event
-/// source (its own queue, batch size 10, `ReportBatchItemFailures`, enabled), and the sweep rule
+/// environment (every variable the code reads, equal to the stack's outputs), its SQS event
+/// sources (its own queues, batch size 10, `ReportBatchItemFailures`, enabled), and the sweep rule
 /// with its permission to invoke the Supervisor.
 pub async fn verify<S: std::hash::BuildHasher>(
     sdk: &aws_config::SdkConfig,
@@ -627,7 +628,12 @@ pub async fn verify<S: std::hash::BuildHasher>(
                 format!("{id}: environment lacks or mismatches {missing:?}")
             },
         );
-        let want_queue = EVENT_SOURCES.iter().find(|(f, _)| f == id).and_then(|(_, q)| outputs.get(*q));
+        let mut want: Vec<&str> = EVENT_SOURCES
+            .iter()
+            .find(|(f, _)| f == id)
+            .map(|(_, qs)| qs.iter().filter_map(|q| outputs.get(*q).map(String::as_str)).collect())
+            .unwrap_or_default();
+        want.sort_unstable();
         let esms = lambda
             .list_event_source_mappings()
             .function_name(name)
@@ -635,27 +641,38 @@ pub async fn verify<S: std::hash::BuildHasher>(
             .await
             .map_err(aws_sdk_lambda::Error::from)?;
         let m = esms.event_source_mappings();
-        let one = m.len() == 1;
-        let good = one
+        let mut got: Vec<&str> = m.iter().filter_map(|m| m.event_source_arn()).collect();
+        got.sort_unstable();
+        let good = !want.is_empty()
+            && got == want
             && m.iter().all(|m| {
-                m.event_source_arn() == want_queue.map(String::as_str)
-                    && m.batch_size() == Some(10)
+                m.batch_size() == Some(10)
                     && m.state() == Some("Enabled")
                     && m.function_response_types()
                         .contains(&aws_sdk_lambda::types::FunctionResponseType::ReportBatchItemFailures)
             });
+        let described: Vec<String> = m
+            .iter()
+            .map(|m| {
+                format!(
+                    "{} (batch size {:?}, response types {:?}, state {:?})",
+                    m.event_source_arn().and_then(|a| a.rsplit(':').next()).unwrap_or("NONE"),
+                    m.batch_size(),
+                    m.function_response_types()
+                        .iter()
+                        .map(aws_sdk_lambda::types::FunctionResponseType::as_str)
+                        .collect::<Vec<_>>(),
+                    m.state(),
+                )
+            })
+            .collect();
         check(
             good,
             format!(
-                "{id}: SQS event source {} (batch size {:?}, response types {:?}, state {:?})",
-                m.first().and_then(|m| m.event_source_arn()).and_then(|a| a.rsplit(':').next()).unwrap_or("NONE"),
-                m.first().and_then(aws_sdk_lambda::types::EventSourceMappingConfiguration::batch_size),
-                m.first().map(|m| m
-                    .function_response_types()
-                    .iter()
-                    .map(aws_sdk_lambda::types::FunctionResponseType::as_str)
-                    .collect::<Vec<_>>()),
-                m.first().and_then(|m| m.state()),
+                "{id}: SQS event sources {} of {} wanted: {}",
+                m.len(),
+                want.len(),
+                if described.is_empty() { "NONE".to_owned() } else { described.join(", ") }
             ),
         );
     }

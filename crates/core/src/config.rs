@@ -40,6 +40,12 @@ pub struct Resources {
     /// Where a callback queue message that can never be handled goes at once, with its reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub callback_dlq_url: Option<String>,
+    /// The FIFO queue of the ends of map elements and parallel branches (`element_ended`), one
+    /// message group per parent: SQS hands a parent's ends to one Scheduler invocation at a time,
+    /// so they never race each other for the parent's item. Consumed by the Scheduler as its
+    /// second queue; absent (a stack deployed before it), ends go to the scheduler queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_queue_url: Option<String>,
     /// The ARN pattern of the queues a submission may name as `reply_to` (IAM grants the replying
     /// functions the same); unset, no `reply_to` is accepted. See [`crate::reply`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,6 +104,7 @@ impl Resources {
             supervisor_dlq_url: get(pick("SUPERVISOR_DLQ_URL", "SupervisorDlqUrl")),
             callback_queue_url: get(pick("CALLBACK_QUEUE_URL", "CallbackQueueUrl")).filter(|u| !u.is_empty()),
             callback_dlq_url: get(pick("CALLBACK_DLQ_URL", "CallbackDlqUrl")).filter(|u| !u.is_empty()),
+            ends_queue_url: get(pick("ENDS_QUEUE_URL", "EndsQueueUrl")).filter(|u| !u.is_empty()),
             reply_queue_arn_pattern: get(pick("REPLY_QUEUE_ARN_PATTERN", "ReplyQueueArnPattern"))
                 .filter(|p| !p.is_empty()),
             shards,
@@ -106,6 +113,15 @@ impl Resources {
     }
 
     fn checked(self) -> Result<Self, ConfigError> {
+        if let Some(url) = &self.ends_queue_url {
+            if !crate::messages::QueueUrl::parse(url).is_ok_and(|q| q.is_fifo()) {
+                return Err(ConfigError::Invalid {
+                    name: "ENDS_QUEUE_URL",
+                    value: url.clone(),
+                    why: "must be the URL of a FIFO queue (its name ends in .fifo)".into(),
+                });
+            }
+        }
         if !(MIN_SHARDS..=MAX_SHARDS).contains(&self.shards) {
             return Err(ConfigError::Invalid {
                 name: "SUPERVISOR_SHARDS",
@@ -239,6 +255,16 @@ mod tests {
             "an allow-list that is not an SQS ARN pattern is a setup error"
         );
         o.remove("ReplyQueueArnPattern");
+        assert_eq!(r.ends_queue_url, None, "no ends queue output: ends go to the scheduler queue");
+        o.insert("EndsQueueUrl".into(), "http://localhost:4566/000000000000/st-EndsQueue-x.fifo".into());
+        let r = Resources::from_outputs(&o).unwrap();
+        assert_eq!(r.ends_queue_url.as_deref(), Some("http://localhost:4566/000000000000/st-EndsQueue-x.fifo"));
+        o.insert("EndsQueueUrl".into(), "http://localhost:4566/000000000000/st-EndsQueue-x".into());
+        assert!(
+            matches!(Resources::from_outputs(&o), Err(ConfigError::Invalid { name: "ENDS_QUEUE_URL", .. })),
+            "a standard queue would let one parent's ends race again (and refuse their group ids)"
+        );
+        o.remove("EndsQueueUrl");
         o.insert("SupervisorShards".into(), "0".into());
         assert!(matches!(Resources::from_outputs(&o), Err(ConfigError::Invalid { .. })));
         o.remove("AgentQueueUrl");

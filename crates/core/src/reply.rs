@@ -20,7 +20,8 @@ pub enum ReplyToError {
     NoneAllowed,
 }
 
-/// Every queue of the stack: the four queues, the callback queue and their DLQs.
+/// Every queue of the stack: the four queues, the callback and ends queues and the DLQs the
+/// functions know.
 fn own_queues(res: &Resources) -> impl Iterator<Item = QueueUrl> + '_ {
     [
         Some(&res.submission_queue_url),
@@ -33,6 +34,7 @@ fn own_queues(res: &Resources) -> impl Iterator<Item = QueueUrl> + '_ {
         res.supervisor_dlq_url.as_ref(),
         res.callback_queue_url.as_ref(),
         res.callback_dlq_url.as_ref(),
+        res.ends_queue_url.as_ref(),
     ]
     .into_iter()
     .flatten()
@@ -81,6 +83,7 @@ mod tests {
             supervisor_dlq_url: Some(q("SupervisorDLQ")),
             callback_queue_url: Some(q("CallbackQueue")),
             callback_dlq_url: Some(q("CallbackDLQ")),
+            ends_queue_url: None,
             // wide on purpose: the stack's own queues are refused whatever the pattern allows
             reply_queue_arn_pattern: Some("arn:aws:sqs:*:123456789012:*".into()),
             shards: 1,

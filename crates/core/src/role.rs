@@ -49,6 +49,14 @@ impl Role {
         }
     }
 
+    /// Every queue that feeds this role: its own, and for the Scheduler the ends queue when the
+    /// stack has one.
+    pub fn queues(self, res: &Resources) -> Vec<&str> {
+        let own = Some(self.queue(res)).filter(|q| !q.is_empty());
+        let ends = res.ends_queue_url.as_deref().filter(|_| self == Role::Scheduler);
+        own.into_iter().chain(ends).collect()
+    }
+
     /// Whether the stack has this role's queue (every stack has the first four).
     pub fn has_queue(self, res: &Resources) -> bool {
         !self.queue(res).is_empty()

@@ -77,15 +77,16 @@ impl Runner {
                 info!(role = role.name(), "no queue for this role in the stack: not polled");
                 continue;
             }
-            let url = role.queue(&self.deps.resources).to_owned();
-            tasks.push(tokio::spawn(poll(
-                role,
-                url,
-                self.deps.clone(),
-                self.agents.clone(),
-                self.opts.clone(),
-                rx.clone(),
-            )));
+            for url in role.queues(&self.deps.resources) {
+                tasks.push(tokio::spawn(poll(
+                    role,
+                    url.to_owned(),
+                    self.deps.clone(),
+                    self.agents.clone(),
+                    self.opts.clone(),
+                    rx.clone(),
+                )));
+            }
         }
         if self.opts.roles.contains(&Role::Supervisor) {
             let deps = self.deps.clone();

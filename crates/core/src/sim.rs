@@ -863,22 +863,29 @@ impl Sim {
         self.check();
     }
 
+    /// The stack's queues the roles consume (the ends queue when the stack has one).
+    fn queues(&self) -> Vec<String> {
+        let r = &self.deps.resources;
+        [&r.submission_queue_url, &r.scheduler_queue_url, &r.agent_queue_url, &r.supervisor_queue_url]
+            .into_iter()
+            .chain(&r.ends_queue_url)
+            .cloned()
+            .collect()
+    }
+
     /// Nothing left to happen: every task terminal, no message, no pending action.
     fn quiet(&self) -> bool {
-        let r = &self.deps.resources;
-        let queues = [&r.submission_queue_url, &r.scheduler_queue_url, &r.agent_queue_url, &r.supervisor_queue_url];
         self.actions.is_empty()
-            && queues.iter().all(|q| self.bus.depth(q) == 0)
+            && self.queues().iter().all(|q| self.bus.depth(q) == 0)
             && self.store.tasks().iter().filter(|t| !t.task_id.is_child()).count() == self.report.tasks
             && self.store.tasks().iter().all(|t| t.process_state.is_terminal())
     }
 
     fn next_time(&self, sweep: Millis, operators: Millis) -> Millis {
-        let r = &self.deps.resources;
         let mut t = sweep.min(operators);
-        for q in [&r.submission_queue_url, &r.scheduler_queue_url, &r.agent_queue_url, &r.supervisor_queue_url] {
-            if let Some(v) = self.bus.next_visible(q) {
-                let v = if q == &r.agent_queue_url { v.max(self.agents_free_at) } else { v };
+        for q in self.queues() {
+            if let Some(v) = self.bus.next_visible(&q) {
+                let v = if q == self.deps.resources.agent_queue_url { v.max(self.agents_free_at) } else { v };
                 t = t.min(v);
             }
         }
@@ -994,14 +1001,15 @@ impl Sim {
         let res = self.deps.resources.clone();
         let mut batch: Vec<(Role, String, Received)> = Vec::new();
         for role in [Role::Submitter, Role::Scheduler, Role::Supervisor] {
-            let url = role.queue(&res).to_owned();
             let visibility = Duration::from_secs(role.default_visibility_seconds());
-            loop {
-                let got = block_on(self.bus.receive(&url, 10, Duration::ZERO, visibility)).unwrap_or_default();
-                if got.is_empty() {
-                    break;
+            for url in role.queues(&res) {
+                loop {
+                    let got = block_on(self.bus.receive(url, 10, Duration::ZERO, visibility)).unwrap_or_default();
+                    if got.is_empty() {
+                        break;
+                    }
+                    batch.extend(got.into_iter().map(|m| (role, url.to_owned(), m)));
                 }
-                batch.extend(got.into_iter().map(|m| (role, url.clone(), m)));
             }
         }
         // the agents take requests at their rate; the rest waits in the queue
@@ -1068,8 +1076,12 @@ impl Sim {
             // One BufferedBus flush fails as a whole: the messages buffered for one queue in this
             // instant, up to 10, of whichever tasks sent them.
             let r = &self.deps.resources;
-            let queues = [&r.agent_queue_url, &r.supervisor_queue_url, &r.scheduler_queue_url];
-            let q = queues[usize::try_from(self.between(0, 3)).unwrap_or(0).min(2)].clone();
+            let queues: Vec<&String> = [&r.agent_queue_url, &r.supervisor_queue_url, &r.scheduler_queue_url]
+                .into_iter()
+                .chain(&r.ends_queue_url)
+                .collect();
+            let len = u64::try_from(queues.len()).unwrap_or(1);
+            let q = queues[usize::try_from(self.between(0, len)).unwrap_or(0).min(queues.len() - 1)].clone();
             self.bus.fail_sends(&q, u32::try_from(self.between(1, 11)).unwrap_or(1));
         }
         if first_deliveries && self.chance(f.ambiguous_writes * n) {
@@ -1676,9 +1688,8 @@ impl Sim {
             v.push(format!("terminal: {submitted} of {} submissions became tasks", self.report.tasks));
         }
         self.check_maps(&tasks, &mut v);
-        let r = &self.deps.resources;
-        for q in [&r.submission_queue_url, &r.scheduler_queue_url, &r.agent_queue_url, &r.supervisor_queue_url] {
-            for body in self.bus.bodies(&format!("{q}-dlq")) {
+        for q in self.queues() {
+            for body in self.bus.bodies(&MemoryBus::dlq_of(&q)) {
                 v.push(format!("dlq: dead-lettered from {q}: {}", crate::ids::clip(&body, 200)));
             }
         }

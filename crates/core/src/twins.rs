@@ -30,6 +30,7 @@ pub fn resources(shards: u32) -> Resources {
         supervisor_dlq_url: Some(format!("{}-dlq", q("supervisor"))),
         callback_queue_url: Some(q("callback")),
         callback_dlq_url: Some(format!("{}-dlq", q("callback"))),
+        ends_queue_url: Some(q("ends.fifo")),
         // the template's default: the queues named `<stack>-reply-*` of the stack's account and region
         reply_queue_arn_pattern: Some("arn:aws:sqs:us-east-1:000000000000:sas-reply-*".into()),
         shards,

@@ -52,18 +52,19 @@ async fn ends_of_a_map(tw: &Twins, id: &str) -> Vec<String> {
     let body = json!({"v": 1, "task_id": id, "workflow": "lines", "input": {"items": items}}).to_string();
     submitter::submit(&tw.deps, &body).await.unwrap();
     let r = tw.deps.resources.clone();
+    let ends_queue = r.ends_queue_url.clone().expect("the twins have an ends queue");
     let mut ends = Vec::new();
     for _ in 0..20 {
         let (runs, calls) = (tw.bus.take(&r.scheduler_queue_url), tw.bus.take(&r.agent_queue_url));
-        if runs.is_empty() && calls.is_empty() {
+        let came = tw.bus.take(&ends_queue);
+        if runs.is_empty() && calls.is_empty() && came.is_empty() {
             break;
         }
+        assert!(came.iter().all(|b| scheduler::ended_parent(b).is_some()), "only ends on the ends queue: {came:?}");
+        ends.extend(came);
         for b in runs {
-            if scheduler::ended_parent(&b).is_some() {
-                ends.push(b);
-            } else {
-                scheduler::schedule(&tw.deps, &b).await.unwrap();
-            }
+            assert!(scheduler::ended_parent(&b).is_none(), "an end on the scheduler queue: {b}");
+            scheduler::schedule(&tw.deps, &b).await.unwrap();
         }
         for b in calls {
             let req: AgentRequest = serde_json::from_str(&b).unwrap();

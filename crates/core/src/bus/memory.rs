@@ -87,8 +87,11 @@ impl MemoryBus {
             (&res.scheduler_queue_url, 5),
             (&res.agent_queue_url, 3),
             (&res.supervisor_queue_url, 3),
-        ] {
-            let dlq = format!("{queue}-dlq");
+        ]
+        .into_iter()
+        .chain(res.ends_queue_url.as_ref().map(|q| (q, 5)))
+        {
+            let dlq = Self::dlq_of(queue);
             bus.create_queue(&dlq, QueueConfig::default());
             bus.create_queue(queue, QueueConfig { dlq: Some(dlq), max_receives: receives });
         }
@@ -99,6 +102,15 @@ impl MemoryBus {
         }
         bus.create_queue(&res.submission_dlq_url, QueueConfig::default());
         bus
+    }
+
+    /// The DLQ [`MemoryBus::for_stack`] gives `queue`: `<queue>-dlq`, or `<name>-dlq.fifo` for a
+    /// FIFO queue (SQS redrives a FIFO queue only to a FIFO queue).
+    pub fn dlq_of(queue: &str) -> String {
+        match queue.strip_suffix(".fifo") {
+            Some(base) => format!("{base}-dlq.fifo"),
+            None => format!("{queue}-dlq"),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -232,6 +244,10 @@ impl MemoryBus {
         };
         if let Some(code) = inner.refusing.get(queue) {
             return Err(refused(code, "refused (injected)".into()));
+        }
+        #[allow(clippy::case_sensitive_file_extension_comparisons)]
+        if msg.fifo.is_none() && queue.ends_with(".fifo") {
+            return Err(refused("MissingParameter", "a FIFO queue needs a MessageGroupId".into()));
         }
         if let Some(f) = &msg.fifo {
             // SQS: 1-128 characters of letters, digits and punctuation.

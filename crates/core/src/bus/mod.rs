@@ -136,6 +136,15 @@ pub fn reply_fifo(task_id: &str, seq: u64) -> Fifo {
     Fifo { group, dedup }
 }
 
+/// The FIFO ids of an element's or branch's end for the ends queue: the parent's group (as
+/// [`reply_fifo`] names a task's), so that SQS hands one parent's ends to one consumer at a time,
+/// and a deduplication id of its own. Never one derived from the end: an element says its end
+/// again when its parent's watch looks (the first message may have been dead-lettered, or its
+/// handling lost), and SQS would drop that within five minutes of the first.
+pub fn end_fifo(parent: &str) -> Fifo {
+    Fifo { group: reply_fifo(parent, 0).group, dedup: uuid::Uuid::new_v4().simple().to_string() }
+}
+
 /// The deduplication id of a duplicate-submission status: its own, never a real status's (those
 /// end in `-<seq>`), so FIFO queues keep both.
 fn duplicate_dedup(task_id: &str, seq: u64) -> String {
@@ -276,7 +285,13 @@ pub struct Outbox<'a> {
 
 impl Outbox<'_> {
     /// A message for the Scheduler (a run message, an agent's result, an operator's command).
+    /// The end of a map element or branch goes to the ends queue when the stack has one (see
+    /// [`end_fifo`]), never delayed (FIFO queues take no per-message delay).
     pub async fn to_scheduler(&self, msg: &SchedulerMessage, delay_seconds: u32) -> Result<(), BusError> {
+        if let (SchedulerMessage::ElementEnded(end), Some(ends)) = (msg, &self.res.ends_queue_url) {
+            let fifo = Some(end_fifo(end.task_id.as_str()));
+            return self.bus.send(ends, Outgoing { fifo, ..Outgoing::new(encode(msg)?) }).await;
+        }
         self.bus.send(&self.res.scheduler_queue_url, Outgoing::delayed(encode(msg)?, delay_seconds)).await
     }
 
