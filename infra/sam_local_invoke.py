@@ -91,6 +91,7 @@ class Run:
             "SUPERVISOR_DLQ_URL": o["SupervisorDlqUrl"],
             "CALLBACK_QUEUE_URL": o["CallbackQueueUrl"],
             "CALLBACK_DLQ_URL": o["CallbackDlqUrl"],
+            "ENDS_QUEUE_URL": o["EndsQueueUrl"],
             "REPLY_QUEUE_ARN_PATTERN": o["ReplyQueueArnPattern"],
             "ALERT_TOPIC_ARN": o["AlertTopicArn"],
             "APPROVAL_TOPIC_ARN": o["ApprovalTopicArn"],

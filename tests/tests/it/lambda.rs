@@ -281,6 +281,27 @@ fn callback_workflows_file(stack_label: &str) -> PathBuf {
              "max_attempts": 2, "backoff": {"base_ms": 200, "max_ms": 500}}
         ]
     }));
+    // Maps whose elements end outside the Scheduler, each telling its parent on the ends queue:
+    // one whose element's only attempt hangs (no compensation: the Supervisor's timer ends the
+    // element), and one of callback steps (the answer ends the element in the Callback function).
+    list.push(json!({
+        "name": "sim-map-hung",
+        "version": 1,
+        "description": "Lambda-mode test: a map whose elements the Supervisor ends when they hang",
+        "steps": [
+            {"name": "reserve", "agent": "sim", "timeout_ms": 2_000, "max_attempts": 1,
+             "map": {"items": "/input/lines", "max_concurrency": 10}}
+        ]
+    }));
+    list.push(json!({
+        "name": "sim-callback-map",
+        "version": 1,
+        "description": "Lambda-mode test: a map of callback steps, each answered through the callback queue",
+        "steps": [
+            {"name": "ship", "kind": "callback", "agent": "sim", "timeout_ms": 120_000, "max_attempts": 1,
+             "map": {"items": "/input/lines", "max_concurrency": 10}}
+        ]
+    }));
     // The order workflow with time to spare: a task whose charge fails three times ends through
     // the Scheduler (its alert and retries), not through the Supervisor's timer, however late
     // a loaded machine runs each attempt.
@@ -1010,9 +1031,16 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     // reads their outputs back (BatchGetItem) when they have all ended.
     let lines: Vec<Value> = (0..3).map(|i| json!({"sku": format!("s{i}")})).collect();
     let map = json!({"v": 1, "task_id": "map-1", "workflow": "sim-map", "input": {"lines": lines}});
-    for body in [&hung, &flaky, &declined, &declined, &big, &refused, &cb_ok, &cb_late, &cb_approval, &map]
-        .into_iter()
-        .chain(&serial)
+    // Elements that end outside the Scheduler and tell their parent on the ends queue: one the
+    // Supervisor's timer ends (its only attempt hangs), one the Callback function ends (answered).
+    let map_hung = json!({"v": 1, "task_id": "map-hung", "workflow": "sim-map-hung",
+                          "input": {"lines": [{"sku": "h0", "sim": {"reserve": {"hang_attempts": 1}}}]}});
+    let cb_map =
+        json!({"v": 1, "task_id": "cb-map", "workflow": "sim-callback-map", "input": {"lines": [{"sku": "c0"}]}});
+    for body in
+        [&hung, &flaky, &declined, &declined, &big, &refused, &cb_ok, &cb_late, &cb_approval, &map, &map_hung, &cb_map]
+            .into_iter()
+            .chain(&serial)
     {
         f.s.send(&f.s.res.submission_queue_url, &body.to_string()).await;
     }
@@ -1046,6 +1074,9 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     f.s.send(&callback_queue, &answer(&lost, "succeeded", json!({"output": {"tracking": "TRK-late"}})).to_string())
         .await;
     f.s.wait_for("cb-late", Duration::from_mins(1), |t| t.late_results > 0).await;
+    let element = f.callback_token("cb-map~0~0", 0, None).await;
+    f.s.send(&callback_queue, &answer(&element, "succeeded", json!({"output": {"tracking": "TRK-map"}})).to_string())
+        .await;
     // The approval was handed over (published): the step waits for its answer; cancel it.
     let approving = f.callback_token("cb-approval", 1, None).await;
     let cancel = SchedulerMessage::Cancel(sas_core::messages::CancelMessage {
@@ -1061,7 +1092,11 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
         let t = f.s.wait_for(id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
         eprintln!("[{}] {id}: {:?}, FailureCount {}", f.s.name, t.process_state, t.failure_count);
     }
-    for id in ["serial-1", "serial-2", "serial-3", "map-1"] {
+    for id in ["map-hung~0~0", "map-hung"] {
+        let t = f.s.wait_for(id, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
+        assert_ne!(t.process_state, ProcessState::Processed, "{id}: its element hung: {:?}", t.history);
+    }
+    for id in ["serial-1", "serial-2", "serial-3", "map-1", "cb-map"] {
         let t = f.s.wait_for(id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
         assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{id}: {:?}", t.history);
     }
@@ -1081,13 +1116,22 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let report = f.least_privilege().await.unwrap_or_else(|e| panic!("{e}"));
     eprintln!("{}", report.render());
     // Grants whose paths this workload cannot reach on LocalStack, each with the code that needs it.
-    let not_reached = [(
-        // submitter.rs `resend`: a submission redelivered after its start failed to send reads
-        // the task it created (sends never fail here: LocalStack does not enforce IAM).
-        "SubmitterFunction",
-        "submitter/TaskTable",
-        "dynamodb:GetItem",
-    )];
+    let not_reached = [
+        (
+            // submitter.rs `resend`: a submission redelivered after its start failed to send reads
+            // the task it created (sends never fail here: LocalStack does not enforce IAM).
+            "SubmitterFunction",
+            "submitter/TaskTable",
+            "dynamodb:GetItem",
+        ),
+        (
+            // effects.rs `spawn_one`: a submission whose map's first elements exist already and
+            // have ended (its first delivery created them) makes each say its end again.
+            "SubmitterFunction",
+            "submitter/Ends",
+            "sqs:SendMessage",
+        ),
+    ];
     let unused: Vec<String> = report
         .unused()
         .iter()
