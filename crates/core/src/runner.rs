@@ -26,6 +26,7 @@ pub struct RunnerOptions {
     /// Like an event source's `MaximumBatchingWindowInSeconds`: after a receive that returned
     /// fewer than ten messages, wait this long and receive once more to fill the batch. Fewer,
     /// fuller batches: fewer receives, deletes and invocations, and sends that share requests.
+    /// Not on a FIFO queue (the ends queue), as Lambda has none for FIFO event sources.
     pub batch_window: Duration,
     pub roles: Vec<Role>,
 }
@@ -118,6 +119,7 @@ async fn poll(
 ) {
     let slots = Arc::new(Semaphore::new(opts.concurrency.max(1)));
     let visibility = Duration::from_secs(role.default_visibility_seconds());
+    let fifo = crate::messages::QueueUrl::parse(&url).is_ok_and(|q| q.is_fifo());
     let mut in_flight = Vec::new();
     loop {
         if *stop.borrow() {
@@ -142,7 +144,8 @@ async fn poll(
         if msgs.is_empty() {
             continue;
         }
-        if msgs.len() < 10 && !opts.batch_window.is_zero() {
+        // Not on a FIFO queue: Lambda has no batching window for FIFO event sources.
+        if msgs.len() < 10 && !opts.batch_window.is_zero() && !fifo {
             // what arrives within the window joins the batch (one more receive)
             tokio::time::sleep(opts.batch_window).await;
             if let Ok(more) = deps.bus.receive(&url, 10 - msgs.len(), Duration::ZERO, visibility).await {
