@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cost_proxy import Upstream, item_size  # noqa: E402
 
 # us-east-1 list prices, $ per million.
-PRICE = {"sqs": 0.40, "wcu": 0.625, "rcu": 0.125, "lambda": 0.20, "sns": 0.50}
+PRICE = {"sqs": 0.40, "sqs_fifo": 0.50, "wcu": 0.625, "rcu": 0.125, "lambda": 0.20, "sns": 0.50}
 # CloudWatch Logs ingestion (us-east-1, standard class): $0.50 per GB, counted here as each line's
 # bytes plus the 26 bytes PutLogEvents counts per event. EMF records are log lines: no PutMetricData.
 LOGS_USD_PER_GB = 0.50
@@ -70,6 +70,8 @@ ROLES = {
     "SchedulerQueueUrl": "scheduler",
     "AgentQueueUrl": "agent",
     "SupervisorQueueUrl": "supervisor",
+    "CallbackQueueUrl": "callback",
+    "EndsQueueUrl": "ends",
 }
 
 
@@ -112,7 +114,7 @@ class Env:
         self.proxy_url = a.proxy.rstrip("/")
         self.via_proxy = Upstream(self.proxy_url)
         self.table = self.outputs["TaskTableName"]
-        self.queues = {role: self.outputs[k] for k, role in ROLES.items()}
+        self.queues = {role: self.outputs[k] for k, role in ROLES.items() if k in self.outputs}
         self.queue_role = {url.rstrip("/").rsplit("/", 1)[-1]: role for role, url in self.queues.items()}
         self.sasctl = a.sasctl
 
@@ -200,6 +202,7 @@ def summarize(rows: list[dict], tasks: int, env_roles: dict[str, str], reply_que
         "ddb_requests": 0, "rcu": 0.0, "wcu": {}, "invocations": {}, "empty_receives": 0,
         "reply_requests": 0, "reply_billed": 0, "alert_requests": 0, "alert_billed": 0,
         "other_requests": 0, "query_items": 0, "query_bytes": 0, "failed_conditions": 0, "errors": 0,
+        "fifo_billed": 0,
     }
     for r in rows:
         s["errors"] += r["errors"]
@@ -209,6 +212,9 @@ def summarize(rows: list[dict], tasks: int, env_roles: dict[str, str], reply_que
                 s["reply_billed"] += r["billed"]
                 continue
             role = env_roles.get(r["resource"], r["resource"])
+            if r["resource"].endswith(".fifo"):
+                # FIFO requests cost more (the empty receives of idle polling are not counted here)
+                s["fifo_billed"] += r["billed"] - (r["empty"] if r["op"] == "ReceiveMessage" else 0)
             if r["op"] == "ReceiveMessage":
                 nonempty = r["requests"] - r["empty"]
                 s["empty_receives"] += r["empty"]
@@ -249,11 +255,11 @@ def summarize(rows: list[dict], tasks: int, env_roles: dict[str, str], reply_que
     per["rcu"] = s["rcu"] / t
     per["wcu"] = wcu / t
     per["wcu_by"] = {k: v / t for k, v in s["wcu"].items()}
-    per["usd_per_million"] = (
-        sqs_billed * PRICE["sqs"] + wcu * PRICE["wcu"] + s["rcu"] * PRICE["rcu"] + inv * PRICE["lambda"]
-    ) / t
+    sqs_usd = sqs_billed * PRICE["sqs"] + s["fifo_billed"] * (PRICE["sqs_fifo"] - PRICE["sqs"])
+    per["usd_per_million"] = (sqs_usd + wcu * PRICE["wcu"] + s["rcu"] * PRICE["rcu"] + inv * PRICE["lambda"]) / t
+    per["fifo"] = s["fifo_billed"] / t
     per["usd_parts"] = {
-        "sqs": sqs_billed * PRICE["sqs"] / t,
+        "sqs": sqs_usd / t,
         "dynamodb_write": wcu * PRICE["wcu"] / t,
         "dynamodb_read": s["rcu"] * PRICE["rcu"] / t,
         "lambda": inv * PRICE["lambda"] / t,
@@ -503,7 +509,8 @@ def print_report(out: dict, env: Env):
   per task and are excluded (see below). Lambda inv. = one invocation per non-empty receive (one batch).
 - RCU/WCU: DynamoDB read/write request units, from item sizes (see bench/README.md); WCU split into the
   base table and each global secondary index.
-- $/M tasks = SQS billed requests x $0.40 + WCU x $0.625 + RCU x $0.125 + invocations x $0.20 (per million);
+- $/M tasks = SQS billed requests x $0.40 (x $0.50 on a FIFO queue: the ends queue) + WCU x $0.625 + RCU x
+  $0.125 + invocations x $0.20 (per million);
   Lambda duration (GB-s) is NOT counted.
 - replies = sends to the caller's reply queue (SQS, $0.40/M); alerts = SNS publishes ($0.50/M); both
   priced separately from the task cost.
