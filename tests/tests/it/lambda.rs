@@ -313,6 +313,14 @@ fn callback_workflows_file(stack_label: &str) -> PathBuf {
         step["backoff"] = json!({"base_ms": 200, "max_ms": 500});
     }
     list.push(patient);
+    // The same for the map: its charge waits behind the hung calls on a loaded machine.
+    let mut patient_map = list.iter().find(|w| w["name"] == "sim-map").expect("sim-map is built in").clone();
+    patient_map["name"] = json!("sim-map-patient");
+    patient_map["description"] = json!("Lambda-mode test: sim-map with 60 s per attempt");
+    for step in patient_map["steps"].as_array_mut().expect("steps") {
+        step["timeout_ms"] = json!(60_000);
+    }
+    list.push(patient_map);
     let dir = functions_dir().join("workflows");
     std::fs::create_dir_all(&dir).expect("a folder for the workflows file");
     let path = dir.join(format!("{stack_label}-{}.json", uuid::Uuid::new_v4().simple()));
@@ -1030,7 +1038,9 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     // A map of three lines: the Submitter creates its first elements, the Scheduler the next and
     // reads their outputs back (BatchGetItem) when they have all ended.
     let lines: Vec<Value> = (0..3).map(|i| json!({"sku": format!("s{i}")})).collect();
-    let map = json!({"v": 1, "task_id": "map-1", "workflow": "sim-map", "input": {"lines": lines}});
+    // sim-map-patient: 60 s per attempt, so however late a loaded machine runs the charge (behind
+    // the hung calls) it never times out.
+    let map = json!({"v": 1, "task_id": "map-1", "workflow": "sim-map-patient", "input": {"lines": lines}});
     // Elements that end outside the Scheduler and tell their parent on the ends queue: one the
     // Supervisor's timer ends (its only attempt hangs), one the Callback function ends (answered).
     let map_hung = json!({"v": 1, "task_id": "map-hung", "workflow": "sim-map-hung",
