@@ -558,7 +558,8 @@ def print_report(out: dict, env: Env):
           "is created, claimed, run and ended as a task of its own, and the ends one batch brings to the parent are one write on it.")
     idle, sw = out["idle"], out["idle_sweep"]
     p(f"\n### Scheduled costs (not per task)\n")
-    p(f"- Idle polling (local runner: one long poll of 2 s at a time per queue, 4 queues): "
+    polled = len({r["resource"] for r in idle["rows"] if r["op"] == "ReceiveMessage"})
+    p(f"- Idle polling (local runner: one long poll of 2 s at a time per queue, {polled} queues): "
       f"{idle['empty_receives_per_hour']:.0f} empty ReceiveMessage per hour = ${idle['usd_per_hour']:.4f}/hour "
       f"(measured over {idle['secs']} s). This is the local runner's rate: on AWS an SQS event source mapping "
       f"polls with its own pollers (long polls, several per queue), at another rate; those are SQS requests too.")
