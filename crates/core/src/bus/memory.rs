@@ -47,6 +47,21 @@ struct Queue {
     dedup: HashSet<String>,
 }
 
+impl Queue {
+    /// The FIFO groups with a message in flight (received, neither deleted nor back yet), with
+    /// when the last of them is back: none of a held group's messages is delivered before.
+    fn held_groups(&self, now: Millis) -> HashMap<&str, Millis> {
+        let mut held: HashMap<&str, Millis> = HashMap::new();
+        for m in self.messages.iter().filter(|m| m.receipt.is_some() && m.visible_at > now) {
+            if let Some(g) = &m.group {
+                let until = held.entry(g.as_str()).or_insert(m.visible_at);
+                *until = (*until).max(m.visible_at);
+            }
+        }
+        held
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     queues: BTreeMap<String, Queue>,
@@ -195,16 +210,9 @@ impl MemoryBus {
     pub fn next_visible(&self, queue: &str) -> Option<Millis> {
         let inner = self.lock();
         let q = inner.queues.get(queue)?;
-        // A FIFO group with a message in flight delivers nothing before that message is back
-        // (or deleted, which happens at a step of its own).
-        let now = self.clock.now();
-        let mut held: HashMap<&str, Millis> = HashMap::new();
-        for m in q.messages.iter().filter(|m| m.receipt.is_some() && m.visible_at > now) {
-            if let Some(g) = &m.group {
-                let until = held.entry(g.as_str()).or_insert(m.visible_at);
-                *until = (*until).max(m.visible_at);
-            }
-        }
+        // A held group's messages are not due before its message in flight is back (or deleted,
+        // which happens at a step of its own).
+        let held = q.held_groups(self.clock.now());
         q.messages
             .iter()
             .map(|m| match m.group.as_deref().and_then(|g| held.get(g)) {
@@ -310,13 +318,7 @@ impl MemoryBus {
             source: None,
         })?;
         let (dlq, max_receives) = (q.config.dlq.clone(), q.config.max_receives);
-        // FIFO groups with a message in flight: none of theirs is delivered until it is done
-        let busy: HashSet<String> = q
-            .messages
-            .iter()
-            .filter(|m| m.receipt.is_some() && m.visible_at > now)
-            .filter_map(|m| m.group.clone())
-            .collect();
+        let busy: HashSet<String> = q.held_groups(now).into_keys().map(str::to_owned).collect();
         let mut out = Vec::new();
         let mut to_dlq = Vec::new();
         let mut i = 0;

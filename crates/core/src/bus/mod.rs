@@ -120,29 +120,39 @@ pub const MAX_FIFO_ID: usize = 128;
 /// place of the task id: still one per task and status, always valid, and never the id of another
 /// task (task ids have no `#`).
 pub fn reply_fifo(task_id: &str, seq: u64) -> Fifo {
-    use sha2::{Digest, Sha256};
-    let hashed = || {
-        Sha256::digest(task_id.as_bytes()).iter().fold(String::from("#"), |mut s, b| {
-            use std::fmt::Write as _;
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-    };
-    let group = if task_id.is_empty() || task_id.len() > MAX_FIFO_ID { hashed() } else { task_id.to_owned() };
     let mut dedup = format!("{task_id}-{seq}");
     if dedup.len() > MAX_FIFO_ID {
-        dedup = format!("{}-{seq}", hashed());
+        dedup = format!("{}-{seq}", hashed_id(task_id));
     }
-    Fifo { group, dedup }
+    Fifo { group: task_group(task_id), dedup }
 }
 
-/// The FIFO ids of an element's or branch's end for the ends queue: the parent's group (as
-/// [`reply_fifo`] names a task's), so that SQS hands one parent's ends to one consumer at a time,
+/// A task's FIFO message group: its id, or [`hashed_id`] when that is empty or too long.
+fn task_group(task_id: &str) -> String {
+    if task_id.is_empty() || task_id.len() > MAX_FIFO_ID {
+        hashed_id(task_id)
+    } else {
+        task_id.to_owned()
+    }
+}
+
+/// `#` and the SHA-256 of a task id in hex: 65 characters, and never a task id.
+fn hashed_id(task_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(task_id.as_bytes()).iter().fold(String::from("#"), |mut s, b| {
+        use std::fmt::Write as _;
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+/// The FIFO ids of an element's or branch's end for the ends queue: the parent's group (the one
+/// [`reply_fifo`] gives its statuses), so that SQS hands one parent's ends to one consumer at a time,
 /// and a deduplication id of its own. Never one derived from the end: an element says its end
 /// again when its parent's watch looks (the first message may have been dead-lettered, or its
 /// handling lost), and SQS would drop that within five minutes of the first.
 pub fn end_fifo(parent: &str) -> Fifo {
-    Fifo { group: reply_fifo(parent, 0).group, dedup: uuid::Uuid::new_v4().simple().to_string() }
+    Fifo { group: task_group(parent), dedup: uuid::Uuid::new_v4().simple().to_string() }
 }
 
 /// The deduplication id of a duplicate-submission status: its own, never a real status's (those
