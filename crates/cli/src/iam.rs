@@ -8,8 +8,10 @@
 //! (`tests/tests/it/lambda.rs`) run it.
 //!
 //! The evaluator knows identity policies only: `Allow`/`Deny`, `Action`/`NotAction`,
-//! `Resource`/`NotResource` with `*` and `?` wildcards. A statement with a `Condition` (or any
-//! other key it does not evaluate) is an error, never silently allowed or ignored.
+//! `Resource`/`NotResource` with `*` and `?` wildcards, and two DynamoDB conditions: which item
+//! keys a statement allows (`dynamodb:LeadingKeys`) and which attributes it lets a request read
+//! (`dynamodb:Attributes` with `dynamodb:Select`). Any other `Condition` (or any other key of a
+//! statement) is an error, never silently allowed or ignored.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -56,8 +58,12 @@ pub struct Statement {
     pub actions: Patterns,
     pub resources: Patterns,
     /// `Condition: {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [...]}}`: the statement
-    /// allows only requests whose item key matches one of these (the only condition evaluated).
+    /// allows only requests whose item key matches one of these.
     pub leading_keys: Option<Vec<String>>,
+    /// `Condition: {"ForAllValues:StringEquals": {"dynamodb:Attributes": [...]},
+    /// "StringEqualsIfExists": {"dynamodb:Select": "SPECIFIC_ATTRIBUTES"}}`: the statement allows
+    /// only requests that name the attributes they read, all of them among these.
+    pub attributes: Option<Vec<String>>,
 }
 
 /// IAM's wildcard match: `*` any run of characters, `?` one character. Actions match without
@@ -98,25 +104,44 @@ fn strings(v: &Value, policy: &str, key: &str) -> Result<Vec<String>, PolicyErro
     }
 }
 
-/// The key patterns of a `{"ForAllValues:StringLike": {"dynamodb:LeadingKeys": [...]}}`
-/// condition (`StringEquals` too); `None` for any other condition.
-fn leading_keys(c: &Value) -> Option<Vec<String>> {
-    let o = c.as_object().filter(|o| o.len() == 1)?;
-    let (op, v) = o.iter().next()?;
-    if !matches!(op.as_str(), "ForAllValues:StringLike" | "ForAllValues:StringEquals") {
+/// The DynamoDB conditions a statement's `Condition` holds: its item key patterns
+/// (`{"ForAllValues:StringLike" | "ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [...]}}`)
+/// and its attributes (`{"ForAllValues:StringEquals": {"dynamodb:Attributes": [...]}}`, which IAM
+/// lets through a request that names no attribute unless `dynamodb:Select` is also held to
+/// `SPECIFIC_ATTRIBUTES`: the pair is required). `None` for anything else.
+#[allow(clippy::type_complexity)]
+fn conditions(c: &Value) -> Option<(Option<Vec<String>>, Option<Vec<String>>)> {
+    let list = |v: &Value| -> Option<Vec<String>> {
+        match v {
+            Value::String(s) => Some(vec![s.clone()]),
+            Value::Array(a) => a.iter().map(|x| x.as_str().map(str::to_owned)).collect(),
+            _ => None,
+        }
+    };
+    let (mut keys, mut attributes, mut select) = (None, None, false);
+    for (op, v) in c.as_object().filter(|o| !o.is_empty())? {
+        for (key, values) in v.as_object().filter(|o| !o.is_empty())? {
+            match (op.as_str(), key.as_str()) {
+                ("ForAllValues:StringLike", "dynamodb:LeadingKeys") => keys = Some(list(values)?),
+                ("ForAllValues:StringEquals", "dynamodb:LeadingKeys") => {
+                    // literal: no wildcards (a literal `*` would not match our keys anyway)
+                    keys = Some(list(values)?.into_iter().filter(|k| !k.contains(['*', '?'])).collect());
+                }
+                ("ForAllValues:StringEquals", "dynamodb:Attributes") => attributes = Some(list(values)?),
+                ("StringEqualsIfExists" | "StringEquals", "dynamodb:Select") => {
+                    select = list(values)? == ["SPECIFIC_ATTRIBUTES"];
+                    if !select {
+                        return None;
+                    }
+                }
+                _ => return None,
+            }
+        }
+    }
+    if attributes.is_some() != select {
         return None;
     }
-    let keys = v.as_object().filter(|k| k.len() == 1)?.get("dynamodb:LeadingKeys")?;
-    let mut out = match keys {
-        Value::String(s) => vec![s.clone()],
-        Value::Array(a) => a.iter().map(|x| x.as_str().map(str::to_owned)).collect::<Option<Vec<_>>>()?,
-        _ => return None,
-    };
-    if op == "ForAllValues:StringEquals" {
-        // literal: no wildcards (a literal `*` would not match our keys anyway)
-        out.retain(|k| !k.contains(['*', '?']));
-    }
-    Some(out)
+    Some((keys, attributes))
 }
 
 /// The statements of one identity policy document (`policy` names it in ids and errors).
@@ -152,13 +177,14 @@ pub fn parse_policy(policy: &str, doc: &Value) -> Result<Vec<Statement>, PolicyE
                 _ => Err(unsupported(format!("{id}: exactly one of {only} and {except}"))),
             }
         };
-        let leading_keys = match o.get("Condition") {
-            None => None,
-            Some(c) => Some(leading_keys(c).ok_or_else(|| {
+        let (leading_keys, attributes) = match o.get("Condition") {
+            None => (None, None),
+            Some(c) => conditions(c).ok_or_else(|| {
                 unsupported(format!(
-                    "{id}: Condition {c} is not evaluated by this check (only ForAllValues:StringLike on dynamodb:LeadingKeys is)"
+                    "{id}: Condition {c} is not evaluated by this check (only dynamodb:LeadingKeys with ForAllValues, \
+                     and dynamodb:Attributes with ForAllValues:StringEquals beside dynamodb:Select SPECIFIC_ATTRIBUTES, are)"
                 ))
-            })?),
+            })?,
         };
         out.push(Statement {
             actions: pair("Action", "NotAction")?,
@@ -166,6 +192,7 @@ pub fn parse_policy(policy: &str, doc: &Value) -> Result<Vec<Statement>, PolicyE
             id,
             effect,
             leading_keys,
+            attributes,
         });
     }
     Ok(out)
@@ -186,17 +213,38 @@ pub fn evaluate(statements: &[Statement], action: &str, resource: &str) -> Decis
     evaluate_keyed(statements, action, resource, None)
 }
 
+/// What a single-item table request names: the class of its item key (as
+/// [`sas_core::aws_calls::key_class`] classes it) and the attributes it reads (`None`: all).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Item<'a> {
+    pub key: Option<&'a str>,
+    pub attributes: Option<&'a [String]>,
+}
+
 /// [`evaluate`] for a request that names an item `key` (as [`sas_core::aws_calls::key_class`]
 /// classes it). A statement with a `dynamodb:LeadingKeys` condition allows only requests with a
 /// key that matches (stricter than IAM, where `ForAllValues` holds for a request without keys:
 /// the check never lets a condition pass for want of a key).
 pub fn evaluate_keyed(statements: &[Statement], action: &str, resource: &str, key: Option<&str>) -> Decision {
-    let keyed = |s: &Statement| match (&s.leading_keys, key) {
+    evaluate_item(statements, action, resource, Item { key, attributes: None })
+}
+
+/// [`evaluate`] for a request on one item. A statement with a `dynamodb:Attributes` condition
+/// allows only requests that name the attributes they read, every one of them allowed (stricter
+/// than IAM for a request that names none, as for keys).
+pub fn evaluate_item(statements: &[Statement], action: &str, resource: &str, item: Item<'_>) -> Decision {
+    let keyed = |s: &Statement| match (&s.leading_keys, item.key) {
         (None, _) => true,
         (Some(pats), Some(k)) => pats.iter().any(|p| glob(p, k, false)),
         (Some(_), None) => false,
     };
-    let hit = |s: &&Statement| s.actions.matches(action, true) && s.resources.matches(resource, false) && keyed(s);
+    let read = |s: &Statement| match (&s.attributes, item.attributes) {
+        (None, _) => true,
+        (Some(allowed), Some(asked)) => asked.iter().all(|a| allowed.contains(a)),
+        (Some(_), None) => false,
+    };
+    let hit =
+        |s: &&Statement| s.actions.matches(action, true) && s.resources.matches(resource, false) && keyed(s) && read(s);
     if let Some(d) = statements.iter().filter(|s| s.effect == Effect::Deny).find(hit) {
         return Decision::ExplicitDeny(d.id.clone());
     }
@@ -233,6 +281,8 @@ pub struct Request {
     /// The class of the item key a single-item table request names (see
     /// [`sas_core::aws_calls::key_class`]).
     pub key: Option<String>,
+    /// The attributes a table request reads, when it names them.
+    pub attributes: Option<Vec<String>>,
 }
 
 /// One grant: an action pattern on a resource pattern of an Allow statement (a `NotAction` or
@@ -257,6 +307,7 @@ fn grants(statements: &[Statement]) -> Vec<(Grant, Statement)> {
                             actions: Patterns::Only(vec![a.clone()]),
                             resources: Patterns::Only(vec![r.clone()]),
                             leading_keys: s.leading_keys.clone(),
+                            attributes: s.attributes.clone(),
                         };
                         out.push((Grant { statement: s.id.clone(), action: a.clone(), resource: r.clone() }, one));
                     }
@@ -299,12 +350,12 @@ pub fn check_role(
     let all = grants(statements);
     let mut out = Vec::new();
     for (r, n) in requests {
-        let key = r.key.as_deref();
-        let d = evaluate_keyed(statements, &r.action, &r.resource, key);
+        let item = Item { key: r.key.as_deref(), attributes: r.attributes.as_deref() };
+        let d = evaluate_item(statements, &r.action, &r.resource, item);
         if matches!(d, Decision::Allowed(_)) {
             for (g, one) in &all {
                 if matches!(
-                    evaluate_keyed(std::slice::from_ref(one), &r.action, &r.resource, key),
+                    evaluate_item(std::slice::from_ref(one), &r.action, &r.resource, item),
                     Decision::Allowed(_)
                 ) {
                     used.insert(g.clone());
@@ -355,11 +406,12 @@ impl Report {
                 };
                 let _ = writeln!(
                     s,
-                    "    {:<5} {} on {}{} ({:?}, {n}x): {verdict}",
+                    "    {:<5} {} on {}{}{} ({:?}, {n}x): {verdict}",
                     if matches!(d, Decision::Allowed(_)) { "ok" } else { "FAIL" },
                     q.action,
                     q.resource,
                     q.key.as_ref().map(|k| format!(" key {k}")).unwrap_or_default(),
+                    q.attributes.as_ref().map(|a| format!(" reading {}", a.join(", "))).unwrap_or_default(),
                     q.origin
                 );
             }
@@ -444,7 +496,13 @@ pub fn platform_requests(
     let mut out = Vec::new();
     for q in &f.queues {
         for action in ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"] {
-            out.push(Request { action: action.into(), resource: q.clone(), origin: Origin::EventSource, key: None });
+            out.push(Request {
+                action: action.into(),
+                resource: q.clone(),
+                origin: Origin::EventSource,
+                key: None,
+                attributes: None,
+            });
         }
     }
     let stream = format!(
@@ -453,18 +511,36 @@ pub fn platform_requests(
         f.log_group
     );
     for action in ["logs:CreateLogStream", "logs:PutLogEvents"] {
-        out.push(Request { action: action.into(), resource: stream.clone(), origin: Origin::Logs, key: None });
+        out.push(Request {
+            action: action.into(),
+            resource: stream.clone(),
+            origin: Origin::Logs,
+            key: None,
+            attributes: None,
+        });
     }
     if f.tracing {
         // X-Ray takes no resource-level permissions: "*" is the only resource it evaluates.
         for action in ["xray:PutTraceSegments", "xray:PutTelemetryRecords"] {
-            out.push(Request { action: action.into(), resource: "*".into(), origin: Origin::Tracing, key: None });
+            out.push(Request {
+                action: action.into(),
+                resource: "*".into(),
+                origin: Origin::Tracing,
+                key: None,
+                attributes: None,
+            });
         }
     }
     for r in code.keys().filter(|r| r.action == "sns:Publish") {
         if let Some(key) = topic_keys.get(&r.resource) {
             for action in ["kms:GenerateDataKey", "kms:Decrypt"] {
-                out.push(Request { action: action.into(), resource: key.clone(), origin: Origin::TopicKey, key: None });
+                out.push(Request {
+                    action: action.into(),
+                    resource: key.clone(),
+                    origin: Origin::TopicKey,
+                    key: None,
+                    attributes: None,
+                });
             }
         }
     }
@@ -557,9 +633,9 @@ pub async fn check_stack(sdk: &aws_config::SdkConfig, stack: &str, calls: &[AwsC
         let mut code: BTreeMap<Request, usize> = BTreeMap::new();
         for c in calls.iter().filter(|c| c.function == f.name) {
             for resource in c.resources(&account)? {
-                let key = c.leading_key();
-                *code.entry(Request { action: c.action.clone(), resource, origin: Origin::Code, key }).or_default() +=
-                    1;
+                let (key, attributes) = (c.leading_key(), c.attributes());
+                let r = Request { action: c.action.clone(), resource, origin: Origin::Code, key, attributes };
+                *code.entry(r).or_default() += 1;
             }
         }
         for r in code.keys().filter(|r| r.action == "sns:Publish") {
@@ -635,6 +711,33 @@ mod tests {
         assert!(parse_policy("p", &other).unwrap_err().to_string().contains("not evaluated"));
     }
 
+    /// The Agent function's check before a call: a consistent read of a task's `LockedBy`, and of
+    /// nothing else (template.yaml, Sid `AgentFence`).
+    #[test]
+    fn an_attributes_condition_allows_only_requests_that_read_those_attributes() {
+        let s = doc(&json!([{"Sid": "AgentFence", "Effect": "Allow", "Action": "dynamodb:GetItem",
+            "Resource": "arn:aws:dynamodb:r:1:table/t",
+            "Condition": {"ForAllValues:StringEquals": {"dynamodb:Attributes": ["TaskId", "LockedBy"]},
+                          "StringEqualsIfExists": {"dynamodb:Select": "SPECIFIC_ATTRIBUTES"}}}]));
+        let t = "arn:aws:dynamodb:r:1:table/t";
+        let get = |attributes: Option<&[String]>| {
+            evaluate_item(&s, "dynamodb:GetItem", t, Item { key: Some("<task id>"), attributes })
+        };
+        let fence = ["LockedBy".to_owned(), "TaskId".to_owned()];
+        assert_eq!(get(Some(&fence)), Decision::Allowed(vec!["p/AgentFence".into()]));
+        assert_eq!(get(Some(&fence[..1])), Decision::Allowed(vec!["p/AgentFence".into()]));
+        assert_eq!(
+            get(Some(&["Input".to_owned(), "LockedBy".to_owned()])),
+            Decision::ImplicitDeny,
+            "one attribute more"
+        );
+        assert_eq!(get(None), Decision::ImplicitDeny, "a read of the whole item");
+        // the attributes alone would let a read of the whole item through IAM: refused
+        let alone = json!({"Statement": [{"Effect": "Allow", "Action": "dynamodb:GetItem", "Resource": "*",
+            "Condition": {"ForAllValues:StringEquals": {"dynamodb:Attributes": ["LockedBy"]}}}]});
+        assert!(parse_policy("p", &alone).unwrap_err().to_string().contains("not evaluated"));
+    }
+
     #[test]
     fn conditions_and_unknown_keys_are_errors_not_ignored() {
         let cond = json!({"Statement": [{"Effect": "Allow", "Action": "sns:Publish", "Resource": "*",
@@ -649,7 +752,7 @@ mod tests {
     }
 
     fn req(action: &str, resource: &str) -> Request {
-        Request { action: action.into(), resource: resource.into(), origin: Origin::Code, key: None }
+        Request { action: action.into(), resource: resource.into(), origin: Origin::Code, key: None, attributes: None }
     }
 
     /// The Submitter's statements as the template had them before G1's fix: the first dispatch to

@@ -52,6 +52,11 @@ pub enum Target {
         /// The partition key (`TaskId`) of a single-item request (`Key`, or `Item` for a put).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<String>,
+        /// The attributes a request reads (`ProjectionExpression`, names resolved through
+        /// `ExpressionAttributeNames`; a document path counts as its top-level attribute),
+        /// sorted; `None` when it names none (it reads every attribute).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attributes: Option<Vec<String>>,
     },
     Tables {
         names: Vec<String>,
@@ -107,7 +112,8 @@ pub fn target_of(body: &[u8]) -> Target {
         if let Some(name) = s("TableName") {
             let key =
                 ["Key", "Item"].iter().find_map(|k| o.get(*k)?.get("TaskId")?.get("S")?.as_str().map(str::to_owned));
-            return Target::Table { name, index: s("IndexName"), key };
+            let attributes = s("ProjectionExpression").map(|p| projected(&p, o.get("ExpressionAttributeNames")));
+            return Target::Table { name, index: s("IndexName"), key, attributes };
         }
         if let Some(serde_json::Value::Object(items)) = o.get("RequestItems") {
             return Target::Tables { names: items.keys().cloned().collect() };
@@ -134,6 +140,22 @@ pub fn target_of(body: &[u8]) -> Target {
         }
     }
     Target::Unknown
+}
+
+/// The top-level attributes a projection expression names (`#n` placeholders resolved through
+/// `names`), sorted and without repeats: what IAM's `dynamodb:Attributes` holds for the request.
+pub fn projected(expression: &str, names: Option<&serde_json::Value>) -> Vec<String> {
+    let mut out: Vec<String> = expression
+        .split(',')
+        .filter_map(|path| {
+            let top = path.trim().split(['.', '[']).next()?.trim();
+            let name = if top.starts_with('#') { names?.get(top)?.as_str()? } else { top };
+            (!name.is_empty()).then(|| name.to_owned())
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The partition of a region (`aws`, `aws-cn`, `aws-us-gov`).
@@ -182,6 +204,14 @@ impl AwsCall {
     pub fn leading_key(&self) -> Option<String> {
         match &self.target {
             Target::Table { key: Some(k), .. } => Some(key_class(k)),
+            _ => None,
+        }
+    }
+
+    /// The attributes a table request reads, when it names them (see [`projected`]).
+    pub fn attributes(&self) -> Option<Vec<String>> {
+        match &self.target {
+            Target::Table { attributes, .. } => attributes.clone(),
             _ => None,
         }
     }
@@ -340,7 +370,19 @@ mod tests {
         );
         assert_eq!(
             target_of(br#"{"TableName":"t","IndexName":"ByCompleteBy"}"#),
-            Target::Table { name: "t".into(), index: Some("ByCompleteBy".into()), key: None }
+            Target::Table { name: "t".into(), index: Some("ByCompleteBy".into()), key: None, attributes: None }
+        );
+        // what an agent reads of a task before it calls: its key and LockedBy, nothing else
+        assert_eq!(
+            target_of(
+                br##"{"TableName":"t","Key":{"TaskId":{"S":"o-1"}},"ProjectionExpression":"TaskId, #l, Steps[0].Name, LockedBy","ExpressionAttributeNames":{"#l":"LockedBy"},"ConsistentRead":true}"##
+            ),
+            Target::Table {
+                name: "t".into(),
+                index: None,
+                key: Some("o-1".into()),
+                attributes: Some(vec!["LockedBy".into(), "Steps".into(), "TaskId".into()])
+            }
         );
         assert_eq!(
             target_of(br#"{"RequestItems":{"a":{},"b":{}}}"#),
@@ -363,7 +405,8 @@ mod tests {
             |target| AwsCall { function: "f".into(), action: "x:Y".into(), region: Some("eu-west-1".into()), target };
         let q = call(Target::Queue { url: "https://sqs.eu-west-1.amazonaws.com/222233334444/replies.fifo".into() });
         assert_eq!(q.resources("111122223333").unwrap(), vec!["arn:aws:sqs:eu-west-1:222233334444:replies.fifo"]);
-        let i = call(Target::Table { name: "t".into(), index: Some("ByCompleteBy".into()), key: None });
+        let i =
+            call(Target::Table { name: "t".into(), index: Some("ByCompleteBy".into()), key: None, attributes: None });
         assert_eq!(
             i.resources("111122223333").unwrap(),
             vec!["arn:aws:dynamodb:eu-west-1:111122223333:table/t/index/ByCompleteBy"]

@@ -121,7 +121,8 @@ use futures::executor::block_on;
 use futures::future::join_all;
 use serde_json::json;
 
-use crate::agent::{self, runtime::execution_deadline};
+use crate::agent::runtime::{execution_deadline, report, CallsEnded};
+use crate::agent::{self};
 use crate::bus::{Bus, MemoryBus, Outgoing, QueueConfig, Received};
 use crate::callback;
 use crate::clock::{Clock, ManualClock};
@@ -209,6 +210,16 @@ pub struct Faults {
     pub cb_duplicate: f64,
     /// Callback steps: a heartbeat arrives after the answer (reordered in transit).
     pub cb_reorder: f64,
+    /// The remote side, or the agent's HTTP client, times out exactly at the attempt's execution
+    /// deadline (the client's timeout is that deadline): the call ends then with a transient error
+    /// ("timed out: error sending request"), its effect landed before it or not.
+    pub remote_timeout: f64,
+    /// The service answers (its effect applied) exactly at the attempt's execution deadline, as
+    /// the runtime's own cut fires.
+    pub answer_at_deadline: f64,
+    /// SQS delivers an agent request again long after the first copy (10 s up to its
+    /// `start_by`): a copy of an attempt the task may have retried, given up or cancelled since.
+    pub late_copy: f64,
 }
 
 impl Faults {
@@ -237,6 +248,9 @@ impl Faults {
             cb_late: 0.0,
             cb_duplicate: 0.0,
             cb_reorder: 0.0,
+            remote_timeout: 0.0,
+            answer_at_deadline: 0.0,
+            late_copy: 0.0,
         }
     }
 
@@ -265,6 +279,9 @@ impl Faults {
             cb_late: 0.1,
             cb_duplicate: 0.2,
             cb_reorder: 0.2,
+            remote_timeout: 0.03,
+            answer_at_deadline: 0.02,
+            late_copy: 0.03,
         }
     }
 
@@ -297,6 +314,9 @@ impl Faults {
                 "cb_late" => (&mut f.cb_late, all.cb_late),
                 "cb_duplicate" => (&mut f.cb_duplicate, all.cb_duplicate),
                 "cb_reorder" => (&mut f.cb_reorder, all.cb_reorder),
+                "remote_timeout" => (&mut f.remote_timeout, all.remote_timeout),
+                "answer_at_deadline" => (&mut f.answer_at_deadline, all.answer_at_deadline),
+                "late_copy" => (&mut f.late_copy, all.late_copy),
                 "" => continue,
                 _ => return None,
             };
@@ -367,6 +387,9 @@ pub struct SimReport {
     /// timed out).
     pub keys_in_use: u64,
     pub keys_in_use_to_the_deadline: u64,
+    /// Copies of attempts their agent did not start because the task no longer waited for them
+    /// ([`agent::still_current`]): a late copy after a retry, a cancel or the task's end.
+    pub fenced: u64,
     /// The most calls of [`LIMITED_AGENT`] open at once.
     pub limited_max: u32,
     /// The most elements of one map running at once.
@@ -416,6 +439,9 @@ enum Fate {
     Cut { at: Millis },
     /// The agent died, or never started it (past `start_by`).
     Lost,
+    /// Not started: the task no longer waited for the attempt when this copy came
+    /// ([`agent::still_current`]).
+    Fenced,
 }
 
 /// An attempt seen claimed in the store.
@@ -537,8 +563,6 @@ struct Sim {
     locks: BTreeMap<String, String>,
     /// What became of each copy of each attempt at its agent.
     fates: BTreeMap<String, Vec<Fate>>,
-    /// Each attempt's `CompleteBy`, as its request carries it (what the agent runtime knows).
-    complete_by: BTreeMap<String, Millis>,
     /// The tasks whose timers the Supervisor handled in the batch being observed.
     supervised: BTreeSet<String>,
     /// Attempts whose result or timer message crashed a consumer on its first delivery (their
@@ -722,7 +746,6 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         claims: BTreeMap::new(),
         locks: BTreeMap::new(),
         fates: BTreeMap::new(),
-        complete_by: BTreeMap::new(),
         supervised: BTreeSet::new(),
         delayed: BTreeSet::new(),
         episodes: BTreeMap::new(),
@@ -913,8 +936,7 @@ impl Sim {
             Action::AgentCopy(req) => {
                 // another agent: it takes its own slot (or waits, or fails and the copy is gone)
                 if let Turn::Call(lease) = self.take_slot(&req, None) {
-                    let ended = self.run_request(&req);
-                    self.called(lease, ended);
+                    self.start(&req, lease);
                 }
             }
             Action::Release { holder } => {
@@ -1243,7 +1265,42 @@ impl Sim {
             let when = self.now().plus_ms(self.between(0, 2_000));
             self.at(when, Action::AgentCopy(Box::new(req.clone())));
         }
-        let ended = self.run_request(&req);
+        if self.chance(self.cfg.faults.late_copy) {
+            // ... or much later, until its start_by (a server of the queue that missed the delete)
+            let last = req.start_by.unwrap_or(req.complete_by);
+            let now = self.now();
+            if last.0 > now.0 + 10_000 {
+                let when = now.plus_ms(self.between(10_000, last.0 - now.0));
+                self.at(when, Action::AgentCopy(Box::new(req.clone())));
+            }
+        }
+        self.start(&req, lease);
+    }
+
+    /// An agent starts a request it holds a slot for (if its agent has a limit): only while the
+    /// task still waits for its attempt, as the real agent checks ([`agent::still_current`], on
+    /// the twins); otherwise the copy starts nothing and gives its slot back.
+    fn start(&mut self, req: &AgentRequest, lease: Option<String>) {
+        let now = self.now();
+        // one that may no longer start says so (`not started`) without the check, as the agent
+        if execution_deadline(req, now).is_some() {
+            match block_on(agent::still_current(&self.deps, req)) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.report.fenced += 1;
+                    self.fates.entry(req.attempt.to_string()).or_default().push(Fate::Fenced);
+                    self.called(lease, None);
+                    return;
+                }
+                Err(_) => {
+                    // the read failed: the record fails, SQS delivers it again after 720 s
+                    self.called(lease, None);
+                    self.fates.entry(req.attempt.to_string()).or_default().push(Fate::Lost);
+                    return;
+                }
+            }
+        }
+        let ended = self.run_request(req);
         self.called(lease, ended);
     }
 
@@ -1287,7 +1344,6 @@ impl Sim {
         let f = self.cfg.faults.clone();
         self.report.attempts += 1;
         let token = req.attempt.to_string();
-        self.complete_by.insert(token.clone(), req.complete_by);
         // nothing starts after its start_by; started now, it has its whole timeout
         let Some(deadline) = execution_deadline(req, now) else {
             if req.start_by.is_some() && now < req.complete_by {
@@ -1295,7 +1351,7 @@ impl Sim {
                 let when = now.plus_ms(self.between(5, 50));
                 let error = "not started: it waited past its start_by".to_owned();
                 self.report.not_started += 1;
-                self.answer(&token, when, req.complete_by, reply_to(req, Outcome::NotStarted { error }));
+                self.not_started(req, when, error);
             } else {
                 self.fates.entry(token).or_default().push(Fate::Lost);
             }
@@ -1306,7 +1362,7 @@ impl Sim {
             self.hand_over(req, cb.token.clone(), cb.heartbeat_ms.unwrap_or(CALLBACK_TIMEOUT_MS), key);
             return Some((now, true));
         }
-        let reply = |outcome| reply_to(req, outcome);
+        let start = now;
         // Another call holds the key: the service answers 409 "key in use", and the runtime asks
         // again (jittered backoff) until the key is free or the attempt's deadline, counting no
         // failure. Free before the deadline, the key is asked again at once: a decided key's
@@ -1317,7 +1373,8 @@ impl Sim {
         let now = if in_use { known.until.plus_ms(self.between(20, 300)) } else { now };
         if now >= deadline {
             self.report.keys_in_use_to_the_deadline += 1;
-            self.cut(&token, deadline, reply);
+            let ended = CallsEnded::OutOfTime { calls: 2, last: Some("409 key in use".into()), key_in_use: true };
+            self.ended_at(req, start, deadline, deadline, &ended);
             return Some((deadline, true));
         }
         if let Some(decided) = known.decided {
@@ -1325,7 +1382,7 @@ impl Sim {
                 Decided::Applies => Outcome::Succeeded { output: json!({"ok": true, "replayed": true}) },
                 Decided::Declined => Outcome::Failed { error: "declined (replayed)".into(), retryable: false },
             };
-            self.answer(&token, now, deadline, reply(outcome));
+            self.ends(req, start, deadline, now, &CallsEnded::Answered(outcome));
             return Some((now, true));
         }
         let latency = if self.chance(f.slow) { self.between(3_000, 9_000) } else { self.between(20, 1_500) };
@@ -1351,16 +1408,44 @@ impl Sim {
         let mut alive = true;
         if pick(f.transient * k) {
             busy_until = done;
-            self.answer(&token, done, deadline, reply(Outcome::Failed { error: "503".into(), retryable: true }));
+            self.ends(req, start, deadline, done, &CallsEnded::GaveUp { error: "503".into(), calls: 1 });
         } else if pick(f.permanent * k) {
             busy_until = done;
             decided = Some(Decided::Declined);
-            self.answer(&token, done, deadline, reply(Outcome::Failed { error: "declined".into(), retryable: false }));
+            let no = Outcome::Failed { error: "declined".into(), retryable: false };
+            self.ends(req, start, deadline, done, &CallsEnded::Answered(no));
         } else if pick(f.hang * k) {
             // no effect, no answer: the agent cuts the call at the deadline
             busy_until = deadline;
             let_go = deadline;
-            self.cut(&token, deadline, reply);
+            self.ends(
+                req,
+                start,
+                deadline,
+                deadline,
+                &CallsEnded::OutOfTime { calls: 1, last: None, key_in_use: false },
+            );
+        } else if pick(f.remote_timeout * k) {
+            // the client's own timeout (the attempt's deadline) fires first: a transient error at
+            // the deadline; the backend may have applied the effect before it
+            busy_until = deadline;
+            let_go = deadline;
+            if deadline.0 > now.0 + 100 && self.chance(0.5) {
+                let lands = now.plus_ms(self.between(10, deadline.0 - now.0));
+                decided = Some(Decided::Applies);
+                self.at(lands, apply(lands));
+            }
+            let last = Some("timed out: error sending request (operation timed out)".to_owned());
+            self.ended_at(req, start, deadline, deadline, &CallsEnded::OutOfTime { calls: 1, last, key_in_use: false });
+        } else if pick(f.answer_at_deadline * k) && deadline.0 > now.0 + 1 {
+            // the answer comes as the runtime's cut fires; the effect landed just before
+            busy_until = deadline;
+            let_go = deadline;
+            let lands = Millis(deadline.0 - 1);
+            decided = Some(Decided::Applies);
+            self.at(lands, apply(lands));
+            let ok = Outcome::Succeeded { output: json!({"ok": true}) };
+            self.ended_at(req, start, deadline, deadline, &CallsEnded::Answered(ok));
         } else if pick(f.effect_no_answer * k) {
             busy_until = done;
             decided = (done < deadline).then_some(Decided::Applies);
@@ -1373,12 +1458,7 @@ impl Sim {
             self.at(done, apply(done));
             let later = done.plus_ms(self.between(10, 500));
             let_go = later.min(deadline);
-            self.answer(
-                &token,
-                later,
-                deadline,
-                reply(Outcome::Failed { error: "timeout, then 503".into(), retryable: true }),
-            );
+            self.ends(req, start, deadline, later, &CallsEnded::GaveUp { error: "timeout, then 503".into(), calls: 2 });
         } else if pick(f.late_effect * k) && deadline.0 > now.0 + 2_500 {
             // A gateway answers 504 (the runtime's retries meet 409 while the backend works on),
             // the agent reports a retryable failure, and the effect lands afterwards, before
@@ -1389,18 +1469,20 @@ impl Sim {
             // the service works on after the gateway's 504: not a call any agent holds open
             let_go = answered;
             decided = Some(Decided::Applies);
-            self.answer(
-                &token,
-                answered,
-                deadline,
-                reply(Outcome::Failed { error: "504 gateway timeout".into(), retryable: true }),
-            );
+            let gave_up = CallsEnded::GaveUp { error: "504 gateway timeout".into(), calls: 1 };
+            self.ends(req, start, deadline, answered, &gave_up);
             self.at(lands, apply(lands));
         } else {
             busy_until = done.min(deadline);
             decided = (done < deadline).then_some(Decided::Applies);
             self.at(done, apply(done));
-            self.answer(&token, done, deadline, reply(Outcome::Succeeded { output: json!({"ok": true}) }));
+            self.ends(
+                req,
+                start,
+                deadline,
+                done,
+                &CallsEnded::Answered(Outcome::Succeeded { output: json!({"ok": true}) }),
+            );
         }
         let held = self.ledger.keys.entry(key).or_default();
         held.until = held.until.max(busy_until);
@@ -1512,24 +1594,44 @@ impl Sim {
         self.at(next, Action::Worker(Box::new(w)));
     }
 
-    /// An agent sends its result only before the attempt's deadline; a call still running then
-    /// is cut (and reported as the runtime reports a cut call).
-    fn answer(&mut self, token: &str, when: Millis, deadline: Millis, action: Action) {
-        if when < deadline {
-            self.fates.entry(token.to_owned()).or_default().push(Fate::Answered);
-            self.at(when, action);
-        } else if let Action::Reply(r) = action {
-            let reply = |outcome| Action::Reply(Box::new(AgentResult { outcome, ..(*r).clone() }));
-            self.cut(token, deadline, reply);
+    /// The agent says a request did not start (no call was made): at once, before CompleteBy.
+    fn not_started(&mut self, req: &AgentRequest, when: Millis, error: String) {
+        if when < req.complete_by {
+            self.fates.entry(req.attempt.to_string()).or_default().push(Fate::Answered);
+            self.at(when, reply_to(req, Outcome::NotStarted { error }));
         }
     }
 
-    /// The agent cuts a call at the attempt's execution deadline.
-    fn cut(&mut self, token: &str, deadline: Millis, reply: impl FnOnce(Outcome) -> Action) {
-        self.fates.entry(token.to_owned()).or_default().push(Fate::Cut { at: deadline });
-        let complete_by = self.complete_by.get(token).copied().unwrap_or(deadline);
-        if let Some(outcome) = report_of_a_cut_call(deadline, complete_by) {
-            self.at(deadline, reply(outcome));
+    /// How one copy's calls ended at its agent (`ended`, at `when`): a call still running at the
+    /// execution `deadline` (an answer at or after it) is cut then, with no effect.
+    fn ends(&mut self, req: &AgentRequest, start: Millis, deadline: Millis, when: Millis, ended: &CallsEnded) {
+        if when < deadline {
+            self.ended_at(req, start, deadline, when, ended);
+        } else {
+            let cut = CallsEnded::OutOfTime { calls: 1, last: None, key_in_use: false };
+            self.ended_at(req, start, deadline, deadline, &cut);
+        }
+    }
+
+    /// One copy's calls ended `at`, as `ended` says, reported by the runtime's own rule
+    /// ([`report`]). A copy whose calls ended at the execution deadline however they ended (the
+    /// runtime's cut, the client's own timeout, an answer as the cut fires) is a `Cut` fate: its
+    /// task must let it go within [`LATE_HUNG_MS`] (`late-hung`), and, before CompleteBy, its
+    /// agent must report it (`hung-reported`).
+    fn ended_at(&mut self, req: &AgentRequest, start: Millis, deadline: Millis, at: Millis, ended: &CallsEnded) {
+        let token = req.attempt.to_string();
+        self.fates.entry(token.clone()).or_default().push(if at < deadline {
+            Fate::Answered
+        } else {
+            Fate::Cut { at }
+        });
+        match report(ended, at, start, deadline, req.complete_by) {
+            Some(outcome) => self.at(at, reply_to(req, outcome)),
+            None if at < req.complete_by => self.report.violations.push(format!(
+                "hung-reported: {}: attempt {token} of {} ended at {at} ({ended:?}), before its CompleteBy {}, and its agent reported nothing",
+                req.task_id, req.step, req.complete_by
+            )),
+            None => {}
         }
     }
 
@@ -2025,14 +2127,6 @@ fn reply_to(req: &AgentRequest, outcome: Outcome) -> Action {
         attempt: req.attempt.clone(),
         outcome,
     }))
-}
-
-/// What the agent runtime sends back when it cuts a call at the attempt's execution deadline.
-/// Mirrors `AgentRuntime::run` (agent/runtime.rs): `timed_out` when that deadline comes before
-/// `CompleteBy`, nothing at `CompleteBy` itself (the Supervisor's timer decides then).
-fn report_of_a_cut_call(deadline: Millis, complete_by: Millis) -> Option<Outcome> {
-    (deadline < complete_by)
-        .then(|| Outcome::TimedOut { error: "timed out: no answer within the attempt's time".into() })
 }
 
 /// The task a message is about, if it names one.

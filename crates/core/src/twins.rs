@@ -9,9 +9,10 @@ use crate::clock::{Clock, ManualClock};
 use crate::config::{Resources, Settings};
 use crate::deps::Deps;
 use crate::entropy::SeededEntropy;
-use crate::ids::Millis;
+use crate::ids::{AttemptToken, Millis, TaskId};
+use crate::protocol::{self, Ctx, Task};
 use crate::store::MemoryStore;
-use crate::workflow::WorkflowRegistry;
+use crate::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 
 /// The stack's resources, named as SQS would name them (the queues live in memory).
 pub fn resources(shards: u32) -> Resources {
@@ -71,6 +72,23 @@ impl Twins {
     /// allow-list).
     pub fn reply_queue(&self, name: &str) -> String {
         self.queue(&format!("sas-reply-{name}"))
+    }
+
+    /// A task in the store whose current step (`step`, of agent `agent`) is held by `attempt`: what
+    /// an agent request built by hand needs to find before its agent starts it
+    /// ([`crate::agent::still_current`]). Returns the task as stored.
+    pub async fn hold(&self, task_id: &TaskId, step: &str, agent: &str, attempt: &AttemptToken) -> Task {
+        let def = WorkflowDef {
+            name: "held".into(),
+            version: 1,
+            description: String::new(),
+            on_failure: OnFailure::Compensate,
+            steps: vec![StepDef::call(step, agent, 60_000)],
+        };
+        let ctx = Ctx { now: self.deps.now(), fresh_token: attempt.clone(), jitter: 0.5 };
+        let tr = protocol::submit(task_id.clone(), def, serde_json::json!({}), None, &ctx, &self.deps.settings.policy);
+        self.deps.store.create(&tr.task).await.expect("a new task is created");
+        tr.task
     }
 
     /// Create a queue named `name` (off the allow-list unless it starts with `sas-reply-`).

@@ -33,7 +33,8 @@ fn every_seed_keeps_the_invariants() {
     let mut failed = Vec::new();
     // each invariant broken: in how many seeds, the first of them and its first violation
     let mut broken: std::collections::BTreeMap<String, (usize, u64, String)> = std::collections::BTreeMap::new();
-    let (mut handled, mut attempts, mut limit_waits, mut limited_max, mut elements_max) = (0, 0, 0, 0, 0);
+    let (mut handled, mut attempts, mut limit_waits, mut limited_max, mut elements_max, mut fenced) =
+        (0, 0, 0, 0, 0, 0);
     let mut callbacks: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     let faults = faults();
     for &seed in &seeds {
@@ -41,6 +42,7 @@ fn every_seed_keeps_the_invariants() {
         handled += r.handled;
         attempts += r.attempts;
         limit_waits += r.limit_waits;
+        fenced += r.fenced;
         limited_max = limited_max.max(r.limited_max);
         elements_max = elements_max.max(r.elements_max);
         for (k, n) in &r.callbacks {
@@ -74,6 +76,7 @@ fn every_seed_keeps_the_invariants() {
         "map elements: at most {elements_max} of one map running at once (max_concurrency {})",
         sim::MAP_CONCURRENCY
     );
+    eprintln!("{fenced} copies of agent requests not started: their task no longer waited for their attempt");
     for (kind, (n, first, text)) in &broken {
         eprintln!("  {kind}: {n} seeds, first seed {first}: {text}");
     }
@@ -82,6 +85,10 @@ fn every_seed_keeps_the_invariants() {
         assert!(limit_waits > 0 && limited_max == sim::LIMIT, "{limit_waits} waits, at most {limited_max} at once");
         // maps ran elements side by side, so the max-concurrency invariant was put to the test
         assert_eq!(elements_max, sim::MAP_CONCURRENCY, "at most {elements_max} elements of a map at once");
+        // late copies met tasks that had moved on, so the agents' check was put to the test
+        if faults.late_copy > 0.0 {
+            assert!(fenced > 0, "no copy was refused by the agents' check");
+        }
     }
     assert!(
         failed.is_empty(),

@@ -447,6 +447,7 @@ async fn lambda_callback_steps_are_answered_through_the_queue_and_the_signed_url
         resource: resource.into(),
         origin: sas_cli::iam::Origin::Code,
         key: None,
+        attributes: None,
     };
     let needed: BTreeMap<sas_cli::iam::Request, usize> = [
         (req("sqs:SendMessage", &queue_arn), 1),

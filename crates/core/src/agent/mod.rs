@@ -76,11 +76,22 @@ pub async fn handle_sent(
             Slot::Held(holder) => Some(holder),
             Slot::Unlimited => None,
         };
+        // The attempt's execution time counts from before the check: a call the check lets
+        // through ends within one execution time of it (see `still_current`).
+        let start = Millis::now();
         let started = deps.now();
+        if !still_current(deps, &req).await? {
+            if let Some(holder) = lease {
+                if let Err(e) = deps.limiter.release(&req.agent, &holder).await {
+                    warn!(agent = %req.agent, error = %e, "could not give the agent's slot back; it frees itself at the attempt's deadline");
+                }
+            }
+            return Ok(false);
+        }
         if let Some(sent) = req.waiting_since.or(sent_at) {
             metrics::duration_ms(&metrics::STEP_SCHEDULE_TIME, &[&req.agent], sent.until(started));
         }
-        let ran = runtime.run(&req).await;
+        let ran = runtime.run_from(&req, start).await;
         if let Some(holder) = lease {
             // a lease not given back ends by itself at the attempt's deadline
             if let Err(e) = deps.limiter.release(&req.agent, &holder).await {
@@ -101,6 +112,28 @@ pub async fn handle_sent(
         Ok(true)
     }
     .await
+}
+
+/// Whether `req`'s attempt is still the one its task waits for: one strongly consistent read of
+/// the task's `LockedBy` ([`crate::store::StateStore::holder`]), just before the agent starts its
+/// calls. A copy of a request whose task has moved on (a retry claimed with a new token, a cancel,
+/// a give-up, the task ended or gone: an SQS duplicate, a redelivery, a resent dispatch, a request
+/// that waited for a slot) starts nothing and reports nothing; its message is done.
+///
+/// This is what lets a compensation start soon after a cancel or a give-up instead of at the
+/// attempt's `CompleteBy`: a call that starts after the decision's write is refused here, and one
+/// that started before it ends within one execution time (`timeout_ms`) of it, so no effect of the
+/// attempt can land after `min(CompleteBy, decision + timeout_ms)` + settle (the protocol's
+/// `settled_at`). Cost: one read unit per attempt while the item is under 4 KB.
+pub async fn still_current(deps: &Deps, req: &AgentRequest) -> Result<bool, HandlerError> {
+    let holder = deps.store.holder(&req.task_id).await?;
+    if holder.as_ref() == Some(&req.attempt) {
+        return Ok(true);
+    }
+    let now_held_by = holder.as_ref().map_or("no attempt", |_| "another attempt");
+    info!(task_id = %req.task_id, step = %req.step, attempt_no = req.attempt_no, held_by = now_held_by, "not started: the task no longer waits for this attempt (it was retried, cancelled, given up or ended); nothing is called or sent");
+    metrics::count(&metrics::STALE_REQUESTS, &[&req.agent], 1);
+    Ok(false)
 }
 
 /// A request that may no longer start (it waited past `start_by`): before `CompleteBy` the

@@ -2,14 +2,16 @@
 //! of them in one Lambda and enforces the pattern's rules around every call:
 //! - no call is started once the attempt's execution deadline has passed, and a call still
 //!   running then is cancelled (its future is dropped);
-//! - an attempt that ran out of its execution time is reported at once as a retryable failure
-//!   when that is before `CompleteBy` (the attempt is retried now, its effect counted as maybe
-//!   applied, instead of waiting for the Supervisor at `CompleteBy`, which covers a crashed agent);
+//! - an attempt that ran out of its execution time, however its calls ended (cut at the deadline,
+//!   the client's own timeout, a transient error with no time left, a key still in use), is
+//!   reported at once as `timed out` while that is before `CompleteBy` (the attempt is retried
+//!   now, its effect counted as maybe applied, instead of waiting for the Supervisor at
+//!   `CompleteBy`, which covers a crashed agent); [`report`] is that rule, in one place;
 //! - transient errors are retried with exponential backoff and jitter, inside the deadline;
 //! - a key in use (another call holds the idempotency key: the effect is in progress there) is
 //!   asked again with backoff until the key is free or the deadline, and never counts as a
 //!   failure: at the deadline the attempt timed out (its effect is unknown);
-//! - permanent errors are reported at once; nothing is reported after `CompleteBy`.
+//! - permanent errors are reported at once; nothing is reported at or after `CompleteBy`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -154,8 +156,16 @@ impl AgentRuntime {
         self.agents.contains_key(name)
     }
 
-    /// Run one attempt. `None`: nothing may be sent back (CompleteBy passed, or the call was cut).
+    /// Run one attempt that starts now. `None`: nothing may be sent back (CompleteBy passed, or
+    /// a callback step's work was handed over).
     pub async fn run(&self, req: &AgentRequest) -> Option<AgentResult> {
+        self.run_from(req, Millis::now()).await
+    }
+
+    /// Run one attempt taken at `start`: its execution deadline is counted from then (the Agent
+    /// role takes the instant before it checks that the attempt is still the task's current one,
+    /// so a call that check let through ends within one execution time of it).
+    pub async fn run_from(&self, req: &AgentRequest, start: Millis) -> Option<AgentResult> {
         let result = |outcome| AgentResult {
             v: VERSION,
             task_id: req.task_id.clone(),
@@ -163,13 +173,12 @@ impl AgentRuntime {
             attempt: req.attempt.clone(),
             outcome,
         };
-        let Some(deadline) = execution_deadline(req, Millis::now()) else {
-            info!(task_id = %req.task_id, step = %req.step, "the request waited past its start_by (or CompleteBy): nothing started");
+        let Some(deadline) = execution_deadline(req, start) else {
+            info!(task_id = %req.task_id, step = %req.step, start_by = ?req.start_by, complete_by = %req.complete_by, "the request waited past its start_by (or CompleteBy): nothing started");
             return None;
         };
         // A callback step's agent only hands the work over: that gets a short deadline of its own.
-        let deadline =
-            if req.callback.is_some() { deadline.min(Millis::now().plus_ms(HANDOFF_TIMEOUT_MS)) } else { deadline };
+        let deadline = if req.callback.is_some() { deadline.min(start.plus_ms(HANDOFF_TIMEOUT_MS)) } else { deadline };
         let Some(agent) = self.agents.get(&req.agent) else {
             warn!(task_id = %req.task_id, agent = %req.agent, "no such agent in this runtime");
             return Some(result(Outcome::Failed {
@@ -177,25 +186,26 @@ impl AgentRuntime {
                 retryable: false,
             }));
         };
-        let started = Millis::now();
-        // Out of time: said at once while before CompleteBy (the Scheduler retries now); at
-        // CompleteBy itself nothing is sent and the Supervisor's timer decides.
-        let timed_out = |call_no: u32, in_use: Option<&str>| {
-            (deadline < req.complete_by).then(|| {
-                let within = started.until(deadline);
-                result(Outcome::TimedOut {
-                    error: match in_use {
-                        None => {
-                            format!("timed out: no answer within the attempt's {within} ms (after {call_no} calls)")
-                        }
-                        Some(message) => format!(
-                            "timed out: the idempotency key was still in use by another call at the attempt's \
-                             deadline ({within} ms, {call_no} calls; last answer: {message})"
-                        ),
-                    },
-                })
-            })
+        let ended = self.calls(agent.as_ref(), req, deadline).await;
+        let now = Millis::now();
+        let Some(outcome) = report(&ended, now, start, deadline, req.complete_by) else {
+            info!(task_id = %req.task_id, step = %req.step, %deadline, complete_by = %req.complete_by, ?ended, "the calls ended at or after CompleteBy: nothing is sent (the Supervisor's timer decides)");
+            return None;
         };
+        if let Outcome::TimedOut { error } = &outcome {
+            info!(task_id = %req.task_id, step = %req.step, %deadline, complete_by = %req.complete_by, %error, "the attempt ran out of its execution time before CompleteBy: reported timed out");
+        }
+        if let (Outcome::Succeeded { .. }, Some(cb)) = (&outcome, &req.callback) {
+            // Handed over: the remote side answers with the token; nothing to report now.
+            info!(task_id = %req.task_id, step = %req.step, heartbeat_ms = cb.heartbeat_ms, "callback step handed over; waiting for its answer");
+            return None;
+        }
+        Some(result(outcome))
+    }
+
+    /// The calls of one attempt, with backoff, until an answer for good, the call budget, or the
+    /// attempt's `deadline` (a call still running then is cut: its future is dropped).
+    async fn calls(&self, agent: &dyn Agent, req: &AgentRequest, deadline: Millis) -> CallsEnded {
         let mut call_no = 1;
         // transient failures so far (a key in use is none); the last answer that the key is in use
         let mut failed_calls = 0;
@@ -203,16 +213,19 @@ impl AgentRuntime {
         loop {
             let left = Millis::now().until(deadline);
             if left == 0 {
-                return timed_out(call_no - 1, in_use.as_deref());
+                let key_in_use = in_use.is_some();
+                return CallsEnded::OutOfTime { calls: call_no - 1, last: in_use, key_in_use };
             }
             let call = agent.call(Call { request: req, call_no, deadline });
             let Ok(answer) = tokio::time::timeout(Duration::from_millis(left), call).await else {
-                warn!(task_id = %req.task_id, step = %req.step, call_no, "call cancelled at the attempt's deadline");
-                return timed_out(call_no, None);
+                warn!(task_id = %req.task_id, step = %req.step, call_no, %deadline, "call cut at the attempt's deadline");
+                return CallsEnded::OutOfTime { calls: call_no, last: None, key_in_use: false };
             };
-            let outcome = match answer {
-                Ok(output) => Outcome::Succeeded { output },
-                Err(AgentError::Permanent { message }) => Outcome::Failed { error: message, retryable: false },
+            match answer {
+                Ok(output) => return CallsEnded::Answered(Outcome::Succeeded { output }),
+                Err(AgentError::Permanent { message }) => {
+                    return CallsEnded::Answered(Outcome::Failed { error: message, retryable: false })
+                }
                 Err(AgentError::KeyInUse { message, retry_after }) => {
                     // The effect is in progress under another call: wait for it, up to the deadline.
                     let backoff = retry_after.unwrap_or_else(|| self.retry.delay(call_no, rand::random()));
@@ -221,34 +234,85 @@ impl AgentRuntime {
                     in_use = Some(message);
                     tokio::time::sleep(backoff).await;
                     call_no += 1;
-                    continue;
                 }
                 Err(AgentError::Transient { message, retry_after }) => {
                     failed_calls += 1;
                     in_use = None;
                     let backoff = retry_after.unwrap_or_else(|| self.retry.delay(failed_calls, rand::random()));
                     let time_left = Millis::now().until(deadline);
-                    if failed_calls >= self.retry.max_calls || u128::from(time_left) <= backoff.as_millis() {
-                        info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, "giving up this attempt");
-                        Outcome::Failed { error: format!("{message} (after {call_no} calls)"), retryable: true }
-                    } else {
-                        info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, backoff_ms = backoff.as_millis(), "transient error; retrying");
-                        tokio::time::sleep(backoff).await;
-                        call_no += 1;
-                        continue;
+                    if u128::from(time_left) <= backoff.as_millis() {
+                        // the client's own timeout at the deadline, or no time for another call
+                        info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, %deadline, time_left_ms = time_left, "transient error with no time left for another call");
+                        return CallsEnded::OutOfTime { calls: call_no, last: Some(message), key_in_use: false };
                     }
+                    if failed_calls >= self.retry.max_calls {
+                        info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, "giving up this attempt: its calls are used");
+                        return CallsEnded::GaveUp { error: message, calls: call_no };
+                    }
+                    info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, backoff_ms = backoff.as_millis(), "transient error; retrying");
+                    tokio::time::sleep(backoff).await;
+                    call_no += 1;
                 }
-            };
-            if Millis::now() >= deadline {
-                info!(task_id = %req.task_id, step = %req.step, "answer came after CompleteBy: not sent");
-                return None;
             }
-            if let (Outcome::Succeeded { .. }, Some(cb)) = (&outcome, &req.callback) {
-                // Handed over: the remote side answers with the token; nothing to report now.
-                info!(task_id = %req.task_id, step = %req.step, heartbeat_ms = cb.heartbeat_ms, "callback step handed over; waiting for its answer");
-                return None;
-            }
-            return Some(result(outcome));
         }
     }
+}
+
+/// How the calls of one attempt ended, before the agent decides what to report ([`report`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallsEnded {
+    /// The service answered for good: its output, or a definite "no".
+    Answered(Outcome),
+    /// Transient failures used the attempt's call budget (`max_calls`) while time was left.
+    GaveUp { error: String, calls: u32 },
+    /// The attempt's execution time ran out: a call cut at the deadline, a transient failure (the
+    /// client's own timeout at the deadline among them) with no time left for another call, or
+    /// the idempotency key still in use by another call (`last`: the service's last answer).
+    OutOfTime { calls: u32, last: Option<String>, key_in_use: bool },
+}
+
+/// What the agent reports for an attempt started at `start` (execution `deadline`) whose calls
+/// ended at `now` ([`CallsEnded`]). One rule decides what is dropped: nothing is sent at or after
+/// `CompleteBy` (the Supervisor's timer decides then). Before it, an answer for good is reported
+/// as it is, whenever it came; an attempt that ran out of its time, however it ended (the
+/// runtime's cut, the client's own timeout, a transient error with no time left, a key still in
+/// use), or a transient failure at or after its deadline, is `timed out` (its effect is unknown:
+/// the Scheduler retries at once); transient failures that used the call budget with time left
+/// are a retryable failure. The simulator reports through this function too.
+pub fn report(
+    ended: &CallsEnded,
+    now: Millis,
+    start: Millis,
+    deadline: Millis,
+    complete_by: Millis,
+) -> Option<Outcome> {
+    if now >= complete_by {
+        return None;
+    }
+    let within = start.until(deadline);
+    Some(match ended {
+        CallsEnded::Answered(outcome) => outcome.clone(),
+        CallsEnded::GaveUp { error, calls } if now < deadline => {
+            Outcome::Failed { error: format!("{error} (after {calls} calls)"), retryable: true }
+        }
+        CallsEnded::GaveUp { error, calls } => Outcome::TimedOut {
+            error: format!(
+                "timed out: no answer within the attempt's {within} ms (after {calls} calls; last error: {error})"
+            ),
+        },
+        CallsEnded::OutOfTime { calls, last: Some(last), key_in_use: true } => Outcome::TimedOut {
+            error: format!(
+                "timed out: the idempotency key was still in use by another call at the attempt's deadline \
+                 ({within} ms, {calls} calls; last answer: {last})"
+            ),
+        },
+        CallsEnded::OutOfTime { calls, last: Some(last), .. } => Outcome::TimedOut {
+            error: format!(
+                "timed out: no answer within the attempt's {within} ms (after {calls} calls; last error: {last})"
+            ),
+        },
+        CallsEnded::OutOfTime { calls, last: None, .. } => Outcome::TimedOut {
+            error: format!("timed out: no answer within the attempt's {within} ms (after {calls} calls)"),
+        },
+    })
 }

@@ -125,6 +125,152 @@ async fn unknown_agents_fail_permanently() {
     assert!(matches!(out.outcome, Outcome::Failed { retryable: false, .. }));
 }
 
+/// A remote side that accepts every connection and never answers: a hung service, or an AWS
+/// endpoint that hangs. Its connections are held open until the test ends.
+async fn hanging_endpoint() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            held.push(conn);
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// An attempt that starts now with `ms` of execution time and a CompleteBy a minute later (its
+/// request may wait in the queue until `start_by`): running out of time, it must say so.
+fn attempt_with(agent: &str, ms: u64, callback: bool) -> AgentRequest {
+    let start_by = Millis::now().plus_ms(60_000);
+    let mut r = AgentRequest::first_attempt(
+        TaskId::try_from("hung-1").unwrap(),
+        "charge",
+        agent,
+        json!({"order": "o-1"}),
+        start_by.plus_ms(ms),
+    );
+    r.start_by = Some(start_by);
+    if callback {
+        r.with_callback(None)
+    } else {
+        r
+    }
+}
+
+/// AWS configuration pointing at `endpoint`, with the SDK's own operation timeout (`None`: the
+/// runtime's cut at the deadline is the only one).
+fn aws_at(endpoint: &str, operation_timeout: Option<Duration>) -> super::AwsConfigCell {
+    let creds = aws_credential_types::Credentials::new("AKIDEXAMPLE", "secret", None, None, "test");
+    let mut timeouts = aws_config::timeout::TimeoutConfig::builder();
+    if let Some(t) = operation_timeout {
+        timeouts = timeouts.operation_timeout(t).operation_attempt_timeout(t);
+    }
+    super::AwsConfigCell::with(
+        aws_config::SdkConfig::builder()
+            .endpoint_url(endpoint)
+            .http_client(
+                aws_smithy_http_client::Builder::new()
+                    .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                        aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+                    ))
+                    .build_https(),
+            )
+            .credentials_provider(aws_credential_types::provider::SharedCredentialsProvider::new(creds))
+            .region(aws_config::Region::new("us-east-1"))
+            .timeout_config(timeouts.build())
+            .behavior_version(aws_config::BehaviorVersion::latest())
+            .build(),
+    )
+}
+
+/// Issue 34: whatever ends a call at the attempt's execution deadline (the runtime's cut, the
+/// client's own timeout set to that deadline, a transient error with no time left), every kind
+/// of agent reports `timed out` at the deadline while it is before CompleteBy; nothing is dropped
+/// as if CompleteBy had passed. Before the fix, the HTTP client's timeout (the attempt's deadline)
+/// won the race with the runtime's, and the attempt was dropped: the Supervisor found it only at
+/// CompleteBy + grace, five minutes later.
+#[tokio::test]
+async fn every_kind_reports_a_hung_remote_side_timed_out_at_the_attempt_s_deadline() {
+    const MS: u64 = 600;
+    let hung = hanging_endpoint().await;
+    let agents = format!(
+        r#"{{"agents": {{
+            "http": {{"kind": "http", "url": "{hung}/payment/charge"}},
+            "lambda": {{"kind": "lambda", "function": "charge"}},
+            "lambda.async": {{"kind": "lambda", "function": "charge"}},
+            "sqs": {{"kind": "sqs", "queue_url": "{hung}/000000000000/work"}},
+            "sns": {{"kind": "sns", "topic_arn": "arn:aws:sns:us-east-1:000000000000:work"}},
+            "eventbridge": {{"kind": "eventbridge", "bus": "work"}},
+            "approval": {{"kind": "approval", "topic_arn": "arn:aws:sns:us-east-1:000000000000:approvals"}}
+        }}, "retry": {{"max_calls": 5, "base_ms": 50, "max_ms": 200}}}}"#
+    );
+    // (agent, callback step): a call step waits for its answer, a callback step's hand-off too
+    let cases = [
+        ("http", false),
+        ("http", true),
+        ("lambda", false),
+        ("lambda.async", true),
+        ("sqs", true),
+        ("sns", true),
+        ("eventbridge", true),
+        ("approval", true),
+    ];
+    for sdk_timeout in [None, Some(Duration::from_millis(MS))] {
+        let rt = AgentRuntime::from_config_with(&agents, &|_| None, aws_at(&hung, sdk_timeout)).unwrap();
+        for (agent, callback) in cases {
+            let req = attempt_with(agent, MS, callback);
+            let started = std::time::Instant::now();
+            let out = rt.run(&req).await;
+            let took = started.elapsed();
+            let case = format!("{agent} (callback {callback}, SDK timeout {sdk_timeout:?})");
+            let out = out.unwrap_or_else(|| panic!("{case}: nothing reported, {took:?} after the start"));
+            assert!(
+                matches!(&out.outcome, Outcome::TimedOut { error } if error.starts_with("timed out: no answer within the attempt's")),
+                "{case}: {out:?}"
+            );
+            assert!(
+                took >= Duration::from_millis(MS - 50) && took < Duration::from_millis(MS + 1_500),
+                "{case}: {took:?}"
+            );
+        }
+    }
+}
+
+/// A call whose own timeout fires at the attempt's deadline answers a transient error then (what
+/// reqwest says when its timeout is the deadline): the attempt ran out of time, said so, with the
+/// error; a success or a definite "no" that comes at the deadline is reported as it is.
+#[tokio::test]
+async fn what_ends_a_call_at_the_deadline_is_reported_by_one_rule() {
+    use super::runtime::{report, CallsEnded};
+    let (start, deadline, complete_by) = (Millis(1_000), Millis(6_000), Millis(306_000));
+    let ended =
+        CallsEnded::OutOfTime { calls: 1, last: Some("timed out: error sending request".into()), key_in_use: false };
+    assert_eq!(
+        report(&ended, deadline, start, deadline, complete_by),
+        Some(Outcome::TimedOut {
+            error: "timed out: no answer within the attempt's 5000 ms (after 1 calls; last error: timed out: error sending request)".into()
+        })
+    );
+    // transient failures that used the call budget: a retryable failure before the deadline, a
+    // timeout at or after it
+    let gave_up = CallsEnded::GaveUp { error: "HTTP 503".into(), calls: 5 };
+    assert!(matches!(
+        report(&gave_up, Millis(5_999), start, deadline, complete_by),
+        Some(Outcome::Failed { retryable: true, .. })
+    ));
+    assert!(
+        matches!(report(&gave_up, deadline, start, deadline, complete_by), Some(Outcome::TimedOut { ref error }) if error.contains("HTTP 503"))
+    );
+    // answers for good are reported whenever they come before CompleteBy
+    let ok = CallsEnded::Answered(Outcome::Succeeded { output: json!({"charge_id": "c-1"}) });
+    assert!(matches!(report(&ok, Millis(6_001), start, deadline, complete_by), Some(Outcome::Succeeded { .. })));
+    // nothing at or after CompleteBy, whatever it was
+    for e in [ended, gave_up, ok] {
+        assert_eq!(report(&e, complete_by, start, deadline, complete_by), None, "{e:?}");
+    }
+}
+
 #[test]
 fn configuration_expands_variables_and_flags_missing_ones() {
     assert_eq!(expand("${A}/x", &|_| Some("http://h:1/".into())).unwrap(), "http://h:1/x");
@@ -460,6 +606,7 @@ mod limits {
             json!({}),
             now.plus_ms(60_000),
         );
+        tw.hold(&req.task_id, "charge", "sim", &req.attempt).await;
         let body = serde_json::to_string(&req).unwrap();
 
         assert!(!agent::handle_sent(&tw.deps, &rt, &body, Some(now)).await.unwrap(), "nothing sent back");
@@ -475,6 +622,62 @@ mod limits {
         assert!(agent::handle_sent(&tw.deps, &rt, &waiting[0], None).await.unwrap());
         assert!(matches!(outcomes(&tw).as_slice(), [Outcome::Succeeded { .. }]));
         assert!(tw.deps.limiter.leases("sim").await.unwrap().is_empty());
+    }
+
+    /// An agent that counts its calls and answers at once.
+    #[derive(Default)]
+    struct Counting(std::sync::atomic::AtomicU32);
+
+    impl crate::agent::Agent for Counting {
+        fn call<'a>(
+            &'a self,
+            _: crate::agent::Call<'a>,
+        ) -> futures::future::BoxFuture<'a, Result<serde_json::Value, crate::agent::AgentError>> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async { Ok(json!({"ok": true})) })
+        }
+    }
+
+    /// Issue 34: a copy of a request whose task has moved on (retried with a new token, cancelled,
+    /// ended, gone) starts nothing: no call, no report, its slot given back. The attempt the task
+    /// waits for runs. This is what bounds when a call of an attempt can still apply, once the
+    /// task stops waiting for it (the protocol's `settled_at`).
+    #[tokio::test]
+    async fn a_copy_of_a_request_whose_task_moved_on_starts_nothing() {
+        let tw = twins();
+        let counting = std::sync::Arc::new(Counting::default());
+        let mut rt = AgentRuntime::default();
+        rt.register_arc("counted", counting.clone());
+        rt.set_limit("counted", 1);
+        let now = tw.deps.now();
+        let task_id = TaskId::try_from("moved-on").unwrap();
+        let req = |attempt: &str| {
+            AgentRequest::first_attempt(task_id.clone(), "charge", "counted", json!({}), now.plus_ms(60_000))
+                .with_attempt(crate::ids::AttemptToken::from(attempt))
+        };
+        let body = |r: &AgentRequest| serde_json::to_string(r).unwrap();
+        // no such task
+        assert!(!agent::handle_sent(&tw.deps, &rt, &body(&req("a1")), Some(now)).await.unwrap());
+        // the task is held by a later attempt (a retry): the copy of the first is stale
+        let task = tw.hold(&task_id, "charge", "counted", &crate::ids::AttemptToken::from("a2")).await;
+        assert!(!agent::handle_sent(&tw.deps, &rt, &body(&req("a1")), Some(now)).await.unwrap());
+        // held by no attempt (cancelled, given up, ended)
+        let mut unlocked = task.clone();
+        unlocked.locked_by = None;
+        unlocked.rev += 1;
+        tw.deps.store.save(&unlocked, &task).await.unwrap();
+        assert!(!agent::handle_sent(&tw.deps, &rt, &body(&req("a2")), Some(now)).await.unwrap());
+        assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was called");
+        assert!(outcomes(&tw).is_empty(), "nothing was reported");
+        assert!(tw.deps.limiter.leases("counted").await.unwrap().is_empty(), "every slot taken was given back");
+        // the attempt the task waits for runs
+        let mut held = unlocked.clone();
+        held.locked_by = Some(crate::ids::AttemptToken::from("a3"));
+        held.rev += 1;
+        tw.deps.store.save(&held, &unlocked).await.unwrap();
+        assert!(agent::handle_sent(&tw.deps, &rt, &body(&req("a3")), Some(now)).await.unwrap());
+        assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(matches!(outcomes(&tw).as_slice(), [Outcome::Succeeded { .. }]));
     }
 
     #[tokio::test]

@@ -1158,8 +1158,8 @@ impl Change<'_> {
     /// Undo, in reverse order, every completed step that has a compensation, and the current step
     /// too when some attempt of it may have applied (compensations must tolerate having nothing to
     /// undo). A compensation never races its forward attempt: while that attempt may still start
-    /// or apply (until its `CompleteBy` and a settling margin, or until it answers), the first
-    /// compensation waits.
+    /// or apply (until [`Change::settled_at`] and a settling margin, or until it answers), the
+    /// first compensation waits.
     fn begin_compensation(&mut self, cause: EndCause, reason: String) {
         let t = &self.t;
         let i = t.step_index;
@@ -1171,7 +1171,7 @@ impl Change<'_> {
             plan.push(i);
         }
         plan.extend((0..i).rev().filter(|&j| t.steps[j].status == StepStatus::Succeeded && has_comp(j)));
-        let settles = if current { t.steps[i].settles_at.map(|at| at.plus_ms(self.policy.settle_ms)) } else { None };
+        let settles = if current { self.settled_at(i).map(|at| at.plus_ms(self.policy.settle_ms)) } else { None };
         self.t.reason = Some(reason);
         self.unlock();
         self.t.outstanding.clear();
@@ -1188,6 +1188,20 @@ impl Change<'_> {
             }
             None => self.start_unit(),
         }
+    }
+
+    /// When no attempt of forward step `i` can apply any more, once the task stops waiting for
+    /// them now: its last attempt's hard deadline (no copy of a request starts after its
+    /// `start_by`, none runs past `start_by + timeout_ms`), or, for a call step, one execution
+    /// time from now if that is sooner. An agent starts a call only while its attempt is the
+    /// task's current one (it reads `LockedBy` first, [`crate::agent::still_current`]): a copy
+    /// that starts after this decision's write is refused, and one that started before it is cut
+    /// within `timeout_ms`. A callback step's remote side holds its token until the hard deadline,
+    /// whatever the agent does: that bound stays. The settling margin is added by the caller.
+    fn settled_at(&self, i: usize) -> Option<Millis> {
+        let hard = self.t.steps[i].settles_at?;
+        let def = &self.t.workflow.steps[i];
+        Some(if def.kind == StepKind::Call { hard.min(self.ctx.now.plus_ms(def.timeout_ms)) } else { hard })
     }
 
     /// End the task in a terminal state; `Error` alerts an operator.

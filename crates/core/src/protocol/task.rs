@@ -91,8 +91,10 @@ pub struct StepRecord {
     /// was cancelled while running), whatever later attempts said: the step is compensated.
     #[serde(default, skip_serializing_if = "is_false")]
     pub maybe_applied: bool,
-    /// The latest CompleteBy of an attempt of this step: after it (and a settling margin) no
-    /// attempt can start or apply, so its compensation may run.
+    /// The latest hard deadline (`start_by + timeout_ms`) of an attempt of this step: after it
+    /// (and a settling margin) no attempt can start or apply, so its compensation may run. A call
+    /// step's compensation may run sooner: one execution time after the task stops waiting for the
+    /// step (agents check that their attempt is current before they call).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub settles_at: Option<Millis>,
     #[serde(default, skip_serializing_if = "is_false")]

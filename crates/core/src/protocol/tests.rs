@@ -950,3 +950,45 @@ fn outputs_too_large_for_a_status_say_where_to_read_them() {
     assert!(omitted.read.contains("sasctl status t1"), "{}", omitted.read);
     assert!(serde_json::to_vec(done[0]).unwrap().len() < 256 * 1024, "fits in one SQS message");
 }
+
+/// Issue 34: once a task stops waiting for a call step's attempt (a cancel, or its last attempt
+/// given up), its compensation starts one execution time (`timeout_ms`) plus the settling margin
+/// later, not at the attempt's hard deadline (`start_by + timeout_ms`, the whole queue budget
+/// away): agents start a call only while its attempt is current, so a call started before the
+/// decision is cut within `timeout_ms`, and none starts after it. A callback step's remote side
+/// holds its token until the hard deadline: its bound stays.
+#[test]
+fn a_call_step_settles_one_execution_time_after_the_task_stops_waiting_for_it() {
+    let p = Policy { queue_budget_ms: 300_000, settle_ms: 2_000, ..policy() };
+    let at = |now: u64| Ctx { now: Millis(now), fresh_token: AttemptToken::fresh(), jitter: 0.5 };
+    let go = |t: &Task, e: Event, now: u64| apply(t, &e, &at(now), &p).unwrap();
+    // cancelled while its first attempt runs (claimed at 1_000: hard deadline 302_000)
+    let t = submit(TaskId::try_from("t1").unwrap(), order(), json!({}), None, &at(1_000), &p).task;
+    assert_eq!(t.steps[0].settles_at, Some(Millis(302_000)));
+    let cancelled = go(&t, Event::Cancel { reason: "customer".into(), run: None }, 1_500);
+    assert_eq!(cancelled.task.not_before, Some(Millis(1_500 + 1_000 + 2_000)), "cancel + timeout + settle");
+    assert!(matches!(cancelled.effects.as_slice(), [Effect::Run { delay_ms: 3_000, .. }]), "{:?}", cancelled.effects);
+    let early = Event::Claim { rev: cancelled.task.wait_rev };
+    assert!(matches!(apply(&cancelled.task, &early, &at(4_499), &p), Err(Stale::TooEarly { .. })));
+    let undo = go(&cancelled.task, early, 4_500);
+    assert_eq!(dispatched(&undo.effects)[0].step, "release");
+
+    // every attempt of the charge times out (said by its agent): the last one given up at 20_000
+    let mut t = go(&t, Event::AgentSucceeded { attempt: token(&t), output: json!({}) }, 2_000).task;
+    for i in 0..3 {
+        let now = 5_000 + 5_000 * i;
+        if t.locked_by.is_none() {
+            t = go(&t, Event::Claim { rev: t.wait_rev }, now - 1_000).task;
+        }
+        t = go(&t, Event::AgentTimedOut { attempt: token(&t), error: "timed out".into() }, now).task;
+    }
+    assert_eq!(t.process_state, ProcessState::Compensating);
+    assert_eq!(t.not_before, Some(Millis(15_000 + 1_000 + 2_000)), "the last report + timeout + settle");
+
+    // a callback step: its worker may act until the hard deadline
+    let mut wf = order();
+    wf.steps[0] = StepDef { kind: StepKind::Callback, timeout_ms: 60_000, ..wf.steps[0].clone() };
+    let t = submit(TaskId::try_from("t2").unwrap(), wf, json!({}), None, &at(1_000), &p).task;
+    let cancelled = go(&t, Event::Cancel { reason: "customer".into(), run: None }, 1_500);
+    assert_eq!(cancelled.task.not_before, Some(Millis(1_000 + 300_000 + 60_000 + 2_000)), "hard + settle");
+}

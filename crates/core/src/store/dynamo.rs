@@ -38,13 +38,17 @@ use futures::future::BoxFuture;
 
 use super::{check_size, end_key, index_key, is_own_write, Page, PageKey, StateStore, StoreError, TaskSummary};
 use super::{Acquire, Limiter};
-use crate::ids::{Millis, TaskId};
+use crate::ids::{AttemptToken, Millis, TaskId};
 use crate::limit::{expired_leases, limit_key};
 use crate::protocol::{HistoryEntry, ProcessState, Task};
 use crate::workflow::WorkflowDef;
 
 pub const BY_COMPLETE_BY: &str = "ByCompleteBy";
 pub const BY_END: &str = "ByEnd";
+/// What an agent reads of a task before it starts a call ([`StateStore::holder`]): its key and
+/// `LockedBy`, the attributes the Agent function's role may read (template.yaml, Sid
+/// `AgentFence`).
+pub const HOLDER_PROJECTION: &str = "TaskId, LockedBy";
 /// `TaskId` prefix of workflow definition items (`:` never appears in a task id).
 const WORKFLOW_KEY_PREFIX: &str = "workflow:";
 const HISTORY_KEY_PREFIX: &str = "history:";
@@ -402,6 +406,25 @@ impl DynamoStore {
             .await
             .map_err(aws("GetItem"))?;
         Ok(out.item)
+    }
+
+    /// `LockedBy` of the task, strongly consistent, and nothing else (1 read unit while the item
+    /// is under 4 KB: DynamoDB bills the item, not the projection).
+    async fn get_holder(&self, task_id: &TaskId) -> Result<Option<AttemptToken>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key("TaskId", AttributeValue::S(task_id.to_string()))
+            .projection_expression(HOLDER_PROJECTION)
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(aws("GetItem"))?;
+        Ok(out.item.and_then(|mut i| i.remove("LockedBy")).and_then(|v| match v {
+            AttributeValue::S(s) => Some(AttemptToken::from(s.as_str())),
+            _ => None,
+        }))
     }
 
     async fn get_item(&self, task_id: &TaskId) -> Result<Option<Task>, StoreError> {
@@ -918,6 +941,10 @@ impl StateStore for DynamoStore {
 
     fn get<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<Task>, StoreError>> {
         Box::pin(self.get_item(task_id))
+    }
+
+    fn holder<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<AttemptToken>, StoreError>> {
+        Box::pin(self.get_holder(task_id))
     }
 
     fn save<'a>(&'a self, task: &'a Task, read: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {

@@ -14,13 +14,13 @@
 
 use futures::future::BoxFuture;
 
-use crate::ids::{Millis, TaskId};
+use crate::ids::{AttemptToken, Millis, TaskId};
 use crate::protocol::{HistoryEntry, ProcessState, Task};
 
 mod dynamo;
 mod memory;
 
-pub use dynamo::{item_size, workflow_ref, DynamoStore, BY_COMPLETE_BY, BY_END};
+pub use dynamo::{item_size, workflow_ref, DynamoStore, BY_COMPLETE_BY, BY_END, HOLDER_PROJECTION};
 pub use memory::{Ambiguity, MemoryStore, StoreOp};
 
 /// DynamoDB's item limit is 400 KB; stay clear of it.
@@ -119,6 +119,14 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
     /// Write `task` if the stored item is still `read`: the same `Rev` and the same `LockedBy`
     /// (the attempt's fencing token is re-checked on every write). One request per transition.
     fn save<'a>(&'a self, task: &'a Task, read: &'a Task) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The attempt that holds the task now (`LockedBy`), strongly consistent: what an agent reads
+    /// before it starts a call ([`crate::agent::still_current`]). `None` when no attempt holds
+    /// the task, or no such task exists. DynamoDB reads that one attribute (the Agent function's
+    /// role may read no other); this default reads the whole task.
+    fn holder<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<AttemptToken>, StoreError>> {
+        Box::pin(async move { Ok(self.get(task_id).await?.and_then(|t| t.locked_by)) })
+    }
 
     /// Eventually consistent reads of many tasks (operators' tools); the missing ones are left out.
     fn get_many<'a>(&'a self, ids: &'a [TaskId]) -> BoxFuture<'a, Result<Vec<Task>, StoreError>>;

@@ -301,7 +301,10 @@ impl HttpAgent {
         let req = call.request;
         let left = Millis::now().until(call.deadline);
         if left == 0 {
-            return Err(AgentError::Transient { message: "CompleteBy has passed".into(), retry_after: None });
+            return Err(AgentError::Transient {
+                message: format!("the attempt's deadline {} has passed", call.deadline),
+                retry_after: None,
+            });
         }
         let mut builder = self
             .client
