@@ -109,14 +109,14 @@ fn meaning(result: CallbackResult) -> &'static str {
         CallbackResult::Duplicate => "the same answer was applied before; nothing changed",
         CallbackResult::Alive => "the attempt is alive",
         CallbackResult::Cancelled => "the task was cancelled or has ended: the work should stop",
-        CallbackResult::Stale => {
-            "the token's attempt is no longer the current one (it expired and was retried with a new token); \
-             nothing changed"
-        }
+        CallbackResult::Stale => "the token's attempt is not the one the task waits for now; nothing changed",
         CallbackResult::Late => {
-            "the attempt had expired: the success is recorded on the task, but not taken as the step's result"
+            "the success came after its attempt stopped counting: it is recorded on the task, not taken as the step's result"
         }
-        CallbackResult::Unknown => "no task has this token (wrong stack, or the task was deleted)",
+        CallbackResult::Unknown => {
+            "no task, or no attempt of the step, was given this token (forged or mistyped, another stack, or the task \
+             was deleted)"
+        }
     }
 }
 

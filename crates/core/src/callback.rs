@@ -88,6 +88,7 @@ pub async fn answer(deps: &Deps, msg: &CallbackMessage, message: Option<&str>) -
                     r
                 }
                 Stale::Duplicate => CallbackReply::new(CallbackResult::Duplicate, state, why),
+                Stale::NeverIssued { .. } => CallbackReply::new(CallbackResult::Unknown, state, why),
                 Stale::CancelRequested | Stale::Terminal(_) => {
                     CallbackReply::new(CallbackResult::Cancelled, state, why)
                 }

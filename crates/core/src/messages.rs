@@ -358,13 +358,15 @@ pub enum CallbackResult {
     Alive,
     /// The task was cancelled or has ended: stop the work (a success is still recorded as late).
     Cancelled,
-    /// The attempt is no longer the current one (it expired and was retried with a new token):
-    /// nothing changed.
+    /// The token's attempt is not the one the task waits for now (it expired and a later attempt
+    /// holds the step, or the step is done): nothing changed. `reason` says which.
     Stale,
-    /// A success for an attempt that had expired: recorded on the task and counted, since an
-    /// effect happened; the protocol did not take it as the step's result.
+    /// A success that came after its attempt stopped counting (it had expired, or it had answered
+    /// that it failed): recorded on the task and counted, since an effect may have happened; the
+    /// protocol did not take it as the step's result. `reason` says which.
     Late,
-    /// No task has this token (it never existed or was deleted).
+    /// No task, or no attempt of the step it names, was given this token (forged, mistyped, from
+    /// another stack, or the task was deleted).
     Unknown,
 }
 

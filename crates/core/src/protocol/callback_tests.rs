@@ -112,7 +112,38 @@ fn a_callback_step_hands_its_token_over_and_its_answer_moves_the_task() {
     assert_eq!(apply_at(&done.task, &answer(&t, &a, ok(json!({"tracking": "Z1"}))), 2_600), Err(Stale::Duplicate));
     // a token nobody was given changes nothing, even with the right task and unit
     let forged = AttemptToken::fresh();
-    assert_eq!(apply_at(&done.task, &answer(&t, &forged, ok(json!({}))), 2_600), Err(Stale::NotCurrentAttempt));
+    let never = Err(Stale::NeverIssued { unit: "ship".into() });
+    assert_eq!(apply_at(&done.task, &answer(&t, &forged, ok(json!({}))), 2_600), never);
+    // issue 34: a forged token says that no attempt was given it, whatever it answers, even
+    // while the step waits
+    let failed = CallbackAnswer::Failed { error: "no".into(), retryable: false };
+    for a in [ok(json!({})), failed, beat()] {
+        assert_eq!(apply_at(&t, &answer(&t, &forged, a.clone()), 2_100), never, "{a:?}");
+    }
+    let other_step = Event::Callback { attempt: a.clone(), unit: "reserve".into(), answer: ok(json!({})) };
+    assert_eq!(apply_at(&done.task, &other_step, 2_600), Err(Stale::NeverIssued { unit: "reserve".into() }));
+    let said = Stale::NeverIssued { unit: "ship".into() }.to_string();
+    assert!(said.starts_with("no attempt of ship was given this token"), "{said}");
+}
+
+/// Issue 34: a success that comes after the same attempt answered that it failed (a person
+/// rejected, then approved) is late, and says the step had failed, not that it expired.
+#[test]
+fn a_success_after_the_same_attempt_failed_is_late_because_the_step_had_failed() {
+    let (t, _) = shipping(3, None);
+    let a = token(&t);
+    let rejected = CallbackAnswer::Failed { error: "rejected by alice: over budget".into(), retryable: false };
+    let failed = go(&t, answer(&t, &a, rejected), 2_500);
+    assert_eq!(failed.task.process_state, ProcessState::Compensating);
+    let approved = go(&failed.task, answer(&t, &a, ok(json!({"approved": true}))), 2_600);
+    let why = approved.task.late_result.clone().unwrap();
+    assert!(
+        why.contains("from an attempt that had already answered that it failed (rejected by alice: over budget)")
+            && why.contains("the step had failed then"),
+        "{why}"
+    );
+    assert!(!why.contains("expired"), "{why}");
+    assert_eq!(alerts(&approved.effects), vec![AlertKind::LateResult]);
 }
 
 #[test]

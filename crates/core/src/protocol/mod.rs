@@ -291,6 +291,14 @@ pub enum Stale {
     HeartbeatNotDue { complete_by: Millis },
     #[error("this late result was recorded before")]
     LateAgain,
+    /// A callback answer whose token no attempt of its unit was given: forged, mistyped, or from
+    /// another stack (or older than the unit's last [`task::MAX_ISSUED`] tokens).
+    #[error(
+        "no attempt of {unit} was given this token (a forged or mistyped token, one of another stack, or one older than the \
+         step's last {max} attempts); nothing changed",
+        max = task::MAX_ISSUED
+    )]
+    NeverIssued { unit: String },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -730,6 +738,11 @@ fn callback(
 ) -> Result<Transition, Stale> {
     let live = !task.process_state.is_terminal()
         && (task.locked_by.as_ref() == Some(attempt) || task.outstanding.contains(attempt) || awaited(task, attempt));
+    // Only an attempt this unit handed a token to is heard: a token nobody was given changes
+    // nothing, and says so.
+    if !live && !task.unit_named(unit).is_some_and(|r| r.issued(attempt)) {
+        return Err(Stale::NeverIssued { unit: unit.to_owned() });
+    }
     match answer {
         CallbackAnswer::Heartbeat { details } => heartbeat(task, attempt, details.as_ref(), ctx),
         CallbackAnswer::Succeeded { output } => {
@@ -750,11 +763,14 @@ fn callback(
             if task.late_attempt.as_ref() == Some(attempt) {
                 return Err(Stale::LateAgain);
             }
-            // Only an attempt this unit issued counts: a token nobody was given changes nothing.
-            if !record.issued(attempt) {
-                return Err(Stale::NotCurrentAttempt);
-            }
-            Ok(late(task, attempt, unit, record.accounted(), ctx))
+            let why = if record.accounted() {
+                Late::Accounted
+            } else if let Some(error) = record.refused_by(attempt) {
+                Late::AfterFailure(error.to_owned())
+            } else {
+                Late::Expired
+            };
+            Ok(late(task, attempt, unit, &why, ctx))
         }
         CallbackAnswer::Failed { error, retryable } => {
             if !live && task.unit_named(unit).is_some_and(|r| r.done_by() == Some(attempt)) {
@@ -803,19 +819,33 @@ fn heartbeat(task: &Task, attempt: &AttemptToken, details: Option<&Value>, ctx: 
     Ok(Transition { task: t, effects: Vec::new(), keeps_mark: true })
 }
 
+/// Why a success of a callback attempt came too late to count.
+#[derive(Debug, Clone, PartialEq)]
+enum Late {
+    /// The unit succeeded by another attempt with the same idempotency key.
+    Accounted,
+    /// The same attempt had answered that it failed for good (a person rejected, a worker said
+    /// no): the unit failed then.
+    AfterFailure(String),
+    /// The attempt had expired (the unit was retried, compensated or ended).
+    Expired,
+}
+
 /// Record a late success on the task (a write of its own; the task does not move) and alert an
 /// operator when the unit's effect is not otherwise accounted for.
-fn late(task: &Task, attempt: &AttemptToken, unit: &str, accounted: bool, ctx: &Ctx) -> Transition {
+fn late(task: &Task, attempt: &AttemptToken, unit: &str, why: &Late, ctx: &Ctx) -> Transition {
     let mut t = task.clone();
     t.rev += 1;
     t.updated_at = ctx.now.max(t.updated_at);
     t.late_results = t.late_results.saturating_add(1);
     t.late_attempt = Some(attempt.clone());
-    t.late_result = Some(if accounted {
-        format!("{unit}: a success came at {} for an expired attempt; the unit had succeeded by another attempt with the same idempotency key", ctx.now)
-    } else {
-        format!("{unit}: a success came at {} for an attempt that had expired; the task did not take it (the unit was retried, compensated or ended): reconcile its effect", ctx.now)
+    let now = ctx.now;
+    t.late_result = Some(match why {
+        Late::Accounted => format!("{unit}: a success came at {now} for an expired attempt; the unit had succeeded by another attempt with the same idempotency key"),
+        Late::AfterFailure(error) => format!("{unit}: a success came at {now} from an attempt that had already answered that it failed ({error}); the step had failed then, and the task did not take the success: reconcile its effect"),
+        Late::Expired => format!("{unit}: a success came at {now} for an attempt that had expired; the task did not take it (the unit was retried, compensated or ended): reconcile its effect"),
     });
+    let accounted = *why == Late::Accounted;
     let effects = late_notice(&t, unit, accounted, ctx.now);
     Transition { task: t, effects, keeps_mark: true }
 }

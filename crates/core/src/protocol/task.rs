@@ -450,6 +450,16 @@ impl UnitRef<'_> {
         }
     }
 
+    /// The error `attempt` answered when it failed the unit for good, if it did: the unit's last
+    /// attempt was refused, and it is that one.
+    pub(crate) fn refused_by(&self, attempt: &AttemptToken) -> Option<&str> {
+        let (refused, issued, error) = match self {
+            UnitRef::Step(s) => (s.refused, &s.issued, &s.error),
+            UnitRef::Compensation(c) => (c.refused, &c.issued, &c.error),
+        };
+        (refused && issued.last() == Some(attempt)).then(|| error.as_deref().unwrap_or("no reason given"))
+    }
+
     pub(crate) fn done_by(&self) -> Option<&AttemptToken> {
         match self {
             UnitRef::Step(s) => s.done_by.as_ref(),
