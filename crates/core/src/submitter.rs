@@ -22,6 +22,13 @@ use crate::transition::Committed;
 pub enum Rejection {
     #[error("the message is not JSON: {0}")]
     NotJson(String),
+    /// Deeper than the parser goes: nothing of it is read but where to send the refusal.
+    #[error(
+        "the message nests more than {MAX_PARSE_DEPTH} levels deep ({0}); a submission's input may nest at most \
+         {max_input} levels",
+        max_input = screen::MAX_DEPTH
+    )]
+    TooDeep(String),
     #[error("the message must be a JSON object")]
     NotObject,
     #[error("unsupported message version {got}; this deployment accepts v={VERSION}")]
@@ -49,8 +56,20 @@ pub enum Submitted {
     Rejected(Rejection),
 }
 
+/// How deep serde_json parses a document (its recursion limit).
+pub const MAX_PARSE_DEPTH: usize = 128;
+
+/// Why a message could not be parsed.
+fn not_json(e: &serde_json::Error) -> Rejection {
+    let text = e.to_string();
+    match text.strip_prefix("recursion limit exceeded ") {
+        Some(at) => Rejection::TooDeep(at.to_owned()),
+        None => Rejection::NotJson(text),
+    }
+}
+
 fn validate(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<(Submission, TaskId), Rejection> {
-    let v: Value = serde_json::from_str(raw).map_err(|e| Rejection::NotJson(e.to_string()))?;
+    let v: Value = serde_json::from_str(raw).map_err(|e| not_json(&e))?;
     let obj = v.as_object().ok_or(Rejection::NotObject)?;
     screen::no_duplicate_keys(raw).map_err(|e| Rejection::Shape(clip(&e, 300).to_owned()))?;
     match obj.get("v") {
@@ -95,12 +114,74 @@ pub fn task_id_for_message(message_id: &str) -> TaskId {
 
 /// Best effort for a refused message: whatever `task_id` it names, if usable, and its `reply_to`
 /// if this stack may send to it (a refused reply queue hears nothing: the reason is kept in the
-/// submission DLQ).
+/// submission DLQ). A message the parser cannot read (nested too deep, or cut short) is scanned
+/// for those two top-level strings instead.
 fn salvage(deps: &Deps, raw: &str) -> (Option<TaskId>, Option<QueueUrl>) {
-    let Ok(v) = serde_json::from_str::<Value>(raw) else { return (None, None) };
-    let id = v.get("task_id").and_then(Value::as_str).and_then(|s| TaskId::try_from(s).ok());
-    let reply = v.get("reply_to").and_then(Value::as_str).and_then(|s| reply::check(&deps.resources, s).ok());
+    let (id, reply) = if let Ok(v) = serde_json::from_str::<Value>(raw) {
+        let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+        (text("task_id"), text("reply_to"))
+    } else {
+        let found = top_level_strings(raw, &["task_id", "reply_to"]);
+        let text = |k: &str| found.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        (text("task_id"), text("reply_to"))
+    };
+    let id = id.and_then(|s| TaskId::try_from(s).ok());
+    let reply = reply.and_then(|s| reply::check(&deps.resources, &s).ok());
     (id, reply)
+}
+
+/// The string members named `keys` at the top level of a JSON object, found without parsing the
+/// rest: a scan that counts brackets outside strings, each string decoded by serde_json. For a
+/// message the parser refused (nested deeper than [`MAX_PARSE_DEPTH`], or cut short) and that is
+/// refused anyway: it only finds where to send the refusal. (serde_json reads deeper documents
+/// only with its `unbounded_depth` feature and a growing stack, serde_stacker: a dependency for
+/// two strings of a message already refused.) The first member of a name wins.
+pub fn top_level_strings(raw: &str, keys: &[&str]) -> Vec<(String, String)> {
+    let b = raw.as_bytes();
+    let mut out: Vec<(String, String)> = Vec::new();
+    if !raw.trim_start().starts_with('{') {
+        return out;
+    }
+    let (mut depth, mut i) = (0usize, 0usize);
+    let mut key: Option<String> = None;
+    let mut value_next = false;
+    while i < b.len() {
+        match b[i] {
+            b'"' => {
+                let start = i;
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += usize::from(b[i] == b'\\') + 1;
+                }
+                let end = (i + 1).min(b.len());
+                if depth == 1 {
+                    let text = raw.get(start..end).and_then(|s| serde_json::from_str::<String>(s).ok());
+                    if value_next {
+                        if let (Some(k), Some(v)) = (key.take(), text) {
+                            if keys.contains(&k.as_str()) && !out.iter().any(|(seen, _)| *seen == k) {
+                                out.push((k, v));
+                            }
+                        }
+                        value_next = false;
+                    } else {
+                        key = text;
+                    }
+                }
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                if depth == 2 {
+                    (key, value_next) = (None, false);
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b':' if depth == 1 => value_next = key.is_some(),
+            b',' if depth == 1 => (key, value_next) = (None, false),
+            _ => {}
+        }
+        i += 1;
+    }
+    out
 }
 
 /// Keep the refused message with its reason and tell the caller, if it named a reply queue.

@@ -266,6 +266,59 @@ async fn submitter_rejects_bad_input_keeps_it_and_answers_with_the_reason() {
     assert!(rejected.iter().all(|s| s.state == ProcessState::Rejected && s.reason.is_some()));
 }
 
+/// Issue 34: what the parser cannot read still gets its reason in the submission DLQ and a
+/// `Rejected` status on the reply queue it names: an input nested 300 levels deep (beyond the
+/// parser's 128), a message cut short, a task id with non-ASCII letters.
+#[tokio::test]
+async fn a_submission_the_parser_cannot_read_is_still_answered_on_its_reply_queue() {
+    let tw = twins();
+    let reply = tw.reply_queue("replies");
+    let deep = format!(
+        r#"{{"v": 1, "task_id": "deep-1", "workflow": "two", "input": {}{}, "reply_to": "{reply}"}}"#,
+        "[".repeat(300),
+        "]".repeat(300)
+    );
+    let cut = format!(r#"{{"v": 1, "task_id": "cut-1", "reply_to": "{reply}", "workflow": "tw"#);
+    let foreign = json!({"v": 1, "task_id": "заказé-1", "workflow": "two", "input": {}, "reply_to": reply}).to_string();
+    let agents = AgentRuntime::default();
+    for (i, raw) in [&deep, &cut, &foreign].into_iter().enumerate() {
+        role::handle(Role::Submitter, &tw.deps, &agents, &Record::new(format!("m-{i}"), raw.clone())).await.unwrap();
+    }
+    assert!(tw.store.tasks().is_empty());
+    let reasons: Vec<String> = tw
+        .bus
+        .attributes(&tw.deps.resources.submission_dlq_url)
+        .iter()
+        .map(|a| a.iter().find(|(k, _)| k == "RejectReason").map(|(_, v)| v.clone()).unwrap())
+        .collect();
+    assert!(reasons[0].starts_with("the message nests more than 128 levels deep (at line 1 column"), "{}", reasons[0]);
+    assert!(reasons[1].starts_with("the message is not JSON: EOF while parsing"), "{}", reasons[1]);
+    assert!(reasons[2].contains("task_id contains 'з'"), "{}", reasons[2]);
+    let statuses: Vec<StatusMessage> = tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str(b).unwrap()).collect();
+    let ids: Vec<&str> = statuses.iter().map(|s| s.task_id.as_str()).collect();
+    assert_eq!(ids, vec!["deep-1", "cut-1", "msg-m-2"]);
+    assert!(statuses
+        .iter()
+        .zip(&reasons)
+        .all(|(s, r)| s.state == ProcessState::Rejected && s.reason.as_ref() == Some(r)));
+}
+
+#[test]
+fn the_top_level_strings_of_a_message_are_found_without_parsing_the_rest() {
+    let raw = format!(
+        r#" {{"input": {{"task_id": "inner", "reply_to": "x"}}, "a": [{}{}], "task_id": "t\u00e9-\"1\"", "n": 1, "reply_to": "q", "task_id": "second"}}"#,
+        "[".repeat(500),
+        "]".repeat(500)
+    );
+    assert_eq!(
+        submitter::top_level_strings(&raw, &["task_id", "reply_to"]),
+        vec![("task_id".to_owned(), "té-\"1\"".to_owned()), ("reply_to".to_owned(), "q".to_owned())]
+    );
+    assert!(submitter::top_level_strings(r#"["task_id", "x"]"#, &["task_id"]).is_empty(), "not an object");
+    assert!(submitter::top_level_strings(r#"{"task_id": 7}"#, &["task_id"]).is_empty(), "not a string");
+    assert!(submitter::top_level_strings(r#"{"task_id": "unterminated"#, &["task_id"]).is_empty());
+}
+
 #[tokio::test]
 async fn submitter_refuses_what_dynamodb_or_sqs_would_refuse_and_names_each_submission() {
     // F9, F14, F16: each of these was accepted, or answered as task "unknown", or unsendable
