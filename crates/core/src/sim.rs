@@ -48,6 +48,19 @@
 //!     slots through the real [`agent::take_slot`] on the twins (a copy of a request takes its
 //!     own); a request that finds the agent full goes back to the agent queue, and one that
 //!     waited past its `start_by` is answered "not started" and claimed again.
+//! 15. `hung-reported`: a copy whose calls ended at its execution deadline before `CompleteBy`
+//!     (however they ended) was reported by its agent.
+//!
+//! The agents report what they report through the runtime's own rule ([`report`]), and start a
+//! request only while its task still waits for its attempt, as the real ones check
+//! ([`agent::still_current`] on the twins). Issue 34's faults: the remote side's (or the HTTP
+//! client's) own timeout fires exactly at the attempt's deadline (`remote_timeout`), an answer
+//! comes as the runtime's cut fires (`answer_at_deadline`), and SQS delivers a request again long
+//! after the first copy, up to its `start_by` (`late_copy`). With the rule as it was (a transient
+//! error at the deadline dropped as if CompleteBy had passed), `remote_timeout` and
+//! `answer_at_deadline` alone fail 293 of 300 seeds (`hung-reported`, `late-hung`); without the
+//! agents' check, the compensation that now starts one execution time after a cancel or a give-up
+//! fails 16 of 300 seeds with every fault (`undone`: a charge applied after its refund).
 //!
 //! Callback and wait steps (workflow `order-async`: a 2 s wait, then `ship` as a callback step,
 //! 60 s hard timeout, heartbeats every 5 s, undone by `recall`): the warehouse refuses the

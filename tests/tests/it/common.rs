@@ -8,8 +8,8 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use sas_core::agent::AgentRuntime;
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
-use sas_core::ids::TaskId;
-use sas_core::protocol::{Policy, Task};
+use sas_core::ids::{Millis, TaskId};
+use sas_core::protocol::{Policy, ProcessState, Task};
 use sas_core::runner::{Runner, RunnerHandle, RunnerOptions};
 use sas_core::workflow::{Backoff, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
 use serde_json::Value;
@@ -82,6 +82,11 @@ pub async fn stack(label: &str) -> Stack {
 
 /// A fresh stack whose roles know `workflows`.
 pub async fn stack_with(label: &str, workflows: WorkflowRegistry) -> Stack {
+    stack_with_settings(label, workflows, settings()).await
+}
+
+/// A fresh stack whose roles know `workflows` and run with `settings`.
+pub async fn stack_with_settings(label: &str, workflows: WorkflowRegistry, settings: Settings) -> Stack {
     sas_core::telemetry::init();
     assert!(
         std::env::var("AWS_ENDPOINT_URL").is_ok() || std::env::var("SAS_TEST_AGAINST_AWS").is_ok(),
@@ -95,7 +100,7 @@ pub async fn stack_with(label: &str, workflows: WorkflowRegistry) -> Stack {
             .await
             .unwrap_or_else(|e| panic!("deploying {name}: {e}"));
     let res = Resources::from_outputs(&outputs).expect("all outputs present");
-    let deps = Arc::new(Deps::aws(&sdk, res.clone(), workflows, settings()));
+    let deps = Arc::new(Deps::aws(&sdk, res.clone(), workflows, settings));
     let sqs = aws_sdk_sqs::Client::new(&sdk);
     Stack { name, sdk, outputs, res, deps, sqs }
 }
@@ -270,4 +275,16 @@ impl Stack {
     pub async fn delete(self) {
         let _ = sas_cli::stack::delete(&aws_sdk_cloudformation::Client::new(&self.sdk), &self.name).await;
     }
+}
+
+/// The attempts of `step` as the task's history shows them: when each was claimed (a
+/// `Processing` entry on the step), when its end was written (the next entry), and that entry's
+/// reason (why it failed; empty for a success).
+pub fn attempts_of(task: &Task, step: &str) -> Vec<(Millis, Millis, String)> {
+    let h = &task.history;
+    h.iter()
+        .enumerate()
+        .filter(|(_, e)| e.state == ProcessState::Processing && e.step.as_deref() == Some(step))
+        .filter_map(|(i, e)| h.get(i + 1).map(|next| (e.at, next.at, next.reason.clone().unwrap_or_default())))
+        .collect()
 }

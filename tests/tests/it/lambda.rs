@@ -971,6 +971,178 @@ async fn lambda_a_graph_with_two_branches_and_a_hundred_element_map_runs_and_one
 /// against the roles' policies as IAM holds them for this deployed stack. Reply queues are
 /// narrowed to this test's own (`ReplyQueueArnPattern`), so no account-wide grant hides a missing
 /// one (G1). Fails on any call not allowed, and on any grant no call used.
+/// The submissions issue 34 found neither created nor dead-lettered in Lambda mode, and every other
+/// kind the README says is refused: `(name, body, what the reason says)`.
+fn hostile_submissions(run: &str, reply: &str) -> Vec<(&'static str, String, &'static str)> {
+    let sub = |id: &str, extra: Value| {
+        let mut b = json!({"v": 1, "task_id": format!("{id}-{run}"), "workflow": "order", "reply_to": reply,
+                           "input": {"customer": "c-1", "items": [{"sku": "book", "qty": 1}]}});
+        for (k, v) in extra.as_object().expect("an object") {
+            b[k] = v.clone();
+        }
+        b.to_string()
+    };
+    let raw = |id: &str, input: &str| {
+        format!(r#"{{"v":1,"task_id":"{id}-{run}","workflow":"order","reply_to":"{reply}","input":{input}}}"#)
+    };
+    vec![
+        ("non-ascii", sub("заказé", json!({})), "task_id contains 'з'"),
+        ("deep", raw("deep", &format!("{}{}", "[".repeat(300), "]".repeat(300))), "nests more than 128 levels deep"),
+        ("deeper", raw("deeper", &format!("{}{}", "[".repeat(5_000), "]".repeat(5_000))), "nests more than 128 levels"),
+        ("cut", format!(r#"{{"v":1,"task_id":"cut-{run}","reply_to":"{reply}","input":"#), "not JSON"),
+        ("version", sub("v2", json!({"v": 2})), "unsupported message version 2"),
+        ("workflow", sub("uwf", json!({"workflow": "nope"})), "unknown workflow nope"),
+        ("big", sub("big", json!({"input": {"x": "a".repeat(70_000)}})), "input is 70"),
+        ("empty-key", sub("ek", json!({"input": {"": 1}})), "empty key"),
+        ("repeated-key", raw("dk", r#"{"a":1,"a":2}"#), "appears twice"),
+        ("number", raw("bn", r#"{"a":1e200}"#), "outside the numbers DynamoDB stores"),
+        ("field", sub("uf", json!({"extra": 1})), "unknown field `extra`"),
+        (
+            "nested",
+            sub(
+                "n32",
+                json!({"input": serde_json::from_str::<Value>(&format!("{}{}", "[".repeat(33), "]".repeat(33))).unwrap()}),
+            ),
+            "nested deeper",
+        ),
+        ("long-id", sub(&"L".repeat(300), json!({})), "the limit is 128"),
+        ("tilde", sub("t~1~2", json!({})), "task_id contains '~'"),
+        (
+            "reply-to",
+            sub("br", json!({"reply_to": "https://sqs.us-east-1.amazonaws.com/123456789012/x"})),
+            "not on this stack's allow-list",
+        ),
+        ("array", "[1,2,3]".to_owned(), "must be a JSON object"),
+    ]
+}
+
+/// Issue 34, in Lambda mode with the functions' default queue budget (300 s): the charge of one
+/// order hangs on every attempt (the order service never answers); each attempt is reported timed
+/// out by the Agent at its 5 s deadline and retried, and the order ends Compensated in well under a
+/// minute (it took 645 s). A second order's charge hangs and it is cancelled meanwhile: it ends
+/// Cancelled within seconds (it took 309.8 s), its reservation released once. Beside them, a batch
+/// of hostile submissions: each is in the submission DLQ with its reason within seconds, and those
+/// that name a reply queue the stack may use hear `Rejected` there (two of them were neither
+/// created nor dead-lettered after 300 s: LocalStack's event source, not the Submitter, choked on
+/// the deep one and took its batch along).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_a_hung_charge_is_retried_at_its_timeout_a_cancel_ends_it_promptly_and_hostile_submissions_are_refused_at_once(
+) {
+    let (base, svc) = sas_order_service::spawn_local().await.unwrap();
+    let f = lambda_stack(
+        "hangs",
+        &[("OrderServiceUrl", &base), ("QueueBudgetMs", "300000"), ("ResultGraceMs", "10000"), ("SettleMs", "2000")],
+    )
+    .await;
+    let run = &f.s.name[f.s.name.len() - 8..];
+    let (all, cancelled) = (format!("hang-all-{run}"), format!("hang-cancel-{run}"));
+    for order in [&all, &cancelled] {
+        let rule = json!({"order": order, "endpoint": "/payment/charge", "hang": true});
+        svc.add_fault(serde_json::from_value(rule).expect("a fault rule"));
+    }
+    let order = |id: &str| {
+        json!({"v": 1, "task_id": id, "workflow": "order", "input": {"customer": "c-1", "items": [{"sku": "book", "qty": 1}]}})
+            .to_string()
+    };
+    let reply = f.s.reply_queue("hostile", false).await;
+    let hostile = hostile_submissions(run, &reply);
+    let submitted = Instant::now();
+    for id in [&all, &cancelled] {
+        f.s.send(&f.s.res.submission_queue_url, &order(id)).await;
+    }
+    for chunk in hostile.chunks(10) {
+        let entries: Vec<SendMessageBatchRequestEntry> = chunk
+            .iter()
+            .map(|(name, body, _)| {
+                SendMessageBatchRequestEntry::builder().id(*name).message_body(body).build().unwrap()
+            })
+            .collect();
+        let out =
+            f.s.sqs
+                .send_message_batch()
+                .queue_url(&f.s.res.submission_queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await;
+        assert!(out.expect("SendMessageBatch").failed.is_empty());
+    }
+
+    // the cancel, once the second order's charge hangs
+    f.s.wait_for(&cancelled, Duration::from_secs(60), |t| {
+        t.current_step_name() == Some("charge") && t.process_state == ProcessState::Processing
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let cancel_at = Instant::now();
+    sas_cli::ops::cancel(&f.s.deps, &TaskId::try_from(cancelled.as_str()).unwrap(), "customer cancelled")
+        .await
+        .unwrap();
+
+    // every hostile submission is refused at once, with its reason
+    let dlq = f.s.out("SubmissionDlqUrl").to_owned();
+    let kept = f.s.drain(&dlq, hostile.len(), Duration::from_secs(60)).await;
+    let refused_in = submitted.elapsed();
+    let reasons: Vec<String> = kept
+        .iter()
+        .map(|m| {
+            let attrs = m.message_attributes.clone().unwrap_or_default();
+            attrs.get("RejectReason").and_then(|a| a.string_value.clone()).unwrap_or_default()
+        })
+        .collect();
+    for (name, body, want) in &hostile {
+        assert!(
+            kept.iter().zip(&reasons).any(|(m, r)| m.body.as_deref() == Some(body.as_str()) && r.contains(want)),
+            "{name}: not kept raw in the submission DLQ with a reason saying {want:?}; kept: {reasons:#?}"
+        );
+    }
+    assert_eq!(kept.len(), hostile.len(), "{reasons:#?}");
+    eprintln!(
+        "[{}] {} hostile submissions in the submission DLQ with their reasons {:.1} s after they were sent",
+        f.s.name,
+        kept.len(),
+        refused_in.as_secs_f64()
+    );
+    // all but the two that name no usable reply queue hear Rejected
+    let statuses = f.s.bodies(&reply, hostile.len() - 2, Duration::from_secs(30)).await;
+    let rejected: Vec<&Value> = statuses.iter().filter(|s| s["state"] == "Rejected").collect();
+    assert_eq!(rejected.len(), hostile.len() - 2, "{statuses:#?}");
+    for id in [format!("deep-{run}"), format!("deeper-{run}"), format!("cut-{run}")] {
+        assert!(rejected.iter().any(|s| s["task_id"] == id.as_str()), "{id}: no Rejected status");
+    }
+
+    // the cancel ends the second order within one timeout and the settling margin, and a little
+    let t = f.s.wait_for(&cancelled, Duration::from_secs(120), |t| t.process_state.is_terminal()).await;
+    let cancel_took = cancel_at.elapsed();
+    assert_eq!(t.process_state, ProcessState::Cancelled, "{:?}", t.reason);
+    eprintln!("[{}] {cancelled}: Cancelled {:.1} s after the cancel", f.s.name, cancel_took.as_secs_f64());
+    assert!(cancel_took < Duration::from_secs(40), "Cancelled {cancel_took:?} after the cancel");
+
+    // the first order: every charge attempt said timed out by its agent, at its deadline
+    let t = f.s.wait_for(&all, Duration::from_secs(180), |t| t.process_state.is_terminal()).await;
+    let took = submitted.elapsed();
+    assert_eq!(t.process_state, ProcessState::Compensated, "{:?}", t.reason);
+    let attempts = crate::common::attempts_of(&t, "charge");
+    assert_eq!(attempts.len(), 3, "{:#?}", t.history);
+    for (claimed, ended, why) in &attempts {
+        assert!(why.contains("timed out: no answer within the attempt's 5000 ms"), "reported by its agent: {why}");
+        assert!(ended.0 - claimed.0 < 20_000, "an attempt held its task {} ms: {why}", ended.0 - claimed.0);
+    }
+    eprintln!(
+        "[{}] {all}: Compensated {:.1} s after its submission; charge attempts held {:?} ms",
+        f.s.name,
+        took.as_secs_f64(),
+        attempts.iter().map(|(c, e, _)| e.0 - c.0).collect::<Vec<_>>()
+    );
+    assert!(took < Duration::from_secs(90), "Compensated {took:?} after its submission");
+
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ops =
+        |order: &str| -> Vec<String> { svc.ledger().into_iter().filter(|e| e.order == order).map(|e| e.op).collect() };
+    assert_eq!(ops(&all), vec!["reserve", "release"], "the charge never applied; the reservation released once");
+    assert_eq!(ops(&cancelled), vec!["reserve", "release"]);
+    f.delete().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() {
     let file = callback_workflows_file("iam");

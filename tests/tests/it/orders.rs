@@ -13,7 +13,7 @@ use sas_core::workflow::{OnFailure, WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use sas_order_service::{spawn_local, FaultRule, OrderService};
 use serde_json::{json, Value};
 
-use crate::common::{stack_with, Stack};
+use crate::common::{attempts_of, stack_with, stack_with_settings, Stack};
 
 fn agents(base: &str) -> AgentRuntime {
     let base = base.to_owned();
@@ -235,6 +235,79 @@ async fn a_cancel_during_a_slow_charge_leaves_no_effect_that_is_not_undone() {
         let refund = at("refund").unwrap_or_else(|| panic!("the charge was never refunded: {done:?}"));
         assert!(charge < refund, "the refund ran before the charge landed: {done:?}");
     }
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+/// The stack of [`order_stack`] with the functions' default time bounds (a 300 s queue budget, a
+/// 10 s result grace, a 2 s settle): what a user runs, where a hung attempt the agent did not
+/// report would be found only at its CompleteBy + grace, five minutes after its claim.
+async fn order_stack_with_defaults(label: &str) -> (Stack, OrderService, sas_core::runner::RunnerHandle) {
+    let settings =
+        sas_core::config::Settings { policy: sas_core::protocol::Policy::default(), ..crate::common::settings() };
+    let s = stack_with_settings(label, order_workflows(), settings).await;
+    let (base, svc) = spawn_local().await.unwrap();
+    let runner = s.runner_with(agents(&base));
+    (s, svc, runner)
+}
+
+/// Issue 34: a charge that hangs on every attempt. Each attempt is reported timed out by its
+/// agent at its 5 s execution deadline (the HTTP client's own timeout fires there) and retried at
+/// once, and the order ends Compensated in about three times the timeout and backoff, plus one
+/// timeout and the settling margin before its compensation: about 30 s, where it took 645 s
+/// (each attempt found by the Supervisor at CompleteBy + grace, and the compensation held until
+/// the last attempt's CompleteBy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_charge_that_always_hangs_is_retried_at_its_timeout_and_compensated_in_seconds() {
+    let (s, svc, runner) = order_stack_with_defaults("hang-all").await;
+    svc.add_fault(FaultRule { hang: true, ..rule("hang-1", "/payment/charge") });
+    let started = Instant::now();
+    s.send(&s.res.submission_queue_url, &order("hang-1", "order", json!({}))).await;
+    let t = s.wait_for("hang-1", Duration::from_secs(120), |t| t.process_state.is_terminal()).await;
+    let took = started.elapsed();
+    assert_eq!(t.process_state, ProcessState::Compensated, "{:?}", t.reason);
+    let attempts = attempts_of(&t, "charge");
+    assert_eq!(attempts.len(), 3, "{:#?}", t.history);
+    for (claimed, ended, why) in &attempts {
+        assert!(why.contains("timed out: no answer within the attempt's 5000 ms"), "reported by its agent: {why}");
+        assert!(ended.0 - claimed.0 < 15_000, "an attempt held its task {} ms: {why}", ended.0 - claimed.0);
+    }
+    eprintln!(
+        "hang-1: Compensated {:.1} s after its submission; charge attempts held {:?} ms",
+        took.as_secs_f64(),
+        attempts.iter().map(|(c, e, _)| e.0 - c.0).collect::<Vec<_>>()
+    );
+    assert!(took < Duration::from_secs(75), "Compensated {took:?} after its submission");
+    let done = ops(&svc, "hang-1");
+    assert_eq!(done.iter().filter(|o| *o == "release").count(), 1, "{done:?}");
+    assert!(!done.contains(&"charge".to_owned()), "{done:?}");
+    runner.shutdown().await;
+    s.delete().await;
+}
+
+/// Issue 34: a cancel while the charge hangs ends Cancelled one execution time and the settling
+/// margin after the cancel (the agents' check keeps any later copy of the charge from starting),
+/// with the reservation released once; it waited for the attempt's CompleteBy (309.8 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_during_a_hung_charge_ends_in_seconds_and_releases_the_reservation_once() {
+    let (s, svc, runner) = order_stack_with_defaults("hang-cancel").await;
+    svc.add_fault(FaultRule { hang: true, ..rule("hc-1", "/payment/charge") });
+    s.send(&s.res.submission_queue_url, &order("hc-1", "order", json!({}))).await;
+    s.wait_for("hc-1", Duration::from_secs(30), |t| {
+        t.current_step_name() == Some("charge") && t.process_state == ProcessState::Processing
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await; // the charge's call has started: it hangs
+    let cancelled = Instant::now();
+    sas_cli::ops::cancel(&s.deps, &TaskId::try_from("hc-1").unwrap(), "customer cancelled").await.unwrap();
+    let t = s.wait_for("hc-1", Duration::from_secs(60), |t| t.process_state.is_terminal()).await;
+    let took = cancelled.elapsed();
+    assert_eq!(t.process_state, ProcessState::Cancelled, "{:?}", t.reason);
+    eprintln!("hc-1: Cancelled {:.1} s after the cancel", took.as_secs_f64());
+    assert!(took < Duration::from_secs(25), "Cancelled {took:?} after the cancel");
+    tokio::time::sleep(Duration::from_secs(2)).await; // anything still in flight lands now
+    let done = ops(&svc, "hc-1");
+    assert_eq!(done, vec!["reserve", "release"], "the charge never applied; the reservation released once");
     runner.shutdown().await;
     s.delete().await;
 }
