@@ -80,13 +80,15 @@ pub async fn handle_sent(
         // through ends within one execution time of it (see `still_current`).
         let start = Millis::now();
         let started = deps.now();
-        if !still_current(deps, &req).await? {
+        let current = still_current(deps, &req).await;
+        if !matches!(current, Ok(true)) {
+            // not started (or the check failed: the message comes back): the slot is given back
             if let Some(holder) = lease {
                 if let Err(e) = deps.limiter.release(&req.agent, &holder).await {
                     warn!(agent = %req.agent, error = %e, "could not give the agent's slot back; it frees itself at the attempt's deadline");
                 }
             }
-            return Ok(false);
+            return current;
         }
         if let Some(sent) = req.waiting_since.or(sent_at) {
             metrics::duration_ms(&metrics::STEP_SCHEDULE_TIME, &[&req.agent], sent.until(started));

@@ -667,6 +667,12 @@ mod limits {
         unlocked.rev += 1;
         tw.deps.store.save(&unlocked, &task).await.unwrap();
         assert!(!agent::handle_sent(&tw.deps, &rt, &body(&req("a2")), Some(now)).await.unwrap());
+        // the check cannot be made (the table throttles): the record fails and comes back
+        tw.store.fail_next(
+            crate::store::StoreOp::Get,
+            crate::store::StoreError::Backend { op: "GetItem", message: "throttled".into(), source: None },
+        );
+        assert!(agent::handle_sent(&tw.deps, &rt, &body(&req("a2")), Some(now)).await.is_err());
         assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 0, "nothing was called");
         assert!(outcomes(&tw).is_empty(), "nothing was reported");
         assert!(tw.deps.limiter.leases("counted").await.unwrap().is_empty(), "every slot taken was given back");
