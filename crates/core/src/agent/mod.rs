@@ -68,8 +68,13 @@ pub async fn handle_sent(
     }
     async {
         let now = deps.now();
-        if let (None, Some(start_by)) = (runtime::execution_deadline(&req, now), req.start_by) {
-            return not_started(deps, &req, start_by, sent_at).await;
+        match (runtime::execution_deadline(&req, now), req.start_by) {
+            (None, Some(start_by)) => return not_started(deps, &req, start_by, sent_at).await,
+            (None, None) => {
+                info!(complete_by = %req.complete_by, "CompleteBy passed before the request started: nothing started, nothing sent");
+                return Ok(false);
+            }
+            (Some(_), _) => {}
         }
         let lease = match take_slot(deps, runtime.limit(&req.agent), &req, sent_at).await? {
             Slot::Wait => return Ok(false),
