@@ -277,6 +277,26 @@ impl Stack {
     }
 }
 
+/// Issue 34: every one of `attempts` attempts of `step` was reported timed out by its agent at its
+/// `timeout_ms` deadline (not found by the Supervisor at CompleteBy + grace), and held its task less
+/// than `max_held_ms`; returns how long each held it.
+pub fn assert_timed_out_by_the_agent(
+    task: &Task,
+    step: &str,
+    attempts: usize,
+    timeout_ms: u64,
+    max_held_ms: u64,
+) -> Vec<u64> {
+    let seen = attempts_of(task, step);
+    assert_eq!(seen.len(), attempts, "{:#?}", task.history);
+    let said = format!("timed out: no answer within the attempt's {timeout_ms} ms");
+    for (claimed, ended, why) in &seen {
+        assert!(why.contains(&said), "reported by its agent: {why}");
+        assert!(ended.0 - claimed.0 < max_held_ms, "an attempt held its task {} ms: {why}", ended.0 - claimed.0);
+    }
+    seen.iter().map(|(c, e, _)| e.0 - c.0).collect()
+}
+
 /// The attempts of `step` as the task's history shows them: when each was claimed (a
 /// `Processing` entry on the step), when its end was written (the next entry), and that entry's
 /// reason (why it failed; empty for a success).

@@ -13,7 +13,7 @@ use sas_core::workflow::{OnFailure, WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use sas_order_service::{spawn_local, FaultRule, OrderService};
 use serde_json::{json, Value};
 
-use crate::common::{attempts_of, stack_with, stack_with_settings, Stack};
+use crate::common::{assert_timed_out_by_the_agent, stack_with, stack_with_settings, Stack};
 
 fn agents(base: &str) -> AgentRuntime {
     let base = base.to_owned();
@@ -266,17 +266,8 @@ async fn a_charge_that_always_hangs_is_retried_at_its_timeout_and_compensated_in
     let t = s.wait_for("hang-1", Duration::from_secs(120), |t| t.process_state.is_terminal()).await;
     let took = started.elapsed();
     assert_eq!(t.process_state, ProcessState::Compensated, "{:?}", t.reason);
-    let attempts = attempts_of(&t, "charge");
-    assert_eq!(attempts.len(), 3, "{:#?}", t.history);
-    for (claimed, ended, why) in &attempts {
-        assert!(why.contains("timed out: no answer within the attempt's 5000 ms"), "reported by its agent: {why}");
-        assert!(ended.0 - claimed.0 < 15_000, "an attempt held its task {} ms: {why}", ended.0 - claimed.0);
-    }
-    eprintln!(
-        "hang-1: Compensated {:.1} s after its submission; charge attempts held {:?} ms",
-        took.as_secs_f64(),
-        attempts.iter().map(|(c, e, _)| e.0 - c.0).collect::<Vec<_>>()
-    );
+    let held = assert_timed_out_by_the_agent(&t, "charge", 3, 5_000, 15_000);
+    eprintln!("hang-1: Compensated {:.1} s after its submission; charge attempts held {held:?} ms", took.as_secs_f64());
     assert!(took < Duration::from_secs(75), "Compensated {took:?} after its submission");
     let done = ops(&svc, "hang-1");
     assert_eq!(done.iter().filter(|o| *o == "release").count(), 1, "{done:?}");
