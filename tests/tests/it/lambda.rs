@@ -1068,7 +1068,7 @@ async fn lambda_a_hung_charge_is_retried_at_its_timeout_a_cancel_ends_it_promptl
     }
 
     // the cancel, once the second order's charge hangs
-    f.s.wait_for(&cancelled, Duration::from_secs(60), |t| {
+    f.s.wait_for(&cancelled, Duration::from_mins(1), |t| {
         t.current_step_name() == Some("charge") && t.process_state == ProcessState::Processing
     })
     .await;
@@ -1080,7 +1080,7 @@ async fn lambda_a_hung_charge_is_retried_at_its_timeout_a_cancel_ends_it_promptl
 
     // every hostile submission is refused at once, with its reason
     let dlq = f.s.out("SubmissionDlqUrl").to_owned();
-    let kept = f.s.drain(&dlq, hostile.len(), Duration::from_secs(60)).await;
+    let kept = f.s.drain(&dlq, hostile.len(), Duration::from_mins(1)).await;
     let refused_in = submitted.elapsed();
     let reasons: Vec<String> = kept
         .iter()
@@ -1111,14 +1111,14 @@ async fn lambda_a_hung_charge_is_retried_at_its_timeout_a_cancel_ends_it_promptl
     }
 
     // the cancel ends the second order within one timeout and the settling margin, and a little
-    let t = f.s.wait_for(&cancelled, Duration::from_secs(120), |t| t.process_state.is_terminal()).await;
+    let t = f.s.wait_for(&cancelled, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
     let cancel_took = cancel_at.elapsed();
     assert_eq!(t.process_state, ProcessState::Cancelled, "{:?}", t.reason);
     eprintln!("[{}] {cancelled}: Cancelled {:.1} s after the cancel", f.s.name, cancel_took.as_secs_f64());
     assert!(cancel_took < Duration::from_secs(40), "Cancelled {cancel_took:?} after the cancel");
 
     // the first order: every charge attempt said timed out by its agent, at its deadline
-    let t = f.s.wait_for(&all, Duration::from_secs(180), |t| t.process_state.is_terminal()).await;
+    let t = f.s.wait_for(&all, Duration::from_mins(3), |t| t.process_state.is_terminal()).await;
     let took = submitted.elapsed();
     assert_eq!(t.process_state, ProcessState::Compensated, "{:?}", t.reason);
     let held = crate::common::assert_timed_out_by_the_agent(&t, "charge", 3, 5_000, 20_000);
