@@ -253,10 +253,12 @@ async fn callback_steps_are_answered_with_sasctl() {
     // approve: a success whose output says so
     let t = s.wait_for(&approved, "waiting for its approval", waiting).await;
     let token = token_of(&t, "confirm");
-    // a token of an attempt nobody was given changes nothing, and says so (exit 1)
+    // a token of an attempt nobody was given changes nothing, and says so (exit 1): issue 34, it
+    // said "stale (... it expired and was retried with a new token)"
     let forged = CallbackToken::new(&t.task_id, "confirm", &AttemptToken::from("ffffffffffffffffffffffffffffffff"));
     let out = s.sasctl(&["approve", &forged.expose()]);
-    assert_refused(&out, &format!("approve task {approved}, step confirm: stale"));
+    assert_refused(&out, &format!("approve task {approved}, step confirm: unknown"));
+    assert_refused(&out, "no attempt of confirm was given this token");
     no_token(&out, &forged.expose());
     let line = assert_ok(&s.sasctl(&["approve", &token, "--comment", "fine by me"]));
     assert!(line.contains(": applied ("), "{line}");
@@ -271,6 +273,12 @@ async fn callback_steps_are_answered_with_sasctl() {
     let t = s.wait_for(&rejected, "ended", |t| t.process_state.is_terminal()).await;
     assert_eq!(t.process_state, ProcessState::Compensated, "{t:?}");
     assert!(t.reason.as_deref().unwrap_or("").contains("rejected: too expensive"), "{:?}", t.reason);
+    // an approval after the rejection: late, because the step had failed (issue 34: it said
+    // "the attempt had expired")
+    let out = s.sasctl(&["approve", &token]);
+    assert_refused(&out, &format!("approve task {rejected}, step confirm: late"));
+    assert_refused(&out, "from an attempt that had already answered that it failed (rejected: too expensive)");
+    assert!(!text(&out.stderr).contains("expired"), "{}", text(&out.stderr));
 
     // a token for no task at all
     let nobody = CallbackToken::new(
@@ -278,7 +286,7 @@ async fn callback_steps_are_answered_with_sasctl() {
         "confirm",
         &AttemptToken::from("0123456789abcdef0123456789abcdef"),
     );
-    assert_refused(&s.sasctl(&["complete", &nobody.expose()]), ": unknown (no task has this token");
+    assert_refused(&s.sasctl(&["complete", &nobody.expose()]), ": unknown (no task, or no attempt of the step,");
 
     runner.shutdown().await;
     s.delete().await;
