@@ -1167,6 +1167,8 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     )
     .await;
     let reply = f.s.queue("replies", true).await;
+    // the approval request the Agent publishes, as a person would receive it
+    let approvals = f.s.topic_listener(f.s.out("ApprovalTopicArn"), "approvals", None).await;
     let sub = |id: &str, input: Value| json!({"v": 1, "task_id": id, "workflow": "sim-order", "reply_to": reply, "input": input});
     // The Supervisor's timer gives up on charge (three hung attempts): its alert, the compensation
     // it starts on the agent queue, its statuses.
@@ -1254,8 +1256,12 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let element = f.callback_token("cb-map~0~0", 0, None).await;
     f.s.send(&callback_queue, &answer(&element, "succeeded", json!({"output": {"tracking": "TRK-map"}})).to_string())
         .await;
-    // The approval was handed over (published): the step waits for its answer; cancel it.
+    // The approval was handed over (published): the step waits for its answer; cancel it. (Not
+    // before it was published: a request whose task was cancelled no longer starts, and the
+    // approval grant would go unused.)
     let approving = f.callback_token("cb-approval", 1, None).await;
+    let asked = f.s.drain(&approvals, 1, Duration::from_mins(2)).await;
+    assert!(!asked.is_empty(), "the approval request was published");
     let cancel = SchedulerMessage::Cancel(sas_core::messages::CancelMessage {
         v: VERSION,
         task_id: approving.task_id().clone(),
