@@ -163,6 +163,15 @@ fn doing(t: &Task) -> Option<String> {
     let kind = t.current_def().kind;
     let running = t.locked_by.is_some();
     Some(match (t.is_compensating(), t.process_state) {
+        (true, _) if !running && t.awaits.is_some() => match t.not_before {
+            // a cancelled attempt may still apply until then (or until it answers)
+            Some(at) => format!(
+                "compensating {step} ({unit}) once its cancelled attempt can no longer apply: at {} at the latest, \
+                 sooner if it answers",
+                crate::timeline::utc(at)
+            ),
+            None => format!("compensating {step} ({unit}) once its cancelled attempt answers"),
+        },
         (true, _) => format!("compensating {step} ({unit})"),
         (false, ProcessState::Processing) if running && kind == StepKind::Callback => {
             format!("waiting for the answer to {step} (callback step)")
@@ -606,7 +615,8 @@ mod tests {
         let after = cancelled_compensating();
         assert_eq!(
             describe_change(&before, &after),
-            "t-1: Processing -> Compensating (cancelled: customer asked); compensating charge (refund)"
+            "t-1: Processing -> Compensating (cancelled: customer asked); compensating charge (refund) once its \
+             cancelled attempt can no longer apply: at 1970-01-01T00:00:08Z at the latest, sooner if it answers"
         );
         assert_eq!(describe_change(&processing(), &processed()), "t-1: Processing -> Processed");
         // States passed on the way come from the history. (The refund waits until the cancelled
