@@ -29,6 +29,13 @@ bench-cost: ## cost benchmark on its own stack sas-bench: AWS requests, DynamoDB
 bench-sweep: ## the supervisor sweep's requests and read units with 100,000 finished tasks in the table and 0/10/100 expired ones (SWEEP_FINISHED)
 	bench/cost.sh sweep
 
+.PHONY: docs
+docs: ## the book: README.md's relative links checked, then docs/ built with MkDocs (docs/requirements.txt, venv .local/docs-venv) in --strict mode into .local/site
+	python3 docs/check-readme-links.py
+	[ -x .local/docs-venv/bin/pip ] || python3 -m venv .local/docs-venv
+	.local/docs-venv/bin/pip install -q --disable-pip-version-check -r docs/requirements.txt
+	.local/docs-venv/bin/mkdocs build --strict --site-dir .local/site
+
 check: ## cargo fmt --check and cargo clippy (workspace lints, pedantic) with warnings as errors
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
