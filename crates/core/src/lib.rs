@@ -27,6 +27,7 @@ pub mod bus;
 pub mod callback;
 pub mod clock;
 pub mod config;
+pub mod config_file;
 pub mod deps;
 pub mod effects;
 pub mod entropy;

@@ -6,8 +6,11 @@
 
 use std::collections::BTreeSet;
 
+use serde_json::Value;
+
 use crate::agent::{self, AgentSurvey};
-use crate::workflow::{StepKind, WorkflowRegistry};
+use crate::config_file::parse_value;
+use crate::workflow::{StepDef, StepKind, WorkflowDef, WorkflowRegistry};
 
 /// What is wrong (the functions would fail on it) or worth a look.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -144,12 +147,94 @@ pub fn check_with_grants(
     r
 }
 
+/// The workflows file read as the functions read it; where they would refuse it, every mistake
+/// found, not only the first: each step and each workflow is read on its own, each with its path
+/// in the file (`workflows[1].steps[2].backoff`).
+fn read_workflows(json: &str, problems: &mut Vec<String>) -> Option<WorkflowRegistry> {
+    let err = match WorkflowRegistry::from_json(json) {
+        Ok(registry) => return Some(registry),
+        Err(e) => e,
+    };
+    let before = problems.len();
+    let file: Option<Value> = serde_json::from_str(json).ok();
+    let list = file.as_ref().and_then(|f| f.get("workflows")).and_then(Value::as_array);
+    if let (Some(file), Some(list)) = (file.as_ref().and_then(Value::as_object), list) {
+        if let Some(k) = file.keys().find(|k| !["workflows", "$schema"].contains(&k.as_str())) {
+            problems.push(format!("workflows: unknown field `{k}` at the top level, expected `workflows` or `$schema`"));
+        }
+        for (i, w) in list.iter().enumerate() {
+            let at = format!("workflows[{i}]");
+            let mut found = false;
+            let steps = w.get("steps").and_then(Value::as_array);
+            for (j, step) in steps.into_iter().flatten().enumerate() {
+                if let Err(e) = parse_value::<StepDef>(step, &format!("{at}.steps[{j}]")) {
+                    problems.push(format!("workflows: {e}"));
+                    found = true;
+                }
+            }
+            // the workflow's own fields, its steps set aside
+            let mut own = w.clone();
+            if steps.is_some() {
+                own["steps"] = Value::Array(Vec::new());
+            }
+            match parse_value::<WorkflowDef>(&own, &at) {
+                Err(e) => problems.push(format!("workflows: {e}")),
+                Ok(_) if found => {}
+                Ok(_) => match parse_value::<WorkflowDef>(w, &at).map(|d| d.validate()) {
+                    Err(e) => problems.push(format!("workflows: {e}")),
+                    Ok(Err(e)) => problems.push(format!("workflows: {at}: {e}")),
+                    Ok(Ok(())) => {}
+                },
+            }
+        }
+    }
+    if problems.len() == before {
+        // not JSON, not an object with a list, or a mistake across workflows (a version twice)
+        problems.push(format!("workflows: {err}"));
+    }
+    None
+}
+
+/// The agents file as [`agent::survey`] reads it; where it refuses the file, each agent is read
+/// on its own (with the file's other settings) so that every agent's mistake is named.
+fn read_agents(json: &str, vars: &dyn Fn(&str) -> Option<String>, problems: &mut Vec<String>) -> Vec<AgentSurvey> {
+    let err = match agent::survey(json, vars) {
+        Ok(agents) => return agents,
+        Err(e) => e,
+    };
+    let before = problems.len();
+    let mut file: Option<serde_json::Map<String, Value>> = serde_json::from_str(json).ok();
+    let agents = file.as_mut().and_then(|f| f.remove("agents"));
+    if let (Some(rest), Some(Value::Object(agents))) = (file, agents) {
+        let settings_ok = agent::survey(&Value::Object(with_agents(&rest, serde_json::Map::new())).to_string(), vars)
+            .map_err(|e| problems.push(format!("agents: {e}")))
+            .is_ok();
+        if settings_ok {
+            for (name, entry) in agents {
+                let one = serde_json::Map::from_iter([(name, entry)]);
+                if let Err(e) = agent::survey(&Value::Object(with_agents(&rest, one)).to_string(), vars) {
+                    problems.push(format!("agents: {e}"));
+                }
+            }
+        }
+    }
+    if problems.len() == before {
+        problems.push(format!("agents: {err}"));
+    }
+    Vec::new()
+}
+
+/// An agents file's settings (`rest`) with `agents` as its agents.
+fn with_agents(rest: &serde_json::Map<String, Value>, agents: serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
+    let mut file = rest.clone();
+    file.insert("agents".to_owned(), Value::Object(agents));
+    file
+}
+
 fn check_config(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Report {
     let mut r = Report::default();
-    let registry =
-        WorkflowRegistry::from_json(workflows_json).map_err(|e| r.problems.push(format!("workflows: {e}"))).ok();
-    let agents: Vec<AgentSurvey> =
-        agent::survey(agents_json, vars).map_err(|e| r.problems.push(format!("agents: {e}"))).unwrap_or_default();
+    let registry = read_workflows(workflows_json, &mut r.problems);
+    let agents: Vec<AgentSurvey> = read_agents(agents_json, vars, &mut r.problems);
     for a in &agents {
         match a.max_in_flight {
             Some(max) => r.agents.push(format!("{} ({}, max_in_flight {max})", a.name, a.kind)),
@@ -346,6 +431,38 @@ mod tests {
         assert_eq!(r.warnings, vec!["agent spare is used by no workflow".to_owned()]);
         let fixed = check(wf, ag, &|k| (k == "SVC_URL").then(|| "http://svc".into()));
         assert_eq!(fixed.problems.len(), 2, "the variable set, its problem is gone");
+    }
+
+    #[test]
+    fn every_mistake_of_a_file_is_named_with_its_path_not_only_the_first() {
+        // three mistakes in the workflows file (a misspelt field, a wrong type, a step with no
+        // agent's timeout), two in the agents file, and a `$schema` key, which is no mistake
+        let wf = r#"{"$schema": "./schemas/workflows.schema.json", "workflows": [
+            {"name": "w", "version": 1, "steps": [
+                {"name": "a", "agent": "svc", "timeout_ms": 1000, "max_atempts": 3},
+                {"name": "b", "agent": "svc", "timeout_ms": "5s"}]},
+            {"name": "v", "version": 1, "on_failure": "shrug", "steps": [
+                {"name": "c", "agent": "svc", "timeout_ms": 1000}]}]}"#;
+        let ag = r#"{"$schema": "./schemas/agents.schema.json", "agents": {
+            "svc": {"kind": "http", "url": "https://svc/x"},
+            "bad": {"kind": "http", "url": "ftp://x"},
+            "odd": {"kind": "htp", "url": "https://svc/y"}}}"#;
+        let r = check(wf, ag, &|_| None);
+        let has = |needle: &str| r.problems.iter().any(|p| p.contains(needle));
+        assert_eq!(r.problems.len(), 5, "{:#?}", r.problems);
+        assert!(has("at workflows[0].steps[0].max_atempts: unknown field `max_atempts`"), "{:#?}", r.problems);
+        assert!(has("at workflows[0].steps[1].timeout_ms: invalid type: string \"5s\""), "{:#?}", r.problems);
+        assert!(has("at workflows[1].on_failure: unknown variant `shrug`"), "{:#?}", r.problems);
+        assert!(has("ftp://x") && has("htp"), "{:#?}", r.problems);
+        assert!(!r.problems.iter().any(|p| p.contains("not valid JSON")), "shape is not syntax: {:#?}", r.problems);
+        // the same files without their mistakes are valid, `$schema` and all
+        let wf = wf.replace(r#", "max_atempts": 3"#, "").replace(r#""5s""#, "5000").replace(r#""shrug""#, r#""error""#);
+        let ag = ag.replace("ftp://x", "https://x").replace("htp", "http");
+        let r = check(&wf, &ag, &|_| None);
+        assert!(r.ok(), "{:#?}", r.problems);
+        // a file that is not JSON says so, with its line
+        let r = check("{\"workflows\": [", &ag, &|_| None);
+        assert!(r.problems.len() == 1 && r.problems[0].contains("not valid JSON") && r.problems[0].contains("line 1"), "{:?}", r.problems);
     }
 
     #[test]

@@ -293,8 +293,9 @@ pub enum WorkflowError {
     Step { workflow: String, step: String, problem: String },
     #[error("workflow {name} version {version} is defined twice")]
     DuplicateVersion { name: String, version: u32 },
-    #[error("workflow configuration is not valid JSON: {0}")]
-    Json(String),
+    /// Not JSON, or JSON that does not fit the file's format (the error names where).
+    #[error("workflow configuration: {0}")]
+    Json(crate::config_file::ParseError),
     #[error("cannot read workflow file {path}: {message}")]
     Io { path: String, message: String },
     /// A file that was read but is not a valid configuration (a function refuses to start).
@@ -528,6 +529,9 @@ pub struct WorkflowRegistry {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WorkflowFile {
+    /// The JSON Schema an editor checks the file against; not read here.
+    #[serde(rename = "$schema", default)]
+    _schema: Option<serde::de::IgnoredAny>,
     workflows: Vec<WorkflowDef>,
 }
 
@@ -549,7 +553,7 @@ impl WorkflowRegistry {
     }
 
     pub fn from_json(json: &str) -> Result<Self, WorkflowError> {
-        let f: WorkflowFile = serde_json::from_str(json).map_err(|e| WorkflowError::Json(e.to_string()))?;
+        let f: WorkflowFile = crate::config_file::parse(json).map_err(WorkflowError::Json)?;
         Self::new(f.workflows)
     }
 

@@ -39,7 +39,7 @@ impl AgentRuntime {
         vars: &dyn Fn(&str) -> Option<String>,
         aws: AwsConfigCell,
     ) -> Result<Self, AgentConfigError> {
-        let file: AgentFile = serde_json::from_str(json).map_err(|e| AgentConfigError::Json(e.to_string()))?;
+        let file: AgentFile = crate::config_file::parse(json).map_err(|e| AgentConfigError::Json(e.to_string()))?;
         let mut rt = AgentRuntime::new(file.retry.clone().unwrap_or_default());
         let cx = BuildContext {
             http: http::client(),
@@ -100,7 +100,7 @@ pub struct AgentSurvey {
 pub fn survey(json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Result<Vec<AgentSurvey>, AgentConfigError> {
     // a file the functions would refuse is refused here the same way
     AgentRuntime::from_config(json, vars)?;
-    let file: AgentFile = serde_json::from_str(json).map_err(|e| AgentConfigError::Json(e.to_string()))?;
+    let file: AgentFile = crate::config_file::parse(json).map_err(|e| AgentConfigError::Json(e.to_string()))?;
     Ok(file
         .entries(vars)?
         .into_iter()
@@ -146,6 +146,9 @@ impl CallbackSpec {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AgentFile {
+    /// The JSON Schema an editor checks the file against; not read here.
+    #[serde(rename = "$schema", default)]
+    _schema: Option<serde::de::IgnoredAny>,
     /// Each agent's entry as written: checked against its kind before and after its variables are
     /// expanded.
     agents: std::collections::BTreeMap<String, Value>,
