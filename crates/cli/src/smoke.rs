@@ -20,6 +20,8 @@ use serde_json::Value;
 #[derive(Debug)]
 pub struct SmokeReport {
     pub task_id: TaskId,
+    /// The workflow it asked for.
+    pub workflow: String,
     /// When the submission was sent.
     pub sent_at: Millis,
     /// The task as last read; `None` when it was never created (the Submitter did not run, or
@@ -44,6 +46,13 @@ impl SmokeReport {
                 "smoke: FAILED: task {} was never created: the Submitter did not run or refused the submission \
                  (look in the submission DLQ and the Submitter's log group)",
                 self.task_id
+            );
+            let _ = writeln!(
+                out,
+                "  a refusal's usual cause: the deployed configuration has no workflow {:?}. The shipped one \
+                 has sim-order (simulated steps, no service needed); with your own configuration, pass \
+                 --workflow NAME --input JSON of a workflow whose steps your stack can run",
+                self.workflow
             );
             return out;
         };
@@ -115,11 +124,11 @@ pub async fn run(
                 last_state = Some((t.process_state, t.step_index));
             }
             if t.process_state.is_terminal() {
-                return Ok(SmokeReport { task_id, sent_at, task, timed_out: false });
+                return Ok(SmokeReport { task_id, workflow: workflow.to_owned(), sent_at, task, timed_out: false });
             }
         }
         if tokio::time::Instant::now() >= deadline {
-            return Ok(SmokeReport { task_id, sent_at, task, timed_out: true });
+            return Ok(SmokeReport { task_id, workflow: workflow.to_owned(), sent_at, task, timed_out: true });
         }
         tokio::time::sleep(poll).await;
     }
@@ -151,6 +160,7 @@ mod tests {
     fn a_task_never_created_fails_and_says_where_to_look() {
         let r = SmokeReport {
             task_id: TaskId::try_from("smoke-1").unwrap(),
+            workflow: "mine".into(),
             sent_at: Millis(0),
             task: None,
             timed_out: true,
@@ -158,12 +168,19 @@ mod tests {
         assert!(!r.passed());
         let text = r.render();
         assert!(text.contains("FAILED") && text.contains("submission DLQ"), "{text}");
+        assert!(text.contains("no workflow \"mine\"") && text.contains("--workflow NAME"), "says what to pass: {text}");
     }
 
     #[test]
     fn a_running_task_at_the_deadline_fails_with_its_state_and_history_on_the_time_axis() {
         let t = submitted(Millis(10_250));
-        let r = SmokeReport { task_id: t.task_id.clone(), sent_at: Millis(10_000), task: Some(t), timed_out: true };
+        let r = SmokeReport {
+            task_id: t.task_id.clone(),
+            workflow: "sim-order".into(),
+            sent_at: Millis(10_000),
+            task: Some(t),
+            timed_out: true,
+        };
         assert!(!r.passed());
         let text = r.render();
         assert!(text.contains("FAILED") && text.contains("still"), "{text}");
