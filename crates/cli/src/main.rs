@@ -93,7 +93,8 @@ enum Cmd {
         /// A template parameter as you deploy it, NAME=VALUE (e.g.
         /// AgentFunctionArns=arn:aws:lambda:...:function:charge,arn:...): every AWS call an agent
         /// makes must be granted by one (the Agent function's role); without them only the stack's
-        /// own resources are.
+        /// own resources are. AgentVariables=KEY=VALUE,KEY=VALUE gives the agents' ${VAR}s their
+        /// values, as on the stack.
         #[arg(long = "param")]
         params: Vec<String>,
     },
@@ -395,7 +396,12 @@ fn validate(
     let (ag, ag_from) = read(agents, sas_core::agent::BUILT_IN_AGENTS)?;
     let given = key_values("var", vars)?;
     let params = key_values("param", params)?;
-    let lookup = |k: &str| given.get(k).cloned().or_else(|| std::env::var(k).ok()).filter(|v| !v.is_empty());
+    // as the Agent function sees them: its environment, then the template parameter AgentVariables
+    let deployed = sas_core::agent::parse_variables(params.get("AgentVariables").map_or("", String::as_str))
+        .context("--param AgentVariables")?;
+    let lookup = |k: &str| {
+        given.get(k).cloned().or_else(|| std::env::var(k).ok()).or_else(|| deployed.get(k).cloned()).filter(|v| !v.is_empty())
+    };
     let r = sas_core::validate::check_with_grants(&wf, &ag, &lookup, &|k| params.get(k).cloned());
     println!("workflows ({wf_from}): {}", if r.workflows.is_empty() { "-".into() } else { r.workflows.join(", ") });
     println!("agents ({ag_from}): {}", if r.agents.is_empty() { "-".into() } else { r.agents.join(", ") });
@@ -678,8 +684,7 @@ fn limited_agents(path: Option<&std::path::Path>) -> Result<Vec<(String, u32)>> 
         Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
         None => sas_core::agent::BUILT_IN_AGENTS.to_owned(),
     };
-    let agents = sas_core::agent::survey(&json, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
-        .context("reading the agents file")?;
+    let agents = sas_core::agent::survey(&json, &sas_core::agent::env_vars()?).context("reading the agents file")?;
     Ok(agents.into_iter().filter_map(|a| a.max_in_flight.map(|m| (a.name, m))).collect())
 }
 

@@ -67,16 +67,49 @@ impl AgentRuntime {
         Ok(rt)
     }
 
-    /// The built-in agent configuration, or the file named by `SAS_AGENTS_FILE`, with variables
-    /// from the environment (`ORDER_SERVICE_URL` for the order workflow's agents).
+    /// The built-in agent configuration, or the file named by `SAS_AGENTS_FILE`, with the
+    /// variables of [`env_vars`].
     pub fn from_env() -> Result<Self, AgentConfigError> {
         let text = match std::env::var("SAS_AGENTS_FILE") {
             Ok(path) if !path.is_empty() => std::fs::read_to_string(&path)
                 .map_err(|e| AgentConfigError::Io { path: path.clone(), message: e.to_string() })?,
             _ => BUILT_IN_AGENTS.to_owned(),
         };
-        Self::from_config(&text, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        let vars = env_vars()?;
+        Self::from_config(&text, &vars)
     }
+}
+
+/// The environment variable that gives an agents file's `${VAR}`s their values on a deployed
+/// stack: the template parameter `AgentVariables`, `KEY=VALUE` pairs separated by commas.
+pub const VARIABLES_ENV: &str = "SAS_AGENT_VARIABLES";
+
+/// `KEY=VALUE,KEY=VALUE` (the template parameter `AgentVariables`): the values of an agents file's
+/// variables. Spaces around a pair are ignored; a key is a variable's name (`A-Z`, `0-9`, `_`, not
+/// starting with a digit); a value may not hold a comma.
+pub fn parse_variables(text: &str) -> Result<std::collections::BTreeMap<String, String>, AgentConfigError> {
+    let bad = |message: String| AgentConfigError::Variables(message);
+    let mut out = std::collections::BTreeMap::new();
+    for pair in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').ok_or_else(|| bad(format!("{pair:?} is not KEY=VALUE")))?;
+        let k = k.trim();
+        let name_ok = k.chars().next().is_some_and(|c| c.is_ascii_uppercase() || c == '_')
+            && k.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+        if !name_ok {
+            return Err(bad(format!("{k:?} is not a variable name (A-Z, 0-9 and _, not starting with a digit)")));
+        }
+        if out.insert(k.to_owned(), v.trim().to_owned()).is_some() {
+            return Err(bad(format!("{k} is given twice")));
+        }
+    }
+    Ok(out)
+}
+
+/// The variables an agent function's agents see: its environment (what the template sets, e.g.
+/// `ORDER_SERVICE_URL`), then the pairs of [`VARIABLES_ENV`]. Empty values count as unset.
+pub fn env_vars() -> Result<impl Fn(&str) -> Option<String>, AgentConfigError> {
+    let given = parse_variables(&std::env::var(VARIABLES_ENV).unwrap_or_default())?;
+    Ok(move |k: &str| std::env::var(k).ok().or_else(|| given.get(k).cloned()).filter(|v| !v.is_empty()))
 }
 
 /// One agent of a configuration as `sasctl validate` sees it: its kind, the first variable it

@@ -116,6 +116,9 @@ impl<C> LazyClient<C> {
 pub enum AgentConfigError {
     #[error("agent configuration is not valid: {0}")]
     Json(String),
+    /// The agents' variables (template parameter `AgentVariables`) cannot be read.
+    #[error("AgentVariables (SAS_AGENT_VARIABLES): {0}")]
+    Variables(String),
     #[error("cannot read agent file {path}: {message}")]
     Io { path: String, message: String },
     #[error("agent {agent}: {url:?} is not an http(s) URL")]

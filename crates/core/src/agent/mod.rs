@@ -38,7 +38,7 @@ pub mod sqs;
 mod tests;
 
 pub use approval::ApprovalAgent;
-pub use config::{survey, AgentConfigError, AgentSurvey, BUILT_IN_AGENTS};
+pub use config::{env_vars, parse_variables, survey, AgentConfigError, AgentSurvey, BUILT_IN_AGENTS, VARIABLES_ENV};
 pub use eventbridge::EventBridgeAgent;
 pub use handover::CallbackEndpoints;
 pub use http::HttpAgent;

@@ -729,3 +729,21 @@ fn max_in_flight_is_read_for_any_kind_and_checked() {
         assert!(e.to_string().contains("agent a: max_in_flight is") && e.to_string().contains("from 1 to 1000"), "{e}");
     }
 }
+
+#[test]
+fn agent_variables_give_an_agents_file_its_values_on_a_stack_and_bad_pairs_are_refused() {
+    let given = super::parse_variables(" PAYMENT_URL=https://pay.example.com/v1 , WORK_QUEUE_URL=https://sqs/q,").unwrap();
+    assert_eq!(given.len(), 2);
+    assert_eq!(given["PAYMENT_URL"], "https://pay.example.com/v1");
+    let file = r#"{"agents": {"pay": {"kind": "http", "url": "${PAYMENT_URL}/charge"}}}"#;
+    let survey = super::survey(file, &|k| given.get(k).cloned()).unwrap();
+    assert_eq!(survey[0].missing_var, None, "the variable is given");
+    let survey = super::survey(file, &|_| None).unwrap();
+    assert_eq!(survey[0].missing_var.as_deref(), Some("PAYMENT_URL"), "without it the agent is unconfigured");
+    for bad in ["PAYMENT_URL", "payment_url=x", "1X=y", "A=1,A=2"] {
+        let e = super::parse_variables(bad).unwrap_err();
+        assert!(matches!(e, AgentConfigError::Variables(_)), "{bad}: {e}");
+        assert!(e.to_string().starts_with("AgentVariables"), "{e}");
+    }
+    assert!(super::parse_variables("").unwrap().is_empty());
+}
