@@ -139,8 +139,25 @@ async fn source(sdk: &aws_config::SdkConfig, template: String) -> Result<Source,
     }))
 }
 
+/// The parameters this deployer sets unless `params` name them: its stacks are throw-away stacks
+/// (tests, the demo, `make up`), so they ask for no deletion protection on the task table, which
+/// the template otherwise turns on (a `sam deploy` to AWS keeps its default).
+pub const THROWAWAY_DEFAULTS: &[(&str, &str)] = &[("TableDeletionProtection", "false")];
+
+/// `params` with [`THROWAWAY_DEFAULTS`] for the parameters they do not name.
+fn with_throwaway_defaults<'a>(params: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut all = params.to_vec();
+    for &(k, v) in THROWAWAY_DEFAULTS {
+        if !params.iter().any(|(name, _)| *name == k) {
+            all.push((k, v));
+        }
+    }
+    all
+}
+
 /// Create the stack, or update it if it exists, and wait for it; returns its outputs plus
 /// `StackName`. A template over [`MAX_TEMPLATE_BODY`] (comments left out) goes through S3.
+/// [`THROWAWAY_DEFAULTS`] apply to the parameters `params` does not name.
 pub async fn deploy(
     sdk: &aws_config::SdkConfig,
     stack: &str,
@@ -152,8 +169,9 @@ pub async fn deploy(
         Source::Body(b) => (Some(b), None),
         Source::Url(u) => (None, Some(u)),
     };
-    let parameters: Vec<Parameter> =
-        params.iter().map(|(k, v)| Parameter::builder().parameter_key(*k).parameter_value(*v).build()).collect();
+    let parameters: Vec<Parameter> = with_throwaway_defaults(params)
+        .iter()
+        .map(|(k, v)| Parameter::builder().parameter_key(*k).parameter_value(*v).build()).collect();
     let caps = [Capability::CapabilityIam, Capability::CapabilityNamedIam, Capability::CapabilityAutoExpand];
     let exists = status(cfn, stack).await?.is_some_and(|s| s != StackStatus::DeleteComplete);
     if exists {
@@ -316,6 +334,18 @@ pub fn outputs_json<S: std::hash::BuildHasher>(outputs: &HashMap<String, String,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn throwaway_stacks_ask_for_no_table_protection_unless_told_and_the_template_protects_by_default() {
+        let all = with_throwaway_defaults(&[("DeployFunctions", "false")]);
+        assert_eq!(all, [("DeployFunctions", "false"), ("TableDeletionProtection", "false")]);
+        let told = with_throwaway_defaults(&[("TableDeletionProtection", "true")]);
+        assert_eq!(told, [("TableDeletionProtection", "true")]);
+        // The template's own default is what any other deploy (sam deploy to AWS) gets.
+        let param = TEMPLATE.split("\n  TableDeletionProtection:\n").nth(1).expect("the parameter");
+        let default = param.lines().find_map(|l| l.trim().strip_prefix("Default:")).expect("its default");
+        assert_eq!(default.trim(), "\"true\"");
+    }
 
     #[test]
     fn outputs_json_puts_the_submission_queue_first_and_parses() {
