@@ -89,7 +89,7 @@ stack-smoke: ## deploy template.yaml on LocalStack, read back what it promises (
 test: ## cargo tests against LocalStack (started and stopped here if it was not running), Lambda mode aside
 	infra/test.sh $(ARGS)
 
-byow: ## the README's "Bring your own workflow", end to end on LocalStack in Lambda mode (examples/byow/walkthrough.sh)
+byow: ## the book's "Bring your own workflow" tutorial (docs/tutorials/bring-your-own-workflow.md), end to end on LocalStack in Lambda mode (examples/byow/walkthrough.sh)
 	cargo build -q -p sas-functions -p sas-cli -p sas-order-service --bins
 	infra/localstack.sh ensure
 	examples/byow/walkthrough.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# "Bring your own workflow" (README): the chapter's commands, run end to end against LocalStack in
+# "Bring your own workflow" (docs/tutorials/bring-your-own-workflow.md): the chapter's commands, run end to end against LocalStack in
 # Lambda mode. `make byow` runs it; CI runs it. Exits non-zero when any step does not do what the
 # chapter says.
 #

@@ -1030,14 +1030,14 @@ mod tests {
         let attempt3 = lines(&text, "attempt 3");
         assert!(attempt3[0].contains("timed out") && !attempt3[0].contains("retried"), "{text}");
         assert!(text.contains("all 3 attempts used"), "{text}");
-        // the README's excerpt is this rendering, line for line
-        let readme = include_str!("../../../README.md");
-        let start = readme.find("answered (the times are the renderer's test").expect("the README's timeline");
-        let block = readme[start..].split("```").nth(1).expect("its code block");
+        // the book's excerpt (docs/how-to/operating.md, `sasctl status`) is this rendering, line for line
+        let page = include_str!("../../../docs/how-to/operating.md");
+        let start = page.find("answered (the times are the renderer's test").expect("the book's timeline");
+        let block = page[start..].split("```").nth(1).expect("its code block");
         let shown: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty() && l.trim() != "...").collect();
         assert!(shown.len() > 10, "{block}");
         for line in shown {
-            assert!(text.lines().any(|l| l == line), "README line not rendered: {line:?}\n{text}");
+            assert!(text.lines().any(|l| l == line), "book line not rendered: {line:?}\n{text}");
         }
     }
 

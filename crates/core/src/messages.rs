@@ -1,5 +1,5 @@
 //! The wire contracts: every message that crosses a queue or a topic. JSON, versioned (`"v": 1`),
-//! parsed strictly. The README documents each with an example.
+//! parsed strictly. The book documents each with an example (docs/reference/messages.md).
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -939,16 +939,17 @@ mod tests {
 }
 
 #[cfg(test)]
-mod readme_examples {
+mod book_examples {
     use super::StatusMessage;
 
-    /// Every status example in the README (a JSON block with `"seq"` and `"state"`) is one the
-    /// contract accepts, so the documented fields are the real ones.
+    /// Every status example in the book's message contracts (docs/reference/messages.md: a JSON
+    /// block with `"seq"` and `"state"`) is one the contract accepts, so the documented fields are
+    /// the real ones.
     #[test]
-    fn the_readmes_status_examples_parse() {
-        let readme = include_str!("../../../README.md");
+    fn the_books_status_examples_parse() {
+        let page = include_str!("../../../docs/reference/messages.md");
         let mut seen = 0;
-        for block in readme.split("```json").skip(1) {
+        for block in page.split("```json").skip(1) {
             let json = block.split("```").next().unwrap();
             if json.contains("\"seq\"") && json.contains("\"state\"") {
                 let s: StatusMessage = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {json}"));
@@ -956,6 +957,6 @@ mod readme_examples {
                 assert!(s.outputs.is_none() || s.state == crate::state::ProcessState::Processed);
             }
         }
-        assert!(seen >= 4, "the README shows {seen} status examples");
+        assert!(seen >= 4, "the book shows {seen} status examples");
     }
 }

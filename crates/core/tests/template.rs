@@ -1,7 +1,8 @@
 //! The template's dashboard and alarms name only metrics the code emits, with the dimensions it
 //! emits them with (the catalogue, `sas_core::metrics::CATALOGUE`, whose every entry
 //! `tests/metrics.rs` sees emitted), and the dashboard shows every one of them. Reads
-//! `template.yaml` as text: the references are in three shapes, each found by its own pattern.
+//! `template.yaml` as text: the references are in three shapes, each found by its own pattern. The
+//! book's reference pages (docs/reference/) describe every metric, alarm and parameter.
 
 use std::collections::BTreeSet;
 
@@ -100,20 +101,43 @@ fn the_namespace_default_is_the_codes_and_the_dashboard_body_is_json() {
 }
 
 #[test]
-fn the_readme_describes_every_metric_and_alarm() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).expect("README.md");
-    let chapter = readme.split("### Metrics\n").nth(1).expect("a Metrics section");
-    let chapter = &chapter[..chapter.find("### One trace per task").expect("the trace section after it")];
+fn the_book_describes_every_metric_and_alarm() {
+    // The reference page of metrics and alarms (docs/reference/metrics.md): its metrics table and
+    // its alarms table, one row each.
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/reference/metrics.md");
+    let chapter = std::fs::read_to_string(path).expect("docs/reference/metrics.md");
     for m in CATALOGUE {
-        assert!(chapter.contains(&format!("`{}`", m.name)), "README's metrics table lacks {}", m.name);
+        assert!(chapter.contains(&format!("`{}`", m.name)), "the book's metrics table lacks {}", m.name);
     }
     // Every alarm of the template has a row saying what it means.
     let t = template();
     for line in t.lines() {
         if let Some(name) = line.strip_prefix("  ").and_then(|l| l.strip_suffix("Alarm:")) {
             if !name.contains(' ') && !name.ends_with("Errors") {
-                assert!(chapter.contains(&format!("`{name}Alarm`")), "README does not explain {name}Alarm");
+                assert!(chapter.contains(&format!("`{name}Alarm`")), "the book does not explain {name}Alarm");
             }
         }
     }
+}
+
+#[test]
+fn the_book_lists_every_template_parameter_and_counts_them() {
+    // docs/reference/parameters.md has a row for each parameter of template.yaml, and says how
+    // many there are: a parameter added to the template without its row fails here.
+    let t = template();
+    let section = &t[t.find("\nParameters:\n").expect("a Parameters section")..];
+    let section = &section[..section.find("\nConditions:\n").expect("Conditions after the parameters")];
+    let names: Vec<&str> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("  ").and_then(|l| l.strip_suffix(':')))
+        .filter(|n| !n.starts_with(' ') && n.chars().all(|c| c.is_ascii_alphanumeric()))
+        .collect();
+    assert!(names.len() > 30, "{names:?}");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/reference/parameters.md");
+    let page = std::fs::read_to_string(path).expect("docs/reference/parameters.md");
+    for n in &names {
+        assert!(page.contains(&format!("| `{n}` |")), "the book's parameter reference lacks {n}");
+    }
+    let said = format!("`template.yaml` has {} parameters.", names.len());
+    assert!(page.contains(&said), "the book's parameter reference should say: {said}");
 }

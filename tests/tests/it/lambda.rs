@@ -972,7 +972,7 @@ async fn lambda_a_graph_with_two_branches_and_a_hundred_element_map_runs_and_one
 /// narrowed to this test's own (`ReplyQueueArnPattern`), so no account-wide grant hides a missing
 /// one (G1). Fails on any call not allowed, and on any grant no call used.
 /// The submissions issue 34 found neither created nor dead-lettered in Lambda mode, and every other
-/// kind the README says is refused: `(name, body, what the reason says)`.
+/// kind the book says is refused (docs/reference/messages.md, "Rejected"): `(name, body, what the reason says)`.
 fn hostile_submissions(run: &str, reply: &str) -> Vec<(&'static str, String, &'static str)> {
     let sub = |id: &str, extra: Value| {
         let mut b = json!({"v": 1, "task_id": format!("{id}-{run}"), "workflow": "order", "reply_to": reply,
@@ -1326,7 +1326,7 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     assert!(unused.is_empty(), "grants no call used (drop them, or reach the path that needs them): {unused:#?}");
 }
 
-/// The README's "Bring your own workflow", run as it is written (`examples/byow/walkthrough.sh`):
+/// The book's "Bring your own workflow" (docs/tutorials/bring-your-own-workflow.md), run as it is written (`examples/byow/walkthrough.sh`):
 /// a function of the tests' own, a SigV4-verifying API, an API key in Secrets Manager, validate,
 /// deploy with the configuration as a layer (no build), submit, Processed. Needs sasctl and the
 /// order service built (`make test-lambda` builds them).

@@ -258,7 +258,7 @@ async fn order_stack_with_defaults(label: &str) -> (Stack, OrderService, sas_cor
 /// (each attempt found by the Supervisor at CompleteBy + grace, and the compensation held until
 /// the last attempt's CompleteBy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[allow(clippy::print_stderr)] // the measured figure is the point (README, "Time bounds")
+#[allow(clippy::print_stderr)] // the measured figure is the point (docs/concepts/time-bounds.md)
 async fn a_charge_that_always_hangs_is_retried_at_its_timeout_and_compensated_in_seconds() {
     let (s, svc, runner) = order_stack_with_defaults("hang-all").await;
     svc.add_fault(FaultRule { hang: true, ..rule("hang-1", "/payment/charge") });
@@ -281,7 +281,7 @@ async fn a_charge_that_always_hangs_is_retried_at_its_timeout_and_compensated_in
 /// margin after the cancel (the agents' check keeps any later copy of the charge from starting),
 /// with the reservation released once; it waited for the attempt's CompleteBy (309.8 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[allow(clippy::print_stderr)] // the measured figure is the point (README, "Time bounds")
+#[allow(clippy::print_stderr)] // the measured figure is the point (docs/concepts/time-bounds.md)
 async fn a_cancel_during_a_hung_charge_ends_in_seconds_and_releases_the_reservation_once() {
     let (s, svc, runner) = order_stack_with_defaults("hang-cancel").await;
     svc.add_fault(FaultRule { hang: true, ..rule("hc-1", "/payment/charge") });
