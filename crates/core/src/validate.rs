@@ -164,7 +164,13 @@ fn read_workflows(json: &str, problems: &mut Vec<String>) -> Option<WorkflowRegi
         }
         for (i, w) in list.iter().enumerate() {
             let at = format!("workflows[{i}]");
+            let mut w = w.clone();
             let mut found = false;
+            if let Err(e) = crate::workflow::apply_defaults(&mut w, &at) {
+                problems.push(format!("workflows: {e}"));
+                found = true;
+            }
+            let w = &w;
             let steps = w.get("steps").and_then(Value::as_array);
             for (j, step) in steps.into_iter().flatten().enumerate() {
                 if let Err(e) = parse_value::<StepDef>(step, &format!("{at}.steps[{j}]")) {

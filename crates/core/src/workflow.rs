@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::graph::StepGraph;
 use crate::ids::{check_name, IdError};
@@ -525,6 +526,67 @@ pub struct WorkflowRegistry {
     by_name: HashMap<String, BTreeMap<u32, WorkflowDef>>,
 }
 
+/// A workflow's `defaults`: values its steps take for the fields they do not set, so that a file
+/// does not repeat its retry policy on every step. Call and callback steps take `timeout_ms`,
+/// `schedule_to_start_ms`, `max_attempts` and `backoff` (callback steps `heartbeat_ms` too);
+/// compensation steps take `compensation`'s values first, then the others. Wait steps take none.
+/// Applied as the file is read ([`apply_defaults`]): a task's definition holds the result.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct StepDefaults {
+    pub timeout_ms: Option<u64>,
+    pub heartbeat_ms: Option<u64>,
+    pub schedule_to_start_ms: Option<u64>,
+    pub max_attempts: Option<u32>,
+    pub backoff: Option<Backoff>,
+    /// What compensation steps take before the values above.
+    pub compensation: Option<Box<StepDefaults>>,
+}
+
+/// The fields [`StepDefaults`] fills, and the step kinds that take each.
+const DEFAULTED: &[(&str, &[&str])] = &[
+    ("timeout_ms", &["call", "callback"]),
+    ("heartbeat_ms", &["callback"]),
+    ("schedule_to_start_ms", &["call", "callback"]),
+    ("max_attempts", &["call", "callback"]),
+    ("backoff", &["call", "callback"]),
+];
+
+/// Fill the steps of one workflow of a file (`workflow`, at `at` in the file) from its
+/// `defaults`, which is taken out (checked first: a mistake there is named at its own path).
+pub fn apply_defaults(workflow: &mut Value, at: &str) -> Result<(), crate::config_file::ParseError> {
+    let Some(obj) = workflow.as_object_mut() else { return Ok(()) };
+    let Some(defaults) = obj.remove("defaults") else { return Ok(()) };
+    let checked: StepDefaults = crate::config_file::parse_value(&defaults, &format!("{at}.defaults"))?;
+    if checked.compensation.as_ref().is_some_and(|c| c.compensation.is_some()) {
+        return Err(crate::config_file::ParseError::Shape {
+            path: format!("{at}.defaults.compensation.compensation"),
+            message: "compensation steps have no compensation of their own".into(),
+        });
+    }
+    let for_compensation = defaults.get("compensation").cloned().unwrap_or(Value::Null);
+    let fill = |step: &mut Value, first: Option<&Value>| {
+        let Some(step) = step.as_object_mut() else { return };
+        let kind = step.get("kind").and_then(Value::as_str).unwrap_or("call").to_owned();
+        for (field, kinds) in DEFAULTED {
+            if step.contains_key(*field) || !kinds.contains(&kind.as_str()) {
+                continue;
+            }
+            let value = first.and_then(|f| f.get(*field)).or_else(|| defaults.get(*field));
+            if let Some(v) = value {
+                step.insert((*field).to_owned(), v.clone());
+            }
+        }
+    };
+    for step in obj.get_mut("steps").and_then(Value::as_array_mut).into_iter().flatten() {
+        fill(step, None);
+        if let Some(c) = step.get_mut("compensation") {
+            fill(c, Some(&for_compensation));
+        }
+    }
+    Ok(())
+}
+
 /// The configuration file's shape: `{"workflows": [ ... ]}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -553,7 +615,12 @@ impl WorkflowRegistry {
     }
 
     pub fn from_json(json: &str) -> Result<Self, WorkflowError> {
-        let f: WorkflowFile = crate::config_file::parse(json).map_err(WorkflowError::Json)?;
+        let mut file: Value = crate::config_file::parse(json).map_err(WorkflowError::Json)?;
+        let list = file.get_mut("workflows").and_then(Value::as_array_mut);
+        for (i, w) in list.into_iter().flatten().enumerate() {
+            apply_defaults(w, &format!("workflows[{i}]")).map_err(WorkflowError::Json)?;
+        }
+        let f: WorkflowFile = crate::config_file::parse_value(&file, "").map_err(WorkflowError::Json)?;
         Self::new(f.workflows)
     }
 
@@ -727,5 +794,33 @@ mod tests {
         assert_eq!(b.delay_ms(10, 1.0), 1_000);
         assert_eq!(b.delay_ms(1, 0.0), 50);
         assert_eq!(b.delay_ms(u32::MAX, 0.5), 750);
+    }
+
+    #[test]
+    fn a_workflow_s_defaults_fill_what_its_steps_leave_out_and_nothing_else() {
+        let with = r#"{"workflows": [{"name": "w", "version": 1,
+            "defaults": {"timeout_ms": 5000, "max_attempts": 3, "backoff": {"base_ms": 1000, "max_ms": 10000},
+                         "heartbeat_ms": 2000, "compensation": {"max_attempts": 5}},
+            "steps": [
+                {"name": "a", "agent": "sim", "compensation": {"name": "undo-a", "agent": "sim"}},
+                {"name": "b", "agent": "sim", "timeout_ms": 9000, "max_attempts": 1},
+                {"name": "c", "kind": "callback", "agent": "sim"},
+                {"name": "d", "kind": "wait", "wait_ms": 10}]}]}"#;
+        let written = r#"{"workflows": [{"name": "w", "version": 1, "steps": [
+                {"name": "a", "agent": "sim", "timeout_ms": 5000, "max_attempts": 3,
+                 "backoff": {"base_ms": 1000, "max_ms": 10000},
+                 "compensation": {"name": "undo-a", "agent": "sim", "timeout_ms": 5000, "max_attempts": 5,
+                                  "backoff": {"base_ms": 1000, "max_ms": 10000}}},
+                {"name": "b", "agent": "sim", "timeout_ms": 9000, "max_attempts": 1,
+                 "backoff": {"base_ms": 1000, "max_ms": 10000}},
+                {"name": "c", "kind": "callback", "agent": "sim", "timeout_ms": 5000, "heartbeat_ms": 2000,
+                 "max_attempts": 3, "backoff": {"base_ms": 1000, "max_ms": 10000}},
+                {"name": "d", "kind": "wait", "wait_ms": 10}]}]}"#;
+        let a = WorkflowRegistry::from_json(with).unwrap();
+        let b = WorkflowRegistry::from_json(written).unwrap();
+        assert_eq!(a.resolve("w", None), b.resolve("w", None));
+        let bad = with.replace(r#""max_attempts": 5"#, r#""max_atempts": 5"#);
+        let e = WorkflowRegistry::from_json(&bad).unwrap_err().to_string();
+        assert!(e.contains("at workflows[0].defaults.compensation.max_atempts: unknown field"), "{e}");
     }
 }
