@@ -98,6 +98,13 @@ enum Cmd {
         #[arg(long = "param")]
         params: Vec<String>,
     },
+    /// Print the JSON Schema of a configuration file (the repository's schemas/ holds both): name
+    /// it in the file with "$schema" and an editor completes and checks the file as you type.
+    Schema {
+        /// Which file: workflows or agents.
+        #[arg(value_parser = ["workflows", "agents"])]
+        file: String,
+    },
     /// Delete a stack deployed with deploy-local, and wait until it is gone.
     DeleteLocal {
         #[arg(long, default_value = "sas-local")]
@@ -359,6 +366,7 @@ async fn main() {
             | Cmd::Approve { .. }
             | Cmd::Reject { .. }
             | Cmd::Validate { .. }
+            | Cmd::Schema { .. }
     );
     sas_core::telemetry::init_with_default(if answers { "error" } else { "info" });
     if let Err(e) = run(&cli).await {
@@ -400,7 +408,12 @@ fn validate(
     let deployed = sas_core::agent::parse_variables(params.get("AgentVariables").map_or("", String::as_str))
         .context("--param AgentVariables")?;
     let lookup = |k: &str| {
-        given.get(k).cloned().or_else(|| std::env::var(k).ok()).or_else(|| deployed.get(k).cloned()).filter(|v| !v.is_empty())
+        given
+            .get(k)
+            .cloned()
+            .or_else(|| std::env::var(k).ok())
+            .or_else(|| deployed.get(k).cloned())
+            .filter(|v| !v.is_empty())
     };
     let r = sas_core::validate::check_with_grants(&wf, &ag, &lookup, &|k| params.get(k).cloned());
     println!("workflows ({wf_from}): {}", if r.workflows.is_empty() { "-".into() } else { r.workflows.join(", ") });
@@ -455,6 +468,10 @@ async fn run(cli: &Cli) -> Result<()> {
             if denied > 0 || (*strict && unused > 0) {
                 bail!("least privilege: {denied} request(s) denied, {unused} grant(s) never used");
             }
+        }
+        Cmd::Schema { file } => {
+            let schema = if file == "agents" { sas_core::schema::agents() } else { sas_core::schema::workflows() };
+            println!("{}", serde_json::to_string_pretty(&schema)?);
         }
         Cmd::Validate { workflows, agents, vars, params } => {
             validate(workflows.as_deref(), agents.as_deref(), vars, params)?;

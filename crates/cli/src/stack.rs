@@ -171,7 +171,8 @@ pub async fn deploy(
     };
     let parameters: Vec<Parameter> = with_throwaway_defaults(params)
         .iter()
-        .map(|(k, v)| Parameter::builder().parameter_key(*k).parameter_value(*v).build()).collect();
+        .map(|(k, v)| Parameter::builder().parameter_key(*k).parameter_value(*v).build())
+        .collect();
     let caps = [Capability::CapabilityIam, Capability::CapabilityNamedIam, Capability::CapabilityAutoExpand];
     let exists = status(cfn, stack).await?.is_some_and(|s| s != StackStatus::DeleteComplete);
     if exists {

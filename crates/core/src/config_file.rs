@@ -85,7 +85,10 @@ mod tests {
         let e = parse_value::<Item>(&v, "items[4]").unwrap_err();
         assert_eq!(
             e,
-            ParseError::Shape { path: "items[4].name".into(), message: "invalid type: integer `3`, expected a string".into() }
+            ParseError::Shape {
+                path: "items[4].name".into(),
+                message: "invalid type: integer `3`, expected a string".into()
+            }
         );
     }
 }

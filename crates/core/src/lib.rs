@@ -41,6 +41,8 @@ pub mod reply;
 pub mod role;
 pub mod runner;
 pub mod scheduler;
+#[cfg(feature = "schema")]
+pub mod schema;
 pub mod screen;
 pub mod sim;
 pub mod state;

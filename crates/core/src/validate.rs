@@ -160,7 +160,8 @@ fn read_workflows(json: &str, problems: &mut Vec<String>) -> Option<WorkflowRegi
     let list = file.as_ref().and_then(|f| f.get("workflows")).and_then(Value::as_array);
     if let (Some(file), Some(list)) = (file.as_ref().and_then(Value::as_object), list) {
         if let Some(k) = file.keys().find(|k| !["workflows", "$schema"].contains(&k.as_str())) {
-            problems.push(format!("workflows: unknown field `{k}` at the top level, expected `workflows` or `$schema`"));
+            problems
+                .push(format!("workflows: unknown field `{k}` at the top level, expected `workflows` or `$schema`"));
         }
         for (i, w) in list.iter().enumerate() {
             let at = format!("workflows[{i}]");
@@ -231,7 +232,10 @@ fn read_agents(json: &str, vars: &dyn Fn(&str) -> Option<String>, problems: &mut
 }
 
 /// An agents file's settings (`rest`) with `agents` as its agents.
-fn with_agents(rest: &serde_json::Map<String, Value>, agents: serde_json::Map<String, Value>) -> serde_json::Map<String, Value> {
+fn with_agents(
+    rest: &serde_json::Map<String, Value>,
+    agents: serde_json::Map<String, Value>,
+) -> serde_json::Map<String, Value> {
     let mut file = rest.clone();
     file.insert("agents".to_owned(), Value::Object(agents));
     file
@@ -468,7 +472,11 @@ mod tests {
         assert!(r.ok(), "{:#?}", r.problems);
         // a file that is not JSON says so, with its line
         let r = check("{\"workflows\": [", &ag, &|_| None);
-        assert!(r.problems.len() == 1 && r.problems[0].contains("not valid JSON") && r.problems[0].contains("line 1"), "{:?}", r.problems);
+        assert!(
+            r.problems.len() == 1 && r.problems[0].contains("not valid JSON") && r.problems[0].contains("line 1"),
+            "{:?}",
+            r.problems
+        );
     }
 
     #[test]

@@ -30,6 +30,7 @@ pub const MIN_QUEUE_BUDGET_MS: u64 = 1_000;
 pub const MAX_BACKOFF_MS: u64 = 15 * 60 * 1000;
 
 /// Exponential backoff between attempts of one step (the delay before attempt n+1).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct Backoff {
@@ -69,6 +70,7 @@ impl Backoff {
 
 /// How a unit of work is done. All three run the same attempt machine (claim with a fresh
 /// token, a deadline, retry or give up); they differ in what ends an attempt.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StepKind {
@@ -92,6 +94,7 @@ impl StepKind {
 }
 
 /// One unit of work: a forward step or a compensating step.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct StepDef {
@@ -148,6 +151,7 @@ pub const MAX_MAP_CONCURRENCY: u32 = 1_000;
 pub const DEFAULT_MAP_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
 
 /// What makes a step a map: where its array is, how many elements run at once, how many may fail.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct MapSpec {
@@ -204,6 +208,23 @@ impl Serialize for Tolerance {
     }
 }
 
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Tolerance {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Tolerance".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Elements that may fail for good: a count, or a share of the elements like \"10%\".",
+            "oneOf": [
+                {"type": "integer", "minimum": 0, "maximum": u32::MAX},
+                {"type": "string", "pattern": "^(100|[1-9]?[0-9])%$"}
+            ]
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for Tolerance {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         use serde::de::Error;
@@ -247,6 +268,7 @@ impl MapSpec {
     }
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct WorkflowDef {
@@ -261,6 +283,7 @@ pub struct WorkflowDef {
 }
 
 /// A workflow's answer to a step that failed for good.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnFailure {
@@ -531,6 +554,7 @@ pub struct WorkflowRegistry {
 /// `schedule_to_start_ms`, `max_attempts` and `backoff` (callback steps `heartbeat_ms` too);
 /// compensation steps take `compensation`'s values first, then the others. Wait steps take none.
 /// Applied as the file is read ([`apply_defaults`]): a task's definition holds the result.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct StepDefaults {
@@ -588,11 +612,13 @@ pub fn apply_defaults(workflow: &mut Value, at: &str) -> Result<(), crate::confi
 }
 
 /// The configuration file's shape: `{"workflows": [ ... ]}`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WorkflowFile {
+pub(crate) struct WorkflowFile {
     /// The JSON Schema an editor checks the file against; not read here.
     #[serde(rename = "$schema", default)]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     _schema: Option<serde::de::IgnoredAny>,
     workflows: Vec<WorkflowDef>,
 }

@@ -26,6 +26,7 @@ use crate::messages::AgentRequest;
 pub const MAX_INPUT_SHOWN: usize = 16 * 1024;
 
 /// `{"kind": "approval", "topic_arn": "arn:aws:sns:..."}`: callback steps only.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalKind {

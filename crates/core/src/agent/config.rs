@@ -151,6 +151,7 @@ pub fn survey(json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Result<Vec<A
 /// The agent definitions compiled into every binary.
 pub const BUILT_IN_AGENTS: &str = include_str!("../../../../config/agents.json");
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CallbackSpec {
@@ -176,14 +177,17 @@ impl CallbackSpec {
     }
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct AgentFile {
+pub(crate) struct AgentFile {
     /// The JSON Schema an editor checks the file against; not read here.
     #[serde(rename = "$schema", default)]
+    #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
     _schema: Option<serde::de::IgnoredAny>,
     /// Each agent's entry as written: checked against its kind before and after its variables are
     /// expanded.
+    #[cfg_attr(feature = "schema", schemars(with = "std::collections::BTreeMap<String, AgentSpec>"))]
     agents: std::collections::BTreeMap<String, Value>,
     #[serde(default)]
     retry: Option<CallRetry>,
@@ -247,9 +251,10 @@ impl AgentFile {
 }
 
 /// Every kind of agent: its `"kind"` and its module's configuration.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-enum AgentSpec {
+pub(crate) enum AgentSpec {
     Sim(sim::SimKind),
     Http(http::HttpKind),
     Approval(approval::ApprovalKind),

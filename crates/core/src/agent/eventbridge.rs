@@ -28,6 +28,7 @@ pub const MAX_BUS_NAME_LEN: usize = 256;
 
 /// `{"kind": "eventbridge", "bus": "...", "source": "...", "detail_type": "..."}`: callback steps
 /// only.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventBridgeKind {

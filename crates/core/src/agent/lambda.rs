@@ -43,6 +43,7 @@ pub const MAX_SYNC_PAYLOAD_BYTES: usize = 6 * 1024 * 1024;
 pub const MAX_ASYNC_PAYLOAD_BYTES: usize = 256 * 1024;
 
 /// `{"kind": "lambda", "function": "name | ARN", "qualifier": "alias or version"}`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LambdaKind {

@@ -77,6 +77,7 @@ pub trait Agent: Send + Sync {
 }
 
 /// Retries inside one attempt.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CallRetry {

@@ -20,6 +20,7 @@ use super::runtime::{Agent, AgentError, Call};
 pub struct SimAgent;
 
 /// `{"kind": "sim"}`: no settings.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimKind {}

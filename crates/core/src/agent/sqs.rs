@@ -23,6 +23,7 @@ use super::runtime::{Agent, AgentError, Call};
 use crate::messages::QueueUrl;
 
 /// `{"kind": "sqs", "queue_url": "..."}`: callback steps only.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SqsKind {

@@ -732,7 +732,8 @@ fn max_in_flight_is_read_for_any_kind_and_checked() {
 
 #[test]
 fn agent_variables_give_an_agents_file_its_values_on_a_stack_and_bad_pairs_are_refused() {
-    let given = super::parse_variables(" PAYMENT_URL=https://pay.example.com/v1 , WORK_QUEUE_URL=https://sqs/q,").unwrap();
+    let given =
+        super::parse_variables(" PAYMENT_URL=https://pay.example.com/v1 , WORK_QUEUE_URL=https://sqs/q,").unwrap();
     assert_eq!(given.len(), 2);
     assert_eq!(given["PAYMENT_URL"], "https://pay.example.com/v1");
     let file = r#"{"agents": {"pay": {"kind": "http", "url": "${PAYMENT_URL}/charge"}}}"#;

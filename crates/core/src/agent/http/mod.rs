@@ -49,6 +49,7 @@ pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 /// `{"kind": "http", "url": "https://...", "sign": {...}, "headers": {...}, "secret_max_age_ms": N,
 /// "conflict": "key_in_use"}`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpKind {
@@ -70,6 +71,7 @@ pub struct HttpKind {
 }
 
 /// What a 409 Conflict from the service means.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Conflict {

@@ -34,6 +34,7 @@ pub const DEFAULT_SECRET_MAX_AGE_MS: u64 = 300_000;
 
 /// One entry of `"headers"` as written: `{"secret": "arn-or-name", "key": "json key", "prefix":
 /// "Bearer "}` or `{"parameter": "/name/or/arn", ...}`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HeaderSpec {

@@ -17,6 +17,7 @@ use crate::agent::kind::AwsConfigCell;
 use crate::agent::runtime::AgentError;
 
 /// `"sign"` as written.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SignSpec {

@@ -1,0 +1,59 @@
+//! JSON Schemas of the two configuration files, generated from the types the functions read them
+//! with (`sasctl schema workflows|agents`; the repository's `schemas/`, checked by a test to be
+//! the generated ones). An editor that knows JSON Schema completes and checks a file that names
+//! its schema with a `$schema` key. The functions check more than a schema can say (names,
+//! references between steps, limits): `sasctl validate` is the full check.
+
+use schemars::generate::SchemaSettings;
+use schemars::Schema;
+use serde_json::{json, Value};
+
+use crate::agent::config::{AgentFile, AgentSpec};
+use crate::workflow::{StepDefaults, WorkflowFile};
+
+/// The schema of a workflows file (`config/workflows.json`).
+pub fn workflows() -> Value {
+    let mut generator = SchemaSettings::draft2020_12().into_generator();
+    let defaults = generator.subschema_for::<StepDefaults>();
+    let mut root = generator.into_root_schema_for::<WorkflowFile>();
+    titled(&mut root, "sas workflows file", "The workflows a stack runs: config/workflows.json.");
+    let mut v = root.to_value();
+    // `defaults` is read before the workflow itself (it fills the steps), so it is no field of
+    // the workflow's type: the schema names it here.
+    if let Some(props) = v.pointer_mut("/$defs/WorkflowDef/properties").and_then(Value::as_object_mut) {
+        let mut d = defaults.to_value();
+        if let Some(o) = d.as_object_mut() {
+            o.insert(
+                "description".into(),
+                json!("Values the workflow's steps take for the fields they leave out (call and callback steps; compensation steps take `compensation`'s first)."),
+            );
+        }
+        props.insert("defaults".into(), d);
+    }
+    v
+}
+
+/// The schema of an agents file (`config/agents.json`).
+pub fn agents() -> Value {
+    let mut generator = SchemaSettings::draft2020_12().into_generator();
+    let _ = generator.subschema_for::<AgentSpec>();
+    let mut root = generator.into_root_schema_for::<AgentFile>();
+    titled(&mut root, "sas agents file", "The agents the stack's steps name: config/agents.json.");
+    let mut v = root.to_value();
+    // every kind may say how many of its calls run at once; it is read apart from the kind's fields
+    let max = json!({
+        "description": "How many calls of this agent may be in flight at once, across all tasks.",
+        "type": "integer", "minimum": 1, "maximum": crate::limit::MAX_IN_FLIGHT
+    });
+    for variant in v.pointer_mut("/$defs/AgentSpec/oneOf").and_then(Value::as_array_mut).into_iter().flatten() {
+        if let Some(props) = variant.get_mut("properties").and_then(Value::as_object_mut) {
+            props.insert("max_in_flight".into(), max.clone());
+        }
+    }
+    v
+}
+
+fn titled(root: &mut Schema, title: &str, description: &str) {
+    root.insert("title".into(), title.into());
+    root.insert("description".into(), description.into());
+}
