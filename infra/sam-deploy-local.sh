@@ -4,7 +4,8 @@
 # infra/sam-build.sh x86_64 when missing), uploads it to S3 and creates the stack through a change
 # set, with the five functions on (LocalStack runs them as host processes). Then the post-deploy
 # smoke check the book gives for AWS (`sasctl --stack NAME smoke`: one sim-order task to
-# Processed, its timeline), then the documented way to change a parameter of the deployed stack
+# Processed, its timeline), the first-hour tutorial's blocks as written (a task sent from an
+# application, its statuses read from its own reply queue), then the documented way to change a parameter of the deployed stack
 # (`sam deploy --parameter-overrides LogLevel=DEBUG`), checking that every other parameter kept its
 # value and that the task table is still protected against deletion (DynamoDB refuses to delete
 # it), then the tear-down: lift the protection on the table, then `samlocal delete`.
@@ -68,6 +69,39 @@ else
   rc=1
   echo "  FAIL sasctl --stack $STACK smoke"
 fi
+
+# The first-hour tutorial's own blocks, as the page gives them (docs/run-tutorial.py runs the ones
+# marked `<!-- ci: run -->`): an application sends a task with the AWS CLI and reads its statuses
+# on its own reply queue, the same with boto3, then sasctl status and list. `aws` is LocalStack's
+# CLI (infra/aws.sh), `sasctl` the debug build, and the page's stack name is this stack's.
+tutorial=docs/tutorials/first-hour-on-aws.md
+shim="$(mktemp -d)"
+work="$(mktemp -d)"
+printf '#!/usr/bin/env bash\nexec %q "$@"\n' "$SAS_ROOT/infra/aws.sh" >"$shim/aws"
+chmod +x "$shim/aws"
+ln -s "$SAS_ROOT/target/debug/sasctl" "$shim/sasctl"
+log "\$ docs/run-tutorial.py $tutorial --set stack=$STACK"
+if (cd "$work" && PATH="$shim:$PATH" timeout 300 "$TOOLS_VENV/bin/python" "$SAS_ROOT/docs/run-tutorial.py" \
+  "$SAS_ROOT/$tutorial" --set "stack=$STACK" --python "$TOOLS_VENV/bin/python") >.local/first-hour.log 2>&1; then
+  echo "  PASS the first-hour tutorial's blocks ran as written ($(grep -c '^--- ' .local/first-hour.log) blocks)"
+else
+  tail -n 30 .local/first-hour.log >&2
+  echo "  FAIL the first-hour tutorial's blocks (log .local/first-hour.log)"
+  rc=1
+fi
+if grep -Eq '"task_id": ?"order-1001".*"state": ?"Processed"' "$work/statuses.txt" 2>/dev/null; then
+  echo "  PASS order-1001, sent with the AWS CLI, ended Processed, read from its reply queue $STACK-reply-myapp"
+else
+  echo "  FAIL no Processed status of order-1001 on the reply queue (last batch: $(cat "$work/statuses.txt" 2>/dev/null))"
+  rc=1
+fi
+if grep -q "order-1002 ended Processed" .local/first-hour.log; then
+  echo "  PASS order-1002, sent with boto3, ended Processed, read from the same reply queue"
+else
+  echo "  FAIL order-1002 (boto3) did not end Processed on the reply queue"
+  rc=1
+fi
+rm -rf -- "$shim" "$work"
 
 # The documented update path: name only the parameter that changes. SAM sends UsePreviousValue
 # for every other one, so samconfig.toml's Architecture and TableDeletionProtection stay as they
