@@ -853,3 +853,80 @@ async fn load(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// The book's page of commands, `docs/reference/sasctl.md`.
+    const PAGE: &str = include_str!("../../../docs/reference/sasctl.md");
+
+    /// The page's table rows that name `command`: `` | `command ...` | ... ``.
+    fn rows<'a>(page: &'a str, command: &str) -> Vec<&'a str> {
+        page.lines()
+            .filter(|l| {
+                l.strip_prefix("| `")
+                    .and_then(|rest| rest.strip_prefix(command))
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('`'))
+            })
+            .collect()
+    }
+
+    /// `--long` in `text`, as a whole option (`--wait` is not in `--wait-secs`).
+    fn names_option(text: &str, long: &str) -> bool {
+        let needle = format!("--{long}");
+        text.match_indices(&needle)
+            .any(|(at, _)| !text[at + needle.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-'))
+    }
+
+    /// The reference cannot rot: every command of `sasctl` has its row on the page, every long
+    /// option of a command is in its row, the global options are on the page, the page's count of
+    /// commands is right, and every row that names a command names one that exists.
+    #[test]
+    fn the_book_s_sasctl_page_names_every_command_and_every_option() {
+        let cli = Cli::command();
+        let mut missing = Vec::new();
+        for arg in cli.get_arguments() {
+            if let Some(long) = arg.get_long().filter(|l| !["help", "version"].contains(l)) {
+                if !names_option(PAGE, long) {
+                    missing.push(format!("global option --{long}"));
+                }
+            }
+        }
+        let commands: Vec<&clap::Command> = cli.get_subcommands().filter(|c| c.get_name() != "help").collect();
+        for cmd in &commands {
+            let name = cmd.get_name();
+            let rows = rows(PAGE, name);
+            if rows.is_empty() {
+                missing.push(format!("command {name} (a row `| `{name} ...` | ... |`)"));
+                continue;
+            }
+            for arg in cmd.get_arguments() {
+                let Some(long) = arg.get_long().filter(|l| !["help", "version"].contains(l)) else { continue };
+                if arg.is_global_set() {
+                    continue;
+                }
+                if !rows.iter().any(|r| names_option(r, long)) {
+                    missing.push(format!("option --{long} of {name} (in its row)"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "docs/reference/sasctl.md does not name: {missing:#?}");
+        let count = format!("has {} commands", commands.len());
+        assert!(PAGE.contains(&count), "docs/reference/sasctl.md should say sasctl {count}");
+        // and names no command that is gone: a row that starts with a name (not an option) is a command's
+        for line in PAGE.lines() {
+            let Some(rest) = line.strip_prefix("| `") else { continue };
+            let word: String = rest.chars().take_while(|c| c.is_ascii_lowercase() || *c == '-').collect();
+            if word.is_empty() || word.starts_with('-') {
+                continue;
+            }
+            assert!(
+                commands.iter().any(|c| c.get_name() == word),
+                "docs/reference/sasctl.md has a row for `{word}`, which sasctl does not have: {line}"
+            );
+        }
+    }
+}
