@@ -1012,7 +1012,7 @@ mod tests {
     }
 
     #[test]
-    fn a_step_that_never_answers_is_retried_then_compensated_as_the_readme_shows() {
+    fn a_step_that_never_answers_is_retried_then_compensated_as_the_book_shows() {
         // ship hangs three times (each found 2 s after its CompleteBy), refund fails once
         let d = Drive::order()
             .ok(400, json!({"reservation": "r-1"}))

@@ -56,8 +56,8 @@ pub struct Resources {
 
 /// The fewest and the most shards of the indexes (`SUPERVISOR_SHARDS`). The template's
 /// `SupervisorShards` parameter allows exactly this range (a test checks it), so a stack that deploys
-/// always starts. 64 carries the README's top scale (10,000 three-step tasks a second) with room to
-/// spare; every sweep and every operator listing queries each shard.
+/// always starts. 64 carries the book's top scale (`docs/performance/scale.md`: 10,000 three-step
+/// tasks a second) with room to spare; every sweep and every operator listing queries each shard.
 pub const MIN_SHARDS: u32 = 1;
 pub const MAX_SHARDS: u32 = 64;
 

@@ -1,7 +1,8 @@
 //! Where the stack may send a caller's status messages. `reply_to` is checked at the door against
-//! the stack's allow-list: the ARN pattern IAM grants the three replying functions (template
-//! parameter `ReplyQueueArnPattern`, by default the queues named `<stack>-reply-*` of the stack's
-//! account and region). None of the stack's own queues (the five queues and every DLQ) is ever a
+//! the stack's allow-list: the ARN pattern IAM grants the four replying functions (Submitter,
+//! Scheduler, Supervisor, Callback; template parameter `ReplyQueueArnPattern`, by default the
+//! queues named `<stack>-reply-*` of the stack's account and region). None of the stack's own
+//! queues (the six queues and the DLQs the functions know: all but the ends queue's) is ever a
 //! reply queue, however its URL is spelled: they are compared by account and name.
 
 use crate::config::Resources;
