@@ -48,3 +48,48 @@ mod schema_files {
         }
     }
 }
+
+/// The book's page of the shipped workflows, drawn (`docs/reference/shipped-workflows.md`).
+pub fn shipped_workflows_page() -> String {
+    use std::fmt::Write as _;
+    let all = sas_core::workflow::WorkflowRegistry::from_json(sas_core::workflow::BUILT_IN_WORKFLOWS)
+        .expect("the built-in workflows are valid");
+    let mut page = String::from(
+        "# The shipped workflows\n\n\
+         `config/workflows.json` as `sasctl validate --graph NAME` draws it: each step with its agent, its\n\
+         timeout and its attempts, the steps it waits for (`after`; branches side by side), maps, and\n\
+         each step's compensation (dashed), which runs in reverse order when the task fails or is\n\
+         cancelled. The `sim-*` workflows need no service (the `sim` agent); the `order*` ones call the\n\
+         order service (`ORDER_SERVICE_URL`). This page is generated, and a test fails when it is not\n\
+         the drawing of the shipped file: `SAS_WRITE_DOCS=1 cargo test -p sas-cli --lib shipped_workflows`\n\
+         writes it again.\n",
+    );
+    let mut defs: Vec<_> = all.all().collect();
+    defs.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
+    for def in defs {
+        let _ = write!(page, "\n## {}@{}\n\n", def.name, def.version);
+        if !def.description.is_empty() {
+            let _ = write!(page, "{}\n\n", def.description);
+        }
+        let _ = write!(page, "```mermaid\n{}```\n", sas_core::diagram::mermaid(def));
+    }
+    page
+}
+
+#[cfg(test)]
+mod shipped_workflows {
+    #[test]
+    fn the_book_draws_the_shipped_workflows() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/reference/shipped-workflows.md");
+        let page = super::shipped_workflows_page();
+        if std::env::var("SAS_WRITE_DOCS").is_ok_and(|v| v == "1") {
+            std::fs::write(path, &page).expect("write the page");
+        }
+        let shipped = std::fs::read_to_string(path).expect("the page");
+        assert!(
+            shipped == page,
+            "docs/reference/shipped-workflows.md is not the drawing of config/workflows.json: \
+             SAS_WRITE_DOCS=1 cargo test -p sas-cli --lib shipped_workflows"
+        );
+    }
+}

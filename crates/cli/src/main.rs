@@ -97,6 +97,10 @@ enum Cmd {
         /// values, as on the stack.
         #[arg(long = "param")]
         params: Vec<String>,
+        /// Then print this workflow (NAME or NAME@VERSION; the latest version by default) as a
+        /// Mermaid flowchart on stdout (the check's report goes to stderr then).
+        #[arg(long, value_name = "WORKFLOW")]
+        graph: Option<String>,
     },
     /// Print the JSON Schema of a configuration file (the repository's schemas/ holds both): name
     /// it in the file with "$schema" and an editor completes and checks the file as you type.
@@ -385,12 +389,15 @@ fn key_values(what: &str, items: &[String]) -> Result<std::collections::HashMap<
         .collect()
 }
 
+#[allow(clippy::print_stderr)] // with --graph the report goes to stderr, the diagram to stdout
 fn validate(
     workflows: Option<&std::path::Path>,
     agents: Option<&std::path::Path>,
     vars: &[String],
     params: &[String],
+    graph: Option<&str>,
 ) -> Result<()> {
+    let say = |line: String| if graph.is_some() { eprintln!("{line}") } else { println!("{line}") };
     let read = |p: Option<&std::path::Path>, built_in: &str| -> Result<(String, String)> {
         Ok(match p {
             Some(p) => (
@@ -411,23 +418,37 @@ fn validate(
         given
             .get(k)
             .cloned()
-            .or_else(|| std::env::var(k).ok())
+            .filter(|v| !v.is_empty())
+            .or_else(|| std::env::var(k).ok().filter(|v| !v.is_empty()))
             .or_else(|| deployed.get(k).cloned())
             .filter(|v| !v.is_empty())
     };
     let r = sas_core::validate::check_with_grants(&wf, &ag, &lookup, &|k| params.get(k).cloned());
-    println!("workflows ({wf_from}): {}", if r.workflows.is_empty() { "-".into() } else { r.workflows.join(", ") });
-    println!("agents ({ag_from}): {}", if r.agents.is_empty() { "-".into() } else { r.agents.join(", ") });
+    say(format!("workflows ({wf_from}): {}", if r.workflows.is_empty() { "-".into() } else { r.workflows.join(", ") }));
+    say(format!("agents ({ag_from}): {}", if r.agents.is_empty() { "-".into() } else { r.agents.join(", ") }));
     for w in &r.warnings {
-        println!("warning: {w}");
+        say(format!("warning: {w}"));
     }
     for p in &r.problems {
-        println!("problem: {p}");
+        say(format!("problem: {p}"));
     }
     if !r.ok() {
         bail!("{} problem(s): this configuration would fail in the functions", r.problems.len());
     }
-    println!("valid: {} workflow(s), {} agent(s)", r.workflows.len(), r.agents.len());
+    say(format!("valid: {} workflow(s), {} agent(s)", r.workflows.len(), r.agents.len()));
+    if let Some(name) = graph {
+        let registry = WorkflowRegistry::from_json(&wf)?;
+        let (name, version) = match name.split_once('@') {
+            Some((n, v)) => {
+                (n, Some(v.parse::<u32>().with_context(|| format!("--graph {name}: a version is a number"))?))
+            }
+            None => (name, None),
+        };
+        let def = registry
+            .resolve(name, version)
+            .with_context(|| format!("--graph: no workflow {name} (the file has {})", r.workflows.join(", ")))?;
+        print!("{}", sas_core::diagram::mermaid(def));
+    }
     Ok(())
 }
 
@@ -473,8 +494,8 @@ async fn run(cli: &Cli) -> Result<()> {
             let schema = if file == "agents" { sas_core::schema::agents() } else { sas_core::schema::workflows() };
             println!("{}", serde_json::to_string_pretty(&schema)?);
         }
-        Cmd::Validate { workflows, agents, vars, params } => {
-            validate(workflows.as_deref(), agents.as_deref(), vars, params)?;
+        Cmd::Validate { workflows, agents, vars, params, graph } => {
+            validate(workflows.as_deref(), agents.as_deref(), vars, params, graph.as_deref())?;
         }
         Cmd::DeleteLocal { name } => {
             let cfn = aws_sdk_cloudformation::Client::new(&sdk);

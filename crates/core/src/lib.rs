@@ -29,6 +29,7 @@ pub mod clock;
 pub mod config;
 pub mod config_file;
 pub mod deps;
+pub mod diagram;
 pub mod effects;
 pub mod entropy;
 pub mod graph;

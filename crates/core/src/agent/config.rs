@@ -106,10 +106,19 @@ pub fn parse_variables(text: &str) -> Result<std::collections::BTreeMap<String, 
 }
 
 /// The variables an agent function's agents see: its environment (what the template sets, e.g.
-/// `ORDER_SERVICE_URL`), then the pairs of [`VARIABLES_ENV`]. Empty values count as unset.
+/// `ORDER_SERVICE_URL`), then the pairs of [`VARIABLES_ENV`]. Empty values count as unset, so a
+/// variable the template leaves empty (`OrderServiceUrl` not given) may come from the pairs.
 pub fn env_vars() -> Result<impl Fn(&str) -> Option<String>, AgentConfigError> {
-    let given = parse_variables(&std::env::var(VARIABLES_ENV).unwrap_or_default())?;
-    Ok(move |k: &str| std::env::var(k).ok().or_else(|| given.get(k).cloned()).filter(|v| !v.is_empty()))
+    variables(|k| std::env::var(k).ok(), &std::env::var(VARIABLES_ENV).unwrap_or_default())
+}
+
+/// [`env_vars`] from an environment `env` and the pairs `pairs`.
+pub fn variables(
+    env: impl Fn(&str) -> Option<String>,
+    pairs: &str,
+) -> Result<impl Fn(&str) -> Option<String>, AgentConfigError> {
+    let given = parse_variables(pairs)?;
+    Ok(move |k: &str| env(k).filter(|v| !v.is_empty()).or_else(|| given.get(k).cloned()).filter(|v| !v.is_empty()))
 }
 
 /// One agent of a configuration as `sasctl validate` sees it: its kind, the first variable it

@@ -748,3 +748,15 @@ fn agent_variables_give_an_agents_file_its_values_on_a_stack_and_bad_pairs_are_r
     }
     assert!(super::parse_variables("").unwrap().is_empty());
 }
+
+#[test]
+fn a_variable_the_function_has_empty_comes_from_agent_variables() {
+    // the template gives the Agent function ORDER_SERVICE_URL empty when OrderServiceUrl is not set
+    let env = |set: &'static str| move |k: &str| (k == "ORDER_SERVICE_URL").then(|| set.to_owned());
+    let vars = super::config::variables(env(""), "ORDER_SERVICE_URL=https://from-parameter,X=1").unwrap();
+    assert_eq!(vars("ORDER_SERVICE_URL").as_deref(), Some("https://from-parameter"));
+    assert_eq!(vars("X").as_deref(), Some("1"));
+    let vars = super::config::variables(env("https://from-env"), "ORDER_SERVICE_URL=https://from-parameter").unwrap();
+    assert_eq!(vars("ORDER_SERVICE_URL").as_deref(), Some("https://from-env"), "a set variable of the function wins");
+    assert_eq!(vars("Y"), None);
+}
