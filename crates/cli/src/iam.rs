@@ -569,6 +569,31 @@ fn region_account(stack_arn: &str) -> Result<(String, String)> {
 
 /// Check a deployed stack: its functions' roles against `calls` (those of its functions; a call
 /// of a function not in the stack is an error) and the platform's calls.
+/// The requests IAM evaluates for recorded calls (`account`: the caller's), each with how many
+/// times it was made.
+pub fn requests_of(calls: &[AwsCall], account: &str) -> Result<BTreeMap<Request, usize>> {
+    let mut code: BTreeMap<Request, usize> = BTreeMap::new();
+    for c in calls {
+        for resource in c.resources(account)? {
+            let (key, attributes) = (c.leading_key(), c.attributes());
+            let r = Request { action: c.action.clone(), resource, origin: Origin::Code, key, attributes };
+            *code.entry(r).or_default() += 1;
+        }
+    }
+    Ok(code)
+}
+
+/// The statements of a customer managed policy's default version, as IAM stores them.
+pub async fn managed_policy(iam: &aws_sdk_iam::Client, arn: &str) -> Result<Vec<Statement>> {
+    let p = iam.get_policy().policy_arn(arn).send().await.map_err(aws_sdk_iam::Error::from)?;
+    let version = p.policy().and_then(|p| p.default_version_id()).context("a policy without a default version")?;
+    let v =
+        iam.get_policy_version().policy_arn(arn).version_id(version).send().await.map_err(aws_sdk_iam::Error::from)?;
+    let doc = v.policy_version().and_then(|v| v.document()).context("a policy version without a document")?;
+    let name = arn.rsplit('/').next().unwrap_or(arn);
+    Ok(parse_policy(name, &decode_document(doc)?)?)
+}
+
 pub async fn check_stack(sdk: &aws_config::SdkConfig, stack: &str, calls: &[AwsCall]) -> Result<Report> {
     let cfn = aws_sdk_cloudformation::Client::new(sdk);
     let lambda = aws_sdk_lambda::Client::new(sdk);
@@ -630,14 +655,8 @@ pub async fn check_stack(sdk: &aws_config::SdkConfig, stack: &str, calls: &[AwsC
     let mut topic_keys = BTreeMap::new();
     let mut report = Report { stack: stack.to_owned(), roles: Vec::new() };
     for f in &functions {
-        let mut code: BTreeMap<Request, usize> = BTreeMap::new();
-        for c in calls.iter().filter(|c| c.function == f.name) {
-            for resource in c.resources(&account)? {
-                let (key, attributes) = (c.leading_key(), c.attributes());
-                let r = Request { action: c.action.clone(), resource, origin: Origin::Code, key, attributes };
-                *code.entry(r).or_default() += 1;
-            }
-        }
+        let mine: Vec<AwsCall> = calls.iter().filter(|c| c.function == f.name).cloned().collect();
+        let code = requests_of(&mine, &account)?;
         for r in code.keys().filter(|r| r.action == "sns:Publish") {
             if topic_keys.contains_key(&r.resource) {
                 continue;

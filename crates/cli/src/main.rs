@@ -542,7 +542,7 @@ async fn run(cli: &Cli) -> Result<()> {
                 input: serde_json::from_str(input).context("--input is not JSON")?,
                 reply_to: reply_to.clone(),
             };
-            sas_cli::ops::send_submission(&aws_sdk_sqs::Client::new(&sdk), &res.submission_queue_url, &sub).await?;
+            sas_cli::ops::send_submission(&sas_core::aws::sqs_client(&sdk), &res.submission_queue_url, &sub).await?;
             println!("{}", task_id.expect("set above"));
         }
         Cmd::Status { task_id, json } => {
@@ -682,7 +682,7 @@ async fn run(cli: &Cli) -> Result<()> {
             let deps = deps(cli, &sdk).await?;
             let report = sas_cli::smoke::run(
                 deps.store.as_ref(),
-                &aws_sdk_sqs::Client::new(&sdk),
+                &sas_core::aws::sqs_client(&sdk),
                 &deps.resources.submission_queue_url,
                 workflow,
                 serde_json::from_str(input).context("--input is not JSON")?,
@@ -829,7 +829,7 @@ async fn load(
     opts: &sas_cli::load::LoadOptions,
     json: bool,
 ) -> Result<()> {
-    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let sqs = sas_core::aws::sqs_client(sdk);
     let reader = TableReader::new(sdk, res);
     eprintln!(
         "load: sending {} {} tasks ({}-NNNNN) to {}",

@@ -85,7 +85,8 @@ pub struct TableReader {
 
 impl TableReader {
     pub fn new(sdk: &aws_config::SdkConfig, res: &Resources) -> Self {
-        let client = aws_sdk_dynamodb::Client::new(sdk);
+        // with the call recorder when SAS_AWS_CALL_LOG is set (the operator policy's check)
+        let client = sas_core::aws::dynamodb_client(sdk);
         let store = DynamoStore::new(client.clone(), res.task_table.clone(), res.shards, 0);
         TableReader { client, table: res.task_table.clone(), store }
     }

@@ -99,7 +99,16 @@ impl Stack {
 
     /// Run `sasctl` against this stack, as an operator would (with backtraces asked for).
     fn sasctl(&self, args: &[&str]) -> Output {
+        self.sasctl_recorded(args, None)
+    }
+
+    /// [`Stack::sasctl`], recording every AWS call it makes into `calls` (a directory).
+    fn sasctl_recorded(&self, args: &[&str], calls: Option<&std::path::Path>) -> Output {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sasctl"));
+        match calls {
+            Some(dir) => cmd.env(sas_core::aws_calls::CALL_LOG_ENV, dir),
+            None => cmd.env_remove(sas_core::aws_calls::CALL_LOG_ENV),
+        };
         cmd.arg("--outputs").arg(&self.outputs).args(args).env("RUST_BACKTRACE", "1").env_remove("SAS_STACK");
         match &self.workflows_file {
             Some(f) => cmd.env("SAS_WORKFLOWS_FILE", f),
@@ -200,6 +209,120 @@ async fn operator_commands_report_their_outcome() {
     assert!(out.ends_with("resubmit --state Error: requested 1, moved 1, unchanged 0"), "{out}");
 
     runner.shutdown().await;
+    s.delete().await;
+}
+
+/// The two managed policies the stack gives its users, as IAM stores them: `OperatorPolicy` allows
+/// every call sasctl's task commands made here (recorded: status, list, top with an overdue task,
+/// submit, resubmit, cancel; plus `--stack`'s DescribeStacks) and grants nothing they did not
+/// use; `ApplicationPolicy` allows exactly the calls the book's first-hour tutorial makes
+/// (submit, create and read its own reply queue, read the stack's outputs). Each refuses what is
+/// not its holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_operator_and_application_policies_allow_exactly_their_calls() {
+    let s = Stack::deploy().await;
+    let calls = std::env::temp_dir().join(format!("{}-calls", s.name));
+    let _ = std::fs::remove_dir_all(&calls);
+    std::fs::create_dir_all(&calls).expect("the call log directory");
+    let opts =
+        RunnerOptions { sweep_every: Duration::from_secs(1), wait: Duration::from_secs(1), ..Default::default() };
+    let runner = Runner::new(s.deps.clone(), Arc::new(AgentRuntime::with_builtins()), opts).spawn();
+    let run = &s.name[10..];
+    let sasctl = |args: &[&str]| assert_ok(&s.sasctl_recorded(args, Some(&calls)));
+    let is = |state| move |t: &Task| t.process_state == state;
+
+    let (ok, err, stuck) = (format!("{run}-ok"), format!("{run}-err"), format!("{run}-stuck"));
+    sasctl(&["submit", "--workflow", "sim-order", "--task-id", &ok]);
+    let declined = r#"{"sim": {"charge": {"permanent": "declined"}, "release": {"permanent": "no"}}}"#;
+    sasctl(&["submit", "--workflow", "sim-order", "--task-id", &err, "--input", declined]);
+    s.wait_for(&ok, "Processed", is(ProcessState::Processed)).await;
+    sasctl(&["status", &ok]);
+    sasctl(&["list", "--state", "Processed", "--limit", "1"]);
+    s.wait_for(&err, "Error", is(ProcessState::Error)).await;
+    sasctl(&["resubmit", &err, "--reason", "policy check"]);
+    // A task overdue for top to read: claimed, then nobody left to run or sweep it.
+    sasctl(&[
+        "submit",
+        "--workflow",
+        "sim-order",
+        "--task-id",
+        &stuck,
+        "--input",
+        r#"{"sim": {"reserve": {"hang_attempts": 3}}}"#,
+    ]);
+    let claimed = s.wait_for(&stuck, "Processing", is(ProcessState::Processing)).await;
+    runner.shutdown().await;
+    let overdue_at = claimed.complete_by.expect("a claimed step has a CompleteBy");
+    while sas_core::ids::Millis::now() <= overdue_at {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let top = sasctl(&["top"]);
+    assert!(top.contains(&stuck) && !top.contains(" 0 BatchGetItem"), "top reads the overdue task: {top}");
+    sasctl(&["cancel", &stuck, "--no-wait"]);
+
+    let cfn = aws_sdk_cloudformation::Client::new(&s.sdk);
+    let described = cfn.describe_stacks().stack_name(&s.name).send().await.expect("DescribeStacks");
+    let stack_arn = described.stacks()[0].stack_id().expect("a stack ID").to_owned();
+    let account = stack_arn.split(':').nth(4).expect("an account").to_owned();
+    let outputs = sas_cli::stack::outputs(&cfn, &s.name).await.expect("the outputs");
+    let iam = aws_sdk_iam::Client::new(&s.sdk);
+    let req = |action: &str, resource: &str| sas_cli::iam::Request {
+        action: action.into(),
+        resource: resource.into(),
+        origin: sas_cli::iam::Origin::Code,
+        key: None,
+        attributes: None,
+    };
+    let (table, scheduler, submission) =
+        (&outputs["TaskTableArn"], &outputs["SchedulerQueueArn"], &outputs["SubmissionQueueArn"]);
+
+    // The operator: what sasctl did, recorded, and what --stack does.
+    let recorded = sas_core::aws_calls::read_dir(&calls).expect("the recorded calls");
+    let mut needed = sas_cli::iam::requests_of(&recorded, &account).expect("the calls' resources");
+    needed.insert(req("cloudformation:DescribeStacks", &stack_arn), 1);
+    let operator = sas_cli::iam::managed_policy(&iam, &outputs["OperatorPolicyArn"]).await.expect("OperatorPolicy");
+    let r = sas_cli::iam::check_role("sasctl", "OperatorPolicy", &operator, &needed);
+    assert_eq!(r.denied().count(), 0, "{:#?}", r.requests);
+    assert!(r.unused.is_empty(), "grants sasctl did not use: {:#?}\n{:#?}", r.unused, r.requests);
+    for action in ["dynamodb:GetItem", "dynamodb:Query", "dynamodb:BatchGetItem", "sqs:SendMessage"] {
+        assert!(needed.keys().any(|q| q.action == action), "sasctl made no {action}: {needed:#?}");
+    }
+    for (action, resource) in [
+        ("dynamodb:PutItem", table.as_str()),
+        ("dynamodb:UpdateItem", table.as_str()),
+        ("dynamodb:DeleteItem", table.as_str()),
+        ("sqs:ReceiveMessage", scheduler.as_str()),
+        ("sqs:SendMessage", outputs["AgentQueueArn"].as_str()),
+    ] {
+        let d = sas_cli::iam::evaluate(&operator, action, resource);
+        assert_eq!(d, sas_cli::iam::Decision::ImplicitDeny, "an operator may not {action} on {resource}");
+    }
+
+    // The application: the first-hour tutorial's calls.
+    let reply = format!("arn:aws:sqs:us-east-1:{account}:{}-reply-myapp", s.name);
+    let needed: std::collections::BTreeMap<sas_cli::iam::Request, usize> = [
+        (req("cloudformation:DescribeStacks", &stack_arn), 1),
+        (req("sqs:SendMessage", submission), 1),
+        (req("sqs:CreateQueue", &reply), 1),
+        (req("sqs:GetQueueUrl", &reply), 1),
+        (req("sqs:ReceiveMessage", &reply), 1),
+        (req("sqs:DeleteMessage", &reply), 1),
+    ]
+    .into();
+    let app = sas_cli::iam::managed_policy(&iam, &outputs["ApplicationPolicyArn"]).await.expect("ApplicationPolicy");
+    let r = sas_cli::iam::check_role("application", "ApplicationPolicy", &app, &needed);
+    assert_eq!(r.denied().count(), 0, "{:#?}", r.requests);
+    assert!(r.unused.is_empty(), "grants an application does not need: {:#?}", r.unused);
+    for (action, resource) in [
+        ("sqs:ReceiveMessage", submission.as_str()),
+        ("sqs:SendMessage", scheduler.as_str()),
+        ("sqs:CreateQueue", &format!("arn:aws:sqs:us-east-1:{account}:another-queue")),
+        ("dynamodb:GetItem", table.as_str()),
+    ] {
+        let d = sas_cli::iam::evaluate(&app, action, resource);
+        assert_eq!(d, sas_cli::iam::Decision::ImplicitDeny, "an application may not {action} on {resource}");
+    }
+    let _ = std::fs::remove_dir_all(&calls);
     s.delete().await;
 }
 
