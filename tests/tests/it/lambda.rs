@@ -475,13 +475,7 @@ async fn lambda_callback_steps_are_answered_through_the_queue_and_the_signed_url
 /// The statements of the stack's `CallbackWorkerPolicy`, as IAM stores them.
 async fn worker_policy(f: &Fns) -> Vec<sas_cli::iam::Statement> {
     let iam = aws_sdk_iam::Client::new(&f.s.sdk);
-    let arn = f.s.out("CallbackWorkerPolicyArn");
-    let p = iam.get_policy().policy_arn(arn).send().await.expect("GetPolicy");
-    let version = p.policy().and_then(|p| p.default_version_id()).expect("a default version").to_owned();
-    let v = iam.get_policy_version().policy_arn(arn).version_id(version).send().await.expect("GetPolicyVersion");
-    let doc = v.policy_version().and_then(|v| v.document()).expect("a document");
-    let doc = sas_cli::iam::decode_document(doc).expect("a policy document");
-    sas_cli::iam::parse_policy("CallbackWorkerPolicy", &doc).expect("statements the check evaluates")
+    sas_cli::iam::managed_policy(&iam, f.s.out("CallbackWorkerPolicyArn")).await.expect("CallbackWorkerPolicy")
 }
 
 /// Issue 15's "done when", Lambda mode, in one workflow (`sim-everything`): a 2 s wait step (no
