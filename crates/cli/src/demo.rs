@@ -439,6 +439,125 @@ pub async fn run_lambda(
     Ok(ok)
 }
 
+/// What the demo found once its orders ended, for its summary.
+struct Ends<'a> {
+    orders: &'a [Order],
+    tasks: &'a BTreeMap<String, Task>,
+    with_async: bool,
+    /// The order whose shipping is confirmed too late.
+    late: Option<&'a str>,
+    statuses: usize,
+    rejected: &'a [String],
+    alerts: &'a [(String, Option<String>)],
+    ledger: &'a [sas_order_service::LedgerEntry],
+    elapsed_secs: u64,
+}
+
+/// The demo's summary (each order's end against what it was set up for, the asynchronous orders,
+/// the counts, the rejected submission, the alerts, the service's ledger), and whether every
+/// check held. The README shows an excerpt of it; a test keeps the two in step.
+fn summary(e: &Ends<'_>) -> (String, bool) {
+    let mut out = String::new();
+    let _ = writeln!(out, "\nsummary after {} s", e.elapsed_secs);
+    let mut ok = true;
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for o in e.orders {
+        let t = e.tasks.get(&o.id);
+        let state = t.map(|t| t.process_state);
+        *counts.entry(state.map_or("missing".into(), |s| s.to_string())).or_default() += 1;
+        let good = state == Some(o.expect) && t.is_some_and(|t| t.failure_count >= o.min_failures);
+        ok &= good;
+        let _ = writeln!(
+            out,
+            "  {} {:<26} expected {:<12} got {:<12} failures {}",
+            if good { "ok  " } else { "FAIL" },
+            o.id,
+            o.expect.to_string(),
+            state.map_or("-".into(), |s| s.to_string()),
+            t.map_or(0, |t| t.failure_count)
+        );
+    }
+    if e.with_async {
+        let _ = writeln!(out, "\n  asynchronous shipping (callback steps):");
+        for o in e.orders.iter().filter(|o| o.workflow == "order-async") {
+            let Some(t) = e.tasks.get(&o.id) else { continue };
+            let ship = t.steps.iter().find(|s| s.name == "ship");
+            let mut what = format!("{}; ship attempts {}", t.process_state, ship.map_or(0, |s| s.attempts));
+            if t.late_results > 0 {
+                let _ = write!(what, "; late results {} ({})", t.late_results, t.late_result.as_deref().unwrap_or("-"));
+            }
+            if let Some(r) = &t.reason {
+                let _ = write!(what, "; {r}");
+            }
+            let _ = writeln!(out, "    {:<26} {what}", o.id);
+        }
+        let late_ok = e.late.is_some_and(|l| e.tasks.get(l).is_some_and(|t| t.late_results == 1));
+        let late_alert = e.alerts.iter().any(|(a, _)| a.contains("late_result"));
+        let _ = writeln!(
+            out,
+            "  the late confirmation was recorded on its order and alerted: {}",
+            if late_ok && late_alert { "yes" } else { "NO" }
+        );
+        ok &= late_ok && late_alert;
+    }
+    let retried = e.tasks.values().filter(|t| t.failure_count > 0).count();
+    let count = |state: &str| counts.get(state).copied().unwrap_or(0);
+    let _ =
+        writeln!(out,
+        "\n  processed {}, compensated {}, error {}, cancelled {}, rejected {}; retried (FailureCount > 0) {retried}",
+        count("Processed"),
+        count("Compensated"),
+        count("Error"),
+        count("Cancelled"),
+        e.rejected.len()
+    );
+    let _ = writeln!(out, "  status messages on the reply queue: {}", e.statuses);
+    let _ = writeln!(
+        out,
+        "  rejected submissions (kept in the submission DLQ): {} ({})",
+        e.rejected.len(),
+        e.rejected.join("; ")
+    );
+    let _ = writeln!(out, "  operator alerts: {}", e.alerts.len());
+    for (a, _) in e.alerts {
+        let v: Value = serde_json::from_str(a).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "    - {} {}: {}",
+            v["kind"].as_str().unwrap_or("?"),
+            v["task_id"].as_str().unwrap_or("?"),
+            v["reason"].as_str().unwrap_or("")
+        );
+    }
+    let mut ledger_ok = true;
+    let _ = writeln!(out, "\n  order service ledger (effects applied, per order):");
+    for o in e.orders {
+        let (good, text) = if o.workflow == "order-lines" {
+            lines_ok(o, e.ledger)
+        } else {
+            let got: Vec<String> = e.ledger.iter().filter(|l| l.order == o.id).map(|l| l.op.clone()).collect();
+            (got == o.effects, got.join(" -> "))
+        };
+        ledger_ok &= good;
+        let _ = writeln!(out, "    {} {:<26} {text}", if good { "ok  " } else { "FAIL" }, o.id);
+    }
+    let keys: std::collections::HashSet<&str> = e.ledger.iter().map(|l| l.idempotency_key.as_str()).collect();
+    let exactly_once = keys.len() == e.ledger.len();
+    let _ = writeln!(
+        out,
+        "  every effect applied exactly once (no idempotency key twice in the ledger): {}",
+        if exactly_once { "yes" } else { "NO" }
+    );
+    ok &= ledger_ok && exactly_once;
+    let dup_ok = e
+        .tasks
+        .get(&e.orders[0].id)
+        .is_some_and(|t| t.history.iter().filter(|h| h.seq == 1).count() == 1 && t.steps[0].attempts == 1);
+    let _ = writeln!(out, "  duplicate submission created nothing new: {}", if dup_ok { "yes" } else { "NO" });
+    ok &= dup_ok && e.rejected.len() == 1 && !e.alerts.is_empty();
+    (out, ok)
+}
+
 /// Submit the sample orders, watch them, stop the runner if there is one, and check their ends.
 async fn scenario(
     sdk: &aws_config::SdkConfig,
@@ -557,93 +676,19 @@ async fn scenario(
         .filter_map(|(_, reason)| reason)
         .collect();
 
-    println!("\nsummary after {} s", started.elapsed().as_secs());
-    let mut ok = true;
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for o in &orders {
-        let t = tasks.get(&o.id);
-        let state = t.map(|t| t.process_state);
-        *counts.entry(state.map_or("missing".into(), |s| s.to_string())).or_default() += 1;
-        let good = state == Some(o.expect) && t.is_some_and(|t| t.failure_count >= o.min_failures);
-        ok &= good;
-        println!(
-            "  {} {:<26} expected {:<12} got {:<12} failures {}",
-            if good { "ok  " } else { "FAIL" },
-            o.id,
-            o.expect.to_string(),
-            state.map_or("-".into(), |s| s.to_string()),
-            t.map_or(0, |t| t.failure_count)
-        );
-    }
-    if with_async {
-        println!("\n  asynchronous shipping (callback steps):");
-        for o in orders.iter().filter(|o| o.workflow == "order-async") {
-            let Some(t) = tasks.get(&o.id) else { continue };
-            let ship = t.steps.iter().find(|s| s.name == "ship");
-            let mut what = format!("{}; ship attempts {}", t.process_state, ship.map_or(0, |s| s.attempts));
-            if t.late_results > 0 {
-                let _ = write!(what, "; late results {} ({})", t.late_results, t.late_result.as_deref().unwrap_or("-"));
-            }
-            if let Some(r) = &t.reason {
-                let _ = write!(what, "; {r}");
-            }
-            println!("    {:<26} {what}", o.id);
-        }
-        let late_ok = late.as_ref().is_some_and(|l| tasks.get(l).is_some_and(|t| t.late_results == 1));
-        let late_alert = alerts.iter().any(|(a, _)| a.contains("late_result"));
-        println!(
-            "  the late confirmation was recorded on its order and alerted: {}",
-            if late_ok && late_alert { "yes" } else { "NO" }
-        );
-        ok &= late_ok && late_alert;
-    }
-    let retried = tasks.values().filter(|t| t.failure_count > 0).count();
-    let count = |state: &str| counts.get(state).copied().unwrap_or(0);
-    println!(
-        "\n  processed {}, compensated {}, error {}, cancelled {}, rejected {}; retried (FailureCount > 0) {retried}",
-        count("Processed"),
-        count("Compensated"),
-        count("Error"),
-        count("Cancelled"),
-        rejected.len()
-    );
-    println!("  status messages on the reply queue: {}", statuses.len());
-    println!("  rejected submissions (kept in the submission DLQ): {} ({})", rejected.len(), rejected.join("; "));
-    println!("  operator alerts: {}", alerts.len());
-    for (a, _) in &alerts {
-        let v: Value = serde_json::from_str(a).unwrap_or_default();
-        println!(
-            "    - {} {}: {}",
-            v["kind"].as_str().unwrap_or("?"),
-            v["task_id"].as_str().unwrap_or("?"),
-            v["reason"].as_str().unwrap_or("")
-        );
-    }
     let ledger = service.ledger();
-    let mut ledger_ok = true;
-    println!("\n  order service ledger (effects applied, per order):");
-    for o in &orders {
-        let (good, text) = if o.workflow == "order-lines" {
-            lines_ok(o, &ledger)
-        } else {
-            let got: Vec<String> = ledger.iter().filter(|e| e.order == o.id).map(|e| e.op.clone()).collect();
-            (got == o.effects, got.join(" -> "))
-        };
-        ledger_ok &= good;
-        println!("    {} {:<26} {text}", if good { "ok  " } else { "FAIL" }, o.id);
-    }
-    let keys: std::collections::HashSet<&str> = ledger.iter().map(|e| e.idempotency_key.as_str()).collect();
-    let exactly_once = keys.len() == ledger.len();
-    println!(
-        "  every effect applied exactly once (no idempotency key twice in the ledger): {}",
-        if exactly_once { "yes" } else { "NO" }
-    );
-    ok &= ledger_ok && exactly_once;
-    let dup_ok = tasks
-        .get(&orders[0].id)
-        .is_some_and(|t| t.history.iter().filter(|h| h.seq == 1).count() == 1 && t.steps[0].attempts == 1);
-    println!("  duplicate submission created nothing new: {}", if dup_ok { "yes" } else { "NO" });
-    ok &= dup_ok && rejected.len() == 1 && !alerts.is_empty();
+    let (text, ok) = summary(&Ends {
+        orders: &orders,
+        tasks: &tasks,
+        with_async,
+        late: late.as_deref(),
+        statuses: statuses.len(),
+        rejected: &rejected,
+        alerts: &alerts,
+        ledger: &ledger,
+        elapsed_secs: started.elapsed().as_secs(),
+    });
+    print!("{text}");
     print_timelines(&orders, &tasks);
     println!(
         "\n{}",
@@ -699,5 +744,166 @@ impl Emf {
             println!("    FAIL {} of {} records invalid: {:?}", self.invalid.len(), self.records, self.invalid);
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sas_core::protocol::{self, Ctx, HistoryEntry};
+    use sas_core::workflow::BUILT_IN_WORKFLOWS;
+    use sas_order_service::LedgerEntry;
+
+    /// A run in which every order ended as it was set up to, with the ledger that goes with it.
+    fn ended(run: &str) -> (Vec<Order>, BTreeMap<String, Task>, Vec<LedgerEntry>) {
+        let all = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).expect("the built-in workflows");
+        let mut orders = orders(run);
+        orders.extend(line_orders(run));
+        orders.extend(async_orders(run));
+        let (mut tasks, mut ledger) = (BTreeMap::new(), Vec::new());
+        let mut effect = |order: &str, op: &str, detail: Value| {
+            let seq = ledger.len() as u64 + 1;
+            let key = format!("{order}:{op}:{seq}");
+            ledger.push(LedgerEntry {
+                seq,
+                order: order.into(),
+                op: op.into(),
+                idempotency_key: key,
+                at_ms: 0,
+                detail,
+            });
+        };
+        for o in &orders {
+            let wf = all.resolve(o.workflow, None).expect("the order's workflow").clone();
+            let id = TaskId::try_from(o.id.as_str()).unwrap();
+            let policy = protocol::Policy::default();
+            let mut t = protocol::submit(id, wf, json!({}), None, &Ctx::at(Millis(1_000)), &policy).task;
+            t.process_state = o.expect;
+            t.failure_count = o.min_failures;
+            if o.expect == ProcessState::Compensated {
+                t.reason = Some("a step failed for good".into());
+            }
+            t.steps[0].attempts = 1;
+            t.history = vec![HistoryEntry {
+                seq: 1,
+                state: ProcessState::Processing,
+                step: Some(t.steps[0].name.clone()),
+                failure_count: 0,
+                reason: None,
+                at: Millis(1_000),
+            }];
+            if o.id.ends_with("-ship-late") {
+                t.late_results = 1;
+                t.late_result = Some("succeeded after the step had expired".into());
+                if let Some(ship) = t.steps.iter_mut().find(|s| s.name == "ship") {
+                    ship.attempts = 2;
+                }
+            }
+            if o.workflow == "order-lines" {
+                let lines = o.items.as_array().map_or(0, Vec::len);
+                if o.expect == ProcessState::Processed {
+                    (0..lines).for_each(|i| effect(&o.id, "reserve", json!({"line": i})));
+                    for op in ["charge", "screen", "ship"] {
+                        effect(&o.id, op, json!({}));
+                    }
+                } else if o.id.ends_with("lines-fraud") {
+                    (0..lines).for_each(|i| effect(&o.id, "reserve", json!({"line": i})));
+                    effect(&o.id, "charge", json!({}));
+                    effect(&o.id, "refund", json!({}));
+                    (0..lines).for_each(|i| effect(&o.id, "release", json!({"line": i})));
+                } else {
+                    effect(&o.id, "reserve", json!({"line": 0}));
+                    effect(&o.id, "release", json!({"line": 0}));
+                }
+            } else {
+                for op in o.effects {
+                    effect(&o.id, op, json!({}));
+                }
+            }
+            tasks.insert(o.id.clone(), t);
+        }
+        (orders, tasks, ledger)
+    }
+
+    /// Whether `line` is `pattern`, where each `…` of the pattern stands for any text.
+    fn matches(pattern: &str, line: &str) -> bool {
+        let parts: Vec<&str> = pattern.split('…').collect();
+        let (first, last) = (parts[0], parts[parts.len() - 1]);
+        if parts.len() == 1 {
+            return line == pattern;
+        }
+        if !line.starts_with(first) || !line.ends_with(last) || line.len() < first.len() + last.len() {
+            return false;
+        }
+        let mut rest = &line[first.len()..line.len() - last.len()];
+        for p in &parts[1..parts.len() - 1] {
+            match rest.find(p) {
+                Some(i) => rest = &rest[i + p.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// The README's excerpt of the demo's output is what the demo prints: each of its lines (its
+    /// `←` notes left out; `…` for what varies from run to run) is a line of the summary of a run
+    /// in which every order ended as set up, in the same order; its closing lines are the demo's.
+    #[test]
+    fn the_readme_s_excerpt_of_the_demo_is_what_the_demo_prints() {
+        let run = "demofbb444";
+        let (orders, tasks, ledger) = ended(run);
+        let rejected = vec!["the message is not JSON: EOF while parsing an object at line 1 column 72".to_owned()];
+        let alerts = vec![(
+            format!(r#"{{"kind": "late_result", "task_id": "{run}-ship-late", "reason": "late"}}"#),
+            None::<String>,
+        )];
+        let (text, ok) = summary(&Ends {
+            orders: &orders,
+            tasks: &tasks,
+            with_async: true,
+            late: orders.iter().find(|o| o.id.ends_with("-ship-late")).map(|o| o.id.as_str()),
+            statuses: 60,
+            rejected: &rejected,
+            alerts: &alerts,
+            ledger: &ledger,
+            elapsed_secs: 95,
+        });
+        assert!(ok, "every check holds on a run that ended as set up:\n{text}");
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("\nsummary after").expect("the README's excerpt of the demo");
+        let excerpt = &readme[start + 1..];
+        let excerpt = &excerpt[..excerpt.find("```").expect("the excerpt's end")];
+        let rendered: Vec<&str> = text.lines().collect();
+        let mut at = 0;
+        let source = include_str!("demo.rs");
+        for line in excerpt.lines() {
+            let line = line.split("   ←").next().unwrap_or(line).trim_end();
+            // an elided stretch, or a closing line printed after the summary
+            if line.trim().is_empty() || line.trim_start().starts_with('…') {
+                continue;
+            }
+            if !line.starts_with(' ') && !line.starts_with("summary") {
+                assert!(
+                    source.contains(&format!("\"{line}\"")),
+                    "the README's closing line {line:?} is not the demo's"
+                );
+                continue;
+            }
+            let found = rendered[at..].iter().position(|r| matches(line, r));
+            let Some(i) = found else {
+                panic!("the README's line {line:?} is not in the demo's summary (from line {at}):\n{text}")
+            };
+            at += i + 1;
+        }
+        assert!(at > 10, "the excerpt was checked ({at} lines of the summary reached)");
+    }
+
+    #[test]
+    fn an_ellipsis_matches_any_text_and_only_there() {
+        assert!(matches("summary after … s", "summary after 95 s"));
+        assert!(!matches("summary after … s", "summary before 95 s"));
+        assert!(matches("a … b … c", "a 1 b 2 c"));
+        assert!(!matches("a … b … c", "a 1 c 2 b"));
+        assert!(matches("exact", "exact") && !matches("exact", "exact!"));
     }
 }
