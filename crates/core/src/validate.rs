@@ -444,6 +444,16 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_s_workflow_is_valid_with_the_shipped_agents() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("```json\n{\"workflows\"").expect("the README's workflow") + "```json\n".len();
+        let wf = &readme[start..start + readme[start..].find("```").expect("its end")];
+        let r = check(wf, BUILT_IN_AGENTS, &deployed);
+        assert!(r.ok(), "{:#?}", r.problems);
+        assert_eq!(r.workflows, vec!["order@2".to_owned()]);
+    }
+
+    #[test]
     fn every_mistake_of_a_file_is_named_with_its_path_not_only_the_first() {
         // three mistakes in the workflows file (a misspelt field, a wrong type, a step with no
         // agent's timeout), two in the agents file, and a `$schema` key, which is no mistake
