@@ -285,6 +285,13 @@ pub struct Request {
     pub attributes: Option<Vec<String>>,
 }
 
+impl Request {
+    /// A call made by code, on a resource, naming no item key or attributes.
+    pub fn code(action: &str, resource: &str) -> Request {
+        Request { action: action.into(), resource: resource.into(), origin: Origin::Code, key: None, attributes: None }
+    }
+}
+
 /// One grant: an action pattern on a resource pattern of an Allow statement (a `NotAction` or
 /// `NotResource` statement is one grant as a whole).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

@@ -266,13 +266,7 @@ async fn the_operator_and_application_policies_allow_exactly_their_calls() {
     let account = stack_arn.split(':').nth(4).expect("an account").to_owned();
     let outputs = sas_cli::stack::outputs(&cfn, &s.name).await.expect("the outputs");
     let iam = aws_sdk_iam::Client::new(&s.sdk);
-    let req = |action: &str, resource: &str| sas_cli::iam::Request {
-        action: action.into(),
-        resource: resource.into(),
-        origin: sas_cli::iam::Origin::Code,
-        key: None,
-        attributes: None,
-    };
+    let req = sas_cli::iam::Request::code;
     let (table, scheduler, submission) =
         (&outputs["TaskTableArn"], &outputs["SchedulerQueueArn"], &outputs["SubmissionQueueArn"]);
 

@@ -442,13 +442,7 @@ async fn lambda_callback_steps_are_answered_through_the_queue_and_the_signed_url
         .expect("GetFunctionConfiguration");
     let fn_arn = callback_fn.function_arn().expect("an ARN").to_owned();
     let queue_arn = f.s.out("CallbackQueueArn").to_owned();
-    let req = |action: &str, resource: &str| sas_cli::iam::Request {
-        action: action.into(),
-        resource: resource.into(),
-        origin: sas_cli::iam::Origin::Code,
-        key: None,
-        attributes: None,
-    };
+    let req = sas_cli::iam::Request::code;
     let needed: BTreeMap<sas_cli::iam::Request, usize> = [
         (req("sqs:SendMessage", &queue_arn), 1),
         (req("lambda:InvokeFunctionUrl", &fn_arn), 1),
