@@ -181,12 +181,18 @@ pub async fn handle_event(
 }
 
 /// The agents of the file `SAS_AGENTS_FILE` names (the Agent function: `/opt/agents.json`, the
-/// configuration layer's), or the built-in ones; an invalid file's error names it.
+/// configuration layer's), or the built-in ones; an invalid file's error names it (a malformed
+/// `AgentVariables` is no fault of the file, and says so itself).
 fn agents_from_env() -> Result<AgentRuntime, Error> {
     AgentRuntime::from_env().map_err(|e| {
         let file = std::env::var("SAS_AGENTS_FILE").ok().filter(|f| !f.is_empty());
         match file {
-            Some(path) if !matches!(e, sas_core::agent::AgentConfigError::Io { .. }) => {
+            Some(path)
+                if !matches!(
+                    e,
+                    sas_core::agent::AgentConfigError::Io { .. } | sas_core::agent::AgentConfigError::Variables(_)
+                ) =>
+            {
                 format!("agent file {path} is not valid: {e}").into()
             }
             _ => e.into(),
