@@ -5,7 +5,7 @@
 //! references between steps, limits): `sasctl validate` is the full check.
 
 use schemars::generate::SchemaSettings;
-use schemars::Schema;
+use schemars::JsonSchema;
 use serde_json::{json, Value};
 
 use crate::agent::config::{AgentFile, AgentSpec};
@@ -13,15 +13,14 @@ use crate::workflow::{StepDefaults, WorkflowFile};
 
 /// The schema of a workflows file (`config/workflows.json`).
 pub fn workflows() -> Value {
-    let mut generator = SchemaSettings::draft2020_12().into_generator();
-    let defaults = generator.subschema_for::<StepDefaults>();
-    let mut root = generator.into_root_schema_for::<WorkflowFile>();
-    titled(&mut root, "sas workflows file", "The workflows a stack runs: config/workflows.json.");
-    let mut v = root.to_value();
+    let (mut v, defaults) = file_schema::<WorkflowFile, StepDefaults>(
+        "sas workflows file",
+        "The workflows a stack runs: config/workflows.json.",
+    );
     // `defaults` is read before the workflow itself (it fills the steps), so it is no field of
     // the workflow's type: the schema names it here.
     if let Some(props) = v.pointer_mut("/$defs/WorkflowDef/properties").and_then(Value::as_object_mut) {
-        let mut d = defaults.to_value();
+        let mut d = defaults;
         if let Some(o) = d.as_object_mut() {
             o.insert(
                 "description".into(),
@@ -35,11 +34,10 @@ pub fn workflows() -> Value {
 
 /// The schema of an agents file (`config/agents.json`).
 pub fn agents() -> Value {
-    let mut generator = SchemaSettings::draft2020_12().into_generator();
-    let _ = generator.subschema_for::<AgentSpec>();
-    let mut root = generator.into_root_schema_for::<AgentFile>();
-    titled(&mut root, "sas agents file", "The agents the stack's steps name: config/agents.json.");
-    let mut v = root.to_value();
+    let (mut v, _) = file_schema::<AgentFile, AgentSpec>(
+        "sas agents file",
+        "The agents the stack's steps name: config/agents.json.",
+    );
     // every kind may say how many of its calls run at once; it is read apart from the kind's fields
     let max = json!({
         "description": "How many calls of this agent may be in flight at once, across all tasks.",
@@ -53,7 +51,13 @@ pub fn agents() -> Value {
     v
 }
 
-fn titled(root: &mut Schema, title: &str, description: &str) {
+/// The schema of a file of type `F`, titled, with `P` among its definitions; and the schema
+/// that names `P` (a reference into them).
+fn file_schema<F: JsonSchema, P: JsonSchema>(title: &str, description: &str) -> (Value, Value) {
+    let mut generator = SchemaSettings::draft2020_12().into_generator();
+    let part = generator.subschema_for::<P>();
+    let mut root = generator.into_root_schema_for::<F>();
     root.insert("title".into(), title.into());
     root.insert("description".into(), description.into());
+    (root.to_value(), part.to_value())
 }

@@ -455,8 +455,8 @@ mod tests {
 
     #[test]
     fn every_mistake_of_a_file_is_named_with_its_path_not_only_the_first() {
-        // three mistakes in the workflows file (a misspelt field, a wrong type, a step with no
-        // agent's timeout), two in the agents file, and a `$schema` key, which is no mistake
+        // three mistakes in the workflows file (a misspelt field, a wrong type, an unknown
+        // on_failure), two in the agents file, and a `$schema` key, which is no mistake
         let wf = r#"{"$schema": "./schemas/workflows.schema.json", "workflows": [
             {"name": "w", "version": 1, "steps": [
                 {"name": "a", "agent": "svc", "timeout_ms": 1000, "max_atempts": 3},
