@@ -220,7 +220,9 @@ impl AgentRuntime {
             let call = agent.call(Call { request: req, call_no, deadline });
             let Ok(answer) = tokio::time::timeout(Duration::from_millis(left), call).await else {
                 warn!(task_id = %req.task_id, step = %req.step, call_no, %deadline, "call cut at the attempt's deadline");
-                return CallsEnded::OutOfTime { calls: call_no, last: None, key_in_use: false };
+                // still waiting for a key in use: that is the service's last answer
+                let key_in_use = in_use.is_some();
+                return CallsEnded::OutOfTime { calls: call_no, last: in_use, key_in_use };
             };
             match answer {
                 Ok(output) => return CallsEnded::Answered(Outcome::Succeeded { output }),
@@ -238,13 +240,23 @@ impl AgentRuntime {
                 }
                 Err(AgentError::Transient { message, retry_after }) => {
                     failed_calls += 1;
-                    in_use = None;
+                    let waited_for_key = in_use.take();
                     let backoff = retry_after.unwrap_or_else(|| self.retry.delay(failed_calls, rand::random()));
                     let time_left = Millis::now().until(deadline);
                     if u128::from(time_left) <= backoff.as_millis() {
                         // the client's own timeout at the deadline, or no time for another call
                         info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, %deadline, time_left_ms = time_left, "transient error with no time left for another call");
-                        return CallsEnded::OutOfTime { calls: call_no, last: Some(message), key_in_use: false };
+                        return match waited_for_key {
+                            // asking again for a key in use when the time ran out: the key may
+                            // still be held, which is the news, not the error that ended the ask
+                            // (the client's own timeout at the deadline, typically)
+                            Some(in_use) => CallsEnded::OutOfTime {
+                                calls: call_no,
+                                last: Some(format!("{in_use}; the next call: {message}")),
+                                key_in_use: true,
+                            },
+                            _ => CallsEnded::OutOfTime { calls: call_no, last: Some(message), key_in_use: false },
+                        };
                     }
                     if failed_calls >= self.retry.max_calls {
                         info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, "giving up this attempt: its calls are used");

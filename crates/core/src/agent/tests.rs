@@ -76,6 +76,46 @@ async fn a_key_still_in_use_at_the_attempt_s_deadline_is_a_timeout() {
     assert!(fast().run(&req(json!({"busy_calls": 1_000_000}), 1, 200)).await.is_none());
 }
 
+/// Answers that the key is in use until the deadline is near; the call then runs until the
+/// attempt's deadline and ends as a client's own timeout would (a transient error at the deadline).
+struct BusyThenClientTimeout;
+
+impl super::runtime::Agent for BusyThenClientTimeout {
+    fn call<'a>(
+        &'a self,
+        call: super::runtime::Call<'a>,
+    ) -> futures::future::BoxFuture<'a, Result<Value, super::runtime::AgentError>> {
+        Box::pin(async move {
+            if Millis::now().until(call.deadline) > 100 {
+                return Err(super::runtime::AgentError::KeyInUse {
+                    message: "HTTP 409: in progress".into(),
+                    retry_after: Some(Duration::from_millis(20)),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(Millis::now().until(call.deadline))).await;
+            Err(super::runtime::AgentError::Transient {
+                message: "timed out: error sending request".into(),
+                retry_after: None,
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_key_in_use_whose_last_ask_ends_in_the_client_s_timeout_at_the_deadline_still_says_so() {
+    // CI on 2026-11-26: the last ask of a 409 loop ended in the HTTP client's own timeout (set to
+    // the deadline) before the runtime's cut; the report named the timeout, not the key in use
+    let mut rt = AgentRuntime::new(CallRetry { max_calls: 2, base_ms: 1, max_ms: 5 });
+    rt.register("busy", BusyThenClientTimeout);
+    let mut r = req(json!({}), 1, 60_300);
+    r.start_by = Some(Millis::now().plus_ms(60_000));
+    r.agent = "busy".into();
+    let out = rt.run(&r).await.expect("said before CompleteBy");
+    let Outcome::TimedOut { error } = out.outcome else { panic!("{out:?}") };
+    assert!(error.starts_with("timed out: the idempotency key was still in use"), "{error}");
+    assert!(error.contains("HTTP 409: in progress") && error.contains("the next call: timed out"), "{error}");
+}
+
 #[tokio::test]
 async fn permanent_errors_are_reported_at_once() {
     let r = fast().run(&req(json!({"permanent": "declined"}), 1, 5_000)).await.unwrap();
