@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Developer tools, pinned, in two venvs under .local/tools/:
 # - venv: aws-sam-cli, samlocal, awslocal (+ aws CLI v1 via localstack-client deps), cargo-lambda
-#   (+ zig) and cfn-lint (infra/requirements-tools.txt). cargo-lambda must sit in the same venv as
-#   sam, or sam build cannot find zig.
+#   (+ zig), cfn-lint, and ruff and pytest for the project's Python (infra/requirements-tools.txt).
+#   cargo-lambda must sit in the same venv as sam, or sam build cannot find zig.
 # - checkov-venv: checkov (infra/requirements-checkov.txt); its pins clash with the first venv.
 #
 #   infra/tools.sh install        create/update both venvs (idempotent, one stamp per venv)
@@ -55,6 +55,8 @@ install_tools() {
     sam --version
   "$TOOLS_VENV/bin/cargo-lambda" lambda --version >/dev/null
   "$TOOLS_VENV/bin/cfn-lint" --version >/dev/null
+  "$TOOLS_VENV/bin/ruff" --version >/dev/null
+  "$TOOLS_VENV/bin/pytest" --version >/dev/null
 }
 
 install_checkov() {
