@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# make lambda-smoke: build the five function binaries and boot each under a minimal Lambda Runtime
-# API (infra/lambda_smoke.py). No stack and no AWS endpoint are needed.
+# make lambda-smoke: build the five function binaries and boot each under a Lambda Runtime API, the
+# host Lambda executor's (infra/lambda_smoke.py). No stack and no AWS endpoint are needed.
 set -euo pipefail
 # shellcheck source=infra/env.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/env.sh"

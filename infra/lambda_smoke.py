@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Boot each Lambda binary under a minimal Lambda Runtime API and invoke it.
+"""Boot each Lambda binary under a Lambda Runtime API and invoke it.
 
 The handlers' behaviour on every fixture in events/ is tested in Rust
 (functions/tests/fixtures.rs, on the in-memory twins). This checks what only a real process can:
@@ -8,25 +8,32 @@ reports an error the way Lambda expects, and refuses to start without its config
 
     python3 infra/lambda_smoke.py [TARGET_DIR]     # default target/debug; run `cargo build --workspace --bins` first
 
-Prints one line per check (`  PASS ...` / `  FAIL ...`) and exits 1 if any failed. Standard library only;
-no AWS endpoint is contacted (the endpoint is a closed local port).
+The Runtime API is the host Lambda executor's (infra/lambda-executor/sas_lambda_executor/runtime_api.py,
+the server the functions talk to under LocalStack), fed by a queue here instead of LocalStack.
+Prints one line per check (`  PASS ...` / `  FAIL ...`) and exits 1 if any failed. Standard library
+and that package only; no AWS endpoint is contacted (the endpoint is a closed local port).
 """
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
-import queue
 import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
+from collections import deque
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The Runtime API of the host Lambda executor (infra/lambda-executor), imported from the source tree.
+sys.path.insert(0, str(ROOT / "infra" / "lambda-executor"))
+
+from sas_lambda_executor.runtime_api import Event, RuntimeApiServer  # noqa: E402 - after the path
+
 ROLES = ["submitter", "scheduler", "agent", "supervisor", "callback"]
 FAILURES: list[str] = []
 
@@ -41,66 +48,80 @@ def check(ok: bool, what: str, why: str = "") -> bool:
 
 
 class RuntimeApi:
-    """One function's Runtime API: hands out queued events, collects responses and errors."""
+    """One function's Runtime API: the host Lambda executor's server (`RuntimeApiServer`, the one
+    LocalStack's functions talk to) with a backend that hands out the events `invoke` queues."""
 
-    def __init__(self) -> None:
-        self.events: queue.Queue[tuple[str, bytes]] = queue.Queue()
-        self.results: queue.Queue[tuple[str, str, dict]] = queue.Queue()
-        self.polled = threading.Event()
-        api = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:  # quiet
-                pass
-
-            def do_GET(self) -> None:
-                if self.path != "/2018-06-01/runtime/invocation/next":
-                    self.send_error(404)
-                    return
-                api.polled.set()
-                request_id, body = api.events.get()
-                self.send_response(200)
-                self.send_header("Lambda-Runtime-Aws-Request-Id", request_id)
-                self.send_header("Lambda-Runtime-Deadline-Ms", str(int(time.time() * 1000) + 30_000))
-                self.send_header("Lambda-Runtime-Invoked-Function-Arn", "arn:aws:lambda:us-east-1:000000000000:function:smoke")
-                self.send_header("Lambda-Runtime-Trace-Id", "Root=1-00000000-000000000000000000000000")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length", "0"))
-                data = self.rfile.read(length) if length else b"{}"
-                parts = self.path.strip("/").split("/")
-                kind = parts[-1]  # response | error (invocation or init)
-                request_id = parts[-2] if kind in ("response", "error") and "invocation" in parts else "init"
-                try:
-                    payload = json.loads(data or b"{}")
-                except ValueError:
-                    payload = {"raw": data.decode(errors="replace")}
-                api.results.put((request_id, kind, payload))
-                self.send_response(202)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def __init__(self, name: str) -> None:
+        self.name = name  # RuntimeBackend.name, in the server's debug log
+        self.polled = threading.Event()  # the first GET /next: the runtime has initialised
+        self.init_errors: list[bytes] = []  # documents the runtime posted to /init/error
+        self._cond = threading.Condition()
+        self._queue: deque[Event] = deque()
+        self._inflight: dict[str, Event] = {}
+        self._closed = False
+        self.server = RuntimeApiServer(self)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
 
     @property
     def address(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"{host}:{port}"
+        return self.server.address
+
+    # RuntimeBackend, called from the server's handler threads.
+    def next_event(self) -> Event | None:
+        self.polled.set()
+        with self._cond:
+            while not self._queue and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return None
+            event = self._queue.popleft()
+            self._inflight[event.request_id] = event
+        return event
+
+    def event_done(self, request_id: str, body: bytes, is_error: bool) -> bool | None:
+        with self._cond:
+            event = self._inflight.pop(request_id, None)
+        return None if event is None else event.finish(body, is_error)
+
+    def init_error(self, body: bytes) -> None:
+        with self._cond:
+            self.init_errors.append(body)
 
     def invoke(self, event: object, timeout: float = 30.0) -> tuple[str, dict]:
-        request_id = str(uuid.uuid4())
-        self.events.put((request_id, json.dumps(event).encode()))
-        rid, kind, payload = self.results.get(timeout=timeout)
-        assert rid == request_id, f"answer for {rid}, expected {request_id}"
-        return kind, payload
+        """Queue `event` for the runtime's GET /next and wait for its answer: ("response" or
+        "error", the answer's JSON), or ("timeout", {}) when none came within `timeout`."""
+        pending = Event(
+            request_id=str(uuid.uuid4()),
+            function_arn=f"arn:aws:lambda:us-east-1:000000000000:function:{self.name}",
+            trace_id="Root=1-00000000-000000000000000000000000",
+            body=json.dumps(event).encode(),
+            deadline_ms=int((time.time() + timeout) * 1000),
+        )
+        with self._cond:
+            self._queue.append(pending)
+            self._cond.notify_all()
+        try:
+            body, is_error = pending.result.result(timeout=timeout)
+        except FutureTimeout:
+            with self._cond:
+                if pending in self._queue:
+                    self._queue.remove(pending)
+                self._inflight.pop(pending.request_id, None)
+            if pending.finish(b"", True):  # an answer from now on gets 400
+                return "timeout", {}
+            body, is_error = pending.result.result()  # it came in just now
+        try:
+            payload = json.loads(body or b"{}")
+        except ValueError:
+            payload = {"raw": body.decode(errors="replace")}
+        return ("error" if is_error else "response"), payload if isinstance(payload, dict) else {"value": payload}
 
     def close(self) -> None:
+        with self._cond:
+            self._closed = True  # a waiting GET /next returns: the server hangs up
+            self._cond.notify_all()
         self.server.shutdown()
+        self.server.server_close()
 
 
 def closed_port() -> int:
@@ -138,37 +159,52 @@ def function_env(role: str, api: RuntimeApi | None) -> dict[str, str]:
     return env
 
 
+def wait_for_poll(api: RuntimeApi, proc: subprocess.Popen, timeout: float) -> bool:
+    """Until the runtime's first GET /next; False when it exits or posts /init/error first, or on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if api.polled.wait(0.05):
+            return True
+        if proc.poll() is not None or api.init_errors:
+            return api.polled.is_set()
+    return False
+
+
 def smoke(target: Path, role: str) -> None:
     binary = target / f"sas-{role}"
     if not check(binary.is_file() and os.access(binary, os.X_OK), f"sas-{role}: binary built", str(binary)):
         return
-    api = RuntimeApi()
-    log = open(ROOT / ".local" / f"lambda-smoke-{role}.log", "w")
-    proc = subprocess.Popen([str(binary)], env=function_env(role, api), stdout=log, stderr=subprocess.STDOUT)
-    try:
-        booted = api.polled.wait(timeout=20)
-        if not check(booted, f"sas-{role}: boots and polls the Runtime API", f"no poll in 20 s (exit {proc.poll()})"):
-            return
-        kind, payload = api.invoke({"unexpected": True})
+    api = RuntimeApi(f"sas-{role}")
+    with open(ROOT / ".local" / f"lambda-smoke-{role}.log", "w") as log:
+        proc = subprocess.Popen([str(binary)], env=function_env(role, api), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            smoke_running(api, proc, role)
+        finally:
+            proc.kill()
+            proc.wait()
+            api.close()
+
+
+def smoke_running(api: RuntimeApi, proc: subprocess.Popen, role: str) -> None:
+    booted = wait_for_poll(api, proc, timeout=20)
+    why = f"init error {api.init_errors[0].decode(errors='replace')}" if api.init_errors else "no poll in 20 s"
+    if not check(booted, f"sas-{role}: boots and polls the Runtime API", f"{why} (exit {proc.poll()})"):
+        return
+    kind, payload = api.invoke({"unexpected": True})
+    check(
+        kind == "error" and "does not handle this event" in payload.get("errorMessage", ""),
+        f"sas-{role}: an unrecognised event is answered with a function error",
+        f"{kind}: {payload}",
+    )
+    if role == "agent":
+        event = json.loads((ROOT / "events" / "agent-sqs.json").read_text())
+        kind, payload = api.invoke(event)
         check(
-            kind == "error" and "does not handle this event" in payload.get("errorMessage", ""),
-            f"sas-{role}: an unrecognised event is answered with a function error",
+            kind == "response" and payload == {"batchItemFailures": []},
+            "sas-agent: answers events/agent-sqs.json with an empty batchItemFailures",
             f"{kind}: {payload}",
         )
-        if role == "agent":
-            event = json.loads((ROOT / "events" / "agent-sqs.json").read_text())
-            kind, payload = api.invoke(event)
-            check(
-                kind == "response" and payload == {"batchItemFailures": []},
-                "sas-agent: answers events/agent-sqs.json with an empty batchItemFailures",
-                f"{kind}: {payload}",
-            )
-        check(proc.poll() is None, f"sas-{role}: still running after its invocations", f"exit {proc.poll()}")
-    finally:
-        proc.kill()
-        proc.wait()
-        api.close()
-        log.close()
+    check(proc.poll() is None, f"sas-{role}: still running after its invocations", f"exit {proc.poll()}")
 
 
 def refuses_without_configuration(target: Path) -> None:
@@ -189,7 +225,7 @@ def main() -> int:
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "target" / "debug"
     (ROOT / ".local").mkdir(exist_ok=True)
     started = time.monotonic()
-    print(f"Lambda binaries under a minimal Runtime API ({target})")
+    print(f"Lambda binaries under the host executor's Runtime API ({target})")
     for role in ROLES:
         smoke(target, role)
     refuses_without_configuration(target)
