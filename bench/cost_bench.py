@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import math
 import os
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import urllib.request
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cost_proxy import Upstream, item_size  # noqa: E402
+from cost_proxy import Upstream, item_size
 
 # us-east-1 list prices, $ per million.
 PRICE = {"sqs": 0.40, "sqs_fifo": 0.50, "wcu": 0.625, "rcu": 0.125, "lambda": 0.20, "sns": 0.50}
@@ -92,7 +91,13 @@ WORKLOADS = [
     ("sim-step", "sim-step", {}, 200, {"reserve": 1}),
     ("sim-step, 1 retry", "sim-step", {"sim": {"reserve": {"fail_attempts": 1}}}, 200, {"reserve": 2}),
     ("sim-order", "sim-order", {}, 100, {"reserve": 1, "charge": 1, "ship": 1}),
-    ("sim-order, 1 retry", "sim-order", {"sim": {"charge": {"fail_attempts": 1}}}, 100, {"reserve": 1, "charge": 2, "ship": 1}),
+    (
+        "sim-order, 1 retry",
+        "sim-order",
+        {"sim": {"charge": {"fail_attempts": 1}}},
+        100,
+        {"reserve": 1, "charge": 2, "ship": 1},
+    ),
     # one task whose map step reserves 1,000 lines (each an element task), then charges: the
     # figures per task are per map; print_report adds them per element
     ("sim-map, 1,000 elements", "sim-map", {"lines": [{"sku": f"s{i}"} for i in range(1000)]}, 1,
@@ -120,7 +125,8 @@ class Env:
 
     # -- proxy control ---------------------------------------------------------------------
     def reset(self):
-        urllib.request.urlopen(urllib.request.Request(self.proxy_url + "/_cost/reset", method="POST"), timeout=10).read()
+        request = urllib.request.Request(self.proxy_url + "/_cost/reset", method="POST")
+        urllib.request.urlopen(request, timeout=10).read()
 
     def counters(self) -> dict:
         with urllib.request.urlopen(self.proxy_url + "/_cost/counters", timeout=10) as r:
@@ -138,7 +144,14 @@ class Env:
         for url in self.queues.values():
             attrs = self.sqs(
                 "GetQueueAttributes",
-                {"QueueUrl": url, "AttributeNames": ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible", "ApproximateNumberOfMessagesDelayed"]},
+                {
+                    "QueueUrl": url,
+                    "AttributeNames": [
+                        "ApproximateNumberOfMessages",
+                        "ApproximateNumberOfMessagesNotVisible",
+                        "ApproximateNumberOfMessagesDelayed",
+                    ],
+                },
             )["Attributes"]
             total += sum(int(v) for v in attrs.values())
         return total
@@ -274,7 +287,7 @@ def summarize(rows: list[dict], tasks: int, env_roles: dict[str, str], reply_que
 def fmt(x: float, digits: int = 2) -> str:
     if x == 0:
         return "0"
-    return f"{x:.{digits}f}".rstrip("0").rstrip(".") if abs(x - round(x)) > 1e-9 else str(int(round(x)))
+    return f"{x:.{digits}f}".rstrip("0").rstrip(".") if abs(x - round(x)) > 1e-9 else str(round(x))
 
 
 def index_names(results: list[dict]) -> list[str]:
@@ -291,7 +304,8 @@ def main_table(results: list[dict]) -> str:
     head = ["workload", "tasks", "requests", "SQS", "(submit)", "DynamoDB", "Lambda inv.", "RCU", "WCU", "WCU table"]
     head += [f"WCU {i}" for i in ixs]
     head += ["$/M tasks", "replies", "$/M replies", "alerts", "$/M alerts"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
+    rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"
+    lines = ["| " + " | ".join(head) + " |", rule]
     for r in results:
         p = r["summary"]["per_task"]
         cells = [r["name"], str(r["tasks"]), fmt(p["requests"]), fmt(p["sqs"]), fmt(p["submit"]), fmt(p["dynamodb"]),
@@ -347,7 +361,12 @@ def submit(env: Env, workflow: str, inp: dict, ids: list[str], reply_url: str) -
 
     def one(chunk):
         entries = [
-            {"Id": str(i), "MessageBody": json.dumps({"v": 1, "task_id": t, "workflow": workflow, "input": inp, "reply_to": reply_url})}
+            {
+                "Id": str(i),
+                "MessageBody": json.dumps(
+                    {"v": 1, "task_id": t, "workflow": workflow, "input": inp, "reply_to": reply_url}
+                ),
+            }
             for i, t in enumerate(chunk)
         ]
         out = env.sqs("SendMessageBatch", {"QueueUrl": url, "Entries": entries}, up=env.via_proxy)
@@ -361,11 +380,13 @@ def submit(env: Env, workflow: str, inp: dict, ids: list[str], reply_url: str) -
 def drain(env: Env, url: str) -> int:
     n = 0
     while True:
-        msgs = env.sqs("ReceiveMessage", {"QueueUrl": url, "MaxNumberOfMessages": 10, "WaitTimeSeconds": 0}).get("Messages", [])
+        received = env.sqs("ReceiveMessage", {"QueueUrl": url, "MaxNumberOfMessages": 10, "WaitTimeSeconds": 0})
+        msgs = received.get("Messages", [])
         if not msgs:
             return n
         n += len(msgs)
-        env.sqs("DeleteMessageBatch", {"QueueUrl": url, "Entries": [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(msgs)]})
+        entries = [{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(msgs)]
+        env.sqs("DeleteMessageBatch", {"QueueUrl": url, "Entries": entries})
 
 
 def check(items: dict[str, dict], ids: list[str], expected: dict[str, int]) -> list[str]:
@@ -403,7 +424,11 @@ def run_workload(env: Env, a, reply_url: str, reply_queue: str, spec) -> dict:
         terminal = sum(1 for i in items.values() if i.get("ProcessState", {}).get("S") in TERMINAL)
         if a.in_flight and workflow == "sim-order" and not os.path.exists(a.in_flight):
             # Keep one in-flight sim-order item (for the sweep benchmark's expired copies).
-            live = [i for i in items.values() if "CompleteBy" in i and "Shard" in i and i["ProcessState"]["S"] == "Processing"]
+            live = [
+                i
+                for i in items.values()
+                if "CompleteBy" in i and "Shard" in i and i["ProcessState"]["S"] == "Processing"
+            ]
             if live:
                 with open(a.in_flight, "w") as f:
                     json.dump(live[0], f)
@@ -493,7 +518,10 @@ def cmd_workloads(a):
     print_report(out, env)
     bad = [r for r in results if r["problem_count"] or r["summary"]["totals"]["errors"]]
     for r in bad:
-        log(f"FAILED {r['name']}: {r['problem_count']} task(s) not as expected, {r['summary']['totals']['errors']} request error(s): {r['problems'][:5]}")
+        log(
+            f"FAILED {r['name']}: {r['problem_count']} task(s) not as expected, "
+            f"{r['summary']['totals']['errors']} request error(s): {r['problems'][:5]}"
+        )
     return 1 if bad else 0
 
 
@@ -503,7 +531,8 @@ def print_report(out: dict, env: Env):
     p = print
     p(f"\n## Cost per task ({out['stack']}, {time.strftime('%Y-%m-%d')}; figures are per completed task)\n")
     p(main_table(results))
-    p("""
+    budget = out["queue_budget_ms"]
+    p(f"""
 - requests = SQS + DynamoDB requests per task; SQS includes the submission (the `(submit)` column:
   SendMessageBatch of 10) and the non-empty ReceiveMessage calls; empty receives (idle polling) are not
   per task and are excluded (see below). Lambda inv. = one invocation per non-empty receive (one batch).
@@ -514,11 +543,14 @@ def print_report(out: dict, env: Env):
   Lambda duration (GB-s) is NOT counted.
 - replies = sends to the caller's reply queue (SQS, $0.40/M); alerts = SNS publishes ($0.50/M); both
   priced separately from the task cost.
-- Deadline timers are included: the runner uses a short queue budget (QUEUE_BUDGET_MS=%s), so every
-  timer fired (receive + GetItem + delete) before the counters were read.""" % out["queue_budget_ms"])
+- Deadline timers are included: the runner uses a short queue budget (QUEUE_BUDGET_MS={budget}), so every
+  timer fired (receive + GetItem + delete) before the counters were read.""")
     if any(r.get("seeing") for r in results):
         p(f"\n### What seeing costs: log lines and EMF records per task (RUST_LOG={out.get('log_level')})\n")
-        p("| workload | log lines | log bytes | EMF records | EMF bytes | $/M tasks (CloudWatch Logs, $0.50/GB) | lines by level |")
+        p(
+            "| workload | log lines | log bytes | EMF records | EMF bytes | $/M tasks (CloudWatch Logs, $0.50/GB) "
+            "| lines by level |"
+        )
         p("|---|---:|---:|---:|---:|---:|---|")
         for r in results:
             s = r.get("seeing")
@@ -546,7 +578,10 @@ def print_report(out: dict, env: Env):
     maps = [r for r in results if r["name"] in ELEMENTS]
     if maps:
         p("\n### Per map element\n")
-        p("| workload | elements | requests/element | WCU/element | RCU/element | $/M elements | failed conditional writes/element | drained in s |")
+        p(
+            "| workload | elements | requests/element | WCU/element | RCU/element | $/M elements "
+            "| failed conditional writes/element | drained in s |"
+        )
         p("|---|---:|---:|---:|---:|---:|---:|---:|")
         for r in maps:
             k = ELEMENTS[r["name"]] * r["tasks"]
@@ -555,9 +590,10 @@ def print_report(out: dict, env: Env):
               f"{fmt(per['rcu'] * r['tasks'] / k)} | ${per['usd_per_million'] * r['tasks'] / k:.2f} | "
               f"{fmt(tot['failed_conditions'] / k, 3)} | {r['drain_secs']} |")
         p("- The parent's own steps (charge) and its submission are spread over the elements; a map element "
-          "is created, claimed, run and ended as a task of its own, and the ends one batch brings to the parent are one write on it.")
+          "is created, claimed, run and ended as a task of its own, and the ends one batch brings to the parent "
+          "are one write on it.")
     idle, sw = out["idle"], out["idle_sweep"]
-    p(f"\n### Scheduled costs (not per task)\n")
+    p("\n### Scheduled costs (not per task)\n")
     polled = len({r["resource"] for r in idle["rows"] if r["op"] == "ReceiveMessage"})
     p(f"- Idle polling (local runner: one long poll of 2 s at a time per queue, {polled} queues): "
       f"{idle['empty_receives_per_hour']:.0f} empty ReceiveMessage per hour = ${idle['usd_per_hour']:.4f}/hour "
@@ -635,16 +671,20 @@ def cmd_sweep(a):
     if previous:
         env.batch_write([{"DeleteRequest": {"Key": {"TaskId": {"S": t}}}} for t in previous])
     out["sweep_bench"] = {"finished_items": total, "load_secs": round(load_secs, 1), "threads": a.threads,
-                          "finished_item_bytes": item_size(finished), "in_flight_item_bytes": item_size(in_flight), "runs": runs}
+                          "finished_item_bytes": item_size(finished), "in_flight_item_bytes": item_size(in_flight),
+                          "runs": runs}
     with open(a.json_out, "w") as f:
         json.dump(out, f, indent=1)
     print(f"\n## Sweep with {total:,} finished tasks in the table (loaded in {load_secs:.0f} s)\n")
-    print("| expired in-flight tasks | requests | Query requests | Query RCU | items read | bytes read | RCU total | WCU total | sweep report | secs |")
+    print("| expired in-flight tasks | requests | Query requests | Query RCU | items read | bytes read | RCU total "
+          "| WCU total | sweep report | secs |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in runs:
-        print(f"| {r['expired']} | {r['requests']} | {r['query_requests']} | {fmt(r['query_rcu'])} | {r['query_items']} | "
+        print(f"| {r['expired']} | {r['requests']} | {r['query_requests']} | {fmt(r['query_rcu'])} "
+              f"| {r['query_items']} | "
               f"{r['query_bytes']} | {fmt(r['rcu'])} | {r['wcu']} | {json.dumps(r['report'])} | {r['secs']} |")
-    print("\nRequests by operation: " + "; ".join(f"K={r['expired']}: " + ", ".join(f"{k} {v}" for k, v in sorted(r["by_op"].items())) for r in runs))
+    by_op = (f"K={r['expired']}: " + ", ".join(f"{k} {v}" for k, v in sorted(r["by_op"].items())) for r in runs)
+    print("\nRequests by operation: " + "; ".join(by_op))
     return 0
 
 
@@ -661,7 +701,9 @@ def main(argv=None):
     p.add_argument("--quiet-timeout", type=float, default=240)
     p.add_argument("--settle", type=float, default=5)
     p.add_argument("--idle-secs", type=float, default=20)
-    p.add_argument("--runner-out", help="the local runner's stdout (JSON logs and EMF records), to count what seeing costs")
+    p.add_argument(
+        "--runner-out", help="the local runner's stdout (JSON logs and EMF records), to count what seeing costs"
+    )
     p.add_argument("--in-flight", help="sweep: a JSON file with an in-flight task item (DynamoDB JSON)")
     p.add_argument("--finished", type=int, default=100_000)
     p.add_argument("--expired", default="0,10,100")

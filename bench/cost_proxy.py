@@ -25,6 +25,7 @@ GET /_cost/health. The pure cost functions are unit-tested in bench/test_cost_pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import decimal
 import gzip
 import http.client
@@ -113,7 +114,7 @@ class IndexDef:
         self.non_key = list(non_key or [])
 
     @classmethod
-    def from_description(cls, gsi: dict) -> "IndexDef":
+    def from_description(cls, gsi: dict) -> IndexDef:
         proj = gsi.get("Projection", {})
         return cls(
             gsi["IndexName"],
@@ -216,7 +217,12 @@ class Upstream:
                 r = c.getresponse()
                 data = r.read()
                 return r.status, r.reason, r.getheaders(), data
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, http.client.CannotSendRequest):
+            except (
+                http.client.RemoteDisconnected,
+                ConnectionResetError,
+                BrokenPipeError,
+                http.client.CannotSendRequest,
+            ):
                 if attempt:
                     raise
         raise AssertionError("unreachable")
@@ -294,7 +300,8 @@ class Counters:
 
     def snapshot(self) -> dict:
         with self.lock:
-            return {"since": self.since, "until": time.time(), "rows": [dict(r, wcu=dict(r["wcu"])) for r in self.rows.values()]}
+            rows = [dict(r, wcu=dict(r["wcu"])) for r in self.rows.values()]
+            return {"since": self.since, "until": time.time(), "rows": rows}
 
 
 class Tables:
@@ -418,7 +425,7 @@ class Proxy:
                     for r in reqs:
                         src = r["PutRequest"]["Item"] if "PutRequest" in r else r["DeleteRequest"]["Key"]
                         unprocessed.add((t, json.dumps({k: src[k] for k in keys}, sort_keys=True)))
-            for (t, key, kind), b, a in zip(targets, before, after):
+            for (t, key, kind), b, a in zip(targets, before, after, strict=True):
                 if (t, json.dumps(key, sort_keys=True)) in unprocessed:
                     continue
                 keys, ixs = self.tables.get(t)
@@ -432,7 +439,7 @@ class Proxy:
             return
         err = json.loads(decoded(rheaders, rbody) or b"{}").get("__type", "")
         if "ConditionalCheckFailed" in err or "TransactionCanceled" in err:
-            for (t, key, _), b in zip(targets, before):
+            for (t, key, _), b in zip(targets, before, strict=True):
                 cost = failed_write_cost(b, transactional)
                 add(cost)
                 self._trace(op + " (condition failed)", t, key, b, b, cost, [], [])
@@ -446,7 +453,8 @@ class Proxy:
             return
         state = lambda i: (i or {}).get("ProcessState", {}).get("S")  # noqa: E731
         line = {
-            "t": round(time.time(), 3), "op": op, "table": table, "key": {k: next(iter(v.values())) for k, v in key.items()},
+            "t": round(time.time(), 3), "op": op, "table": table,
+            "key": {k: next(iter(v.values())) for k, v in key.items()},
             "state": [state(before), state(after)], "size": [item_size(before), item_size(after)],
             "index_entry": {ix.name: [ix.entry_size(e) if (e := ix.entry(before, keys)) else None,
                                       ix.entry_size(e) if (e := ix.entry(after, keys)) else None] for ix in ixs},
@@ -492,13 +500,18 @@ class Proxy:
         if op == "GetItem":
             item = out.get("Item")
             if "ProjectionExpression" in params or "AttributesToGet" in params:
-                item = self.upstream.ddb("GetItem", {"TableName": table, "Key": params["Key"], "ConsistentRead": True}).get("Item")
+                item = self.upstream.ddb(
+                    "GetItem", {"TableName": table, "Key": params["Key"], "ConsistentRead": True}
+                ).get("Item")
             rcu = read_units_for(item_size(item), bool(params.get("ConsistentRead")))
             self.counters.add("dynamodb", op, table, rcu=rcu, items=1 if item else 0)
         elif op in ("Query", "Scan"):
             returned = out.get("Items", [])
             read = returned
-            shadow = {k: v for k, v in params.items() if k not in ("ProjectionExpression", "AttributesToGet", "Select", "FilterExpression", "QueryFilter", "ScanFilter")}
+            shaping = (
+                "ProjectionExpression", "AttributesToGet", "Select", "FilterExpression", "QueryFilter", "ScanFilter"
+            )
+            shadow = {k: v for k, v in params.items() if k not in shaping}
             if len(shadow) != len(params):
                 # Units follow the items read, before projection and filter: read them again.
                 used = " ".join(str(shadow.get(k, "")) for k in ("KeyConditionExpression", "ConditionExpression"))
@@ -595,7 +608,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._reply(502, "Bad Gateway", [("Content-Type", "text/plain")], f"cost_proxy: {e!r}\n".encode())
         return self._reply(status, reason, rheaders, rbody)
 
-    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _any
+    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = do_PATCH = _any  # noqa: N815 - http.server's handler names
 
 
 def serve(listen: str, upstream: str, port_file: str | None, trace: str | None = None):
@@ -611,10 +624,8 @@ def serve(listen: str, upstream: str, port_file: str | None, trace: str | None =
 
         os.replace(port_file + ".tmp", port_file)
     print(f"cost_proxy: listening on {host or '127.0.0.1'}:{actual}, forwarding to {upstream}", file=sys.stderr)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
 
 
 def main(argv=None):

@@ -154,8 +154,9 @@ class IndexUnits(unittest.TestCase):
     def test_a_whole_lifecycle(self):
         # create in flight (table 1, deadline put, state put), finish (deadline delete, state key change)
         created, done = in_flight(10), finished(10)
-        self.assertEqual(write_cost(None, created, KEYS, [BY_DEADLINE, BY_STATE]), {"table": 1, "ByCompleteBy": 1, "ByProcessState": 1})
-        self.assertEqual(write_cost(created, done, KEYS, [BY_DEADLINE, BY_STATE]), {"table": 1, "ByCompleteBy": 1, "ByProcessState": 2})
+        both = [BY_DEADLINE, BY_STATE]
+        self.assertEqual(write_cost(None, created, KEYS, both), {"table": 1, "ByCompleteBy": 1, "ByProcessState": 1})
+        self.assertEqual(write_cost(created, done, KEYS, both), {"table": 1, "ByCompleteBy": 1, "ByProcessState": 2})
 
 
 class ReadUnits(unittest.TestCase):

@@ -26,7 +26,7 @@ def main():
     failed = 0
     files = sorted(ROOT.glob("config/*.json")) + sorted(ROOT.glob("examples/**/*.json"))
     for path in files:
-        kind = "workflows" if path.name.startswith("workflows") else "agents" if path.name.startswith("agents") else None
+        kind = next((k for k in ("workflows", "agents") if path.name.startswith(k)), None)
         if kind is None:
             continue
         doc = json.loads(path.read_text())
@@ -43,7 +43,8 @@ def main():
     # the schemas must refuse what the functions refuse
     bad_workflows = {"workflows": [{"name": "w", "version": 1, "steps": [
         {"name": "a", "agent": "x", "max_atempts": 3}, {"name": "b", "agent": "x", "timeout_ms": "5s"}]}]}
-    bad_agents = {"agents": {"a": {"kind": "htp", "url": "https://x"}, "b": {"kind": "http", "url": "https://x", "max_in_flight": 0}}}
+    bad_agents = {"agents": {
+        "a": {"kind": "htp", "url": "https://x"}, "b": {"kind": "http", "url": "https://x", "max_in_flight": 0}}}
     for kind, doc, want in (("workflows", bad_workflows, 2), ("agents", bad_agents, 2)):
         got = len(errors(kind, doc))
         if got < want:

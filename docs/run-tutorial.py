@@ -71,10 +71,10 @@ def main():
         sys.exit(f"{args.page}: no block marked {MARK}")
     # consecutive bash blocks run in one bash, so a variable set in one is there in the next
     group = []
-    for lang, line, code in found + [("end", 0, "")]:
-        code = substitute(lang, code, sets, old_values)
+    for lang, line, raw in [*found, ("end", 0, "")]:
+        code = substitute(lang, raw, sets, old_values)
         if lang != "bash" and group:
-            rc = subprocess.call(["bash", "-c", "\n".join(["set -euo pipefail"] + group)])
+            rc = subprocess.call(["bash", "-c", "\n".join(["set -euo pipefail", *group])])
             if rc:
                 sys.exit(f"{args.page}: a bash block exited {rc}")
             group = []

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
+import contextlib
 import io
 import json
 import os
@@ -157,7 +158,7 @@ class Resources:
         def attempt(what, fn, *args, **kwargs):
             try:
                 fn(*args, **kwargs)
-            except Exception as exc:  # keep cleaning up
+            except Exception as exc:  # noqa: BLE001 - keep cleaning up
                 if "NotFound" not in type(exc).__name__ and "NonExistent" not in str(exc):
                     problems.append(f"{what}: {exc}")
 
@@ -401,10 +402,8 @@ def check_json_logs(fn: str) -> None:
     r = invoke(fn, {"action": "echo"}, tail=True)
     kinds = []
     for line in r["log"].splitlines():
-        try:
+        with contextlib.suppress(ValueError, AttributeError):
             kinds.append(json.loads(line).get("type"))
-        except (ValueError, AttributeError):
-            pass
     check(
         r["error"] is None and "platform.start" in kinds and "platform.report" in kinds,
         "LoggingConfig LogFormat JSON -> platform.start/platform.report JSON records",
@@ -512,20 +511,20 @@ def main() -> int:
         role = create_role()
         py = zip_of(PY_BOOTSTRAP.format(python=sys.executable))
         specs = {
-            "tick": dict(code=py),
-            "fn": dict(code=py, timeout=2, env={"CHECK_MARKER": "from-function-env"}),
-            "json": dict(code=py, json_logs=True),
-            "initexit": dict(code=zip_of(SH_INIT_EXIT)),
-            "initerr": dict(code=py, env={"CHECK_INIT": "init-error"}),
-            "sqs": dict(code=py, timeout=5),
+            "tick": {"code": py},
+            "fn": {"code": py, "timeout": 2, "env": {"CHECK_MARKER": "from-function-env"}},
+            "json": {"code": py, "json_logs": True},
+            "initexit": {"code": zip_of(SH_INIT_EXIT)},
+            "initerr": {"code": py, "env": {"CHECK_INIT": "init-error"}},
+            "sqs": {"code": py, "timeout": 5},
         }
         with cf.ThreadPoolExecutor(len(specs)) as pool:
             futures = {k: pool.submit(create_function, role, k, **v) for k, v in specs.items()}
             names = {k: f.result() for k, f in futures.items()}
         note(f"{len(names)} functions Active")
-        rule, created, tick_since = start_schedule(names["tick"])
+        _, created, tick_since = start_schedule(names["tick"])
         since_ms = int(time.time() * 1000) - 1000
-    except Exception as exc:  # report, clean up what exists, fail
+    except Exception as exc:  # noqa: BLE001 - report, clean up what exists, fail
         check(False, "set-up (role, functions, rule)", f"{type(exc).__name__}: {exc}")
         R.cleanup()
         return 1
@@ -547,7 +546,7 @@ def main() -> int:
         for what, step in steps:
             try:
                 step()
-            except Exception as exc:  # one broken step must not hide the others
+            except Exception as exc:  # noqa: BLE001 - one broken step must not hide the others
                 check(False, f"{what} (step raised)", f"{type(exc).__name__}: {exc}")
     finally:
         R.cleanup()

@@ -120,7 +120,9 @@ class Run:
                     got.append(m)
                     self.sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
                 else:
-                    self.sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0)
+                    self.sqs.change_message_visibility(
+                        QueueUrl=url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
+                    )
             if len(got) >= count:
                 return got
             if time.monotonic() > deadline:
@@ -156,7 +158,7 @@ class Run:
         ]
         print(f"\n[{self.n:02d}] $ {shlex.join(cmd)}", flush=True)
         start = time.monotonic()
-        p = subprocess.run(cmd, cwd=self.args.root, capture_output=True, text=True, timeout=300)
+        p = subprocess.run(cmd, cwd=self.args.root, capture_output=True, text=True, timeout=300, check=False)
         took = time.monotonic() - start
         log = self.work / f"{self.n:02d}-{function}.log"
         log.write_text(p.stderr + "\n--- stdout ---\n" + p.stdout)
@@ -167,15 +169,16 @@ class Run:
             raise SystemExit(f"sam local invoke {function} failed (exit {p.returncode})")
         try:
             resp = json.loads(answer)
-        except json.JSONDecodeError:
-            raise SystemExit(f"{function} answered something that is not JSON: {answer[:300]}")
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"{function} answered something that is not JSON: {answer[:300]}") from exc
         if isinstance(resp, dict) and "errorType" in resp:
             raise SystemExit(f"{function} failed: {resp}")
         return resp
 
     # -- the table --------------------------------------------------------------------------------
     def task(self, task_id: str) -> dict:
-        item = self.ddb.get_item(TableName=self.out["TaskTableName"], Key={"TaskId": {"S": task_id}}, ConsistentRead=True).get("Item")
+        key = {"TaskId": {"S": task_id}}
+        item = self.ddb.get_item(TableName=self.out["TaskTableName"], Key=key, ConsistentRead=True).get("Item")
         if not item:
             return {}
         return {k: DESERIALIZE.deserialize(v) for k, v in item.items()}
@@ -232,16 +235,21 @@ def main() -> int:
     ta = r.task(a)
     c([s.get("name") for s in ta.get("Steps", [])] == ["approve", "reserve", "charge", "ship"],
       f"Submitter created task A with order-approval's four steps (steps {steps(ta)})")
-    c(bool(ta.get("LockedBy")) and steps(ta)[0] == "running", f"Submitter claimed the approve step (LockedBy set, steps {steps(ta)})")
+    c(bool(ta.get("LockedBy")) and steps(ta)[0] == "running",
+      f"Submitter claimed the approve step (LockedBy set, steps {steps(ta)})")
     req = r.take("AgentQueueUrl", of_task(a), "agent request of A's approve")
-    c(json.loads(req[0]["Body"]).get("callback") is not None, "Submitter sent the approve step to the agent queue, with its callback token")
+    c(json.loads(req[0]["Body"]).get("callback") is not None,
+      "Submitter sent the approve step to the agent queue, with its callback token")
 
     # 2. Agent: the approval kind publishes the token to ApprovalTopic (the approver's inbox).
     resp = r.invoke("AgentFunction", r.event("AgentQueueUrl", req))
     c(resp == {"batchItemFailures": []}, f"Agent answered {resp}")
     note = r.take("InboxUrl", lambda body: a in body, "approval request in the approver's inbox")
     message = json.loads(note[0]["Body"]).get("Message", "")
-    approve = next((line.split("approve:", 1)[1].strip() for line in message.splitlines() if line.strip().startswith("approve:")), None)
+    approve = next(
+        (line.split("approve:", 1)[1].strip() for line in message.splitlines() if line.strip().startswith("approve:")),
+        None,
+    )
     c(approve is not None, "Agent published the approval request, with the answer to send, to ApprovalTopic")
 
     # 3. Callback: the approver's answer, sent to the callback queue as the message says. The
@@ -251,7 +259,8 @@ def main() -> int:
     resp = r.invoke("CallbackFunction", r.event("CallbackQueueUrl", answer))
     c(resp == {"batchItemFailures": []}, f"Callback answered {resp}")
     ta = r.task(a)
-    c(steps(ta)[:2] == ["succeeded", "running"], f"Callback applied the approval and claimed reserve (steps {steps(ta)})")
+    c(steps(ta)[:2] == ["succeeded", "running"],
+      f"Callback applied the approval and claimed reserve (steps {steps(ta)})")
 
     # 4..9. Agent and Scheduler in turn: reserve, charge, ship over HTTP to the order service;
     # the Scheduler applies each result and dispatches the next step.
@@ -278,13 +287,15 @@ def main() -> int:
     sub = r.take("SubmissionQueueUrl", lambda body: b in body, "B's submission")
     r.invoke("SubmitterFunction", r.event("SubmissionQueueUrl", sub), no_budget)
     tb = r.task(b)
-    c(steps(tb)[:1] == ["running"] and bool(tb.get("CompleteBy")), f"Submitter claimed B's reserve (CompleteBy {tb.get('CompleteBy')})")
+    c(steps(tb)[:1] == ["running"] and bool(tb.get("CompleteBy")),
+      f"Submitter claimed B's reserve (CompleteBy {tb.get('CompleteBy')})")
     r.take("AgentQueueUrl", of_task(b), "agent request of B (dropped: the lost attempt)")
     wait = max(0.0, int(tb.get("CompleteBy", 0)) / 1000 - time.time()) + 1.0
     print(f"     waiting {wait:.1f} s for B's CompleteBy to pass", flush=True)
     time.sleep(wait)
     sweep_now = r.work / "env-sweep-now.json"
-    sweep_now.write_text(json.dumps({"Parameters": r.environment(RESULT_GRACE_MS="0", SWEEP_LAG_MS="0")}, indent=2) + "\n")
+    parameters = r.environment(RESULT_GRACE_MS="0", SWEEP_LAG_MS="0")
+    sweep_now.write_text(json.dumps({"Parameters": parameters}, indent=2) + "\n")
     scheduled = json.loads((args.root / "events/supervisor-scheduled.json").read_text())
     resp = r.invoke("SupervisorFunction", scheduled, sweep_now)
     c(isinstance(resp, dict) and resp.get("expired", 0) >= 1 and resp.get("errors") == 0,
@@ -293,11 +304,13 @@ def main() -> int:
     # the claim, a second timer for B. Both in one batch, as SQS may deliver them: the Supervisor
     # applies the expiry once.
     timers = r.take("SupervisorQueueUrl", of_task(b), "timers of B (the claim's and the sweep's)", count=2)
-    c(len(timers) == 2, f"the supervisor queue holds B's two timers, the claim's and the sweep's: {[t['Body'] for t in timers]}")
+    c(len(timers) == 2,
+      f"the supervisor queue holds B's two timers, the claim's and the sweep's: {[t['Body'] for t in timers]}")
     resp = r.invoke("SupervisorFunction", r.event("SupervisorQueueUrl", timers))
     c(resp == {"batchItemFailures": []}, f"Supervisor answered {resp}")
     tb = r.task(b)
-    c(tb.get("FailureCount") == 1, f"task B's FailureCount is {tb.get('FailureCount')}: the expired attempt counted once (steps {steps(tb)})")
+    c(tb.get("FailureCount") == 1,
+      f"task B's FailureCount is {tb.get('FailureCount')}: the expired attempt counted once (steps {steps(tb)})")
     # The retry waits out its backoff as a delayed run message; the Scheduler claims attempt 2.
     run = r.take("SchedulerQueueUrl", of_task(b, "run"), "B's retry (a delayed run message)", timeout=30)
     resp = r.invoke("SchedulerFunction", r.event("SchedulerQueueUrl", run))

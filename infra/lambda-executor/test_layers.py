@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sas_lambda_executor import layers  # noqa: E402 - after the path
+from sas_lambda_executor import layers
 
 
 class MergeAndRewrite(unittest.TestCase):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
@@ -61,7 +61,7 @@ class Event:
         """Set the result once; False when it was already set."""
         try:
             self.result.set_result((body, is_error))
-        except Exception:  # InvalidStateError: already finished
+        except InvalidStateError:  # already finished
             return False
         return True
 
@@ -113,7 +113,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _not_found(self) -> None:
         self._send(404, error_document("NotFound", f"no route {self.command} {self.path}"))
 
-    def do_GET(self):  # noqa: N802 - http.server naming
+    def do_GET(self):
         if self.path != f"{PREFIX}/invocation/next":
             self._not_found()
             return
@@ -138,7 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
                 True,
             )
 
-    def do_POST(self):  # noqa: N802 - http.server naming
+    def do_POST(self):
         body = self._body()
         backend = self.server.backend
         if self.path == f"{PREFIX}/init/error":

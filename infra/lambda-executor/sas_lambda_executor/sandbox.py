@@ -18,6 +18,7 @@ LocalStack itself is SIGKILLed (the parent-death signal follows the thread that 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import platform
@@ -117,7 +118,7 @@ class _Spawner:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._setpriv: str | None | bool = False  # False: not looked up yet
+        self._setpriv: str | bool | None = False  # False: not looked up yet
 
     def _prefix(self) -> list[str]:
         if not settings.PDEATHSIG:
@@ -150,7 +151,7 @@ class _Spawner:
             argv, kwargs, done = self._queue.get()
             try:
                 done.set_result(subprocess.Popen(argv, **kwargs))
-            except BaseException as exc:  # handed to the caller
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, who re-raises it
                 done.set_exception(exc)
 
 
@@ -336,12 +337,11 @@ class Sandbox:
     def _reap(self) -> None:
         """Wait for the process to end; then clean up its group and fail what it left open."""
         proc = self.proc
-        try:
-            # Wait without reaping: while the leader is a zombie its PID (= the group's id) cannot be
-            # reused, so the SIGKILL below reaches only the children it left behind.
+        # Wait without reaping: while the leader is a zombie its PID (= the group's id) cannot be
+        # reused, so the SIGKILL below reaches only the children it left behind. ChildProcessError:
+        # already reaped (Popen.poll() in kill() or alive) a moment ago.
+        with contextlib.suppress(ChildProcessError):
             os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-        except ChildProcessError:  # already reaped (Popen.poll() in kill() or alive) a moment ago
-            pass
         _killpg(proc.pid, signal.SIGKILL)
         code = proc.wait()
         with self._cond:
@@ -505,10 +505,8 @@ class Sandbox:
 
 
 def _killpg(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def kill_all() -> None:
