@@ -173,12 +173,11 @@ fn doing(t: &Task) -> Option<String> {
             None => format!("compensating {step} ({unit}) once its cancelled attempt answers"),
         },
         (true, _) => format!("compensating {step} ({unit})"),
-        (false, ProcessState::Processing) if running && kind == StepKind::Callback => {
-            format!("waiting for the answer to {step} (callback step)")
-        }
-        (false, ProcessState::Processing) if running && kind == StepKind::Wait => {
-            format!("waiting in {step} until {}", t.complete_by.map_or(0, |m| m.0))
-        }
+        (false, ProcessState::Processing) if running => match kind {
+            StepKind::Call => format!("running {step}"),
+            StepKind::Callback => format!("waiting for the answer to {step} (callback step)"),
+            StepKind::Wait => format!("waiting in {step} until {}", t.complete_by.map_or(0, |m| m.0)),
+        },
         (false, ProcessState::Processing) => format!("running {step}"),
         (false, _) => format!("next: {step}"),
     })

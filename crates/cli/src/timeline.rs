@@ -22,7 +22,6 @@ use std::fmt::Write as _;
 
 use sas_core::ids::Millis;
 use sas_core::protocol::{CompensationStatus, HistoryEntry, ProcessState, StepStatus, Task};
-use sas_core::workflow::StepKind;
 
 /// Columns of the time axis.
 pub const BAR_WIDTH: usize = 40;
@@ -314,8 +313,7 @@ fn spans(task: &Task, now: Millis) -> Vec<Span> {
             None if task.process_state.is_terminal() => (task.updated_at.max(e.at), false),
             None => (now.max(e.at), true),
         };
-        let sleep =
-            matches!(unit, Unit::Step(s) if task.workflow.steps.get(s).is_some_and(|d| d.kind == StepKind::Wait));
+        let sleep = matches!(unit, Unit::Step(s) if task.workflow.steps.get(s).is_some_and(|d| d.kind.is_timer()));
         let why_of = |n: &HistoryEntry| n.reason.as_deref().map(|r| humane(r, t0, CLIP));
         let span = if wait {
             let reason = e.reason.as_deref().unwrap_or_default();

@@ -190,19 +190,6 @@ pub async fn record_undelivered(deps: &Deps, task: &Task, sent: &Sent) {
     warn!(task_id = %task.task_id, "could not record the undelivered statuses on the task: it kept changing");
 }
 
-/// How long after `CompleteBy` a deadline is decided: a wait wakes at its instant; an attempt's
-/// result may still be on its way for `grace_ms`.
-pub fn timer_grace(task: &Task, grace_ms: u64) -> u64 {
-    let waiting = !task.process_state.is_terminal()
-        && task.locked_by.is_some()
-        && task.current_def().kind == crate::workflow::StepKind::Wait;
-    if waiting {
-        0
-    } else {
-        grace_ms
-    }
-}
-
 async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Result<(), BusError> {
     let out = deps.outbox();
     match e {
@@ -245,7 +232,7 @@ async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Resul
             }
             other => other,
         },
-        Effect::ArmTimer(t) => out.arm_timer(t, now, timer_grace(task, deps.settings.policy.result_grace_ms)).await,
+        Effect::ArmTimer(t) => out.arm_timer(t, now, protocol::deadline_grace_ms(task, &deps.settings.policy)).await,
         Effect::Spawn { step, elements, cancel } => spawn(deps, task, *step, elements, cancel.as_deref()).await,
         Effect::Send(m) => out.to_scheduler(m, 0).await,
     }

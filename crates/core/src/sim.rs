@@ -1850,9 +1850,7 @@ impl Sim {
                     let j = t.workflow.steps.iter().position(|s| s.name == d.name).unwrap_or(0);
                     regions.iter().any(|r| r.contains(&j))
                 };
-                for def in
-                    t.workflow.steps.iter().filter(|d| d.kind != StepKind::Wait && d.map.is_none() && !in_region(d))
-                {
+                for def in t.workflow.steps.iter().filter(|d| d.kind.uses_agent() && d.map.is_none() && !in_region(d)) {
                     let n = self.applied_all(&id, &def.name).len();
                     if n != 1 {
                         v.push(format!("processed-once: {id}: Processed, but step {} applied {n} times", def.name));

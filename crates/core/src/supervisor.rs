@@ -54,7 +54,7 @@ async fn timer_with(deps: &Deps, raw: &str, message: Option<&str>) -> Result<App
             _ => {}
         }
         let now = deps.now();
-        let grace = crate::effects::timer_grace(&task, deps.settings.policy.result_grace_ms);
+        let grace = crate::protocol::deadline_grace_ms(&task, &deps.settings.policy);
         if let Some(cb) = task.complete_by.filter(|cb| cb.plus_ms(grace) > now) {
             // Due later than one SQS delay can reach (or a result may still be on its way): wait again.
             deps.outbox().arm_timer(&TimerMessage { complete_by: cb, ..t }, now, grace).await?;

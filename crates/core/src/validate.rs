@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::agent::{self, AgentSurvey};
 use crate::config_file::parse_value;
-use crate::workflow::{StepDef, StepKind, WorkflowDef, WorkflowRegistry};
+use crate::workflow::{StepDef, WorkflowDef, WorkflowRegistry};
 
 /// What is wrong (the functions would fail on it) or worth a look.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -259,7 +259,7 @@ fn check_config(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> 
     for def in registry.all() {
         r.workflows.push(format!("{}@{}", def.name, def.version));
         for step in def.steps.iter().flat_map(|s| std::iter::once(s).chain(s.compensation.as_deref())) {
-            if step.kind == StepKind::Wait {
+            if !step.kind.uses_agent() {
                 continue;
             }
             used.insert(step.agent.clone());
@@ -268,7 +268,7 @@ fn check_config(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> 
                     "workflow {}@{} step {}: agent {:?} is not defined in the agents file",
                     def.name, def.version, step.name, step.agent
                 )),
-                Some(a) if a.callback_only && step.kind != StepKind::Callback => r.problems.push(format!(
+                Some(a) if a.callback_only && !step.kind.answers_by_token() => r.problems.push(format!(
                     "workflow {}@{} step {}: agent {} ({}) only hands the work over, so the step must be kind \"callback\" (with timeout_ms)",
                     def.name, def.version, step.name, a.name, a.kind
                 )),

@@ -87,9 +87,70 @@ pub enum StepKind {
     Wait,
 }
 
+/// What each kind means to the protocol, the tools and validation: every question is one
+/// exhaustive `match`, so a new kind does not compile until each is answered for it. Code outside
+/// this `impl` asks these (or matches every kind itself) and never compares a kind with `==`
+/// (`tests/module_graph.rs` checks the sources for it).
 impl StepKind {
+    /// Its name in a workflow file.
+    pub const fn name(self) -> &'static str {
+        match self {
+            StepKind::Call => "call",
+            StepKind::Callback => "callback",
+            StepKind::Wait => "wait",
+        }
+    }
+
+    /// The default kind (left out when a definition is written back).
     pub fn is_call(&self) -> bool {
-        *self == StepKind::Call
+        match self {
+            StepKind::Call => true,
+            StepKind::Callback | StepKind::Wait => false,
+        }
+    }
+
+    /// An agent performs each attempt: a request is dispatched, the step names an agent, and the
+    /// attempt may have applied an effect at the remote side (it is undone when the task is).
+    pub const fn uses_agent(self) -> bool {
+        match self {
+            StepKind::Call | StepKind::Callback => true,
+            StepKind::Wait => false,
+        }
+    }
+
+    /// An attempt is a timer and nothing else: it ends at its deadline, succeeded, with no
+    /// result to wait for (no grace after the deadline).
+    pub const fn is_timer(self) -> bool {
+        match self {
+            StepKind::Wait => true,
+            StepKind::Call | StepKind::Callback => false,
+        }
+    }
+
+    /// The attempt hands a callback token over, and its answer comes with the token (from the
+    /// Callback function) instead of the agent's report.
+    pub const fn answers_by_token(self) -> bool {
+        match self {
+            StepKind::Callback => true,
+            StepKind::Call | StepKind::Wait => false,
+        }
+    }
+
+    /// The agent itself bounds the attempt's effect to `timeout_ms` after it starts (a call is
+    /// cut then); a callback's remote side holds its token until the hard deadline instead.
+    pub const fn agent_bounds_the_effect(self) -> bool {
+        match self {
+            StepKind::Call => true,
+            StepKind::Callback | StepKind::Wait => false,
+        }
+    }
+
+    /// It may be a map (each element runs the step) or a compensation (it undoes a step).
+    pub const fn may_map_or_compensate(self) -> bool {
+        match self {
+            StepKind::Call | StepKind::Callback => true,
+            StepKind::Wait => false,
+        }
     }
 }
 
@@ -443,8 +504,8 @@ impl StepDef {
         }
         if let Some(m) = &self.map {
             m.validate().map_err(problem)?;
-            if self.kind == StepKind::Wait {
-                return Err(problem("a wait step cannot be a map".into()));
+            if !self.kind.may_map_or_compensate() {
+                return Err(problem(format!("a {} step cannot be a map", self.kind.name())));
             }
         }
         if let Some(c) = &self.compensation {
@@ -456,8 +517,8 @@ impl StepDef {
             if c.compensation.is_some() {
                 return Err(problem("a compensating step cannot have a compensation".into()));
             }
-            if c.kind == StepKind::Wait {
-                return Err(problem("a compensation cannot be a wait step".into()));
+            if !c.kind.may_map_or_compensate() {
+                return Err(problem(format!("a compensation cannot be a {} step", c.kind.name())));
             }
             if c.after.is_some() {
                 return Err(problem(
@@ -538,7 +599,7 @@ impl WorkflowDef {
         self.steps
             .iter()
             .flat_map(|s| std::iter::once(s).chain(s.compensation.as_deref()))
-            .filter(|s| s.kind != StepKind::Wait)
+            .filter(|s| s.kind.uses_agent())
             .map(|s| s.agent.as_str())
     }
 }

@@ -147,3 +147,58 @@ fn the_scan_resolves_paths_and_groups() {
     let flat: Vec<String> = refs.iter().map(|(a, s)| format!("{a}{}", s.join("::"))).collect();
     assert_eq!(flat, vec!["crate::agent", "crate::scheduler", "super::sim::SimAgent", "crate::ids::clip"]);
 }
+
+/// Every `.rs` file of the workspace's production code (tests aside: test files and `tests/`).
+fn production_sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if path.is_dir() {
+            if !matches!(name.as_str(), "tests" | "target" | "examples" | "benches" | ".git" | ".local") {
+                production_sources(&path, out);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") && name != "tests.rs" && !name.ends_with("_tests.rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// A comparison of a step kind with `==`, `!=` or `matches!` (the match of one kind).
+fn compares_a_kind(line: &str) -> bool {
+    let code = line.split("//").next().unwrap_or_default();
+    let Some(i) = code.find("StepKind::") else { return false };
+    let after =
+        code[i + "StepKind::".len()..].trim_start_matches(|c: char| c.is_alphanumeric() || c == '_').trim_start();
+    code.contains("== StepKind::")
+        || code.contains("!= StepKind::")
+        || after.starts_with("==")
+        || after.starts_with("!=")
+        || code[..i].contains("matches!(")
+}
+
+#[test]
+fn a_step_kind_is_matched_whole_never_compared() {
+    // A new kind must not compile until every place that cares has said what it does with it:
+    // `StepKind`'s own methods and the matches over all kinds. A `kind == StepKind::Wait`
+    // elsewhere compiles as it is and silently treats the new kind as "not a wait".
+    assert!(compares_a_kind("if def.kind == StepKind::Wait {") && compares_a_kind("StepKind::Call != k"));
+    assert!(compares_a_kind("matches!(d.kind, StepKind::Callback)") && !compares_a_kind("StepKind::Call => 1,"));
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = Vec::new();
+    for dir in ["crates", "functions", "services"] {
+        production_sources(&root.join(dir), &mut files);
+    }
+    assert!(files.len() > 40, "the scan found too few files to mean anything: {}", files.len());
+    let mut found = Vec::new();
+    for file in &files {
+        let code = std::fs::read_to_string(file).unwrap();
+        // inline test modules come last in a file: stop there
+        let code = code.split("#[cfg(test)]").next().unwrap_or_default();
+        for (n, line) in code.lines().enumerate() {
+            if compares_a_kind(line) {
+                found.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "ask StepKind's methods or match every kind instead:\n{}", found.join("\n"));
+}

@@ -628,7 +628,7 @@ fn bitmaps_round_trip_in_either_form() {
 #[test]
 fn a_map_of_callback_steps_runs_each_element_through_its_own_token() {
     let step = StepDef {
-        kind: StepKind::Callback,
+        kind: crate::workflow::StepKind::Callback,
         timeout_ms: 60_000,
         heartbeat_ms: Some(5_000),
         ..map_step(3, Tolerance::None)

@@ -33,7 +33,7 @@ use crate::messages::{
     AgentRequest, Alert, AlertKind, CallbackAnswer, CallbackRef, Phase, RunReason, SchedulerMessage, StatusMessage,
     TimerMessage, VERSION,
 };
-use crate::workflow::{OnFailure, StepDef, StepKind, WorkflowDef, MAX_LONG_STEP_MS};
+use crate::workflow::{OnFailure, StepDef, WorkflowDef, MAX_LONG_STEP_MS};
 
 pub mod task;
 
@@ -417,7 +417,7 @@ fn owed_work(task: &Task, now: Millis, policy: &Policy) -> Vec<Effect> {
                 attempt: Some(token.clone()),
                 complete_by,
             });
-            if def.kind == StepKind::Wait {
+            if !def.kind.uses_agent() {
                 return vec![timer];
             }
             let budget = def.schedule_to_start_ms.unwrap_or(policy.queue_budget_ms);
@@ -451,7 +451,7 @@ fn attempt_request(task: &Task, token: &AttemptToken, attempt_no: u32, start_by:
         start_by,
         complete_by: task.hard_by.or(task.complete_by).expect("a running attempt has a CompleteBy"),
         input: task.unit_input(),
-        callback: (def.kind == StepKind::Callback).then(|| CallbackRef {
+        callback: def.kind.answers_by_token().then(|| CallbackRef {
             token: CallbackToken::new(&task.task_id, &def.name, token),
             heartbeat_ms: def.heartbeat_ms,
         }),
@@ -632,6 +632,22 @@ fn agent_not_started(task: &Task, attempt: &AttemptToken, error: &str, c: &mut C
     Ok(())
 }
 
+/// The task sleeps in a wait step: its deadline ends the step, succeeded.
+pub fn in_wait(task: &Task) -> bool {
+    !task.process_state.is_terminal() && task.locked_by.is_some() && task.current_def().kind.is_timer()
+}
+
+/// How long after `CompleteBy` a deadline is decided: a wait wakes at its instant; an attempt's
+/// result may still be on its way for the policy's `result_grace_ms`. Timers are armed for
+/// `CompleteBy` plus this, and [`Event::DeadlineExpired`] is stale before it.
+pub fn deadline_grace_ms(task: &Task, policy: &Policy) -> u64 {
+    if in_wait(task) {
+        0
+    } else {
+        policy.result_grace_ms
+    }
+}
+
 /// The Supervisor found `CompleteBy` (plus the result grace) in the past: a lost or delayed run
 /// message is re-issued (the wait it belongs to does not change, so the first to arrive claims),
 /// a running attempt has timed out.
@@ -644,9 +660,8 @@ fn deadline_expired(task: &Task, c: &mut Change) -> Result<(), Stale> {
         map::deadline(task, c);
         return Ok(());
     }
-    let waiting = task.locked_by.is_some() && task.current_def().kind == StepKind::Wait;
-    let grace = if waiting { 0 } else { c.policy.result_grace_ms };
-    if complete_by.plus_ms(grace) > c.ctx.now {
+    let waiting = in_wait(task);
+    if complete_by.plus_ms(deadline_grace_ms(task, c.policy)) > c.ctx.now {
         return Err(Stale::NotExpired { complete_by, now: c.ctx.now });
     }
     if waiting {
@@ -699,7 +714,7 @@ fn cancel(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stale> {
     if let Some(token) = task.locked_by.clone() {
         c.t.steps[i].status = StepStatus::Cancelled;
         // A wait has no effect: nothing to await or undo.
-        if task.current_def().kind != StepKind::Wait {
+        if task.current_def().kind.uses_agent() {
             c.t.steps[i].maybe_applied = true;
             c.t.awaits = Some(token);
         }
@@ -1049,7 +1064,7 @@ impl Change<'_> {
             return;
         }
         let def = self.t.current_def().clone();
-        if def.kind == StepKind::Wait {
+        if def.kind.is_timer() {
             self.start_wait(&def);
             return;
         }
@@ -1057,9 +1072,10 @@ impl Change<'_> {
         let budget = def.schedule_to_start_ms.unwrap_or(self.policy.queue_budget_ms);
         let start_by = self.ctx.now.plus_ms(budget);
         let hard = start_by.plus_ms(def.timeout_ms);
-        let complete_by = match (def.kind, def.heartbeat_ms) {
-            (StepKind::Callback, Some(hb)) => start_by.plus_ms(hb).min(hard),
-            _ => hard,
+        // a heartbeat is the token holder's: only a step answered by token has one
+        let complete_by = match def.heartbeat_ms.filter(|_| def.kind.answers_by_token()) {
+            Some(hb) => start_by.plus_ms(hb).min(hard),
+            None => hard,
         };
         self.t.locked_by = Some(token.clone());
         self.t.complete_by = Some(complete_by);
@@ -1068,7 +1084,7 @@ impl Change<'_> {
         self.t.restarts = 0;
         self.t.awaits = None;
         let attempt_no = self.t.unit_record().begin_attempt();
-        if def.kind == StepKind::Callback {
+        if def.kind.answers_by_token() {
             self.t.unit_record().issue(&token);
         }
         let phase = self.t.phase();
@@ -1231,7 +1247,7 @@ impl Change<'_> {
     fn settled_at(&self, i: usize) -> Option<Millis> {
         let hard = self.t.steps[i].settles_at?;
         let def = &self.t.workflow.steps[i];
-        Some(if def.kind == StepKind::Call { hard.min(self.ctx.now.plus_ms(def.timeout_ms)) } else { hard })
+        Some(if def.kind.agent_bounds_the_effect() { hard.min(self.ctx.now.plus_ms(def.timeout_ms)) } else { hard })
     }
 
     /// End the task in a terminal state; `Error` alerts an operator.
