@@ -42,11 +42,12 @@ check: ## cargo fmt --check and cargo clippy (workspace lints, pedantic) with wa
 	cargo clippy --workspace --all-targets -- -D warnings
 
 validate: ## sasctl validate on config/ (workflows + agents) with the variables the template gives the Agent function; ARGS=--workflows F --agents F for yours
-	cargo run -q -p sas-cli --bin sasctl -- validate --var ORDER_SERVICE_URL=http://order-service.invalid \
+	cargo build -q --workspace --bins
+	"$${CARGO_TARGET_DIR:-target}/debug/sasctl" validate --var ORDER_SERVICE_URL=http://order-service.invalid \
 	  --var APPROVAL_TOPIC_ARN=arn:aws:sns:us-east-1:000000000000:sas-approvals $(ARGS)
 
 sim: ## the deterministic simulation of the whole system: SIM_SEEDS seeds (default 2000); SIM_SEED=n replays one
-	SIM_SEEDS=$${SIM_SEEDS:-2000} cargo test -p sas-core --test simulation -- --nocapture
+	SIM_SEEDS=$${SIM_SEEDS:-2000} cargo test --workspace --test simulation -- --nocapture
 
 lambda-smoke: ## build the five function binaries and boot each under a minimal Lambda Runtime API
 	infra/lambda-smoke.sh

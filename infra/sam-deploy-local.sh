@@ -20,7 +20,7 @@ STACK="${SAM_DEPLOY_STACK:-sas-samdeploy}"
 log() { printf '[sam-deploy-local] %s\n' "$*" >&2; }
 
 infra/sam-build.sh --if-missing x86_64
-cargo build -q -p sas-cli --bin sasctl
+cargo build -q --workspace --bins # sasctl; --workspace as every build of the scripts (one feature set)
 if ! infra/localstack.sh healthy; then
   trap 'infra/localstack.sh stop' EXIT
 fi

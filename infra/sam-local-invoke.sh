@@ -22,7 +22,7 @@ SVC_PORT="${ORDER_SERVICE_PORT:-8093}"
 log() { printf '[sam-local-invoke] %s\n' "$*" >&2; }
 
 infra/sam-build.sh --if-missing x86_64
-cargo build -q -p sas-cli --bin sasctl -p sas-order-service --bin order-service
+cargo build -q --workspace --bins # sasctl, order-service; --workspace as every build of the scripts
 # The functions must start in AL2023 (glibc 2.34): the stand-in's newer glibc would hide a binary
 # built against a newer one.
 python3 - <<'PY'

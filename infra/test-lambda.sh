@@ -12,8 +12,9 @@ if ! infra/localstack.sh healthy; then
   trap 'infra/localstack.sh stop' EXIT
 fi
 infra/localstack.sh ensure
-echo "[test-lambda] cargo build -p sas-functions -p sas-cli -p sas-order-service --bins (the bootstraps the tests deploy; sasctl and the order service for the walkthrough)"
-cargo build -q -p sas-functions -p sas-cli -p sas-order-service --bins
+echo "[test-lambda] cargo build --workspace --bins (the bootstraps the tests deploy; sasctl and the order service for the walkthrough)"
+# --workspace, as every build of the project's scripts: one feature set, built once
+cargo build -q --workspace --bins
 mkdir -p "$SAS_LOCAL_DIR"
 status=0
 if cargo nextest --version >/dev/null 2>&1; then

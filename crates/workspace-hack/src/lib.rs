@@ -1,0 +1,1 @@
+//! Nothing but feature unification: see this crate's `Cargo.toml`.
