@@ -243,10 +243,12 @@ class Sandbox:
             return failed("Runtime.InvalidEntrypoint", problem)
         self.bootstrap_mtime = self.bootstrap.stat().st_mtime
         with self._server_lock:
-            if self._server_closed:
-                return failed("Runtime.ExitError", "environment stopped", stopped=True)
-            self._server_thread.start()
-            self._server_started = True
+            stopped = self._server_closed
+            if not stopped:
+                self._server_thread.start()
+                self._server_started = True
+        if stopped:  # kill() ran first; failed() kills again, which takes _server_lock: not under it
+            return failed("Runtime.ExitError", "environment stopped", stopped=True)
         env = dict(self._env)
         env["AWS_LAMBDA_RUNTIME_API"] = self._server.address
         self._spawned_at = time.perf_counter()
