@@ -73,6 +73,10 @@ tools: ## sam, cfn-lint, cargo-lambda, awslocal into .local/tools/venv
 lint: ## sam validate --lint + cfn-lint (+ shellcheck when installed)
 	infra/lint.sh
 
+.PHONY: test-python
+test-python: ## the project's Python unit tests with pytest (Lambda executor, lambda-smoke harness, cost benchmark; no LocalStack, a few seconds; ARGS go to pytest)
+	infra/test-python.sh $(ARGS)
+
 sam-build: ## sam build for x86_64, samconfig.toml's default (arm64 needs rustup's aarch64 target: infra/sam-build.sh arm64)
 	infra/sam-build.sh x86_64
 

@@ -2,7 +2,7 @@
 # Lint the infrastructure: sam validate --lint, cfn-lint and checkov on template.yaml (tools venvs)
 # gate it; checkov fails on any failed check or parsing error (skips are in the template, each with
 # its reason). ruff (config: ruff.toml) gates the project's Python: any finding fails the lint.
-# Also the Lambda executor's Python unit tests (infra/lambda-executor/test_*.py).
+# The Python unit tests are `make test-python` (infra/test-python.sh).
 # ShellCheck findings on the scripts are advisory (printed, never fatal): ShellCheck is not part
 # of the pinned tools and is present on some machines only, so it must not change the verdict.
 set -euo pipefail
@@ -49,9 +49,6 @@ PY
 
 echo "== $(ruff --version) check on the project's Python (config: ruff.toml)"
 ruff check --output-format concise .
-
-echo "== python: the Lambda executor's unit tests (layers; no LocalStack needed)"
-"$TOOLS_VENV/bin/python" -m unittest discover -s infra/lambda-executor -p 'test_*.py'
 
 if command -v shellcheck >/dev/null 2>&1; then
   echo "== shellcheck (advisory)"

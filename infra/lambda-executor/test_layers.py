@@ -2,7 +2,7 @@
 
     python3 -m unittest discover -s infra/lambda-executor -p 'test_*.py'
 
-(`infra/lint.sh`, hence `make lint` and CI, runs them.)
+(`make test-python`, hence CI, runs them with pytest.)
 """
 
 from __future__ import annotations
