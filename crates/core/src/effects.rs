@@ -16,8 +16,10 @@ use crate::messages::{AgentResult, Outcome, RunMessage, RunReason, SchedulerMess
 use crate::metrics;
 use crate::protocol::{self, Effect, Event, Task};
 use crate::reply;
-use crate::store::{is_own_write, StoreError};
-use crate::transition::{commit, Applied, Commit, Committed, MAX_CONFLICTS};
+use crate::store::StoreError;
+use crate::transition::{
+    self, commit, rewrite, write_loop, Applied, Commit, Committed, Created, Decision, Written, MAX_CONFLICTS,
+};
 
 /// Commit a transition, then perform its effects. `message`: the id of the queue message that
 /// carries the event (`None` for a direct call). When the event changes nothing but the task's
@@ -69,30 +71,31 @@ pub async fn finish(deps: &Deps, commit: Commit, marks: &[String]) -> Result<Opt
 /// first when the resend needs it. A lost conditional write re-decides on the item it found: still
 /// this message's write, the resend goes on from there; our own write landed (its answer lost),
 /// it stands; another message's write, the task moved on and nothing is owed any more.
-pub async fn resend(deps: &Deps, mut current: Task) -> Result<Sent, HandlerError> {
+pub async fn resend(deps: &Deps, current: Task) -> Result<Sent, HandlerError> {
     let mark = current.last_message.clone();
-    for _ in 0..MAX_CONFLICTS {
+    let decide = |read: &Task| {
         let now = deps.now();
-        let tr = protocol::resend(&current, now, &deps.settings.policy);
-        if tr.effects.is_empty() {
-            return Ok(Sent::default());
+        let tr = protocol::resend(read, now, &deps.settings.policy);
+        match (tr.effects.is_empty(), tr.task.rev != read.rev) {
+            (true, _) => Decision::Nothing(None),
+            (false, true) => Decision::Write(Box::new(tr.task), Some((tr.effects, now))),
+            (false, false) => Decision::Nothing(Some((tr.effects, now))),
         }
-        if tr.task.rev != current.rev {
-            match deps.store.save(&tr.task, &current).await {
-                Ok(()) => {}
-                Err(StoreError::Conflict { current: Some(found) }) if is_own_write(&found, &tr.task) => {}
-                Err(StoreError::Conflict { current: Some(found) }) if found.last_message == mark => {
-                    current = *found;
-                    continue;
-                }
-                Err(StoreError::Conflict { .. }) => return Ok(Sent::default()),
-                Err(e) => return Err(e.into()),
-            }
-        }
-        info!(task_id = %current.task_id, state = %current.process_state, sends = tr.effects.len(), "message handled again: what its write owes is sent again");
-        return Ok(perform(deps, Committed { task: tr.task, effects: tr.effects, now }).await);
-    }
-    Err(HandlerError::Contended(MAX_CONFLICTS))
+    };
+    // A lost write decides again while the task is still this message's write; our own write
+    // landed (its answer lost), it stands; another message's write: the task moved on, and
+    // nothing is owed any more.
+    let (task, effects, now) =
+        match write_loop(deps, current, MAX_CONFLICTS, decide, |found| found.last_message == mark).await? {
+            Written::Landed { task, value: Some((effects, now)), .. } => (*task, effects, now),
+            Written::Nothing { read, value: Some((effects, now)) } => (*read, effects, now),
+            Written::Landed { value: None, .. }
+            | Written::Nothing { value: None, .. }
+            | Written::Superseded(_)
+            | Written::Missing => return Ok(Sent::default()),
+        };
+    info!(task_id = %task.task_id, state = %task.process_state, sends = effects.len(), "message handled again: what its write owes is sent again");
+    Ok(perform(deps, Committed { task, effects, now }).await)
 }
 
 /// What performing a transition's effects achieved.
@@ -171,23 +174,17 @@ pub async fn send(deps: &Deps, c: &Committed) -> Sent {
 /// statuses were logged already, and the task goes on either way.
 pub async fn record_undelivered(deps: &Deps, task: &Task, sent: &Sent) {
     let Some(error) = sent.undelivered_error.as_deref() else { return };
-    let mut read = task.clone();
-    for _ in 0..MAX_CONFLICTS {
-        let next = read.with_undelivered_replies(sent.undelivered, error);
-        match deps.store.save(&next, &read).await {
-            Ok(()) => {
-                info!(task_id = %task.task_id, undelivered_replies = next.undelivered_replies, rev = next.rev, "undelivered statuses recorded on the task");
-                return;
-            }
-            Err(StoreError::Conflict { current: Some(current) }) => read = *current,
-            Err(StoreError::Conflict { current: None }) => return,
-            Err(e) => {
-                warn!(task_id = %task.task_id, error = %e, "could not record the undelivered statuses on the task");
-                return;
-            }
+    let change = |read: &Task| Some(read.with_undelivered_replies(sent.undelivered, error));
+    match rewrite(deps, task.clone(), change, |_| true).await {
+        Ok(Written::Landed { task: next, .. }) => {
+            info!(task_id = %task.task_id, undelivered_replies = next.undelivered_replies, rev = next.rev, "undelivered statuses recorded on the task");
         }
+        Ok(_) => {}
+        Err(HandlerError::Contended(_)) => {
+            warn!(task_id = %task.task_id, "could not record the undelivered statuses on the task: it kept changing");
+        }
+        Err(e) => warn!(task_id = %task.task_id, error = %e, "could not record the undelivered statuses on the task"),
     }
-    warn!(task_id = %task.task_id, "could not record the undelivered statuses on the task: it kept changing");
 }
 
 async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Result<(), BusError> {
@@ -288,8 +285,8 @@ fn spawn_one<'a>(
             message: e.to_string(),
             source: None,
         };
-        let sent = match deps.store.create(&tr.task).await {
-            Ok(()) => {
+        let sent = match transition::create(deps, &tr.task).await {
+            Ok(Created::New) => {
                 if tr.task.upstream.is_some() {
                     let step = tr.task.steps.first().map_or("", |s| s.name.as_str());
                     info!(task_id = %tr.task.task_id, parent = %parent.task_id, branch = element, step, "parallel branch created");
@@ -298,8 +295,8 @@ fn spawn_one<'a>(
                 }
                 send(deps, &Committed { task: tr.task.clone(), effects: tr.effects.clone(), now: ctx.now }).await
             }
-            Err(StoreError::AlreadyExists) => match deps.store.get(&tr.task.task_id).await.map_err(store_failed)? {
-                Some(child) if cancel.is_some() && !child.process_state.is_terminal() => {
+            Ok(Created::Exists(child)) => match *child {
+                child if cancel.is_some() && !child.process_state.is_terminal() => {
                     let m = SchedulerMessage::Cancel(crate::messages::CancelMessage {
                         v: VERSION,
                         task_id: child.task_id.clone(),
@@ -310,20 +307,21 @@ fn spawn_one<'a>(
                     Sent::default()
                 }
                 // It ended: it says so again (only that: its alert, if any, went out already).
-                Some(child) if child.process_state.is_terminal() => {
+                child if child.process_state.is_terminal() => {
                     if let Some(Effect::Send(notice)) = protocol::element_notice(&child) {
                         deps.outbox().to_scheduler(&notice, 0).await?;
                     }
                     Sent::default()
                 }
-                Some(child) => resend(deps, child).await.map_err(|e| BusError::Backend {
+                child => resend(deps, child).await.map_err(|e| BusError::Backend {
                     op: "ResendElement",
                     target: tr.task.task_id.to_string(),
                     message: e.to_string(),
                     source: None,
                 })?,
-                None => Sent::default(),
             },
+            // it existed and is gone (expired): nothing to create over it
+            Err(StoreError::AlreadyExists) => Sent::default(),
             Err(e) => return Err(store_failed(e)),
         };
         match sent.essential.or(sent.work) {

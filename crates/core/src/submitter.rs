@@ -14,8 +14,8 @@ use crate::messages::{QueueUrl, StatusMessage, Submission, VERSION};
 use crate::protocol::{self, ProcessState, Task};
 use crate::reply::{self, ReplyToError};
 use crate::screen;
-use crate::store::{is_own_write, StoreError, MAX_ITEM_BYTES};
-use crate::transition::Committed;
+use crate::store::{StoreError, MAX_ITEM_BYTES};
+use crate::transition::{self, Committed, Created};
 
 /// Why a submission was refused. The reason is sent to the caller and kept with the raw message.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -274,23 +274,22 @@ async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result
     let mut tr = protocol::submit(task_id.clone(), def, sub.input, sub.reply_to, &ctx, &deps.settings.policy);
     let mark = message_id.map(message_mark);
     tr.task.last_message.clone_from(&mark);
-    match deps.store.create(&tr.task).await {
-        Ok(()) => {}
-        Err(StoreError::AlreadyExists) => match deps.store.get(&task_id).await? {
-            // A create that landed but whose answer was lost (the SDK sent it again) finds its
-            // own item: the task is this delivery's, and its start is still to be sent.
-            Some(t) if is_own_write(&t, &tr.task) => {}
-            existing => {
-                info!(%task_id, "duplicate submission: the task exists, nothing created");
-                if let Some(t) = existing {
-                    if let Some(q) = &tr.task.reply_to {
-                        tell_duplicate(deps, q, &t).await;
-                    }
-                    resend(deps, t, mark.as_deref()).await?;
-                }
-                return Ok(Submitted::Duplicate(task_id));
+    // A create that landed but whose answer was lost (the SDK sent it again) finds its own item:
+    // that is a new task too, and its start is still to be sent.
+    match transition::create(deps, &tr.task).await {
+        Ok(Created::New) => {}
+        Ok(Created::Exists(t)) => {
+            info!(%task_id, "duplicate submission: the task exists, nothing created");
+            if let Some(q) = &tr.task.reply_to {
+                tell_duplicate(deps, q, &t).await;
             }
-        },
+            resend(deps, *t, mark.as_deref()).await?;
+            return Ok(Submitted::Duplicate(task_id));
+        }
+        Err(StoreError::AlreadyExists) => {
+            info!(%task_id, "duplicate submission: the task existed (it expired since), nothing created");
+            return Ok(Submitted::Duplicate(task_id));
+        }
         Err(StoreError::TooLarge { bytes }) => {
             return reject(deps, raw, message_id, Rejection::TooLarge { bytes, limit: MAX_ITEM_BYTES }).await
         }

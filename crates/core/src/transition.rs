@@ -1,6 +1,12 @@
-//! The one path that writes a transition: let [`protocol::apply`] decide, then commit the new
-//! task with a conditional write. A lost write re-decides on the current item the store returned
-//! with the conflict (no extra read). Effects are not performed here: see [`crate::effects`].
+//! The one module that writes tasks. A transition: let [`protocol::apply`] decide, then commit
+//! the new task with a conditional write ([`commit`], [`commit_many`]); a new task ([`create`]);
+//! what a task's last write owes written first ([`rewrite`], for a resend and for the statuses
+//! that can never reach `reply_to`). Every conditional write goes through one loop
+//! ([`write_loop`]): a lost write re-decides on the current item the store returned with the
+//! conflict (no extra read), and a write that landed but whose answer was lost (the SDK sent it
+//! again) is recognised as ours. Effects are not performed here: see [`crate::effects`].
+
+use std::future::Future;
 
 use tracing::{debug, info};
 
@@ -8,6 +14,106 @@ use crate::deps::{Deps, HandlerError};
 use crate::ids::Millis;
 use crate::protocol::{self, Effect, Event, ProcessState, Stale, Task};
 use crate::store::{is_own_write, StoreError};
+
+/// What a decision over the item as last read says to do.
+pub enum Decision<T> {
+    /// Write this task (its `rev` one past the item read) and keep `T` for the caller.
+    Write(Box<Task>, T),
+    /// Nothing to write: the loop ends with `T`.
+    Nothing(T),
+}
+
+/// How [`write_loop`] ended.
+pub enum Written<T> {
+    /// The decided task was written (`echo`: by a write whose answer was lost, found on the retry).
+    Landed { task: Box<Task>, value: T, echo: bool },
+    /// The decision wrote nothing; the item it was made on.
+    Nothing { read: Box<Task>, value: T },
+    /// A lost write found an item that `follow` would not decide on again.
+    Superseded(Box<Task>),
+    /// The task is gone.
+    Missing,
+}
+
+/// The one conditional-write loop: decide over `read`, write the decision conditioned on `read`,
+/// and on a lost condition decide again over the current item the store returned, while
+/// `follow(current)` says the decision still applies to it; at most `max` writes.
+pub async fn write_loop<T>(
+    deps: &Deps,
+    mut read: Task,
+    max: u32,
+    mut decide: impl FnMut(&Task) -> Decision<T>,
+    follow: impl Fn(&Task) -> bool,
+) -> Result<Written<T>, HandlerError> {
+    for _ in 0..max {
+        let (next, value) = match decide(&read) {
+            Decision::Write(next, value) => (next, value),
+            Decision::Nothing(value) => return Ok(Written::Nothing { read: Box::new(read), value }),
+        };
+        match deps.store.save(&next, &read).await {
+            Ok(()) => return Ok(Written::Landed { task: next, value, echo: false }),
+            Err(StoreError::Conflict { current: Some(current) }) if is_own_write(&current, &next) => {
+                return Ok(Written::Landed { task: next, value, echo: true });
+            }
+            Err(StoreError::Conflict { current: Some(current) }) if follow(&current) => {
+                debug!(task_id = %read.task_id, "conditional write lost; deciding again on the current item");
+                crate::metrics::count(&crate::metrics::WRITE_CONFLICTS, &[read.workflow.name.as_str()], 1);
+                read = *current;
+            }
+            Err(StoreError::Conflict { current: Some(current) }) => return Ok(Written::Superseded(current)),
+            Err(StoreError::Conflict { current: None }) => return Ok(Written::Missing),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(HandlerError::Contended(max))
+}
+
+/// What [`create`] found.
+pub enum Created {
+    /// The task was written (or a write of it whose answer was lost had landed).
+    New,
+    /// A task of that id exists and is not this one.
+    Exists(Box<Task>),
+}
+
+/// Create a new task with a conditional write (it must not exist). A create whose answer was
+/// lost (the SDK sent it again) finds its own item: that is [`Created::New`]. `TooLarge` and
+/// `Refused` come back as they are (the caller decides what an unstorable task means).
+pub async fn create(deps: &Deps, task: &Task) -> Result<Created, StoreError> {
+    match deps.store.create(task).await {
+        Ok(()) => Ok(Created::New),
+        Err(StoreError::AlreadyExists) => match deps.store.get(&task.task_id).await? {
+            Some(t) if is_own_write(&t, task) => Ok(Created::New),
+            Some(t) => Ok(Created::Exists(Box::new(t))),
+            // deleted in between (it expired): as good as existing; nothing to create over it
+            None => Err(StoreError::AlreadyExists),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+/// Write the task `change` makes of the item as last read, with the same loop; `follow` as for
+/// [`write_loop`]. `None` from `change`: nothing to write.
+pub fn rewrite<'a, F>(
+    deps: &'a Deps,
+    read: Task,
+    mut change: F,
+    follow: impl Fn(&Task) -> bool + 'a,
+) -> impl Future<Output = Result<Written<()>, HandlerError>> + 'a
+where
+    F: FnMut(&Task) -> Option<Task> + 'a,
+{
+    write_loop(
+        deps,
+        read,
+        MAX_CONFLICTS,
+        move |t| match change(t) {
+            Some(next) => Decision::Write(Box::new(next), ()),
+            None => Decision::Nothing(()),
+        },
+        follow,
+    )
+}
 
 /// What happened to one event.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,67 +176,69 @@ pub async fn commit(
 /// One [`Applied`] per event; all are re-decided on the current item when the write is lost.
 pub async fn commit_many(
     deps: &Deps,
-    mut task: Task,
+    task: Task,
     events: &[(&Event, Option<&str>)],
 ) -> Result<(Vec<Applied>, Commit), HandlerError> {
     let ends = events.iter().any(|(e, _)| matches!(e, Event::ElementEnded { .. }));
     let max = if ends { MAX_ELEMENT_CONFLICTS } else { MAX_CONFLICTS };
-    for _ in 0..max {
+    let decide = |read: &Task| {
+        // each decision (again after a lost write) is made now, with a fresh token
         let ctx = deps.ctx();
-        let mut next = task.clone();
-        let mut effects = Vec::new();
-        let mut applied = Vec::with_capacity(events.len());
-        // (before, after, event) of each change, logged and counted once the write stands
-        let mut changes = Vec::new();
+        let mut next = read.clone();
+        let mut d = Decided {
+            applied: Vec::with_capacity(events.len()),
+            effects: Vec::new(),
+            changes: Vec::new(),
+            now: ctx.now,
+        };
         for (event, mark) in events {
             match protocol::apply(&next, event, &ctx, &deps.settings.policy) {
                 Ok(mut tr) => {
                     if !tr.keeps_mark {
                         tr.task.last_message = mark.map(str::to_owned);
                     }
-                    applied.push(Applied::Changed { state: tr.task.process_state, rev: tr.task.rev });
-                    effects.extend(tr.effects);
-                    changes.push((std::mem::replace(&mut next, tr.task), *event));
+                    d.applied.push(Applied::Changed { state: tr.task.process_state, rev: tr.task.rev });
+                    d.effects.extend(tr.effects);
+                    d.changes.push((std::mem::replace(&mut next, tr.task), *event));
                 }
                 Err(stale) => {
                     // Expected (a timer after the end, a duplicate): counted by StaleEvents, logged at debug.
-                    debug!(task_id = %task.task_id, event = event.name(), state = %next.process_state, reason = %stale, "stale event dropped");
+                    debug!(task_id = %read.task_id, event = event.name(), state = %next.process_state, reason = %stale, "stale event dropped");
                     crate::metrics::count(&crate::metrics::STALE_EVENTS, &[], 1);
-                    applied.push(Applied::Stale(stale));
+                    d.applied.push(Applied::Stale(stale));
                 }
             }
         }
-        if changes.is_empty() {
-            return Ok((applied, Commit::Unchanged(Box::new(task))));
+        if d.changes.is_empty() {
+            Decision::Nothing(d)
+        } else {
+            Decision::Write(Box::new(next), d)
         }
-        let landed = match deps.store.save(&next, &task).await {
-            Ok(()) => false,
-            // A write that landed but whose answer was lost (the SDK sent it again) comes back as
-            // a lost condition whose current item is the very task written: the transition is
-            // ours, and its effects are still to be performed.
-            Err(StoreError::Conflict { current: Some(current) }) if is_own_write(&current, &next) => true,
-            Err(StoreError::Conflict { current: Some(current) }) => {
-                debug!(task_id = %task.task_id, events = events.len(), "conditional write lost; re-deciding on the current item");
-                crate::metrics::count(&crate::metrics::WRITE_CONFLICTS, &[task.workflow.name.as_str()], 1);
-                task = *current;
-                continue;
+    };
+    match write_loop(deps, task, max, decide, |_| true).await? {
+        Written::Landed { task: next, value: d, echo } => {
+            let afters = d.changes.iter().skip(1).map(|(before, _)| before).chain(std::iter::once(&*next));
+            for ((before, event), after) in d.changes.iter().zip(afters) {
+                info!(
+                    task_id = %before.task_id, event = event.name(), from = %before.process_state, to = %after.process_state,
+                    step = after.current_step_name().unwrap_or("-"), failure_count = after.failure_count, rev = after.rev,
+                    landed = echo, "transition"
+                );
+                crate::metrics::record_transition(before, after, event);
             }
-            Err(StoreError::Conflict { current: None }) => {
-                return Ok((vec![Applied::Missing; events.len()], Commit::Missing));
-            }
-            Err(e) => return Err(e.into()),
-        };
-        let afters = changes.iter().skip(1).map(|(before, _)| before).chain(std::iter::once(&next));
-        for ((before, event), after) in changes.iter().zip(afters) {
-            info!(
-                task_id = %before.task_id, event = event.name(), from = %before.process_state, to = %after.process_state,
-                step = after.current_step_name().unwrap_or("-"), failure_count = after.failure_count, rev = after.rev, landed,
-                "transition"
-            );
-            crate::metrics::record_transition(before, after, event);
+            Ok((d.applied, Commit::Written(Box::new(Committed { task: *next, effects: d.effects, now: d.now }))))
         }
-        let committed = Committed { task: next, effects, now: ctx.now };
-        return Ok((applied, Commit::Written(Box::new(committed))));
+        Written::Nothing { read, value: d } => Ok((d.applied, Commit::Unchanged(read))),
+        Written::Missing => Ok((vec![Applied::Missing; events.len()], Commit::Missing)),
+        Written::Superseded(_) => unreachable!("a commit follows every conflict"),
     }
-    Err(HandlerError::Contended(max))
+}
+
+/// One decision of [`commit_many`] over the item as read.
+struct Decided<'e> {
+    applied: Vec<Applied>,
+    effects: Vec<Effect>,
+    /// (before, event) of each change, logged and counted once the write stands
+    changes: Vec<(Task, &'e Event)>,
+    now: Millis,
 }

@@ -87,7 +87,8 @@ impl Twins {
         };
         let ctx = Ctx { now: self.deps.now(), fresh_token: attempt.clone(), jitter: 0.5 };
         let tr = protocol::submit(task_id.clone(), def, serde_json::json!({}), None, &ctx, &self.deps.settings.policy);
-        self.deps.store.create(&tr.task).await.expect("a new task is created");
+        let created = crate::transition::create(&self.deps, &tr.task).await.expect("a new task is created");
+        assert!(matches!(created, crate::transition::Created::New), "task {task_id} exists already");
         tr.task
     }
 
