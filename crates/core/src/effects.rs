@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use crate::bus::{delay_seconds, BusError};
 use crate::deps::{Deps, HandlerError};
 use crate::ids::{message_mark, Millis, TaskId};
-use crate::messages::{AgentResult, Outcome, RunMessage, RunReason, SchedulerMessage, SQS_MAX_MESSAGE_BYTES, VERSION};
+use crate::messages::{RunMessage, RunReason, SchedulerMessage, SQS_MAX_MESSAGE_BYTES, VERSION};
 use crate::metrics;
 use crate::protocol::{self, Effect, Event, Task};
 use crate::reply;
@@ -209,23 +209,8 @@ async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Resul
             out.to_scheduler(&run_message(&task.task_id, *rev, *reason), delay_seconds(*delay_ms)).await
         }
         Effect::Dispatch(r) => match out.dispatch(r).await {
-            // The request can never be sent (its input and the earlier steps' outputs exceed
-            // SQS's limit): the attempt fails for good at once instead of timing out again and
-            // again.
             Err(BusError::TooLarge { bytes }) => {
-                let failed = SchedulerMessage::Result(AgentResult {
-                    v: VERSION,
-                    task_id: r.task_id.clone(),
-                    step: r.step.clone(),
-                    attempt: r.attempt.clone(),
-                    outcome: Outcome::Failed {
-                        error: format!(
-                            "the agent request is {bytes} bytes; SQS accepts at most {SQS_MAX_MESSAGE_BYTES}"
-                        ),
-                        retryable: false,
-                    },
-                });
-                out.to_scheduler(&failed, 0).await
+                out.to_scheduler(&protocol::undeliverable_request(r, bytes, SQS_MAX_MESSAGE_BYTES), 0).await
             }
             other => other,
         },
@@ -295,25 +280,11 @@ fn spawn_one<'a>(
                 }
                 send(deps, &Committed { task: tr.task.clone(), effects: tr.effects.clone(), now: ctx.now }).await
             }
-            Ok(Created::Exists(child)) => match *child {
-                child if cancel.is_some() && !child.process_state.is_terminal() => {
-                    let m = SchedulerMessage::Cancel(crate::messages::CancelMessage {
-                        v: VERSION,
-                        task_id: child.task_id.clone(),
-                        reason: cancel.unwrap_or_default().to_owned(),
-                        run: None,
-                    });
-                    deps.outbox().to_scheduler(&m, 0).await?;
-                    Sent::default()
+            Ok(Created::Exists(child)) => match protocol::existing_element(&child, cancel) {
+                protocol::ExistingElement::Send(effects) => {
+                    send(deps, &Committed { task: *child, effects, now: ctx.now }).await
                 }
-                // It ended: it says so again (only that: its alert, if any, went out already).
-                child if child.process_state.is_terminal() => {
-                    if let Some(Effect::Send(notice)) = protocol::element_notice(&child) {
-                        deps.outbox().to_scheduler(&notice, 0).await?;
-                    }
-                    Sent::default()
-                }
-                child => resend(deps, child).await.map_err(|e| BusError::Backend {
+                protocol::ExistingElement::Resend => resend(deps, *child).await.map_err(|e| BusError::Backend {
                     op: "ResendElement",
                     target: tr.task.task_id.to_string(),
                     message: e.to_string(),

@@ -4,19 +4,18 @@
 
 use tracing::{info, warn};
 
-use crate::bus::delay_seconds;
 use crate::bus::Record;
 use crate::deps::{Deps, HandlerError};
-use crate::effects::{drive, finish, run_message};
+use crate::effects::{drive, finish, send};
 use crate::ids::{message_mark, TaskId};
-use crate::messages::{Outcome, RunReason, SchedulerMessage, VERSION};
+use crate::messages::{Outcome, SchedulerMessage, VERSION};
 use std::collections::HashMap;
 
 use serde_json::Value;
 
-use crate::protocol::{self, Effect, Event, Stale, Task};
+use crate::protocol::{self, Event, Task};
 use crate::screen;
-use crate::transition::{commit_many, Applied};
+use crate::transition::{commit_many, Applied, Committed};
 
 /// The longest agent error kept on a task.
 pub const MAX_ERROR_BYTES: usize = 1024;
@@ -120,8 +119,6 @@ async fn schedule_with(deps: &Deps, raw: &str, message: Option<&str>) -> Result<
         }
         other => other,
     };
-    let command = matches!(event, Event::Cancel { .. } | Event::Undo { .. });
-    let ended = (task.task_id.is_child() && command).then(|| protocol::element_notice(&task)).flatten();
     let applied = match (drive(deps, task.clone(), &event, message).await, &event) {
         // A success whose output makes the task too large (or that DynamoDB refuses for a reason
         // the screen does not know) would fail every delivery: keep the success, with the marker
@@ -130,22 +127,21 @@ async fn schedule_with(deps: &Deps, raw: &str, message: Option<&str>) -> Result<
             warn!(%task_id, error = %e, "the task cannot be stored with this output: the success is kept with a marker instead");
             let event =
                 Event::AgentSucceeded { attempt: attempt.clone(), output: screen::unstorable_output(&e.to_string()) };
-            drive(deps, task, &event, message).await?
+            drive(deps, task.clone(), &event, message).await?
         }
         (other, _) => other?,
     };
-    // A run message that arrives before its wait may claim (a delay past SQS's 15 minutes) is
-    // sent on for the rest of the wait instead of being dropped.
-    if let (Applied::Stale(Stale::TooEarly { not_before, now }), Event::Claim { rev }) = (&applied, &event) {
-        info!(%task_id, not_before = not_before.0, "run message came early: sent on for the rest of its wait");
-        let run = run_message(&task_id, *rev, RunReason::Retry);
-        deps.outbox().to_scheduler(&run, delay_seconds(now.until(*not_before))).await?;
-    }
-    // A parent's command to a map element that has ended: it says so again (its first notice may
-    // be the one the parent is missing).
-    if let (Applied::Stale(_), Some(Effect::Send(notice))) = (&applied, ended) {
-        info!(%task_id, "a command for a map element that has ended: its end is sent to its parent again");
-        deps.outbox().to_scheduler(&notice, 0).await?;
+    // What an event that changed nothing still owes (the protocol's decision, on the task as the
+    // event found it): a run message that came early goes on, an ended element says so again.
+    if let Applied::Stale(stale) = &applied {
+        let owed = protocol::stale_sends(&task, &event, stale);
+        if !owed.is_empty() {
+            info!(%task_id, event = event.name(), reason = %stale, sends = owed.len(), "the event changed nothing but owes sends: sent");
+            let sent = send(deps, &Committed { task, effects: owed, now: deps.now() }).await;
+            if let Some(e) = sent.work.or(sent.essential) {
+                return Err(e.into());
+            }
+        }
     }
     Ok(applied)
 }

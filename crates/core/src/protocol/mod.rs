@@ -30,8 +30,8 @@ use serde_json::Value;
 
 use crate::ids::{AttemptToken, CallbackToken, IdempotencyKey, Millis, TaskId};
 use crate::messages::{
-    AgentRequest, Alert, AlertKind, CallbackAnswer, CallbackRef, Phase, RunReason, SchedulerMessage, StatusMessage,
-    TimerMessage, VERSION,
+    AgentRequest, AgentResult, Alert, AlertKind, CallbackAnswer, CallbackRef, CancelMessage, Outcome, Phase, RunReason,
+    SchedulerMessage, StatusMessage, TimerMessage, VERSION,
 };
 use crate::workflow::{OnFailure, StepDef, WorkflowDef, MAX_LONG_STEP_MS};
 
@@ -1289,6 +1289,65 @@ pub use map::{element_task, element_tombstone};
 /// The end a map element owes its parent, once it has ended (none for other tasks).
 pub fn element_notice(task: &Task) -> Option<Effect> {
     map::ended_notice(task)
+}
+
+/// What a spawn owes an element that exists already (an earlier delivery created it): a
+/// stopping map cancels it while it runs; one that has ended says so to its parent again (only
+/// that: its alert, if any, went out already); one that runs is sent what its last write owes.
+pub fn existing_element(child: &Task, cancel: Option<&str>) -> ExistingElement {
+    match cancel {
+        Some(why) if !child.process_state.is_terminal() => {
+            ExistingElement::Send(vec![Effect::Send(SchedulerMessage::Cancel(CancelMessage {
+                v: VERSION,
+                task_id: child.task_id.clone(),
+                reason: why.to_owned(),
+                run: None,
+            }))])
+        }
+        _ if child.process_state.is_terminal() => ExistingElement::Send(element_notice(child).into_iter().collect()),
+        _ => ExistingElement::Resend,
+    }
+}
+
+/// See [`existing_element`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExistingElement {
+    /// These sends, and nothing written.
+    Send(Vec<Effect>),
+    /// What its last write owes ([`resend`]).
+    Resend,
+}
+
+/// What an event that changes nothing still owes, decided on the task as the event found it:
+/// a run message that came before its wait may claim (SQS delays at most 15 minutes) is sent on
+/// for the rest of the wait; a parent's command (cancel, undo) to a map element that has ended
+/// has the element say its end again (its first notice may be the one the parent is missing).
+pub fn stale_sends(task: &Task, event: &Event, stale: &Stale) -> Vec<Effect> {
+    match (stale, event) {
+        (Stale::TooEarly { not_before, now }, Event::Claim { rev }) => {
+            vec![Effect::Run { rev: *rev, delay_ms: now.until(*not_before), reason: RunReason::Retry }]
+        }
+        (_, Event::Cancel { .. } | Event::Undo { .. }) if task.task_id.is_child() => {
+            element_notice(task).into_iter().collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The result an agent request that can never be sent stands for (its input and the earlier
+/// steps' outputs exceed the queue's limit): the attempt fails for good at once, instead of
+/// timing out again and again.
+pub fn undeliverable_request(request: &AgentRequest, bytes: usize, limit: usize) -> SchedulerMessage {
+    SchedulerMessage::Result(AgentResult {
+        v: VERSION,
+        task_id: request.task_id.clone(),
+        step: request.step.clone(),
+        attempt: request.attempt.clone(),
+        outcome: Outcome::Failed {
+            error: format!("the agent request is {bytes} bytes; SQS accepts at most {limit}"),
+            retryable: false,
+        },
+    })
 }
 
 #[cfg(test)]

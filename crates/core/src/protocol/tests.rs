@@ -992,3 +992,44 @@ fn a_call_step_settles_one_execution_time_after_the_task_stops_waiting_for_it() 
     let cancelled = go(&t, Event::Cancel { reason: "customer".into(), run: None }, 1_500);
     assert_eq!(cancelled.task.not_before, Some(Millis(1_000 + 300_000 + 60_000 + 2_000)), "hard + settle");
 }
+
+#[test]
+fn a_request_that_can_never_be_sent_stands_for_a_failure_for_good_of_its_attempt() {
+    let t = new_task(false);
+    let Some(Effect::Dispatch(r)) = t.effects.iter().find(|e| matches!(e, Effect::Dispatch(_))).cloned() else {
+        panic!("a new task dispatches its first step: {:?}", t.effects)
+    };
+    let SchedulerMessage::Result(res) = undeliverable_request(&r, 300_000, 262_144) else { panic!("a result") };
+    assert_eq!((&res.task_id, res.step.as_str(), &res.attempt), (&r.task_id, "reserve", &r.attempt));
+    assert!(
+        matches!(&res.outcome, Outcome::Failed { retryable: false, error } if error.contains("300000 bytes") && error.contains("262144")),
+        "{:?}",
+        res.outcome
+    );
+}
+
+#[test]
+fn an_event_that_changes_nothing_owes_sends_only_where_the_protocol_says() {
+    let t = new_task(false).task;
+    // a run message before its wait may claim: sent on for the rest of the wait
+    let early = Stale::TooEarly { not_before: Millis(5_000), now: Millis(2_000) };
+    assert_eq!(
+        stale_sends(&t, &Event::Claim { rev: 7 }, &early),
+        vec![Effect::Run { rev: 7, delay_ms: 3_000, reason: RunReason::Retry }]
+    );
+    // a cancel for a top-level task owes nothing; nor does any other stale event
+    let cancel = Event::Cancel { reason: "x".into(), run: None };
+    assert!(stale_sends(&t, &cancel, &Stale::Terminal(ProcessState::Processed)).is_empty());
+    assert!(stale_sends(&t, &Event::DeadlineExpired, &early).is_empty());
+    // an element that runs, asked by a stopping map: cancelled; without a stop: its owed work
+    let mut child = t.clone();
+    child.task_id = TaskId::child(&t.task_id, 1, 0);
+    match existing_element(&child, Some("the map stops")) {
+        ExistingElement::Send(sends) => assert!(
+            matches!(sends.as_slice(), [Effect::Send(SchedulerMessage::Cancel(c))] if c.task_id == child.task_id && c.reason == "the map stops"),
+            "{sends:?}"
+        ),
+        other @ ExistingElement::Resend => panic!("{other:?}"),
+    }
+    assert_eq!(existing_element(&child, None), ExistingElement::Resend);
+}
