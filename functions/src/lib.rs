@@ -165,7 +165,7 @@ pub async fn handle_event(
     match parse_event(role, payload)? {
         Invocation::Sqs(ev) => {
             let records = records(ev);
-            let failed = process_batch(role, &records, |rs| handle_group(role, deps, agents, rs)).await;
+            let failed = process_batch(role, &records, |rs| handle_group(deps, agents, rs)).await;
             Ok(Response::Batch(batch_response(failed)))
         }
         Invocation::Scheduled(_) => {

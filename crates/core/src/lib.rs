@@ -32,6 +32,7 @@ pub mod deps;
 pub mod diagram;
 pub mod effects;
 pub mod entropy;
+pub mod envelope;
 pub mod graph;
 pub mod ids;
 pub mod limit;

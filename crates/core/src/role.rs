@@ -9,6 +9,7 @@ use crate::bus::Outgoing;
 pub use crate::bus::Record;
 use crate::config::Resources;
 use crate::deps::{Deps, HandlerError};
+use crate::envelope::{Body, Envelope};
 use crate::ids::{clip, TaskId};
 use crate::screen;
 use crate::{callback, scheduler, submitter, supervisor};
@@ -92,15 +93,40 @@ pub fn handle<'a>(
     agents: &'a AgentRuntime,
     record: &'a Record,
 ) -> BoxFuture<'a, Result<(), HandlerError>> {
+    handle_envelope(deps, agents, Envelope::open(role, record))
+}
+
+/// [`handle`] for a record read once ([`Envelope::open`]).
+pub fn handle_envelope<'a>(
+    deps: &'a Deps,
+    agents: &'a AgentRuntime,
+    envelope: Envelope<'a>,
+) -> BoxFuture<'a, Result<(), HandlerError>> {
+    let (role, record) = (envelope.role, envelope.record);
     let body = record.body.as_str();
-    let span = record_span(role, record);
+    let span = envelope.span();
+    let message = Some(record.message_id.as_str());
     let handling = async move {
-        let handled = match role {
-            Role::Submitter => submitter::submit_message(deps, record).await.map(drop),
-            Role::Scheduler => scheduler::handle(deps, record).await.map(drop),
-            Role::Agent => agent::handle_sent(deps, agents, body, record.sent_at).await.map(drop),
-            Role::Supervisor => supervisor::handle(deps, record).await.map(drop),
-            Role::Callback => answer_record(deps, record).await,
+        let handled = match envelope.body {
+            Body::Submission(parsed) => submitter::submit_parsed(deps, record, parsed).await.map(drop),
+            scheduled @ Body::Scheduler(_) => {
+                scheduler::handle_envelope(deps, Envelope { role, record, body: scheduled }).await.map(drop)
+            }
+            Body::Agent(req) => match req {
+                Ok(req) => agent::handle_request(deps, agents, req, record.sent_at).await.map(drop),
+                Err(why) => Err(HandlerError::Malformed(why)),
+            },
+            Body::Timer(timer) => match timer {
+                Ok(t) => supervisor::handle_timer(deps, t, message).await.map(drop),
+                Err(why) => Err(HandlerError::Malformed(why)),
+            },
+            // An answer that changed nothing (stale, late, unknown) is still handled: delivering
+            // it again would not change that. `callback::answer` logs what it did (the sender is
+            // not there to hear it).
+            Body::Callback(answer) => match answer {
+                Ok(msg) => callback::answer(deps, &msg, message).await.map(drop),
+                Err(why) => Err(HandlerError::Malformed(why)),
+            },
         };
         match (handled, role.dead_letter_queue(&deps.resources)) {
             // A message that can never be handled is kept in its DLQ with the reason at once,
@@ -128,64 +154,32 @@ pub fn handle<'a>(
     Box::pin(crate::trace::scope(record.trace_header.clone(), handling.instrument(span)))
 }
 
-/// The fields every log line of a record's handling carries (JSON logs: under `span`): its role,
-/// its SQS message id, and the task, step and attempt its body names.
-fn record_span(role: Role, record: &Record) -> tracing::Span {
-    #[derive(serde::Deserialize)]
-    struct Names {
-        task_id: Option<String>,
-        step: Option<String>,
-        attempt_no: Option<u32>,
-    }
-    let n = serde_json::from_str::<Names>(&record.body).ok();
-    let n = n.as_ref();
-    tracing::info_span!(
-        "record",
-        role = role.name(),
-        message_id = %record.message_id,
-        task_id = n.and_then(|n| n.task_id.as_deref()),
-        step = n.and_then(|n| n.step.as_deref()),
-        attempt = n.and_then(|n| n.attempt_no),
-    )
-}
-
-/// One callback queue message: a `CallbackMessage`, applied by [`callback::answer`] (which logs
-/// what it did; the sender is not there to hear it). An answer that changed nothing (stale, late,
-/// unknown) is still handled: delivering it again would not change that.
-async fn answer_record(deps: &Deps, record: &Record) -> Result<(), HandlerError> {
-    let msg = callback::parse(&record.body)?;
-    callback::answer(deps, &msg, Some(&record.message_id)).await.map(drop)
-}
-
 /// Handle a batch the way an SQS-triggered Lambda with `ReportBatchItemFailures` does: the ids of
-/// the records that failed are returned, so only those are delivered again. Records run
-/// concurrently, except those naming the same task (`task_id` in the body), which run one after
-/// the other in the batch's order: they would only race for the task's item, and each lost
-/// conditional write costs a write unit and a re-decision (the ends of a map's elements arrive
-/// together, each a write on their parent). `handler` gets each task's records together (see
-/// [`handle_group`]) and returns one outcome per record. Not the Agent's: its records are remote
-/// calls of up to 110 s each, and two of one task in a row could outlast the function's timeout.
+/// the records that failed are returned, so only those are delivered again. Each record is read
+/// once ([`Envelope::open`]). Records run concurrently, except those naming the same task, which
+/// run one after the other in the batch's order: they would only race for the task's item, and
+/// each lost conditional write costs a write unit and a re-decision (the ends of a map's elements
+/// arrive together, each a write on their parent). `handler` gets each task's records together
+/// (see [`handle_group`]) and returns one outcome per record. Not the Agent's: its records are
+/// remote calls of up to 110 s each, and two of one task in a row could outlast the function's
+/// timeout.
 pub async fn process_batch<'a, F, Fut>(role: Role, records: &'a [Record], handler: F) -> Vec<String>
 where
-    F: Fn(Vec<&'a Record>) -> Fut,
+    F: Fn(Vec<Envelope<'a>>) -> Fut,
     Fut: std::future::Future<Output = Vec<Result<(), HandlerError>>>,
 {
-    #[derive(serde::Deserialize)]
-    struct Names {
-        task_id: Option<String>,
-    }
-    let mut groups: Vec<(Option<String>, Vec<&'a Record>)> = Vec::new();
+    let mut groups: Vec<(Option<String>, Vec<Envelope<'a>>)> = Vec::new();
     for r in records {
-        let task = serde_json::from_str::<Names>(&r.body).ok().and_then(|n| n.task_id);
-        let task = task.filter(|_| role != Role::Agent);
+        let envelope = Envelope::open(role, r);
+        let task = envelope.task_id().filter(|_| role != Role::Agent).map(str::to_owned);
         match groups.iter_mut().find(|(t, _)| task.is_some() && *t == task) {
-            Some((_, rs)) => rs.push(r),
-            None => groups.push((task, vec![r])),
+            Some((_, rs)) => rs.push(envelope),
+            None => groups.push((task, vec![envelope])),
         }
     }
     let handler = &handler;
     let runs = groups.into_iter().map(|(_, rs)| async move {
-        let ids: Vec<&str> = rs.iter().map(|r| r.message_id.as_str()).collect();
+        let ids: Vec<&str> = rs.iter().map(|e| e.record.message_id.as_str()).collect();
         let outcomes = handler(rs).await;
         let mut failed = Vec::new();
         for (id, outcome) in ids.into_iter().zip(outcomes) {
@@ -200,54 +194,59 @@ where
     futures::future::join_all(runs).await.into_iter().flatten().collect()
 }
 
+/// Read each record once ([`Envelope::open`]), for [`handle_group`].
+pub fn open_all(role: Role, records: &[Record]) -> Vec<Envelope<'_>> {
+    records.iter().map(|r| Envelope::open(role, r)).collect()
+}
+
 /// Handle the records of one task from one batch ([`process_batch`]'s groups), in order: each on
-/// its own ([`handle`]), except a run of two or more ends of elements (or branches) of one parent
-/// for the Scheduler, which are applied together and written once ([`scheduler::handle_ends`]):
-/// one conditional write on the parent instead of one each, each a race with the other
-/// invocations' writers. The run's outcome is each of its records'. One outcome per record.
+/// its own ([`handle_envelope`]), except a run of two or more ends of elements (or branches) of
+/// one parent for the Scheduler, which are applied together and written once
+/// ([`scheduler::handle_ends`]): one conditional write on the parent instead of one each, each a
+/// race with the other invocations' writers. The run's outcome is each of its records'. One
+/// outcome per record.
 pub fn handle_group<'a>(
-    role: Role,
     deps: &'a Deps,
     agents: &'a AgentRuntime,
-    records: Vec<&'a Record>,
+    records: Vec<Envelope<'a>>,
 ) -> BoxFuture<'a, Vec<Result<(), HandlerError>>> {
     Box::pin(async move {
-        let parents: Vec<Option<TaskId>> = records
-            .iter()
-            .map(|r| if role == Role::Scheduler { scheduler::ended_parent(&r.body) } else { None })
-            .collect();
         let mut out = Vec::with_capacity(records.len());
-        let mut i = 0;
-        while i < records.len() {
-            let run = match &parents[i] {
-                Some(p) => parents[i..].iter().take_while(|q| q.as_ref() == Some(p)).count(),
-                None => 1,
-            };
-            if run >= 2 {
-                let group = &records[i..i + run];
-                let parent = parents[i].as_ref().map_or("-", TaskId::as_str);
-                let span = info_span!("records", role = role.name(), task_id = parent, ends = run);
-                match scheduler::handle_ends(deps, group).instrument(span.clone()).await {
-                    Ok(()) => out.extend(group.iter().map(|_| Ok(()))),
-                    // A message the task cannot take: one by one, so that it goes to the DLQ alone.
-                    Err(e @ (HandlerError::Malformed(_) | HandlerError::Unstorable(_))) => {
-                        span.in_scope(|| warn!(error = %e, "ends handled together refused; handling them one by one"));
-                        for r in group {
-                            out.push(handle(role, deps, agents, r).await);
-                        }
-                    }
-                    // Anything else fails the run's records alike: SQS delivers them again, and
-                    // the one whose mark a landed write kept resends what it owes.
-                    Err(e) => {
-                        let why = e.to_string();
-                        out.push(Err(e));
-                        out.extend(group[1..].iter().map(|_| Err(HandlerError::WithRun(why.clone()))));
+        let mut rest = records.into_iter().peekable();
+        while let Some(first) = rest.next() {
+            let mut run = vec![first];
+            if let Some(parent) = run[0].ended_parent().cloned() {
+                while let Some(next) = rest.next_if(|e| e.ended_parent() == Some(&parent)) {
+                    run.push(next);
+                }
+            }
+            if run.len() < 2 {
+                for e in run {
+                    out.push(handle_envelope(deps, agents, e).await);
+                }
+                continue;
+            }
+            let role = run[0].role;
+            let parent = run[0].ended_parent().map_or("-", TaskId::as_str).to_owned();
+            let span = info_span!("records", role = role.name(), task_id = parent, ends = run.len());
+            match scheduler::handle_ends(deps, &run).instrument(span.clone()).await {
+                Ok(()) => out.extend(run.iter().map(|_| Ok(()))),
+                // A message the task cannot take: one by one, so that it goes to the DLQ alone.
+                Err(e @ (HandlerError::Malformed(_) | HandlerError::Unstorable(_))) => {
+                    span.in_scope(|| warn!(error = %e, "ends handled together refused; handling them one by one"));
+                    for e in run {
+                        out.push(handle_envelope(deps, agents, e).await);
                     }
                 }
-            } else {
-                out.push(handle(role, deps, agents, records[i]).await);
+                // Anything else fails the run's records alike: SQS delivers them again, and
+                // the one whose mark a landed write kept resends what it owes.
+                Err(e) => {
+                    let why = e.to_string();
+                    let others = run.len() - 1;
+                    out.push(Err(e));
+                    out.extend((0..others).map(|_| Err(HandlerError::WithRun(why.clone()))));
+                }
             }
-            i += run;
         }
         out
     })
@@ -266,12 +265,14 @@ mod tests {
 
     #[tokio::test]
     async fn records_of_one_task_run_in_order_and_others_beside_them() {
+        // deadline timers: the records are grouped by the task their message names, once read
+        let timer = |task: &str, n: u64| format!(r#"{{"v":1,"task_id":"{task}","complete_by":{n}}}"#);
         let records = vec![
-            record("a1", r#"{"task_id":"a","n":1}"#),
-            record("b1", r#"{"task_id":"b","n":1}"#),
-            record("a2", r#"{"task_id":"a","n":2}"#),
+            record("a1", &timer("a", 1)),
+            record("b1", &timer("b", 1)),
+            record("a2", &timer("a", 2)),
             record("x", "not json"),
-            record("a3", r#"{"task_id":"a","n":3}"#),
+            record("a3", &timer("a", 3)),
             record("y", "not json either"),
         ];
         let now = AtomicUsize::new(0);
@@ -306,10 +307,10 @@ mod tests {
                 }
             }
         };
-        let failed = process_batch(Role::Scheduler, &records, |rs| async {
+        let failed = process_batch(Role::Supervisor, &records, |rs| async {
             let mut out = Vec::new();
             for r in rs {
-                out.push(each(r).await);
+                out.push(each(r.record).await);
             }
             out
         })

@@ -166,7 +166,7 @@ async fn poll(
                         trace_header: m.trace_header.clone(),
                     })
                     .collect();
-            let failed = process_batch(role, &records, |rs| handle_group(role, &deps, &agents, rs)).await;
+            let failed = process_batch(role, &records, |rs| handle_group(&deps, &agents, rs)).await;
             // As a function does after each invocation (nothing without a recorder).
             crate::telemetry::flush_metrics();
             let done: Vec<String> =

@@ -7,6 +7,7 @@ use tracing::{info, warn};
 use crate::bus::Record;
 use crate::deps::{Deps, HandlerError};
 use crate::effects::{drive, finish, send};
+use crate::envelope::{Body, Envelope, Scheduled};
 use crate::ids::{message_mark, TaskId};
 use crate::messages::{Outcome, SchedulerMessage, VERSION};
 use std::collections::HashMap;
@@ -23,92 +24,106 @@ pub const MAX_ERROR_BYTES: usize = 1024;
 /// Parse a scheduler-queue message into the event it carries.
 pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
     let msg: SchedulerMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
+    scheduled(msg).map(|s| (s.task_id, s.event))
+}
+
+/// The event a scheduler-queue message carries, for the task it names (see [`crate::envelope`]).
+pub fn scheduled(msg: SchedulerMessage) -> Result<Scheduled, HandlerError> {
     if msg.version() != VERSION {
         return Err(HandlerError::Malformed(format!("unsupported version {}", msg.version())));
     }
-    let event = match &msg {
+    let task_id = msg.task_id().clone();
+    let mut step = None;
+    let event = match msg {
         SchedulerMessage::Run(m) => Event::Claim { rev: m.rev },
-        SchedulerMessage::Result(r) => match &r.outcome {
-            Outcome::Succeeded { output } => {
-                Event::AgentSucceeded { attempt: r.attempt.clone(), output: screen::output(output) }
+        SchedulerMessage::Result(r) => {
+            step = Some(r.step);
+            // an agent's error is stored on the task: bounded
+            let error = |e: &str| crate::ids::clip(e, MAX_ERROR_BYTES).to_owned();
+            match r.outcome {
+                Outcome::Succeeded { output } => {
+                    Event::AgentSucceeded { attempt: r.attempt, output: screen::output(&output) }
+                }
+                Outcome::TimedOut { error: e } => Event::AgentTimedOut { attempt: r.attempt, error: error(&e) },
+                Outcome::NotStarted { error: e } => Event::AgentNotStarted { attempt: r.attempt, error: error(&e) },
+                Outcome::Failed { error: e, retryable } => {
+                    Event::AgentFailed { attempt: r.attempt, error: error(&e), retryable }
+                }
             }
-            Outcome::TimedOut { error } => Event::AgentTimedOut {
-                attempt: r.attempt.clone(),
-                error: crate::ids::clip(error, MAX_ERROR_BYTES).to_owned(),
-            },
-            Outcome::NotStarted { error } => Event::AgentNotStarted {
-                attempt: r.attempt.clone(),
-                error: crate::ids::clip(error, MAX_ERROR_BYTES).to_owned(),
-            },
-            Outcome::Failed { error, retryable } => Event::AgentFailed {
-                attempt: r.attempt.clone(),
-                // an agent's error is stored on the task: bounded
-                error: crate::ids::clip(error, MAX_ERROR_BYTES).to_owned(),
-                retryable: *retryable,
-            },
-        },
-        SchedulerMessage::Cancel(c) => Event::Cancel { reason: c.reason.clone(), run: c.run },
-        SchedulerMessage::Resubmit(r) => Event::Resubmit { reason: r.reason.clone(), run: r.run },
+        }
+        SchedulerMessage::Cancel(c) => Event::Cancel { reason: c.reason, run: c.run },
+        SchedulerMessage::Resubmit(r) => Event::Resubmit { reason: r.reason, run: r.run },
         SchedulerMessage::ElementEnded(m) => Event::ElementEnded {
             step: m.step,
             element: m.element,
             state: m.state,
             reason: m.reason.as_deref().map(|r| crate::ids::clip(r, MAX_ERROR_BYTES).to_owned()),
-            output: m.output.clone(),
+            output: m.output,
         },
         SchedulerMessage::Undo(m) => Event::Undo { reason: crate::ids::clip(&m.reason, MAX_ERROR_BYTES).to_owned() },
         // The outputs are read once the task is (see `join_output`).
         SchedulerMessage::Join(m) => Event::Joined { step: m.step, output: Value::Null },
     };
-    Ok((msg.task_id().clone(), event))
+    Ok(Scheduled { task_id, event, step })
 }
 
 /// Handle one message of the scheduler queue, as delivered.
 pub async fn handle(deps: &Deps, record: &Record) -> Result<Applied, HandlerError> {
-    schedule_with(deps, &record.body, Some(&record.message_id)).await
+    handle_envelope(deps, Envelope::open(crate::role::Role::Scheduler, record)).await
+}
+
+/// Handle one scheduler-queue record, read once ([`Envelope::open`]).
+pub async fn handle_envelope(deps: &Deps, envelope: Envelope<'_>) -> Result<Applied, HandlerError> {
+    match envelope.body {
+        Body::Scheduler(Ok(s)) => schedule_event(deps, s.task_id, s.event, Some(&envelope.record.message_id)).await,
+        Body::Scheduler(Err(why)) => Err(HandlerError::Malformed(why)),
+        _ => Err(HandlerError::Malformed("not a scheduler-queue record".into())),
+    }
 }
 
 /// The ends of elements (or branches) of one parent that one batch brings, in the batch's order:
 /// applied one after the other and written in one conditional write, then their effects performed
 /// (see [`crate::transition::commit_many`]). Each of `records` must carry an `element_ended` for
-/// the same task ([`ended_parent`]); the outcome is the group's.
-pub async fn handle_ends(deps: &Deps, records: &[&Record]) -> Result<(), HandlerError> {
-    let mut task_id = None;
+/// the same task ([`Envelope::ended_parent`]); the outcome is the group's.
+pub async fn handle_ends(deps: &Deps, records: &[Envelope<'_>]) -> Result<(), HandlerError> {
+    let mut task_id: Option<&TaskId> = None;
     let mut events = Vec::with_capacity(records.len());
     for r in records {
-        let (id, event) = event_of(&r.body)?;
-        if !matches!(event, Event::ElementEnded { .. }) || task_id.as_ref().is_some_and(|t| *t != id) {
-            return Err(HandlerError::Malformed(format!("message {} is not an end for {id:?}'s group", r.message_id)));
+        let (Some(parent), Body::Scheduler(Ok(s))) = (r.ended_parent(), &r.body) else {
+            return Err(HandlerError::Malformed(format!("message {} is not an element's end", r.record.message_id)));
+        };
+        if task_id.is_some_and(|t| t != parent) {
+            return Err(HandlerError::Malformed(format!(
+                "message {} is not an end for {parent:?}'s group",
+                r.record.message_id
+            )));
         }
-        task_id = Some(id);
-        events.push((event, message_mark(&r.message_id)));
+        task_id = Some(parent);
+        events.push((&s.event, message_mark(&r.record.message_id)));
     }
     let Some(task_id) = task_id else { return Ok(()) };
-    let Some(task) = deps.store.get(&task_id).await? else {
+    let Some(task) = deps.store.get(task_id).await? else {
         warn!(%task_id, events = events.len(), "no such task; element ends dropped");
         return Ok(());
     };
     let marks: Vec<String> = events.iter().map(|(_, m)| m.clone()).collect();
-    let pairs: Vec<(&Event, Option<&str>)> = events.iter().map(|(e, m)| (e, Some(m.as_str()))).collect();
+    let pairs: Vec<(&Event, Option<&str>)> = events.iter().map(|(e, m)| (*e, Some(m.as_str()))).collect();
     let (_, commit) = commit_many(deps, task, &pairs).await?;
     finish(deps, commit, &marks).await.map(drop)
 }
 
-/// The parent an `element_ended` message is for, when `raw` is one.
-pub fn ended_parent(raw: &str) -> Option<TaskId> {
-    match event_of(raw) {
-        Ok((id, Event::ElementEnded { .. })) => Some(id),
-        _ => None,
-    }
-}
-
 /// Handle one scheduler-queue message body.
 pub async fn schedule(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
-    schedule_with(deps, raw, None).await
+    let (task_id, event) = event_of(raw)?;
+    schedule_event(deps, task_id, event, None).await
 }
 
-async fn schedule_with(deps: &Deps, raw: &str, message: Option<&str>) -> Result<Applied, HandlerError> {
-    let (task_id, event) = event_of(raw)?;
+async fn schedule_event(
+    deps: &Deps,
+    task_id: TaskId,
+    event: Event,
+    message: Option<&str>,
+) -> Result<Applied, HandlerError> {
     let Some(task) = deps.store.get(&task_id).await? else {
         warn!(%task_id, event = event.name(), "no such task; message dropped");
         return Ok(Applied::Missing);

@@ -142,6 +142,7 @@ use crate::clock::{Clock, ManualClock};
 use crate::config::Settings;
 use crate::deps::Deps;
 use crate::entropy::SeededEntropy;
+use crate::envelope::Envelope;
 use crate::ids::{CallbackToken, Millis, TaskId};
 use crate::messages::{
     AgentRequest, AgentResult, CallbackAnswer, CallbackMessage, CancelMessage, Outcome, Phase, ResubmitMessage,
@@ -1162,20 +1163,25 @@ impl Sim {
         let agents = AgentRuntime::default();
         // As a function does with its batch: the Scheduler's ends for one parent go together
         // (role::handle_group), every other record on its own, all at once.
-        let mut groups: Vec<(Role, Option<crate::ids::TaskId>, Vec<usize>)> = Vec::new();
+        // each group: its parent (for ends), the records' places in `runs`, the records read
+        let mut parents: Vec<Option<crate::ids::TaskId>> = Vec::new();
+        let mut indexes: Vec<Vec<usize>> = Vec::new();
+        let mut envelopes: Vec<Vec<Envelope<'_>>> = Vec::new();
         for (i, (role, _, _, r, _)) in runs.iter().enumerate() {
-            let parent = (*role == Role::Scheduler).then(|| crate::scheduler::ended_parent(&r.body)).flatten();
-            match groups.iter_mut().find(|g| parent.is_some() && g.1 == parent) {
-                Some(g) => g.2.push(i),
-                None => groups.push((*role, parent, vec![i])),
+            let envelope = Envelope::open(*role, r);
+            let parent = envelope.ended_parent().cloned();
+            if let Some(g) = parents.iter().position(|p| parent.is_some() && *p == parent) {
+                indexes[g].push(i);
+                envelopes[g].push(envelope);
+            } else {
+                parents.push(parent);
+                indexes.push(vec![i]);
+                envelopes.push(vec![envelope]);
             }
         }
-        let outcomes =
-            block_on(join_all(groups.iter().map(|(role, _, ix)| {
-                role::handle_group(*role, deps, &agents, ix.iter().map(|&i| &runs[i].3).collect())
-            })));
+        let outcomes = block_on(join_all(envelopes.into_iter().map(|es| role::handle_group(deps, &agents, es))));
         let mut results: Vec<Result<(), crate::deps::HandlerError>> = runs.iter().map(|_| Ok(())).collect();
-        for ((_, _, ix), outs) in groups.iter().zip(outcomes) {
+        for (ix, outs) in indexes.iter().zip(outcomes) {
             for (&i, o) in ix.iter().zip(outs) {
                 results[i] = o;
             }

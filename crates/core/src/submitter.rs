@@ -68,8 +68,13 @@ fn not_json(e: &serde_json::Error) -> Rejection {
     }
 }
 
-fn validate(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<(Submission, TaskId), Rejection> {
-    let v: Value = serde_json::from_str(raw).map_err(|e| not_json(&e))?;
+fn validate(
+    deps: &Deps,
+    raw: &str,
+    parsed: Result<Value, serde_json::Error>,
+    message_id: Option<&str>,
+) -> Result<(Submission, TaskId), Rejection> {
+    let v: Value = parsed.map_err(|e| not_json(&e))?;
     let obj = v.as_object().ok_or(Rejection::NotObject)?;
     screen::no_duplicate_keys(raw).map_err(|e| Rejection::Shape(clip(&e, 300).to_owned()))?;
     match obj.get("v") {
@@ -215,12 +220,22 @@ async fn reject(
 /// Handle one message of the submission queue (a submission without `task_id` gets one derived
 /// from the message id, the same on every delivery).
 pub async fn submit_message(deps: &Deps, record: &Record) -> Result<Submitted, HandlerError> {
-    submit_with(deps, &record.body, Some(&record.message_id)).await
+    submit_with(deps, &record.body, serde_json::from_str(&record.body), Some(&record.message_id)).await
+}
+
+/// [`submit_message`] for a record read once ([`crate::envelope::Envelope::open`]): `parsed`
+/// is its body as JSON.
+pub async fn submit_parsed(
+    deps: &Deps,
+    record: &Record,
+    parsed: Result<Value, serde_json::Error>,
+) -> Result<Submitted, HandlerError> {
+    submit_with(deps, &record.body, parsed, Some(&record.message_id)).await
 }
 
 /// Handle one submission body (a submission without `task_id` gets a fresh random id).
 pub async fn submit(deps: &Deps, raw: &str) -> Result<Submitted, HandlerError> {
-    submit_with(deps, raw, None).await
+    submit_with(deps, raw, serde_json::from_str(raw), None).await
 }
 
 /// Tell the reply queue of a submission that created nothing that its task exists, and how it
@@ -263,8 +278,13 @@ async fn resend(deps: &Deps, task: Task, mark: Option<&str>) -> Result<(), Handl
     }
 }
 
-async fn submit_with(deps: &Deps, raw: &str, message_id: Option<&str>) -> Result<Submitted, HandlerError> {
-    let (sub, task_id) = match validate(deps, raw, message_id) {
+async fn submit_with(
+    deps: &Deps,
+    raw: &str,
+    parsed: Result<Value, serde_json::Error>,
+    message_id: Option<&str>,
+) -> Result<Submitted, HandlerError> {
+    let (sub, task_id) = match validate(deps, raw, parsed, message_id) {
         Ok(ok) => ok,
         Err(rejection) => return reject(deps, raw, message_id, rejection).await,
     };

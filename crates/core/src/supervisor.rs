@@ -39,6 +39,12 @@ pub async fn timer(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
 ///   back (see [`drive`]).
 async fn timer_with(deps: &Deps, raw: &str, message: Option<&str>) -> Result<Applied, HandlerError> {
     let t: TimerMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
+    handle_timer(deps, t, message).await
+}
+
+/// Handle one deadline timer, read ([`crate::envelope::Envelope::open`]); `message`: the id of
+/// the queue message that carries it.
+pub async fn handle_timer(deps: &Deps, t: TimerMessage, message: Option<&str>) -> Result<Applied, HandlerError> {
     let Some(task) = deps.store.get(&t.task_id).await? else { return Ok(Applied::Missing) };
     let wrote_last = message.is_some_and(|m| task.last_message.as_deref() == Some(message_mark(m).as_str()));
     if !task.process_state.is_terminal() && !wrote_last {

@@ -66,6 +66,16 @@ pub async fn handle_sent(
     if req.v != VERSION {
         return Err(HandlerError::Malformed(format!("unsupported version {}", req.v)));
     }
+    handle_request(deps, runtime, req, sent_at).await
+}
+
+/// [`handle_sent`] for a request read ([`crate::envelope::Envelope::open`]: its version checked).
+pub async fn handle_request(
+    deps: &Deps,
+    runtime: &AgentRuntime,
+    req: AgentRequest,
+    sent_at: Option<Millis>,
+) -> Result<bool, HandlerError> {
     async {
         let now = deps.now();
         match (runtime::execution_deadline(&req, now), req.start_by) {
