@@ -49,7 +49,7 @@ validate: ## sasctl validate on config/ (workflows + agents) with the variables 
 sim: ## the deterministic simulation of the whole system: SIM_SEEDS seeds (default 2000); SIM_SEED=n replays one
 	SIM_SEEDS=$${SIM_SEEDS:-2000} cargo test --workspace --test simulation -- --nocapture
 
-lambda-smoke: ## build the five function binaries and boot each under a minimal Lambda Runtime API
+lambda-smoke: ## build the five function binaries and boot each under the host Lambda executor's Runtime API server
 	infra/lambda-smoke.sh
 
 lambda-check: ## the host Lambda executor's checks against the running LocalStack (infra/localstack.sh start first)
@@ -70,7 +70,7 @@ localstack-status:
 tools: ## sam, cfn-lint, cargo-lambda, awslocal into .local/tools/venv
 	infra/tools.sh install
 
-lint: ## sam validate --lint + cfn-lint (+ shellcheck when installed)
+lint: ## sam validate --lint, cfn-lint, checkov, ruff on the Python (ruff.toml), shellcheck when installed
 	infra/lint.sh
 
 .PHONY: test-python
