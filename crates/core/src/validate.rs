@@ -2,7 +2,8 @@
 //! functions will load it, and what the functions would only find out task by task: a step naming
 //! an agent that is not defined, an agent whose variable is not set, a hand-off agent (approval,
 //! queue, topic, bus) on a step that is not a callback step, and an agent whose AWS calls the
-//! Agent function's role would refuse (the template's `Agent*Arns` parameters, [`GRANT_PARAMETERS`]).
+//! Agent function's role would refuse (the template's `Agent*Arns` parameters, each named by the
+//! agent kind's [`crate::agent::Grant`]).
 
 use std::collections::BTreeSet;
 
@@ -28,23 +29,6 @@ impl Report {
         self.problems.is_empty()
     }
 }
-
-/// The template parameter that grants the Agent function's role each action an agent kind needs
-/// (`template.yaml`: `AgentFunctionArns`, ...; comma-separated ARNs, `*` wildcards as IAM).
-pub const GRANT_PARAMETERS: &[(&str, &str)] = &[
-    ("lambda:InvokeFunction", "AgentFunctionArns"),
-    ("secretsmanager:GetSecretValue", "AgentSecretArns"),
-    ("ssm:GetParameter", "AgentParameterArns"),
-    ("sqs:SendMessage", "AgentQueueArns"),
-    ("sns:Publish", "AgentTopicArns"),
-    ("events:PutEvents", "AgentEventBusArns"),
-    ("execute-api:Invoke", "AgentSignedApiArns"),
-    ("lambda:InvokeFunctionUrl", "AgentSignedApiArns"),
-];
-
-/// Resources the template grants by itself, by the variable that names them to the Agent
-/// function: the stack's own approval topic.
-const STACK_GRANTS: &[(&str, &str)] = &[("sns:Publish", "APPROVAL_TOPIC_ARN")];
 
 /// IAM's wildcard match: `*` any run of characters, `?` one.
 fn glob(pattern: &str, s: &str) -> bool {
@@ -91,19 +75,11 @@ fn grant_problems(
 ) -> Vec<String> {
     let mut out = Vec::new();
     for g in &a.grants {
-        if STACK_GRANTS
-            .iter()
-            .any(|(action, var)| *action == g.action && vars(var).as_deref() == Some(g.resource.as_str()))
-        {
+        // the stack's own resource, which the template grants by itself
+        if g.stack_variable.is_some_and(|var| vars(var).as_deref() == Some(g.resource.as_str())) {
             continue;
         }
-        let Some((_, param)) = GRANT_PARAMETERS.iter().find(|(action, _)| *action == g.action) else {
-            out.push(format!(
-                "agent {}: needs {} on {}, which no template parameter grants",
-                a.name, g.action, g.resource
-            ));
-            continue;
-        };
+        let param = g.parameter;
         let granted: Vec<String> = params(param)
             .unwrap_or_default()
             .split(',')
@@ -131,7 +107,7 @@ pub fn check(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> Opt
 }
 
 /// [`check`], and every AWS call an agent makes granted by the template parameters `params`
-/// ([`GRANT_PARAMETERS`], as given to `sam deploy --parameter-overrides`).
+/// (each [`crate::agent::Grant`]'s `parameter`, as given to `sam deploy --parameter-overrides`).
 pub fn check_with_grants(
     workflows_json: &str,
     agents_json: &str,
@@ -311,6 +287,38 @@ mod grant_tests {
         assert!(covers("arn:aws:secretsmanager:eu-west-1:123:secret:prod/api-key-??????", "prod/api-key"));
         assert!(covers("arn:aws:ssm:eu-west-1:123:parameter/prod/key", "/prod/key"));
         assert!(covers("arn:aws:events:eu-west-1:123:event-bus/orders", "orders"));
+    }
+
+    #[test]
+    fn every_kind_s_grant_parameter_is_one_the_template_grants_the_agent_role_by() {
+        // one agent of every kind that calls AWS, each call's grant naming its own parameter
+        let ag = r#"{"agents": {
+            "fn": {"kind": "lambda", "function": "arn:aws:lambda:eu-west-1:123:function:charge"},
+            "api": {"kind": "http", "url": "https://a.execute-api.eu-west-1.amazonaws.com/p", "sign": {"service": "execute-api"},
+                    "headers": {"X-A": {"secret": "s"}, "X-B": {"parameter": "arn:aws:ssm:eu-west-1:123:parameter/p"}}},
+            "q": {"kind": "sqs", "queue_url": "https://sqs.eu-west-1.amazonaws.com/123456789012/work"},
+            "t": {"kind": "sns", "topic_arn": "arn:aws:sns:eu-west-1:123:work"},
+            "b": {"kind": "eventbridge", "bus": "arn:aws:events:eu-west-1:123:event-bus/orders", "source": "s", "detail_type": "d"},
+            "ask": {"kind": "approval", "topic_arn": "arn:aws:sns:eu-west-1:123:approvals"}}}"#;
+        let survey = crate::agent::survey(ag, &|_| None).expect("valid agents");
+        let grants: Vec<&crate::agent::Grant> = survey.iter().flat_map(|a| &a.grants).collect();
+        let params: BTreeSet<&str> = grants.iter().map(|g| g.parameter).collect();
+        assert_eq!(params.len(), 7, "{params:?}");
+        let template = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).unwrap();
+        // the Parameters section: its lines up to the next top-level key
+        let after = template.split("\nParameters:\n").nth(1).expect("a Parameters section");
+        let declared: BTreeSet<&str> = after
+            .lines()
+            .take_while(|l| l.is_empty() || l.starts_with(' ') || l.starts_with('#'))
+            .filter_map(|l| l.strip_prefix("  ").and_then(|n| n.strip_suffix(':')))
+            .collect();
+        for p in params {
+            assert!(declared.contains(p), "template.yaml declares no parameter {p}");
+            let refs = template
+                .match_indices(&format!("!Ref {p}"))
+                .any(|(i, m)| !template[i + m.len()..].starts_with(|c: char| c.is_ascii_alphanumeric()));
+            assert!(refs, "template.yaml grants nothing by {p}");
+        }
     }
 
     #[test]

@@ -95,7 +95,7 @@ fn records(bodies: &[String]) -> Vec<Record> {
 
 async fn handle_together(tw: &Twins, records: &[Record]) {
     let agents = AgentRuntime::default();
-    let outcomes = role::handle_group(&tw.deps, &agents, role::open_all(Role::Scheduler, &records)).await;
+    let outcomes = role::handle_group(&tw.deps, &agents, role::open_all(Role::Scheduler, records)).await;
     assert_eq!(outcomes.len(), records.len());
     assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
 }

@@ -78,9 +78,9 @@ async fn http_agents_sign_and_take_headers_from_secrets_and_read_a_rotated_secre
     assert_eq!(
         grants,
         &[
-            Grant { action: "execute-api:Invoke", resource: format!("{base}/payment/charge") },
-            Grant { action: "secretsmanager:GetSecretValue", resource: secret_arn.clone() },
-            Grant { action: "ssm:GetParameter", resource: param.clone() },
+            Grant::new("execute-api:Invoke", format!("{base}/payment/charge"), "AgentSignedApiArns"),
+            Grant::new("secretsmanager:GetSecretValue", secret_arn.clone(), "AgentSecretArns"),
+            Grant::new("ssm:GetParameter", param.clone(), "AgentParameterArns"),
         ]
     );
 

@@ -48,7 +48,7 @@ impl AgentKind for ApprovalKind {
     }
 
     fn grants(&self) -> Vec<Grant> {
-        vec![Grant { action: "sns:Publish", resource: self.topic_arn.clone() }]
+        vec![Grant::new("sns:Publish", self.topic_arn.clone(), "AgentTopicArns").or_stack("APPROVAL_TOPIC_ARN")]
     }
 }
 

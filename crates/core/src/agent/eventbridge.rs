@@ -78,7 +78,7 @@ impl AgentKind for EventBridgeKind {
     /// On the bus's ARN when the configuration gives one; a bare name stays the name (its ARN is
     /// `arn:aws:events:REGION:ACCOUNT:event-bus/NAME` in the function's own region and account).
     fn grants(&self) -> Vec<Grant> {
-        vec![Grant { action: "events:PutEvents", resource: self.bus.clone() }]
+        vec![Grant::new("events:PutEvents", self.bus.clone(), "AgentEventBusArns")]
     }
 }
 
@@ -230,10 +230,10 @@ mod tests {
         let s =
             crate::agent::survey(r#"{"agents": {"ev": {"kind": "eventbridge", "bus": "orders"}}}"#, &|_| None).unwrap();
         assert_eq!((s[0].kind, s[0].callback_only), ("eventbridge", true));
-        assert_eq!(s[0].grants, vec![Grant { action: "events:PutEvents", resource: "orders".into() }]);
+        assert_eq!(s[0].grants, vec![Grant::new("events:PutEvents", "orders", "AgentEventBusArns")]);
         let arn = "arn:aws:events:us-east-1:123456789012:event-bus/orders";
         let kind = EventBridgeKind { bus: arn.into(), source: None, detail_type: None };
-        assert_eq!(kind.grants(), vec![Grant { action: "events:PutEvents", resource: arn.into() }]);
+        assert_eq!(kind.grants(), vec![Grant::new("events:PutEvents", arn, "AgentEventBusArns")]);
     }
 
     #[test]

@@ -27,14 +27,36 @@ pub struct BuildContext {
     pub aws: AwsConfigCell,
 }
 
-/// One AWS call an agent makes on one resource: what its function's role must allow
-/// (`sasctl validate` compares them with the template's grants).
+/// One AWS call an agent makes on one resource: what its function's role must allow, and the
+/// template parameter that grants it (`sasctl validate` compares them with the template's
+/// grants). Each kind names its parameters itself: a new kind that calls AWS adds its parameter
+/// to `template.yaml` and nowhere else in the code.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Grant {
     /// The IAM action, e.g. `lambda:InvokeFunction`.
     pub action: &'static str,
     /// The resource: an ARN, or a name when the configuration gives only a name.
     pub resource: String,
+    /// The template parameter whose ARNs the Agent function's role is granted `action` on
+    /// (comma-separated, `*` wildcards as IAM), e.g. `AgentFunctionArns`.
+    pub parameter: &'static str,
+    /// The Agent function's variable that names a resource the template grants by itself (the
+    /// stack's own approval topic): a grant on that very resource needs no parameter.
+    pub stack_variable: Option<&'static str>,
+}
+
+impl Grant {
+    /// `action` on `resource`, granted by the template parameter `parameter`.
+    pub fn new(action: &'static str, resource: impl Into<String>, parameter: &'static str) -> Self {
+        Grant { action, resource: resource.into(), parameter, stack_variable: None }
+    }
+
+    /// The same, needing no parameter when `resource` is what the variable `variable` names.
+    #[must_use]
+    pub fn or_stack(mut self, variable: &'static str) -> Self {
+        self.stack_variable = Some(variable);
+        self
+    }
 }
 
 /// An agent kind's configuration.

@@ -102,7 +102,7 @@ impl AgentKind for LambdaKind {
             Some(q) => format!("{}:{q}", self.function),
             None => self.function.clone(),
         };
-        vec![Grant { action: "lambda:InvokeFunction", resource }]
+        vec![Grant::new("lambda:InvokeFunction", resource, "AgentFunctionArns")]
     }
 }
 
@@ -337,10 +337,11 @@ mod tests {
     fn the_grant_is_invoke_on_the_function_and_its_qualifier() {
         assert_eq!(
             kind(r#"{"function": "arn:aws:lambda:eu-west-1:1:function:f", "qualifier": "live"}"#).grants(),
-            vec![Grant {
-                action: "lambda:InvokeFunction",
-                resource: "arn:aws:lambda:eu-west-1:1:function:f:live".into()
-            }]
+            vec![Grant::new(
+                "lambda:InvokeFunction",
+                "arn:aws:lambda:eu-west-1:1:function:f:live",
+                "AgentFunctionArns"
+            )]
         );
         assert_eq!(kind(r#"{"function": "f"}"#).grants()[0].resource, "f");
     }

@@ -56,7 +56,7 @@ impl AgentKind for SnsKind {
     }
 
     fn grants(&self) -> Vec<Grant> {
-        vec![Grant { action: "sns:Publish", resource: self.topic_arn.clone() }]
+        vec![Grant::new("sns:Publish", self.topic_arn.clone(), "AgentTopicArns")]
     }
 }
 
@@ -159,7 +159,7 @@ mod tests {
         assert_eq!((s[0].kind, s[0].callback_only), ("sns", true));
         assert_eq!(
             s[0].grants,
-            vec![Grant { action: "sns:Publish", resource: "arn:aws:sns:us-east-1:123456789012:work".into() }]
+            vec![Grant::new("sns:Publish", "arn:aws:sns:us-east-1:123456789012:work", "AgentTopicArns")]
         );
     }
 

@@ -48,7 +48,7 @@ impl AgentKind for SqsKind {
     }
 
     fn grants(&self) -> Vec<Grant> {
-        vec![Grant { action: "sqs:SendMessage", resource: queue_resource(&self.queue_url) }]
+        vec![Grant::new("sqs:SendMessage", queue_resource(&self.queue_url), "AgentQueueArns")]
     }
 }
 
@@ -164,7 +164,7 @@ mod tests {
         let kind = SqsKind { queue_url: "https://sqs.eu-west-1.amazonaws.com/123456789012/work".into() };
         assert_eq!(
             kind.grants(),
-            vec![Grant { action: "sqs:SendMessage", resource: "arn:aws:sqs:eu-west-1:123456789012:work".into() }]
+            vec![Grant::new("sqs:SendMessage", "arn:aws:sqs:eu-west-1:123456789012:work", "AgentQueueArns")]
         );
     }
 
@@ -185,7 +185,7 @@ mod tests {
         assert!(rt.knows("w"));
         let s = crate::agent::survey(ok, &|_| Some("http://localhost:4566/000000000000/w".into())).unwrap();
         assert_eq!((s[0].kind, s[0].callback_only), ("sqs", true));
-        assert_eq!(s[0].grants, vec![Grant { action: "sqs:SendMessage", resource: "w".into() }]);
+        assert_eq!(s[0].grants, vec![Grant::new("sqs:SendMessage", "w", "AgentQueueArns")]);
     }
 
     fn runtime() -> AgentRuntime {

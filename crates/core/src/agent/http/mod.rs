@@ -181,15 +181,15 @@ impl AgentKind for HttpKind {
                 _ => None,
             };
             if let Some(action) = action {
-                grants.push(Grant { action, resource: self.url.clone() });
+                grants.push(Grant::new(action, self.url.clone(), "AgentSignedApiArns"));
             }
         }
         for spec in self.headers.values() {
             if let Some(s) = &spec.secret {
-                grants.push(Grant { action: "secretsmanager:GetSecretValue", resource: s.trim().to_owned() });
+                grants.push(Grant::new("secretsmanager:GetSecretValue", s.trim(), "AgentSecretArns"));
             }
             if let Some(p) = &spec.parameter {
-                grants.push(Grant { action: "ssm:GetParameter", resource: p.trim().to_owned() });
+                grants.push(Grant::new("ssm:GetParameter", p.trim(), "AgentParameterArns"));
             }
         }
         grants.sort();

@@ -365,8 +365,8 @@ fn the_configuration_file_carries_sign_and_headers_through_variables() {
     assert_eq!(
         survey[0].grants,
         [
-            Grant { action: "lambda:InvokeFunctionUrl", resource: "https://abc.lambda-url.us-east-1.on.aws".into() },
-            Grant { action: "secretsmanager:GetSecretValue", resource: SECRET.into() },
+            Grant::new("lambda:InvokeFunctionUrl", "https://abc.lambda-url.us-east-1.on.aws", "AgentSignedApiArns"),
+            Grant::new("secretsmanager:GetSecretValue", SECRET, "AgentSecretArns"),
         ]
     );
     let bad = r#"{"agents": {"pay": {"kind": "http", "url": "https://x", "headers": {"X-Api-Key": {"secret": ""}}}}}"#;
@@ -384,12 +384,13 @@ fn grants_name_each_secret_parameter_and_signed_url() {
     assert_eq!(
         kind.grants(),
         [
-            Grant {
-                action: "execute-api:Invoke",
-                resource: "https://a.execute-api.us-east-1.amazonaws.com/prod/pay".into()
-            },
-            Grant { action: "secretsmanager:GetSecretValue", resource: "s1".into() },
-            Grant { action: "ssm:GetParameter", resource: "arn:aws:ssm:us-east-1:000000000000:parameter/c".into() },
+            Grant::new(
+                "execute-api:Invoke",
+                "https://a.execute-api.us-east-1.amazonaws.com/prod/pay",
+                "AgentSignedApiArns"
+            ),
+            Grant::new("secretsmanager:GetSecretValue", "s1", "AgentSecretArns"),
+            Grant::new("ssm:GetParameter", "arn:aws:ssm:us-east-1:000000000000:parameter/c", "AgentParameterArns"),
         ]
     );
     let plain: HttpKind = serde_json::from_value(json!({"url": "https://x", "sign": {"service": "es"}})).unwrap();
