@@ -7,6 +7,7 @@ pub mod ops;
 pub mod smoke;
 pub mod stack;
 pub mod table;
+pub mod template;
 pub mod timeline;
 pub mod top;
 

@@ -78,7 +78,7 @@ pub const TEMPLATE: &str = include_str!("../../../template.yaml");
 /// become placeholders that nothing reads (no function or layer is created).
 pub fn local_template(template: &str) -> String {
     let layers: Vec<String> =
-        crate::lambda::layers(template).into_iter().map(|l| format!("ContentUri: {}", l.content_uri)).collect();
+        crate::template::layers(template).into_iter().map(|l| format!("ContentUri: {}", l.content_uri)).collect();
     let mut out = template.replace("CodeUri: ./", "CodeUri: s3://sas-local-placeholder/function.zip");
     for l in layers {
         out = out.replace(&l, "ContentUri: s3://sas-local-placeholder/layer.zip");
@@ -89,6 +89,13 @@ pub fn local_template(template: &str) -> String {
 /// The bucket templates over [`MAX_TEMPLATE_BODY`] and the functions' code go to (created when
 /// missing). Keys are content-addressed, so stacks deployed from the same build share an upload.
 pub const CODE_BUCKET: &str = "sas-local-code";
+
+/// An S3 client; path-style addressing when an endpoint is set (LocalStack: no DNS for
+/// `<bucket>.localhost`).
+pub fn s3_client(sdk: &aws_config::SdkConfig) -> aws_sdk_s3::Client {
+    let conf = aws_sdk_s3::config::Builder::from(sdk).force_path_style(sdk.endpoint_url().is_some()).build();
+    aws_sdk_s3::Client::from_conf(conf)
+}
 
 /// Create `bucket` unless it exists (and is ours).
 pub async fn ensure_bucket(s3: &aws_sdk_s3::Client, bucket: &str) -> Result<(), aws_sdk_s3::Error> {
@@ -118,7 +125,7 @@ async fn source(sdk: &aws_config::SdkConfig, template: String) -> Result<Source,
         let hash = sha2::Sha256::digest(template.as_bytes());
         format!("templates/{}.yaml", hash.iter().take(16).fold(String::new(), |s, b| s + &format!("{b:02x}")))
     };
-    let s3 = crate::lambda::s3_client(sdk);
+    let s3 = s3_client(sdk);
     let failed = |message: String| StackError::Upload { bucket: CODE_BUCKET.into(), bytes, message };
     ensure_bucket(&s3, CODE_BUCKET)
         .await
