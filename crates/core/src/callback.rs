@@ -7,9 +7,9 @@ use tracing::{info, warn};
 
 use crate::deps::{Deps, HandlerError};
 use crate::effects::{drive_task, send};
-use crate::messages::{CallbackAnswer, CallbackMessage, CallbackReply, CallbackResult, VERSION};
+use crate::envelope::MAX_ERROR_BYTES;
+use crate::messages::{CallbackAnswer, CallbackMessage, CallbackReply, CallbackResult};
 use crate::protocol::{late_notice, Event, Stale};
-use crate::scheduler::MAX_ERROR_BYTES;
 use crate::screen;
 use crate::transition::{Applied, Committed};
 
@@ -19,11 +19,7 @@ pub const MAX_DETAILS_BYTES: usize = 1024;
 
 /// Parse one callback message (the callback queue's body, the HTTPS request's body).
 pub fn parse(raw: &str) -> Result<CallbackMessage, HandlerError> {
-    let msg: CallbackMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
-    if msg.v != VERSION {
-        return Err(HandlerError::Malformed(format!("unsupported version {}", msg.v)));
-    }
-    Ok(msg)
+    crate::envelope::callback_message(raw).map_err(HandlerError::Malformed)
 }
 
 /// What is kept of an answer: an output the task can store (a marker otherwise), a bounded error,

@@ -7,11 +7,15 @@ use serde_json::Value;
 use tracing::field::Empty;
 
 use crate::bus::Record;
+use crate::config::Resources;
 use crate::deps::HandlerError;
 use crate::ids::TaskId;
-use crate::messages::{AgentRequest, CallbackMessage, SchedulerMessage, TimerMessage, VERSION};
+use crate::messages::{AgentRequest, CallbackMessage, Outcome, SchedulerMessage, TimerMessage, VERSION};
 use crate::protocol::Event;
-use crate::role::Role;
+use crate::screen;
+
+/// The longest agent error kept on a task.
+pub const MAX_ERROR_BYTES: usize = 1024;
 
 /// A record and what its body says, for its role.
 #[derive(Debug)]
@@ -53,7 +57,7 @@ impl<'a> Envelope<'a> {
             Role::Scheduler => Body::Scheduler(
                 serde_json::from_str::<SchedulerMessage>(raw)
                     .map_err(|e| e.to_string())
-                    .and_then(|m| crate::scheduler::scheduled(m).map_err(|e| e.to_string())),
+                    .and_then(|m| scheduled(m).map_err(|e| e.to_string())),
             ),
             Role::Agent => {
                 Body::Agent(serde_json::from_str::<AgentRequest>(raw).map_err(|e| e.to_string()).and_then(|r| {
@@ -65,10 +69,7 @@ impl<'a> Envelope<'a> {
                 }))
             }
             Role::Supervisor => Body::Timer(serde_json::from_str(raw).map_err(|e| e.to_string())),
-            Role::Callback => Body::Callback(crate::callback::parse(raw).map_err(|e| match e {
-                HandlerError::Malformed(why) => why,
-                other => other.to_string(),
-            })),
+            Role::Callback => Body::Callback(callback_message(raw)),
         };
         Envelope { role, record, body }
     }
@@ -117,5 +118,126 @@ impl<'a> Envelope<'a> {
             span.record("task_id", task_id);
         }
         span
+    }
+}
+
+/// Parse one callback message (the callback queue's body, the HTTPS request's body).
+pub fn callback_message(raw: &str) -> Result<CallbackMessage, String> {
+    let msg: CallbackMessage = serde_json::from_str(raw).map_err(|e| e.to_string())?;
+    if msg.v != VERSION {
+        return Err(format!("unsupported version {}", msg.v));
+    }
+    Ok(msg)
+}
+
+/// The event a scheduler-queue message carries, for the task it names (see [`crate::envelope`]).
+pub fn scheduled(msg: SchedulerMessage) -> Result<Scheduled, HandlerError> {
+    if msg.version() != VERSION {
+        return Err(HandlerError::Malformed(format!("unsupported version {}", msg.version())));
+    }
+    let task_id = msg.task_id().clone();
+    let mut step = None;
+    let event = match msg {
+        SchedulerMessage::Run(m) => Event::Claim { rev: m.rev },
+        SchedulerMessage::Result(r) => {
+            step = Some(r.step);
+            // an agent's error is stored on the task: bounded
+            let error = |e: &str| crate::ids::clip(e, MAX_ERROR_BYTES).to_owned();
+            match r.outcome {
+                Outcome::Succeeded { output } => {
+                    Event::AgentSucceeded { attempt: r.attempt, output: screen::output(&output) }
+                }
+                Outcome::TimedOut { error: e } => Event::AgentTimedOut { attempt: r.attempt, error: error(&e) },
+                Outcome::NotStarted { error: e } => Event::AgentNotStarted { attempt: r.attempt, error: error(&e) },
+                Outcome::Failed { error: e, retryable } => {
+                    Event::AgentFailed { attempt: r.attempt, error: error(&e), retryable }
+                }
+            }
+        }
+        SchedulerMessage::Cancel(c) => Event::Cancel { reason: c.reason, run: c.run },
+        SchedulerMessage::Resubmit(r) => Event::Resubmit { reason: r.reason, run: r.run },
+        SchedulerMessage::ElementEnded(m) => Event::ElementEnded {
+            step: m.step,
+            element: m.element,
+            state: m.state,
+            reason: m.reason.as_deref().map(|r| crate::ids::clip(r, MAX_ERROR_BYTES).to_owned()),
+            output: m.output,
+        },
+        SchedulerMessage::Undo(m) => Event::Undo { reason: crate::ids::clip(&m.reason, MAX_ERROR_BYTES).to_owned() },
+        // The outputs are read once the task is (see `join_output`).
+        SchedulerMessage::Join(m) => Event::Joined { step: m.step, output: Value::Null },
+    };
+    Ok(Scheduled { task_id, event, step })
+}
+
+/// Which handler a queue feeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Submitter,
+    Scheduler,
+    Agent,
+    Supervisor,
+    /// Answers of callback steps: the callback queue (and, as a Lambda function, its HTTPS URL).
+    Callback,
+}
+
+impl Role {
+    pub const ALL: [Role; 5] = [Role::Submitter, Role::Scheduler, Role::Agent, Role::Supervisor, Role::Callback];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Submitter => "submitter",
+            Role::Scheduler => "scheduler",
+            Role::Agent => "agent",
+            Role::Supervisor => "supervisor",
+            Role::Callback => "callback",
+        }
+    }
+
+    /// The queue that triggers this role; empty for the callback role of a stack without a
+    /// callback queue (see [`Role::has_queue`]).
+    pub fn queue(self, res: &Resources) -> &str {
+        match self {
+            Role::Submitter => &res.submission_queue_url,
+            Role::Scheduler => &res.scheduler_queue_url,
+            Role::Agent => &res.agent_queue_url,
+            Role::Supervisor => &res.supervisor_queue_url,
+            Role::Callback => res.callback_queue_url.as_deref().unwrap_or_default(),
+        }
+    }
+
+    /// Every queue that feeds this role: its own, and for the Scheduler the ends queue when the
+    /// stack has one.
+    pub fn queues(self, res: &Resources) -> Vec<&str> {
+        let own = Some(self.queue(res)).filter(|q| !q.is_empty());
+        let ends = res.ends_queue_url.as_deref().filter(|_| self == Role::Scheduler);
+        own.into_iter().chain(ends).collect()
+    }
+
+    /// Whether the stack has this role's queue (every stack has the first four).
+    pub fn has_queue(self, res: &Resources) -> bool {
+        !self.queue(res).is_empty()
+    }
+
+    /// Where a message of this role's queue that can never be handled goes at once (the
+    /// submitter keeps refused submissions in its DLQ itself).
+    pub fn dead_letter_queue(self, res: &Resources) -> Option<&str> {
+        match self {
+            Role::Submitter => None,
+            Role::Scheduler => res.scheduler_dlq_url.as_deref(),
+            Role::Agent => res.agent_dlq_url.as_deref(),
+            Role::Supervisor => res.supervisor_dlq_url.as_deref(),
+            Role::Callback => res.callback_dlq_url.as_deref(),
+        }
+    }
+
+    /// The visibility timeouts of the template (6x each function's timeout).
+    pub fn default_visibility_seconds(self) -> u64 {
+        match self {
+            Role::Submitter => 60,
+            Role::Scheduler | Role::Callback => 90,
+            Role::Agent => 720,
+            Role::Supervisor => 360,
+        }
     }
 }

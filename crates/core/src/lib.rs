@@ -1,9 +1,11 @@
 //! sas-core: the Scheduler-Agent-Supervisor pattern on AWS serverless.
 //!
 //! The pattern, one place each:
-//! - [`protocol`]: the pure state machine (no I/O) that every role drives;
+//! - [`protocol`]: the pure state machine (no I/O) that every role drives, with [`messages`],
+//!   [`workflow`], [`ids`] and [`state`]: the crate sas-protocol, re-exported under these paths;
 //! - [`submitter`], [`scheduler`], [`agent`], [`supervisor`]: the four roles' handlers;
-//! - [`transition`]: the one path that writes a transition (decide, conditional write);
+//! - [`transition`]: the one module that writes tasks (decide, conditional write, create);
+//! - [`envelope`]: a queue record read once, for its role;
 //! - [`effects`]: the one path that performs a written transition's effects.
 //!
 //! The ports, each with an AWS implementation and an in-memory twin:
@@ -20,6 +22,10 @@
 //! of AWS calls for the least-privilege check), [`telemetry`] (logs and the metrics recorder), [`metrics`] (what is measured), [`trace`] (one
 //! trace per task).
 
+// The contracts, definitions and the pure protocol live in sas-protocol (no I/O); they keep their
+// paths here.
+pub use sas_protocol::{config_file, graph, ids, messages, protocol, state, workflow};
+
 pub mod agent;
 pub mod aws;
 pub mod aws_calls;
@@ -27,18 +33,13 @@ pub mod bus;
 pub mod callback;
 pub mod clock;
 pub mod config;
-pub mod config_file;
 pub mod deps;
 pub mod diagram;
 pub mod effects;
 pub mod entropy;
 pub mod envelope;
-pub mod graph;
-pub mod ids;
 pub mod limit;
-pub mod messages;
 pub mod metrics;
-pub mod protocol;
 pub mod reply;
 pub mod role;
 pub mod runner;
@@ -47,7 +48,6 @@ pub mod scheduler;
 pub mod schema;
 pub mod screen;
 pub mod sim;
-pub mod state;
 pub mod store;
 pub mod submitter;
 pub mod supervisor;
@@ -56,4 +56,3 @@ pub mod trace;
 pub mod transition;
 pub mod twins;
 pub mod validate;
-pub mod workflow;

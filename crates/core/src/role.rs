@@ -7,84 +7,12 @@ use tracing::{error, info_span, warn, Instrument};
 use crate::agent::{self, AgentRuntime};
 use crate::bus::Outgoing;
 pub use crate::bus::Record;
-use crate::config::Resources;
 use crate::deps::{Deps, HandlerError};
+pub use crate::envelope::Role;
 use crate::envelope::{Body, Envelope};
 use crate::ids::{clip, TaskId};
 use crate::screen;
 use crate::{callback, scheduler, submitter, supervisor};
-
-/// Which handler a queue feeds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Submitter,
-    Scheduler,
-    Agent,
-    Supervisor,
-    /// Answers of callback steps: the callback queue (and, as a Lambda function, its HTTPS URL).
-    Callback,
-}
-
-impl Role {
-    pub const ALL: [Role; 5] = [Role::Submitter, Role::Scheduler, Role::Agent, Role::Supervisor, Role::Callback];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Submitter => "submitter",
-            Role::Scheduler => "scheduler",
-            Role::Agent => "agent",
-            Role::Supervisor => "supervisor",
-            Role::Callback => "callback",
-        }
-    }
-
-    /// The queue that triggers this role; empty for the callback role of a stack without a
-    /// callback queue (see [`Role::has_queue`]).
-    pub fn queue(self, res: &Resources) -> &str {
-        match self {
-            Role::Submitter => &res.submission_queue_url,
-            Role::Scheduler => &res.scheduler_queue_url,
-            Role::Agent => &res.agent_queue_url,
-            Role::Supervisor => &res.supervisor_queue_url,
-            Role::Callback => res.callback_queue_url.as_deref().unwrap_or_default(),
-        }
-    }
-
-    /// Every queue that feeds this role: its own, and for the Scheduler the ends queue when the
-    /// stack has one.
-    pub fn queues(self, res: &Resources) -> Vec<&str> {
-        let own = Some(self.queue(res)).filter(|q| !q.is_empty());
-        let ends = res.ends_queue_url.as_deref().filter(|_| self == Role::Scheduler);
-        own.into_iter().chain(ends).collect()
-    }
-
-    /// Whether the stack has this role's queue (every stack has the first four).
-    pub fn has_queue(self, res: &Resources) -> bool {
-        !self.queue(res).is_empty()
-    }
-
-    /// Where a message of this role's queue that can never be handled goes at once (the
-    /// submitter keeps refused submissions in its DLQ itself).
-    pub fn dead_letter_queue(self, res: &Resources) -> Option<&str> {
-        match self {
-            Role::Submitter => None,
-            Role::Scheduler => res.scheduler_dlq_url.as_deref(),
-            Role::Agent => res.agent_dlq_url.as_deref(),
-            Role::Supervisor => res.supervisor_dlq_url.as_deref(),
-            Role::Callback => res.callback_dlq_url.as_deref(),
-        }
-    }
-
-    /// The visibility timeouts of the template (6x each function's timeout).
-    pub fn default_visibility_seconds(self) -> u64 {
-        match self {
-            Role::Submitter => 60,
-            Role::Scheduler | Role::Callback => 90,
-            Role::Agent => 720,
-            Role::Supervisor => 360,
-        }
-    }
-}
 
 /// Call the handler a role's queue feeds, for one message.
 pub fn handle<'a>(

@@ -7,9 +7,9 @@ use tracing::{info, warn};
 use crate::bus::Record;
 use crate::deps::{Deps, HandlerError};
 use crate::effects::{drive, finish, send};
-use crate::envelope::{Body, Envelope, Scheduled};
+use crate::envelope::{Body, Envelope};
 use crate::ids::{message_mark, TaskId};
-use crate::messages::{Outcome, SchedulerMessage, VERSION};
+use crate::messages::SchedulerMessage;
 use std::collections::HashMap;
 
 use serde_json::Value;
@@ -18,58 +18,17 @@ use crate::protocol::{self, Event, Task};
 use crate::screen;
 use crate::transition::{commit_many, Applied, Committed};
 
-/// The longest agent error kept on a task.
-pub const MAX_ERROR_BYTES: usize = 1024;
+pub use crate::envelope::MAX_ERROR_BYTES;
 
 /// Parse a scheduler-queue message into the event it carries.
 pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
     let msg: SchedulerMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
-    scheduled(msg).map(|s| (s.task_id, s.event))
-}
-
-/// The event a scheduler-queue message carries, for the task it names (see [`crate::envelope`]).
-pub fn scheduled(msg: SchedulerMessage) -> Result<Scheduled, HandlerError> {
-    if msg.version() != VERSION {
-        return Err(HandlerError::Malformed(format!("unsupported version {}", msg.version())));
-    }
-    let task_id = msg.task_id().clone();
-    let mut step = None;
-    let event = match msg {
-        SchedulerMessage::Run(m) => Event::Claim { rev: m.rev },
-        SchedulerMessage::Result(r) => {
-            step = Some(r.step);
-            // an agent's error is stored on the task: bounded
-            let error = |e: &str| crate::ids::clip(e, MAX_ERROR_BYTES).to_owned();
-            match r.outcome {
-                Outcome::Succeeded { output } => {
-                    Event::AgentSucceeded { attempt: r.attempt, output: screen::output(&output) }
-                }
-                Outcome::TimedOut { error: e } => Event::AgentTimedOut { attempt: r.attempt, error: error(&e) },
-                Outcome::NotStarted { error: e } => Event::AgentNotStarted { attempt: r.attempt, error: error(&e) },
-                Outcome::Failed { error: e, retryable } => {
-                    Event::AgentFailed { attempt: r.attempt, error: error(&e), retryable }
-                }
-            }
-        }
-        SchedulerMessage::Cancel(c) => Event::Cancel { reason: c.reason, run: c.run },
-        SchedulerMessage::Resubmit(r) => Event::Resubmit { reason: r.reason, run: r.run },
-        SchedulerMessage::ElementEnded(m) => Event::ElementEnded {
-            step: m.step,
-            element: m.element,
-            state: m.state,
-            reason: m.reason.as_deref().map(|r| crate::ids::clip(r, MAX_ERROR_BYTES).to_owned()),
-            output: m.output,
-        },
-        SchedulerMessage::Undo(m) => Event::Undo { reason: crate::ids::clip(&m.reason, MAX_ERROR_BYTES).to_owned() },
-        // The outputs are read once the task is (see `join_output`).
-        SchedulerMessage::Join(m) => Event::Joined { step: m.step, output: Value::Null },
-    };
-    Ok(Scheduled { task_id, event, step })
+    crate::envelope::scheduled(msg).map(|s| (s.task_id, s.event))
 }
 
 /// Handle one message of the scheduler queue, as delivered.
 pub async fn handle(deps: &Deps, record: &Record) -> Result<Applied, HandlerError> {
-    handle_envelope(deps, Envelope::open(crate::role::Role::Scheduler, record)).await
+    handle_envelope(deps, Envelope::open(crate::envelope::Role::Scheduler, record)).await
 }
 
 /// Handle one scheduler-queue record, read once ([`Envelope::open`]).

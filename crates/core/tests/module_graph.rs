@@ -683,12 +683,6 @@ fn the_scan_reads_rust_as_the_compiler_does() {
 /// log subscriber, the metrics' exporter.
 fn names_io(segs: &[String]) -> bool {
     let Some(krate) = segs.first().map(String::as_str) else { return false };
-    // The one exception today: the protocol parses a wait step's RFC 3339 `wait_until` with
-    // `aws_smithy_types::DateTime` (`protocol::wake_time`), a pure parser of the SDK's own types
-    // crate that does no I/O. Any other path into `aws_smithy_types` is refused.
-    if krate == "aws_smithy_types" && segs.get(1).is_some_and(|s| s == "DateTime" || s == "date_time") {
-        return false;
-    }
     krate.starts_with("aws_")
         || matches!(
             krate,
@@ -759,8 +753,8 @@ fn dependencies(manifest: &str) -> Vec<String> {
 }
 
 /// The layering true today: the pure protocol names no module of the engine, the adapters, the
-/// agents or the telemetry, no crate of I/O (`aws_smithy_types::DateTime` aside, see
-/// [`names_io`]) and no other crate of the workspace; tests aside. In sas-core the protocol is
+/// agents or the telemetry, no crate of I/O ([`names_io`]; a wait's RFC 3339 time is
+/// parsed with the `time` crate) and no other crate of the workspace; tests aside. In sas-core the protocol is
 /// `protocol/**` and every module its code names, and theirs, to the end (`config_file`, `graph`,
 /// `ids`, `messages`, `state`, `workflow`); as a crate of its own (sas-protocol) it is all of that
 /// crate, and its manifest depends on no crate of I/O either. Not checked here: std's clock,

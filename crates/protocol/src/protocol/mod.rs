@@ -903,9 +903,10 @@ fn wake_time(task: &Task, def: &StepDef, now: Millis) -> Result<Millis, String> 
             n.as_u64().map(Millis).ok_or_else(|| format!("wait_until {pointer} is {n}, not epoch milliseconds"))?
         }
         Some(Value::String(t)) => {
-            let d = aws_smithy_types::DateTime::from_str(t, aws_smithy_types::date_time::Format::DateTime)
-                .map_err(|_| format!("wait_until {pointer} is {:?}, not an RFC 3339 time", crate::ids::clip(t, 40)))?;
-            Millis(u64::try_from(d.to_millis().unwrap_or(0)).unwrap_or(0))
+            let at = rfc3339_millis(t).ok_or_else(|| {
+                format!("wait_until {pointer} is {:?}, not an RFC 3339 time", crate::ids::clip(t, 40))
+            })?;
+            Millis(at)
         }
         Some(other) => {
             return Err(format!("wait_until {pointer} is {}, not a time", crate::ids::clip(&other.to_string(), 40)))
@@ -915,6 +916,16 @@ fn wake_time(task: &Task, def: &StepDef, now: Millis) -> Result<Millis, String> 
         return Err(format!("wait_until {pointer} is more than 366 days ahead"));
     }
     Ok(at)
+}
+
+/// An RFC 3339 date-time in UTC (`Z`, `T` between date and time, fractions allowed) as epoch
+/// milliseconds (0 for a time before 1970); `None` for anything else.
+fn rfc3339_millis(t: &str) -> Option<u64> {
+    if !t.ends_with('Z') || (t.len() > 10 && !matches!(t.as_bytes()[10], b'T' | b't')) {
+        return None;
+    }
+    let d = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
+    Some(u64::try_from(d.unix_timestamp_nanos() / 1_000_000).unwrap_or(0))
 }
 
 fn check_attempt(task: &Task, attempt: &AttemptToken) -> Result<(), Stale> {
@@ -1240,7 +1251,7 @@ impl Change<'_> {
     /// them now: its last attempt's hard deadline (no copy of a request starts after its
     /// `start_by`, none runs past `start_by + timeout_ms`), or, for a call step, one execution
     /// time from now if that is sooner. An agent starts a call only while its attempt is the
-    /// task's current one (it reads `LockedBy` first, [`crate::agent::still_current`]): a copy
+    /// task's current one (it reads `LockedBy` first, `sas_core::agent::still_current`): a copy
     /// that starts after this decision's write is refused, and one that started before it is cut
     /// within `timeout_ms`. A callback step's remote side holds its token until the hard deadline,
     /// whatever the agent does: that bound stays. The settling margin is added by the caller.

@@ -437,7 +437,7 @@ unit_record!(
 
 /// A unit's record, read-only: a forward step's or a compensation's.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum UnitRef<'a> {
+pub enum UnitRef<'a> {
     Step(&'a StepRecord),
     Compensation(&'a CompensationRecord),
 }
@@ -469,7 +469,7 @@ impl UnitRef<'_> {
 
     /// Whether the unit's effect is accounted for: it succeeded (by another attempt with the
     /// same idempotency key), so a late success of one of its attempts adds nothing to undo.
-    pub(crate) fn accounted(&self) -> bool {
+    pub fn accounted(&self) -> bool {
         match self {
             UnitRef::Step(s) => s.status == StepStatus::Succeeded,
             UnitRef::Compensation(c) => c.status == CompensationStatus::Done,
@@ -769,7 +769,7 @@ impl Task {
     }
 
     /// The record of the unit named `unit` (a forward step or a compensation that has run).
-    pub(crate) fn unit_named(&self, unit: &str) -> Option<UnitRef<'_>> {
+    pub fn unit_named(&self, unit: &str) -> Option<UnitRef<'_>> {
         self.steps.iter().find_map(|s| {
             if s.name == unit {
                 Some(UnitRef::Step(s))

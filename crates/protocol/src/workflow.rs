@@ -676,7 +676,7 @@ pub fn apply_defaults(workflow: &mut Value, at: &str) -> Result<(), crate::confi
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct WorkflowFile {
+pub struct WorkflowFile {
     /// The JSON Schema an editor checks the file against; not read here.
     #[serde(rename = "$schema", default)]
     #[cfg_attr(feature = "schema", schemars(with = "Option<String>"))]
