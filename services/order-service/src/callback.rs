@@ -17,8 +17,8 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use sas_core::ids::CallbackToken;
-use sas_core::messages::{CallbackAnswer, CallbackMessage, VERSION};
+use sas_protocol::ids::CallbackToken;
+use sas_protocol::messages::{CallbackAnswer, CallbackMessage, VERSION};
 use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
@@ -40,7 +40,7 @@ impl CallbackReq {
             .and_then(Value::as_str)
             .ok_or("callback.token is missing")?
             .try_into()
-            .map_err(|e: sas_core::ids::BadCallbackToken| format!("callback.token: {e}"))?;
+            .map_err(|e: sas_protocol::ids::BadCallbackToken| format!("callback.token: {e}"))?;
         let queue_url = cb
             .get("queue_url")
             .and_then(Value::as_str)
@@ -75,10 +75,7 @@ impl CallbackSender for SqsSender {
         msg: &'a CallbackMessage,
     ) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send + 'a>> {
         Box::pin(async move {
-            let client = self
-                .client
-                .get_or_init(|| async { aws_sdk_sqs::Client::new(&sas_core::aws::load_sdk_config().await) })
-                .await;
+            let client = self.client.get_or_init(|| async { aws_sdk_sqs::Client::new(&sdk_config().await) }).await;
             let body = serde_json::to_string(msg).map_err(|e| e.to_string())?;
             client
                 .send_message()
@@ -171,4 +168,18 @@ pub(crate) async fn send(sender: &dyn CallbackSender, queue_url: &str, msg: &Cal
         }
     }
     false
+}
+
+/// The AWS configuration of the callback worker's SQS client: the environment's (endpoint, region,
+/// credentials), HTTPS with rustls and ring as every client of the project, and the timeouts of
+/// the project's tools (5 s to connect, 60 s an attempt, 120 s in all).
+async fn sdk_config() -> aws_config::SdkConfig {
+    use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+    let http = aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https();
+    let timeouts = aws_config::timeout::TimeoutConfig::builder()
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .operation_attempt_timeout(std::time::Duration::from_mins(1))
+        .operation_timeout(std::time::Duration::from_mins(2))
+        .build();
+    aws_config::defaults(aws_config::BehaviorVersion::latest()).http_client(http).timeout_config(timeouts).load().await
 }

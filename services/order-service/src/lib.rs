@@ -552,7 +552,7 @@ impl OrderService {
     }
 
     /// The current token and queue of a job.
-    fn job_target(&self, key: &str) -> Option<(sas_core::ids::CallbackToken, String)> {
+    fn job_target(&self, key: &str) -> Option<(sas_protocol::ids::CallbackToken, String)> {
         lock(&self.inner.jobs).get(key).map(|j| (j.token.clone(), j.queue_url.clone()))
     }
 }
