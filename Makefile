@@ -96,7 +96,7 @@ test: ## cargo tests against LocalStack (started and stopped here if it was not 
 	infra/test.sh $(ARGS)
 
 byow: ## the book's "Bring your own workflow" tutorial (docs/tutorials/bring-your-own-workflow.md), end to end on LocalStack in Lambda mode (examples/byow/walkthrough.sh)
-	cargo build -q -p sas-functions -p sas-cli -p sas-order-service --bins
+	cargo build -q --workspace --bins
 	infra/localstack.sh ensure
 	examples/byow/walkthrough.sh
 

@@ -24,11 +24,11 @@ export QUEUE_BUDGET_MS="${QUEUE_BUDGET_MS:-10000}" RESULT_GRACE_MS="${RESULT_GRA
 
 # The build (the longest step on a fresh clone) runs while LocalStack is installed and started.
 if [ "$MODE" = lambda ]; then
-  build=(cargo build -q -p sas-cli --bin sasctl -p sas-functions --bins)
-  what="sasctl and the five function bootstraps (debug)"
+  build=(cargo build -q --workspace --bins)
+  what="the workspace's binaries: sasctl, the five function bootstraps, the order service (debug)"
 else
-  build=(cargo build -q -p sas-cli --bin sasctl)
-  what="sasctl"
+  build=(cargo build -q --workspace --bins)
+  what="the workspace's binaries (sasctl among them; debug)"
 fi
 mkdir -p "$SAS_LOCAL_DIR"
 BUILD_LOG="$SAS_LOCAL_DIR/demo-build.log"

@@ -21,7 +21,7 @@ if [ ! -f "$OUTPUTS" ] || [ ! -f "$PIDFILE" ] || ! kill -0 "$(cat "$PIDFILE")" 2
   echo "load: no local runner or LocalStack is running for this checkout: make up first" >&2
   infra/up.sh >&2
 fi
-cargo build -q -p sas-cli --bin sasctl
+cargo build -q --workspace --bins
 echo "load: $N tasks; the runner (pid $(cat "$PIDFILE"), log $SAS_LOCAL_DIR/runner.log) does the work" >&2
 # shellcheck disable=SC2086 # ARGS is a list of extra options
 exec target/debug/sasctl --outputs "$OUTPUTS" load --tasks "$N" ${ARGS:-}

@@ -18,11 +18,11 @@ cargo build -q --workspace --bins
 mkdir -p "$SAS_LOCAL_DIR"
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  echo "[test-lambda] cargo nextest run -p sas-tests --test it -E 'test(/^lambda::/)' $*"
-  cargo nextest run -p sas-tests --test it --no-fail-fast -E 'test(/^lambda::/)' "$@" 2>&1 \
+  echo "[test-lambda] cargo nextest run --workspace --test it -E 'test(/^lambda::/)' $*"
+  cargo nextest run --workspace --test it --no-fail-fast -E 'test(/^lambda::/)' "$@" 2>&1 \
     | tee "$SAS_LOCAL_DIR/test-lambda-output.log" || status=$?
 else
-  echo "[test-lambda] cargo test -p sas-tests --test it lambda:: $*"
-  cargo test -p sas-tests --test it "$@" -- lambda:: 2>&1 | tee "$SAS_LOCAL_DIR/test-lambda-output.log" || status=$?
+  echo "[test-lambda] cargo test --workspace --test it lambda:: $*"
+  cargo test --workspace --test it "$@" -- lambda:: 2>&1 | tee "$SAS_LOCAL_DIR/test-lambda-output.log" || status=$?
 fi
 exit "$status"

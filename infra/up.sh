@@ -31,11 +31,11 @@ esac
 
 infra/localstack.sh ensure
 if [ "$MODE" = lambda ]; then
-  cargo build -q -p sas-cli --bin sasctl -p sas-order-service --bin order-service -p sas-functions --bins
+  cargo build -q --workspace --bins
   target/debug/sasctl --outputs "$OUTPUTS" deploy-local --name "${SAS_STACK_NAME:-sas-local}" \
     --functions "${CARGO_TARGET_DIR:-$SAS_ROOT/target}/debug" --param "OrderServiceUrl=$ORDER_SERVICE_URL"
 else
-  cargo build -q -p sas-cli --bin sasctl -p sas-order-service --bin order-service
+  cargo build -q --workspace --bins
   target/debug/sasctl --outputs "$OUTPUTS" deploy-local --name "${SAS_STACK_NAME:-sas-local}"
 fi
 

@@ -44,3 +44,47 @@ fn the_binaries_and_the_tests_build_the_shared_crates_alike() {
         differ.join("\n")
     );
 }
+
+/// The project's scripts (what CI, `make test`, `make demo` run) build and test the whole
+/// workspace: `cargo build -p a -p b` asks the features of `a` and `b` only, a third feature set,
+/// and every AWS SDK crate is compiled again (2.5 GB of disk and minutes of CI, as `-p sas-tests`
+/// in `make test-lambda` once did).
+#[test]
+fn every_script_builds_the_whole_workspace() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut scripts = vec![root.join("Makefile"), root.join(".ci/run"), root.join("examples/byow/walkthrough.sh")];
+    for entry in std::fs::read_dir(root.join("infra")).expect("infra/ is read") {
+        let path = entry.expect("an entry of infra/").path();
+        if path.extension().is_some_and(|e| e == "sh") {
+            scripts.push(path);
+        }
+    }
+    assert!(scripts.len() > 8, "too few scripts found to mean anything: {scripts:?}");
+    let mut builds = 0;
+    let mut partial = Vec::new();
+    for script in &scripts {
+        let text = std::fs::read_to_string(script).expect("the script is read");
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split(" #").next().unwrap_or(line).trim_start();
+            if code.starts_with('#') || code.starts_with("echo") || code.starts_with("phase ") {
+                continue;
+            }
+            let Some(at) = ["cargo build", "cargo test", "cargo nextest run", "cargo clippy", "cargo run"]
+                .iter()
+                .find_map(|c| code.find(c))
+            else {
+                continue;
+            };
+            builds += 1;
+            if !code[at..].contains("--workspace") {
+                partial.push(format!("{}:{}: {}", script.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(builds >= 10, "too few cargo builds found in the scripts to mean anything: {builds}");
+    assert!(
+        partial.is_empty(),
+        "these builds select packages instead of the workspace (another feature set: everything compiled twice):\n{}",
+        partial.join("\n")
+    );
+}
