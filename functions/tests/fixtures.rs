@@ -7,9 +7,9 @@ use sas_core::config::Settings;
 use sas_core::ids::{AttemptToken, Millis, TaskId};
 use sas_core::protocol::{self, Ctx, Policy, ProcessState};
 use sas_core::role::Role;
-use sas_core::twins::Twins;
 use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use sas_functions::{handle_event, parse_event, EventError, Invocation};
+use sas_testkit::twins::Twins;
 use serde_json::{json, Value};
 
 /// 2024-01-01T00:05:00Z, after every fixture's `complete_by`.

@@ -16,11 +16,14 @@
 //!
 //! Around them: [`messages`] (the JSON contracts), [`state`] (`ProcessState`), [`workflow`]
 //! (definitions), [`ids`], [`config`], [`reply`] (which `reply_to` queues the stack may answer on),
-//! [`deps`] (the composition root), [`twins`] (the stack on the in-memory twins), [`role`] (the role
-//! enum and dispatch), [`runner`] (the local runner that polls queues as Lambda does), [`sim`] (the
-//! deterministic simulation of the whole system), [`aws`] (SDK clients), [`aws_calls`] (the record
-//! of AWS calls for the least-privilege check), [`telemetry`] (logs and the metrics recorder), [`metrics`] (what is measured), [`trace`] (one
-//! trace per task).
+//! [`deps`] (the composition root), [`role`] (the role enum and dispatch), [`runner`] (the local
+//! runner that polls queues as Lambda does), [`aws`] (SDK clients), [`aws_calls`] (the record
+//! of AWS calls for the least-privilege check), [`telemetry`] (logs and the metrics recorder),
+//! [`metrics`] (what is measured), [`trace`] (one trace per task).
+//!
+//! The stack wired to the twins and the deterministic simulation of the whole system live in the
+//! crate sas-testkit (`crates/testkit`, not published), which the tests depend on and the
+//! functions, sasctl and the order service do not.
 
 // The contracts, definitions and the pure protocol live in sas-protocol (no I/O); they keep their
 // paths here.
@@ -47,12 +50,10 @@ pub mod scheduler;
 #[cfg(feature = "schema")]
 pub mod schema;
 pub mod screen;
-pub mod sim;
 pub mod store;
 pub mod submitter;
 pub mod supervisor;
 pub mod telemetry;
 pub mod trace;
 pub mod transition;
-pub mod twins;
 pub mod validate;

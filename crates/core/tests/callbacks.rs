@@ -10,8 +10,8 @@ use sas_core::messages::{AgentRequest, CallbackAnswer, CallbackMessage, Callback
 use sas_core::protocol::{Policy, ProcessState, Task};
 use sas_core::submitter::{self, Submitted};
 use sas_core::supervisor;
-use sas_core::twins::Twins;
 use sas_core::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
+use sas_testkit::twins::Twins;
 use serde_json::{json, Value};
 
 fn step(name: &str) -> StepDef {

@@ -11,9 +11,9 @@ use sas_core::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage};
 use sas_core::protocol::{Policy, ProcessState, Task};
 use sas_core::role::{self, Record, Role};
 use sas_core::store::{StoreError, StoreOp};
-use sas_core::twins::Twins;
 use sas_core::workflow::{MapSpec, OnFailure, StepDef, Tolerance, WorkflowDef, WorkflowRegistry};
 use sas_core::{scheduler, submitter};
+use sas_testkit::twins::Twins;
 use serde_json::json;
 
 const T0: Millis = Millis(1_700_000_000_000);

@@ -10,8 +10,8 @@ use sas_core::ids::{Millis, TaskId};
 use sas_core::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage};
 use sas_core::protocol::Policy;
 use sas_core::role::{self, Record, Role};
-use sas_core::twins::Twins;
 use sas_core::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
+use sas_testkit::twins::Twins;
 use serde_json::json;
 
 const LIMIT: usize = 10;

@@ -16,10 +16,10 @@ use sas_core::ids::Millis;
 use sas_core::metrics::{self, check_emf, CATALOGUE};
 use sas_core::protocol::Policy;
 use sas_core::role::{self, Record, Role};
-use sas_core::sim::{self, Faults, SimConfig};
-use sas_core::twins::Twins;
 use sas_core::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use sas_core::{submitter, supervisor, telemetry};
+use sas_testkit::sim::{self, Faults, SimConfig};
+use sas_testkit::twins::Twins;
 use serde_json::json;
 
 fn flush() -> Vec<String> {

@@ -16,9 +16,9 @@ use sas_core::runner::{Runner, RunnerOptions};
 use sas_core::store::{StoreError, StoreOp};
 use sas_core::submitter::Submitted;
 use sas_core::transition::{self, Applied, MAX_CONFLICTS};
-use sas_core::twins::Twins;
 use sas_core::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
 use sas_core::{effects, scheduler, submitter, supervisor};
+use sas_testkit::twins::Twins;
 use serde_json::{json, Value};
 
 const T0: Millis = Millis(1_700_000_000_000);

@@ -18,8 +18,8 @@ use sas_core::screen::{self, unstorable_output};
 use sas_core::store::{MemoryStore, Page, PageKey, StateStore, StoreError, StoreOp, TaskSummary};
 use sas_core::submitter::{self, Submitted};
 use sas_core::transition::Applied;
-use sas_core::twins::Twins;
 use sas_core::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
+use sas_testkit::twins::Twins;
 use serde_json::{json, Value};
 
 const T0: Millis = Millis(1_700_000_000_000);

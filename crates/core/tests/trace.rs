@@ -9,8 +9,8 @@ use sas_core::bus::{Bus, Received};
 use sas_core::config::Settings;
 use sas_core::ids::Millis;
 use sas_core::role::{self, Record, Role};
-use sas_core::twins::Twins;
 use sas_core::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
+use sas_testkit::twins::Twins;
 use serde_json::json;
 
 const H: &str = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1";

@@ -1,4 +1,4 @@
-//! The deterministic simulation of the whole system (see `sas_core::sim`): many seeds, every
+//! The deterministic simulation of the whole system (see `sas_testkit::sim`): many seeds, every
 //! fault on, invariants checked against the remote services' ledger. `SIM_SEEDS=<n>` sets how
 //! many seeds (default 300), `SIM_SEED=<seed>` replays one, `SIM_FAULTS=a,b` turns on only the
 //! named faults (the fields of `sim::Faults`), to see which invariant one fault breaks.
@@ -6,7 +6,7 @@
 // The seed count and the burst figures are the point of running these: print them.
 #![allow(clippy::print_stderr)]
 
-use sas_core::sim::{self, Faults, SimConfig};
+use sas_testkit::sim::{self, Faults, SimConfig};
 
 fn faults() -> Faults {
     match std::env::var("SIM_FAULTS") {

@@ -4,15 +4,15 @@
 
 use std::sync::Arc;
 
-use crate::bus::MemoryBus;
-use crate::clock::{Clock, ManualClock};
-use crate::config::{Resources, Settings};
-use crate::deps::Deps;
-use crate::entropy::SeededEntropy;
-use crate::ids::{AttemptToken, Millis, TaskId};
-use crate::protocol::{self, Ctx, Task};
-use crate::store::MemoryStore;
-use crate::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
+use sas_core::bus::MemoryBus;
+use sas_core::clock::{Clock, ManualClock};
+use sas_core::config::{Resources, Settings};
+use sas_core::deps::Deps;
+use sas_core::entropy::SeededEntropy;
+use sas_core::ids::{AttemptToken, Millis, TaskId};
+use sas_core::protocol::{self, Ctx, Task};
+use sas_core::store::MemoryStore;
+use sas_core::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 
 /// The stack's resources, named as SQS would name them (the queues live in memory).
 pub fn resources(shards: u32) -> Resources {
@@ -76,7 +76,7 @@ impl Twins {
 
     /// A task in the store whose current step (`step`, of agent `agent`) is held by `attempt`: what
     /// an agent request built by hand needs to find before its agent starts it
-    /// ([`crate::agent::still_current`]). Returns the task as stored.
+    /// ([`sas_core::agent::still_current`]). Returns the task as stored.
     pub async fn hold(&self, task_id: &TaskId, step: &str, agent: &str, attempt: &AttemptToken) -> Task {
         let def = WorkflowDef {
             name: "held".into(),
@@ -87,15 +87,15 @@ impl Twins {
         };
         let ctx = Ctx { now: self.deps.now(), fresh_token: attempt.clone(), jitter: 0.5 };
         let tr = protocol::submit(task_id.clone(), def, serde_json::json!({}), None, &ctx, &self.deps.settings.policy);
-        let created = crate::transition::create(&self.deps, &tr.task).await.expect("a new task is created");
-        assert!(matches!(created, crate::transition::Created::New), "task {task_id} exists already");
+        let created = sas_core::transition::create(&self.deps, &tr.task).await.expect("a new task is created");
+        assert!(matches!(created, sas_core::transition::Created::New), "task {task_id} exists already");
         tr.task
     }
 
     /// Create a queue named `name` (off the allow-list unless it starts with `sas-reply-`).
     pub fn queue(&self, name: &str) -> String {
         let url = format!("http://localhost:4566/000000000000/{name}");
-        self.bus.create_queue(&url, crate::bus::QueueConfig::default());
+        self.bus.create_queue(&url, sas_core::bus::QueueConfig::default());
         url
     }
 }

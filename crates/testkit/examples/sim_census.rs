@@ -1,10 +1,10 @@
 //! Count the kinds of invariant violations over many seeds (a tool for reading the simulator's
-//! findings): `cargo run -p sas-core --example sim_census -- 1000`.
+//! findings): `cargo run -p sas-testkit --example sim_census -- 1000`.
 #![allow(clippy::print_stdout)]
 
 use std::collections::BTreeMap;
 
-use sas_core::sim::{self, SimConfig};
+use sas_testkit::sim::{self, SimConfig};
 
 fn kind(v: &str) -> &'static str {
     if v.contains("after its compensation") {

@@ -1,10 +1,10 @@
 //! What the simulator did, seed by seed, one line each (messages handled, attempts, units,
 //! virtual time, fenced copies, keys in use, end states of tasks and elements, violations): run
 //! it before and after a change that must not alter behaviour and compare the two files.
-//! `cargo run -p sas-core --example sim_fingerprint -- 200 > before.txt` (seeds 1 to 200).
+//! `cargo run -p sas-testkit --example sim_fingerprint -- 200 > before.txt` (seeds 1 to 200).
 #![allow(clippy::print_stdout)]
 
-use sas_core::sim::{self, SimConfig};
+use sas_testkit::sim::{self, SimConfig};
 
 fn main() {
     let n: u64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(200);

@@ -1,0 +1,107 @@
+//! The simulated stack's workflows: an order in its variants (compensated, parked in Error, with a
+//! wait and a callback step, with a map and a parallel region).
+
+use sas_core::ids::TaskId;
+use sas_core::messages::{CancelMessage, SchedulerMessage, VERSION};
+use sas_core::workflow::{Backoff, MapSpec, OnFailure, StepDef, StepKind, Tolerance, WorkflowDef, WorkflowRegistry};
+
+const STEP_TIMEOUT_MS: u64 = 5_000;
+
+fn step(name: &str, comp: Option<&str>) -> StepDef {
+    StepDef {
+        name: name.into(),
+        after: None,
+        kind: StepKind::Call,
+        heartbeat_ms: None,
+        wait_ms: None,
+        wait_until: None,
+        agent: "sim".into(),
+        timeout_ms: STEP_TIMEOUT_MS,
+        schedule_to_start_ms: None,
+        max_attempts: 3,
+        backoff: Backoff { base_ms: 500, max_ms: 5_000, multiplier: 2.0 },
+        compensation: comp.map(|c| Box::new(step(c, None))),
+        map: None,
+    }
+}
+
+/// The agent of the `charge` steps: at most [`LIMIT`] of its calls in flight at once, across
+/// all tasks (`max_in_flight`; the other agents have no limit).
+pub const LIMITED_AGENT: &str = "sim.pay";
+pub const LIMIT: u32 = 2;
+
+/// `order-map` reserves each of its lines in a map step, this many at once.
+pub const MAP_CONCURRENCY: u32 = 2;
+
+/// How often a callback step's worker must heartbeat, and its hard timeout.
+const CALLBACK_HEARTBEAT_MS: u64 = 5_000;
+pub(super) const CALLBACK_TIMEOUT_MS: u64 = 60_000;
+
+/// `order` compensates on failure; `order-parked` parks in `Error` for an operator;
+/// `order-async` waits a moment after the charge and ships through a callback step (a warehouse
+/// that heartbeats and confirms later), undone by `recall`.
+pub fn workflows() -> WorkflowRegistry {
+    let wf = |name: &str, on_failure| WorkflowDef {
+        name: name.into(),
+        version: 1,
+        description: "simulated order".into(),
+        on_failure,
+        steps: vec![
+            step("reserve", Some("release")),
+            StepDef { agent: LIMITED_AGENT.into(), ..step("charge", Some("refund")) },
+            step("ship", None),
+        ],
+    };
+    let mut async_order = wf("order-async", OnFailure::Compensate);
+    async_order.steps[2] = StepDef {
+        kind: StepKind::Callback,
+        timeout_ms: CALLBACK_TIMEOUT_MS,
+        heartbeat_ms: Some(CALLBACK_HEARTBEAT_MS),
+        // the first heartbeat window starts when the request may start at the latest
+        schedule_to_start_ms: Some(10_000),
+        ..step("ship", Some("recall"))
+    };
+    async_order.steps.insert(2, StepDef::wait("cool-off", 2_000));
+    let mut map_order = wf("order-map", OnFailure::Compensate);
+    map_order.steps[0].map = Some(MapSpec {
+        items: "/input/lines".into(),
+        max_concurrency: MAP_CONCURRENCY,
+        tolerated_failures: Tolerance::None,
+        timeout_ms: None,
+    });
+    // reserve, then three branches at once-ish: the charge, and a fraud check followed by a
+    // notice to each line's customer, a map run as a branch (its elements the branch's own; its
+    // undo must come before the fraud check's); ship once the charge and the notices are
+    let after =
+        |s: StepDef, names: &[&str]| StepDef { after: Some(names.iter().map(|n| (*n).to_owned()).collect()), ..s };
+    let mut graph_order = wf("order-graph", OnFailure::Compensate);
+    graph_order.steps = vec![
+        step("reserve", Some("release")),
+        StepDef { agent: LIMITED_AGENT.into(), ..step("charge", Some("refund")) },
+        after(step("fraud", Some("clear")), &["reserve"]),
+        StepDef {
+            map: Some(MapSpec {
+                items: "/input/lines".into(),
+                max_concurrency: MAP_CONCURRENCY,
+                tolerated_failures: Tolerance::None,
+                timeout_ms: None,
+            }),
+            ..step("notify", Some("unnotify"))
+        },
+        after(step("ship", None), &["charge", "notify"]),
+    ];
+    WorkflowRegistry::new([
+        wf("order", OnFailure::Compensate),
+        wf("order-parked", OnFailure::Error),
+        async_order,
+        map_order,
+        graph_order,
+    ])
+    .expect("valid simulated workflows")
+}
+
+/// An operator's cancel of `task_id`; `run`: the run the operator saw (for the fence the cancel
+/// will carry).
+pub(super) fn cancel(task_id: TaskId, run: Option<u32>) -> SchedulerMessage {
+    SchedulerMessage::Cancel(CancelMessage { v: VERSION, task_id, reason: "simulated operator".into(), run })
+}
