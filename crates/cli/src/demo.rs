@@ -791,6 +791,7 @@ mod tests {
                 failure_count: 0,
                 reason: None,
                 at: Millis(1_000),
+                waiting: false,
             }];
             if o.id.ends_with("-ship-late") {
                 t.late_results = 1;

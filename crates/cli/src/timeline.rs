@@ -8,10 +8,9 @@
 //! resumed task waiting for its claim). Each span gets its duration, its outcome and a bar on one
 //! time axis shared by the whole task.
 //!
-//! `Compensating` names both a compensation waiting for its claim and one running: the protocol
-//! keeps the reason and the failure count when the claim follows a wait, and counts a failure when
-//! an attempt fails, so an entry followed by the same unit with the same reason and count is a
-//! wait (see [`is_wait`]; checked against the protocol on random runs).
+//! `Compensating` names both a compensation waiting for its claim and one running: the entry says
+//! which (`waiting`, written by the protocol; [`is_wait`]; checked against the protocol on random
+//! runs).
 //!
 //! The history on the item is capped (the protocol keeps the last `history_limit` entries); the
 //! timeline says how many earlier entries are gone, and numbers the attempts it still sees from the
@@ -167,26 +166,12 @@ fn recorded_attempts(task: &Task, unit: Unit) -> u32 {
     }
 }
 
-/// Whether history entry `i` starts a wait (rather than an attempt). `Pending` waits and
-/// `Processing` runs; `Compensating` says neither, so: a wait is followed by the same unit with
-/// the same reason and `FailureCount` (its claim, or a second wait when the awaited forward
-/// attempt answered; an attempt that fails counts a failure and says why anew), or by `Error`
-/// because it was never claimed; the last entry waits while nothing holds the task.
+/// Whether history entry `i` starts a wait (rather than an attempt), as the entry says
+/// ([`sas_core::protocol::HistoryEntry::waiting`]); a `Pending` entry always waits (entries written
+/// before the flag existed lack it).
 fn is_wait(task: &Task, i: usize) -> bool {
-    let h = &task.history;
-    let e = &h[i];
-    match e.state {
-        ProcessState::Pending => true,
-        ProcessState::Compensating => match h.get(i + 1) {
-            Some(n) if n.state == ProcessState::Compensating => {
-                n.step == e.step && n.reason == e.reason && n.failure_count == e.failure_count
-            }
-            Some(n) if n.state == ProcessState::Error => n.reason.as_deref().is_some_and(|r| r.contains("not claimed")),
-            Some(_) => false,
-            None => task.process_state == ProcessState::Compensating && task.locked_by.is_none(),
-        },
-        _ => false,
-    }
+    let e = &task.history[i];
+    e.waiting || e.state == ProcessState::Pending
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1222,11 +1207,11 @@ mod tests {
         }
     }
 
-    /// The protocol does not say whether a `Compensating` entry began a wait or an attempt; the
-    /// timeline infers it ([`is_wait`]). Checked against the truth (whether the transition that
-    /// wrote the entry left the task locked) on 20,000 random runs of the order workflow (about
-    /// 2 s): successes, retryable and permanent failures, expiries, restarts, cancels and
-    /// resubmits. So are the attempts' numbers and outcomes (a compensation that used up its
+    /// A `Compensating` entry may begin a wait or an attempt; the entry says which
+    /// (`HistoryEntry::waiting`, [`is_wait`]). Checked against the truth (whether the transition
+    /// that wrote the entry left the task locked) on 20,000 random runs of the order workflow
+    /// (about 2 s): successes, retryable and permanent failures, expiries, restarts, cancels and
+    /// resubmits. (The timeline inferred it from the next entry before the protocol wrote it.) So are the attempts' numbers and outcomes (a compensation that used up its
     /// attempts by timing out shows only past about 5,000 runs).
     #[test]
     fn waits_attempts_and_outcomes_match_what_the_protocol_did_on_random_runs() {

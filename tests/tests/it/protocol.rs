@@ -627,6 +627,7 @@ async fn history_entries_a_write_drops_are_archived_in_the_table_and_read_back()
         failure_count: 0,
         reason: Some(format!("entry {seq}")),
         at: Millis(1_795_000_000_000 + seq),
+        waiting: false,
     };
     read.history = (1..=6).map(entry).collect();
     read.status_seq = 6;

@@ -977,6 +977,15 @@ struct Change<'a> {
 impl Change<'_> {
     /// Record a state change in the history and, when the caller named a reply queue, tell it.
     fn note(&mut self, state: ProcessState) {
+        self.note_entry(state, false);
+    }
+
+    /// [`Self::note`] for an entry that begins a wait for a claim ([`HistoryEntry::waiting`]).
+    fn note_wait(&mut self, state: ProcessState) {
+        self.note_entry(state, true);
+    }
+
+    fn note_entry(&mut self, state: ProcessState, waiting: bool) {
         let t = &mut self.t;
         t.process_state = state;
         t.status_seq += 1;
@@ -987,6 +996,7 @@ impl Change<'_> {
             failure_count: t.failure_count,
             reason: if state == ProcessState::Processed { None } else { t.reason.clone() },
             at: self.ctx.now,
+            waiting,
         };
         if t.reply_to.is_some() {
             self.fx.push(Effect::Reply(t.status_of(&entry)));
@@ -1008,7 +1018,7 @@ impl Change<'_> {
         self.t.not_before = None;
         self.t.complete_by = Some(due.max(now).plus_ms(self.policy.start_timeout_ms));
         self.t.unit_record().await_retry();
-        self.note(waiting_state(self.t.phase()));
+        self.note_wait(waiting_state(self.t.phase()));
         self.fx.push(Effect::Run { rev: self.t.wait_rev, delay_ms: now.until(due), reason });
     }
 

@@ -555,6 +555,13 @@ pub struct HistoryEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     pub at: Millis,
+    /// The entry begins a wait for a claim of the unit `step` names (a retry's backoff, the first
+    /// claim of a compensation, a restart), not an attempt: every `Pending` entry, and the
+    /// `Compensating` entries that wait (a compensation's attempts say `Compensating` too).
+    /// Written only when true (8 bytes of the item); entries written before it existed lack it,
+    /// and read as attempts unless `Pending`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub waiting: bool,
 }
 
 impl HistoryEntry {
