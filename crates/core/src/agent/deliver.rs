@@ -4,11 +4,59 @@
 //! side answers later with the token. Delivery is the hand-off: once the service took the
 //! message, the agent reports nothing and the step waits for the answer (or its timeout).
 
+use futures::future::BoxFuture;
+use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use tracing::info;
 
 use super::handover::{self, CallbackEndpoints};
-use super::runtime::{AgentError, Call};
+use super::runtime::{Agent, AgentError, Call};
 use crate::messages::AgentRequest;
+
+/// Where a delivering kind hands a callback step's request over: a queue, a topic, a bus.
+/// [`Delivering`] does what the kinds share (the body, refused for a call step; the size limit;
+/// the log line and the agent's output); a destination only counts the body's size as its service
+/// does and sends it.
+pub trait Destination: std::fmt::Debug + Send + Sync + 'static {
+    /// The kind's name in agents.json.
+    const KIND: &'static str;
+    /// What the body travels as, for the size refusal: "an SQS message".
+    const WHAT: &'static str;
+    /// The name of the id the service gives what it took (`message_id`, `event_id`).
+    const ID: &'static str;
+    /// The queue URL, topic ARN or bus, for logs.
+    fn name(&self) -> &str;
+    /// The body's size as the service counts it (with what [`Destination::send`] adds to it).
+    fn size(&self, req: &AgentRequest, body: &str) -> usize;
+    /// Hand `body` over: the id the service gave it, or the error classified (retry or not).
+    fn send<'a>(&'a self, req: &'a AgentRequest, body: String) -> BoxFuture<'a, Result<String, AgentError>>;
+}
+
+/// The agent of a delivering kind: the skeleton around its [`Destination`].
+#[derive(Debug)]
+pub struct Delivering<D> {
+    pub(super) to: D,
+    callback: CallbackEndpoints,
+}
+
+impl<D: Destination> Delivering<D> {
+    pub fn to(to: D, callback: CallbackEndpoints) -> Self {
+        Delivering { to, callback }
+    }
+}
+
+impl<D: Destination> Agent for Delivering<D> {
+    fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
+        Box::pin(async move {
+            let req = call.request;
+            let body = body(&call, D::KIND, &self.callback)?;
+            check_size(req, D::WHAT, self.to.size(req, &body))?;
+            let id = self.to.send(req, body).await?;
+            info!(task_id = %req.task_id, step = %req.step, kind = D::KIND, id = %id, to = self.to.name(), "callback step handed over");
+            Ok(json!({"delivered": true, D::ID: id}))
+        })
+    }
+}
 
 /// The most an SQS message, an SNS message or an EventBridge event entry may hold (256 KiB).
 pub const MAX_MESSAGE_BYTES: usize = 256 * 1024;

@@ -11,14 +11,13 @@ use std::sync::Arc;
 use aws_sdk_eventbridge::types::PutEventsRequestEntry;
 use futures::future::BoxFuture;
 use serde::Deserialize;
-use serde_json::{json, Value};
-use tracing::info;
 
-use super::deliver;
+use super::deliver::{Delivering, Destination};
 use super::handover::CallbackEndpoints;
 use super::kind::AgentConfigError;
 use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant, LazyClient};
-use super::runtime::{Agent, AgentError, Call};
+use super::runtime::{Agent, AgentError};
+use crate::messages::AgentRequest;
 
 /// The event source when the configuration names none.
 pub const DEFAULT_SOURCE: &str = "sas.agent";
@@ -70,9 +69,8 @@ impl AgentKind for EventBridgeKind {
         if detail_type.trim().is_empty() {
             return Err(invalid("detail_type must not be empty".into()));
         }
-        let mut agent = EventBridgeAgent::new(self.bus, source, detail_type, cx.callback.clone());
-        agent.events = LazyClient::new(cx.aws.clone(), crate::aws::eventbridge_client);
-        Ok(Arc::new(agent))
+        let events = LazyClient::new(cx.aws.clone(), crate::aws::eventbridge_client);
+        Ok(Arc::new(Delivering::to(EventBus { bus: self.bus, source, detail_type, events }, cx.callback.clone())))
     }
 
     /// On the bus's ARN when the configuration gives one; a bare name stays the name (its ARN is
@@ -82,14 +80,18 @@ impl AgentKind for EventBridgeKind {
     }
 }
 
+/// An event bus of the user's (with the events' source and detail-type), as a
+/// [`deliver::Destination`].
 #[derive(Debug)]
-pub struct EventBridgeAgent {
+pub struct EventBus {
     bus: String,
     source: String,
     detail_type: String,
-    callback: CallbackEndpoints,
     events: LazyClient<aws_sdk_eventbridge::Client>,
 }
+
+/// The EventBridge agent: the delivering skeleton around a bus.
+pub type EventBridgeAgent = Delivering<EventBus>;
 
 /// The size of an event entry as EventBridge counts it: its source, detail-type and detail.
 pub fn entry_size(source: &str, detail_type: &str, detail: &str) -> usize {
@@ -129,20 +131,18 @@ pub fn delivered<'o>(
     }
 }
 
-impl EventBridgeAgent {
+impl Delivering<EventBus> {
     pub fn new(
         bus: impl Into<String>,
         source: impl Into<String>,
         detail_type: impl Into<String>,
         callback: CallbackEndpoints,
     ) -> Self {
-        EventBridgeAgent {
-            bus: bus.into(),
-            source: source.into(),
-            detail_type: detail_type.into(),
+        let events = LazyClient::new(AwsConfigCell::default(), crate::aws::eventbridge_client);
+        Delivering::to(
+            EventBus { bus: bus.into(), source: source.into(), detail_type: detail_type.into(), events },
             callback,
-            events: LazyClient::new(AwsConfigCell::default(), crate::aws::eventbridge_client),
-        }
+        )
     }
 
     /// With a client of the caller's (tests, tools).
@@ -153,18 +153,27 @@ impl EventBridgeAgent {
         callback: CallbackEndpoints,
         events: aws_sdk_eventbridge::Client,
     ) -> Self {
-        let agent = Self::new(bus, source, detail_type, callback);
-        EventBridgeAgent { events: LazyClient::given(events, crate::aws::eventbridge_client), ..agent }
+        let mut agent = Self::new(bus, source, detail_type, callback);
+        agent.to.events = LazyClient::given(events, crate::aws::eventbridge_client);
+        agent
     }
 }
 
-impl Agent for EventBridgeAgent {
-    fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
+impl Destination for EventBus {
+    const KIND: &'static str = EventBridgeKind::KIND;
+    const WHAT: &'static str = "an EventBridge event entry";
+    const ID: &'static str = "event_id";
+
+    fn name(&self) -> &str {
+        &self.bus
+    }
+
+    fn size(&self, _: &AgentRequest, detail: &str) -> usize {
+        entry_size(&self.source, &self.detail_type, detail)
+    }
+
+    fn send<'a>(&'a self, _: &'a AgentRequest, detail: String) -> BoxFuture<'a, Result<String, AgentError>> {
         Box::pin(async move {
-            let req = call.request;
-            let detail = deliver::body(&call, EventBridgeKind::KIND, &self.callback)?;
-            let size = entry_size(&self.source, &self.detail_type, &detail);
-            deliver::check_size(req, "an EventBridge event entry", size)?;
             let entry = PutEventsRequestEntry::builder()
                 .event_bus_name(&self.bus)
                 .source(&self.source)
@@ -182,15 +191,15 @@ impl Agent for EventBridgeAgent {
                 .send()
                 .await
                 .map_err(|e| super::aws_error::classify(&format!("putting an event on {}", self.bus), &e))?;
-            let id = delivered(&self.bus, &out)?;
-            info!(task_id = %req.task_id, step = %req.step, event_id = id, bus = %self.bus, "callback step put on its event bus");
-            Ok(json!({"delivered": true, "event_id": id}))
+            delivered(&self.bus, &out).map(str::to_owned)
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::agent::deliver::tests::req;
     use crate::agent::AgentRuntime;

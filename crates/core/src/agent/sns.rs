@@ -12,14 +12,13 @@ use std::sync::Arc;
 use aws_sdk_sns::types::MessageAttributeValue;
 use futures::future::BoxFuture;
 use serde::Deserialize;
-use serde_json::{json, Value};
-use tracing::info;
 
-use super::deliver;
+use super::deliver::{self, Delivering, Destination};
 use super::handover::CallbackEndpoints;
 use super::kind::AgentConfigError;
 use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant, LazyClient};
-use super::runtime::{Agent, AgentError, Call};
+use super::runtime::{Agent, AgentError};
+use crate::messages::AgentRequest;
 
 /// `{"kind": "sns", "topic_arn": "arn:aws:sns:REGION:ACCOUNT:NAME"}`: callback steps only.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -50,9 +49,8 @@ impl AgentKind for SnsKind {
                 ),
             });
         }
-        let mut agent = SnsAgent::new(self.topic_arn, cx.callback.clone());
-        agent.sns = LazyClient::new(cx.aws.clone(), crate::aws::sns_client);
-        Ok(Arc::new(agent))
+        let sns = LazyClient::new(cx.aws.clone(), crate::aws::sns_client);
+        Ok(Arc::new(Delivering::to(SnsTopic::new(self.topic_arn, sns), cx.callback.clone())))
     }
 
     fn grants(&self) -> Vec<Grant> {
@@ -60,39 +58,56 @@ impl AgentKind for SnsKind {
     }
 }
 
+/// An SNS topic of the user's, as a [`deliver::Destination`].
 #[derive(Debug)]
-pub struct SnsAgent {
+pub struct SnsTopic {
     topic_arn: String,
     fifo: bool,
-    callback: CallbackEndpoints,
     sns: LazyClient<aws_sdk_sns::Client>,
 }
 
-impl SnsAgent {
-    pub fn new(topic_arn: impl Into<String>, callback: CallbackEndpoints) -> Self {
-        let topic_arn = topic_arn.into();
+impl SnsTopic {
+    fn new(topic_arn: String, sns: LazyClient<aws_sdk_sns::Client>) -> Self {
         // SNS requires the suffix in lower case.
         #[allow(clippy::case_sensitive_file_extension_comparisons)]
         let fifo = topic_arn.ends_with(".fifo");
-        SnsAgent { fifo, topic_arn, callback, sns: LazyClient::new(AwsConfigCell::default(), crate::aws::sns_client) }
+        SnsTopic { topic_arn, fifo, sns }
+    }
+}
+
+/// The SNS agent: the delivering skeleton around a topic.
+pub type SnsAgent = Delivering<SnsTopic>;
+
+impl Delivering<SnsTopic> {
+    pub fn new(topic_arn: impl Into<String>, callback: CallbackEndpoints) -> Self {
+        let sns = LazyClient::new(AwsConfigCell::default(), crate::aws::sns_client);
+        Delivering::to(SnsTopic::new(topic_arn.into(), sns), callback)
     }
 
     /// With a client of the caller's (tests, tools).
     pub fn with_client(topic_arn: impl Into<String>, callback: CallbackEndpoints, sns: aws_sdk_sns::Client) -> Self {
-        let agent = Self::new(topic_arn, callback);
-        SnsAgent { sns: LazyClient::given(sns, crate::aws::sns_client), ..agent }
+        let sns = LazyClient::given(sns, crate::aws::sns_client);
+        Delivering::to(SnsTopic::new(topic_arn.into(), sns), callback)
     }
 }
 
-impl Agent for SnsAgent {
-    fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
+impl Destination for SnsTopic {
+    const KIND: &'static str = SnsKind::KIND;
+    const WHAT: &'static str = "an SNS message";
+    const ID: &'static str = "message_id";
+
+    fn name(&self) -> &str {
+        &self.topic_arn
+    }
+
+    fn size(&self, req: &AgentRequest, body: &str) -> usize {
+        deliver::message_size(body, &deliver::attributes(req))
+    }
+
+    fn send<'a>(&'a self, req: &'a AgentRequest, body: String) -> BoxFuture<'a, Result<String, AgentError>> {
         Box::pin(async move {
-            let req = call.request;
-            let body = deliver::body(&call, SnsKind::KIND, &self.callback)?;
-            let attrs = deliver::attributes(req);
-            deliver::check_size(req, "an SNS message", deliver::message_size(&body, &attrs))?;
             let mut publish = self.sns.get().await.publish().topic_arn(&self.topic_arn).message(body);
-            for (k, v) in attrs {
+            for (k, v) in deliver::attributes(req) {
                 let attr = MessageAttributeValue::builder()
                     .data_type("String")
                     .string_value(v)
@@ -117,20 +132,17 @@ impl Agent for SnsAgent {
                 }
                 None => publish.send().await,
             };
-            match published {
-                Ok(out) => {
-                    let id = out.message_id().unwrap_or_default();
-                    info!(task_id = %req.task_id, step = %req.step, message_id = id, topic = %self.topic_arn, "callback step published to its topic");
-                    Ok(json!({"delivered": true, "message_id": id}))
-                }
-                Err(e) => Err(super::aws_error::classify(&format!("publishing to {}", self.topic_arn), &e)),
-            }
+            let out =
+                published.map_err(|e| super::aws_error::classify(&format!("publishing to {}", self.topic_arn), &e))?;
+            Ok(out.message_id().unwrap_or_default().to_owned())
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::agent::deliver::tests::req;
     use crate::agent::AgentRuntime;

@@ -12,15 +12,13 @@ use std::sync::Arc;
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeNameForSends, MessageSystemAttributeValue};
 use futures::future::BoxFuture;
 use serde::Deserialize;
-use serde_json::{json, Value};
-use tracing::info;
 
-use super::deliver;
+use super::deliver::{self, Delivering, Destination};
 use super::handover::CallbackEndpoints;
 use super::kind::AgentConfigError;
 use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant, LazyClient};
-use super::runtime::{Agent, AgentError, Call};
-use crate::messages::QueueUrl;
+use super::runtime::{Agent, AgentError};
+use crate::messages::{AgentRequest, QueueUrl};
 
 /// `{"kind": "sqs", "queue_url": "..."}`: callback steps only.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -40,11 +38,8 @@ impl AgentKind for SqsKind {
             agent: name.to_owned(),
             message: format!("queue_url {:?} is not an SQS queue URL: {}", self.queue_url, e.why),
         })?;
-        Ok(Arc::new(SqsAgent {
-            queue,
-            callback: cx.callback.clone(),
-            sqs: LazyClient::new(cx.aws.clone(), crate::aws::sqs_client),
-        }))
+        let sqs = LazyClient::new(cx.aws.clone(), crate::aws::sqs_client);
+        Ok(Arc::new(Delivering::to(SqsQueue { queue, sqs }, cx.callback.clone())))
     }
 
     fn grants(&self) -> Vec<Grant> {
@@ -70,33 +65,47 @@ pub fn queue_resource(url: &str) -> String {
     }
 }
 
+/// An SQS queue of the user's, as a [`deliver::Destination`].
 #[derive(Debug)]
-pub struct SqsAgent {
+pub struct SqsQueue {
     queue: QueueUrl,
-    callback: CallbackEndpoints,
     sqs: LazyClient<aws_sdk_sqs::Client>,
 }
 
-impl SqsAgent {
+/// The SQS agent: the delivering skeleton around a queue.
+pub type SqsAgent = Delivering<SqsQueue>;
+
+impl Delivering<SqsQueue> {
     pub fn new(queue: QueueUrl, callback: CallbackEndpoints) -> Self {
-        SqsAgent { queue, callback, sqs: LazyClient::new(AwsConfigCell::default(), crate::aws::sqs_client) }
+        Delivering::to(
+            SqsQueue { queue, sqs: LazyClient::new(AwsConfigCell::default(), crate::aws::sqs_client) },
+            callback,
+        )
     }
 
     /// With a client of the caller's (tests, tools).
     pub fn with_client(queue: QueueUrl, callback: CallbackEndpoints, sqs: aws_sdk_sqs::Client) -> Self {
-        SqsAgent { queue, callback, sqs: LazyClient::given(sqs, crate::aws::sqs_client) }
+        Delivering::to(SqsQueue { queue, sqs: LazyClient::given(sqs, crate::aws::sqs_client) }, callback)
     }
 }
 
-impl Agent for SqsAgent {
-    fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
+impl Destination for SqsQueue {
+    const KIND: &'static str = SqsKind::KIND;
+    const WHAT: &'static str = "an SQS message";
+    const ID: &'static str = "message_id";
+
+    fn name(&self) -> &str {
+        self.queue.as_str()
+    }
+
+    fn size(&self, req: &AgentRequest, body: &str) -> usize {
+        deliver::message_size(body, &deliver::attributes(req))
+    }
+
+    fn send<'a>(&'a self, req: &'a AgentRequest, body: String) -> BoxFuture<'a, Result<String, AgentError>> {
         Box::pin(async move {
-            let req = call.request;
-            let body = deliver::body(&call, SqsKind::KIND, &self.callback)?;
-            let attrs = deliver::attributes(req);
-            deliver::check_size(req, "an SQS message", deliver::message_size(&body, &attrs))?;
             let mut send = self.sqs.get().await.send_message().queue_url(self.queue.as_str()).message_body(body);
-            for (k, v) in attrs {
+            for (k, v) in deliver::attributes(req) {
                 let attr = MessageAttributeValue::builder()
                     .data_type("String")
                     .string_value(v)
@@ -116,20 +125,19 @@ impl Agent for SqsAgent {
                     .map_err(|e| AgentError::Permanent { message: format!("AWSTraceHeader: {e}") })?;
                 send = send.message_system_attributes(MessageSystemAttributeNameForSends::AwsTraceHeader, header);
             }
-            match send.send().await {
-                Ok(out) => {
-                    let id = out.message_id().unwrap_or_default();
-                    info!(task_id = %req.task_id, step = %req.step, message_id = id, queue = self.queue.as_str(), "callback step delivered to its queue");
-                    Ok(json!({"delivered": true, "message_id": id}))
-                }
-                Err(e) => Err(super::aws_error::classify(&format!("sending to {}", self.queue.as_str()), &e)),
-            }
+            let out = send
+                .send()
+                .await
+                .map_err(|e| super::aws_error::classify(&format!("sending to {}", self.queue.as_str()), &e))?;
+            Ok(out.message_id().unwrap_or_default().to_owned())
         })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
     use crate::agent::deliver::tests::req;
     use crate::agent::AgentRuntime;
