@@ -119,7 +119,7 @@ async fn resend_late_notice(deps: &Deps, task: &crate::protocol::Task, unit: &st
     }
     let sent = send(deps, &Committed { task: task.clone(), effects, now: deps.now() }).await;
     match sent.essential {
-        Some(e) => Err(HandlerError::Bus(e)),
+        Some(e) => Err(e.into()),
         None => Ok(()),
     }
 }

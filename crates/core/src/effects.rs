@@ -18,7 +18,7 @@ use crate::protocol::{self, Effect, Event, Task};
 use crate::reply;
 use crate::store::StoreError;
 use crate::transition::{
-    self, commit, rewrite, write_loop, Applied, Commit, Committed, Created, Decision, Written, MAX_CONFLICTS,
+    self, commit, write_loop, Applied, Commit, Committed, Created, Decision, Written, MAX_CONFLICTS,
 };
 
 /// Commit a transition, then perform its effects. `message`: the id of the queue message that
@@ -62,7 +62,7 @@ pub async fn finish(deps: &Deps, commit: Commit, marks: &[String]) -> Result<Opt
         Commit::Missing => (Sent::default(), None),
     };
     match sent.essential.or(sent.work) {
-        Some(e) => Err(HandlerError::Bus(e)),
+        Some(e) => Err(e.into()),
         None => Ok(after),
     }
 }
@@ -98,15 +98,50 @@ pub async fn resend(deps: &Deps, current: Task) -> Result<Sent, HandlerError> {
     Ok(perform(deps, Committed { task, effects, now }).await)
 }
 
+/// Why an effect was not performed: a send refused or failed, or a map's element that could not
+/// be created or made to send what it owes (a store error is a store error, not a bus error).
+#[derive(Debug, thiserror::Error)]
+pub enum EffectError {
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error("map element {element}: {source}")]
+    Element {
+        element: String,
+        #[source]
+        source: Box<HandlerError>,
+    },
+}
+
+impl EffectError {
+    /// A send the destination refuses for good (see [`BusError::is_permanent`]).
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            EffectError::Bus(e) => e.is_permanent(),
+            EffectError::Element { .. } => false,
+        }
+    }
+}
+
+/// What the handler does about it: a send as a bus error; an element as what its store (or its
+/// resend) said, so a store error is retried or dead-lettered by what it is.
+impl From<EffectError> for HandlerError {
+    fn from(e: EffectError) -> Self {
+        match e {
+            EffectError::Bus(e) => HandlerError::Bus(e),
+            EffectError::Element { source, .. } => *source,
+        }
+    }
+}
+
 /// What performing a transition's effects achieved.
 #[derive(Debug, Default)]
 pub struct Sent {
     /// Sends that failed (logged; a failed send of work or of an essential notice fails the message).
     pub failed: usize,
     /// The first failed essential notice (an alert or a terminal status), if any.
-    pub essential: Option<BusError>,
-    /// The first failed send of work (a dispatch, a timer, a run message), if any.
-    pub work: Option<BusError>,
+    pub essential: Option<EffectError>,
+    /// The first failed effect of work (a dispatch, a timer, a run message, a map's elements), if any.
+    pub work: Option<EffectError>,
     /// Statuses `reply_to` refused for good (never essential, never retried).
     pub undelivered: u32,
     /// Why the last of them failed.
@@ -174,8 +209,8 @@ pub async fn send(deps: &Deps, c: &Committed) -> Sent {
 /// statuses were logged already, and the task goes on either way.
 pub async fn record_undelivered(deps: &Deps, task: &Task, sent: &Sent) {
     let Some(error) = sent.undelivered_error.as_deref() else { return };
-    let change = |read: &Task| Some(read.with_undelivered_replies(sent.undelivered, error));
-    match rewrite(deps, task.clone(), change, |_| true).await {
+    let decide = |read: &Task| Decision::Write(Box::new(read.with_undelivered_replies(sent.undelivered, error)), ());
+    match write_loop(deps, task.clone(), MAX_CONFLICTS, decide, |_| true).await {
         Ok(Written::Landed { task: next, .. }) => {
             info!(task_id = %task.task_id, undelivered_replies = next.undelivered_replies, rev = next.rev, "undelivered statuses recorded on the task");
         }
@@ -187,9 +222,9 @@ pub async fn record_undelivered(deps: &Deps, task: &Task, sent: &Sent) {
     }
 }
 
-async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Result<(), BusError> {
+async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Result<(), EffectError> {
     let out = deps.outbox();
-    match e {
+    let sent = match e {
         // Checked again at each send: a task accepted under a wider allow-list (or before there
         // was one) never makes the stack write where it may no longer.
         Effect::Reply(s) => match &task.reply_to {
@@ -215,9 +250,10 @@ async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Resul
             other => other,
         },
         Effect::ArmTimer(t) => out.arm_timer(t, now, protocol::deadline_grace_ms(task, &deps.settings.policy)).await,
-        Effect::Spawn { step, elements, cancel } => spawn(deps, task, *step, elements, cancel.as_deref()).await,
+        Effect::Spawn { step, elements, cancel } => return spawn(deps, task, *step, elements, cancel.as_deref()).await,
         Effect::Send(m) => out.to_scheduler(m, 0).await,
-    }
+    };
+    Ok(sent?)
 }
 
 /// How many map elements one handler creates at once.
@@ -235,7 +271,7 @@ async fn spawn(
     step: usize,
     elements: &[(u32, serde_json::Value)],
     cancel: Option<&str>,
-) -> Result<(), BusError> {
+) -> Result<(), EffectError> {
     let mut first = None;
     for chunk in elements.chunks(SPAWN_CONCURRENCY) {
         let results =
@@ -256,7 +292,7 @@ fn spawn_one<'a>(
     element: u32,
     item: serde_json::Value,
     cancel: Option<&'a str>,
-) -> futures::future::BoxFuture<'a, Result<(), BusError>> {
+) -> futures::future::BoxFuture<'a, Result<(), EffectError>> {
     Box::pin(async move {
         let ctx = deps.ctx();
         let policy = &deps.settings.policy;
@@ -264,12 +300,8 @@ fn spawn_one<'a>(
             None => protocol::element_task(parent, step, element, item, &ctx, policy),
             Some(why) => protocol::element_tombstone(parent, step, element, why, &ctx, policy),
         };
-        let store_failed = |e: StoreError| BusError::Backend {
-            op: "CreateElement",
-            target: tr.task.task_id.to_string(),
-            message: e.to_string(),
-            source: None,
-        };
+        let failed =
+            |e: HandlerError| EffectError::Element { element: tr.task.task_id.to_string(), source: Box::new(e) };
         let sent = match transition::create(deps, &tr.task).await {
             Ok(Created::New) => {
                 if tr.task.upstream.is_some() {
@@ -284,16 +316,11 @@ fn spawn_one<'a>(
                 protocol::ExistingElement::Send(effects) => {
                     send(deps, &Committed { task: *child, effects, now: ctx.now }).await
                 }
-                protocol::ExistingElement::Resend => resend(deps, *child).await.map_err(|e| BusError::Backend {
-                    op: "ResendElement",
-                    target: tr.task.task_id.to_string(),
-                    message: e.to_string(),
-                    source: None,
-                })?,
+                protocol::ExistingElement::Resend => resend(deps, *child).await.map_err(failed)?,
             },
             // it existed and is gone (expired): nothing to create over it
             Err(StoreError::AlreadyExists) => Sent::default(),
-            Err(e) => return Err(store_failed(e)),
+            Err(e) => return Err(failed(e.into())),
         };
         match sent.essential.or(sent.work) {
             Some(e) => Err(e),

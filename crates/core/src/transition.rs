@@ -1,12 +1,11 @@
 //! The one module that writes tasks. A transition: let [`protocol::apply`] decide, then commit
 //! the new task with a conditional write ([`commit`], [`commit_many`]); a new task ([`create`]);
-//! what a task's last write owes written first ([`rewrite`], for a resend and for the statuses
-//! that can never reach `reply_to`). Every conditional write goes through one loop
+//! what a task's last write owes written first (a resend) and the statuses that can never reach
+//! `reply_to` (both in [`crate::effects`], through the same loop). Every conditional write goes
+//! through one loop
 //! ([`write_loop`]): a lost write re-decides on the current item the store returned with the
 //! conflict (no extra read), and a write that landed but whose answer was lost (the SDK sent it
 //! again) is recognised as ours. Effects are not performed here: see [`crate::effects`].
-
-use std::future::Future;
 
 use tracing::{debug, info};
 
@@ -90,29 +89,6 @@ pub async fn create(deps: &Deps, task: &Task) -> Result<Created, StoreError> {
         },
         Err(e) => Err(e),
     }
-}
-
-/// Write the task `change` makes of the item as last read, with the same loop; `follow` as for
-/// [`write_loop`]. `None` from `change`: nothing to write.
-pub fn rewrite<'a, F>(
-    deps: &'a Deps,
-    read: Task,
-    mut change: F,
-    follow: impl Fn(&Task) -> bool + 'a,
-) -> impl Future<Output = Result<Written<()>, HandlerError>> + 'a
-where
-    F: FnMut(&Task) -> Option<Task> + 'a,
-{
-    write_loop(
-        deps,
-        read,
-        MAX_CONFLICTS,
-        move |t| match change(t) {
-            Some(next) => Decision::Write(Box::new(next), ()),
-            None => Decision::Nothing(()),
-        },
-        follow,
-    )
 }
 
 /// What happened to one event.

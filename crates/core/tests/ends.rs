@@ -20,10 +20,15 @@ const T0: Millis = Millis(1_700_000_000_000);
 const LINES: u32 = 4;
 
 fn twins() -> Twins {
+    twins_running(LINES)
+}
+
+/// The twins with the `lines` workflow, `max_concurrency` elements of its map at once.
+fn twins_running(max_concurrency: u32) -> Twins {
     let mut reserve = StepDef::call("reserve", "a", 5_000);
     reserve.map = Some(MapSpec {
         items: "/input/items".into(),
-        max_concurrency: LINES,
+        max_concurrency,
         tolerated_failures: Tolerance::None,
         timeout_ms: None,
     });
@@ -176,4 +181,46 @@ async fn a_group_whose_write_fails_for_now_fails_every_record_and_its_redelivery
 fn ended(body: &str) -> bool {
     let record = sas_core::role::Record::new("m", body);
     sas_core::envelope::Envelope::open(Role::Scheduler, &record).ended_parent().is_some()
+}
+
+/// An element the store fails to create is a store error for the handler (retried, or
+/// dead-lettered when it can never be stored), not a bus error: the record fails and comes back.
+#[tokio::test]
+async fn an_element_the_store_cannot_create_fails_the_record_as_a_store_error() {
+    let tw = twins_running(1);
+    let items: Vec<_> = (0..2).map(|i| json!({"sku": i})).collect();
+    let body = json!({"v": 1, "task_id": "p9", "workflow": "lines", "input": {"items": items}}).to_string();
+    submitter::submit(&tw.deps, &body).await.unwrap();
+    let r = tw.deps.resources.clone();
+    // the first element runs (after the run messages the start sends); its success ends it
+    let mut calls = Vec::new();
+    for _ in 0..10 {
+        for b in tw.bus.take(&r.scheduler_queue_url) {
+            scheduler::schedule(&tw.deps, &b).await.unwrap();
+        }
+        calls = tw.bus.take(&r.agent_queue_url);
+        if !calls.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(calls.len(), 1, "one element at once: {calls:?}");
+    let req: AgentRequest = serde_json::from_str(&calls[0]).unwrap();
+    let res = SchedulerMessage::Result(AgentResult {
+        v: 1,
+        task_id: req.task_id.clone(),
+        step: req.step.clone(),
+        attempt: req.attempt.clone(),
+        outcome: Outcome::Succeeded { output: json!({}) },
+    });
+    scheduler::schedule(&tw.deps, &serde_json::to_string(&res).unwrap()).await.unwrap();
+    let ends = tw.bus.take(&r.ends_queue_url.clone().unwrap());
+    assert_eq!(ends.len(), 1, "the element told its parent: {ends:?}");
+    // its end makes the parent start the second element, whose create fails
+    tw.store
+        .fail_next(StoreOp::Create, StoreError::Backend { op: "PutItem", message: "throttled".into(), source: None });
+    let err = scheduler::schedule(&tw.deps, &ends[0]).await.expect_err("the element was not created");
+    assert!(
+        matches!(&err, HandlerError::Store(StoreError::Backend { op: "PutItem", .. })),
+        "a store error, as the store said it: {err:?}"
+    );
 }
