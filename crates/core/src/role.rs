@@ -37,9 +37,10 @@ pub fn handle_envelope<'a>(
     let handling = async move {
         let handled = match envelope.body {
             Body::Submission(parsed) => submitter::submit_parsed(deps, record, parsed).await.map(drop),
-            scheduled @ Body::Scheduler(_) => {
-                scheduler::handle_envelope(deps, Envelope { role, record, body: scheduled }).await.map(drop)
-            }
+            Body::Scheduler(s) => match s {
+                Ok(s) => scheduler::handle_scheduled(deps, s, message).await.map(drop),
+                Err(why) => Err(HandlerError::Malformed(why)),
+            },
             Body::Agent(req) => match req {
                 Ok(req) => agent::handle_request(deps, agents, req, record.sent_at).await.map(drop),
                 Err(why) => Err(HandlerError::Malformed(why)),

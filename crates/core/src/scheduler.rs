@@ -34,10 +34,21 @@ pub async fn handle(deps: &Deps, record: &Record) -> Result<Applied, HandlerErro
 /// Handle one scheduler-queue record, read once ([`Envelope::open`]).
 pub async fn handle_envelope(deps: &Deps, envelope: Envelope<'_>) -> Result<Applied, HandlerError> {
     match envelope.body {
-        Body::Scheduler(Ok(s)) => schedule_event(deps, s.task_id, s.event, Some(&envelope.record.message_id)).await,
-        Body::Scheduler(Err(why)) => Err(HandlerError::Malformed(why)),
+        Body::Scheduler(s) => {
+            handle_scheduled(deps, s.map_err(HandlerError::Malformed)?, Some(&envelope.record.message_id)).await
+        }
         _ => Err(HandlerError::Malformed("not a scheduler-queue record".into())),
     }
+}
+
+/// Handle the event one scheduler-queue message carries, as its envelope read it; `message`: the
+/// record's id (what marks the task's write as this message's).
+pub async fn handle_scheduled(
+    deps: &Deps,
+    s: crate::envelope::Scheduled,
+    message: Option<&str>,
+) -> Result<Applied, HandlerError> {
+    schedule_event(deps, s.task_id, s.event, message).await
 }
 
 /// The ends of elements (or branches) of one parent that one batch brings, in the batch's order:
