@@ -18,28 +18,14 @@ use sas_core::screen::{self, unstorable_output};
 use sas_core::store::{MemoryStore, Page, PageKey, StateStore, StoreError, StoreOp, TaskSummary};
 use sas_core::submitter::{self, Submitted};
 use sas_core::transition::Applied;
-use sas_core::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
+use sas_core::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use sas_testkit::twins::Twins;
 use serde_json::{json, Value};
 
 const T0: Millis = Millis(1_700_000_000_000);
 
 fn step(name: &str) -> StepDef {
-    StepDef {
-        name: name.into(),
-        after: None,
-        kind: StepKind::Call,
-        heartbeat_ms: None,
-        wait_ms: None,
-        wait_until: None,
-        agent: "sim".into(),
-        timeout_ms: 5_000,
-        schedule_to_start_ms: None,
-        max_attempts: 3,
-        backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
-        compensation: None,
-        map: None,
-    }
+    StepDef { backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 }, ..StepDef::call(name, "sim", 5_000) }
 }
 
 fn twins() -> Twins {

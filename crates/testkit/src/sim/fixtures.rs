@@ -9,19 +9,10 @@ const STEP_TIMEOUT_MS: u64 = 5_000;
 
 fn step(name: &str, comp: Option<&str>) -> StepDef {
     StepDef {
-        name: name.into(),
-        after: None,
-        kind: StepKind::Call,
-        heartbeat_ms: None,
-        wait_ms: None,
-        wait_until: None,
-        agent: "sim".into(),
-        timeout_ms: STEP_TIMEOUT_MS,
-        schedule_to_start_ms: None,
         max_attempts: 3,
         backoff: Backoff { base_ms: 500, max_ms: 5_000, multiplier: 2.0 },
         compensation: comp.map(|c| Box::new(step(c, None))),
-        map: None,
+        ..StepDef::call(name, "sim", STEP_TIMEOUT_MS)
     }
 }
 
