@@ -161,14 +161,6 @@ pub struct Package {
     pub key: String,
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
 /// Zip every function's bootstrap found in `dir` (concurrently: compressing debug binaries takes
 /// a moment).
 pub async fn package(dir: &Path, template: &str) -> Result<Vec<Package>> {
@@ -184,7 +176,7 @@ pub async fn package(dir: &Path, template: &str) -> Result<Vec<Package>> {
             let architecture = elf_architecture(&bytes)
                 .with_context(|| format!("{} is not an x86_64 or arm64 ELF binary", bootstrap.display()))?;
             let zip = zip_bootstrap(&bytes)?;
-            let key = format!("{}/{}.zip", function.binary, &hex(&Sha256::digest(&zip))[..16]);
+            let key = format!("{}/{}.zip", function.binary, &hex::encode(Sha256::digest(&zip))[..16]);
             Ok(Package { function, bootstrap, architecture, zip, key })
         })
     });
@@ -223,7 +215,7 @@ pub fn package_layers(template: &str, dir_of: &dyn Fn(&LayerSpec) -> Result<Path
                 bail!("layer {}: {} holds no file", layer.logical_id, dir.display());
             }
             let zip = zip_files(&entries)?;
-            let key = format!("{}/{}.zip", layer.logical_id, &hex(&Sha256::digest(&zip))[..16]);
+            let key = format!("{}/{}.zip", layer.logical_id, &hex::encode(Sha256::digest(&zip))[..16]);
             let files = entries.into_iter().map(|e| e.name).collect();
             Ok(LayerPackage { layer, dir, files, zip, key })
         })

@@ -123,7 +123,7 @@ async fn source(sdk: &aws_config::SdkConfig, template: String) -> Result<Source,
     let key = {
         use sha2::Digest as _;
         let hash = sha2::Sha256::digest(template.as_bytes());
-        format!("templates/{}.yaml", hash.iter().take(16).fold(String::new(), |s, b| s + &format!("{b:02x}")))
+        format!("templates/{}.yaml", hex::encode(&hash[..16]))
     };
     let s3 = s3_client(sdk);
     let failed = |message: String| StackError::Upload { bucket: CODE_BUCKET.into(), bytes, message };

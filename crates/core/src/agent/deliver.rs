@@ -120,12 +120,7 @@ pub fn dedup_id(req: &AgentRequest) -> String {
     if id.len() <= MAX_DEDUP_ID_LEN && id.bytes().all(|b| b.is_ascii_graphic()) {
         return id;
     }
-    let digest = Sha256::digest(id.as_bytes());
-    digest.iter().fold(String::with_capacity(64), |mut s, b| {
-        use std::fmt::Write as _;
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    hex::encode(Sha256::digest(id.as_bytes()))
 }
 
 /// The FIFO message group: the task (its requests stay in order, tasks do not hold each other up).

@@ -139,11 +139,7 @@ fn task_group(task_id: &str) -> String {
 /// `#` and the SHA-256 of a task id in hex: 65 characters, and never a task id.
 fn hashed_id(task_id: &str) -> String {
     use sha2::{Digest, Sha256};
-    Sha256::digest(task_id.as_bytes()).iter().fold(String::from("#"), |mut s, b| {
-        use std::fmt::Write as _;
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    format!("#{}", hex::encode(Sha256::digest(task_id.as_bytes())))
 }
 
 /// The FIFO ids of an element's or branch's end for the ends queue: the parent's group (the one

@@ -29,11 +29,13 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::hash::Hasher;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, ReturnValuesOnConditionCheckFailure, Select};
 use aws_sdk_dynamodb::Client;
+use fnv::FnvHasher;
 use futures::future::BoxFuture;
 
 use super::{check_size, end_key, index_key, is_own_write, Page, PageKey, StateStore, StoreError, TaskSummary};
@@ -101,22 +103,12 @@ pub fn workflow_ref(def: &WorkflowDef) -> String {
     format!("{}@{}:{:016x}", def.name, def.version, digest(def))
 }
 
-/// FNV-1a's starting state.
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// Feed `bytes` to an FNV-1a digest.
-fn fnv(h: &mut u64, bytes: &[u8]) {
-    for b in bytes {
-        *h ^= u64::from(*b);
-        *h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-}
-
-/// A stable 64-bit digest (FNV-1a) of a definition's JSON.
+/// A stable 64-bit digest (FNV-1a, fed bytes only: never `Hash`, whose encoding is not promised to
+/// stay) of a definition's JSON.
 fn digest(value: &WorkflowDef) -> u64 {
-    let mut h = FNV_OFFSET;
-    fnv(&mut h, serde_json::to_string(value).unwrap_or_default().as_bytes());
-    h
+    let mut h = FnvHasher::default();
+    h.write(serde_json::to_string(value).unwrap_or_default().as_bytes());
+    h.finish()
 }
 
 /// The key of the item holding a task's input when it is stored apart (the digest makes two
@@ -126,33 +118,33 @@ fn digest(value: &WorkflowDef) -> u64 {
 /// the same item when written again, and JSON does not survive the trip (`10.0` is stored as the
 /// number 10 and reads back as `10`; a map's keys come back in another order).
 fn input_key(task_id: &TaskId, input: &AttributeValue) -> String {
-    let mut h = FNV_OFFSET;
+    let mut h = FnvHasher::default();
     digest_value(input, &mut h);
-    format!("{INPUT_KEY_PREFIX}{task_id}:{h:016x}")
+    format!("{INPUT_KEY_PREFIX}{task_id}:{:016x}", h.finish())
 }
 
 /// FNV-1a over a canonical form of `v`: a tag per kind, lengths before contents, map keys sorted.
-fn digest_value(v: &AttributeValue, h: &mut u64) {
-    fn text(h: &mut u64, tag: u8, s: &str) {
-        fnv(h, &[tag]);
-        fnv(h, &(s.len() as u64).to_le_bytes());
-        fnv(h, s.as_bytes());
+fn digest_value(v: &AttributeValue, h: &mut FnvHasher) {
+    fn text(h: &mut FnvHasher, tag: u8, s: &str) {
+        h.write(&[tag]);
+        h.write(&(s.len() as u64).to_le_bytes());
+        h.write(s.as_bytes());
     }
     match v {
         AttributeValue::S(s) => text(h, b's', s),
         AttributeValue::N(n) => text(h, b'n', n),
-        AttributeValue::Bool(b) => fnv(h, &[b'b', u8::from(*b)]),
-        AttributeValue::Null(_) => fnv(h, b"z"),
+        AttributeValue::Bool(b) => h.write(&[b'b', u8::from(*b)]),
+        AttributeValue::Null(_) => h.write(b"z"),
         AttributeValue::L(l) => {
-            fnv(h, b"l");
-            fnv(h, &(l.len() as u64).to_le_bytes());
+            h.write(b"l");
+            h.write(&(l.len() as u64).to_le_bytes());
             for v in l {
                 digest_value(v, h);
             }
         }
         AttributeValue::M(m) => {
-            fnv(h, b"m");
-            fnv(h, &(m.len() as u64).to_le_bytes());
+            h.write(b"m");
+            h.write(&(m.len() as u64).to_le_bytes());
             let mut keys: Vec<&String> = m.keys().collect();
             keys.sort();
             for k in keys {
@@ -1048,6 +1040,37 @@ mod tests {
         // an item written before definitions were stored apart still reads
         let old: Item = serde_dynamo::to_item(&t).unwrap();
         assert_eq!(block_on(store().decode(old)).unwrap(), t);
+    }
+
+    /// The digests name items in users' tables (a pinned definition, an input stored apart): they
+    /// must never change between versions, or tasks in flight would lose their items.
+    #[test]
+    fn the_digests_that_name_items_do_not_change() {
+        let def = WorkflowDef {
+            name: "pinned".into(),
+            version: 3,
+            description: String::new(),
+            on_failure: crate::workflow::OnFailure::Compensate,
+            steps: vec![crate::workflow::StepDef::call("a", "sim", 5_000)],
+        };
+        let input = AttributeValue::M(
+            [
+                ("sku".to_owned(), AttributeValue::S("a-1".into())),
+                ("qty".to_owned(), AttributeValue::N("2".into())),
+                ("gift".to_owned(), AttributeValue::Bool(true)),
+                (
+                    "lines".to_owned(),
+                    AttributeValue::L(vec![AttributeValue::Null(true), AttributeValue::N("1.5".into())]),
+                ),
+            ]
+            .into_iter()
+            .collect(),
+        );
+        let task_id = TaskId::try_from("order-1").unwrap();
+        // the values FNV-1a gave when these keys were first written (the hand-written digest, before
+        // the fnv crate)
+        assert_eq!(workflow_ref(&def), "pinned@3:7f2dba3e1d5c6782");
+        assert_eq!(input_key(&task_id, &input), "input:order-1:d4750480965f964d");
     }
 
     #[test]
