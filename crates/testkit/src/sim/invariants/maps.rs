@@ -1,0 +1,169 @@
+//! `element-lost`, `map-undone`, `join-once`: every map's elements (none lost, each succeeded one undone when its
+//! task compensates, each join made once) and parallel regions, watched while they run and checked
+//! at the end.
+
+use std::collections::BTreeMap;
+
+use sas_core::ids::{Millis, TaskId};
+use sas_core::protocol::{ProcessState, StepStatus};
+
+use crate::sim::{Sim, MAP_CONCURRENCY};
+
+impl Sim {
+    /// Map elements running at once, per parent (not counting the undo of one that succeeded),
+    /// and each map step's joins.
+    pub(super) fn observe_maps(&mut self, tasks: &[sas_core::protocol::Task]) {
+        let mut running: BTreeMap<String, u32> = BTreeMap::new();
+        for t in tasks {
+            if let Some((parent, _, _)) = t.task_id.parent_of() {
+                // an element that succeeded and is undone runs again, but not as the map's work
+                let undo = t.steps.first().is_some_and(|s| s.status == StepStatus::Succeeded);
+                // a region's branches (which carry their upstream outputs) are not map elements
+                if !t.process_state.is_terminal() && !undo && t.upstream.is_none() {
+                    *running.entry(parent.to_string()).or_default() += 1;
+                }
+            }
+            for (i, s) in t.steps.iter().enumerate() {
+                if s.map.is_none() {
+                    continue;
+                }
+                let key = format!("{}#{i}", t.task_id);
+                if s.output.is_some() && self.joined.insert(key.clone()) {
+                    *self.joins.entry(key).or_default() += 1;
+                }
+            }
+        }
+        for (parent, n) in running {
+            self.report.elements_max = self.report.elements_max.max(n);
+            if n > MAP_CONCURRENCY {
+                self.report.violations.push(format!(
+                    "max-concurrency: {parent}: {n} map elements ran at once; its max_concurrency is {MAP_CONCURRENCY}"
+                ));
+            }
+        }
+    }
+
+    /// Every map's elements: none lost (a Processed map has every element Processed, its output
+    /// one entry per element), each succeeded element undone when its task compensates, each join
+    /// made once.
+    pub(super) fn check_maps(&self, tasks: &[sas_core::protocol::Task], v: &mut Vec<String>) {
+        let by_id: BTreeMap<&str, &sas_core::protocol::Task> = tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
+        for t in tasks {
+            for (i, s) in t.steps.iter().enumerate() {
+                let Some(p) = &s.map else { continue };
+                let key = format!("{}#{i}", t.task_id);
+                let elements: Vec<Option<&&sas_core::protocol::Task>> =
+                    (0..p.n).map(|e| by_id.get(TaskId::child(&t.task_id, i, e).as_str())).collect();
+                let existing = elements.iter().filter(|e| e.is_some()).count();
+                if existing != p.started as usize {
+                    v.push(format!("element-lost: {key}: {} elements started, {existing} exist", p.started));
+                }
+                if let Some(r) = t.workflow.region_at(i) {
+                    self.check_region(t, i, &r, &elements, v);
+                    continue;
+                }
+                match t.process_state {
+                    ProcessState::Processed => {
+                        let ok = elements
+                            .iter()
+                            .filter(|e| e.is_some_and(|c| c.process_state == ProcessState::Processed))
+                            .count();
+                        let out = s.output.as_ref().and_then(|o| o.as_array()).map_or(0, Vec::len);
+                        if ok != p.n as usize || out != p.n as usize {
+                            v.push(format!(
+                                "element-lost: {key}: Processed with {ok} of {} elements Processed and {out} outputs",
+                                p.n
+                            ));
+                        }
+                    }
+                    ProcessState::Compensated | ProcessState::Cancelled => {
+                        for c in elements.iter().flatten() {
+                            if c.process_state != ProcessState::Compensated
+                                && c.process_state != ProcessState::Cancelled
+                            {
+                                v.push(format!(
+                                    "map-undone: {key}: the task ended {} but element {} ended {}",
+                                    t.process_state, c.task_id, c.process_state
+                                ));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                if let Some(n) = self.joins.get(&key).filter(|n| **n > 1) {
+                    v.push(format!("join-once: {key}: joined {n} times"));
+                }
+            }
+        }
+    }
+
+    /// A parallel region's branches: a Processed task has every branch Processed and every step
+    /// of the region its output; a compensated one none left Processed, and each branch undone
+    /// after the branches that come after it (`branch-order`).
+    pub(super) fn check_region(
+        &self,
+        t: &sas_core::protocol::Task,
+        head: usize,
+        r: &std::ops::Range<usize>,
+        branches: &[Option<&&sas_core::protocol::Task>],
+        v: &mut Vec<String>,
+    ) {
+        let key = format!("{}#{head}", t.task_id);
+        match t.process_state {
+            ProcessState::Processed => {
+                let ok =
+                    branches.iter().filter(|b| b.is_some_and(|c| c.process_state == ProcessState::Processed)).count();
+                let outs = t.steps[r.clone()].iter().filter(|s| s.output.is_some()).count();
+                if ok != r.len() || outs != r.len() {
+                    v.push(format!(
+                        "element-lost: {key}: Processed with {ok} of {} branches Processed and {outs} outputs",
+                        r.len()
+                    ));
+                }
+            }
+            ProcessState::Compensated | ProcessState::Cancelled => {
+                for c in branches.iter().flatten() {
+                    if !matches!(c.process_state, ProcessState::Compensated | ProcessState::Cancelled) {
+                        v.push(format!(
+                            "map-undone: {key}: the task ended {} but branch {} ended {}",
+                            t.process_state, c.task_id, c.process_state
+                        ));
+                    }
+                }
+                let Ok(graph) = t.workflow.graph() else { return };
+                // when a branch's undos landed, first and last: its own, or its elements' when
+                // it is a map (`{branch}~{step}~{i}`)
+                let undone_at = |e: usize| {
+                    let def = &t.workflow.steps[r.start + e];
+                    let comp = def.compensation.as_ref()?;
+                    let id = TaskId::child(&t.task_id, head, u32::try_from(e).ok()?).to_string();
+                    let unit = format!(":{}", comp.name);
+                    let ats: Vec<Millis> = self
+                        .ledger
+                        .applied
+                        .range(id.clone()..)
+                        .take_while(|(k, _)| k.starts_with(&id))
+                        .filter(|(k, _)| k.contains(&unit))
+                        .map(|(_, a)| a.at)
+                        .collect();
+                    Some((def.name.clone(), *ats.iter().min()?, *ats.iter().max()?))
+                };
+                for a in 0..r.len() {
+                    for b in 0..r.len() {
+                        if !graph.comes_before(r.start + a, r.start + b) {
+                            continue;
+                        }
+                        if let (Some((an, at_a, _)), Some((bn, _, at_b))) = (undone_at(a), undone_at(b)) {
+                            if at_a < at_b {
+                                v.push(format!(
+                                    "branch-order: {key}: {an} was undone at {at_a}, before {bn} (after it) at {at_b}"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! The invariants, checked after each instant (`observe`) and at the end of a run (`check`)
+//! against the remote services' ledger, the queues and the topic (listed in `sim`'s docs): the
+//! tasks' here (`terminal`, `dlq`, `undone`, `error-alert`, `overwritten`, `processed-once`,
+//! `history`, `alert-once`, `timers-bounded`, `max-in-flight`), the maps' and regions' in [`maps`]
+//! (`element-lost`, `map-undone`, `join-once`), the replies' in [`replies`] (`reply-once`), the
+//! attempts' in [`claims`] (`dispatched`, `late-hung`, `late-lost`, `callback-lost`,
+//! `hung-reported`). `key-once` is the ledger's own (the fleet), `success-kept` the driver's (it
+//! sees the results it hands the Scheduler).
+
+use std::collections::BTreeSet;
+
+use sas_core::bus::MemoryBus;
+use sas_core::ids::Millis;
+use sas_core::messages::Phase;
+use sas_core::protocol::{CompensationStatus, EndCause, ProcessState, Stage, StepStatus};
+use sas_core::workflow::StepDef;
+
+use super::{Applied, Claim, Episode, Sim, LIMIT, LIMITED_AGENT};
+
+/// The most intervals `[start, end)` open at once, and the first instant it was so (a call that
+/// ends when another starts is not open with it).
+pub(super) fn most_at_once(calls: &[(Millis, Millis)]) -> (u32, Millis) {
+    let mut edges: Vec<(Millis, i32)> = calls.iter().flat_map(|(s, e)| [(*s, 1), (*e, -1)]).collect();
+    edges.sort(); // at one instant, ends (-1) before starts (+1)
+    let (mut open, mut most, mut at) = (0i32, 0i32, Millis(0));
+    for (t, d) in edges {
+        open += d;
+        if open > most {
+            most = open;
+            at = t;
+        }
+    }
+    (u32::try_from(most).unwrap_or(0), at)
+}
+
+mod claims;
+mod maps;
+mod replies;
+
+impl Sim {
+    /// Record the states seen, and any terminal state left.
+    pub(super) fn observe(&mut self) {
+        let now = self.now();
+        let tasks = self.store.tasks();
+        self.observe_maps(&tasks);
+        for t in tasks {
+            let id = t.task_id.to_string();
+            // attempts claimed and let go
+            let lock = t.locked_by.as_ref().map(ToString::to_string);
+            if self.locks.get(&id) != lock.as_ref() {
+                if let Some(old) = self.locks.remove(&id) {
+                    let cancelled = t.process_state == ProcessState::Cancelled
+                        || matches!(t.stage, Stage::Compensating { cause: EndCause::Cancelled, .. });
+                    if let Some(c) = self.claims.get_mut(&old) {
+                        if c.released.is_none() {
+                            let done = t.steps.iter().any(|s| match c.phase {
+                                Phase::Forward => s.name == c.step && s.status == StepStatus::Succeeded,
+                                Phase::Compensate => s
+                                    .compensation
+                                    .as_ref()
+                                    .is_some_and(|r| r.name == c.step && r.status == CompensationStatus::Done),
+                            });
+                            c.released = Some(now);
+                            c.by_operator = cancelled || t.run != c.run || done;
+                            c.expired = now >= c.complete_by.plus_ms(self.deps.settings.policy.result_grace_ms);
+                        }
+                    }
+                }
+                if let Some(token) = lock {
+                    self.claims.entry(token.clone()).or_insert_with(|| Claim {
+                        task: id.clone(),
+                        step: t.current_def().name.clone(),
+                        phase: t.phase(),
+                        run: t.run,
+                        complete_by: t.complete_by.unwrap_or(now),
+                        released: None,
+                        by_operator: false,
+                        by_supervisor: self.supervised.contains(&id),
+                        claimed_at: now,
+                        expired: false,
+                    });
+                    self.locks.insert(id.clone(), token);
+                }
+            }
+            // Error episodes
+            if t.process_state == ProcessState::Error {
+                if self.in_error.insert(id.clone()) {
+                    self.episodes.entry(id.clone()).or_default().push(Episode::default());
+                }
+            } else {
+                self.in_error.remove(&id);
+            }
+            // A map element that succeeded is undone when its parent compensates: the one
+            // terminal state that is left, for Compensated (or Error, if it cannot undo).
+            let undone = t.task_id.is_child()
+                && (self.undoing.contains(&id)
+                    || (self.terminal.get(&id) == Some(&ProcessState::Processed)
+                        && matches!(t.stage, Stage::Compensating { .. })));
+            if undone {
+                self.undoing.insert(id.clone());
+                if t.process_state.is_terminal() {
+                    self.terminal.insert(id.clone(), t.process_state);
+                }
+            }
+            match self.terminal.get(&id) {
+                Some(&first) if first != t.process_state && !undone => {
+                    self.report
+                        .violations
+                        .push(format!("overwritten: {id}: terminal state {first} overwritten by {}", t.process_state));
+                    self.terminal.insert(id, t.process_state);
+                }
+                None if t.process_state.is_terminal() && t.process_state != ProcessState::Error => {
+                    self.terminal.insert(id, t.process_state);
+                }
+                Some(_) | None => {}
+            }
+        }
+    }
+
+    /// The effect of a unit under any generation of its key (`{task}:{unit}`, `{task}:{unit}#n`):
+    /// the earliest, if several generations applied (which an operator's resume allows only after
+    /// a refusal).
+    pub(super) fn applied(&self, task: &str, unit: &str) -> Option<&Applied> {
+        let key = format!("{task}:{unit}");
+        self.ledger
+            .applied
+            .range(key.clone()..)
+            .take_while(|(k, _)| k.starts_with(&key))
+            .filter(|(k, _)| k.len() == key.len() || k[key.len()..].starts_with('#'))
+            .map(|(_, a)| a)
+            .min_by_key(|a| a.at)
+    }
+
+    /// The effects of a unit under every generation of its key.
+    pub(super) fn applied_all(&self, task: &str, unit: &str) -> Vec<&Applied> {
+        let key = format!("{task}:{unit}");
+        self.ledger
+            .applied
+            .range(key.clone()..)
+            .take_while(|(k, _)| k.starts_with(&key))
+            .filter(|(k, _)| k.len() == key.len() || k[key.len()..].starts_with('#'))
+            .map(|(_, a)| a)
+            .collect()
+    }
+
+    pub(super) fn check(&mut self) {
+        let mut v = std::mem::take(&mut self.report.violations);
+        v.extend(self.ledger.twice.iter().cloned());
+        let (most, at) = most_at_once(&self.limited_calls);
+        self.report.limited_max = most;
+        if most > LIMIT {
+            v.push(format!(
+                "max-in-flight: {most} calls of {LIMITED_AGENT} were open at once at {}; its max_in_flight is {LIMIT}",
+                at.0
+            ));
+        }
+        let tasks = self.store.tasks();
+        let submitted = tasks.iter().filter(|t| !t.task_id.is_child()).count();
+        if submitted != self.report.tasks {
+            v.push(format!("terminal: {submitted} of {} submissions became tasks", self.report.tasks));
+        }
+        self.check_maps(&tasks, &mut v);
+        for q in self.queues() {
+            for body in self.bus.bodies(&MemoryBus::dlq_of(&q)) {
+                v.push(format!("dlq: dead-lettered from {q}: {}", sas_core::ids::clip(&body, 200)));
+            }
+        }
+        let alerts: BTreeSet<String> = self
+            .bus
+            .published()
+            .into_iter()
+            .filter(|(_, p)| p.attributes.iter().any(|(k, val)| k == "kind" && val == "task_error"))
+            .filter_map(|(_, p)| p.attributes.iter().find(|(k, _)| k == "task_id").map(|(_, val)| val.clone()))
+            .collect();
+        for t in &tasks {
+            let id = t.task_id.to_string();
+            let states =
+                if t.task_id.is_child() { &mut self.report.element_states } else { &mut self.report.end_states };
+            *states.entry(t.process_state.to_string()).or_default() += 1;
+            if !t.task_id.is_child() && t.process_state != ProcessState::Processed && self.report.unprocessed.len() < 20
+            {
+                let why = format!("{}: {}", t.process_state, t.reason.as_deref().unwrap_or("-"));
+                self.report.unprocessed.insert(id.clone(), why);
+            }
+            self.report.units += t.steps.iter().filter(|s| s.attempts > 0).count() as u64;
+            if !t.process_state.is_terminal() {
+                v.push(format!(
+                    "terminal: {id}: not terminal after {} s: {} ({:?})",
+                    self.report.virtual_ms / 1000,
+                    t.process_state,
+                    t.reason
+                ));
+            }
+            // The item's entries and the archive are the whole history, each status once.
+            let seqs: Vec<u64> = self.store.archived(&t.task_id).iter().chain(&t.history).map(|h| h.seq).collect();
+            if seqs != (1..=t.status_seq).collect::<Vec<u64>>() {
+                v.push(format!("history: {id}: statuses kept and archived {seqs:?}, {} written", t.status_seq));
+            }
+            if t.process_state == ProcessState::Error && !alerts.contains(&id) {
+                v.push(format!("error-alert: {id}: Error without a task_error alert"));
+            }
+            if t.process_state == ProcessState::Processed {
+                // a map step applies nothing itself, nor do a region's steps: its elements and
+                // branches are tasks, checked as such
+                let regions = t.workflow.regions();
+                let in_region = |d: &StepDef| {
+                    let j = t.workflow.steps.iter().position(|s| s.name == d.name).unwrap_or(0);
+                    regions.iter().any(|r| r.contains(&j))
+                };
+                for def in t.workflow.steps.iter().filter(|d| d.kind.uses_agent() && d.map.is_none() && !in_region(d)) {
+                    let n = self.applied_all(&id, &def.name).len();
+                    if n != 1 {
+                        v.push(format!("processed-once: {id}: Processed, but step {} applied {n} times", def.name));
+                    }
+                    if let Some(comp) = &def.compensation {
+                        if !self.applied_all(&id, &comp.name).is_empty() {
+                            v.push(format!("processed-once: {id}: Processed, but {} was compensated", def.name));
+                        }
+                    }
+                }
+                continue;
+            }
+            for def in &t.workflow.steps {
+                let Some(comp) = &def.compensation else { continue };
+                let fwd = self.applied(&id, &def.name);
+                let undo = self.applied(&id, &comp.name);
+                match (fwd, undo) {
+                    (Some(f), None) if t.process_state != ProcessState::Error => v.push(format!(
+                        "undone: {id}: ended {} but {} applied at {} was never undone",
+                        t.process_state, def.name, f.at
+                    )),
+                    (Some(f), Some(u)) if u.at < f.at => v.push(format!(
+                        "undone: {id}: {} applied at {} after its compensation {} at {}",
+                        def.name, f.at, comp.name, u.at
+                    )),
+                    _ => {}
+                }
+            }
+        }
+        self.check_replies(&tasks, &mut v);
+        self.check_claims(&mut v);
+        for (id, episodes) in &self.episodes {
+            for (i, e) in episodes.iter().enumerate() {
+                if e.fresh > 1 {
+                    v.push(format!(
+                        "alert-once: {id}: {} task_error alerts for Error episode {} ({} more on redeliveries)",
+                        e.fresh,
+                        i + 1,
+                        e.repeated
+                    ));
+                }
+            }
+        }
+        for (id, handled) in &self.timers_handled {
+            let handed = self.timers_handed.get(id).copied().unwrap_or(0);
+            if handled.len() > handed {
+                v.push(format!(
+                    "timers-bounded: {id}: the Supervisor handled {} timers without an attempt; the sweeps handed it {handed}",
+                    handled.len()
+                ));
+            }
+        }
+        self.report.violations = v;
+    }
+}
