@@ -47,7 +47,7 @@ fn the_binaries_and_the_tests_build_the_shared_crates_alike() {
 
 /// The project's scripts (what CI, `make test`, `make demo` run) build and test the whole
 /// workspace: `cargo build -p a -p b` asks the features of `a` and `b` only, a third feature set,
-/// and every AWS SDK crate is compiled again (2.5 GB of disk and minutes of CI, as `-p sas-tests`
+/// and every AWS SDK crate is compiled again (about 1.3 GB of disk and minutes of CI, as `-p sas-tests`
 /// in `make test-lambda` once did).
 #[test]
 fn every_script_builds_the_whole_workspace() {
