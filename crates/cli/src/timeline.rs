@@ -241,6 +241,7 @@ fn recorded_outcome(task: &Task, unit: Unit, sleep: bool) -> (Tone, String) {
                 StepStatus::Failed => (Tone::Bad, "failed".into()),
                 StepStatus::TimedOut => (Tone::Bad, "timed out".into()),
                 StepStatus::Cancelled => (Tone::Warn, "cancelled".into()),
+                StepStatus::Skipped => (Tone::Plain, "skipped".into()),
                 StepStatus::Pending | StepStatus::Running => (Tone::Plain, "ended".into()),
             },
             None => (Tone::Plain, "ended".into()),
@@ -412,6 +413,9 @@ fn unit_summary(task: &Task, unit: Unit) -> (Tone, String) {
                 let e = i - r.start;
                 let text = match s.status {
                     StepStatus::Succeeded => format!("succeeded (branch {e} of the region at {head})"),
+                    StepStatus::Skipped => {
+                        format!("skipped, {} (branch {e} of the region at {head})", s.skipped.as_deref().unwrap_or(""))
+                    }
                     _ => format!("a branch of the region at {head}: see there (task {}~{}~{e})", task.task_id, r.start),
                 };
                 let tone = if s.status == StepStatus::Succeeded { Tone::Good } else { Tone::Plain };
@@ -426,7 +430,14 @@ fn unit_summary(task: &Task, unit: Unit) -> (Tone, String) {
                 StepStatus::Failed => (Tone::Bad, "failed".to_owned()),
                 StepStatus::TimedOut => (Tone::Bad, "timed out".to_owned()),
                 StepStatus::Cancelled => (Tone::Warn, "cancelled".to_owned()),
+                StepStatus::Skipped => {
+                    (Tone::Plain, format!("skipped, {}", s.skipped.as_deref().unwrap_or("its guard was false")))
+                }
             };
+            if s.status != StepStatus::Succeeded && s.result().is_some() {
+                // a failure its on_failure handled
+                text.push_str(" (on_failure: continue, the task went on)");
+            }
             if s.attempts > 0 && s.status != StepStatus::Running {
                 let _ = write!(text, ", {}", plural(s.attempts, "attempt"));
             }

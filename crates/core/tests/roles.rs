@@ -16,7 +16,7 @@ use sas_core::runner::{Runner, RunnerOptions};
 use sas_core::store::{StoreError, StoreOp};
 use sas_core::submitter::Submitted;
 use sas_core::transition::{self, Applied, MAX_CONFLICTS};
-use sas_core::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
+use sas_core::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use sas_core::{effects, scheduler, submitter, supervisor};
 use sas_testkit::twins::Twins;
 use serde_json::{json, Value};
@@ -25,19 +25,10 @@ const T0: Millis = Millis(1_700_000_000_000);
 
 fn step(name: &str, comp: Option<&str>) -> StepDef {
     StepDef {
-        name: name.into(),
-        after: None,
-        kind: StepKind::Call,
-        heartbeat_ms: None,
-        wait_ms: None,
-        wait_until: None,
-        agent: "sim".into(),
-        timeout_ms: 5_000,
-        schedule_to_start_ms: None,
         max_attempts: 3,
         backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
         compensation: comp.map(|c| Box::new(step(c, None))),
-        map: None,
+        ..StepDef::call(name, "sim", 5_000)
     }
 }
 

@@ -3,13 +3,15 @@
 //! - [`protocol`]: the pure state machine, `(task, event) -> (task', effects)`, that every role
 //!   drives (sas-core performs its effects and writes its tasks);
 //! - [`messages`]: the JSON contracts of the queues, the callback answers and the statuses;
-//! - [`workflow`] and [`graph`]: workflow definitions and their steps as a graph;
+//! - [`workflow`] and [`graph`]: workflow definitions and their steps as a graph; [`condition`]: a
+//!   step's guard and the paths it reads;
 //! - [`ids`], [`state`]: identifiers, times and `ProcessState`; [`config_file`]: configuration
 //!   files read with the path of every mistake.
 //!
 //! It depends on serde and nothing that does I/O: no async runtime, no AWS SDK (the order
 //! service and outside callers can depend on it for the wire types alone).
 
+pub mod condition;
 pub mod config_file;
 pub mod graph;
 pub mod ids;

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::condition::{Condition, Root};
 use crate::graph::StepGraph;
 use crate::ids::{check_name, IdError};
 
@@ -202,6 +203,119 @@ pub struct StepDef {
     /// a task of its own with its own key, deadline, attempts and compensation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub map: Option<MapSpec>,
+    /// A guard (see [`crate::condition`]): the step runs only when it holds, decided once, when
+    /// the steps it waits for are done, over the task's input and their outputs; otherwise the
+    /// step is *skipped* (nothing runs, nothing is undone), and so are the steps that name it in
+    /// `after` when every step they name was skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<Condition>,
+    /// What the step's failure, past its attempts, does to the task: `fail` (the default: the
+    /// workflow's `on_failure` applies), `continue` (the task goes on; the step's output is the
+    /// error, `{"error": {"kind", "message"}}`), or `{"continue": [kinds]}` for some kinds only.
+    #[serde(default, skip_serializing_if = "StepFailure::is_fail")]
+    pub on_failure: StepFailure,
+}
+
+/// How a step failed for good, as a step's `on_failure` names it.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// Its attempts were spent on failures that could have passed (a 503, a throttle).
+    Retryable,
+    /// The service said no (a 4xx, a failed callback answer that is not retryable, a wait whose
+    /// time cannot be read).
+    Permanent,
+    /// Its last attempt ran out of time.
+    TimedOut,
+}
+
+impl FailureKind {
+    pub const fn name(self) -> &'static str {
+        match self {
+            FailureKind::Retryable => "retryable",
+            FailureKind::Permanent => "permanent",
+            FailureKind::TimedOut => "timed_out",
+        }
+    }
+}
+
+/// A step's answer to its own failure past its attempts (see [`StepDef::on_failure`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StepFailure {
+    /// The workflow's `on_failure` applies (compensate, or park in `Error`).
+    #[default]
+    Fail,
+    /// The task goes on when the failure is of one of these kinds (all of them when empty).
+    Continue(Vec<FailureKind>),
+}
+
+impl StepFailure {
+    pub fn is_fail(&self) -> bool {
+        *self == StepFailure::Fail
+    }
+
+    /// Whether a failure of `kind` is handled: the task goes on.
+    pub fn continues(&self, kind: FailureKind) -> bool {
+        match self {
+            StepFailure::Fail => false,
+            StepFailure::Continue(kinds) => kinds.is_empty() || kinds.contains(&kind),
+        }
+    }
+}
+
+impl Serialize for StepFailure {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            StepFailure::Fail => s.serialize_str("fail"),
+            StepFailure::Continue(k) if k.is_empty() => s.serialize_str("continue"),
+            StepFailure::Continue(k) => BTreeMap::from([("continue", k)]).serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for StepFailure {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let v = Value::deserialize(d)?;
+        let bad = || {
+            D::Error::custom(format!(
+                "on_failure of a step is \"fail\", \"continue\" or {{\"continue\": [\"retryable\", \"permanent\", \"timed_out\"]}}, not {v}"
+            ))
+        };
+        match &v {
+            Value::String(s) if s == "fail" => Ok(StepFailure::Fail),
+            Value::String(s) if s == "continue" => Ok(StepFailure::Continue(Vec::new())),
+            Value::Object(m) if m.len() == 1 => {
+                let kinds = m.get("continue").ok_or_else(bad)?;
+                let kinds: Vec<FailureKind> = serde_json::from_value(kinds.clone()).map_err(|_| bad())?;
+                if kinds.is_empty() {
+                    return Err(bad());
+                }
+                Ok(StepFailure::Continue(kinds))
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for StepFailure {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "StepFailure".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "What the step's failure past its attempts does: fail (the workflow's on_failure), continue (the task goes on, the error is the step's output), or continue for some kinds only.",
+            "oneOf": [
+                {"type": "string", "enum": ["fail", "continue"]},
+                {"type": "object", "required": ["continue"], "additionalProperties": false,
+                 "properties": {"continue": {"type": "array", "minItems": 1, "uniqueItems": true,
+                   "items": {"type": "string", "enum": ["retryable", "permanent", "timed_out"]}}}}
+            ]
+        })
+    }
 }
 
 /// The most elements one map step may have.
@@ -409,6 +523,8 @@ impl StepDef {
             backoff: Backoff::default(),
             compensation: None,
             map: None,
+            when: None,
+            on_failure: StepFailure::Fail,
         }
     }
 
@@ -503,6 +619,11 @@ impl StepDef {
             return Err(problem("backoff multiplier must be within 1..=10".into()));
         }
         if let Some(m) = &self.map {
+            if !self.on_failure.is_fail() {
+                return Err(problem(
+                    "a map step takes no on_failure: map.tolerated_failures says how many elements may fail".into(),
+                ));
+            }
             m.validate().map_err(problem)?;
             if !self.kind.may_map_or_compensate() {
                 return Err(problem(format!("a {} step cannot be a map", self.kind.name())));
@@ -523,6 +644,13 @@ impl StepDef {
             if c.after.is_some() {
                 return Err(problem(
                     "a compensation takes no after: compensations run in the reverse of the steps' order".into(),
+                ));
+            }
+            if c.when.is_some() || !c.on_failure.is_fail() {
+                return Err(problem(
+                    "a compensation takes no when or on_failure: it runs whenever its step is undone, and its \
+                     failure leaves the task in Error"
+                        .into(),
                 ));
             }
             c.validate(workflow)?;
@@ -556,6 +684,7 @@ impl WorkflowDef {
             }
         }
         let graph = self.graph()?;
+        self.validate_guards(&graph)?;
         for region in graph.regions() {
             for s in &self.steps[region.clone()] {
                 let problem = |p: &str| WorkflowError::Step {
@@ -568,6 +697,35 @@ impl WorkflowDef {
                         "steps that run beside each other need on_failure: compensate (an Error task cannot yet \
                          resume its branches)",
                     ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every path a guard reads must be able to resolve when the guard is decided: the input, or
+    /// the output of a step its step comes after.
+    fn validate_guards(&self, graph: &StepGraph) -> Result<(), WorkflowError> {
+        for (i, s) in self.steps.iter().enumerate() {
+            let Some(when) = &s.when else { continue };
+            for path in when.paths() {
+                let Root::Output(name) = path.root() else { continue };
+                let problem =
+                    |p: String| WorkflowError::Step { workflow: self.name.clone(), step: s.name.clone(), problem: p };
+                match self.steps.iter().position(|d| d.name == name) {
+                    None => {
+                        return Err(problem(format!(
+                            "when reads {path}, and the workflow has no step {name:?}: it can never resolve"
+                        )))
+                    }
+                    Some(j) if !graph.comes_before(j, i) => {
+                        return Err(problem(format!(
+                            "when reads {path}, and step {name} does not come before {} (name it in after, or in \
+                             after of a step before): its output can never be there when the guard is decided",
+                            s.name
+                        )))
+                    }
+                    Some(_) => {}
                 }
             }
         }

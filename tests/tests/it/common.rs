@@ -11,7 +11,7 @@ use sas_core::deps::Deps;
 use sas_core::ids::{Millis, TaskId};
 use sas_core::protocol::{Policy, ProcessState, Task};
 use sas_core::runner::{Runner, RunnerHandle, RunnerOptions};
-use sas_core::workflow::{Backoff, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
+use sas_core::workflow::{Backoff, StepDef, WorkflowDef, WorkflowRegistry};
 use serde_json::Value;
 
 pub struct Stack {
@@ -25,20 +25,12 @@ pub struct Stack {
 
 fn step(name: &str, timeout_ms: u64, comp: Option<&str>) -> StepDef {
     StepDef {
-        name: name.into(),
-        after: None,
-        kind: StepKind::Call,
-        heartbeat_ms: None,
-        wait_ms: None,
-        wait_until: None,
-        agent: "sim".into(),
-        timeout_ms,
         // the slow workflow is for tests that must never see a deadline: a long queue budget too
         schedule_to_start_ms: (timeout_ms >= 60_000).then_some(60_000),
         max_attempts: 3,
         backoff: Backoff { base_ms: 200, max_ms: 1_000, multiplier: 2.0 },
         compensation: comp.map(|c| Box::new(step(c, timeout_ms, None))),
-        map: None,
+        ..StepDef::call(name, "sim", timeout_ms)
     }
 }
 

@@ -31,7 +31,7 @@ use super::{Change, Effect, EndCause, Stale, Task, Transition};
 use crate::ids::TaskId;
 use crate::messages::{CancelMessage, ElementEnded, JoinMessage, Phase, SchedulerMessage, UndoMessage, VERSION};
 use crate::state::ProcessState;
-use crate::workflow::{MapSpec, OnFailure, WorkflowDef, MAX_MAP_ELEMENTS};
+use crate::workflow::{FailureKind, MapSpec, OnFailure, WorkflowDef, MAX_MAP_ELEMENTS};
 
 /// The map spec of the unit at step `i` when that unit is a map: none for a parallel region, even
 /// one whose first step is a map (that map runs in its branch).
@@ -48,7 +48,7 @@ fn source<'a>(task: &'a Task, pointer: &str) -> Option<&'a Value> {
     let rest = pointer.strip_prefix("/outputs/")?;
     let (name, rest) = rest.split_once('/').map_or((rest, ""), |(n, r)| (n, r));
     let name = name.replace("~1", "/").replace("~0", "~");
-    let output = match task.steps.iter().find(|s| s.name == name && s.status == StepStatus::Succeeded) {
+    let output = match task.steps.iter().find(|s| s.name == name && s.result().is_some()) {
         Some(s) => s.output.as_ref()?,
         None => task.upstream.as_ref()?.get(&name)?,
     };
@@ -90,19 +90,55 @@ pub(crate) fn undoable(task: &Task, regions: &[std::ops::Range<usize>], j: usize
     }
 }
 
-/// The branches of a parallel region ready to start: not started, every step they wait for
-/// succeeded (those before the region have: the region starts after them).
-fn ready(task: &Task, region: &std::ops::Range<usize>, p: &MapProgress) -> Vec<u32> {
-    let Ok(graph) = task.workflow.graph() else { return Vec::new() };
-    (0..p.n)
-        .filter(|&e| !p.began(e))
-        .filter(|&e| {
-            graph
-                .after(region.start + e as usize)
-                .iter()
-                .all(|&d| d < region.start || p.ok.get(u32::try_from(d - region.start).unwrap_or(u32::MAX)))
-        })
-        .collect()
+/// Whether forward step `j`, done, has an effect the task's compensation must undo: a step that
+/// succeeded or handled a failure that may have applied ([`super::StepRecord::applied`]); a
+/// parallel region (at its first step) of which some branch succeeded.
+pub(crate) fn applied(task: &Task, regions: &[std::ops::Range<usize>], j: usize) -> bool {
+    match regions.iter().find(|r| r.contains(&j)) {
+        Some(r) if r.start == j => task.steps[j].map.as_ref().is_some_and(|p| !p.ok.is_empty()),
+        Some(_) => false,
+        None => task.steps[j].applied(),
+    }
+}
+
+/// Decide the branches of a parallel region whose waits are over (not started, every step they
+/// wait for ended: those before the region have, the region starts after them): each is to start,
+/// or is skipped (see [`super::skip_reason`]: marked ended in `p`, with why, and the branches
+/// waiting for it are decided in turn). Returns those to start, and those skipped with why.
+fn ready(task: &Task, region: &std::ops::Range<usize>, p: &mut MapProgress) -> (Vec<u32>, Vec<(u32, String)>) {
+    let Ok(graph) = task.workflow.graph() else { return (Vec::new(), Vec::new()) };
+    let at = |d: usize| u32::try_from(d - region.start).unwrap_or(u32::MAX);
+    let (mut start, mut skipped) = (Vec::new(), Vec::new());
+    loop {
+        let mut changed = false;
+        for e in 0..p.n {
+            if p.began(e) || p.ended.get(e) || start.contains(&e) {
+                continue;
+            }
+            let s = region.start + e as usize;
+            let waits_over =
+                graph.after(s).iter().all(|&d| d < region.start || p.ok.get(at(d)) || p.skipped.get(at(d)));
+            if !waits_over {
+                continue;
+            }
+            let was_skipped = |name: &str| match task.workflow.steps[region.clone()].iter().position(|x| x.name == name)
+            {
+                Some(k) => p.skipped.get(u32::try_from(k).unwrap_or(u32::MAX)),
+                None => task.skipped(name),
+            };
+            match super::skip_reason(task, s, &was_skipped) {
+                Some(why) => skipped.push((e, why)),
+                None => start.push(e),
+            }
+        }
+        for (e, _) in &skipped {
+            changed |= p.skipped.set(*e);
+            p.ended.set(*e);
+        }
+        if !changed {
+            return (start, skipped);
+        }
+    }
 }
 
 /// The region's branches whose undo may start now: a branch is undone after the branches that
@@ -134,8 +170,10 @@ pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: 
     let mut def = parent.workflow.steps[branch.unwrap_or(step)].clone();
     if branch.is_none() {
         def.map = None; // a branch that is a map step runs its map: its elements are its own
+        def.on_failure = crate::workflow::StepFailure::Fail; // refused on a map step: kept so
     }
     def.after = None;
+    def.when = None; // decided by the parent, once
     let workflow = WorkflowDef {
         name: parent.workflow.name.clone(),
         version: parent.workflow.version,
@@ -355,7 +393,8 @@ pub(crate) fn element_ended(
         }
     }
     if let Some(r) = region.filter(|_| p.stopping.is_none()) {
-        let next = ready(&c.t, &r, &p);
+        let (next, skipped) = ready(&c.t, &r, &mut p);
+        note_skips(c, &r, skipped);
         if next.is_empty() && p.ended.count() == p.n {
             c.t.steps[step].map = Some(p);
             region_succeeded(c, &r);
@@ -392,13 +431,23 @@ pub(crate) fn element_ended(
     Ok(())
 }
 
+/// Record why each of these branches of region `r` was skipped (on its step's record; its
+/// status says so once the region ends).
+fn note_skips(c: &mut Change, r: &std::ops::Range<usize>, skipped: Vec<(u32, String)>) {
+    for (e, why) in skipped {
+        c.t.steps[r.start + e as usize].skipped = Some(why);
+    }
+}
+
 /// Every branch of the parallel region `r` succeeded: so did each of its steps, and the task goes
 /// on after the region.
 fn region_succeeded(c: &mut Change, r: &std::ops::Range<usize>) {
-    for j in r.clone().skip(1) {
-        c.t.steps[j].status = StepStatus::Succeeded;
-    }
+    let skipped = c.t.steps[r.start].map.as_ref().map(|p| p.skipped.clone()).unwrap_or_default();
     c.t.unit_record().succeeded();
+    for j in r.clone() {
+        let e = u32::try_from(j - r.start).unwrap_or(u32::MAX);
+        c.t.steps[j].status = if skipped.get(e) { StepStatus::Skipped } else { StepStatus::Succeeded };
+    }
     c.t.reason = None;
     c.t.step_index = r.end - 1;
     c.advance();
@@ -437,7 +486,7 @@ fn end_stopped(c: &mut Change, cause: EndCause) {
             // the one alert for the elements that failed (they raise none of their own)
             let alert = c.alert(crate::messages::AlertKind::RetriesExhausted, &reason);
             c.fx.push(Effect::Alert(alert));
-            c.give_up(reason);
+            c.give_up(reason, FailureKind::Permanent);
         }
         EndCause::Cancelled => c.begin_compensation(EndCause::Cancelled, reason),
     }
@@ -479,10 +528,13 @@ fn element_undone(
             c.t.failure_count += 1;
             let name = task.current_def().name.clone();
             c.t.unit_record().refused(&format!("element {element} could not be undone"));
-            c.give_up(format!(
-                "compensation {name} failed: element {element} ({}) could not undo what it applied",
-                TaskId::child(&task.task_id, step, element)
-            ));
+            c.give_up(
+                format!(
+                    "compensation {name} failed: element {element} ({}) could not undo what it applied",
+                    TaskId::child(&task.task_id, step, element)
+                ),
+                FailureKind::Permanent,
+            );
             Ok(())
         }
         // Processed: the element has not taken the undo yet (a notice from before it).
@@ -573,12 +625,18 @@ impl Change<'_> {
             let n = u32::try_from(region.len()).expect("a region has few steps");
             let mut p = MapProgress::new(n, self.ctx.now.plus_ms(REGION_TIMEOUT_MS));
             p.branches = Some(super::task::Bits::new(n as usize));
-            let first = ready(&self.t, &region, &p);
+            let (first, skipped) = ready(&self.t, &region, &mut p);
+            note_skips(self, &region, skipped);
             for e in &first {
                 p.branches.as_mut().expect("set above").set(*e);
             }
             p.started = u32::try_from(first.len()).expect("a region has few steps");
+            let all_skipped = first.is_empty();
             self.t.steps[i].map = Some(p);
+            if all_skipped {
+                region_succeeded(self, &region);
+                return;
+            }
             let watch =
                 region.clone().map(|j| watch_ms(&self.t.workflow.steps[j], self.policy)).max().unwrap_or(60_000);
             self.t.complete_by = Some(self.ctx.now.plus_ms(watch));
@@ -595,7 +653,7 @@ impl Change<'_> {
             Err(why) => {
                 self.t.failure_count += 1;
                 self.t.unit_record().refused(&why);
-                self.give_up(format!("step {name} failed permanently: {why}"));
+                self.give_up(format!("step {name} failed permanently: {why}"), FailureKind::Permanent);
                 return;
             }
         };
@@ -696,7 +754,7 @@ pub(crate) fn undo(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stal
     }
     let plan: Vec<usize> = (0..task.steps.len())
         .rev()
-        .filter(|&j| task.steps[j].status == StepStatus::Succeeded && task.workflow.steps[j].compensation.is_some())
+        .filter(|&j| task.steps[j].applied() && task.workflow.steps[j].compensation.is_some())
         .collect();
     if plan.is_empty() {
         c.finish(ProcessState::Compensated);

@@ -74,6 +74,10 @@ struct World {
     refuse_undo: HashSet<u32>,
     /// Elements whose every forward attempt fails retryably (a 503).
     flaky: HashSet<u32>,
+    /// Parent steps whose every attempt fails retryably.
+    flaky_steps: HashSet<&'static str>,
+    /// Writes (transitions that applied), per task.
+    writes: HashMap<TaskId, u32>,
     /// Compensation calls per task and unit.
     undos: HashMap<(TaskId, String), u32>,
     /// Forward calls that applied, per element task.
@@ -122,6 +126,8 @@ impl World {
             refuse_steps: HashSet::new(),
             refuse_undo: HashSet::new(),
             flaky: HashSet::new(),
+            flaky_steps: HashSet::new(),
+            writes: HashMap::new(),
             undos: HashMap::new(),
             applied: HashMap::new(),
             most_running: 0,
@@ -161,7 +167,9 @@ impl World {
                         }
                         Phase::Compensate => element.is_some_and(|e| self.refuse_undo.contains(&e)),
                     };
-                    let flaky = r.phase == Phase::Forward && element.is_some_and(|e| self.flaky.contains(&e));
+                    let flaky = r.phase == Phase::Forward
+                        && (element.is_some_and(|e| self.flaky.contains(&e))
+                            || self.flaky_steps.contains(r.step.as_str()));
                     let event = if flaky {
                         Event::AgentFailed { attempt: r.attempt, error: "503".into(), retryable: true }
                     } else if refused {
@@ -277,6 +285,7 @@ impl World {
                         + serde_json::to_vec(&tr.task.history).unwrap().len();
                     self.parent_writes.push(bytes);
                 }
+                *self.writes.entry(id.clone()).or_default() += 1;
                 self.tasks.insert(id.clone(), tr.task);
                 self.effects(id, tr.effects);
             }
@@ -992,3 +1001,5 @@ fn a_map_runs_as_a_branch_beside_the_charge_and_is_undone_element_by_element() {
     assert_eq!(w.undone(&TaskId::try_from("p").unwrap()), 1, "quote once");
     assert!(w.elements().iter().all(|t| t.process_state == ProcessState::Compensated), "nothing left applied");
 }
+
+mod decisions;

@@ -33,7 +33,7 @@ use crate::messages::{
     AgentRequest, AgentResult, Alert, AlertKind, CallbackAnswer, CallbackRef, CancelMessage, Outcome, Phase, RunReason,
     SchedulerMessage, StatusMessage, TimerMessage, VERSION,
 };
-use crate::workflow::{OnFailure, StepDef, WorkflowDef, MAX_LONG_STEP_MS};
+use crate::workflow::{FailureKind, OnFailure, StepDef, WorkflowDef, MAX_LONG_STEP_MS};
 
 pub mod task;
 
@@ -326,7 +326,7 @@ pub fn submit(
 ) -> Transition {
     let task = new_task(task_id, workflow, input, reply_to, ctx);
     let mut c = Change { t: task, fx: Vec::new(), ctx, policy };
-    c.start_unit();
+    c.enter();
     Transition { task: c.t, effects: c.fx, keeps_mark: false }
 }
 
@@ -582,7 +582,7 @@ fn agent_failed(
     c.t.failure_count += 1;
     c.t.unit_record().refused(error);
     let reason = format!("{} {} failed permanently: {error}", noun(c.t.phase()), c.t.current_def().name);
-    c.give_up(reason);
+    c.give_up(reason, FailureKind::Permanent);
     Ok(())
 }
 
@@ -928,6 +928,24 @@ fn rfc3339_millis(t: &str) -> Option<u64> {
     Some(u64::try_from(d.unix_timestamp_nanos() / 1_000_000).unwrap_or(0))
 }
 
+/// Why forward step `i` is skipped, decided once the steps it waits for are done: every step it
+/// names in `after` was skipped (`skipped` says which were), or its guard is false. `None`: it runs.
+///
+/// A step that leaves `after` out follows the step listed before it in order only: it runs
+/// whether that step ran or was skipped (a guarded step in a list is optional). A step that names
+/// steps in `after` depends on them: it is skipped when every one was skipped, and runs (its guard
+/// decides) when at least one ran.
+fn skip_reason(task: &Task, i: usize, skipped: &dyn Fn(&str) -> bool) -> Option<String> {
+    let def = &task.workflow.steps[i];
+    if let Some(after) = def.after.as_ref().filter(|a| !a.is_empty()) {
+        if after.iter().all(|n| skipped(n)) {
+            return Some(format!("every step it waits for was skipped ({})", after.join(", ")));
+        }
+    }
+    let when = def.when.as_ref()?;
+    (!when.holds(task)).then(|| format!("when was false: {}", crate::ids::clip(&when.to_string(), 200)))
+}
+
 fn check_attempt(task: &Task, attempt: &AttemptToken) -> Result<(), Stale> {
     if task.locked_by.as_ref() == Some(attempt) || task.outstanding.contains(attempt) {
         Ok(())
@@ -1134,7 +1152,7 @@ impl Change<'_> {
             Err(why) => {
                 self.t.failure_count += 1;
                 self.t.unit_record().refused(&why);
-                self.give_up(format!("step {} failed permanently: {why}", def.name));
+                self.give_up(format!("step {} failed permanently: {why}", def.name), FailureKind::Permanent);
             }
             Ok(at) if at <= now => {
                 self.t.unit_record().succeeded();
@@ -1162,7 +1180,7 @@ impl Change<'_> {
         match &mut self.t.stage {
             Stage::Forward if self.t.step_index + 1 < self.t.steps.len() => {
                 self.t.step_index += 1;
-                self.start_unit();
+                self.enter();
             }
             Stage::Forward => self.finish(ProcessState::Processed),
             Stage::Compensating { plan, pos, .. } if *pos + 1 < plan.len() => {
@@ -1195,24 +1213,73 @@ impl Change<'_> {
         }
         let gave_up = format!("{reason}; all {} attempts used", def.max_attempts);
         self.t.unit_record().exhausted(timed_out);
+        let kind = if timed_out { FailureKind::TimedOut } else { FailureKind::Retryable };
         match self.t.phase() {
             Phase::Forward => {
                 // A map element's parent speaks for it: one alert when its map stops, not one
-                // per element (a map that tolerates failures would alert for each).
-                if self.t.workflow.on_failure == OnFailure::Compensate && !self.t.task_id.is_child() {
+                // per element (a map that tolerates failures would alert for each). A failure
+                // the step handles is a path of the workflow, not an operator's business.
+                if self.t.workflow.on_failure == OnFailure::Compensate
+                    && !self.t.task_id.is_child()
+                    && !self.handles(kind)
+                {
                     let alert = self.alert(AlertKind::RetriesExhausted, &gave_up);
                     self.fx.push(Effect::Alert(alert));
                 }
-                self.give_up(gave_up);
+                self.give_up(gave_up, kind);
             }
-            Phase::Compensate => self.give_up(format!("compensation failed: {gave_up}")),
+            Phase::Compensate => self.give_up(format!("compensation failed: {gave_up}"), kind),
         }
+    }
+
+    /// Whether the current forward step's `on_failure` handles a failure of `kind` (a map step
+    /// or a parallel region never does: their elements and branches handle their own).
+    fn handles(&self, kind: FailureKind) -> bool {
+        let i = self.t.step_index;
+        let w = &self.t.workflow;
+        self.t.phase() == Phase::Forward
+            && w.steps[i].map.is_none()
+            && w.region_at(i).is_none()
+            && w.steps[i].on_failure.continues(kind)
+    }
+
+    /// Start the forward step at `step_index`, or skip it (and the ones after it) when it is not
+    /// to run: its guard is false, or every step it names in `after` was skipped. A skip is
+    /// decided here, in the write that ends the steps it waits for (or creates the task): it
+    /// costs no write of its own. A parallel region's branches decide theirs as they become ready.
+    fn enter(&mut self) {
+        loop {
+            let i = self.t.step_index;
+            if self.t.workflow.region_at(i).is_some() {
+                break;
+            }
+            let t = &self.t;
+            let Some(why) = skip_reason(t, i, &|name: &str| t.skipped(name)) else { break };
+            self.t.steps[i].status = StepStatus::Skipped;
+            self.t.steps[i].skipped = Some(why);
+            if i + 1 == self.t.steps.len() {
+                self.finish(ProcessState::Processed);
+                return;
+            }
+            self.t.step_index += 1;
+        }
+        self.start_unit();
     }
 
     /// The current unit failed for good. A forward step is compensated (with itself when some
     /// attempt of it may have applied), or parks the task in `Error` for an operator, as the
     /// workflow says; a compensation that fails for good leaves the task in `Error`.
-    fn give_up(&mut self, reason: String) {
+    fn give_up(&mut self, reason: String, kind: FailureKind) {
+        if self.handles(kind) {
+            // the step's failure is a path: its error is its output, and the task goes on
+            let i = self.t.step_index;
+            self.t.steps[i].output =
+                Some(serde_json::json!({"error": {"kind": kind.name(), "message": crate::ids::clip(&reason, 300)}}));
+            self.t.reason = Some(format!("{reason}; the step's on_failure continues the task"));
+            self.unlock();
+            self.advance();
+            return;
+        }
         match (self.t.phase(), self.t.workflow.on_failure) {
             (Phase::Forward, OnFailure::Compensate) => self.begin_compensation(EndCause::Failed, reason),
             (Phase::Forward, OnFailure::Error) | (Phase::Compensate, _) => {
@@ -1237,8 +1304,14 @@ impl Change<'_> {
         if current {
             plan.push(i);
         }
-        plan.extend((0..i).rev().filter(|&j| t.steps[j].status == StepStatus::Succeeded && has_comp(j)));
-        let settles = if current { self.settled_at(i).map(|at| at.plus_ms(self.policy.settle_ms)) } else { None };
+        plan.extend((0..i).rev().filter(|&j| map::applied(t, &regions, j) && has_comp(j)));
+        // the current step's attempts, and those of a handled failure before it, may still apply
+        let settles = plan
+            .iter()
+            .filter(|&&j| (j == i && current) || (j < i && t.steps[j].status != StepStatus::Succeeded))
+            .filter_map(|&j| self.settled_at(j))
+            .max()
+            .map(|at| at.plus_ms(self.policy.settle_ms));
         self.t.reason = Some(reason);
         self.unlock();
         self.t.outstanding.clear();

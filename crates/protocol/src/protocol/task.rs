@@ -28,6 +28,9 @@ pub enum StepStatus {
     TimedOut,
     /// Cancelled while running: its effect is unknown, so it is compensated.
     Cancelled,
+    /// Never ran: its guard (`when`) was false, or every step it names in `after` was skipped.
+    /// Nothing to undo.
+    Skipped,
 }
 
 /// The state of one step's compensation.
@@ -113,6 +116,9 @@ pub struct StepRecord {
     /// A map step, once started: where its elements are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub map: Option<MapProgress>,
+    /// A skipped step: why (its guard, as written, or the steps it waits for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
 }
 
 /// A set of element indexes. Stored as whichever is shorter: a hex bitmap (2,500 characters for
@@ -278,6 +284,10 @@ pub struct MapProgress {
     /// ones are not `0..started`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub branches: Option<Bits>,
+    /// A parallel region's branches that were skipped (their guard was false, or every step they
+    /// wait for was skipped): ended, never started, nothing to undo.
+    #[serde(default, skip_serializing_if = "Bits::is_empty")]
+    pub skipped: Bits,
 }
 
 impl Bits {
@@ -308,6 +318,7 @@ impl MapProgress {
             stopping: None,
             joining: false,
             branches: None,
+            skipped: Bits::default(),
         }
     }
 
@@ -328,6 +339,23 @@ impl MapProgress {
     /// not yet undone.
     pub fn to_undo(&self) -> impl Iterator<Item = u32> + '_ {
         (0..self.n).filter(|e| (self.ok.get(*e) || self.errored.get(*e)) && !self.undone.get(*e))
+    }
+}
+
+/// A guard reads the task's input and the outputs its steps have so far: those of the steps that
+/// ended (a failure handled by `on_failure: continue` has its error as output), those a parallel
+/// region's branches brought back while the region runs, and, in a branch's task, those of the
+/// steps before its region.
+impl crate::condition::Scope for Task {
+    fn input(&self) -> &Value {
+        &self.input
+    }
+
+    fn output(&self, step: &str) -> Option<&Value> {
+        match self.steps.iter().find(|s| s.name == step) {
+            Some(s) if s.status != StepStatus::Skipped && s.output.is_some() => s.output.as_ref(),
+            _ => self.upstream.as_ref()?.get(step),
+        }
     }
 }
 
@@ -352,6 +380,24 @@ impl StepRecord {
             progress: None,
             issued: Vec::new(),
             map: None,
+            skipped: None,
+        }
+    }
+
+    /// Whether its effect may stand and must be undone when the task compensates: it succeeded,
+    /// or it failed with its failure handled (`on_failure: continue`) after an attempt that may
+    /// have applied.
+    pub fn applied(&self) -> bool {
+        self.status == StepStatus::Succeeded
+            || (self.maybe_applied && matches!(self.status, StepStatus::Failed | StepStatus::TimedOut))
+    }
+
+    /// What later steps read as this step's output: a success's answer, or the error of a
+    /// failure its `on_failure` handled.
+    pub fn result(&self) -> Option<&Value> {
+        match self.status {
+            StepStatus::Succeeded | StepStatus::Failed | StepStatus::TimedOut => self.output.as_ref(),
+            _ => None,
         }
     }
 }
@@ -757,11 +803,16 @@ impl Task {
             _ => serde_json::Map::new(),
         };
         for s in &self.steps {
-            if let (StepStatus::Succeeded, Some(o)) = (s.status, &s.output) {
+            if let Some(o) = s.result() {
                 outputs.insert(s.name.clone(), o.clone());
             }
         }
         Value::Object(outputs)
+    }
+
+    /// Whether step `name` was skipped (a region's branches: once the region has ended).
+    pub fn skipped(&self, name: &str) -> bool {
+        self.steps.iter().any(|s| s.name == name && s.status == StepStatus::Skipped)
     }
 
     /// The status message that tells the caller about `entry`, with the task's outputs when it

@@ -5,36 +5,12 @@ use proptest::prelude::*;
 use serde_json::json;
 
 fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
+    let backoff = Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 };
     StepDef {
-        name: name.into(),
-        after: None,
-        kind: StepKind::Call,
-        heartbeat_ms: None,
-        wait_ms: None,
-        wait_until: None,
-        agent: "sim".into(),
-        timeout_ms: 1_000,
-        schedule_to_start_ms: None,
         max_attempts,
-        backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
-        compensation: comp.map(|c| {
-            Box::new(StepDef {
-                name: c.into(),
-                after: None,
-                kind: StepKind::Call,
-                heartbeat_ms: None,
-                wait_ms: None,
-                wait_until: None,
-                agent: "sim".into(),
-                timeout_ms: 1_000,
-                schedule_to_start_ms: None,
-                max_attempts: 2,
-                backoff: Backoff { base_ms: 100, max_ms: 1_000, multiplier: 2.0 },
-                compensation: None,
-                map: None,
-            })
-        }),
-        map: None,
+        backoff: backoff.clone(),
+        compensation: comp.map(|c| Box::new(StepDef { max_attempts: 2, backoff, ..StepDef::call(c, "sim", 1_000) })),
+        ..StepDef::call(name, "sim", 1_000)
     }
 }
 

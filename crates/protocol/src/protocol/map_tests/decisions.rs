@@ -1,0 +1,292 @@
+//! Guards, skips and handled failures, driven through the same world as the maps and regions
+//! (every delivery order, duplicates included).
+
+use serde_json::{json, Value};
+
+use super::{after, call, World, ORDERS};
+use crate::condition::Condition;
+use crate::ids::TaskId;
+use crate::protocol::{ProcessState, StepStatus, Task};
+use crate::workflow::{FailureKind, OnFailure, StepDef, StepFailure, WorkflowDef, WorkflowError};
+
+#[allow(clippy::needless_pass_by_value)]
+fn when(step: StepDef, c: Value) -> StepDef {
+    StepDef { when: Some(Condition::from_json(&c).unwrap()), ..step }
+}
+
+fn wf(steps: Vec<StepDef>) -> WorkflowDef {
+    WorkflowDef {
+        name: "order".into(),
+        version: 1,
+        description: String::new(),
+        on_failure: OnFailure::Compensate,
+        steps,
+    }
+}
+
+fn pid() -> TaskId {
+    TaskId::try_from("p").unwrap()
+}
+
+fn status(p: &Task, name: &str) -> StepStatus {
+    p.steps.iter().find(|s| s.name == name).unwrap().status
+}
+
+fn ran(w: &World, name: &str) -> usize {
+    w.requests.iter().filter(|(_, s, _)| s == name).count()
+}
+
+fn over(amount: u64) -> Value {
+    json!({"variable": "$.input.amount", "numeric_greater_than": amount})
+}
+
+/// quote -> approve (above 1,000 only) -> charge -> ship: approve is optional in a list.
+fn approval() -> WorkflowDef {
+    wf(vec![
+        call("quote", Some("unquote")),
+        when(call("approve", Some("unapprove")), over(1_000)),
+        call("charge", Some("refund")),
+        call("ship", None),
+    ])
+}
+
+#[test]
+fn a_guard_decides_once_whether_a_step_runs_and_a_skipped_step_is_never_dispatched_nor_undone() {
+    for (seed, twice) in ORDERS {
+        for amount in [500, 1_500] {
+            let mut w = World::with(approval(), json!({"amount": amount}));
+            w.shuffle = seed;
+            w.twice = twice;
+            w.refuse_steps.insert("ship");
+            w.run();
+            let p = w.parent().clone();
+            assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
+            assert_eq!(w.undone(&pid()), if amount > 1_000 { 3 } else { 2 }, "{:?}", w.undos);
+            if amount > 1_000 {
+                assert_eq!(status(&p, "approve"), StepStatus::Succeeded);
+                assert_eq!(ran(&w, "approve"), 1);
+                assert_eq!(ran(&w, "unapprove"), 1);
+            } else {
+                assert_eq!(status(&p, "approve"), StepStatus::Skipped);
+                let why = p.steps[1].skipped.as_deref().unwrap();
+                assert_eq!(why, "when was false: $.input.amount numeric_greater_than 1000");
+                assert_eq!(ran(&w, "approve") + ran(&w, "unapprove"), 0, "a skipped step never runs nor is undone");
+                // the step after it runs: it left `after` out, so it follows approve in order only
+                assert_eq!(ran(&w, "charge"), 1);
+                assert!(p.steps[1].attempts == 0 && p.steps[1].output.is_none());
+            }
+        }
+    }
+}
+
+#[test]
+fn a_skip_costs_no_write_of_its_own() {
+    let run = |steps: Vec<StepDef>| {
+        let mut w = World::with(wf(steps), json!({"amount": 10}));
+        w.run();
+        assert_eq!(w.parent().process_state, ProcessState::Processed);
+        w.writes[&pid()]
+    };
+    let with_skip = run(vec![call("a", None), when(call("b", None), over(1_000)), call("c", None)]);
+    let without = run(vec![call("a", None), call("c", None)]);
+    assert_eq!(with_skip, without, "the skip rides on the write that ends a");
+    // the first and the last steps: decided in the submission's write and in the one that ends
+    let mut w = World::with(
+        wf(vec![when(call("a", None), over(1_000)), call("b", None), when(call("c", None), over(1_000))]),
+        json!({"amount": 10}),
+    );
+    w.run();
+    let p = w.parent().clone();
+    assert_eq!(p.process_state, ProcessState::Processed);
+    assert_eq!(
+        [status(&p, "a"), status(&p, "b"), status(&p, "c")],
+        [StepStatus::Skipped, StepStatus::Succeeded, StepStatus::Skipped]
+    );
+    assert_eq!(w.requests.len(), 1, "only b ran");
+    // a task whose every step is skipped is Processed in the write that creates it
+    let w = World::with(wf(vec![when(call("a", None), over(1_000))]), json!({"amount": 10}));
+    assert_eq!(w.parent().process_state, ProcessState::Processed);
+    assert!(w.requests.is_empty() && w.queue.is_empty());
+}
+
+/// fraud, then one of review (score above 80) and ship (else), hold after review only, notify
+/// after either: the steps after fraud are a parallel region whose branches have guards.
+fn routing() -> WorkflowDef {
+    let high = json!({"variable": "$.input.score", "numeric_greater_than": 80});
+    wf(vec![
+        call("fraud", Some("unfraud")),
+        when(after(call("review", Some("unreview")), &["fraud"]), high.clone()),
+        when(after(call("ship", Some("unship")), &["fraud"]), json!({"not": high})),
+        after(call("hold", Some("unhold")), &["review"]),
+        after(call("notify", None), &["review", "ship"]),
+    ])
+}
+
+#[test]
+fn one_of_n_branches_runs_a_step_after_only_skipped_steps_is_skipped_and_a_join_runs_after_either() {
+    assert_eq!(routing().regions(), vec![1..5], "review, ship, hold and notify run as branches");
+    for (seed, twice) in ORDERS {
+        for score in [90, 10] {
+            let mut w = World::with(routing(), json!({"score": score}));
+            w.shuffle = seed;
+            w.twice = twice;
+            w.run();
+            let p = w.parent().clone();
+            assert_eq!(p.process_state, ProcessState::Processed, "{seed:?} {score}: {:?}", p.reason);
+            let high = score > 80;
+            let expect = |run: bool| if run { StepStatus::Succeeded } else { StepStatus::Skipped };
+            assert_eq!(status(&p, "review"), expect(high), "{score}");
+            assert_eq!(status(&p, "ship"), expect(!high), "{score}");
+            assert_eq!(status(&p, "hold"), expect(high), "{score}: hold waits for review alone");
+            assert_eq!(status(&p, "notify"), StepStatus::Succeeded, "{score}: one of the steps it waits for ran");
+            for s in ["review", "ship", "hold"] {
+                let should = usize::from(status(&p, s) == StepStatus::Succeeded);
+                assert_eq!(ran(&w, s), should, "{seed:?} {score}: {s} ran {} times", ran(&w, s));
+            }
+            if !high {
+                let hold = p.steps.iter().find(|s| s.name == "hold").unwrap();
+                assert_eq!(hold.skipped.as_deref(), Some("every step it waits for was skipped (review)"));
+            }
+            // the skipped branches were never tasks of their own
+            let branches = w.elements().len();
+            assert_eq!(branches, if high { 3 } else { 2 }, "{seed:?} {score}");
+        }
+    }
+}
+
+#[test]
+fn a_region_whose_branches_are_all_skipped_ends_at_once_and_a_failure_after_it_undoes_only_what_ran() {
+    for score in [10, 90] {
+        let mut w = World::with(routing(), json!({"score": score}));
+        w.refuse_steps.insert("notify");
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Compensated, "{:?}", p.reason);
+        let undone: Vec<&str> =
+            w.requests.iter().filter(|(_, s, _)| s.starts_with("un")).map(|(_, s, _)| s.as_str()).collect();
+        if score > 80 {
+            assert!(undone.contains(&"unreview") && undone.contains(&"unhold") && !undone.contains(&"unship"));
+        } else {
+            assert!(undone.contains(&"unship") && !undone.contains(&"unreview") && !undone.contains(&"unhold"));
+        }
+        assert!(undone.contains(&"unfraud"), "{undone:?}");
+    }
+    // every branch of a region skipped: the region ends in the write that decides it
+    let never = json!({"variable": "$.input.score", "is_present": false});
+    let mut w = World::with(
+        wf(vec![
+            call("a", None),
+            when(after(call("b", None), &["a"]), never.clone()),
+            when(after(call("c", None), &["a"]), never),
+            after(call("d", None), &["b", "c"]),
+        ]),
+        json!({"score": 1}),
+    );
+    w.run();
+    let p = w.parent().clone();
+    assert_eq!(p.process_state, ProcessState::Processed, "{:?}", p.reason);
+    assert_eq!([status(&p, "b"), status(&p, "c"), status(&p, "d")], [StepStatus::Skipped; 3]);
+    assert!(w.elements().is_empty());
+}
+
+fn gift(on_failure: StepFailure) -> WorkflowDef {
+    let failed = json!({"variable": "$.outputs.giftwrap.error", "is_present": true});
+    wf(vec![
+        call("charge", Some("refund")),
+        StepDef { on_failure, ..call("giftwrap", Some("unwrap")) },
+        when(call("apologize", None), failed),
+        call("ship", Some("unship")),
+    ])
+}
+
+#[test]
+fn a_handled_failure_is_a_path_its_error_is_its_output_and_what_applied_is_still_undone() {
+    for (seed, twice) in ORDERS {
+        // refused: the task goes on, a guard reads the error, no alert
+        let mut w = World::with(gift(StepFailure::Continue(Vec::new())), json!({}));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.refuse_steps.insert("giftwrap");
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Processed, "{seed:?}: {:?}", p.reason);
+        assert_eq!(status(&p, "giftwrap"), StepStatus::Failed);
+        assert_eq!(p.outputs()["giftwrap"]["error"]["kind"], "permanent");
+        assert!(p.outputs()["giftwrap"]["error"]["message"].as_str().unwrap().contains("out of stock"));
+        assert_eq!(status(&p, "apologize"), StepStatus::Succeeded, "its guard read the error");
+        assert!(w.alerts.is_empty(), "a handled failure alerts nobody: {:?}", w.alerts);
+    }
+    // failed retryably (it may have applied): the task goes on, and when it later fails, the
+    // step is undone with the ones before it
+    let mut w = World::with(gift(StepFailure::Continue(vec![FailureKind::Retryable])), json!({}));
+    w.flaky_steps.insert("giftwrap");
+    w.refuse_steps.insert("ship");
+    w.run();
+    let p = w.parent().clone();
+    assert_eq!(p.process_state, ProcessState::Compensated, "{:?}", p.reason);
+    assert_eq!(p.outputs()["giftwrap"]["error"]["kind"], "retryable");
+    assert_eq!((ran(&w, "unwrap"), ran(&w, "refund"), ran(&w, "unship")), (1, 1, 0), "{:?}", w.requests);
+    // a kind the step does not handle fails the task as before
+    let mut w = World::with(gift(StepFailure::Continue(vec![FailureKind::TimedOut])), json!({}));
+    w.refuse_steps.insert("giftwrap");
+    w.run();
+    let p = w.parent().clone();
+    assert_eq!(p.process_state, ProcessState::Compensated);
+    assert_eq!((ran(&w, "apologize"), ran(&w, "refund")), (0, 1));
+    assert_eq!(w.alerts.len(), 0, "a refusal raises no alert (only spent retries do)");
+}
+
+#[test]
+fn guards_that_can_never_resolve_and_misplaced_options_are_refused_when_the_workflow_loads() {
+    let refused = |steps: Vec<StepDef>| match wf(steps).validate() {
+        Err(WorkflowError::Step { step, problem, .. }) => format!("{step}: {problem}"),
+        other => panic!("taken: {other:?}"),
+    };
+    let reads = |p: &str| json!({"variable": p, "is_present": true});
+    let e = refused(vec![call("a", None), when(call("b", None), reads("$.outputs.nope.x"))]);
+    assert!(e.contains("b: when reads $.outputs.nope.x, and the workflow has no step \"nope\""), "{e}");
+    let e = refused(vec![when(call("a", None), reads("$.outputs.b")), call("b", None)]);
+    assert!(e.contains("step b does not come before a"), "{e}");
+    let e = refused(vec![
+        call("a", None),
+        after(call("b", None), &["a"]),
+        when(after(call("c", None), &["a"]), reads("$.outputs.b.id")),
+    ]);
+    assert!(e.contains("step b does not come before c"), "a sibling branch: {e}");
+    let mut comp = call("a", Some("undo"));
+    comp.compensation.as_mut().unwrap().when = Some(Condition::from_json(&reads("$.input.x")).unwrap());
+    assert!(refused(vec![comp]).contains("a compensation takes no when"));
+    let mut map = super::map_step(2, crate::workflow::Tolerance::None);
+    map.on_failure = StepFailure::Continue(Vec::new());
+    assert!(refused(vec![map]).contains("a map step takes no on_failure"));
+    // what is taken: the input, an earlier step in a list, a step named in after (or before it)
+    wf(vec![
+        call("a", None),
+        when(call("b", None), reads("$.outputs.a.id")),
+        when(after(call("c", None), &["b"]), json!({"and": [reads("$.outputs.a"), reads("$.input.x")]})),
+    ])
+    .validate()
+    .unwrap();
+}
+
+#[test]
+fn guards_and_handled_failures_read_back_from_a_workflow_file() {
+    let file = json!({"name": "order", "version": 1, "steps": [
+        {"name": "quote", "agent": "sim", "timeout_ms": 1000},
+        {"name": "approve", "agent": "sim", "timeout_ms": 1000,
+         "when": {"variable": "$.outputs.quote.total", "numeric_greater_than": 1000}},
+        {"name": "giftwrap", "agent": "sim", "timeout_ms": 1000, "on_failure": {"continue": ["permanent", "timed_out"]}},
+        {"name": "ship", "agent": "sim", "timeout_ms": 1000, "on_failure": "continue"}
+    ]});
+    let def: WorkflowDef = serde_json::from_value(file.clone()).unwrap();
+    def.validate().unwrap();
+    assert_eq!(def.steps[2].on_failure, StepFailure::Continue(vec![FailureKind::Permanent, FailureKind::TimedOut]));
+    let back = serde_json::to_value(&def).unwrap();
+    assert_eq!(back["steps"][1]["when"], file["steps"][1]["when"]);
+    assert_eq!(back["steps"][2]["on_failure"], file["steps"][2]["on_failure"]);
+    assert_eq!(back["steps"][3]["on_failure"], "continue");
+    assert!(back["steps"][0].get("on_failure").is_none() && back["steps"][0].get("when").is_none());
+    let bad = json!({"name": "x", "agent": "sim", "timeout_ms": 1000, "on_failure": {"continue": ["late"]}});
+    let e = serde_json::from_value::<StepDef>(bad).unwrap_err().to_string();
+    assert!(e.contains("on_failure of a step is"), "{e}");
+}
