@@ -11,7 +11,7 @@ fn main() {
     for seed in sim::seeds(1, n) {
         let r = sim::run(&SimConfig::for_seed(seed));
         println!(
-            "seed {seed}: handled {} attempts {} units {} virtual_ms {} not_started {} fenced {} keys_in_use {}/{} \
+            "seed {seed}: handled {} attempts {} units {} virtual_ms {} not_started {} fenced {} keys_in_use {}/{} skipped {} continued {} \
              limit_waits {} tasks {:?} elements {:?} callbacks {:?} violations {}",
             r.handled,
             r.attempts,
@@ -21,6 +21,8 @@ fn main() {
             r.fenced,
             r.keys_in_use,
             r.keys_in_use_to_the_deadline,
+            r.skipped,
+            r.handled_failures,
             r.limit_waits,
             r.end_states,
             r.element_states,

@@ -35,6 +35,7 @@ fn every_seed_keeps_the_invariants() {
     let mut broken: std::collections::BTreeMap<String, (usize, u64, String)> = std::collections::BTreeMap::new();
     let (mut handled, mut attempts, mut limit_waits, mut limited_max, mut elements_max, mut fenced) =
         (0, 0, 0, 0, 0, 0);
+    let (mut skipped, mut handled_failures) = (0, 0);
     let mut callbacks: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     let faults = faults();
     for &seed in &seeds {
@@ -43,6 +44,8 @@ fn every_seed_keeps_the_invariants() {
         attempts += r.attempts;
         limit_waits += r.limit_waits;
         fenced += r.fenced;
+        skipped += r.skipped;
+        handled_failures += r.handled_failures;
         limited_max = limited_max.max(r.limited_max);
         elements_max = elements_max.max(r.elements_max);
         for (k, n) in &r.callbacks {
@@ -77,6 +80,7 @@ fn every_seed_keeps_the_invariants() {
         sim::MAP_CONCURRENCY
     );
     eprintln!("{fenced} copies of agent requests not started: their task no longer waited for their attempt");
+    eprintln!("{skipped} steps skipped by their guards; {handled_failures} failures handled by on_failure: continue");
     for (kind, (n, first, text)) in &broken {
         eprintln!("  {kind}: {n} seeds, first seed {first}: {text}");
     }
@@ -88,6 +92,11 @@ fn every_seed_keeps_the_invariants() {
         // late copies met tasks that had moved on, so the agents' check was put to the test
         if faults.late_copy > 0.0 {
             assert!(fenced > 0, "no copy was refused by the agents' check");
+        }
+        // guards went both ways and failures were handled, so the `skipped` invariant was put to the test
+        assert!(skipped > 0, "no step was skipped");
+        if faults.permanent > 0.0 || faults.transient > 0.0 {
+            assert!(handled_failures > 0, "no failure was handled by on_failure: continue");
         }
     }
     assert!(

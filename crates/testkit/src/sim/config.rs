@@ -258,4 +258,8 @@ pub struct SimReport {
     pub elements_max: u32,
     /// How the map elements ended (`end_states` counts the submitted tasks only).
     pub element_states: BTreeMap<String, usize>,
+    /// Steps skipped (a guard false, or every step they wait for skipped), all tasks together.
+    pub skipped: u64,
+    /// Failures a step's `on_failure: continue` handled (the task went on).
+    pub handled_failures: u64,
 }

@@ -1,9 +1,12 @@
 //! The simulated stack's workflows: an order in its variants (compensated, parked in Error, with a
 //! wait and a callback step, with a map and a parallel region).
 
+use sas_core::condition::Condition;
 use sas_core::ids::TaskId;
 use sas_core::messages::{CancelMessage, SchedulerMessage, VERSION};
-use sas_core::workflow::{Backoff, MapSpec, OnFailure, StepDef, StepKind, Tolerance, WorkflowDef, WorkflowRegistry};
+use sas_core::workflow::{
+    Backoff, MapSpec, OnFailure, StepDef, StepFailure, StepKind, Tolerance, WorkflowDef, WorkflowRegistry,
+};
 
 const STEP_TIMEOUT_MS: u64 = 5_000;
 
@@ -28,9 +31,21 @@ pub const MAP_CONCURRENCY: u32 = 2;
 const CALLBACK_HEARTBEAT_MS: u64 = 5_000;
 pub(super) const CALLBACK_TIMEOUT_MS: u64 = 60_000;
 
+fn when(step: StepDef, c: &serde_json::Value) -> StepDef {
+    StepDef { when: Some(Condition::from_json(c).expect("a valid guard")), ..step }
+}
+
+/// An order of at least `n` lines.
+fn lines_at_least(n: usize) -> serde_json::Value {
+    serde_json::json!({"variable": format!("$.input.lines[{}]", n - 1), "is_present": true})
+}
+
 /// `order` compensates on failure; `order-parked` parks in `Error` for an operator;
 /// `order-async` waits a moment after the charge and ships through a callback step (a warehouse
-/// that heartbeats and confirms later), undone by `recall`.
+/// that heartbeats and confirms later), undone by `recall`; `order-choice` decides: an approval
+/// for orders of four lines or more, a gift-wrap whose failure does not fail the order, an apology
+/// only when the gift-wrap failed, and a hold only after an apology (skipped with it); in
+/// `order-graph` the fraud check runs only for orders of two lines or more.
 pub fn workflows() -> WorkflowRegistry {
     let wf = |name: &str, on_failure| WorkflowDef {
         name: name.into(),
@@ -69,7 +84,7 @@ pub fn workflows() -> WorkflowRegistry {
     graph_order.steps = vec![
         step("reserve", Some("release")),
         StepDef { agent: LIMITED_AGENT.into(), ..step("charge", Some("refund")) },
-        after(step("fraud", Some("clear")), &["reserve"]),
+        when(after(step("fraud", Some("clear")), &["reserve"]), &lines_at_least(2)),
         StepDef {
             map: Some(MapSpec {
                 items: "/input/lines".into(),
@@ -81,8 +96,19 @@ pub fn workflows() -> WorkflowRegistry {
         },
         after(step("ship", None), &["charge", "notify"]),
     ];
+    let failed = serde_json::json!({"variable": "$.outputs.giftwrap.error", "is_present": true});
+    let mut choice_order = wf("order-choice", OnFailure::Compensate);
+    choice_order.steps = vec![
+        step("reserve", Some("release")),
+        when(step("approve", Some("unapprove")), &lines_at_least(4)),
+        StepDef { on_failure: StepFailure::Continue(Vec::new()), ..step("giftwrap", Some("unwrap")) },
+        when(step("apologize", Some("retract")), &failed),
+        after(step("hold", Some("unhold")), &["apologize"]),
+        step("ship", None),
+    ];
     WorkflowRegistry::new([
         wf("order", OnFailure::Compensate),
+        choice_order,
         wf("order-parked", OnFailure::Error),
         async_order,
         map_order,

@@ -435,6 +435,8 @@ impl Sim {
             "order-map"
         } else if roll < 0.8 {
             "order-graph"
+        } else if roll < 0.9 {
+            "order-choice"
         } else {
             "order"
         };

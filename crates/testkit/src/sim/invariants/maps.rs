@@ -111,9 +111,11 @@ impl Sim {
         let key = format!("{}#{head}", t.task_id);
         match t.process_state {
             ProcessState::Processed => {
-                let ok =
-                    branches.iter().filter(|b| b.is_some_and(|c| c.process_state == ProcessState::Processed)).count();
-                let outs = t.steps[r.clone()].iter().filter(|s| s.output.is_some()).count();
+                // a skipped branch never runs and has no output: it counts for itself
+                let skipped = t.steps[r.clone()].iter().filter(|s| s.status == StepStatus::Skipped).count();
+                let ok = skipped
+                    + branches.iter().filter(|b| b.is_some_and(|c| c.process_state == ProcessState::Processed)).count();
+                let outs = skipped + t.steps[r.clone()].iter().filter(|s| s.output.is_some()).count();
                 if ok != r.len() || outs != r.len() {
                     v.push(format!(
                         "element-lost: {key}: Processed with {ok} of {} branches Processed and {outs} outputs",

@@ -143,6 +143,41 @@ impl Sim {
             .collect()
     }
 
+    /// `skipped`: a step the protocol skipped (its guard was false, or every step it waits for
+    /// was) was never claimed, never run as a branch, never applied and never undone, under any
+    /// key. Returns the steps skipped and the failures handled (`on_failure: continue`).
+    fn check_skips(&self, tasks: &[sas_core::protocol::Task], v: &mut Vec<String>) -> (u64, u64) {
+        let (mut skipped, mut handled) = (0, 0);
+        let all: BTreeSet<String> = tasks.iter().map(|t| t.task_id.to_string()).collect();
+        for t in tasks {
+            let id = t.task_id.to_string();
+            let regions = t.workflow.regions();
+            for (j, (s, def)) in t.steps.iter().zip(&t.workflow.steps).enumerate() {
+                if s.status != StepStatus::Skipped {
+                    handled += u64::from(s.status != StepStatus::Succeeded && s.result().is_some());
+                    continue;
+                }
+                skipped += 1;
+                let claimed = self.claims.values().any(|c| c.task == id && c.step == s.name);
+                let applied = !self.applied_all(&id, &s.name).is_empty();
+                let undone = def.compensation.as_ref().is_some_and(|c| !self.applied_all(&id, &c.name).is_empty());
+                let spawned = regions.iter().find(|r| r.contains(&j)).is_some_and(|r| {
+                    let e = u32::try_from(j - r.start).unwrap_or(u32::MAX);
+                    all.contains(&sas_core::ids::TaskId::child(&t.task_id, r.start, e).to_string())
+                });
+                if claimed || applied || undone || spawned {
+                    v.push(format!(
+                        "skipped: {id}: step {} was skipped ({}), yet claimed {claimed}, run as a branch {spawned}, \
+                         applied {applied}, undone {undone}",
+                        s.name,
+                        s.skipped.as_deref().unwrap_or("-")
+                    ));
+                }
+            }
+        }
+        (skipped, handled)
+    }
+
     pub(super) fn check(&mut self) {
         let mut v = std::mem::take(&mut self.report.violations);
         v.extend(self.ledger.twice.iter().cloned());
@@ -209,7 +244,14 @@ impl Sim {
                 };
                 for def in t.workflow.steps.iter().filter(|d| d.kind.uses_agent() && d.map.is_none() && !in_region(d)) {
                     let n = self.applied_all(&id, &def.name).len();
-                    if n != 1 {
+                    let record = t.steps.iter().find(|s| s.name == def.name);
+                    // a skipped step never applies; one whose failure was handled applied at most once
+                    let expected = match record.map(|r| r.status) {
+                        Some(StepStatus::Skipped) => 0..=0,
+                        Some(StepStatus::Failed | StepStatus::TimedOut) => 0..=1,
+                        _ => 1..=1,
+                    };
+                    if !expected.contains(&n) {
                         v.push(format!("processed-once: {id}: Processed, but step {} applied {n} times", def.name));
                     }
                     if let Some(comp) = &def.compensation {
@@ -222,6 +264,9 @@ impl Sim {
             }
             for def in &t.workflow.steps {
                 let Some(comp) = &def.compensation else { continue };
+                if t.steps.iter().any(|s| s.name == def.name && s.status == StepStatus::Skipped) {
+                    continue; // `skipped` speaks for it
+                }
                 let fwd = self.applied(&id, &def.name);
                 let undo = self.applied(&id, &comp.name);
                 match (fwd, undo) {
@@ -237,6 +282,7 @@ impl Sim {
                 }
             }
         }
+        (self.report.skipped, self.report.handled_failures) = self.check_skips(&tasks, &mut v);
         self.check_replies(&tasks, &mut v);
         self.check_claims(&mut v);
         for (id, episodes) in &self.episodes {
