@@ -806,6 +806,10 @@ fn outputs(task: &Task, out: &mut String) {
         let size = if json.len() > CLIP { format!(" ({} bytes)", json.len()) } else { String::new() };
         let _ = writeln!(out, "  {:<w$}  {}{size}{note}", s.name, clipped(&json, CLIP));
     }
+    if let Some(r) = task.result() {
+        let json = serde_json::to_string(&r).unwrap_or_default();
+        let _ = writeln!(out, "\nresult (the workflow's, in its last status)\n  {}", clipped(&json, CLIP));
+    }
 }
 
 #[cfg(test)]

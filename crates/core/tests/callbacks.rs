@@ -25,6 +25,7 @@ fn step(name: &str) -> StepDef {
 /// `a` (call), `ship` (callback: 60 s hard, heartbeats every 10 s), `cool` (wait 30 s), `b`.
 fn twins() -> Twins {
     let wf = WorkflowDef {
+        result: None,
         name: "cb".into(),
         version: 1,
         description: String::new(),

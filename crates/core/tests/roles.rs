@@ -34,6 +34,7 @@ fn step(name: &str, comp: Option<&str>) -> StepDef {
 
 fn twins() -> Twins {
     let wf = WorkflowDef {
+        result: None,
         name: "two".into(),
         version: 1,
         description: String::new(),

@@ -30,6 +30,7 @@ fn step(name: &str) -> StepDef {
 
 fn twins() -> Twins {
     let wf = WorkflowDef {
+        result: None,
         name: "two".into(),
         version: 1,
         description: String::new(),

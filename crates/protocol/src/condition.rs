@@ -52,6 +52,17 @@ pub trait Scope {
 impl DataPath {
     /// Parse a path; the error says what is wrong with it.
     pub fn parse(text: &str) -> Result<DataPath, String> {
+        let path = DataPath { text: text.to_owned(), segments: Self::segments_of(text)? };
+        match path.segments.as_slice() {
+            [Segment::Name(r), ..] if r == "input" => Ok(path),
+            [Segment::Name(r), Segment::Name(_), ..] if r == "outputs" => Ok(path),
+            _ => Err(format!(
+                "{text:?} must start at the task's input ($.input…) or at a step's output ($.outputs.<step>…)"
+            )),
+        }
+    }
+
+    fn segments_of(text: &str) -> Result<Vec<Segment>, String> {
         let query = rsonpath_syntax::parse(text).map_err(|e| format!("{text:?} is not a JSONPath: {e}"))?;
         let mut segments = Vec::new();
         for s in query.segments() {
@@ -73,14 +84,18 @@ impl DataPath {
                 }
             });
         }
-        let path = DataPath { text: text.to_owned(), segments };
-        match path.segments.as_slice() {
-            [Segment::Name(r), ..] if r == "input" => Ok(path),
-            [Segment::Name(r), Segment::Name(_), ..] if r == "outputs" => Ok(path),
-            _ => Err(format!(
-                "{text:?} must start at the task's input ($.input…) or at a step's output ($.outputs.<step>…)"
-            )),
-        }
+        Ok(segments)
+    }
+
+    /// Parse a path into one value (a step's answer, for its `result_selector`): `$` is the value
+    /// itself, `$.id` a member of it.
+    pub fn parse_relative(text: &str) -> Result<DataPath, String> {
+        Self::segments_of(text).map(|segments| DataPath { text: text.to_owned(), segments })
+    }
+
+    /// The value a relative path ([`Self::parse_relative`]) names in `value`.
+    pub fn resolve_in<'a>(&self, value: &'a Value) -> Option<&'a Value> {
+        walk(value, &self.segments)
     }
 
     pub fn as_str(&self) -> &str {
@@ -101,19 +116,23 @@ impl DataPath {
             Root::Input => (scope.input(), &self.segments[1..]),
             Root::Output(step) => (scope.output(step)?, &self.segments[2..]),
         };
-        rest.iter().try_fold(start, |v, s| match (s, v) {
-            (Segment::Name(n), Value::Object(m)) => m.get(n),
-            (Segment::Index(i), Value::Array(a)) => {
-                let at = if *i < 0 {
-                    a.len().checked_sub(usize::try_from(i.unsigned_abs()).ok()?)?
-                } else {
-                    usize::try_from(*i).ok()?
-                };
-                a.get(at)
-            }
-            _ => None,
-        })
+        walk(start, rest)
     }
+}
+
+fn walk<'a>(start: &'a Value, segments: &[Segment]) -> Option<&'a Value> {
+    segments.iter().try_fold(start, |v, s| match (s, v) {
+        (Segment::Name(n), Value::Object(m)) => m.get(n),
+        (Segment::Index(i), Value::Array(a)) => {
+            let at = if *i < 0 {
+                a.len().checked_sub(usize::try_from(i.unsigned_abs()).ok()?)?
+            } else {
+                usize::try_from(*i).ok()?
+            };
+            a.get(at)
+        }
+        _ => None,
+    })
 }
 
 impl fmt::Display for DataPath {

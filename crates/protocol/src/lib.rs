@@ -4,7 +4,7 @@
 //!   drives (sas-core performs its effects and writes its tasks);
 //! - [`messages`]: the JSON contracts of the queues, the callback answers and the statuses;
 //! - [`workflow`] and [`graph`]: workflow definitions and their steps as a graph; [`condition`]: a
-//!   step's guard and the paths it reads;
+//!   step's guard and the paths it reads; [`template`]: the data a step sends and keeps;
 //! - [`ids`], [`state`]: identifiers, times and `ProcessState`; [`config_file`]: configuration
 //!   files read with the path of every mistake.
 //!
@@ -18,4 +18,5 @@ pub mod ids;
 pub mod messages;
 pub mod protocol;
 pub mod state;
+pub mod template;
 pub mod workflow;

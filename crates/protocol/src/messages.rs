@@ -435,6 +435,11 @@ pub struct StatusMessage {
     /// where to read them instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outputs_omitted: Option<OmittedOutputs>,
+    /// On `Processed`, when the workflow declares a `result`: that template filled from the input
+    /// and the steps' outputs, instead of `outputs` (absent, with `outputs_omitted`, when it would
+    /// not fit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
     /// This status answers a submission that created nothing: a task with its `task_id` existed
     /// already (the status is that task's current one). An SQS redelivery of the caller's own
     /// submission after its task moved on is answered the same way.
@@ -471,8 +476,18 @@ impl StatusMessage {
             at,
             outputs: None,
             outputs_omitted: None,
+            result: None,
             duplicate: false,
         }
+    }
+
+    /// Attach a finished task's result (its workflow's `result`), as [`Self::with_outputs`] does
+    /// its outputs.
+    #[must_use]
+    pub fn with_result(self, result: Value) -> Self {
+        let mut s = self.with_outputs(result);
+        s.result = s.outputs.take();
+        s
     }
 
     /// Attach a finished task's outputs (by step name), or say where to read them when they are

@@ -10,6 +10,7 @@ use serde_json::Value;
 use crate::condition::{Condition, Root};
 use crate::graph::StepGraph;
 use crate::ids::{check_name, IdError};
+use crate::template::{AnswerTemplate, TaskTemplate};
 
 /// The longest a step may run: an agent Lambda's timeout is at most 15 minutes, and SQS
 /// DelaySeconds (the precise deadline timer) is at most 15 minutes.
@@ -214,6 +215,15 @@ pub struct StepDef {
     /// error, `{"error": {"kind", "message"}}`), or `{"continue": [kinds]}` for some kinds only.
     #[serde(default, skip_serializing_if = "StepFailure::is_fail")]
     pub on_failure: StepFailure,
+    /// What the agent receives (see [`crate::template`]): a template over the task's input and
+    /// the outputs of the steps before this one. Absent: the whole `{"input", "outputs"}`. The
+    /// idempotency key does not depend on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<TaskTemplate>,
+    /// What of the agent's answer the step keeps as its output: a template over the answer
+    /// (`{"charge_id.$": "$.id"}`). Absent: the whole answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_selector: Option<AnswerTemplate>,
 }
 
 /// How a step failed for good, as a step's `on_failure` names it.
@@ -455,6 +465,11 @@ pub struct WorkflowDef {
     #[serde(default, skip_serializing_if = "OnFailure::is_default")]
     pub on_failure: OnFailure,
     pub steps: Vec<StepDef>,
+    /// What a `Processed` task's last status carries as its `result` (see [`crate::template`]): a
+    /// template over the input and every step's output. Absent: the status carries `outputs`,
+    /// every step's output by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<TaskTemplate>,
 }
 
 /// A workflow's answer to a step that failed for good.
@@ -525,6 +540,8 @@ impl StepDef {
             map: None,
             when: None,
             on_failure: StepFailure::Fail,
+            parameters: None,
+            result_selector: None,
         }
     }
 
@@ -619,6 +636,13 @@ impl StepDef {
             return Err(problem("backoff multiplier must be within 1..=10".into()));
         }
         if let Some(m) = &self.map {
+            let reads_outputs = self.parameters.iter().flat_map(|t| t.0.paths()).find(|p| p.root() != Root::Input);
+            if let Some(p) = reads_outputs {
+                return Err(problem(format!(
+                    "a map step's parameters are filled for each element, from its $.input.item and $.input.index: \
+                     {p} is not there"
+                )));
+            }
             if !self.on_failure.is_fail() {
                 return Err(problem(
                     "a map step takes no on_failure: map.tolerated_failures says how many elements may fail".into(),
@@ -706,26 +730,47 @@ impl WorkflowDef {
     /// Every path a guard reads must be able to resolve when the guard is decided: the input, or
     /// the output of a step its step comes after.
     fn validate_guards(&self, graph: &StepGraph) -> Result<(), WorkflowError> {
+        let problem = |step: &str, p: String| WorkflowError::Step {
+            workflow: self.name.clone(),
+            step: step.to_owned(),
+            problem: p,
+        };
         for (i, s) in self.steps.iter().enumerate() {
-            let Some(when) = &s.when else { continue };
-            for path in when.paths() {
+            let guard = s.when.iter().flat_map(|w| w.paths()).map(|p| ("when", p, false));
+            let sent = s.parameters.iter().flat_map(|t| t.0.paths()).map(|p| ("parameters", p, false));
+            // a compensation reads the outputs of its step and of those before it
+            let undo = s.compensation.iter().flat_map(|c| c.parameters.iter()).flat_map(|t| t.0.paths());
+            let undo = undo.map(|p| ("its compensation's parameters", p, true));
+            for (what, path, own) in guard.chain(sent).chain(undo) {
                 let Root::Output(name) = path.root() else { continue };
-                let problem =
-                    |p: String| WorkflowError::Step { workflow: self.name.clone(), step: s.name.clone(), problem: p };
                 match self.steps.iter().position(|d| d.name == name) {
                     None => {
-                        return Err(problem(format!(
-                            "when reads {path}, and the workflow has no step {name:?}: it can never resolve"
-                        )))
+                        return Err(problem(
+                            &s.name,
+                            format!("{what} reads {path}, and the workflow has no step {name:?}: it can never resolve"),
+                        ))
                     }
-                    Some(j) if !graph.comes_before(j, i) => {
-                        return Err(problem(format!(
-                            "when reads {path}, and step {name} does not come before {} (name it in after, or in \
-                             after of a step before): its output can never be there when the guard is decided",
-                            s.name
-                        )))
+                    Some(j) if !(graph.comes_before(j, i) || (own && j == i)) => {
+                        return Err(problem(
+                            &s.name,
+                            format!(
+                                "{what} reads {path}, and step {name} does not come before {} (name it in after, or \
+                                 in after of a step before): its output can never be there when it is read",
+                                s.name
+                            ),
+                        ))
                     }
                     Some(_) => {}
+                }
+            }
+        }
+        for path in self.result.iter().flat_map(|t| t.0.paths()) {
+            if let Root::Output(name) = path.root() {
+                if !self.steps.iter().any(|d| d.name == name) {
+                    return Err(problem(
+                        name,
+                        format!("the workflow's result reads {path}, and there is no such step"),
+                    ));
                 }
             }
         }
@@ -942,6 +987,7 @@ mod tests {
     #[test]
     fn latest_version_is_resolved_by_default() {
         let mut a = WorkflowDef {
+            result: None,
             name: "w".into(),
             version: 1,
             description: String::new(),
@@ -962,6 +1008,7 @@ mod tests {
     #[test]
     fn invalid_definitions_are_refused() {
         let mut w = WorkflowDef {
+            result: None,
             name: "w".into(),
             version: 1,
             description: String::new(),
@@ -989,6 +1036,7 @@ mod tests {
     fn each_step_kind_needs_what_it_uses_and_nothing_else() {
         let check = |s: StepDef| {
             WorkflowDef {
+                result: None,
                 name: "w".into(),
                 version: 1,
                 description: String::new(),

@@ -79,6 +79,7 @@ impl Twins {
     /// ([`sas_core::agent::still_current`]). Returns the task as stored.
     pub async fn hold(&self, task_id: &TaskId, step: &str, agent: &str, attempt: &AttemptToken) -> Task {
         let def = WorkflowDef {
+            result: None,
             name: "held".into(),
             version: 1,
             description: String::new(),

@@ -39,6 +39,7 @@ fn step(name: &str, timeout_ms: u64, comp: Option<&str>) -> StepDef {
 /// pass on a loaded machine.
 pub fn workflows() -> WorkflowRegistry {
     let three = |name: &str, ms: u64| WorkflowDef {
+        result: None,
         name: name.into(),
         version: 1,
         description: "test workflow".into(),

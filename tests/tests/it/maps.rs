@@ -32,6 +32,7 @@ fn lines_workflow() -> WorkflowDef {
         timeout_ms: None,
     });
     WorkflowDef {
+        result: None,
         name: "lines".into(),
         version: 1,
         description: "reserve each line, then charge and ship".into(),

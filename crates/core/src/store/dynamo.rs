@@ -1047,6 +1047,7 @@ mod tests {
     #[test]
     fn the_digests_that_name_items_do_not_change() {
         let def = WorkflowDef {
+            result: None,
             name: "pinned".into(),
             version: 3,
             description: String::new(),

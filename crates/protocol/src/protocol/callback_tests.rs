@@ -30,6 +30,7 @@ fn wait(name: &str, ms: Option<u64>, until: Option<&str>) -> StepDef {
 
 fn flow(steps: Vec<StepDef>) -> WorkflowDef {
     let w = WorkflowDef {
+        result: None,
         name: "w".into(),
         version: 1,
         description: String::new(),

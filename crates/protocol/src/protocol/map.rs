@@ -175,6 +175,7 @@ pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: 
     def.after = None;
     def.when = None; // decided by the parent, once
     let workflow = WorkflowDef {
+        result: None,
         name: parent.workflow.name.clone(),
         version: parent.workflow.version,
         description: String::new(),

@@ -31,6 +31,7 @@ fn map_step(mc: u32, tolerated: Tolerance) -> StepDef {
 
 fn workflow(map: StepDef) -> WorkflowDef {
     WorkflowDef {
+        result: None,
         name: "order".into(),
         version: 1,
         description: String::new(),
@@ -687,6 +688,7 @@ fn after(step: StepDef, names: &[&str]) -> StepDef {
 /// quote, then charge and a fraud check at once, then ship once both have succeeded.
 fn diamond() -> WorkflowDef {
     WorkflowDef {
+        result: None,
         name: "order".into(),
         version: 1,
         description: String::new(),
@@ -704,6 +706,7 @@ fn diamond() -> WorkflowDef {
 /// which d's undo must come before b's.
 fn chain_in_region() -> WorkflowDef {
     WorkflowDef {
+        result: None,
         name: "deep".into(),
         version: 1,
         description: String::new(),
@@ -865,6 +868,7 @@ fn bad_graphs_are_refused_when_the_workflow_loads() {
 fn a_task_may_start_with_branches_and_end_with_them() {
     // a and b start with the task (after: []), c waits for both; d and e both wait only for c
     let def = WorkflowDef {
+        result: None,
         name: "edges".into(),
         version: 1,
         description: String::new(),

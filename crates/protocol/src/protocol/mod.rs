@@ -450,7 +450,7 @@ fn attempt_request(task: &Task, token: &AttemptToken, attempt_no: u32, start_by:
         attempt_no,
         start_by,
         complete_by: task.hard_by.or(task.complete_by).expect("a running attempt has a CompleteBy"),
-        input: task.unit_input(),
+        input: task.unit_request(),
         callback: def.kind.answers_by_token().then(|| CallbackRef {
             token: CallbackToken::new(&task.task_id, &def.name, token),
             heartbeat_ms: def.heartbeat_ms,
@@ -534,7 +534,7 @@ fn agent_succeeded(task: &Task, attempt: &AttemptToken, output: &Value, c: &mut 
         // already) with its output, which its compensation may need (a charge id to refund).
         let i = c.t.step_index;
         c.t.steps[i].status = StepStatus::Succeeded;
-        c.t.steps[i].output = Some(output.clone());
+        c.t.steps[i].output = Some(kept(&c.t.workflow.steps[i], output));
         c.release_compensation();
         return Ok(());
     }
@@ -542,7 +542,7 @@ fn agent_succeeded(task: &Task, attempt: &AttemptToken, output: &Value, c: &mut 
     c.t.unit_record().succeeded();
     if c.t.phase() == Phase::Forward {
         let i = c.t.step_index;
-        c.t.steps[i].output = Some(output.clone());
+        c.t.steps[i].output = Some(kept(&c.t.workflow.steps[i], output));
         // Only a step that may still be running needs its settling time (a cancel waits for
         // it); a succeeded one is undone without waiting: one attribute less in every write.
         c.t.steps[i].settles_at = None;
@@ -551,6 +551,14 @@ fn agent_succeeded(task: &Task, attempt: &AttemptToken, output: &Value, c: &mut 
     }
     c.advance();
     Ok(())
+}
+
+/// An agent's answer as the step keeps it: its `result_selector` filled from it, or all of it.
+fn kept(def: &StepDef, output: &Value) -> Value {
+    match &def.result_selector {
+        Some(t) => t.0.fill_from(output),
+        None => output.clone(),
+    }
 }
 
 /// The current attempt failed: a retryable failure counts and retries, a definite "no" gives the

@@ -787,6 +787,21 @@ impl Task {
 
     /// What the current unit's agent receives: the task input, the outputs of the steps that
     /// succeeded, and (for a compensation) which step it undoes.
+    /// What the current unit's agent receives: its `parameters` filled, or the whole
+    /// [`Self::unit_input`].
+    pub(crate) fn unit_request(&self) -> Value {
+        match &self.current_def().parameters {
+            Some(t) => t.0.fill(self),
+            None => self.unit_input(),
+        }
+    }
+
+    /// The workflow's `result`, filled, when the task is `Processed` and its workflow declares one.
+    pub fn result(&self) -> Option<Value> {
+        let r = self.workflow.result.as_ref().filter(|_| self.process_state == ProcessState::Processed)?;
+        Some(r.0.fill(self))
+    }
+
     pub(crate) fn unit_input(&self) -> Value {
         let mut v = serde_json::json!({ "input": self.input, "outputs": self.outputs() });
         if self.is_compensating() {
@@ -819,10 +834,10 @@ impl Task {
     /// says `Processed`.
     pub fn status_of(&self, entry: &HistoryEntry) -> StatusMessage {
         let status = entry.status(&self.task_id);
-        if entry.state == ProcessState::Processed {
-            status.with_outputs(self.outputs())
-        } else {
-            status
+        match (&self.workflow.result, entry.state) {
+            (Some(r), ProcessState::Processed) => status.with_result(r.0.fill(self)),
+            (None, ProcessState::Processed) => status.with_outputs(self.outputs()),
+            _ => status,
         }
     }
 

@@ -16,6 +16,7 @@ fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
 
 fn order() -> WorkflowDef {
     WorkflowDef {
+        result: None,
         name: "order".into(),
         version: 1,
         description: String::new(),
@@ -787,6 +788,7 @@ fn a_move() -> impl Strategy<Value = Move> {
 
 fn a_workflow() -> impl Strategy<Value = WorkflowDef> {
     (prop::collection::vec((any::<bool>(), 1u32..4), 1..5), any::<bool>()).prop_map(|(specs, park)| WorkflowDef {
+        result: None,
         name: "w".into(),
         version: 1,
         description: String::new(),

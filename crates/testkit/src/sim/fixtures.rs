@@ -48,6 +48,7 @@ fn lines_at_least(n: usize) -> serde_json::Value {
 /// `order-graph` the fraud check runs only for orders of two lines or more.
 pub fn workflows() -> WorkflowRegistry {
     let wf = |name: &str, on_failure| WorkflowDef {
+        result: None,
         name: name.into(),
         version: 1,
         description: "simulated order".into(),

@@ -16,6 +16,7 @@ fn when(step: StepDef, c: Value) -> StepDef {
 
 fn wf(steps: Vec<StepDef>) -> WorkflowDef {
     WorkflowDef {
+        result: None,
         name: "order".into(),
         version: 1,
         description: String::new(),
@@ -289,4 +290,99 @@ fn guards_and_handled_failures_read_back_from_a_workflow_file() {
     let bad = json!({"name": "x", "agent": "sim", "timeout_ms": 1000, "on_failure": {"continue": ["late"]}});
     let e = serde_json::from_value::<StepDef>(bad).unwrap_err().to_string();
     assert!(e.contains("on_failure of a step is"), "{e}");
+}
+
+#[allow(clippy::unnecessary_wraps, clippy::needless_pass_by_value)]
+fn tpl(v: Value) -> Option<crate::template::TaskTemplate> {
+    Some(serde_json::from_value(v).unwrap())
+}
+
+#[allow(clippy::unnecessary_wraps, clippy::needless_pass_by_value)]
+fn sel(v: Value) -> Option<crate::template::AnswerTemplate> {
+    Some(serde_json::from_value(v).unwrap())
+}
+
+/// quote, then a payment service that wants only `{amount, currency}` and whose refund needs the
+/// charge's id; the workflow's result is the order's reference and the charge.
+fn shaped() -> WorkflowDef {
+    let mut charge = call("charge", Some("refund"));
+    charge.parameters = tpl(json!({"amount.$": "$.input.total", "currency": "EUR", "quote.$": "$.outputs.quote.step"}));
+    charge.result_selector = sel(json!({"charge_id.$": "$.step", "whole.$": "$"}));
+    charge.compensation.as_mut().unwrap().parameters = tpl(json!({"charge_id.$": "$.outputs.charge.charge_id"}));
+    let mut def = wf(vec![call("quote", None), charge, call("ship", None)]);
+    def.result =
+        tpl(json!({"ref.$": "$.input.ref", "charge.$": "$.outputs.charge.charge_id", "gone.$": "$.outputs.x"}));
+    def.steps.push(when(call("x", None), json!({"variable": "$.input.never", "is_present": true})));
+    def
+}
+
+#[test]
+fn a_step_sends_what_its_parameters_say_keeps_what_its_result_selector_says_and_the_task_ends_with_its_result() {
+    let mut w = World::with(shaped(), json!({"total": 12, "ref": "o-1", "noise": "x".repeat(100)}));
+    w.run();
+    let p = w.parent().clone();
+    assert_eq!(p.process_state, ProcessState::Processed, "{:?}", p.reason);
+    let charge = w.requests.iter().find(|(_, s, _)| s == "charge").unwrap();
+    assert_eq!(charge.2, json!({"amount": 12, "currency": "EUR", "quote": "quote"}), "only what the service wants");
+    let ship = w.requests.iter().find(|(_, s, _)| s == "ship").unwrap();
+    assert!(ship.2["input"]["noise"].is_string(), "a step without parameters gets the whole input");
+    assert_eq!(ship.2["outputs"]["charge"]["charge_id"], "charge", "later steps see the kept output");
+    assert_eq!(p.outputs()["charge"], json!({"charge_id": "charge", "whole": {"step": "charge", "item": null}}));
+    let result = json!({"ref": "o-1", "charge": "charge", "gone": null});
+    assert_eq!(p.result(), Some(result.clone()));
+    let last = p.history.last().unwrap();
+    let status = p.status_of(last);
+    assert_eq!((status.result, status.outputs), (Some(result), None), "the result instead of every output");
+    // the compensation reads the output of the step it undoes
+    let mut w = World::with(shaped(), json!({"total": 12, "ref": "o-2"}));
+    w.refuse_steps.insert("ship");
+    w.run();
+    let refund = w.requests.iter().find(|(_, s, _)| s == "refund").unwrap();
+    assert_eq!(refund.2, json!({"charge_id": "charge"}));
+    // the idempotency key does not depend on the template
+    let mut plain = shaped();
+    plain.steps[1].parameters = None;
+    let a = World::with(shaped(), json!({"total": 12})).parent().clone();
+    let b = World::with(plain, json!({"total": 12})).parent().clone();
+    assert_eq!(
+        crate::ids::IdempotencyKey::for_unit(&a.task_id, "charge", a.steps[1].key_gen),
+        crate::ids::IdempotencyKey::for_unit(&b.task_id, "charge", b.steps[1].key_gen)
+    );
+}
+
+#[test]
+fn templates_that_read_what_is_never_there_are_refused_when_the_workflow_loads() {
+    let refused = |def: WorkflowDef| match def.validate() {
+        Err(WorkflowError::Step { step, problem, .. }) => format!("{step}: {problem}"),
+        other => panic!("taken: {other:?}"),
+    };
+    let mut early = shaped();
+    early.steps[0].parameters = tpl(json!({"id.$": "$.outputs.charge.charge_id"}));
+    assert!(refused(early)
+        .contains("quote: parameters reads $.outputs.charge.charge_id, and step charge does not come before quote"));
+    let mut result = shaped();
+    result.result = tpl(json!({"x.$": "$.outputs.nope"}));
+    assert!(refused(result).contains("the workflow's result reads $.outputs.nope, and there is no such step"));
+    let mut undo = shaped();
+    undo.steps[1].compensation.as_mut().unwrap().parameters = tpl(json!({"x.$": "$.outputs.ship.id"}));
+    assert!(refused(undo).contains("its compensation's parameters reads $.outputs.ship.id"));
+    let mut map = super::map_step(2, crate::workflow::Tolerance::None);
+    map.parameters = tpl(json!({"sku.$": "$.outputs.quote.sku"}));
+    assert!(refused(wf(vec![call("quote", None), map])).contains("filled for each element"));
+}
+
+#[test]
+fn a_map_step_s_parameters_are_filled_for_each_element() {
+    let mut map = super::map_step(2, crate::workflow::Tolerance::None);
+    map.parameters = tpl(json!({"sku.$": "$.input.item.sku", "n.$": "$.input.index"}));
+    map.result_selector = sel(json!({"done.$": "$.step"}));
+    let mut w = World::with(super::workflow(map), json!({"lines": [{"sku": "a"}, {"sku": "b"}]}));
+    w.run();
+    let p = w.parent().clone();
+    assert_eq!(p.process_state, ProcessState::Processed, "{:?}", p.reason);
+    let mut sent: Vec<Value> =
+        w.requests.iter().filter(|(_, s, _)| s == "reserve").map(|(_, _, input)| input.clone()).collect();
+    sent.sort_by_key(|v| v["n"].as_u64());
+    assert_eq!(sent, vec![json!({"sku": "a", "n": 0}), json!({"sku": "b", "n": 1})]);
+    assert_eq!(p.outputs()["reserve"], json!([{"done": "reserve"}, {"done": "reserve"}]));
 }

@@ -1,0 +1,235 @@
+//! Data in and out of a step: a template is JSON in which a key that ends in `.$` takes the value
+//! at a path instead of the value written (the States Language's `Parameters` and
+//! `ResultSelector`): `{"amount.$": "$.input.total", "currency": "EUR"}` is, for an input whose
+//! total is 12, `{"amount": 12, "currency": "EUR"}`.
+//!
+//! - a step's `parameters`: what its agent receives, read from the task's input and the outputs
+//!   of the steps before it (paths `$.input…`, `$.outputs.<step>…`); without it the agent receives
+//!   the whole `{"input", "outputs"}`;
+//! - a step's `result_selector`: what of the agent's answer the step keeps as its output (paths
+//!   into the answer: `$.id`, `$.body.charge`; `$` is the whole answer);
+//! - a workflow's `result`: what a `Processed` task's last status carries, from the input and
+//!   every step's output.
+//!
+//! A path that names nothing when the template is filled gives `null` (a skipped step has no
+//! output); one that can never name anything (a step that does not come before) is refused when
+//! the workflow loads.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::condition::{DataPath, Scope};
+
+/// What a template's paths are read against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Over {
+    /// The task: `$.input…`, `$.outputs.<step>…`.
+    Task,
+    /// One value (a step's answer): `$`, `$.id`.
+    Answer,
+}
+
+/// A parsed template (see the module's docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Template {
+    over: Over,
+    root: Node,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Node {
+    Value(Value),
+    Path(DataPath),
+    Object(Vec<(String, Node)>),
+    Array(Vec<Node>),
+}
+
+/// The most bytes a template may take, written out.
+pub const MAX_TEMPLATE_BYTES: usize = 16 * 1024;
+
+impl Template {
+    /// Read a template whose paths are read `over` the task or an answer; the error names the
+    /// key whose path is wrong.
+    pub fn from_json(v: &Value, over: Over) -> Result<Template, String> {
+        if serde_json::to_vec(v).map_or(usize::MAX, |b| b.len()) > MAX_TEMPLATE_BYTES {
+            return Err(format!("a template takes at most {MAX_TEMPLATE_BYTES} bytes"));
+        }
+        if !v.is_object() {
+            return Err(format!("a template is an object ({{\"amount.$\": \"$.input.total\"}}), not {v}"));
+        }
+        Ok(Template { over, root: node(v, over, "")? })
+    }
+
+    /// Every path the template reads.
+    pub fn paths(&self) -> Vec<&DataPath> {
+        fn visit<'a>(n: &'a Node, out: &mut Vec<&'a DataPath>) {
+            match n {
+                Node::Path(p) => out.push(p),
+                Node::Object(m) => m.iter().for_each(|(_, x)| visit(x, out)),
+                Node::Array(a) => a.iter().for_each(|x| visit(x, out)),
+                Node::Value(_) => {}
+            }
+        }
+        let mut out = Vec::new();
+        visit(&self.root, &mut out);
+        out
+    }
+
+    /// Fill a template read over the task.
+    pub fn fill(&self, scope: &dyn Scope) -> Value {
+        debug_assert_eq!(self.over, Over::Task);
+        render(&self.root, &|p| p.resolve(scope).cloned())
+    }
+
+    /// Fill a template read over an answer.
+    pub fn fill_from(&self, answer: &Value) -> Value {
+        debug_assert_eq!(self.over, Over::Answer);
+        render(&self.root, &|p| p.resolve_in(answer).cloned())
+    }
+
+    pub fn to_json(&self) -> Value {
+        fn back(n: &Node) -> Value {
+            match n {
+                Node::Value(v) => v.clone(),
+                Node::Path(p) => Value::String(p.as_str().to_owned()),
+                Node::Object(m) => Value::Object(
+                    m.iter()
+                        .map(|(k, x)| (if matches!(x, Node::Path(_)) { format!("{k}.$") } else { k.clone() }, back(x)))
+                        .collect(),
+                ),
+                Node::Array(a) => Value::Array(a.iter().map(back).collect()),
+            }
+        }
+        back(&self.root)
+    }
+}
+
+fn node(v: &Value, over: Over, at: &str) -> Result<Node, String> {
+    Ok(match v {
+        Value::Object(m) => {
+            let mut out = Vec::with_capacity(m.len());
+            for (k, x) in m {
+                let here = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+                match k.strip_suffix(".$") {
+                    Some(name) => {
+                        let Value::String(p) = x else { return Err(format!("{here} takes a path, not {x}")) };
+                        let path = match over {
+                            Over::Task => DataPath::parse(p),
+                            Over::Answer => DataPath::parse_relative(p),
+                        }
+                        .map_err(|e| format!("{here}: {e}"))?;
+                        if out.iter().any(|(n, _): &(String, Node)| n == name) || m.contains_key(name) {
+                            return Err(format!("{here}: {name} is given twice"));
+                        }
+                        out.push((name.to_owned(), Node::Path(path)));
+                    }
+                    None => out.push((k.clone(), node(x, over, &here)?)),
+                }
+            }
+            Node::Object(out)
+        }
+        Value::Array(a) => Node::Array(a.iter().map(|x| node(x, over, at)).collect::<Result<_, _>>()?),
+        other => Node::Value(other.clone()),
+    })
+}
+
+fn render(n: &Node, look: &dyn Fn(&DataPath) -> Option<Value>) -> Value {
+    match n {
+        Node::Value(v) => v.clone(),
+        Node::Path(p) => look(p).unwrap_or(Value::Null),
+        Node::Object(m) => Value::Object(m.iter().map(|(k, x)| (k.clone(), render(x, look))).collect::<Map<_, _>>()),
+        Node::Array(a) => Value::Array(a.iter().map(|x| render(x, look)).collect()),
+    }
+}
+
+/// A template read over the task (`parameters`, a workflow's `result`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskTemplate(pub Template);
+
+/// A template read over a step's answer (`result_selector`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnswerTemplate(pub Template);
+
+macro_rules! serde_template {
+    ($t:ident, $over:expr, $name:literal, $about:literal) => {
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                self.0.to_json().serialize(s)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let v = Value::deserialize(d)?;
+                Template::from_json(&v, $over).map($t).map_err(serde::de::Error::custom)
+            }
+        }
+
+        #[cfg(feature = "schema")]
+        impl schemars::JsonSchema for $t {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                $name.into()
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({"description": $about, "type": "object"})
+            }
+        }
+    };
+}
+
+serde_template!(
+    TaskTemplate,
+    Over::Task,
+    "TaskTemplate",
+    "JSON in which a key ending in .$ takes the value at a path into the task ($.input.total, $.outputs.quote.id)."
+);
+serde_template!(
+    AnswerTemplate,
+    Over::Answer,
+    "AnswerTemplate",
+    "JSON in which a key ending in .$ takes the value at a path into the agent's answer ($ is the answer, $.id a member)."
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    struct Data(Value, Value);
+    impl Scope for Data {
+        fn input(&self) -> &Value {
+            &self.0
+        }
+        fn output(&self, step: &str) -> Option<&Value> {
+            self.1.get(step)
+        }
+    }
+
+    #[test]
+    fn a_template_takes_values_at_paths_and_keeps_the_rest() {
+        let t = json!({"amount.$": "$.input.total", "currency": "EUR", "lines": [{"sku.$": "$.input.lines[0].sku"}],
+                       "quote.$": "$.outputs.quote", "gone.$": "$.outputs.skipped.id", "nested": {"n": 1}});
+        let tpl = Template::from_json(&t, Over::Task).unwrap();
+        let data = Data(json!({"total": 12, "lines": [{"sku": "a"}]}), json!({"quote": {"id": "q1"}}));
+        assert_eq!(
+            tpl.fill(&data),
+            json!({"amount": 12, "currency": "EUR", "lines": [{"sku": "a"}], "quote": {"id": "q1"}, "gone": null,
+                   "nested": {"n": 1}})
+        );
+        assert_eq!(tpl.to_json(), t, "written back as read");
+        assert_eq!(tpl.paths().len(), 4);
+        let sel = Template::from_json(&json!({"charge_id.$": "$.body.id", "all.$": "$"}), Over::Answer).unwrap();
+        assert_eq!(sel.fill_from(&json!({"body": {"id": 7}})), json!({"charge_id": 7, "all": {"body": {"id": 7}}}));
+    }
+
+    #[test]
+    fn a_template_that_cannot_be_read_names_the_key() {
+        let err = |v: Value, over| Template::from_json(&v, over).unwrap_err();
+        assert!(err(json!({"a": {"b.$": "$.order.x"}}), Over::Task).starts_with("a.b.$: "), "the path must be rooted");
+        assert!(err(json!({"a.$": 3}), Over::Task).contains("a.$ takes a path"));
+        assert!(err(json!({"a.$": "$.input.x", "a": 1}), Over::Task).contains("given twice"));
+        assert!(err(json!({"a.$": "$..x"}), Over::Answer).contains("more than one value"));
+        assert!(err(json!("$.input"), Over::Task).contains("is an object"));
+    }
+}
