@@ -173,8 +173,13 @@ fn doing(t: &Task) -> Option<String> {
             None => format!("compensating {step} ({unit}) once its cancelled attempt answers"),
         },
         (true, _) => format!("compensating {step} ({unit})"),
+        (false, ProcessState::Processing) if kind.starts_a_workflow() => format!(
+            "waiting for {step}'s child task {} (workflow {})",
+            sas_core::ids::TaskId::child(&t.task_id, t.unit_step(), 0),
+            t.current_def().workflow.as_deref().unwrap_or_default()
+        ),
         (false, ProcessState::Processing) if running => match kind {
-            StepKind::Call => format!("running {step}"),
+            StepKind::Call | StepKind::Workflow => format!("running {step}"),
             StepKind::Callback => format!("waiting for the answer to {step} (callback step)"),
             StepKind::Wait => format!("waiting in {step} until {}", t.complete_by.map_or(0, |m| m.0)),
         },

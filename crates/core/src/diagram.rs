@@ -64,6 +64,17 @@ fn label(s: &StepDef) -> String {
             (None, Some(at)) => lines.push(format!("wait until {}", text(at))),
             (None, None) => lines.push("wait".to_owned()),
         },
+        StepKind::Workflow => lines.push(format!(
+            "workflow {} v{}",
+            text(s.workflow.as_deref().unwrap_or_default()),
+            s.version.unwrap_or_default()
+        )),
+    }
+    if let Some(w) = &s.when {
+        lines.push(format!("when {}", text(crate::ids::clip(&w.to_string(), 80))));
+    }
+    if !s.on_failure.is_fail() {
+        lines.push("its failure continues the task".to_owned());
     }
     if let Some(m) = &s.map {
         let tolerated = match m.tolerated_failures {

@@ -304,7 +304,10 @@ fn spawn_one<'a>(
             |e: HandlerError| EffectError::Element { element: tr.task.task_id.to_string(), source: Box::new(e) };
         let sent = match transition::create(deps, &tr.task).await {
             Ok(Created::New) => {
-                if tr.task.upstream.is_some() {
+                if tr.task.called {
+                    let workflow = &tr.task.workflow.name;
+                    info!(task_id = %tr.task.task_id, parent = %parent.task_id, workflow, "child workflow task created");
+                } else if tr.task.upstream.is_some() {
                     let step = tr.task.steps.first().map_or("", |s| s.name.as_str());
                     info!(task_id = %tr.task.task_id, parent = %parent.task_id, branch = element, step, "parallel branch created");
                 } else {

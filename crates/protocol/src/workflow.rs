@@ -87,6 +87,11 @@ pub enum StepKind {
     /// No agent: the step sleeps for `wait_ms`, or until the instant at `wait_until` (a JSON
     /// pointer into the unit's input, epoch milliseconds or an RFC 3339 time), and succeeds.
     Wait,
+    /// No agent: the step starts a child task of another workflow (`workflow`, pinned at
+    /// `version`), with its `parameters` (or the task's input) as the child's input, and succeeds
+    /// with the child's result when the child ends `Processed`. The child is cancelled with its
+    /// parent and undoes its own steps when its parent compensates.
+    Workflow,
 }
 
 /// What each kind means to the protocol, the tools and validation: every question is one
@@ -100,6 +105,7 @@ impl StepKind {
             StepKind::Call => "call",
             StepKind::Callback => "callback",
             StepKind::Wait => "wait",
+            StepKind::Workflow => "workflow",
         }
     }
 
@@ -107,7 +113,7 @@ impl StepKind {
     pub fn is_call(&self) -> bool {
         match self {
             StepKind::Call => true,
-            StepKind::Callback | StepKind::Wait => false,
+            StepKind::Callback | StepKind::Wait | StepKind::Workflow => false,
         }
     }
 
@@ -116,7 +122,7 @@ impl StepKind {
     pub const fn uses_agent(self) -> bool {
         match self {
             StepKind::Call | StepKind::Callback => true,
-            StepKind::Wait => false,
+            StepKind::Wait | StepKind::Workflow => false,
         }
     }
 
@@ -125,7 +131,7 @@ impl StepKind {
     pub const fn is_timer(self) -> bool {
         match self {
             StepKind::Wait => true,
-            StepKind::Call | StepKind::Callback => false,
+            StepKind::Call | StepKind::Callback | StepKind::Workflow => false,
         }
     }
 
@@ -134,7 +140,7 @@ impl StepKind {
     pub const fn answers_by_token(self) -> bool {
         match self {
             StepKind::Callback => true,
-            StepKind::Call | StepKind::Wait => false,
+            StepKind::Call | StepKind::Wait | StepKind::Workflow => false,
         }
     }
 
@@ -143,7 +149,7 @@ impl StepKind {
     pub const fn agent_bounds_the_effect(self) -> bool {
         match self {
             StepKind::Call => true,
-            StepKind::Callback | StepKind::Wait => false,
+            StepKind::Callback | StepKind::Wait | StepKind::Workflow => false,
         }
     }
 
@@ -151,7 +157,15 @@ impl StepKind {
     pub const fn may_map_or_compensate(self) -> bool {
         match self {
             StepKind::Call | StepKind::Callback => true,
-            StepKind::Wait => false,
+            StepKind::Wait | StepKind::Workflow => false,
+        }
+    }
+
+    /// The step runs a child task of another workflow (it is undone by the child itself).
+    pub const fn starts_a_workflow(self) -> bool {
+        match self {
+            StepKind::Workflow => true,
+            StepKind::Call | StepKind::Callback | StepKind::Wait => false,
         }
     }
 }
@@ -224,7 +238,22 @@ pub struct StepDef {
     /// (`{"charge_id.$": "$.id"}`). Absent: the whole answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_selector: Option<AnswerTemplate>,
+    /// Workflow steps: the workflow the child task runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
+    /// Workflow steps: its version (pinned: a new version of the child is a new version of the
+    /// parent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    /// Workflow steps: the child's definition, filled in by the registry when the workflows load
+    /// (never written in a file), so that a task's pinned definition holds its children's.
+    #[cfg_attr(feature = "schema", schemars(skip))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child: Option<Box<WorkflowDef>>,
 }
+
+/// The deepest workflows may call workflows (a task, its child, its grandchild…).
+pub const MAX_WORKFLOW_DEPTH: usize = 4;
 
 /// How a step failed for good, as a step's `on_failure` names it.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -542,6 +571,9 @@ impl StepDef {
             on_failure: StepFailure::Fail,
             parameters: None,
             result_selector: None,
+            workflow: None,
+            version: None,
+            child: None,
         }
     }
 
@@ -590,6 +622,28 @@ impl StepDef {
                     return Err("wait_ms and wait_until belong to wait steps".into());
                 }
             }
+            StepKind::Workflow => {
+                if self.workflow.is_none() || self.version.is_none() {
+                    return Err("a workflow step names the workflow and the version it runs (workflow, version)".into());
+                }
+                if !self.agent.is_empty()
+                    || self.heartbeat_ms.is_some()
+                    || self.wait_ms.is_some()
+                    || self.wait_until.is_some()
+                {
+                    return Err("a workflow step has no agent, heartbeat_ms, wait_ms or wait_until".into());
+                }
+                if self.timeout_ms > MAX_LONG_STEP_MS {
+                    return Err(format!("timeout_ms {} is over {MAX_LONG_STEP_MS} (366 days)", self.timeout_ms));
+                }
+                if self.compensation.is_some() || self.max_attempts != 1 {
+                    return Err(
+                        "a workflow step takes no compensation and no retries: its child undoes its own steps, \
+                                and retries its own"
+                            .into(),
+                    );
+                }
+            }
             StepKind::Wait => {
                 if !self.agent.is_empty() || self.timeout_ms != 0 || self.heartbeat_ms.is_some() {
                     return Err("a wait step has no agent, timeout_ms or heartbeat_ms".into());
@@ -613,6 +667,9 @@ impl StepDef {
         let problem =
             |p: String| WorkflowError::Step { workflow: workflow.to_owned(), step: self.name.clone(), problem: p };
         check_name("step name", &self.name).map_err(|e| problem(e.to_string()))?;
+        if !self.kind.starts_a_workflow() && (self.workflow.is_some() || self.version.is_some()) {
+            return Err(problem("workflow and version belong to steps of kind workflow".into()));
+        }
         self.validate_kind().map_err(problem)?;
         if self.schedule_to_start_ms.is_some_and(|b| b > MAX_QUEUE_BUDGET_MS) {
             return Err(problem(format!("schedule_to_start_ms is over {MAX_QUEUE_BUDGET_MS}")));
@@ -693,7 +750,7 @@ impl WorkflowDef {
         let mut seen = HashSet::new();
         for s in &self.steps {
             s.validate(&self.name)?;
-            if s.map.is_some() && self.on_failure == OnFailure::Error {
+            if (s.map.is_some() || s.kind.starts_a_workflow()) && self.on_failure == OnFailure::Error {
                 return Err(WorkflowError::Step {
                     workflow: self.name.clone(),
                     step: s.name.clone(),
@@ -813,6 +870,41 @@ pub struct WorkflowRegistry {
     by_name: HashMap<String, BTreeMap<u32, WorkflowDef>>,
 }
 
+/// Workflow `name@version` with the definition of every workflow it calls filled in (its workflow
+/// steps' `child`, and theirs), or why it cannot be: a call of a workflow that is not defined, a
+/// cycle of workflows calling each other, calls deeper than [`MAX_WORKFLOW_DEPTH`].
+fn resolve_calls(
+    all: &HashMap<String, BTreeMap<u32, WorkflowDef>>,
+    name: &str,
+    version: u32,
+    calling: &mut Vec<String>,
+) -> Result<WorkflowDef, WorkflowError> {
+    let mut def = all.get(name).and_then(|v| v.get(&version)).cloned().expect("called with a defined workflow");
+    calling.push(format!("{name}@{version}"));
+    for s in &mut def.steps {
+        let (Some(child), Some(v)) = (s.workflow.clone(), s.version) else { continue };
+        let problem = |p: String| WorkflowError::Step { workflow: name.to_owned(), step: s.name.clone(), problem: p };
+        if all.get(&child).and_then(|vs| vs.get(&v)).is_none() {
+            return Err(problem(format!("it runs workflow {child} version {v}, which is not defined")));
+        }
+        let callee = format!("{child}@{v}");
+        if let Some(at) = calling.iter().position(|c| *c == callee) {
+            let cycle: Vec<&str> = calling[at..].iter().map(String::as_str).chain([callee.as_str()]).collect();
+            return Err(problem(format!("workflows call each other in a cycle: {}", cycle.join(" -> "))));
+        }
+        if calling.len() >= MAX_WORKFLOW_DEPTH {
+            return Err(problem(format!(
+                "workflows call workflows {} deep here ({} -> {callee}); at most {MAX_WORKFLOW_DEPTH}",
+                calling.len() + 1,
+                calling.join(" -> ")
+            )));
+        }
+        s.child = Some(Box::new(resolve_calls(all, &child, v, calling)?));
+    }
+    calling.pop();
+    Ok(def)
+}
+
 /// A workflow's `defaults`: values its steps take for the fields they do not set, so that a file
 /// does not repeat its retry policy on every step. Call and callback steps take `timeout_ms`,
 /// `schedule_to_start_ms`, `max_attempts` and `backoff` (callback steps `heartbeat_ms` too);
@@ -901,7 +993,14 @@ impl WorkflowRegistry {
             }
             versions.insert(d.version, d);
         }
-        Ok(WorkflowRegistry { by_name })
+        let mut resolved = by_name.clone();
+        for (name, versions) in &by_name {
+            for version in versions.keys() {
+                let def = resolve_calls(&by_name, name, *version, &mut Vec::new())?;
+                resolved.get_mut(name).expect("listed").insert(*version, def);
+            }
+        }
+        Ok(WorkflowRegistry { by_name: resolved })
     }
 
     pub fn from_json(json: &str) -> Result<Self, WorkflowError> {

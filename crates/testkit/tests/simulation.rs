@@ -36,6 +36,7 @@ fn every_seed_keeps_the_invariants() {
     let (mut handled, mut attempts, mut limit_waits, mut limited_max, mut elements_max, mut fenced) =
         (0, 0, 0, 0, 0, 0);
     let (mut skipped, mut handled_failures) = (0, 0);
+    let mut children: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     let mut callbacks: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     let faults = faults();
     for &seed in &seeds {
@@ -46,6 +47,9 @@ fn every_seed_keeps_the_invariants() {
         fenced += r.fenced;
         skipped += r.skipped;
         handled_failures += r.handled_failures;
+        for (k, n) in &r.child_states {
+            *children.entry(k.clone()).or_default() += n;
+        }
         limited_max = limited_max.max(r.limited_max);
         elements_max = elements_max.max(r.elements_max);
         for (k, n) in &r.callbacks {
@@ -81,6 +85,7 @@ fn every_seed_keeps_the_invariants() {
     );
     eprintln!("{fenced} copies of agent requests not started: their task no longer waited for their attempt");
     eprintln!("{skipped} steps skipped by their guards; {handled_failures} failures handled by on_failure: continue");
+    eprintln!("child workflows' tasks, by how they ended: {children:?}");
     for (kind, (n, first, text)) in &broken {
         eprintln!("  {kind}: {n} seeds, first seed {first}: {text}");
     }
@@ -95,6 +100,9 @@ fn every_seed_keeps_the_invariants() {
         }
         // guards went both ways and failures were handled, so the `skipped` invariant was put to the test
         assert!(skipped > 0, "no step was skipped");
+        // children ran, and some were undone with their parent
+        assert!(children.get("Processed").is_some_and(|n| *n > 0), "{children:?}");
+        assert!(children.get("Compensated").is_some_and(|n| *n > 0), "{children:?}");
         if faults.permanent > 0.0 || faults.transient > 0.0 {
             assert!(handled_failures > 0, "no failure was handled by on_failure: continue");
         }

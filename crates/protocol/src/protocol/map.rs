@@ -86,7 +86,8 @@ pub(crate) fn undoable(task: &Task, regions: &[std::ops::Range<usize>], j: usize
     match regions.iter().find(|r| r.contains(&j)) {
         Some(r) if r.start == j => steps[r.clone()].iter().any(|s| s.compensation.is_some()),
         Some(_) => false,
-        None => steps[j].compensation.is_some(),
+        // a child workflow undoes its own steps
+        None => steps[j].compensation.is_some() || steps[j].kind.starts_a_workflow(),
     }
 }
 
@@ -166,6 +167,9 @@ fn undo_now(task: &Task, step: usize, p: &MapProgress) -> Vec<u32> {
 /// the region's step `step + element` (without its `after`), its input the parent's, and it gets
 /// the outputs of the parent's steps it comes after ([`Task::upstream`]).
 pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: &Ctx, policy: &Policy) -> Transition {
+    if parent.workflow.steps[step].kind.starts_a_workflow() {
+        return child_task(parent, step, ctx, policy);
+    }
     let branch = parent.workflow.region_at(step).map(|r| r.start + element as usize);
     let mut def = parent.workflow.steps[branch.unwrap_or(step)].clone();
     if branch.is_none() {
@@ -193,6 +197,24 @@ pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: 
     if let Some(s) = branch {
         t.upstream = Some(upstream(parent, s));
     }
+    let mut c = Change { t, fx: Vec::new(), ctx, policy };
+    c.wait_for_claim(ctx.now, crate::messages::RunReason::Start);
+    Transition { task: c.t, effects: c.fx, keeps_mark: false }
+}
+
+/// The child task of the workflow step at `step`: its workflow is the step's `child` (pinned with
+/// the parent's definition), its input the step's `parameters` filled from the parent (the
+/// parent's input without them), read again at each spawn (the parent's data does not change
+/// while the step runs, so each copy is the same). Created waiting for its claim, as an element.
+fn child_task(parent: &Task, step: usize, ctx: &Ctx, policy: &Policy) -> Transition {
+    let def = &parent.workflow.steps[step];
+    let workflow = def.child.as_deref().cloned().expect("a loaded workflow step has its child's definition");
+    let input = match &def.parameters {
+        Some(t) => t.0.fill(parent),
+        None => parent.input.clone(),
+    };
+    let mut t = new_task(TaskId::child(&parent.task_id, step, 0), workflow, input, None, ctx);
+    t.called = true;
     let mut c = Change { t, fx: Vec::new(), ctx, policy };
     c.wait_for_claim(ctx.now, crate::messages::RunReason::Start);
     Transition { task: c.t, effects: c.fx, keeps_mark: false }
@@ -263,11 +285,18 @@ pub(crate) fn ended_notice(task: &Task) -> Option<Effect> {
             .as_deref()
             .filter(|_| task.process_state != ProcessState::Processed)
             .map(|r| crate::ids::clip(r, 300).to_owned()),
-        output: task
-            .upstream
-            .as_ref()
-            .filter(|_| task.process_state == ProcessState::Processed)
-            .map(|_| task.steps.first().and_then(|s| s.output.clone()).unwrap_or(Value::Null)),
+        output: (task.process_state == ProcessState::Processed)
+            .then(|| {
+                if task.called {
+                    // a child workflow: its result, or every output of its steps
+                    Some(task.result().unwrap_or_else(|| task.outputs()))
+                } else {
+                    task.upstream
+                        .as_ref()
+                        .map(|_| task.steps.first().and_then(|s| s.output.clone()).unwrap_or(Value::Null))
+                }
+            })
+            .flatten(),
     })))
 }
 
@@ -278,7 +307,8 @@ pub(crate) fn map_running(task: &Task) -> bool {
         return false;
     }
     let i = task.unit_step();
-    if task.workflow.steps[i].map.is_none() && task.workflow.region_at(i).is_none() {
+    let def = &task.workflow.steps[i];
+    if def.map.is_none() && task.workflow.region_at(i).is_none() && !def.kind.starts_a_workflow() {
         return false;
     }
     let step = &task.steps[i];
@@ -363,6 +393,16 @@ pub(crate) fn element_ended(
     let region = task.workflow.region_at(step);
     let def = &task.workflow.steps[step];
     let spec = map_spec(task, step).cloned();
+    if state == ProcessState::Processed && def.kind.starts_a_workflow() {
+        // the child ended: the step succeeds with its result
+        p.ok.set(element);
+        c.t.steps[step].map = Some(p);
+        c.t.steps[step].output = Some(super::kept(def, output.unwrap_or(&Value::Null)));
+        c.t.unit_record().succeeded();
+        c.t.reason = None;
+        c.advance();
+        return Ok(());
+    }
     if state == ProcessState::Processed {
         p.ok.set(element);
         if let Some(r) = &region {
@@ -380,6 +420,12 @@ pub(crate) fn element_ended(
                 Some(r) => format!(
                     "branch {} ended {state}{}",
                     task.workflow.steps[r.start + element as usize].name,
+                    reason.map(|r| format!(" ({r})")).unwrap_or_default(),
+                ),
+                None if def.kind.starts_a_workflow() => format!(
+                    "workflow step {}: its child task {} ended {state}{}",
+                    def.name,
+                    TaskId::child(&task.task_id, step, element),
                     reason.map(|r| format!(" ({r})")).unwrap_or_default(),
                 ),
                 None => format!(
@@ -484,9 +530,12 @@ fn end_stopped(c: &mut Change, cause: EndCause) {
     }
     match cause {
         EndCause::Failed => {
-            // the one alert for the elements that failed (they raise none of their own)
-            let alert = c.alert(crate::messages::AlertKind::RetriesExhausted, &reason);
-            c.fx.push(Effect::Alert(alert));
+            // the one alert for the elements that failed (they raise none of their own), unless
+            // the step handles its failure
+            if !c.handles(FailureKind::Permanent) {
+                let alert = c.alert(crate::messages::AlertKind::RetriesExhausted, &reason);
+                c.fx.push(Effect::Alert(alert));
+            }
             c.give_up(reason, FailureKind::Permanent);
         }
         EndCause::Cancelled => c.begin_compensation(EndCause::Cancelled, reason),
@@ -674,6 +723,30 @@ impl Change<'_> {
         self.t.complete_by = Some(watch.min(deadline));
         self.note(ProcessState::Processing);
         self.fx.push(Effect::Spawn { step: i, elements, cancel: None });
+    }
+
+    /// Start a workflow step: create its child task (one element, whose end is the step's).
+    pub(super) fn start_child(&mut self) {
+        let i = self.t.step_index;
+        self.t.not_before = None;
+        self.t.restarts = 0;
+        self.t.awaits = None;
+        self.unlock();
+        self.t.unit_record().begin_attempt();
+        if let Some(p) = self.t.steps[i].map.clone() {
+            self.resume_map(p, None);
+            return;
+        }
+        let def = &self.t.workflow.steps[i];
+        let timeout = if def.timeout_ms == 0 { crate::workflow::DEFAULT_MAP_TIMEOUT_MS } else { def.timeout_ms };
+        let deadline = self.ctx.now.plus_ms(timeout);
+        let mut p = MapProgress::new(1, deadline);
+        p.started = 1;
+        self.t.steps[i].map = Some(p);
+        let watch = self.ctx.now.plus_ms(watch_ms(def, self.policy));
+        self.t.complete_by = Some(watch.min(deadline));
+        self.note(ProcessState::Processing);
+        self.fx.push(Effect::Spawn { step: i, elements: vec![(0, Value::Null)], cancel: None });
     }
 
     /// An operator resubmits a task whose map stopped (some element could not undo itself): its

@@ -365,6 +365,7 @@ fn new_task(task_id: TaskId, workflow: WorkflowDef, input: Value, reply_to: Opti
         late_result: None,
         late_attempt: None,
         upstream: None,
+        called: false,
     }
 }
 
@@ -554,7 +555,7 @@ fn agent_succeeded(task: &Task, attempt: &AttemptToken, output: &Value, c: &mut 
 }
 
 /// An agent's answer as the step keeps it: its `result_selector` filled from it, or all of it.
-fn kept(def: &StepDef, output: &Value) -> Value {
+pub(crate) fn kept(def: &StepDef, output: &Value) -> Value {
     match &def.result_selector {
         Some(t) => t.0.fill_from(output),
         None => output.clone(),
@@ -1110,6 +1111,13 @@ impl Change<'_> {
             }
             return;
         }
+        if self.t.workflow.steps[i].kind.starts_a_workflow() {
+            match self.t.phase() {
+                Phase::Forward => self.start_child(),
+                Phase::Compensate => self.start_map_undo(),
+            }
+            return;
+        }
         let def = self.t.current_def().clone();
         if def.kind.is_timer() {
             self.start_wait(&def);
@@ -1242,7 +1250,7 @@ impl Change<'_> {
 
     /// Whether the current forward step's `on_failure` handles a failure of `kind` (a map step
     /// or a parallel region never does: their elements and branches handle their own).
-    fn handles(&self, kind: FailureKind) -> bool {
+    pub(super) fn handles(&self, kind: FailureKind) -> bool {
         let i = self.t.step_index;
         let w = &self.t.workflow;
         self.t.phase() == Phase::Forward

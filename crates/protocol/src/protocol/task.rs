@@ -712,6 +712,9 @@ pub struct Task {
     /// The attempt of the last of them (its repeat is not counted twice).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub late_attempt: Option<AttemptToken>,
+    /// The child task of a parent's workflow step: its end tells the parent its result.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub called: bool,
 }
 
 fn first_run() -> u32 {

@@ -262,4 +262,6 @@ pub struct SimReport {
     pub skipped: u64,
     /// Failures a step's `on_failure: continue` handled (the task went on).
     pub handled_failures: u64,
+    /// How the child tasks of workflow steps ended.
+    pub child_states: BTreeMap<String, usize>,
 }

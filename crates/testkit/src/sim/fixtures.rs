@@ -45,7 +45,8 @@ fn lines_at_least(n: usize) -> serde_json::Value {
 /// that heartbeats and confirms later), undone by `recall`; `order-choice` decides: an approval
 /// for orders of four lines or more, a gift-wrap whose failure does not fail the order, an apology
 /// only when the gift-wrap failed, and a hold only after an apology (skipped with it); in
-/// `order-graph` the fraud check runs only for orders of two lines or more.
+/// `order-graph` the fraud check runs only for orders of two lines or more; `order-child` ships
+/// through the `shipping` workflow, a child task of its own.
 pub fn workflows() -> WorkflowRegistry {
     let wf = |name: &str, on_failure| WorkflowDef {
         result: None,
@@ -107,9 +108,37 @@ pub fn workflows() -> WorkflowRegistry {
         after(step("hold", Some("unhold")), &["apologize"]),
         step("ship", None),
     ];
+    // `order-child`: the charge, then shipping as a workflow of its own (pack, label, dispatch),
+    // then a notice; `shipping` undoes its own steps when the order compensates or is cancelled
+    let mut shipping = wf("shipping", OnFailure::Compensate);
+    shipping.steps = vec![step("pack", Some("unpack")), step("label", Some("unlabel")), step("dispatch", None)];
+    shipping.result = Some(
+        serde_json::from_value(serde_json::json!({"label.$": "$.outputs.label", "sku.$": "$.input.sku"}))
+            .expect("a valid template"),
+    );
+    let mut child_order = wf("order-child", OnFailure::Compensate);
+    child_order.steps = vec![
+        StepDef { agent: LIMITED_AGENT.into(), ..step("charge", Some("refund")) },
+        StepDef {
+            kind: StepKind::Workflow,
+            agent: String::new(),
+            timeout_ms: 0,
+            max_attempts: 1,
+            compensation: None,
+            workflow: Some("shipping".into()),
+            version: Some(1),
+            parameters: Some(
+                serde_json::from_value(serde_json::json!({"sku.$": "$.input.sku"})).expect("a valid template"),
+            ),
+            ..step("ship", None)
+        },
+        step("notify", None),
+    ];
     WorkflowRegistry::new([
         wf("order", OnFailure::Compensate),
         choice_order,
+        shipping,
+        child_order,
         wf("order-parked", OnFailure::Error),
         async_order,
         map_order,

@@ -435,8 +435,10 @@ impl Sim {
             "order-map"
         } else if roll < 0.8 {
             "order-graph"
-        } else if roll < 0.9 {
+        } else if roll < 0.87 {
             "order-choice"
+        } else if roll < 0.94 {
+            "order-child"
         } else {
             "order"
         };

@@ -386,3 +386,161 @@ fn a_map_step_s_parameters_are_filled_for_each_element() {
     assert_eq!(sent, vec![json!({"sku": "a", "n": 0}), json!({"sku": "b", "n": 1})]);
     assert_eq!(p.outputs()["reserve"], json!([{"done": "reserve"}, {"done": "reserve"}]));
 }
+
+/// `order@1`: charge (refund), then `ship`, a step that runs `shipping@1` for the order's address,
+/// then notify. `shipping@1`: pack (unpack), label (unlabel), dispatch; its result is the
+/// tracking number.
+fn with_child(on_failure: StepFailure) -> WorkflowDef {
+    let shipping = WorkflowDef {
+        name: "shipping".into(),
+        version: 1,
+        description: String::new(),
+        on_failure: OnFailure::Compensate,
+        steps: vec![call("pack", Some("unpack")), call("label", Some("unlabel")), call("dispatch", None)],
+        result: tpl(json!({"tracking.$": "$.outputs.dispatch.step", "to.$": "$.input.address"})),
+    };
+    let ship = StepDef {
+        kind: crate::workflow::StepKind::Workflow,
+        agent: String::new(),
+        timeout_ms: 0,
+        max_attempts: 1,
+        workflow: Some("shipping".into()),
+        version: Some(1),
+        parameters: tpl(json!({"address.$": "$.input.address"})),
+        on_failure,
+        ..StepDef::call("ship", "", 0)
+    };
+    let order = wf(vec![call("charge", Some("refund")), ship, call("notify", None)]);
+    let registry = crate::workflow::WorkflowRegistry::new([order, shipping]).unwrap();
+    registry.resolve("order", Some(1)).unwrap().clone()
+}
+
+fn child() -> TaskId {
+    TaskId::child(&pid(), 1, 0)
+}
+
+#[test]
+fn a_workflow_step_runs_a_child_task_once_and_succeeds_with_its_result() {
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(with_child(StepFailure::Fail), json!({"address": "Main St 1", "noise": 1}));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Processed, "{seed:?}: {:?}", p.reason);
+        let c = &w.tasks[&child()];
+        assert_eq!(c.process_state, ProcessState::Processed);
+        assert_eq!(c.workflow.name, "shipping");
+        assert_eq!(c.input, json!({"address": "Main St 1"}), "the child's input is the step's parameters");
+        assert_eq!(p.outputs()["ship"], json!({"tracking": "dispatch", "to": "Main St 1"}), "the child's result");
+        for s in ["pack", "label", "dispatch"] {
+            assert_eq!(w.applied.get(&child()).copied(), Some(3), "{s}");
+        }
+        assert_eq!(w.elements().len(), 1, "one child, however often its start was delivered");
+        let notify = w.requests.iter().find(|(_, s, _)| s == "notify").unwrap();
+        assert_eq!(notify.2["outputs"]["ship"]["tracking"], "dispatch");
+    }
+}
+
+#[test]
+fn a_parent_that_compensates_has_its_child_undo_its_own_steps_once_in_its_own_order() {
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(with_child(StepFailure::Fail), json!({"address": "a"}));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.refuse_steps.insert("notify");
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
+        assert_eq!(w.tasks[&child()].process_state, ProcessState::Compensated);
+        let undos: Vec<&str> = w
+            .requests
+            .iter()
+            .filter(|(_, s, _)| s.starts_with("un") || s == "refund")
+            .map(|(_, s, _)| s.as_str())
+            .collect();
+        assert_eq!(undos, ["unlabel", "unpack", "refund"], "{seed:?}: the child's in its own order, then the parent's");
+        assert_eq!(w.undone(&child()), 2);
+    }
+}
+
+#[test]
+fn a_cancel_mid_child_cancels_the_child_which_undoes_the_two_steps_it_applied_once() {
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(with_child(StepFailure::Fail), json!({"address": "a"}));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.flaky_steps.insert("dispatch"); // the child hangs in its third step
+        while let Some((id, event)) = w.next() {
+            w.step(&id, event);
+            let mid = w.tasks.get(&child()).is_some_and(|c| c.steps[1].status == StepStatus::Succeeded);
+            if mid {
+                break;
+            }
+        }
+        w.queue.push_back((pid(), crate::protocol::Event::Cancel { reason: "customer".into(), run: None }));
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Cancelled, "{seed:?}: {:?}", p.reason);
+        let c = &w.tasks[&child()];
+        assert_eq!(c.process_state, ProcessState::Cancelled, "{:?}", c.reason);
+        let count = |s: &str| w.undos.get(&(child(), s.to_owned())).copied().unwrap_or(0);
+        assert_eq!((count("unpack"), count("unlabel")), (1, 1), "{seed:?}: each of the child's steps undone once");
+        assert_eq!(w.undos.get(&(pid(), "refund".to_owned())), Some(&1));
+    }
+}
+
+#[test]
+fn a_child_that_fails_fails_its_step_unless_the_step_continues() {
+    let mut w = World::with(with_child(StepFailure::Fail), json!({"address": "a"}));
+    w.refuse_steps.insert("dispatch");
+    w.run();
+    let p = w.parent().clone();
+    assert_eq!(p.process_state, ProcessState::Compensated, "{:?}", p.reason);
+    assert!(
+        p.reason.as_deref().unwrap().contains("workflow step ship: its child task p~1~0 ended Compensated"),
+        "{:?}",
+        p.reason
+    );
+    assert_eq!(w.undone(&child()), 2, "the child undid its own");
+    assert_eq!(ran(&w, "refund"), 1);
+    let mut w = World::with(with_child(StepFailure::Continue(Vec::new())), json!({"address": "a"}));
+    w.refuse_steps.insert("dispatch");
+    w.run();
+    let p = w.parent().clone();
+    assert_eq!(p.process_state, ProcessState::Processed, "{:?}", p.reason);
+    assert_eq!(p.outputs()["ship"]["error"]["kind"], "permanent");
+    assert!(w.alerts.is_empty(), "{:?}", w.alerts);
+}
+
+#[test]
+fn workflows_that_call_each_other_in_a_cycle_or_too_deep_or_an_unknown_one_are_refused() {
+    let calls = |name: &str, callee: &str| WorkflowDef {
+        name: name.into(),
+        version: 1,
+        description: String::new(),
+        on_failure: OnFailure::Compensate,
+        result: None,
+        steps: vec![StepDef {
+            kind: crate::workflow::StepKind::Workflow,
+            agent: String::new(),
+            timeout_ms: 0,
+            max_attempts: 1,
+            workflow: Some(callee.into()),
+            version: Some(1),
+            ..StepDef::call("run", "", 0)
+        }],
+    };
+    let leaf = wf(vec![call("x", None)]);
+    let err = |defs: Vec<WorkflowDef>| crate::workflow::WorkflowRegistry::new(defs).unwrap_err().to_string();
+    let e = err(vec![calls("a", "b"), calls("b", "a")]);
+    assert!(
+        e.contains("workflows call each other in a cycle: a@1 -> b@1 -> a@1") || e.contains("b@1 -> a@1 -> b@1"),
+        "{e}"
+    );
+    assert!(err(vec![calls("a", "nope")]).contains("runs workflow nope version 1, which is not defined"));
+    let chain = vec![calls("a", "b"), calls("b", "c"), calls("c", "d"), calls("d", "order"), leaf.clone()];
+    assert!(err(chain).contains("at most 4"));
+    let ok = vec![calls("b", "c"), calls("c", "d"), calls("d", "order"), leaf];
+    crate::workflow::WorkflowRegistry::new(ok).unwrap();
+}

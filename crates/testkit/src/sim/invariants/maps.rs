@@ -19,7 +19,7 @@ impl Sim {
                 // an element that succeeded and is undone runs again, but not as the map's work
                 let undo = t.steps.first().is_some_and(|s| s.status == StepStatus::Succeeded);
                 // a region's branches (which carry their upstream outputs) are not map elements
-                if !t.process_state.is_terminal() && !undo && t.upstream.is_none() {
+                if !t.process_state.is_terminal() && !undo && t.upstream.is_none() && !t.called {
                     *running.entry(parent.to_string()).or_default() += 1;
                 }
             }
@@ -62,6 +62,10 @@ impl Sim {
                     self.check_region(t, i, &r, &elements, v);
                     continue;
                 }
+                if t.workflow.steps[i].kind.starts_a_workflow() {
+                    check_child(t, i, elements.first().copied().flatten().copied(), v);
+                    continue;
+                }
                 match t.process_state {
                     ProcessState::Processed => {
                         let ok = elements
@@ -92,6 +96,24 @@ impl Sim {
                 }
                 if let Some(n) = self.joins.get(&key).filter(|n| **n > 1) {
                     v.push(format!("join-once: {key}: joined {n} times"));
+                }
+            }
+        }
+    }
+
+    /// `child-ended`: while a workflow step's child runs, the step has not ended (it is running,
+    /// or its task is compensating or cancelling it).
+    pub(super) fn observe_children(&mut self, tasks: &[sas_core::protocol::Task]) {
+        let by_id: BTreeMap<&str, &sas_core::protocol::Task> = tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
+        for t in tasks {
+            for (i, s) in t.steps.iter().enumerate().filter(|(i, _)| t.workflow.steps[*i].kind.starts_a_workflow()) {
+                let Some(c) = by_id.get(TaskId::child(&t.task_id, i, 0).as_str()) else { continue };
+                let ended = matches!(s.status, StepStatus::Succeeded | StepStatus::Failed) && !t.is_compensating();
+                if ended && !c.process_state.is_terminal() {
+                    self.report.violations.push(format!(
+                        "child-ended: {}: step {} is {:?} while its child {} is {}",
+                        t.task_id, s.name, s.status, c.task_id, c.process_state
+                    ));
                 }
             }
         }
@@ -167,5 +189,44 @@ impl Sim {
             }
             _ => {}
         }
+    }
+}
+
+/// `child-once` / `child-undone`: a workflow step's child exists once it started (its id is the
+/// step's: at most one); a Processed task whose step succeeded has its child Processed, one that
+/// compensated or was cancelled has no child left Processed (the child undid its own steps: the
+/// ledger's `undone` checks each of them).
+fn check_child(
+    task: &sas_core::protocol::Task,
+    step: usize,
+    child: Option<&sas_core::protocol::Task>,
+    out: &mut Vec<String>,
+) {
+    let record = &task.steps[step];
+    let id = TaskId::child(&task.task_id, step, 0);
+    match (task.process_state, child) {
+        (_, None) => {
+            out.push(format!(
+                "child-once: {}: step {} started, and its child {id} does not exist",
+                task.task_id, record.name
+            ));
+        }
+        (ProcessState::Processed, Some(c))
+            if record.status == StepStatus::Succeeded && c.process_state != ProcessState::Processed =>
+        {
+            out.push(format!(
+                "child-undone: {}: Processed, but its child {id} ended {}",
+                task.task_id, c.process_state
+            ));
+        }
+        (ProcessState::Compensated | ProcessState::Cancelled, Some(c))
+            if c.process_state == ProcessState::Processed =>
+        {
+            out.push(format!(
+                "child-undone: {}: ended {}, but its child {id} is still Processed",
+                task.task_id, task.process_state
+            ));
+        }
+        _ => {}
     }
 }

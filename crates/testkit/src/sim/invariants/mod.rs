@@ -43,6 +43,7 @@ impl Sim {
         let now = self.now();
         let tasks = self.store.tasks();
         self.observe_maps(&tasks);
+        self.observe_children(&tasks);
         for t in tasks {
             let id = t.task_id.to_string();
             // attempts claimed and let go
@@ -209,8 +210,13 @@ impl Sim {
             .collect();
         for t in &tasks {
             let id = t.task_id.to_string();
-            let states =
-                if t.task_id.is_child() { &mut self.report.element_states } else { &mut self.report.end_states };
+            let states = if t.called {
+                &mut self.report.child_states
+            } else if t.task_id.is_child() {
+                &mut self.report.element_states
+            } else {
+                &mut self.report.end_states
+            };
             *states.entry(t.process_state.to_string()).or_default() += 1;
             if !t.task_id.is_child() && t.process_state != ProcessState::Processed && self.report.unprocessed.len() < 20
             {
