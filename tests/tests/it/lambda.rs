@@ -31,6 +31,8 @@ use serde_json::{json, Value};
 
 use crate::common::Stack;
 
+mod decisions;
+
 const SECS: Duration = Duration::from_secs(15);
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../events");
 

@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 use super::runtime::{Agent, AgentError, Call};
 
 /// A built-in agent for tests and the demo: it performs no effect and behaves as the task's input
-/// tells it, under `input.sim.<step name>` (a map element: `input.item.sim.<step name>`, its item's):
+/// tells it, under `input.sim.<step name>` (a map element: `input.item.sim.<step name>`, its item's;
+/// a step with `parameters`: `sim.<step name>` of what they send):
 /// `{"delay_ms": 50, "hang_attempts": 1, "fail_calls": 2, "fail_attempts": 1, "permanent": "declined"}`
 /// - `hang_attempts`: attempts 1..=n never answer (as a crashed or hung service);
 /// - `busy_calls`: in every attempt, calls 1..=n find the key in use by another call;
@@ -58,9 +59,11 @@ impl Agent for SimAgent {
     fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
         Box::pin(async move {
             let req = call.request;
-            // a map element's faults ride on its item
+            // a map element's faults ride on its item; a step with parameters passes them on as
+            // its own `sim`
             let spec = req.input.pointer(&format!("/input/sim/{}", req.step));
             let spec = spec.or_else(|| req.input.pointer(&format!("/input/item/sim/{}", req.step)));
+            let spec = spec.or_else(|| req.input.pointer(&format!("/sim/{}", req.step)));
             let spec = match spec {
                 None => SimSpec::default(),
                 Some(v) => SimSpec::deserialize(v).map_err(|e| AgentError::Permanent {

@@ -1,0 +1,63 @@
+//! `sasctl validate` on workflows files with guards, templates and workflow steps: it names a
+//! guard that reads what can never be there, and workflows that call each other in a cycle.
+
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+fn validate(workflows: &Value) -> (bool, String) {
+    let dir = std::env::temp_dir().join(format!("sasctl-validate-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("workflows.json");
+    std::fs::write(&file, json!({ "workflows": workflows }).to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sasctl"))
+        .args([
+            "validate",
+            "--var",
+            "ORDER_SERVICE_URL=http://orders",
+            "--var",
+            "APPROVAL_TOPIC_ARN=arn:aws:sns:us-east-1:000000000000:a",
+            "--workflows",
+        ])
+        .arg(&file)
+        .output()
+        .expect("sasctl runs");
+    let _ = std::fs::remove_dir_all(dir);
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+fn sim(name: &str) -> Value {
+    json!({"name": name, "agent": "sim", "timeout_ms": 1000})
+}
+
+fn calls(name: &str, callee: &str) -> Value {
+    json!({"name": name, "version": 1, "steps": [
+        sim("first"), {"name": "sub", "kind": "workflow", "workflow": callee, "version": 1}]})
+}
+
+#[test]
+fn validate_takes_guards_templates_and_children_and_names_what_can_never_resolve_and_cycles() {
+    let mut approve = sim("approve");
+    approve["when"] = json!({"variable": "$.outputs.quote.total", "numeric_greater_than": 1000});
+    let mut pay = sim("pay");
+    pay["parameters"] = json!({"amount.$": "$.outputs.quote.total"});
+    let good = json!([{"name": "order", "version": 1, "steps": [sim("quote"), approve, pay],
+                       "result": {"paid.$": "$.outputs.pay"}},
+                      calls("parent", "order")]);
+    let (ok, out) = validate(&good);
+    assert!(ok, "{out}");
+    assert!(out.contains("valid: 2 workflow(s)"), "{out}");
+
+    let mut unknown = sim("approve");
+    unknown["when"] = json!({"variable": "$.outputs.qoute.total", "numeric_greater_than": 1000});
+    let (ok, out) = validate(&json!([{"name": "order", "version": 1, "steps": [sim("quote"), unknown]}]));
+    assert!(!ok);
+    assert!(
+        out.contains("step approve: when reads $.outputs.qoute.total, and the workflow has no step \"qoute\""),
+        "{out}"
+    );
+
+    let (ok, out) = validate(&json!([calls("a", "b"), calls("b", "a")]));
+    assert!(!ok);
+    assert!(out.contains("workflows call each other in a cycle"), "{out}");
+}

@@ -1,0 +1,149 @@
+//! Issue 37 on LocalStack in Lambda mode: one workflow takes a different path for two inputs (a
+//! guard true and false, a skipped step, a handled failure), sends and keeps the data it declares
+//! and ends with its result in the last status; a parent cancelled while its child workflow runs
+//! ends with both of the steps the child applied undone once.
+
+use std::time::Duration;
+
+use sas_core::ids::TaskId;
+use sas_core::messages::StatusMessage;
+use sas_core::protocol::{CompensationStatus, ProcessState, StepStatus, Task};
+use sas_core::workflow::BUILT_IN_WORKFLOWS;
+use serde_json::{json, Value};
+
+use super::{config_dir, lambda_stack_with};
+
+fn sim(name: &str) -> Value {
+    json!({"name": name, "agent": "sim", "timeout_ms": 20_000, "max_attempts": 1})
+}
+
+fn undone(name: &str, by: &str) -> Value {
+    let mut s = sim(name);
+    s["compensation"] = sim(by);
+    s
+}
+
+/// `decide@1`: quote, an approval only above 1,000, a payment that receives only the amount and
+/// the currency (and the sim's settings) and keeps only its key, a gift-wrap whose failure
+/// continues, an apology only when it failed; its result: the amount, the payment, the gift-wrap.
+fn decide() -> Value {
+    let mut pay = sim("pay");
+    pay["parameters"] = json!({"amount.$": "$.input.amount", "currency": "EUR", "sim.$": "$.input.sim"});
+    pay["result_selector"] = json!({"paid_with.$": "$.idempotency_key"});
+    let mut approve = sim("approve");
+    approve["when"] = json!({"variable": "$.input.amount", "numeric_greater_than": 1000});
+    let mut giftwrap = sim("giftwrap");
+    giftwrap["on_failure"] = json!("continue");
+    let mut apologize = sim("apologize");
+    apologize["when"] = json!({"variable": "$.outputs.giftwrap.error", "is_present": true});
+    json!({"name": "decide", "version": 1, "steps": [sim("quote"), approve, pay, giftwrap, apologize],
+           "result": {"amount.$": "$.input.amount", "paid_with.$": "$.outputs.pay.paid_with",
+                      "giftwrap.$": "$.outputs.giftwrap"}})
+}
+
+/// `parent@1`: charge (refund), ship through `shipping@1` (pack, label, dispatch; pack and label
+/// undone by unpack and unlabel), notify.
+fn family() -> [Value; 2] {
+    let shipping = json!({"name": "shipping", "version": 1,
+        "steps": [undone("pack", "unpack"), undone("label", "unlabel"), sim("dispatch")]});
+    let ship = json!({"name": "ship", "kind": "workflow", "workflow": "shipping", "version": 1,
+                      "parameters": {"sim.$": "$.input.sim"}});
+    let parent = json!({"name": "parent", "version": 1,
+        "steps": [undone("charge", "refund"), ship, sim("notify")]});
+    [shipping, parent]
+}
+
+fn status(t: &Task, name: &str) -> StepStatus {
+    t.steps.iter().find(|s| s.name == name).map_or(StepStatus::Pending, |s| s.status)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lambda_decisions_take_two_paths_shape_their_data_and_a_cancelled_parent_undoes_its_child_s_steps_once() {
+    let built_in: Value = serde_json::from_str(BUILT_IN_WORKFLOWS).expect("built-in workflows");
+    let mut workflows = built_in["workflows"].as_array().expect("a list").clone();
+    workflows.push(decide());
+    workflows.extend(family());
+    let config = config_dir("decide", &workflows);
+    let f = lambda_stack_with("decide", &config, &[]).await;
+    let reply = f.s.reply_queue("decide", true).await;
+    let run = &f.s.name[f.s.name.len() - 8..];
+    let (big, small, parent) = (format!("big-{run}"), format!("small-{run}"), format!("parent-{run}"));
+
+    // two inputs, two paths
+    let submit = |id: &str, input: Value| {
+        json!({"v": 1, "task_id": id, "workflow": "decide", "reply_to": reply, "input": input}).to_string()
+    };
+    f.s.send(&f.s.res.submission_queue_url, &submit(&big, json!({"amount": 1500, "note": "x"}))).await;
+    let refused = json!({"amount": 500, "sim": {"giftwrap": {"permanent": "no paper left"}}});
+    f.s.send(&f.s.res.submission_queue_url, &submit(&small, refused)).await;
+    // the parent: its child hangs in its third step, and the parent is cancelled then
+    let hang = json!({"v": 1, "task_id": parent, "workflow": "parent",
+                      "input": {"sim": {"dispatch": {"hang_attempts": 1}}}});
+    f.s.send(&f.s.res.submission_queue_url, &hang.to_string()).await;
+
+    let b = f.s.wait_for(&big, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
+    let s = f.s.wait_for(&small, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
+    assert_eq!(
+        (b.process_state, s.process_state),
+        (ProcessState::Processed, ProcessState::Processed),
+        "{:#?}",
+        s.history
+    );
+    assert_eq!(
+        ["approve", "giftwrap", "apologize"].map(|n| status(&b, n)),
+        [StepStatus::Succeeded, StepStatus::Succeeded, StepStatus::Skipped]
+    );
+    assert_eq!(
+        ["approve", "giftwrap", "apologize"].map(|n| status(&s, n)),
+        [StepStatus::Skipped, StepStatus::Failed, StepStatus::Succeeded]
+    );
+    let why = s.steps.iter().find(|x| x.name == "approve").and_then(|x| x.skipped.clone());
+    assert_eq!(why.as_deref(), Some("when was false: $.input.amount numeric_greater_than 1000"));
+    assert_eq!(s.outputs()["giftwrap"]["error"]["kind"], "permanent");
+    // the payment kept only its key (and its agent saw only what its parameters send: the sim
+    // agent answers with its step and key, nothing of the input)
+    let key = |t: &Task| format!("{}:pay", t.task_id);
+    assert_eq!(b.outputs()["pay"], json!({"paid_with": key(&b)}));
+    // each last status carries the workflow's result instead of every output
+    let statuses: Vec<StatusMessage> =
+        f.s.bodies(&reply, 2, Duration::from_secs(30))
+            .await
+            .into_iter()
+            .map(|v| serde_json::from_value(v).expect("a status"))
+            .filter(|m: &StatusMessage| m.state == ProcessState::Processed)
+            .collect();
+    for t in [&b, &s] {
+        let last = statuses.iter().find(|m| m.task_id == t.task_id).expect("its Processed status");
+        assert!(last.outputs.is_none(), "{last:?}");
+        let result = last.result.as_ref().expect("the workflow's result");
+        assert_eq!(result["paid_with"], json!(key(t)));
+        assert_eq!(result["amount"], t.input["amount"]);
+    }
+    assert_eq!(
+        statuses.iter().find(|m| m.task_id == s.task_id).unwrap().result.as_ref().unwrap()["giftwrap"]["error"]["kind"],
+        "permanent"
+    );
+
+    // the parent, cancelled once its child has applied pack and label
+    let child = TaskId::child(&TaskId::try_from(parent.as_str()).unwrap(), 1, 0);
+    f.s.wait_for(child.as_str(), Duration::from_mins(2), |c| {
+        c.steps[1].status == StepStatus::Succeeded && c.steps[2].status == StepStatus::Running
+    })
+    .await;
+    sas_cli::ops::cancel(&f.s.deps, &TaskId::try_from(parent.as_str()).unwrap(), "customer cancelled")
+        .await
+        .expect("cancel");
+    let p = f.s.wait_for(&parent, Duration::from_mins(3), |t| t.process_state.is_terminal()).await;
+    assert_eq!(p.process_state, ProcessState::Cancelled, "{:#?}", p.history);
+    let c = f.s.task(child.as_str()).await.expect("the child task");
+    assert_eq!(c.process_state, ProcessState::Cancelled, "{:#?}", c.history);
+    assert!(c.called && c.workflow.name == "shipping");
+    // the ledger: each step the child applied undone once, by one attempt, and the parent's charge
+    for (t, step) in [(&c, "pack"), (&c, "label"), (&p, "charge")] {
+        let r = t.steps.iter().find(|x| x.name == step).and_then(|x| x.compensation.as_ref()).expect("undone");
+        assert_eq!((r.status, r.attempts), (CompensationStatus::Done, 1), "{}: {step}", t.task_id);
+    }
+    assert!(c.steps[2].compensation.is_none(), "dispatch has nothing to undo");
+    let _ = std::fs::remove_dir_all(config);
+    f.delete().await;
+}
