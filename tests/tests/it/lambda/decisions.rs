@@ -58,6 +58,7 @@ fn status(t: &Task, name: &str) -> StepStatus {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::many_single_char_names)]
 async fn lambda_decisions_take_two_paths_shape_their_data_and_a_cancelled_parent_undoes_its_child_s_steps_once() {
     let built_in: Value = serde_json::from_str(BUILT_IN_WORKFLOWS).expect("built-in workflows");
     let mut workflows = built_in["workflows"].as_array().expect("a list").clone();
