@@ -105,6 +105,12 @@ WORKLOADS = [
     # sim-order with a fraud check beside the charge: two branches, each a task of its own (the
     # task's own record counts the region's start on its first step, charge; fraud ran elsewhere)
     ("sim-branches", "sim-branches", {}, 100, {"reserve": 1, "charge": 1, "fraud": 0, "ship": 1}),
+    # guards, templates and a handled failure: approve and apologize are skipped (their guards are
+    # false), the charge gets only its parameters; four steps run, as in sim-order plus one
+    ("sim-decide, 2 skipped", "sim-decide", {"amount": 10}, 100,
+     {"reserve": 1, "approve": 0, "charge": 1, "giftwrap": 1, "apologize": 0, "ship": 1}),
+    # a workflow step: ship runs sim-shipping (pack, dispatch) as a child task of its own
+    ("sim-child", "sim-child", {}, 100, {"reserve": 1, "ship": 1, "charge": 1}),
 ]
 
 # Workloads whose task is a map: how many elements it has (for the figures per element).

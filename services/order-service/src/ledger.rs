@@ -31,12 +31,14 @@ pub(crate) enum Op {
     Charge,
     Refund,
     Ship,
-    /// A fraud check: changes nothing, books its verdict (so a summary can show it ran).
+    /// A fraud check: changes nothing, books its verdict and score (so a summary can show it ran).
     Screen,
+    /// A gift-wrap: books the wrapping (nothing undoes it: paper is not unwrapped).
+    Wrap,
 }
 
 impl Op {
-    pub const ALL: [Op; 6] = [Op::Reserve, Op::Release, Op::Charge, Op::Refund, Op::Ship, Op::Screen];
+    pub const ALL: [Op; 7] = [Op::Reserve, Op::Release, Op::Charge, Op::Refund, Op::Ship, Op::Screen, Op::Wrap];
 
     /// The ledger's name for the operation.
     pub fn name(self) -> &'static str {
@@ -47,6 +49,7 @@ impl Op {
             Op::Refund => "refund",
             Op::Ship => "ship",
             Op::Screen => "screen",
+            Op::Wrap => "wrap",
         }
     }
 
@@ -59,6 +62,7 @@ impl Op {
             Op::Refund => "/payment/refund",
             Op::Ship => "/shipping/ship",
             Op::Screen => "/fraud/screen",
+            Op::Wrap => "/gift/wrap",
         }
     }
 }
@@ -69,6 +73,8 @@ pub(crate) struct OrderInput {
     pub customer: Option<String>,
     pub items: Vec<Item>,
     pub amount_cents: Option<u64>,
+    /// The risk the fraud check scores (0 to 100; 5 when absent): a stand-in for its model.
+    pub risk: Option<u64>,
     /// A map element's request: about one line of its order.
     pub element: bool,
 }
@@ -100,6 +106,7 @@ impl OrderInput {
             customer: order.get("customer").and_then(Value::as_str).map(str::to_owned),
             items,
             amount_cents: order.get("amount_cents").and_then(Value::as_u64),
+            risk: order.get("risk").and_then(Value::as_u64),
             element: false,
         }
     }
@@ -172,8 +179,15 @@ impl Books {
                 json!({"shipment_id": shipment_id, "carrier": carrier})
             }
             Op::Screen => {
-                let detail =
-                    json!({"verdict": "clear", "amount_cents": input.amount_cents(), "customer": input.customer});
+                let score = input.risk.unwrap_or(5).min(100);
+                let verdict = if score > 80 { "review" } else { "clear" };
+                let detail = json!({"verdict": verdict, "score": score, "amount_cents": input.amount_cents(),
+                                    "customer": input.customer});
+                self.append(order, op, key, detail.clone());
+                detail
+            }
+            Op::Wrap => {
+                let detail = json!({"wrapped": input.items.len(), "customer": input.customer});
                 self.append(order, op, key, detail.clone());
                 detail
             }

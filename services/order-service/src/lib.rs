@@ -199,7 +199,8 @@ impl OrderService {
     /// All routes, with this service's state attached:
     ///
     /// * `POST /inventory/reserve`, `/inventory/release`, `/payment/charge`, `/payment/refund`,
-    ///   `/shipping/ship`, `/fraud/screen` (a check: books its verdict, changes nothing): the effects (header `Idempotency-Key` required); a request with a
+    ///   `/shipping/ship`, `/fraud/screen` (a check: books its verdict and a score from the order's
+    ///   `risk`, changes nothing), `/gift/wrap`: the effects (header `Idempotency-Key` required); a request with a
     ///   `callback` object is accepted at once (202) and confirmed later through the callback
     ///   queue (see the `callback` module);
     /// * `GET /ledger[?order=ID]` → `{"entries": [...]}`;
