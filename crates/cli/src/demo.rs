@@ -44,6 +44,8 @@ struct Order {
     effects: &'static [&'static str],
     /// The order's line items.
     items: Value,
+    /// More fields of the order's input (`order-decide`'s `gift` and `risk`).
+    extra: Value,
 }
 
 const DONE: &[&str] = &["reserve", "charge", "ship"];
@@ -58,6 +60,7 @@ fn orders(run: &str) -> Vec<Order> {
         min_failures,
         effects,
         items: json!([{"sku": "book", "qty": 1}]),
+        extra: json!({}),
     };
     vec![
         o("clean-1", "clean", json!({}), ProcessState::Processed, 0, DONE),
@@ -115,6 +118,7 @@ fn line_orders(run: &str) -> Vec<Order> {
         min_failures,
         effects: &[],
         items,
+        extra: json!({}),
     };
     let oos = json!({"sku": "lamp", "qty": 1, "faults": {"inventory/reserve": {"permanent": "out of stock: lamp"}}});
     vec![
@@ -184,6 +188,94 @@ fn lines_ok(o: &Order, ledger: &[sas_order_service::LedgerEntry]) -> (bool, Stri
 /// plus a 3 s heartbeat window plus the result grace) and the order was compensated.
 const LATE_MS: u64 = 60_000;
 
+/// Orders on `order-decide`: the fraud score decides between a review and shipping (through the
+/// `shipping` workflow, a child task), the charge is sent only what the payment service wants, a
+/// gift-wrap runs only when asked for and its failure does not fail the order.
+fn decide_orders(run: &str) -> Vec<Order> {
+    let o = |n: &str, what, extra, faults, expect, min_failures, effects| Order {
+        id: format!("{run}-{n}"),
+        what,
+        workflow: "order-decide",
+        faults,
+        expect,
+        min_failures,
+        effects,
+        items: json!([{"sku": "book", "qty": 1}]),
+        extra,
+    };
+    let none = || json!({});
+    vec![
+        o("decide", "score 5: shipped by the shipping workflow", none(), none(), ProcessState::Processed, 0, DECIDED),
+        o(
+            "decide-gift",
+            "a gift: wrapped, then shipped",
+            json!({"gift": true}),
+            none(),
+            ProcessState::Processed,
+            0,
+            &["reserve", "screen", "charge", "wrap", "ship"],
+        ),
+        o(
+            "decide-no-paper",
+            "a gift, no paper left: shipped unwrapped",
+            json!({"gift": true}),
+            json!({"gift/wrap": {"permanent": "out of paper"}}),
+            ProcessState::Processed,
+            1,
+            DECIDED,
+        ),
+        o(
+            "decide-review",
+            "score 95: reviewed, not shipped",
+            json!({"risk": 95}),
+            none(),
+            ProcessState::Processed,
+            0,
+            &["reserve", "screen", "charge", "screen"],
+        ),
+        o(
+            "decide-no-address",
+            "shipping refuses: its workflow fails, refund, release",
+            none(),
+            json!({"shipping/ship": {"permanent": "address unknown"}}),
+            ProcessState::Compensated,
+            1,
+            &["reserve", "screen", "charge", "refund", "release"],
+        ),
+    ]
+}
+
+const DECIDED: &[&str] = &["reserve", "screen", "charge", "ship"];
+
+/// The path a task took: the steps that ran (a failure its step handled, and a child workflow's
+/// end, said so) and those skipped.
+fn path_of(t: &Task) -> String {
+    use sas_core::protocol::StepStatus;
+    let mut ran = Vec::new();
+    let mut skipped = Vec::new();
+    for (s, def) in t.steps.iter().zip(&t.workflow.steps) {
+        let name = s.name.as_str();
+        match s.status {
+            StepStatus::Skipped => skipped.push(name),
+            StepStatus::Pending => {}
+            StepStatus::Succeeded if def.kind.starts_a_workflow() => {
+                ran.push(format!("{name} (workflow {})", def.workflow.as_deref().unwrap_or("?")));
+            }
+            StepStatus::Succeeded => match s.output.as_ref().and_then(|o| o.get("score")) {
+                Some(score) => ran.push(format!("{name} (score {score})")),
+                None => ran.push(name.to_owned()),
+            },
+            _ if s.result().is_some() => ran.push(format!("{name} (failed, went on)")),
+            other => ran.push(format!("{name} ({})", format!("{other:?}").to_lowercase())),
+        }
+    }
+    let mut out = ran.join(" -> ");
+    if !skipped.is_empty() {
+        let _ = write!(out, "; skipped {}", skipped.join(", "));
+    }
+    out
+}
+
 /// Orders on `order-async`: shipping is a callback step (the service accepts at once, heartbeats,
 /// confirms on the callback queue); one answered on time, one late, one never.
 fn async_orders(run: &str) -> Vec<Order> {
@@ -196,6 +288,7 @@ fn async_orders(run: &str) -> Vec<Order> {
         min_failures,
         effects,
         items: json!([{"sku": "book", "qty": 1}]),
+        extra: json!({}),
     };
     vec![
         o(
@@ -500,6 +593,14 @@ fn summary(e: &Ends<'_>) -> (String, bool) {
         );
         ok &= late_ok && late_alert;
     }
+    let decided: Vec<&Order> = e.orders.iter().filter(|o| o.workflow == "order-decide").collect();
+    if !decided.is_empty() {
+        let _ = writeln!(out, "\n  decisions (order-decide), the path each took:");
+        for o in decided {
+            let Some(t) = e.tasks.get(&o.id) else { continue };
+            let _ = writeln!(out, "    {:<26} {}", o.id, path_of(t));
+        }
+    }
     let retried = e.tasks.values().filter(|t| t.failure_count > 0).count();
     let count = |state: &str| counts.get(state).copied().unwrap_or(0);
     let _ =
@@ -593,6 +694,7 @@ async fn scenario(
 
     let mut orders = orders(&run);
     orders.extend(line_orders(&run));
+    orders.extend(decide_orders(&run));
     if with_async {
         orders.extend(async_orders(&run));
     }
@@ -609,7 +711,14 @@ async fn scenario(
                 task_id: Some(TaskId::try_from(o.id.as_str()).expect("valid id")),
                 workflow: o.workflow.into(),
                 workflow_version: None,
-                input: json!({"customer": "c-42", "items": o.items, "amount_cents": 1999, "faults": o.faults}),
+                input: {
+                    let mut input =
+                        json!({"customer": "c-42", "items": o.items, "amount_cents": 1999, "faults": o.faults});
+                    if let (Some(i), Some(extra)) = (input.as_object_mut(), o.extra.as_object()) {
+                        i.extend(extra.clone());
+                    }
+                    input
+                },
                 reply_to: Some(reply.clone()),
             })
             .expect("serialises")
@@ -759,6 +868,7 @@ mod tests {
         let all = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).expect("the built-in workflows");
         let mut orders = orders(run);
         orders.extend(line_orders(run));
+        orders.extend(decide_orders(run));
         orders.extend(async_orders(run));
         let (mut tasks, mut ledger) = (BTreeMap::new(), Vec::new());
         let mut effect = |order: &str, op: &str, detail: Value| {
@@ -793,6 +903,9 @@ mod tests {
                 at: Millis(1_000),
                 waiting: false,
             }];
+            if o.workflow == "order-decide" {
+                decided(&mut t, o);
+            }
             if o.id.ends_with("-ship-late") {
                 t.late_results = 1;
                 t.late_result = Some("succeeded after the step had expired".into());
@@ -824,6 +937,45 @@ mod tests {
             tasks.insert(o.id.clone(), t);
         }
         (orders, tasks, ledger)
+    }
+
+    /// An `order-decide` task's steps as its order's run leaves them.
+    fn decided(t: &mut Task, o: &Order) {
+        use sas_core::protocol::StepStatus::{Failed, Pending, Skipped, Succeeded};
+        let risky = o.extra.get("risk").is_some();
+        let gift = o.extra.get("gift").is_some();
+        let no_paper = o.id.ends_with("-no-paper");
+        let no_address = o.id.ends_with("-no-address");
+        let statuses = [
+            Succeeded,
+            Succeeded,
+            Succeeded,
+            if !gift {
+                Skipped
+            } else if no_paper {
+                Failed
+            } else {
+                Succeeded
+            },
+            if risky { Succeeded } else { Skipped },
+            if risky {
+                Skipped
+            } else if no_address {
+                Failed
+            } else {
+                Succeeded
+            },
+        ];
+        for (s, status) in t.steps.iter_mut().zip(statuses) {
+            s.status = if o.expect == ProcessState::Compensated && status == Pending { Pending } else { status };
+        }
+        t.steps[1].output = Some(json!({"score": if risky { 95 } else { 5 }, "verdict": "clear"}));
+        if risky {
+            t.steps[4].output = Some(json!({"score": 95, "verdict": "review"}));
+        }
+        if no_paper {
+            t.steps[3].output = Some(json!({"error": {"kind": "permanent", "message": "out of paper"}}));
+        }
     }
 
     /// Whether `line` is `pattern`, where each `…` of the pattern stands for any text.
