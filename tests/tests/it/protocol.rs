@@ -1,6 +1,6 @@
 //! The protocol end to end on LocalStack: the real template's queues and table, the real handlers.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sas_core::ids::{Millis, TaskId};
 use sas_core::messages::{AgentResult, Outcome, SchedulerMessage, StatusMessage};
@@ -504,6 +504,31 @@ async fn cancellation_stops_a_task_mid_way() {
     )
     .await;
     s.wait_for("ca1", SECS, |t| t.process_state == ProcessState::Processing && t.step_index == 1).await;
+    // Cancel once b's call has started: its request taken from the agent queue (an agent checks
+    // that its attempt is current before it calls; a request taken after the cancel is not started,
+    // and the compensation then waits for the attempt's deadline, a minute here).
+    let started = Instant::now();
+    loop {
+        let out = s
+            .sqs
+            .get_queue_attributes()
+            .queue_url(&s.res.agent_queue_url)
+            .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .expect("GetQueueAttributes");
+        let taken = out
+            .attributes()
+            .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessagesNotVisible))
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0);
+        if taken > 0 {
+            break;
+        }
+        assert!(started.elapsed() < SECS, "b's request was never taken from the agent queue");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let cancel = json!({"type": "cancel", "v": 1, "task_id": "ca1", "reason": "customer changed their mind"});
     s.send(&s.res.scheduler_queue_url, &cancel.to_string()).await;
     let t = s.wait_terminal("ca1").await;

@@ -661,13 +661,7 @@ impl Change<'_> {
     pub(super) fn start_map(&mut self, spec: Option<&MapSpec>) {
         let i = self.t.step_index;
         let name = self.t.workflow.steps[i].name.clone();
-        self.t.not_before = None;
-        self.t.restarts = 0;
-        self.t.awaits = None;
-        self.unlock();
-        self.t.unit_record().begin_attempt();
-        if let Some(p) = self.t.steps[i].map.clone() {
-            self.resume_map(p, spec);
+        if self.begin_or_resume(spec) {
             return;
         }
         let Some(spec) = spec else {
@@ -725,16 +719,29 @@ impl Change<'_> {
         self.fx.push(Effect::Spawn { step: i, elements, cancel: None });
     }
 
-    /// Start a workflow step: create its child task (one element, whose end is the step's).
-    pub(super) fn start_child(&mut self) {
+    /// The start every unit that runs as tasks of its own shares (a map, a region, a workflow
+    /// step): no wait, no lock, an attempt counted. When it ran before (an operator resubmits the
+    /// task after it stopped), it goes on stopping from where it was: `true`, nothing left to do.
+    fn begin_or_resume(&mut self, spec: Option<&MapSpec>) -> bool {
         let i = self.t.step_index;
         self.t.not_before = None;
         self.t.restarts = 0;
         self.t.awaits = None;
         self.unlock();
         self.t.unit_record().begin_attempt();
-        if let Some(p) = self.t.steps[i].map.clone() {
-            self.resume_map(p, None);
+        match self.t.steps[i].map.clone() {
+            Some(p) => {
+                self.resume_map(p, spec);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Start a workflow step: create its child task (one element, whose end is the step's).
+    pub(super) fn start_child(&mut self) {
+        let i = self.t.step_index;
+        if self.begin_or_resume(None) {
             return;
         }
         let def = &self.t.workflow.steps[i];

@@ -310,6 +310,8 @@ struct Sim {
     /// `Error` episodes by task, the tasks in `Error` now, and the publications looked at.
     episodes: BTreeMap<String, Vec<Episode>>,
     in_error: BTreeSet<String>,
+    /// Steps seen skipped, by task (their indexes): a guard is decided once, so they stay skipped.
+    skips_seen: BTreeMap<String, BTreeSet<usize>>,
     publications_seen: usize,
     /// Attempt-less timers by task: handed by a sweep, and handled (distinct message ids).
     timers_handed: BTreeMap<String, usize>,
@@ -388,6 +390,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         delayed: BTreeSet::new(),
         episodes: BTreeMap::new(),
         in_error: BTreeSet::new(),
+        skips_seen: BTreeMap::new(),
         publications_seen: 0,
         timers_handed: BTreeMap::new(),
         timers_handled: BTreeMap::new(),

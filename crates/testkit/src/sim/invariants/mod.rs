@@ -4,7 +4,8 @@
 //! `history`, `alert-once`, `timers-bounded`, `max-in-flight`), the maps' and regions' in [`maps`]
 //! (`element-lost`, `map-undone`, `join-once`), the replies' in [`replies`] (`reply-once`), the
 //! attempts' in [`claims`] (`dispatched`, `late-hung`, `late-lost`, `callback-lost`,
-//! `hung-reported`). `key-once` is the ledger's own (the fleet), `success-kept` the driver's (it
+//! `hung-reported`); the decisions' here (`skipped`, `decided-once`) and in [`maps`]
+//! (`child-ended`, `child-once`, `child-undone`). `key-once` is the ledger's own (the fleet), `success-kept` the driver's (it
 //! sees the results it hands the Scheduler).
 
 use std::collections::BTreeSet;
@@ -81,6 +82,22 @@ impl Sim {
                         expired: false,
                     });
                     self.locks.insert(id.clone(), token);
+                }
+            }
+            // a guard is decided once per unit: a step seen skipped stays skipped
+            if let Some(seen) = self.skips_seen.get(&id) {
+                for &j in seen {
+                    if t.steps[j].status != StepStatus::Skipped {
+                        self.report.violations.push(format!(
+                            "decided-once: {id}: step {} was skipped, and is now {:?}",
+                            t.steps[j].name, t.steps[j].status
+                        ));
+                    }
+                }
+            }
+            for (j, _) in t.steps.iter().enumerate().filter(|(_, s)| s.status == StepStatus::Skipped) {
+                if !self.skips_seen.get(&id).is_some_and(|seen| seen.contains(&j)) {
+                    self.skips_seen.entry(id.clone()).or_default().insert(j);
                 }
             }
             // Error episodes
