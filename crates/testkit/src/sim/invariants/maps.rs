@@ -102,13 +102,17 @@ impl Sim {
     }
 
     /// `child-ended`: while a workflow step's child runs, the step has not ended (it is running,
-    /// or its task is compensating or cancelling it).
+    /// or its task is compensating or cancelling it). A task in `Error` is in an operator's hands,
+    /// and so is its child in `Error`: an operator may cancel the child on its own (its compensation
+    /// resumes while the parent stays parked).
     pub(super) fn observe_children(&mut self, tasks: &[sas_core::protocol::Task]) {
         let by_id: BTreeMap<&str, &sas_core::protocol::Task> = tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
         for t in tasks {
             for (i, s) in t.steps.iter().enumerate().filter(|(i, _)| t.workflow.steps[*i].kind.starts_a_workflow()) {
                 let Some(c) = by_id.get(TaskId::child(&t.task_id, i, 0).as_str()) else { continue };
-                let ended = matches!(s.status, StepStatus::Succeeded | StepStatus::Failed) && !t.is_compensating();
+                let ended = matches!(s.status, StepStatus::Succeeded | StepStatus::Failed)
+                    && !t.is_compensating()
+                    && t.process_state != ProcessState::Error;
                 if ended && !c.process_state.is_terminal() {
                     self.report.violations.push(format!(
                         "child-ended: {}: step {} is {:?} while its child {} is {}",
