@@ -41,12 +41,13 @@ fn decide() -> Value {
                       "giftwrap.$": "$.outputs.giftwrap"}})
 }
 
-/// `parent@1`: charge (refund), ship through `shipping@1` (pack, label, dispatch; pack and label
-/// undone by unpack and unlabel), notify.
+/// `parent@1`: charge (refund), ship through `decide-shipping@1` (pack, label, dispatch; pack and
+/// label undone by unpack and unlabel), notify. (Not `shipping`: the built-in workflows, which the
+/// test's configuration keeps, have a `shipping@1` of their own.)
 fn family() -> [Value; 2] {
-    let shipping = json!({"name": "shipping", "version": 1,
+    let shipping = json!({"name": "decide-shipping", "version": 1,
         "steps": [undone("pack", "unpack"), undone("label", "unlabel"), sim("dispatch")]});
-    let ship = json!({"name": "ship", "kind": "workflow", "workflow": "shipping", "version": 1,
+    let ship = json!({"name": "ship", "kind": "workflow", "workflow": "decide-shipping", "version": 1,
                       "parameters": {"sim.$": "$.input.sim"}});
     let parent = json!({"name": "parent", "version": 1,
         "steps": [undone("charge", "refund"), ship, sim("notify")]});
@@ -138,7 +139,7 @@ async fn lambda_decisions_take_two_paths_shape_their_data_and_a_cancelled_parent
     assert_eq!(p.process_state, ProcessState::Cancelled, "{:#?}", p.history);
     let c = f.s.task(child.as_str()).await.expect("the child task");
     assert_eq!(c.process_state, ProcessState::Cancelled, "{:#?}", c.history);
-    assert!(c.called && c.workflow.name == "shipping");
+    assert!(c.called && c.workflow.name == "decide-shipping");
     // the ledger: each step the child applied undone once, by one attempt, and the parent's charge
     for (t, step) in [(&c, "pack"), (&c, "label"), (&p, "charge")] {
         let r = t.steps.iter().find(|x| x.name == step).and_then(|x| x.compensation.as_ref()).expect("undone");
