@@ -333,7 +333,11 @@ async fn callback_steps_are_answered_with_sasctl() {
     let s = Stack::deploy_with(Some(json!({
         "name": "sim-callback",
         "version": 1,
-        "steps": [{"name": "confirm", "kind": "callback", "agent": "sim", "timeout_ms": 600_000, "max_attempts": 1}]
+        // the stack's queue budget is 2 s (for the cancel tests): a request that waited longer on a
+        // busy machine was not started and the step claimed again with a new token, so the token
+        // read here was stale (CI, once). The step gets a budget of its own.
+        "steps": [{"name": "confirm", "kind": "callback", "agent": "sim", "timeout_ms": 600_000, "max_attempts": 1,
+                   "schedule_to_start_ms": 120_000}]
     })))
     .await;
     let opts =
