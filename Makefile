@@ -18,6 +18,14 @@ up: ## LocalStack + stack sas-local + order service + local runner in the backgr
 down: ## stop the local runner, the order service and LocalStack
 	infra/down.sh
 
+.PHONY: ui
+ui: ## sasctl ui, the console in the browser, on the last demo's stack (else make up's): http://127.0.0.1:8080/ until Ctrl-C (ARGS='--read-only')
+	ARGS="$(ARGS)" infra/ui.sh
+
+.PHONY: bench-console
+bench-console: ## benchmark of sasctl ui's task listing on its own stack: 10,000 ended tasks, the requests and time per page (BENCH_N, BENCH_PAGES)
+	source infra/env.sh && infra/localstack.sh ensure && cargo build -q --workspace --examples && target/debug/examples/console_bench --tasks "$(or $(BENCH_N),10000)" --pages "$(or $(BENCH_PAGES),20)"
+
 .PHONY: load
 load: ## benchmark on make up's stack: N sim-order tasks (N=1000), drain time, throughput, latency, final states
 	N="$(or $(N),1000)" ARGS="$(ARGS)" infra/load.sh

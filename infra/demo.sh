@@ -37,11 +37,14 @@ echo "[demo] $MODE mode: building $what in the background (log: $BUILD_LOG)"
 "${build[@]}" >"$BUILD_LOG" 2>&1 &
 build_pid=$!
 cleanup() {
+  local rc=$?
   kill "$build_pid" 2>/dev/null || true
-  if [ "${stop_localstack:-0}" = 1 ]; then echo; infra/localstack.sh stop; fi
+  # A demo that ended well leaves LocalStack running, so `make ui` shows its orders; one that
+  # failed stops the LocalStack it started.
+  if [ "$rc" -ne 0 ] && [ "${stop_localstack:-0}" = 1 ]; then echo; infra/localstack.sh stop; fi
 }
 trap cleanup EXIT
-# Stop LocalStack afterwards only if this script is the one that starts it.
+# Stop LocalStack afterwards (on failure) only if this script is the one that starts it.
 infra/localstack.sh healthy || stop_localstack=1
 infra/localstack.sh ensure
 if ! wait "$build_pid"; then
@@ -61,3 +64,6 @@ else
   RUST_LOG="${RUST_LOG:-info}" target/debug/sasctl --outputs "$OUTPUTS" demo 2>"$SAS_LOCAL_DIR/demo.log"
 fi
 echo "[demo] $MODE mode: $((SECONDS - started)) s in all"
+echo
+echo "[demo] look at these orders in the browser: make ui   (serves http://127.0.0.1:8080/ until Ctrl-C)"
+echo "[demo] LocalStack keeps running for it; make down stops it"

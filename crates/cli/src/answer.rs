@@ -147,6 +147,24 @@ pub fn describe(answer: &Answer, token: &CallbackToken, reply: &CallbackReply) -
     s
 }
 
+/// Apply `answer` with `token` in-process, as the callback queue and the HTTPS endpoint do
+/// ([`sas_core::callback::answer`]): the reply, the line that says what it did ([`describe`]) and
+/// whether it was taken ([`took`]). `sasctl approve|reject|...` and `sasctl ui` answer through it.
+pub async fn apply(
+    deps: &sas_core::deps::Deps,
+    token: &CallbackToken,
+    answer: &Answer,
+) -> anyhow::Result<(CallbackReply, String, bool)> {
+    use anyhow::Context as _;
+    let msg = answer.message(token.clone());
+    let reply = sas_core::callback::answer(deps, &msg, None).await.with_context(|| {
+        format!("{} task {}, step {}: the answer was not applied", answer.verb(), token.task_id(), token.unit())
+    })?;
+    let line = describe(answer, token, &reply);
+    let ok = took(&reply);
+    Ok((reply, line, ok))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

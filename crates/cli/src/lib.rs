@@ -2,6 +2,7 @@ pub mod answer;
 pub mod callback_url;
 pub mod iam;
 pub mod lambda;
+pub mod listing;
 pub mod load;
 pub mod ops;
 pub mod smoke;
@@ -10,6 +11,7 @@ pub mod table;
 pub mod template;
 pub mod timeline;
 pub mod top;
+pub mod ui;
 
 #[cfg(test)]
 mod schema_files {

@@ -184,6 +184,21 @@ enum Cmd {
         #[arg(long)]
         agents: Option<PathBuf>,
     },
+    /// A console in the browser: the workflows drawn, the tasks listed, one task's path and
+    /// timeline, and cancel, resubmit, approve and reject with what they did. Served from this
+    /// process with your AWS credentials (nothing is deployed); until Ctrl-C.
+    Ui {
+        /// Where to listen. Anything but a loopback address serves every host that can reach it,
+        /// with your credentials: it is refused unless --allow-remote is given too.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Listen on a non-loopback address anyway (a warning is printed).
+        #[arg(long)]
+        allow_remote: bool,
+        /// Show only: offer and accept no action.
+        #[arg(long)]
+        read_only: bool,
+    },
     /// The main job: run every role here, submit sample orders, show them move, check the ends.
     Demo {
         /// Give up after this many seconds.
@@ -627,6 +642,32 @@ async fn run(cli: &Cli) -> Result<()> {
                 }
             }
         }
+        Cmd::Ui { listen, allow_remote, read_only } => {
+            if !listen.ip().is_loopback() && !allow_remote {
+                bail!("--listen {listen} is not a loopback address: anyone who reaches it acts with your AWS credentials; add --allow-remote if that is what you want");
+            }
+            let deps = Arc::new(deps(cli, &sdk).await?);
+            let reader = TableReader::new(&sdk, &deps.resources);
+            let stack = cli
+                .stack
+                .as_ref()
+                .map_or_else(|| format!("table {}", deps.resources.task_table), |s| format!("stack {s}"));
+            let listener =
+                tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+            let addr = listener.local_addr()?;
+            if !addr.ip().is_loopback() {
+                eprintln!(
+                    "warning: the console listens on {addr}, beyond this machine, and acts with your AWS credentials"
+                );
+            }
+            let console = Arc::new(sas_cli::ui::Console::new(deps, reader, stack, addr, *read_only));
+            println!(
+                "sasctl ui: http://{}/ ({}; Ctrl-C to stop)",
+                if addr.ip().is_loopback() { format!("127.0.0.1:{}", addr.port()) } else { addr.to_string() },
+                if *read_only { "read-only" } else { "cancel, resubmit, approve and reject ask to confirm" }
+            );
+            sas_cli::ui::serve(listener, console).await?;
+        }
         Cmd::Demo { timeout, functions, config, name } => {
             let timeout = Duration::from_secs(*timeout);
             let ok = match functions {
@@ -640,14 +681,17 @@ async fn run(cli: &Cli) -> Result<()> {
         Cmd::Cancel { task_id, reason, wait } => {
             let deps = deps(cli, &sdk).await?;
             let id = TaskId::try_from(task_id.as_str())?;
-            println!("{}", one_command(&deps, Command::Cancel, &id, reason, wait.wait()).await?);
+            println!("{}", sas_cli::ops::one_command(&deps, Command::Cancel, &id, reason, wait.wait(), POLL).await?);
         }
         Cmd::Resubmit { task_id, state, reason, max, wait } => {
             let deps = deps(cli, &sdk).await?;
             match (task_id, state) {
                 (Some(t), None) => {
                     let id = TaskId::try_from(t.as_str())?;
-                    println!("{}", one_command(&deps, Command::Resubmit, &id, reason, wait.wait()).await?);
+                    println!(
+                        "{}",
+                        sas_cli::ops::one_command(&deps, Command::Resubmit, &id, reason, wait.wait(), POLL).await?
+                    );
                 }
                 (None, Some(s)) => {
                     let s = s.parse::<ProcessState>()?;
@@ -784,42 +828,17 @@ async fn answer_step(
     reply_args: ReplyArgs,
 ) -> Result<()> {
     let deps = deps(cli, sdk).await?;
-    let msg = answer.message(token.clone());
-    let reply = sas_core::callback::answer(&deps, &msg, None).await.with_context(|| {
-        format!("{} task {}, step {}: the answer was not applied", answer.verb(), token.task_id(), token.unit())
-    })?;
-    let line = answer::describe(answer, token, &reply);
+    let (reply, line, took) = answer::apply(&deps, token, answer).await?;
     if reply_args.json {
         println!("{}", serde_json::to_string_pretty(&reply)?);
     }
-    if !answer::took(&reply) {
+    if !took {
         bail!("{line}");
     }
     if !reply_args.json {
         println!("{line}");
     }
     Ok(())
-}
-
-/// Check, send, and (unless `wait` is `None`) wait for one command; the line to print.
-async fn one_command(
-    deps: &Deps,
-    command: Command,
-    id: &TaskId,
-    reason: &str,
-    wait: Option<Duration>,
-) -> Result<String> {
-    let before = sas_cli::ops::send_checked(deps, command, id, reason).await?;
-    let Some(wait) = wait else {
-        return Ok(format!(
-            "{} sent for {id} ({} at rev {}); not waiting: see `sasctl status {id}`",
-            command.verb(),
-            before.process_state,
-            before.rev
-        ));
-    };
-    let after = sas_cli::ops::wait_applied(deps, command, &before, wait, POLL).await?;
-    Ok(sas_cli::ops::describe_change(&before, &after))
 }
 
 /// `sasctl load`: the burst, the polling (progress on stderr), the figures.

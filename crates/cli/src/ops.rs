@@ -306,6 +306,30 @@ pub async fn wait_applied(
     }
 }
 
+/// Check, send, and (unless `wait` is `None`) wait for one command on one task, polling every
+/// `poll`: the line that says what it led to (`sasctl cancel|resubmit` print it, `sasctl ui`
+/// shows it). A refusal, a command overtaken by the task, or one not applied in time is the error.
+pub async fn one_command(
+    deps: &Deps,
+    command: Command,
+    id: &TaskId,
+    reason: &str,
+    wait: Option<Duration>,
+    poll: Duration,
+) -> anyhow::Result<String> {
+    let before = send_checked(deps, command, id, reason).await?;
+    let Some(wait) = wait else {
+        return Ok(format!(
+            "{} sent for {id} ({} at rev {}); not waiting: see `sasctl status {id}`",
+            command.verb(),
+            before.process_state,
+            before.rev
+        ));
+    };
+    let after = wait_applied(deps, command, &before, wait, poll).await?;
+    Ok(describe_change(&before, &after))
+}
+
 /// Stop a task as an application does: without reading it, so without naming a run. It applies
 /// to a task still running; a task in `Error` is an operator's and takes only a command that
 /// names its run (see [`send_checked`]).

@@ -95,6 +95,19 @@ impl TableReader {
         &self.table
     }
 
+    pub(crate) fn client(&self) -> &aws_sdk_dynamodb::Client {
+        &self.client
+    }
+
+    pub(crate) fn store(&self) -> &DynamoStore {
+        &self.store
+    }
+
+    /// The shards of the table's indexes.
+    pub fn shards(&self) -> u32 {
+        self.store.shards()
+    }
+
     /// The tasks among `ids` that exist, read with `BatchGetItem` (100 ids per request, four
     /// requests in flight). `consistent` reads cost twice as much as eventually consistent ones.
     pub async fn get_many(&self, ids: &[TaskId], consistent: bool) -> Result<(HashMap<TaskId, Task>, ReadCost)> {

@@ -755,6 +755,89 @@ pub fn render(task: &Task, now: Millis, opts: &Options) -> String {
     out
 }
 
+/// A task's timeline as data, for a page to draw (`sasctl ui`): the same units, spans and
+/// outcomes [`render`] prints, on the axis `t0..t1`.
+#[derive(Debug, Clone)]
+pub struct Drawn {
+    pub t0: Millis,
+    pub t1: Millis,
+    pub rows: Vec<Row>,
+    /// What the task waits for now, in words.
+    pub now: String,
+}
+
+/// A unit of work (a step, or the compensation of one) and its spans.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub name: String,
+    /// `good`, `bad`, `warn`, `live` or `plain`.
+    pub tone: &'static str,
+    pub summary: String,
+    /// Attempts the records count that the kept history no longer shows.
+    pub unseen: u32,
+    pub spans: Vec<Bar>,
+}
+
+/// One attempt, wait or sleep of a unit.
+#[derive(Debug, Clone)]
+pub struct Bar {
+    /// `attempt N`, `wait` or `sleep`.
+    pub kind: String,
+    pub start: Millis,
+    pub end: Millis,
+    /// Still going: it ends now.
+    pub open: bool,
+    /// As [`Row::tone`], or `wait`.
+    pub tone: &'static str,
+    pub outcome: String,
+    pub why: Option<String>,
+}
+
+fn tone_name(t: Tone) -> &'static str {
+    match t {
+        Tone::Good => "good",
+        Tone::Bad => "bad",
+        Tone::Warn => "warn",
+        Tone::Live => "live",
+        Tone::Plain => "plain",
+    }
+}
+
+/// [`render`]'s timeline, as data.
+pub fn drawn(task: &Task, now: Millis) -> Drawn {
+    let spans = spans(task, now);
+    let t1 = axis_end(task, now, &spans);
+    let mut rows = Vec::new();
+    for unit in units(task, &spans) {
+        let mine: Vec<&Span> = spans.iter().filter(|s| s.unit == unit).collect();
+        let recorded = recorded_attempts(task, unit);
+        if mine.is_empty() && recorded == 0 && matches!(unit, Unit::Compensation(_)) {
+            continue;
+        }
+        let (tone, summary) = unit_summary(task, unit);
+        let shown = u32::try_from(mine.iter().filter(|s| s.kind != Kind::Wait).count()).unwrap_or(u32::MAX);
+        let unseen = if mine.is_empty() { 0 } else { recorded.saturating_sub(shown) };
+        let bars = mine
+            .into_iter()
+            .map(|s| Bar {
+                kind: match s.kind {
+                    Kind::Attempt(n) => format!("attempt {n}"),
+                    Kind::Sleep => "sleep".to_owned(),
+                    Kind::Wait => "wait".to_owned(),
+                },
+                start: s.start,
+                end: s.end,
+                open: s.open,
+                tone: if s.kind == Kind::Wait { "wait" } else { tone_name(s.tone) },
+                outcome: s.outcome.clone(),
+                why: s.why.clone(),
+            })
+            .collect();
+        rows.push(Row { name: unit_name(task, unit), tone: tone_name(tone), summary, unseen, spans: bars });
+    }
+    Drawn { t0: task.created_at, t1, rows, now: current(task, now) }
+}
+
 /// Every entry the item keeps, and how many it no longer does.
 fn history(task: &Task, out: &mut String) {
     let t0 = task.created_at;

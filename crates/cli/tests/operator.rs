@@ -7,124 +7,18 @@
 //! Needs `AWS_ENDPOINT_URL` (LocalStack: `source infra/env.sh`). Deploys its own stack, runs the
 //! roles in-process (sim agents), and deletes the stack at the end.
 
-use std::path::PathBuf;
 use std::process::Output;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+mod common;
+
+use common::Stack;
 use sas_core::agent::AgentRuntime;
-use sas_core::config::{Resources, Settings};
-use sas_core::deps::Deps;
 use sas_core::ids::{AttemptToken, CallbackToken, TaskId};
-use sas_core::messages::{Submission, VERSION};
 use sas_core::protocol::{ProcessState, Task};
 use sas_core::runner::{Runner, RunnerOptions};
-use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use serde_json::json;
-
-struct Stack {
-    name: String,
-    sdk: aws_config::SdkConfig,
-    deps: Arc<Deps>,
-    outputs: PathBuf,
-    /// The workflows file `sasctl` reads (`SAS_WORKFLOWS_FILE`), when not the built-in ones.
-    workflows_file: Option<PathBuf>,
-}
-
-impl Stack {
-    async fn deploy() -> Stack {
-        Self::deploy_with(None).await
-    }
-
-    /// With this workflow added to the built-in ones (for the roles here and for `sasctl`).
-    async fn deploy_with(extra: Option<serde_json::Value>) -> Stack {
-        assert!(std::env::var("AWS_ENDPOINT_URL").is_ok(), "set AWS_ENDPOINT_URL (LocalStack: `source infra/env.sh`)");
-        let sdk = sas_core::aws::load_sdk_config().await;
-        let name = format!("t-cli-ops-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let template = sas_cli::stack::local_template(sas_cli::stack::TEMPLATE);
-        let out =
-            sas_cli::stack::deploy(&sdk, &name, &template, &[("DeployFunctions", "false"), ("SupervisorShards", "2")])
-                .await
-                .unwrap_or_else(|e| panic!("deploying {name}: {e}"));
-        let outputs = std::env::temp_dir().join(format!("{name}-outputs.json"));
-        std::fs::write(&outputs, sas_cli::stack::outputs_json(&out)).expect("write outputs");
-        let res = Resources::from_outputs(&out).expect("all outputs present");
-        let mut all: serde_json::Value = serde_json::from_str(BUILT_IN_WORKFLOWS).expect("built-in workflows");
-        let workflows_file = extra.map(|wf| {
-            all["workflows"].as_array_mut().expect("a list").push(wf);
-            let path = std::env::temp_dir().join(format!("{name}-workflows.json"));
-            std::fs::write(&path, all.to_string()).expect("write workflows");
-            path
-        });
-        let workflows = WorkflowRegistry::from_json(&all.to_string()).expect("valid workflows");
-        // Short budgets: a cancelled attempt that hangs holds its compensation until its
-        // CompleteBy (start_by + timeout), so keep that within the test's waits.
-        let mut settings = Settings::default();
-        settings.policy.queue_budget_ms = 2_000;
-        settings.policy.result_grace_ms = 500;
-        settings.policy.settle_ms = 500;
-        let deps = Arc::new(Deps::aws(&sdk, res, workflows, settings));
-        Stack { name, sdk, deps, outputs, workflows_file }
-    }
-
-    async fn submit(&self, id: &str, input: serde_json::Value) {
-        self.submit_to("sim-order", id, input).await;
-    }
-
-    async fn submit_to(&self, workflow: &str, id: &str, input: serde_json::Value) {
-        let sub = Submission {
-            v: VERSION,
-            task_id: Some(TaskId::try_from(id).unwrap()),
-            workflow: workflow.into(),
-            workflow_version: None,
-            input,
-            reply_to: None,
-        };
-        let sqs = aws_sdk_sqs::Client::new(&self.sdk);
-        sas_cli::ops::send_submission(&sqs, &self.deps.resources.submission_queue_url, &sub).await.expect("submit");
-    }
-
-    async fn wait_for(&self, id: &str, what: &str, pred: impl Fn(&Task) -> bool) -> Task {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let id = TaskId::try_from(id).unwrap();
-        loop {
-            let t = self.deps.store.get(&id).await.expect("GetItem");
-            if let Some(t) = t.as_ref().filter(|t| pred(t)) {
-                return t.clone();
-            }
-            assert!(Instant::now() < deadline, "{id} never became {what}: {:?}", t.map(|t| t.process_state));
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// Run `sasctl` against this stack, as an operator would (with backtraces asked for).
-    fn sasctl(&self, args: &[&str]) -> Output {
-        self.sasctl_recorded(args, None)
-    }
-
-    /// [`Stack::sasctl`], recording every AWS call it makes into `calls` (a directory).
-    fn sasctl_recorded(&self, args: &[&str], calls: Option<&std::path::Path>) -> Output {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sasctl"));
-        match calls {
-            Some(dir) => cmd.env(sas_core::aws_calls::CALL_LOG_ENV, dir),
-            None => cmd.env_remove(sas_core::aws_calls::CALL_LOG_ENV),
-        };
-        cmd.arg("--outputs").arg(&self.outputs).args(args).env("RUST_BACKTRACE", "1").env_remove("SAS_STACK");
-        match &self.workflows_file {
-            Some(f) => cmd.env("SAS_WORKFLOWS_FILE", f),
-            None => cmd.env_remove("SAS_WORKFLOWS_FILE"),
-        };
-        cmd.output().expect("sasctl runs")
-    }
-
-    async fn delete(&self) {
-        let _ = std::fs::remove_file(&self.outputs);
-        if let Some(f) = &self.workflows_file {
-            let _ = std::fs::remove_file(f);
-        }
-        let _ = sas_cli::stack::delete(&aws_sdk_cloudformation::Client::new(&self.sdk), &self.name).await;
-    }
-}
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).trim().to_owned()
@@ -251,6 +145,36 @@ async fn the_operator_and_application_policies_allow_exactly_their_calls() {
         r#"{"sim": {"reserve": {"hang_attempts": 3}}}"#,
     ]);
     let claimed = s.wait_for(&stuck, "Processing", is(ProcessState::Processing)).await;
+    let hangs = format!("{run}-ui");
+    s.submit(&hangs, json!({"sim": {"reserve": {"hang_attempts": 3}}})).await;
+    s.wait_for(&hangs, "Processing", is(ProcessState::Processing)).await;
+    // sasctl ui: its pages and a cancel from its form, with the same policy (approve and reject
+    // answer in-process, as `sasctl approve` does: not the operator's; see docs/how-to/console.md)
+    let (console, base) = s.console(Some(&calls));
+    let http = reqwest::Client::new();
+    for page in [
+        "/tasks".to_owned(),
+        "/tasks?state=Processed&workflow=sim-order&since=1h".to_owned(),
+        format!("/tasks/{ok}"),
+        "/workflows".to_owned(),
+    ] {
+        let res = http.get(format!("{base}{page}")).send().await.expect("a page");
+        assert!(res.status().is_success(), "{page}: {}", res.status());
+    }
+    let form = http.get(format!("{base}/tasks/{hangs}/cancel")).send().await.unwrap().text().await.unwrap();
+    let csrf = form.split("name=\"csrf\" value=\"").nth(1).and_then(|r| r.split('"').next()).expect("the form's token");
+    let done = http
+        .post(format!("{base}/tasks/{hangs}/cancel"))
+        .header("Origin", &base)
+        .form(&[("csrf", csrf), ("reason", "from the console")])
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(done.contains("class=\"ok\" id=\"outcome\""), "the console's cancel: {done}");
+    drop(console);
     runner.shutdown().await;
     let overdue_at = claimed.complete_by.expect("a claimed step has a CompleteBy");
     while sas_core::ids::Millis::now() <= overdue_at {

@@ -53,25 +53,34 @@ pub fn mermaid(def: &WorkflowDef) -> String {
 /// A step's box: its name, then what runs it and how often.
 fn label(s: &StepDef) -> String {
     let mut lines = vec![format!("<b>{}</b>", text(&s.name))];
+    lines.extend(facts(s).iter().map(|l| text(l)));
+    lines.join("<br/>")
+}
+
+/// What a step's box says under its name, as plain text (one line each; the caller escapes them
+/// for where they go): what runs it and how often, its guard, its failure path, what it maps.
+/// The Mermaid flowchart and `sasctl ui`'s graphs draw the same lines.
+pub fn facts(s: &StepDef) -> Vec<String> {
+    let mut lines = Vec::new();
     let attempts = if s.max_attempts == 1 { "1 attempt".to_owned() } else { format!("{} attempts", s.max_attempts) };
     match s.kind {
-        StepKind::Call => lines.push(format!("{} · {} · {attempts}", text(&s.agent), duration(s.timeout_ms))),
+        StepKind::Call => lines.push(format!("{} · {} · {attempts}", s.agent, duration(s.timeout_ms))),
         StepKind::Callback => {
-            lines.push(format!("callback: {} · up to {} · {attempts}", text(&s.agent), duration(s.timeout_ms)));
+            lines.push(format!("callback: {} · up to {} · {attempts}", s.agent, duration(s.timeout_ms)));
         }
         StepKind::Wait => match (&s.wait_ms, &s.wait_until) {
             (Some(ms), _) => lines.push(format!("wait {}", duration(*ms))),
-            (None, Some(at)) => lines.push(format!("wait until {}", text(at))),
+            (None, Some(at)) => lines.push(format!("wait until {at}")),
             (None, None) => lines.push("wait".to_owned()),
         },
         StepKind::Workflow => lines.push(format!(
             "workflow {} v{}",
-            text(s.workflow.as_deref().unwrap_or_default()),
+            s.workflow.as_deref().unwrap_or_default(),
             s.version.unwrap_or_default()
         )),
     }
     if let Some(w) = &s.when {
-        lines.push(format!("when {}", text(crate::ids::clip(&w.to_string(), 80))));
+        lines.push(format!("when {}", crate::ids::clip(&w.to_string(), 80)));
     }
     if !s.on_failure.is_fail() {
         lines.push("its failure continues the task".to_owned());
@@ -82,9 +91,9 @@ fn label(s: &StepDef) -> String {
             Tolerance::Count(n) => format!(", {n} may fail"),
             Tolerance::Percent(p) => format!(", {p}% may fail"),
         };
-        lines.push(format!("map over {} · {} at once{tolerated}", text(&m.items), m.max_concurrency));
+        lines.push(format!("map over {} · {} at once{tolerated}", m.items, m.max_concurrency));
     }
-    lines.join("<br/>")
+    lines
 }
 
 /// Milliseconds as a person says them: `5 s`, `2 min`, `1 h 30 min`, `7 d`.

@@ -718,7 +718,7 @@ impl DynamoStore {
 }
 
 /// A row of `ByEnd` (it projects what a listing shows).
-fn summary(item: Item) -> Result<TaskSummary, StoreError> {
+pub fn summary(item: Item) -> Result<TaskSummary, StoreError> {
     let workflow = match item.get("WorkflowRef") {
         Some(AttributeValue::S(r)) => r.split('@').next().map(str::to_owned),
         _ => None,

@@ -20,7 +20,9 @@ use crate::protocol::{HistoryEntry, ProcessState, Task};
 mod dynamo;
 mod memory;
 
-pub use dynamo::{item_size, workflow_ref, DynamoStore, BY_COMPLETE_BY, BY_END, HOLDER_PROJECTION};
+pub use dynamo::{
+    item_size, summary as ended_row, workflow_ref, DynamoStore, BY_COMPLETE_BY, BY_END, HOLDER_PROJECTION,
+};
 pub use memory::{Ambiguity, MemoryStore, StoreOp};
 
 /// DynamoDB's item limit is 400 KB; stay clear of it.
