@@ -167,6 +167,16 @@ async fn the_console_draws_runs_and_acts_in_a_real_browser() {
     assert!(listed.contains(&hung) && listed.contains(&waits), "in flight: {listed}");
     assert!(!listed.contains(&ok), "an ended task is not in flight: {listed}");
     assert!(text_of(&b, "#counts").await.contains("Compensated 1"), "the counts");
+    // it reloads itself, without the counts (their read units grow with the table)
+    let reload = b.find(Locator::Css("meta[http-equiv=refresh]")).await.unwrap().attr("content").await.unwrap();
+    assert!(
+        reload.as_deref().is_some_and(|r| r.starts_with("10; url=/tasks?") && r.ends_with("&auto=1")),
+        "{reload:?}"
+    );
+    b.goto(&format!("{base}/tasks?auto=1")).await.unwrap();
+    let counts = text_of(&b, "#counts").await;
+    assert!(counts.contains("left out") && !counts.contains("Compensated"), "{counts}");
+    assert!(text_of(&b, "#tasks").await.contains(&hung), "the rows are read again");
 
     // the hostile input, then a cancel from the page
     b.goto(&format!("{base}/tasks/{hung}")).await.unwrap();

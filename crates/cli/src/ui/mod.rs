@@ -161,6 +161,9 @@ pub struct Filters {
     pub since: Option<String>,
     #[serde(default)]
     pub after: Option<String>,
+    /// Set by the page's own reload: the counts are left out.
+    #[serde(default)]
+    pub auto: Option<String>,
 }
 
 impl Filters {
@@ -198,7 +201,11 @@ async fn tasks(State(c): State<Arc<Console>>, Query(f): Query<Filters>) -> Respo
         Err(e) => return failed(StatusCode::BAD_GATEWAY, &c, "tasks", &e),
     };
     // the counts only above the first page (each costs a query per shard and ended state)
-    let counts = if q.after.is_none() { pages::counts(&c, now).await } else { pages::Counts::default() };
+    let counts = match (&q.after, &f.auto) {
+        (None, None) => pages::counts(&c, now).await,
+        (None, Some(_)) => pages::Counts { skipped: true, ..pages::Counts::default() },
+        (Some(_), _) => pages::Counts::default(),
+    };
     pages::tasks(&c, &f, &q, &page, &counts).into_response()
 }
 
@@ -396,6 +403,7 @@ mod tests {
             workflow: Some("order".into()),
             since: Some("24h".into()),
             after: None,
+            auto: None,
         };
         let q = f.query(now).unwrap();
         assert_eq!(q.state, Some(ProcessState::Error));

@@ -27,6 +27,8 @@ pub struct Counts {
     pub ended: Vec<(ProcessState, u64)>,
     pub requests: u64,
     pub error: Option<String>,
+    /// Not counted: the page reloaded itself.
+    pub skipped: bool,
 }
 
 /// Tasks in flight are counted by state when there are at most this many (each is read).
@@ -35,7 +37,7 @@ const COUNT_ALL_UP_TO: usize = 500;
 /// The counts, as `sasctl top` takes them (one `Query` of `ByCompleteBy` per shard and the items
 /// in flight, up to [`COUNT_ALL_UP_TO`]; one `Select=COUNT` query of `ByEnd` per shard and ended state).
 pub async fn counts(c: &Console, now: Millis) -> Counts {
-    let mut out = Counts { in_flight: None, ended: Vec::new(), requests: 0, error: None };
+    let mut out = Counts::default();
     match crate::top::in_flight(c.deps.store.as_ref(), now, COUNT_ALL_UP_TO, 0).await {
         Ok(s) => {
             out.requests += s.key_queries + s.item_requests;
@@ -57,14 +59,15 @@ pub async fn counts(c: &Console, now: Millis) -> Counts {
     out
 }
 
-fn layout(c: &Console, title: &str, refresh: Option<u32>, body: &Markup) -> Markup {
+/// A page; with `refresh`, it reloads itself after that many seconds, from that URL.
+fn layout(c: &Console, title: &str, refresh: Option<(u32, String)>, body: &Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
             head {
                 meta charset="utf-8";
-                @if let Some(secs) = refresh {
-                    meta http-equiv="refresh" content=(secs);
+                @if let Some((secs, url)) = refresh {
+                    meta http-equiv="refresh" content=(format!("{secs}; url={url}"));
                 }
                 title { (title) " · sasctl ui · " (c.stack) }
                 link rel="stylesheet" href="/assets/console.css";
@@ -156,7 +159,8 @@ pub fn tasks(c: &Console, f: &Filters, q: &Query, page: &Page, counts: &Counts) 
     layout(
         c,
         "Tasks",
-        q.after.is_none().then_some(10),
+        // the first page reloads itself without the counts (their read units grow with the table)
+        q.after.is_none().then(|| (10, format!("{}&auto=1", link(None)))),
         &html! {
             h1 { "Tasks" }
             div.counts id="counts" {
@@ -167,6 +171,7 @@ pub fn tasks(c: &Console, f: &Filters, q: &Query, page: &Page, counts: &Counts) 
                 }
                 @for (s, k) in &counts.ended { span { (s.as_str()) " " b { (k) } } }
                 @if let Some(e) = &counts.error { span.error { "counts: " (e) } }
+            @if counts.skipped { span.note { "counts: left out of a page that reloaded itself (" a href=(link(None)) { "count" } ")" } }
             }
             form.filters method="get" action="/tasks" {
                 label { "state " select name="state" { (state_options(&state)) } }
@@ -205,9 +210,10 @@ pub fn tasks(c: &Console, f: &Filters, q: &Query, page: &Page, counts: &Counts) 
             }
             p.note {
                 "this page: " (page.rows.len()) " rows, " (page.requests) " DynamoDB requests, " (page.index_rows)
-                " index entries read" @if q.after.is_none() { "; the counts: " (counts.requests) " requests" }
+                " index entries read" @if q.after.is_none() && !counts.skipped { "; the counts: " (counts.requests) " requests" }
                 ". " (if ended { "Ended tasks come from the ByEnd index, newest first." }
-                      else { "Tasks in flight come from the ByCompleteBy index, most overdue first (the first page reloads every 10 s)." })
+                      else { "Tasks in flight come from the ByCompleteBy index, most overdue first." })
+            " The first page reloads itself every 10 s, without the counts."
             }
         },
     )
@@ -280,7 +286,7 @@ pub fn task(c: &Console, t: &Task, now: Millis) -> Markup {
     layout(
         c,
         id,
-        (!t.process_state.is_terminal()).then_some(5),
+        (!t.process_state.is_terminal()).then(|| (5, format!("/tasks/{}", enc(id)))),
         &html! {
             h1 { "Task " span.id { (id) } }
             dl.facts {
