@@ -569,13 +569,7 @@ async fn run(cli: &Cli) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&t)?);
                 return Ok(());
             }
-            // The whole history: the entries the item dropped are in its archive.
-            let mut t = t;
-            if let Some(first) = t.history.first().map(|h| h.seq).filter(|s| *s > 1) {
-                let mut older = deps.store.archived_history(&t.task_id, 1, first).await?;
-                older.append(&mut t.history);
-                t.history = older;
-            }
+            let t = sas_cli::ops::with_whole_history(&deps, t).await?;
             let color = std::io::stdout().is_terminal();
             print!("{}", timeline::render(&t, Millis::now(), &timeline::Options::full(color)));
         }
@@ -785,8 +779,7 @@ async fn top(
     snap.limits = sas_cli::top::agent_limits(deps.limiter.as_ref(), limited, now).await?;
     snap.limit_reads = limited.len() as u64;
     if ended {
-        // Rejected submissions never become tasks (they are in the submission DLQ).
-        for state in ProcessState::ALL.into_iter().filter(|s| s.is_terminal() && *s != ProcessState::Rejected) {
+        for state in sas_cli::top::counted_ended_states() {
             snap.ended.push((state, reader.count_by_state(state).await?));
             snap.count_queries += u64::from(deps.resources.shards.max(1));
         }

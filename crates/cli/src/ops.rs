@@ -306,6 +306,18 @@ pub async fn wait_applied(
     }
 }
 
+/// `task` with its whole history: the entries the item dropped (it keeps the last
+/// `history_limit`) are read back from its archive and put before the ones it keeps
+/// (`sasctl status` and `sasctl ui`'s task page show them all).
+pub async fn with_whole_history(deps: &Deps, mut task: Task) -> anyhow::Result<Task> {
+    if let Some(first) = task.history.first().map(|h| h.seq).filter(|s| *s > 1) {
+        let mut older = deps.store.archived_history(&task.task_id, 1, first).await?;
+        older.append(&mut task.history);
+        task.history = older;
+    }
+    Ok(task)
+}
+
 /// Check, send, and (unless `wait` is `None`) wait for one command on one task, polling every
 /// `poll`: the line that says what it led to (`sasctl cancel|resubmit` print it, `sasctl ui`
 /// shows it). A refusal, a command overtaken by the task, or one not applied in time is the error.

@@ -100,6 +100,12 @@ pub async fn agent_limits(
     Ok(out)
 }
 
+/// The ended states whose tasks `top` and the console count (the `ByEnd` index's); rejected
+/// submissions never become tasks (they are in the submission DLQ).
+pub fn counted_ended_states() -> impl Iterator<Item = ProcessState> {
+    ProcessState::ALL.into_iter().filter(|s| s.is_terminal() && *s != ProcessState::Rejected)
+}
+
 /// Read the in-flight part: every key of `ByCompleteBy`, then the tasks (every one when there are
 /// at most `read_all`, else the `show` most overdue).
 pub async fn in_flight(

@@ -216,14 +216,8 @@ fn task_id(id: &str) -> anyhow::Result<TaskId> {
 async fn task(State(c): State<Arc<Console>>, Path(id): Path<String>) -> Response {
     let read = async {
         let id = task_id(&id)?;
-        let Some(mut t) = c.deps.store.get(&id).await? else { anyhow::bail!("there is no task {id}") };
-        // the whole history: the entries the item dropped are in its archive
-        if let Some(first) = t.history.first().map(|h| h.seq).filter(|s| *s > 1) {
-            let mut older = c.deps.store.archived_history(&t.task_id, 1, first).await?;
-            older.append(&mut t.history);
-            t.history = older;
-        }
-        Ok(t)
+        let Some(t) = c.deps.store.get(&id).await? else { anyhow::bail!("there is no task {id}") };
+        crate::ops::with_whole_history(&c.deps, t).await
     };
     match read.await {
         Ok(t) => pages::task(&c, &t, Millis::now()).into_response(),

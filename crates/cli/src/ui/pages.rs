@@ -46,8 +46,7 @@ pub async fn counts(c: &Console, now: Millis) -> Counts {
         Err(e) => out.error = Some(e.to_string()),
     }
     // the ended states at once
-    let states: Vec<ProcessState> =
-        ProcessState::ALL.into_iter().filter(|s| s.is_terminal() && *s != ProcessState::Rejected).collect();
+    let states: Vec<ProcessState> = crate::top::counted_ended_states().collect();
     let counted = futures::future::join_all(states.iter().map(|s| c.reader.count_by_state(*s))).await;
     for (state, n) in states.into_iter().zip(counted) {
         match n {
