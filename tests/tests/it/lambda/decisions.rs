@@ -78,10 +78,6 @@ async fn lambda_decisions_take_two_paths_shape_their_data_and_a_cancelled_parent
     f.s.send(&f.s.res.submission_queue_url, &submit(&big, json!({"amount": 1500, "note": "x"}))).await;
     let refused = json!({"amount": 500, "sim": {"giftwrap": {"permanent": "no paper left"}}});
     f.s.send(&f.s.res.submission_queue_url, &submit(&small, refused)).await;
-    // the parent: its child hangs in its third step, and the parent is cancelled then
-    let hang = json!({"v": 1, "task_id": parent, "workflow": "parent",
-                      "input": {"sim": {"dispatch": {"hang_attempts": 1}}}});
-    f.s.send(&f.s.res.submission_queue_url, &hang.to_string()).await;
 
     let b = f.s.wait_for(&big, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
     let s = f.s.wait_for(&small, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
@@ -126,6 +122,12 @@ async fn lambda_decisions_take_two_paths_shape_their_data_and_a_cancelled_parent
         "permanent"
     );
 
+    // the parent: its child hangs in its third step, and the parent is cancelled then. Sent only
+    // now: sent with the others, its child's dispatch (one 20 s attempt) could time out while the
+    // two paths above were checked on a busy machine, and the child ended before the cancel (CI once)
+    let hang = json!({"v": 1, "task_id": parent, "workflow": "parent",
+                      "input": {"sim": {"dispatch": {"hang_attempts": 1}}}});
+    f.s.send(&f.s.res.submission_queue_url, &hang.to_string()).await;
     // the parent, cancelled once its child has applied pack and label
     let child = TaskId::child(&TaskId::try_from(parent.as_str()).unwrap(), 1, 0);
     f.s.wait_for(child.as_str(), Duration::from_mins(2), |c| {
