@@ -11,6 +11,13 @@
 //! - a workflow's `result`: what a `Processed` task's last status carries, from the input and
 //!   every step's output.
 //!
+//! The key `*.$` takes the whole value at its path: alone, the template is that value (an
+//! array, a number, an object); beside other keys, the value's members come first and the other
+//! keys are added to them or replace them, `{"*.$": "$.input", "quote.$": "$.outputs.quote"}` being
+//! the input with a `quote` member (a value that is not an object then gives only the other keys).
+//! So a template can pass a value on whole, and add to one, as the States Language's `ResultPath`
+//! does.
+//!
 //! A path that names nothing when the template is filled gives `null` (a skipped step has no
 //! output); one that can never name anything (a step that does not come before) is refused when
 //! the workflow loads.
@@ -41,8 +48,13 @@ enum Node {
     Value(Value),
     Path(DataPath),
     Object(Vec<(String, Node)>),
+    /// `{"*.$": path, ...}`: the value at the path, with the other members added to it.
+    Spread(DataPath, Vec<(String, Node)>),
     Array(Vec<Node>),
 }
+
+/// The key whose path gives the whole value (see the module's docs).
+pub const WHOLE: &str = "*";
 
 /// The most bytes a template may take, written out.
 pub const MAX_TEMPLATE_BYTES: usize = 16 * 1024;
@@ -66,6 +78,12 @@ impl Template {
             match n {
                 Node::Path(p) => out.push(p),
                 Node::Object(m) => m.iter().for_each(|(_, x)| visit(x, out)),
+                Node::Spread(p, m) => {
+                    out.push(p);
+                    for (_, x) in m {
+                        visit(x, out);
+                    }
+                }
                 Node::Array(a) => a.iter().for_each(|x| visit(x, out)),
                 Node::Value(_) => {}
             }
@@ -88,13 +106,17 @@ impl Template {
     }
 
     pub fn to_json(&self) -> Value {
+        fn members(m: &[(String, Node)]) -> impl Iterator<Item = (String, Value)> + '_ {
+            m.iter().map(|(k, x)| (if matches!(x, Node::Path(_)) { format!("{k}.$") } else { k.clone() }, back(x)))
+        }
         fn back(n: &Node) -> Value {
             match n {
                 Node::Value(v) => v.clone(),
                 Node::Path(p) => Value::String(p.as_str().to_owned()),
-                Node::Object(m) => Value::Object(
-                    m.iter()
-                        .map(|(k, x)| (if matches!(x, Node::Path(_)) { format!("{k}.$") } else { k.clone() }, back(x)))
+                Node::Object(m) => Value::Object(members(m).collect()),
+                Node::Spread(p, m) => Value::Object(
+                    std::iter::once((format!("{WHOLE}.$"), Value::String(p.as_str().to_owned())))
+                        .chain(members(m))
                         .collect(),
                 ),
                 Node::Array(a) => Value::Array(a.iter().map(back).collect()),
@@ -126,7 +148,13 @@ fn node(v: &Value, over: Over, at: &str) -> Result<Node, String> {
                     None => out.push((k.clone(), node(x, over, &here)?)),
                 }
             }
-            Node::Object(out)
+            match out.iter().position(|(k, _)| k == WHOLE) {
+                Some(i) if matches!(out[i].1, Node::Path(_)) => {
+                    let Node::Path(p) = out.remove(i).1 else { unreachable!("matched above") };
+                    Node::Spread(p, out)
+                }
+                _ => Node::Object(out),
+            }
         }
         Value::Array(a) => Node::Array(a.iter().map(|x| node(x, over, at)).collect::<Result<_, _>>()?),
         other => Node::Value(other.clone()),
@@ -138,6 +166,20 @@ fn render(n: &Node, look: &dyn Fn(&DataPath) -> Option<Value>) -> Value {
         Node::Value(v) => v.clone(),
         Node::Path(p) => look(p).unwrap_or(Value::Null),
         Node::Object(m) => Value::Object(m.iter().map(|(k, x)| (k.clone(), render(x, look))).collect::<Map<_, _>>()),
+        Node::Spread(p, m) => {
+            let whole = look(p).unwrap_or(Value::Null);
+            if m.is_empty() {
+                return whole;
+            }
+            let mut out = match whole {
+                Value::Object(o) => o,
+                _ => Map::new(),
+            };
+            for (k, x) in m {
+                out.insert(k.clone(), render(x, look));
+            }
+            Value::Object(out)
+        }
         Node::Array(a) => Value::Array(a.iter().map(|x| render(x, look)).collect()),
     }
 }
@@ -182,7 +224,7 @@ serde_template!(
     TaskTemplate,
     Over::Task,
     "TaskTemplate",
-    "JSON in which a key ending in .$ takes the value at a path into the task ($.input.total, $.outputs.quote.id)."
+    "JSON in which a key ending in .$ takes the value at a path into the task ($.input.total, $.outputs.quote.id); the key *.$ the whole value there, the other keys added to it."
 );
 serde_template!(
     AnswerTemplate,
@@ -221,6 +263,32 @@ mod tests {
         assert_eq!(tpl.paths().len(), 4);
         let sel = Template::from_json(&json!({"charge_id.$": "$.body.id", "all.$": "$"}), Over::Answer).unwrap();
         assert_eq!(sel.fill_from(&json!({"body": {"id": 7}})), json!({"charge_id": 7, "all": {"body": {"id": 7}}}));
+    }
+
+    #[test]
+    fn the_whole_key_passes_a_value_on_and_adds_members_to_an_object() {
+        let data = Data(json!({"total": 12, "lines": [1, 2], "keep": "me"}), json!({"quote": {"id": "q1"}}));
+        let fill = |t: Value| {
+            let tpl = Template::from_json(&t, Over::Task).unwrap();
+            assert_eq!(tpl.to_json(), t, "written back as read");
+            tpl.fill(&data)
+        };
+        assert_eq!(fill(json!({"*.$": "$.input.lines"})), json!([1, 2]), "alone: the value itself");
+        assert_eq!(
+            fill(json!({"*.$": "$.input", "total": 13, "quote.$": "$.outputs.quote.id"})),
+            json!({"total": 13, "lines": [1, 2], "keep": "me", "quote": "q1"}),
+            "beside others: the members, then the others added or replaced"
+        );
+        assert_eq!(fill(json!({"*.$": "$.input.total", "a": 1})), json!({"a": 1}), "not an object: the others only");
+        assert_eq!(fill(json!({"x": [{"*.$": "$.input.keep"}]})), json!({"x": ["me"]}), "inside an array");
+        let t = Template::from_json(&json!({"*.$": "$.outputs.quote", "a.$": "$.input.total"}), Over::Task).unwrap();
+        assert_eq!(t.paths().len(), 2, "the whole key's path is read too");
+        assert_eq!(
+            Template::from_json(&json!({"*.$": "$.body", "n": 1}), Over::Answer)
+                .unwrap()
+                .fill_from(&json!({"body": {"m": 2}})),
+            json!({"m": 2, "n": 1})
+        );
     }
 
     #[test]

@@ -76,6 +76,7 @@ async fn a_lambda_agent_invokes_the_function_and_classifies_what_it_answers() {
         "agents": {
             "charge": {"kind": "lambda", "function": "${FN}"},
             "missing": {"kind": "lambda", "function": format!("{function}-gone")},
+            "bare": {"kind": "lambda", "function": "${FN}", "payload": "input"},
         },
         "callback": {"queue_url": "${CB}"},
         "retry": {"max_calls": 4, "base_ms": 50, "max_ms": 200},
@@ -99,6 +100,14 @@ async fn a_lambda_agent_invokes_the_function_and_classifies_what_it_answers() {
     assert_eq!(output["order"], "o-1");
     assert_eq!(output["idempotency_key"], format!("{task}-ok:charge"));
     assert_eq!(output["calls"], 1);
+
+    // "payload": "input": the function receives the request's input alone (a step's parameters
+    // filled; here, without parameters, the task's input and outputs), as from Step Functions
+    let bare = request(&format!("{task}-bare"), "bare", json!({"x": 1}), false);
+    let out = rt.run(&bare).await.unwrap();
+    let Outcome::Succeeded { output } = out.outcome else { panic!("{out:?}") };
+    assert_eq!(output, json!({"received": bare.input}));
+    assert_eq!(output["received"]["input"]["fn"], json!({"x": 1}));
 
     // two function errors of another type: retried inside the attempt, the third call answers
     let out = rt.run(&request(&format!("{task}-busy"), "charge", json!({"fail_calls": 2}), false)).await.unwrap();

@@ -16,7 +16,7 @@ pub use super::kind::AgentConfigError;
 use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 use super::sim::SimAgent;
-use super::{approval, eventbridge, http, lambda, sim, sns, sqs};
+use super::{approval, eventbridge, fail, http, lambda, sim, sns, sqs};
 
 impl AgentRuntime {
     /// The runtime with only the simulated agent (`sim`).
@@ -272,6 +272,7 @@ pub(crate) enum AgentSpec {
     Sns(sns::SnsKind),
     #[serde(rename = "eventbridge")]
     EventBridge(eventbridge::EventBridgeKind),
+    Fail(fail::FailKind),
 }
 
 /// One arm per kind, the same call on each.
@@ -285,6 +286,7 @@ macro_rules! each_kind {
             AgentSpec::Sqs($k) => $e,
             AgentSpec::Sns($k) => $e,
             AgentSpec::EventBridge($k) => $e,
+            AgentSpec::Fail($k) => $e,
         }
     };
 }

@@ -53,6 +53,23 @@ pub struct LambdaKind {
     /// An alias or version (default: `$LATEST`, or what the ARN names).
     #[serde(default)]
     pub qualifier: Option<String>,
+    /// What a call step's function receives: `request` (the default: the request every kind
+    /// sends, with the task, the step, the idempotency key and the deadline beside the `input`) or
+    /// `input` (only the request's `input`, the step's `parameters` filled, as a function written
+    /// for Step Functions receives its payload). A callback step's function always receives the
+    /// request, which carries the token.
+    #[serde(default)]
+    pub payload: Payload,
+}
+
+/// What a Lambda agent sends its function: the whole request, or its input alone.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Payload {
+    #[default]
+    Request,
+    Input,
 }
 
 fn valid_name(s: &str) -> bool {
@@ -89,6 +106,7 @@ impl AgentKind for LambdaKind {
         Ok(Arc::new(LambdaAgent {
             function: self.function,
             qualifier: self.qualifier,
+            payload: self.payload,
             max_response_bytes: cx.max_response_bytes,
             callback: cx.callback.clone(),
             client: LazyClient::new(cx.aws.clone(), client),
@@ -108,6 +126,7 @@ impl AgentKind for LambdaKind {
 
 pub struct LambdaAgent {
     function: String,
+    payload: Payload,
     qualifier: Option<String>,
     max_response_bytes: usize,
     callback: CallbackEndpoints,
@@ -119,6 +138,7 @@ impl std::fmt::Debug for LambdaAgent {
         f.debug_struct("LambdaAgent")
             .field("function", &self.function)
             .field("qualifier", &self.qualifier)
+            .field("payload", &self.payload)
             .field("max_response_bytes", &self.max_response_bytes)
             .field("callback", &self.callback)
             .finish_non_exhaustive()
@@ -128,8 +148,14 @@ impl std::fmt::Debug for LambdaAgent {
 impl LambdaAgent {
     /// With a client of the caller's (tests, tools).
     pub fn with_client(function: impl Into<String>, client: aws_sdk_lambda::Client) -> Self {
+        Self::sending(function, Payload::Request, client)
+    }
+
+    /// With a client of the caller's, sending `payload`.
+    pub fn sending(function: impl Into<String>, payload: Payload, client: aws_sdk_lambda::Client) -> Self {
         LambdaAgent {
             function: function.into(),
+            payload,
             qualifier: None,
             max_response_bytes: super::http::DEFAULT_MAX_RESPONSE_BYTES,
             callback: CallbackEndpoints::default(),
@@ -232,7 +258,12 @@ impl Agent for LambdaAgent {
         Box::pin(async move {
             let req = call.request;
             let asynchronous = req.callback.is_some();
-            let payload = serde_json::to_vec(&super::handover::request(req, call.deadline, &self.callback))
+            let sent = if asynchronous || self.payload == Payload::Request {
+                super::handover::request(req, call.deadline, &self.callback)
+            } else {
+                req.input.clone()
+            };
+            let payload = serde_json::to_vec(&sent)
                 .map_err(|e| AgentError::Permanent { message: format!("request not serialisable: {e}") })?;
             let limit = if asynchronous { MAX_ASYNC_PAYLOAD_BYTES } else { MAX_SYNC_PAYLOAD_BYTES };
             if payload.len() > limit {

@@ -8,7 +8,8 @@
 //! - [`approval`]: the approval agent (a person answers a callback step; the token goes to SNS);
 //! - [`sqs`], [`sns`], [`eventbridge`]: callback steps delivered to a queue, a topic or an event
 //!   bus of the user's ([`deliver`]: what they share; [`aws_error`]: how AWS errors are told apart);
-//! - [`sim`]: the simulated agent for tests and demos;
+//! - [`sim`]: the simulated agent for tests and demos; [`fail`]: a step that fails the task (a
+//!   `Fail` state);
 //! - [`kind`]: what each kind of agent provides (its configuration, how it is built, its IAM);
 //! - [`config`]: which agents a function hosts (`config/agents.json`).
 
@@ -26,6 +27,7 @@ pub mod aws_error;
 pub mod config;
 pub mod deliver;
 pub mod eventbridge;
+pub mod fail;
 pub mod handover;
 pub mod http;
 pub mod kind;
