@@ -1,4 +1,5 @@
 pub mod answer;
+pub mod asl;
 pub mod callback_url;
 pub mod iam;
 pub mod lambda;

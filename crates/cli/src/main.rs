@@ -102,6 +102,26 @@ enum Cmd {
         #[arg(long, value_name = "WORKFLOW")]
         graph: Option<String>,
     },
+    /// Translate Step Functions state machines (Amazon States Language, JSONPath) into a
+    /// workflows file and an agents file, then check them as validate does. Each FILE becomes a
+    /// workflow named after it (NAME.asl.json is NAME); what cannot be translated is refused with
+    /// its state, its field and what to do instead; how the translation differs from the state
+    /// machine is printed with it. Exits 1 when a file is refused or the check fails.
+    ImportAsl {
+        /// State machine definitions (JSON).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Where the workflows file is written.
+        #[arg(long, value_name = "FILE", default_value = "imported-workflows.json")]
+        workflows: PathBuf,
+        /// Where the agents file is written.
+        #[arg(long, value_name = "FILE", default_value = "imported-agents.json")]
+        agents: PathBuf,
+        /// A variable the functions will have, KEY=VALUE, for the check (a definition's
+        /// ${FunctionArn} substitutions stay variables of the agents file).
+        #[arg(long = "var")]
+        vars: Vec<String>,
+    },
     /// Print the JSON Schema of a configuration file (the repository's schemas/ holds both): name
     /// it in the file with "$schema" and an editor completes and checks the file as you type.
     Schema {
@@ -385,6 +405,7 @@ async fn main() {
             | Cmd::Approve { .. }
             | Cmd::Reject { .. }
             | Cmd::Validate { .. }
+            | Cmd::ImportAsl { .. }
             | Cmd::Schema { .. }
     );
     sas_core::telemetry::init_with_default(if answers { "error" } else { "info" });
@@ -402,6 +423,68 @@ fn key_values(what: &str, items: &[String]) -> Result<std::collections::HashMap<
             Ok((k.to_owned(), val.to_owned()))
         })
         .collect()
+}
+
+/// `sasctl import-asl`: translate each file, print what was translated, refused and noted, write
+/// the two files (even when some were refused, with the others).
+fn import_asl(files: &[PathBuf], workflows: &std::path::Path, agents: &std::path::Path) -> Result<()> {
+    let mut wfs = Vec::new();
+    let mut all_agents = serde_json::Map::new();
+    let mut refused = 0;
+    for f in files {
+        let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        let def: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{} is not JSON", f.display()))?;
+        let name = sas_cli::asl::workflow_name(f);
+        match sas_cli::asl::import(&name, &def) {
+            Ok(i) => {
+                let steps = i.workflow["steps"].as_array().map_or(0, Vec::len);
+                println!(
+                    "{}: translated as workflow {name}: {steps} step(s), {} agent(s)",
+                    f.display(),
+                    i.agents.len()
+                );
+                for n in &i.notes {
+                    println!("  differs: {n}");
+                }
+                for (k, v) in i.agents {
+                    if all_agents.get(&k).is_some_and(|old| *old != v) {
+                        bail!("two definitions need different agents named {k}: import them one at a time");
+                    }
+                    all_agents.insert(k, v);
+                }
+                wfs.push(i.workflow);
+            }
+            Err(rs) => {
+                refused += 1;
+                println!("{}: refused ({} reason(s)):", f.display(), rs.len());
+                for r in rs {
+                    println!("  {r}");
+                }
+            }
+        }
+    }
+    if wfs.is_empty() {
+        bail!("nothing translated: {refused} file(s) refused");
+    }
+    let wf = serde_json::json!({"workflows": wfs});
+    let agent_count = all_agents.len();
+    let ag = sas_cli::asl::agents_file(&all_agents);
+    std::fs::write(workflows, serde_json::to_string_pretty(&wf)? + "\n")
+        .with_context(|| format!("writing {}", workflows.display()))?;
+    std::fs::write(agents, serde_json::to_string_pretty(&ag)? + "\n")
+        .with_context(|| format!("writing {}", agents.display()))?;
+    println!(
+        "wrote {} ({} workflow(s)) and {} ({} agent(s)); checking them:",
+        workflows.display(),
+        wfs.len(),
+        agents.display(),
+        agent_count
+    );
+    if refused > 0 {
+        bail!("{refused} of {} file(s) refused (above)", files.len());
+    }
+    Ok(())
 }
 
 #[allow(clippy::print_stderr)] // with --graph the report goes to stderr, the diagram to stdout
@@ -508,6 +591,10 @@ async fn run(cli: &Cli) -> Result<()> {
         Cmd::Schema { file } => {
             let schema = if file == "agents" { sas_core::schema::agents() } else { sas_core::schema::workflows() };
             println!("{}", serde_json::to_string_pretty(&schema)?);
+        }
+        Cmd::ImportAsl { files, workflows, agents, vars } => {
+            import_asl(files, workflows, agents)?;
+            validate(Some(workflows), Some(agents), vars, &[], None)?;
         }
         Cmd::Validate { workflows, agents, vars, params, graph } => {
             validate(workflows.as_deref(), agents.as_deref(), vars, params, graph.as_deref())?;

@@ -1,0 +1,522 @@
+//! The States Language's data flow, worked out when a definition is imported: each state's input
+//! and output as a [`Sym`], a value built from the task's input, the steps' outputs and constants.
+//! `InputPath`, `Parameters`, `ResultSelector`, `ResultPath` and `OutputPath` are applied to it
+//! here, so the workflow reads its data where it lives (`$.input…`, `$.outputs.<step>…`) and keeps
+//! no copy of the document a state machine passes from state to state.
+
+use serde_json::{Map, Value};
+
+use sas_core::condition::Condition;
+
+/// A segment of a reference path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seg {
+    Name(String),
+    Index(usize),
+}
+
+/// Parse a States Language reference path (`$`, `$.a.b`, `$['a b'][0]`); what it cannot be (a
+/// wildcard, a filter, `..`) is refused: a reference path names one value.
+pub fn parse_path(text: &str) -> Result<Vec<Seg>, String> {
+    let bad = |why: &str| Err(format!("path {text:?}: {why}"));
+    let Some(mut rest) = text.strip_prefix('$') else { return bad("a path starts with $") };
+    let mut out = Vec::new();
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix("..") {
+            let _ = r;
+            return bad("`..` names many values; a reference path names one");
+        } else if let Some(r) = rest.strip_prefix('.') {
+            let end = r.find(['.', '[']).unwrap_or(r.len());
+            let name = &r[..end];
+            if name.is_empty() || name == "*" {
+                return bad("a wildcard or an empty name names no one value");
+            }
+            out.push(Seg::Name(name.to_owned()));
+            rest = &r[end..];
+        } else if let Some(r) = rest.strip_prefix('[') {
+            let Some(end) = r.find(']') else { return bad("an unclosed [") };
+            let inner = r[..end].trim();
+            if let Some(q) = inner.strip_prefix('\'').and_then(|x| x.strip_suffix('\'')) {
+                out.push(Seg::Name(q.to_owned()));
+            } else if let Some(q) = inner.strip_prefix('"').and_then(|x| x.strip_suffix('"')) {
+                out.push(Seg::Name(q.to_owned()));
+            } else if let Ok(i) = inner.parse::<usize>() {
+                out.push(Seg::Index(i));
+            } else {
+                return bad(&format!(
+                    "[{inner}] (a wildcard, a slice, a filter or a negative index) names no one value"
+                ));
+            }
+            rest = &r[end + 1..];
+        } else {
+            return bad("expected . or [ after a name");
+        }
+    }
+    Ok(out)
+}
+
+/// A path's text from its root and segments (`$.input.a['b c'][0]`).
+pub fn path_text(root: &str, segs: &[Seg]) -> String {
+    let mut s = root.to_owned();
+    for seg in segs {
+        match seg {
+            Seg::Name(n)
+                if n.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                    && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') =>
+            {
+                s.push('.');
+                s.push_str(n);
+            }
+            Seg::Name(n) => {
+                s.push_str("['");
+                s.push_str(&n.replace('\\', "\\\\").replace('\'', "\\'"));
+                s.push_str("']");
+            }
+            Seg::Index(i) => {
+                s.push('[');
+                s.push_str(&i.to_string());
+                s.push(']');
+            }
+        }
+    }
+    s
+}
+
+/// A value as the import knows it: constant, or read from the task when the step runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Sym {
+    /// A constant (`Result` of a Pass state, literal `Parameters`).
+    Lit(Value),
+    /// What a path of the task names: `$.input…`, `$.outputs.<step>…` (or, in an answer, `$…`).
+    Ref(String),
+    /// An object built member by member.
+    Obj(Vec<(String, Sym)>),
+    /// An array built element by element (a Parallel state's branches).
+    Arr(Vec<Sym>),
+    /// The object a path names with members added or replaced (`ResultPath` into it).
+    Over(String, Vec<(String, Sym)>),
+}
+
+fn with(root: &str, segs: &[Seg]) -> String {
+    if segs.is_empty() {
+        return root.to_owned();
+    }
+    let mut base = path_text("$", segs);
+    base.replace_range(0..1, root);
+    base
+}
+
+impl Sym {
+    /// The part of the value a path names.
+    pub fn get(&self, segs: &[Seg]) -> Result<Sym, String> {
+        let Some((first, rest)) = segs.split_first() else { return Ok(self.clone()) };
+        match (self, first) {
+            (Sym::Ref(p), _) => Ok(Sym::Ref(with(p, segs))),
+            (Sym::Lit(v), _) => {
+                let mut at = v;
+                for s in segs {
+                    at = match (at, s) {
+                        (Value::Object(m), Seg::Name(n)) => m.get(n),
+                        (Value::Array(a), Seg::Index(i)) => a.get(*i),
+                        _ => None,
+                    }
+                    .ok_or_else(|| format!("{} names nothing in the constant {v}", path_text("$", segs)))?;
+                }
+                Ok(Sym::Lit(at.clone()))
+            }
+            (Sym::Obj(m), Seg::Name(n)) => match m.iter().find(|(k, _)| k == n) {
+                Some((_, x)) => x.get(rest),
+                None => Err(format!("{} names nothing: the value there has only {}", path_text("$", segs), keys(m))),
+            },
+            (Sym::Over(base, m), Seg::Name(n)) => match m.iter().find(|(k, _)| k == n) {
+                Some((_, x)) => x.get(rest),
+                None => Ok(Sym::Ref(with(base, segs))),
+            },
+            (Sym::Arr(a), Seg::Index(i)) => match a.get(*i) {
+                Some(x) => x.get(rest),
+                None => Err(format!("[{i}] names nothing: the array has {} elements", a.len())),
+            },
+            _ => Err(format!("{} names nothing: the value there is not of that shape", path_text("$", segs))),
+        }
+    }
+
+    /// The value with `value` put where a `ResultPath` says.
+    pub fn set(self, segs: &[Seg], value: Sym) -> Result<Sym, String> {
+        let Some((first, rest)) = segs.split_first() else { return Ok(value) };
+        let Seg::Name(n) = first else { return Err("a ResultPath takes names, not indexes".into()) };
+        let put = |m: &mut Vec<(String, Sym)>, start: Sym| -> Result<(), String> {
+            let inner = match m.iter().position(|(k, _)| k == n) {
+                Some(i) => m.remove(i).1,
+                None => start,
+            };
+            m.push((n.clone(), inner.set(rest, value.clone())?));
+            Ok(())
+        };
+        match self {
+            Sym::Obj(mut m) => {
+                put(&mut m, Sym::Obj(Vec::new()))?;
+                Ok(Sym::Obj(m))
+            }
+            Sym::Over(base, mut m) => {
+                let start = Sym::Ref(with(&base, std::slice::from_ref(first)));
+                put(&mut m, start)?;
+                Ok(Sym::Over(base, m))
+            }
+            Sym::Ref(p) => {
+                let mut m = Vec::new();
+                put(&mut m, Sym::Ref(with(&p, std::slice::from_ref(first))))?;
+                Ok(Sym::Over(p, m))
+            }
+            Sym::Lit(Value::Object(o)) => {
+                Sym::Obj(o.into_iter().map(|(k, v)| (k, Sym::Lit(v))).collect()).set(segs, value)
+            }
+            Sym::Lit(other) => Err(format!("a ResultPath cannot add a member to {other}, which is not an object")),
+            Sym::Arr(_) => Err("a ResultPath cannot add a member to an array".into()),
+        }
+    }
+
+    /// Every `$…` path in an answer's value, moved to `root` (`$.outputs.charge`).
+    #[must_use]
+    pub fn rebased(&self, root: &str) -> Sym {
+        let move_path = |p: &str| format!("{root}{}", &p[1..]);
+        match self {
+            Sym::Lit(v) => Sym::Lit(v.clone()),
+            Sym::Ref(p) => Sym::Ref(move_path(p)),
+            Sym::Obj(m) => Sym::Obj(m.iter().map(|(k, x)| (k.clone(), x.rebased(root))).collect()),
+            Sym::Arr(a) => Sym::Arr(a.iter().map(|x| x.rebased(root)).collect()),
+            Sym::Over(b, m) => Sym::Over(move_path(b), m.iter().map(|(k, x)| (k.clone(), x.rebased(root))).collect()),
+        }
+    }
+
+    /// The value as a template of this project's (`parameters`, `result_selector`, `result`).
+    pub fn template(&self) -> Result<Value, String> {
+        match self {
+            Sym::Obj(m) => Ok(Value::Object(members(m)?)),
+            Sym::Ref(p) => Ok(serde_json::json!({"*.$": p})),
+            Sym::Over(b, m) => {
+                let mut o = Map::new();
+                o.insert("*.$".into(), Value::String(b.clone()));
+                o.extend(members(m)?);
+                Ok(Value::Object(o))
+            }
+            Sym::Lit(Value::Object(o)) => {
+                check_literal(&Value::Object(o.clone()))?;
+                Ok(Value::Object(o.clone()))
+            }
+            Sym::Lit(v) => {
+                Err(format!("the value {v} is a constant that is not an object; a template here is an object"))
+            }
+            Sym::Arr(_) => Err("an array built of parts is a template here only inside an object".into()),
+        }
+    }
+
+    fn nested(&self) -> Result<Value, String> {
+        match self {
+            Sym::Lit(v) => {
+                check_literal(v)?;
+                Ok(v.clone())
+            }
+            Sym::Arr(a) => Ok(Value::Array(a.iter().map(Sym::nested).collect::<Result<_, _>>()?)),
+            other => other.template(),
+        }
+    }
+
+    /// Every path the value reads.
+    pub fn paths(&self) -> Vec<&str> {
+        match self {
+            Sym::Lit(_) => Vec::new(),
+            Sym::Ref(p) => vec![p.as_str()],
+            Sym::Obj(m) => m.iter().flat_map(|(_, x)| x.paths()).collect(),
+            Sym::Arr(a) => a.iter().flat_map(Sym::paths).collect(),
+            Sym::Over(b, m) => std::iter::once(b.as_str()).chain(m.iter().flat_map(|(_, x)| x.paths())).collect(),
+        }
+    }
+}
+
+fn keys(m: &[(String, Sym)]) -> String {
+    if m.is_empty() {
+        return "no members".into();
+    }
+    m.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+fn members(m: &[(String, Sym)]) -> Result<Map<String, Value>, String> {
+    let mut o = Map::new();
+    for (k, x) in m {
+        match x {
+            Sym::Ref(p) => o.insert(format!("{k}.$"), Value::String(p.clone())),
+            other => o.insert(k.clone(), other.nested()?),
+        };
+    }
+    Ok(o)
+}
+
+/// A constant that this project's templates would read as a path (`"x.$"`, `"*"`) cannot be written
+/// as one.
+fn check_literal(v: &Value) -> Result<(), String> {
+    match v {
+        Value::Object(o) => {
+            if let Some(k) = o.keys().find(|k| k.ends_with(".$") || k.as_str() == "*") {
+                return Err(format!("the constant member {k:?} would be read as a path"));
+            }
+            o.values().try_for_each(check_literal)
+        }
+        Value::Array(a) => a.iter().try_for_each(check_literal),
+        _ => Ok(()),
+    }
+}
+
+/// A decision as the import knows it: always, never, or a guard of this project's.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cond {
+    True,
+    False,
+    When(Value),
+}
+
+impl Cond {
+    #[must_use]
+    pub fn and(self, other: Cond) -> Cond {
+        match (self, other) {
+            (Cond::False, _) | (_, Cond::False) => Cond::False,
+            (Cond::True, x) | (x, Cond::True) => x,
+            (Cond::When(a), Cond::When(b)) => {
+                let mut parts = Vec::new();
+                for x in [a, b] {
+                    match x {
+                        Value::Object(mut o) if o.len() == 1 && o.contains_key("and") => {
+                            if let Some(Value::Array(xs)) = o.remove("and") {
+                                parts.extend(xs);
+                            }
+                        }
+                        x => parts.push(x),
+                    }
+                }
+                Cond::When(serde_json::json!({"and": parts}))
+            }
+        }
+    }
+
+    #[must_use]
+    pub fn or(self, other: Cond) -> Cond {
+        match (self, other) {
+            (Cond::True, _) | (_, Cond::True) => Cond::True,
+            (Cond::False, x) | (x, Cond::False) => x,
+            (Cond::When(a), Cond::When(b)) if a == b => Cond::When(a),
+            (Cond::When(a), Cond::When(b)) => {
+                let mut parts = Vec::new();
+                for x in [a, b] {
+                    match x {
+                        Value::Object(mut o) if o.len() == 1 && o.contains_key("or") => {
+                            if let Some(Value::Array(xs)) = o.remove("or") {
+                                parts.extend(xs);
+                            }
+                        }
+                        x => parts.push(x),
+                    }
+                }
+                Cond::When(serde_json::json!({"or": parts}))
+            }
+        }
+    }
+
+    #[must_use]
+    pub fn negated(self) -> Cond {
+        match self {
+            Cond::True => Cond::False,
+            Cond::False => Cond::True,
+            Cond::When(Value::Object(mut o)) if o.len() == 1 && o.contains_key("not") => {
+                Cond::When(o.remove("not").unwrap_or(Value::Null))
+            }
+            Cond::When(x) => Cond::When(serde_json::json!({"not": x})),
+        }
+    }
+}
+
+/// The comparison operators of a Choice rule, as this project spells them.
+const OPERATORS: &[&str] = &[
+    "StringEquals",
+    "StringLessThan",
+    "StringGreaterThan",
+    "StringLessThanEquals",
+    "StringGreaterThanEquals",
+    "StringMatches",
+    "NumericEquals",
+    "NumericLessThan",
+    "NumericGreaterThan",
+    "NumericLessThanEquals",
+    "NumericGreaterThanEquals",
+    "BooleanEquals",
+    "TimestampEquals",
+    "TimestampLessThan",
+    "TimestampGreaterThan",
+    "TimestampLessThanEquals",
+    "TimestampGreaterThanEquals",
+    "IsPresent",
+    "IsNull",
+    "IsNumeric",
+    "IsString",
+    "IsBoolean",
+    "IsTimestamp",
+];
+
+fn snake(name: &str) -> String {
+    let mut s = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                s.push('_');
+            }
+            s.push(c.to_ascii_lowercase());
+        } else {
+            s.push(c);
+        }
+    }
+    s
+}
+
+/// A Choice rule (without its `Next`) as a decision over the task, its variables read in `doc`.
+pub fn choice_rule(rule: &Map<String, Value>, doc: &Sym) -> Result<Cond, String> {
+    for (op, join) in [("And", true), ("Or", false)] {
+        if let Some(list) = rule.get(op) {
+            let Value::Array(list) = list else { return Err(format!("{op} takes a list of rules")) };
+            let mut out = if join { Cond::True } else { Cond::False };
+            for r in list {
+                let Value::Object(r) = r else { return Err(format!("{op} takes rules (objects)")) };
+                let c = choice_rule(r, doc)?;
+                out = if join { out.and(c) } else { out.or(c) };
+            }
+            return Ok(out);
+        }
+    }
+    if let Some(r) = rule.get("Not") {
+        let Value::Object(r) = r else { return Err("Not takes a rule (an object)".into()) };
+        return Ok(choice_rule(r, doc)?.negated());
+    }
+    let Some(Value::String(variable)) = rule.get("Variable") else {
+        return Err("a Choice rule needs Variable (or And, Or, Not)".into());
+    };
+    let ops: Vec<(&String, &Value)> =
+        rule.iter().filter(|(k, _)| !matches!(k.as_str(), "Variable" | "Next" | "Comment")).collect();
+    let [(op, operand)] = ops.as_slice() else {
+        return Err(format!("a Choice rule takes one comparison, this one has {}", ops.len()));
+    };
+    let (base, by_path) = match op.strip_suffix("Path") {
+        Some(b) if OPERATORS.contains(&b) && !b.starts_with("Is") => (b, true),
+        _ if OPERATORS.contains(&op.as_str()) => (op.as_str(), false),
+        _ => return Err(format!("{op} is not a comparison of the States Language")),
+    };
+    let mut operand = (*operand).clone();
+    let mut key = snake(base);
+    if by_path {
+        let Value::String(p) = &operand else { return Err(format!("{op} takes a path")) };
+        match doc.get(&parse_path(p)?)? {
+            Sym::Ref(p) => {
+                key.push_str("_path");
+                operand = Value::String(p);
+            }
+            Sym::Lit(v) => operand = v,
+            _ => return Err(format!("{op} {p}: the value there is built by the state machine, not read")),
+        }
+    }
+    let var = doc.get(&parse_path(variable)?)?;
+    let mut c = Map::new();
+    c.insert(key, operand.clone());
+    match var {
+        Sym::Ref(p) => {
+            c.insert("variable".into(), Value::String(p));
+            let v = Value::Object(c);
+            Condition::from_json(&v).map_err(|e| format!("Variable {variable}: {e}"))?;
+            Ok(Cond::When(v))
+        }
+        // a constant: decided now, as the rule would decide at run time
+        Sym::Lit(value) => {
+            c.insert("variable".into(), Value::String("$.input".into()));
+            let cond = Condition::from_json(&Value::Object(c)).map_err(|e| format!("Variable {variable}: {e}"))?;
+            Ok(if cond.holds(&Known(value)) { Cond::True } else { Cond::False })
+        }
+        _ => {
+            if op.as_str() == "IsPresent" {
+                return Ok(if operand == Value::Bool(true) { Cond::True } else { Cond::False });
+            }
+            Err(format!("Variable {variable}: the value there is built by the state machine (an object or array), which {op} cannot compare"))
+        }
+    }
+}
+
+struct Known(Value);
+
+impl sas_core::condition::Scope for Known {
+    fn input(&self) -> &Value {
+        &self.0
+    }
+    fn output(&self, _: &str) -> Option<&Value> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn p(s: &str) -> Vec<Seg> {
+        parse_path(s).unwrap()
+    }
+
+    #[test]
+    fn reference_paths_name_one_value() {
+        assert_eq!(p("$"), vec![]);
+        assert_eq!(p("$.a['b c'][2]"), vec![Seg::Name("a".into()), Seg::Name("b c".into()), Seg::Index(2)]);
+        for bad in ["a.b", "$..a", "$.a[*]", "$.a[-1]", "$.*", "$.a[?(@.x)]"] {
+            assert!(parse_path(bad).is_err(), "{bad}");
+        }
+        assert_eq!(path_text("$.input", &p("$.a['b c'][2]")), "$.input.a['b c'][2]");
+    }
+
+    #[test]
+    fn result_paths_add_to_what_a_state_read_and_paths_read_through_them() {
+        let doc = Sym::Ref("$.input".into());
+        let doc = doc.set(&p("$.quote"), Sym::Ref("$.outputs.q".into())).unwrap();
+        assert_eq!(doc.get(&p("$.quote.id")).unwrap(), Sym::Ref("$.outputs.q.id".into()));
+        assert_eq!(doc.get(&p("$.order")).unwrap(), Sym::Ref("$.input.order".into()));
+        assert_eq!(doc.template().unwrap(), json!({"*.$": "$.input", "quote.$": "$.outputs.q"}));
+        let deeper = doc.set(&p("$.a.b"), Sym::Lit(json!(1))).unwrap();
+        assert_eq!(
+            deeper.template().unwrap(),
+            json!({"*.$": "$.input", "quote.$": "$.outputs.q", "a": {"*.$": "$.input.a", "b": 1}})
+        );
+        let lit = Sym::Lit(json!({"x": {"y": 2}}));
+        assert_eq!(lit.get(&p("$.x.y")).unwrap(), Sym::Lit(json!(2)));
+        assert!(lit.get(&p("$.z")).is_err());
+        assert!(Sym::Lit(json!(3)).set(&p("$.a"), Sym::Lit(json!(1))).is_err());
+        let arr = Sym::Arr(vec![Sym::Ref("$.outputs.a".into()), Sym::Lit(json!(2))]);
+        assert_eq!(Sym::Obj(vec![("r".into(), arr)]).template().unwrap(), json!({"r": [{"*.$": "$.outputs.a"}, 2]}));
+        assert_eq!(Sym::Ref("$".into()).rebased("$.outputs.s"), Sym::Ref("$.outputs.s".into()));
+    }
+
+    #[test]
+    fn choice_rules_become_guards_and_constants_are_decided_at_once() {
+        let doc = Sym::Over("$.input".into(), vec![("k".into(), Sym::Lit(json!(5)))]);
+        let rule = |v: Value| choice_rule(v.as_object().unwrap(), &doc).unwrap();
+        assert_eq!(
+            rule(json!({"Variable": "$.amount", "NumericGreaterThan": 10})),
+            Cond::When(json!({"variable": "$.input.amount", "numeric_greater_than": 10}))
+        );
+        assert_eq!(rule(json!({"Variable": "$.k", "NumericGreaterThan": 10})), Cond::False);
+        assert_eq!(rule(json!({"Variable": "$.k", "NumericEquals": 5})), Cond::True);
+        assert_eq!(
+            rule(json!({"Variable": "$.a", "NumericLessThanPath": "$.k"})),
+            Cond::When(json!({"variable": "$.input.a", "numeric_less_than": 5}))
+        );
+        assert_eq!(
+            rule(json!({"Not": {"Variable": "$.a", "StringEqualsPath": "$.b"}})),
+            Cond::When(json!({"not": {"variable": "$.input.a", "string_equals_path": "$.input.b"}}))
+        );
+        assert_eq!(
+            rule(json!({"And": [{"Variable": "$.a", "IsPresent": true}, {"Variable": "$.k", "IsNumeric": true}]})),
+            Cond::When(json!({"variable": "$.input.a", "is_present": true}))
+        );
+        assert!(choice_rule(json!({"Variable": "$.a", "Whatever": 1}).as_object().unwrap(), &doc).is_err());
+    }
+}

@@ -1,0 +1,35 @@
+//! `sasctl import-asl`: a state machine of the Amazon States Language (its JSONPath flavour)
+//! translated into a workflow and the agents it calls, or refused with the state, the field and
+//! what to do instead. See the book's "Bring your Step Functions state machines".
+//!
+//! The translation works out the state machine's data flow when it is imported ([`data`]): every
+//! step reads the task's input and the outputs of the steps before it where they live, through
+//! the project's templates; a `Choice` becomes guards on the steps it leads to; a `Catch` a
+//! handled failure whose error the next steps read; a `Parallel` state branches of a graph; an
+//! inline `Map` over one task a map step; `Fail` a step of the `fail` agent. What cannot be
+//! translated exactly is refused, and every difference that remains is said ([`Imported::notes`]).
+
+pub mod data;
+mod states;
+
+pub use states::{import, Imported, Refusal};
+
+/// A workflow's name for a definition file: its name without `.asl.json` (or `.json`), in the
+/// characters a workflow name may have.
+pub fn workflow_name(path: &std::path::Path) -> String {
+    let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = file.strip_suffix(".asl.json").or_else(|| file.strip_suffix(".json")).unwrap_or(&file);
+    let mut name: String =
+        stem.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' }).collect();
+    name.truncate(64);
+    if name.is_empty() {
+        name = "imported".into();
+    }
+    name
+}
+
+/// An agents file of the agents imported: a function's error fails the attempt at once
+/// (`retry.max_calls` 1), to be retried only as the state machine's `Retry` says.
+pub fn agents_file(agents: &serde_json::Map<String, serde_json::Value>) -> serde_json::Value {
+    serde_json::json!({"agents": agents, "retry": {"max_calls": 1, "base_ms": 100, "max_ms": 1000}})
+}

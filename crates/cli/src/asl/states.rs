@@ -1,0 +1,1445 @@
+//! The walk over a state machine's states: each becomes steps of one workflow (or nothing, for a
+//! `Pass` or a `Choice`, whose effect is on the data and the guards), in an order where every state
+//! comes after the states that lead to it.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt;
+
+use serde_json::{json, Map, Value};
+
+use super::data::{choice_rule, parse_path, Cond, Seg, Sym};
+
+/// A state machine translated: one workflow, the agents its steps name, and what differs.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    /// The workflow, as an entry of a workflows file.
+    pub workflow: Value,
+    /// The agents, as the `agents` of an agents file.
+    pub agents: Map<String, Value>,
+    /// What the translation chose, and how the workflow differs from the state machine.
+    pub notes: Vec<String>,
+}
+
+/// Why a state cannot be translated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The state (`Parallel/branch 1/Charge` inside others), or `(state machine)`.
+    pub state: String,
+    /// The field that cannot be (`Resource`, `Retry`, `Next`...).
+    pub field: String,
+    /// Why, and what to do instead.
+    pub reason: String,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "state {:?}, {}: {}", self.state, self.field, self.reason)
+    }
+}
+
+/// The longest a call step may take here (the project's limit on a call).
+const CALL_LIMIT_S: u64 = sas_core::workflow::MAX_STEP_TIMEOUT_MS / 1000;
+/// A call step's timeout when the state gives none (Step Functions has none by default).
+const DEFAULT_CALL_TIMEOUT_MS: u64 = 60_000;
+/// A callback step's timeout when the state gives none.
+const DEFAULT_CALLBACK_TIMEOUT_MS: u64 = 365 * 24 * 60 * 60 * 1000;
+
+/// Translate one state machine definition into the workflow `name`, version 1.
+pub fn import(name: &str, def: &Value) -> Result<Imported, Vec<Refusal>> {
+    let mut cx = Cx::default();
+    let refuse_top =
+        |field: &str, reason: String| vec![Refusal { state: "(state machine)".into(), field: field.into(), reason }];
+    let Value::Object(top) = def else { return Err(refuse_top("definition", "a state machine is an object".into())) };
+    if top.get("QueryLanguage").and_then(Value::as_str) == Some("JSONata") {
+        return Err(refuse_top(
+            "QueryLanguage",
+            "JSONata is not translated yet: write the state machine with JSONPath (the default)".into(),
+        ));
+    }
+    if serde_json::to_string(def).is_ok_and(|s| s.contains("{%")) {
+        return Err(refuse_top(
+            "QueryLanguage",
+            "states written in JSONata ({% ... %}) are not translated yet: use JSONPath".into(),
+        ));
+    }
+    let (Some(Value::Object(states)), Some(Value::String(start))) = (top.get("States"), top.get("StartAt")) else {
+        return Err(refuse_top("States", "a state machine has StartAt and States".into()));
+    };
+    if let Some(t) = top.get("TimeoutSeconds").and_then(Value::as_u64) {
+        cx.notes.push(format!(
+            "the state machine's TimeoutSeconds ({t} s) has no equivalent: each step is bounded by its own timeout"
+        ));
+    }
+    let entry = Arrival {
+        full: Cond::True,
+        local: Cond::True,
+        doc: Sym::Ref("$.input".into()),
+        after: BTreeSet::new(),
+        from_start: true,
+    };
+    let ends = cx.block("", states, start, entry, Scope::Task);
+    if !cx.refusals.is_empty() {
+        return Err(cx.refusals);
+    }
+    let ends = ends.unwrap_or_default();
+    if cx.steps.is_empty() {
+        return Err(refuse_top(
+            "States",
+            "no state calls anything (no Task, Wait or Fail): there is no workflow to run".into(),
+        ));
+    }
+    let mut workflow = json!({
+        "name": name,
+        "version": 1,
+        "description": top.get("Comment").and_then(Value::as_str)
+            .map_or_else(|| format!("imported from a state machine ({name})"), |c| format!("{c} (imported from a state machine)")),
+        "steps": cx.steps,
+    });
+    match result(&ends) {
+        Ok(Some(r)) => workflow["result"] = r,
+        Ok(None) => {}
+        Err(why) => {
+            return Err(vec![Refusal { state: "(state machine)".into(), field: "output".into(), reason: why }]);
+        }
+    }
+    Ok(Imported { workflow, agents: cx.agents, notes: cx.notes })
+}
+
+/// The workflow's result from the ends where the state machine succeeds.
+fn result(ends: &[Arrival]) -> Result<Option<Value>, String> {
+    let Some(first) = ends.first() else { return Ok(None) };
+    if ends.iter().any(|e| e.doc != first.doc) {
+        return Err(format!(
+            "the state machine succeeds at {} places with different outputs; a workflow's result is one template (not yet translated)",
+            ends.len()
+        ));
+    }
+    match &first.doc {
+        Sym::Ref(p) if p == "$.input" => Ok(Some(json!({"*.$": "$.input"}))),
+        doc => doc.template().map(Some).map_err(|e| format!("the output: {e}")),
+    }
+}
+
+/// How a state is reached: the decision that leads there, the data it gets, after which steps.
+#[derive(Debug, Clone)]
+struct Arrival {
+    /// Everything decided on the way from the start (for a state reached several ways).
+    full: Cond,
+    /// What was decided since the last step (the guard when it is the only way in).
+    local: Cond,
+    /// The state's input.
+    doc: Sym,
+    /// The steps it comes after.
+    after: BTreeSet<String>,
+    /// It is reached without any step before it.
+    from_start: bool,
+}
+
+/// Where a block's paths are read: the task, or one map element (`$.input.item`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    Task,
+    Element,
+}
+
+#[derive(Default)]
+struct Cx {
+    steps: Vec<Value>,
+    agents: Map<String, Value>,
+    notes: Vec<String>,
+    refusals: Vec<Refusal>,
+    names: HashSet<String>,
+}
+
+/// Where a state leads.
+enum To {
+    State(String),
+    /// The block succeeds with this arrival's data.
+    End,
+}
+
+impl Cx {
+    fn refuse(&mut self, state: &str, field: &str, reason: impl Into<String>) {
+        self.refusals.push(Refusal { state: state.into(), field: field.into(), reason: reason.into() });
+    }
+
+    /// A step name for a state: its name where the project allows it, else a safe one (noted).
+    fn step_name(&mut self, state: &str) -> String {
+        // letters, digits and _ only, not first a digit: `$.outputs.<step>` is then a plain path
+        let mut base: String = state.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+        base.truncate(60);
+        if base.is_empty() || base.starts_with(|c: char| c.is_ascii_digit()) {
+            base.insert_str(0, "s_");
+        }
+        let mut name = base.clone();
+        let mut n = 2;
+        while !self.names.insert(name.clone()) {
+            name = format!("{base}_{n}");
+            n += 1;
+        }
+        if name != state {
+            self.notes.push(format!("state {state:?} is the step {name}"));
+        }
+        name
+    }
+
+    /// Translate the states of one block from `start`; the arrivals at its successful ends, or
+    /// `None` when something was refused.
+    fn block(
+        &mut self,
+        prefix: &str,
+        states: &Map<String, Value>,
+        start: &str,
+        entry: Arrival,
+        scope: Scope,
+    ) -> Option<Vec<Arrival>> {
+        let order = self.order(prefix, states, start)?;
+        let mut pending: HashMap<String, Vec<Arrival>> = HashMap::new();
+        pending.insert(start.to_owned(), vec![entry]);
+        let mut ends = Vec::new();
+        for name in order {
+            let here = format!("{prefix}{name}");
+            let Some(arrivals) = pending.remove(&name) else { continue };
+            let Some(state) = states.get(&name).and_then(Value::as_object) else {
+                self.refuse(&here, "Type", "a state is an object");
+                continue;
+            };
+            let Some(m) = self.merge(&here, arrivals) else { continue };
+            if m.full == Cond::False {
+                self.notes.push(format!("state {here:?} is never reached (every way to it is decided against)"));
+                continue;
+            }
+            let Some(flows) = self.state(&here, &name, state, m, scope) else { continue };
+            for (to, a) in flows {
+                match to {
+                    To::State(s) => pending.entry(s).or_default().push(a),
+                    To::End => ends.push(a),
+                }
+            }
+        }
+        self.refusals.is_empty().then_some(ends)
+    }
+
+    /// The states reachable from `start`, each after every state that leads to it; a loop is
+    /// refused.
+    fn order(&mut self, prefix: &str, states: &Map<String, Value>, start: &str) -> Option<Vec<String>> {
+        fn visit(
+            n: &str,
+            states: &Map<String, Value>,
+            mark: &mut HashMap<String, u8>,
+            stack: &mut Vec<String>,
+            out: &mut Vec<String>,
+        ) -> Result<(), (String, String)> {
+            match mark.get(n) {
+                Some(2) => return Ok(()),
+                Some(1) => {
+                    let from = stack.iter().position(|s| s == n).unwrap_or(0);
+                    let mut cycle = stack[from..].to_vec();
+                    cycle.push(n.to_owned());
+                    return Err((n.to_owned(), cycle.join(" -> ")));
+                }
+                _ => {}
+            }
+            let Some(state) = states.get(n) else {
+                return Err((
+                    stack.last().cloned().unwrap_or_default(),
+                    format!("Next names {n:?}, which is not a state"),
+                ));
+            };
+            mark.insert(n.to_owned(), 1);
+            stack.push(n.to_owned());
+            for next in successors(state) {
+                visit(&next, states, mark, stack, out)?;
+            }
+            stack.pop();
+            mark.insert(n.to_owned(), 2);
+            out.push(n.to_owned());
+            Ok(())
+        }
+        let mut out = Vec::new();
+        match visit(start, states, &mut HashMap::new(), &mut Vec::new(), &mut out) {
+            Ok(()) => {
+                out.reverse();
+                Some(out)
+            }
+            Err((at, why)) if why.contains(" -> ") => {
+                self.refuse(
+                    &format!("{prefix}{at}"),
+                    "Next",
+                    format!(
+                        "a loop ({why}): a workflow here runs each step once, in a graph without cycles; \
+                         a retry loop is a Retry, a loop over items a Map, a polling loop a callback step"
+                    ),
+                );
+                None
+            }
+            Err((at, why)) => {
+                self.refuse(&format!("{prefix}{at}"), "Next", why);
+                None
+            }
+        }
+    }
+
+    /// One state reached several ways.
+    fn merge(&mut self, here: &str, arrivals: Vec<Arrival>) -> Option<Arrival> {
+        let mut it = arrivals.into_iter().filter(|a| a.full != Cond::False);
+        let Some(mut m) = it.next() else {
+            return Some(Arrival {
+                full: Cond::False,
+                local: Cond::False,
+                doc: Sym::Lit(Value::Null),
+                after: BTreeSet::new(),
+                from_start: false,
+            });
+        };
+        for a in it {
+            if a.doc != m.doc {
+                self.refuse(
+                    here,
+                    "(input)",
+                    "the state is reached from several states with different data; a step here reads one \
+                     template (not yet translated: give each way its own states, or make the data the same with \
+                     ResultPath/OutputPath)",
+                );
+                return None;
+            }
+            let same_parent = a.after == m.after && a.after.len() <= 1 && a.from_start == m.from_start;
+            m.local = if same_parent { m.local.or(a.local) } else { m.full.clone().or(a.full.clone()) };
+            m.full = m.full.or(a.full);
+            m.after.extend(a.after);
+            m.from_start |= a.from_start;
+        }
+        if m.from_start && !m.after.is_empty() {
+            self.refuse(
+                here,
+                "(input)",
+                "the state is reached both before any task runs and after one; a step here either comes after \
+                 steps or at the start (not yet translated)",
+            );
+            return None;
+        }
+        Some(m)
+    }
+
+    fn state(
+        &mut self,
+        here: &str,
+        name: &str,
+        st: &Map<String, Value>,
+        m: Arrival,
+        scope: Scope,
+    ) -> Option<Vec<(To, Arrival)>> {
+        let ty = st.get("Type").and_then(Value::as_str).unwrap_or("");
+        let next = || match (st.get("Next").and_then(Value::as_str), st.get("End")) {
+            (Some(n), _) => To::State(n.to_owned()),
+            _ => To::End,
+        };
+        let r = match ty {
+            "Pass" => Self::pass(st, m).map(|a| vec![(next(), a)]),
+            "Succeed" => io(st, &m.doc, "InputPath")
+                .and_then(|d| io(st, &d, "OutputPath"))
+                .map(|doc| vec![(To::End, Arrival { doc, ..m })]),
+            "Choice" => self.choice(here, st, &m),
+            "Wait" => self.wait(name, st, &m).map(|a| vec![(next(), a)]),
+            "Fail" => self.fail(name, st, &m).map(|()| Vec::new()),
+            "Task" => self.task(here, name, st, &m, scope, next()),
+            "Parallel" => self.parallel(here, st, m, scope).map(|a| vec![(next(), a)]),
+            "Map" => self.map(here, name, st, &m, scope).map(|a| vec![(next(), a)]),
+            other => Err(("Type".into(), format!("{other:?} is not a state type of the States Language"))),
+        };
+        match r {
+            Ok(flows) => Some(flows),
+            Err((field, why)) => {
+                self.refuse(here, &field, why);
+                None
+            }
+        }
+    }
+
+    fn pass(st: &Map<String, Value>, m: Arrival) -> Result<Arrival, (String, String)> {
+        let input = io(st, &m.doc, "InputPath")?;
+        let result = match (st.get("Result"), st.get("Parameters")) {
+            (Some(r), _) => Sym::Lit(r.clone()),
+            (None, Some(p)) => template(p, &input, Scope::Task).map_err(|e| ("Parameters".into(), e))?,
+            (None, None) => input,
+        };
+        let doc = result_path(st, m.doc, result)?;
+        Ok(Arrival { doc: io(st, &doc, "OutputPath")?, ..m })
+    }
+
+    fn choice(
+        &mut self,
+        here: &str,
+        st: &Map<String, Value>,
+        m: &Arrival,
+    ) -> Result<Vec<(To, Arrival)>, (String, String)> {
+        let input = io(st, &m.doc, "InputPath")?;
+        let out = io(st, &input, "OutputPath")?;
+        let Some(Value::Array(rules)) = st.get("Choices") else {
+            return Err(("Choices".into(), "a Choice state has a list of Choices".into()));
+        };
+        let mut flows = Vec::new();
+        let mut none_before = Cond::True;
+        for (i, rule) in rules.iter().enumerate() {
+            let Value::Object(rule) = rule else { return Err((format!("Choices[{i}]"), "a rule is an object".into())) };
+            let Some(next) = rule.get("Next").and_then(Value::as_str) else {
+                return Err((format!("Choices[{i}]"), "a rule names its Next".into()));
+            };
+            let c = choice_rule(rule, &input).map_err(|e| (format!("Choices[{i}]"), e))?;
+            let taken = none_before.clone().and(c.clone());
+            none_before = none_before.and(c.negated());
+            flows.push((To::State(next.to_owned()), edge(m, taken, out.clone())));
+        }
+        match st.get("Default").and_then(Value::as_str) {
+            Some(d) => flows.push((To::State(d.to_owned()), edge(m, none_before, out))),
+            None if none_before != Cond::False => {
+                // no rule matched: Step Functions fails the execution (States.NoChoiceMatched)
+                let step = self.step_name(&format!("{}-no-choice-matched", here.rsplit('/').next().unwrap_or(here)));
+                self.fail_agent();
+                let a = edge(m, none_before, out);
+                let mut s = step_base(&step, &a);
+                s["agent"] = json!("asl.fail");
+                s["timeout_ms"] = json!(10_000);
+                s["parameters"] =
+                    json!({"error": "States.NoChoiceMatched", "cause": format!("no Choice rule of {here} matched")});
+                self.steps.push(s);
+                self.notes.push(format!(
+                    "Choice {here:?} has no Default: when no rule matches, the step {step} fails the task (States.NoChoiceMatched)"
+                ));
+            }
+            None => {}
+        }
+        Ok(flows)
+    }
+
+    fn wait(&mut self, name: &str, st: &Map<String, Value>, m: &Arrival) -> Result<Arrival, (String, String)> {
+        let input = io(st, &m.doc, "InputPath")?;
+        let step = self.step_name(name);
+        let mut s = step_base(&step, m);
+        s["kind"] = json!("wait");
+        if let Some(secs) = st.get("Seconds") {
+            let secs =
+                secs.as_u64().ok_or(("Seconds".to_owned(), format!("{secs} is not a whole number of seconds")))?;
+            s["wait_ms"] = json!(secs * 1000);
+        } else if let Some(p) = st.get("TimestampPath").and_then(Value::as_str) {
+            match input.get(&parse_path(p).map_err(|e| ("TimestampPath".to_owned(), e))?) {
+                Ok(Sym::Ref(path)) => s["wait_until"] = json!(pointer(&path)),
+                Ok(_) => {
+                    return Err((
+                        "TimestampPath".into(),
+                        "the time there is built by the state machine; a wait here reads it from the task".into(),
+                    ))
+                }
+                Err(e) => return Err(("TimestampPath".into(), e)),
+            }
+        } else if st.contains_key("SecondsPath") {
+            return Err((
+                "SecondsPath".into(),
+                "a wait of a number of seconds read from the data is not translated: wait until a time (TimestampPath), or a fixed Seconds".into(),
+            ));
+        } else if st.contains_key("Timestamp") {
+            return Err((
+                "Timestamp".into(),
+                "a wait until a time written in the definition is not translated: put the time in the input and use TimestampPath".into(),
+            ));
+        } else {
+            return Err((
+                "Seconds".into(),
+                "a Wait state needs Seconds, SecondsPath, Timestamp or TimestampPath".into(),
+            ));
+        }
+        self.steps.push(s);
+        Ok(Arrival { doc: io(st, &input, "OutputPath")?, ..after_step(m, &step, Cond::True) })
+    }
+
+    fn fail_agent(&mut self) {
+        self.agents.insert("asl.fail".into(), json!({"kind": "fail"}));
+    }
+
+    fn fail(&mut self, name: &str, st: &Map<String, Value>, m: &Arrival) -> Result<(), (String, String)> {
+        let step = self.step_name(name);
+        self.fail_agent();
+        let mut params = Map::new();
+        for (k, path_key) in [("error", "Error"), ("cause", "Cause")] {
+            if let Some(v) = st.get(path_key) {
+                params.insert(k.into(), v.clone());
+            } else if let Some(p) = st.get(&format!("{path_key}Path")).and_then(Value::as_str) {
+                if p.starts_with("States.") {
+                    return Err((format!("{path_key}Path"), "intrinsic functions are not translated yet".into()));
+                }
+                match m.doc.get(&parse_path(p).map_err(|e| (format!("{path_key}Path"), e))?) {
+                    Ok(Sym::Ref(path)) => {
+                        params.insert(format!("{k}.$"), json!(path));
+                    }
+                    Ok(Sym::Lit(v)) => {
+                        params.insert(k.into(), v);
+                    }
+                    Ok(_) => {
+                        return Err((format!("{path_key}Path"), "the value there is built by the state machine".into()))
+                    }
+                    Err(e) => return Err((format!("{path_key}Path"), e)),
+                }
+            }
+        }
+        let mut s = step_base(&step, m);
+        s["agent"] = json!("asl.fail");
+        s["timeout_ms"] = json!(10_000);
+        s["parameters"] = Value::Object(params);
+        self.steps.push(s);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_lines)] // one state type's fields in the order the States Language gives them
+    fn task(
+        &mut self,
+        here: &str,
+        name: &str,
+        st: &Map<String, Value>,
+        m: &Arrival,
+        scope: Scope,
+        next: To,
+    ) -> Result<Vec<(To, Arrival)>, (String, String)> {
+        let resource = st.get("Resource").and_then(Value::as_str).unwrap_or("");
+        let input = io(st, &m.doc, "InputPath")?;
+        let params = match st.get("Parameters") {
+            Some(p) => Some(template(p, &input, scope).map_err(|e| ("Parameters".into(), e))?),
+            None => None,
+        };
+        let service = Service::of(resource, params.as_ref()).map_err(|e| ("Resource".to_owned(), e))?;
+        let step = self.step_name(name);
+        let mut s = step_base(&step, m);
+        let callback = resource.ends_with(".waitForTaskToken");
+        let (agent, spec, sent, raw) = match service {
+            Service::Function { function, qualifier, payload, wrapped } => {
+                let sent = payload.unwrap_or(input.clone());
+                let mut spec = json!({"kind": "lambda", "function": function});
+                if let Some(q) = qualifier {
+                    spec["qualifier"] = json!(q);
+                }
+                if !callback {
+                    spec["payload"] = json!("input");
+                }
+                let raw = if wrapped {
+                    Sym::Obj(vec![
+                        ("Payload".into(), Sym::Ref("$".into())),
+                        ("StatusCode".into(), Sym::Lit(json!(200))),
+                        ("ExecutedVersion".into(), Sym::Lit(json!("$LATEST"))),
+                    ])
+                } else {
+                    Sym::Ref("$".into())
+                };
+                (agent_name("fn", &function), spec, sent, raw)
+            }
+            Service::Queue { queue_url, body } => (
+                agent_name("sqs", &queue_url),
+                json!({"kind": "sqs", "queue_url": queue_url}),
+                body,
+                Sym::Ref("$".into()),
+            ),
+            Service::Topic { topic_arn, message } => (
+                agent_name("sns", &topic_arn),
+                json!({"kind": "sns", "topic_arn": topic_arn}),
+                message,
+                Sym::Ref("$".into()),
+            ),
+            Service::Bus { bus, source, detail_type, detail } => {
+                let mut spec = json!({"kind": "eventbridge", "bus": bus});
+                if let Some(x) = &source {
+                    spec["source"] = json!(x);
+                }
+                if let Some(x) = &detail_type {
+                    spec["detail_type"] = json!(x);
+                }
+                (agent_name("bus", &bus), spec, detail, Sym::Ref("$".into()))
+            }
+        };
+        if let Some(old) = self.agents.get(&agent) {
+            if *old != spec {
+                return Err(("Resource".into(), format!("two agents would be named {agent}; rename a function")));
+            }
+        }
+        self.agents.insert(agent.clone(), spec.clone());
+        if callback {
+            s["kind"] = json!("callback");
+            self.notes.push(format!(
+                "{here}: a worker answers with the token of the project's callback (the request's callback.token, \
+                 answered on the callback queue or URL, or with sasctl), not with SendTaskSuccess"
+            ));
+        }
+        let (sent, dropped) = without_token(sent);
+        if dropped && callback {
+            self.notes.push(format!(
+                "{here}: $$.Task.Token is left out of what is sent: the token is the request's callback.token"
+            ));
+        } else if dropped {
+            return Err(("Parameters".into(), "$$.Task.Token belongs to a .waitForTaskToken task".into()));
+        }
+        s["parameters"] = sent.template().map_err(|e| ("Parameters".to_owned(), e))?;
+        s["agent"] = json!(agent);
+        // time bounds
+        let timeout = match (st.get("TimeoutSeconds"), st.get("TimeoutSecondsPath")) {
+            (_, Some(_)) => {
+                return Err((
+                    "TimeoutSecondsPath".into(),
+                    "a timeout read from the data is not translated: give TimeoutSeconds".into(),
+                ));
+            }
+            (Some(t), None) => {
+                Some(t.as_u64().ok_or(("TimeoutSeconds".to_owned(), format!("{t} is not whole seconds")))?)
+            }
+            (None, None) => None,
+        };
+        if callback {
+            s["timeout_ms"] = json!(timeout.map_or(DEFAULT_CALLBACK_TIMEOUT_MS, |t| t * 1000));
+            if timeout.is_none() {
+                self.notes.push(format!("{here}: no TimeoutSeconds; the callback step waits at most 365 days"));
+            }
+            match (st.get("HeartbeatSeconds"), st.get("HeartbeatSecondsPath")) {
+                (_, Some(_)) => return Err(("HeartbeatSecondsPath".into(), "give HeartbeatSeconds".into())),
+                (Some(h), None) => {
+                    let h = h.as_u64().ok_or(("HeartbeatSeconds".to_owned(), format!("{h} is not whole seconds")))?;
+                    s["heartbeat_ms"] = json!(h * 1000);
+                }
+                (None, None) => {}
+            }
+        } else {
+            match timeout {
+                Some(t) if t > CALL_LIMIT_S => {
+                    return Err((
+                        "TimeoutSeconds".into(),
+                        format!(
+                            "{t} s is over the {CALL_LIMIT_S} s a call step may take here: make the task a callback \
+                             (lambda:invoke.waitForTaskToken, the function answering with the token when done)"
+                        ),
+                    ));
+                }
+                Some(t) => s["timeout_ms"] = json!(t * 1000),
+                None => {
+                    s["timeout_ms"] = json!(DEFAULT_CALL_TIMEOUT_MS);
+                    self.notes.push(format!("{here}: no TimeoutSeconds; the call step's timeout is 60 s"));
+                }
+            }
+            if st.contains_key("HeartbeatSeconds") {
+                self.notes
+                    .push(format!("{here}: HeartbeatSeconds has no meaning for a call step, bounded by its timeout"));
+            }
+        }
+        self.retry(here, st, &mut s)?;
+        // what of the answer is kept
+        let mut result = raw;
+        if let Some(sel) = st.get("ResultSelector") {
+            let kept = template(sel, &result, Scope::Task).map_err(|e| ("ResultSelector".into(), e))?;
+            s["result_selector"] = kept.template().map_err(|e| ("ResultSelector".to_owned(), e))?;
+            result = Sym::Ref("$".into());
+        }
+        let out = format!("$.outputs.{step}");
+        let result = result.rebased(&out);
+        // handled failures
+        let (ok, caught) = self.catch(here, st, &step, &mut s)?;
+        self.steps.push(s);
+        let doc = result_path(st, m.doc.clone(), result)?;
+        let doc = io(st, &doc, "OutputPath")?;
+        let mut flows = vec![(next, Arrival { doc, ..after_step(m, &step, ok) })];
+        for (to, cond, result_path_spec) in caught {
+            let error = Sym::Obj(vec![
+                ("Error".into(), Sym::Ref(format!("{out}.error.kind"))),
+                ("Cause".into(), Sym::Ref(format!("{out}.error.message"))),
+            ]);
+            let doc = match result_path_spec {
+                Some(Value::Null) => m.doc.clone(),
+                Some(Value::String(p)) => m
+                    .doc
+                    .clone()
+                    .set(&parse_path(&p).map_err(|e| ("Catch".to_owned(), e))?, error)
+                    .map_err(|e| ("Catch".to_owned(), e))?,
+                _ => error,
+            };
+            flows.push((To::State(to), Arrival { doc, ..after_step(m, &step, cond) }));
+        }
+        Ok(flows)
+    }
+
+    /// `Retry` as the step's attempts and backoff.
+    fn retry(&mut self, here: &str, st: &Map<String, Value>, s: &mut Value) -> Result<(), (String, String)> {
+        let Some(Value::Array(retriers)) = st.get("Retry") else { return Ok(()) };
+        let mut best: Option<&Map<String, Value>> = None;
+        let mut named = Vec::new();
+        for r in retriers {
+            let Some(r) = r.as_object() else { return Err(("Retry".into(), "a retrier is an object".into())) };
+            let errors: Vec<&str> = r
+                .get("ErrorEquals")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if !errors.is_empty() && errors.iter().all(|e| e.starts_with("Lambda.")) {
+                self.notes.push(format!(
+                    "{here}: the retrier for {} is left to the agent, which retries Lambda's own errors inside an attempt",
+                    errors.join(", ")
+                ));
+                continue;
+            }
+            named.extend(errors.iter().filter(|e| !e.starts_with("States.")).map(|e| (*e).to_owned()));
+            let attempts = |r: &Map<String, Value>| r.get("MaxAttempts").and_then(Value::as_u64).unwrap_or(3);
+            if best.is_none_or(|b| attempts(r) > attempts(b)) {
+                best = Some(r);
+            }
+        }
+        if !named.is_empty() {
+            self.notes.push(format!(
+                "{here}: the retrier for {} cannot tell that error from another here: its attempts apply to every failure",
+                named.join(", ")
+            ));
+        }
+        if retriers.len() > 1 {
+            self.notes.push(format!(
+                "{here}: {} retriers are one here: the step has the most attempts among them, with that retrier's backoff",
+                retriers.len()
+            ));
+        }
+        let Some(r) = best else { return Ok(()) };
+        let attempts = r.get("MaxAttempts").and_then(Value::as_u64).unwrap_or(3);
+        let interval = r.get("IntervalSeconds").and_then(Value::as_u64).unwrap_or(1);
+        let rate = r.get("BackoffRate").and_then(Value::as_f64).unwrap_or(2.0);
+        let max_delay = r
+            .get("MaxDelaySeconds")
+            .and_then(Value::as_u64)
+            .map_or(sas_core::workflow::MAX_BACKOFF_MS, |d| (d * 1000).min(sas_core::workflow::MAX_BACKOFF_MS));
+        s["max_attempts"] = json!(attempts + 1);
+        s["backoff"] =
+            json!({"base_ms": (interval * 1000).max(1), "max_ms": max_delay.max(interval * 1000), "multiplier": rate});
+        if r.get("JitterStrategy").and_then(Value::as_str) != Some("FULL") {
+            self.notes.push(format!("{here}: retries here wait with jitter (Step Functions' JitterStrategy FULL)"));
+        }
+        Ok(())
+    }
+
+    /// `Catch` as a handled failure: the kinds the step continues on, the guard of its normal
+    /// path, and each catcher's way (its state, its guard, its `ResultPath`).
+    #[allow(clippy::type_complexity)]
+    fn catch(
+        &mut self,
+        here: &str,
+        st: &Map<String, Value>,
+        step: &str,
+        s: &mut Value,
+    ) -> Result<(Cond, Vec<(String, Cond, Option<Value>)>), (String, String)> {
+        let Some(Value::Array(catchers)) = st.get("Catch") else { return Ok((Cond::True, Vec::new())) };
+        let out = format!("$.outputs.{step}.error.kind");
+        let failed = Cond::When(json!({"variable": out, "is_present": true}));
+        let kind_is = |k: &str| Cond::When(json!({"variable": out, "string_equals": k}));
+        let mut covered: BTreeSet<&'static str> = BTreeSet::new();
+        let mut ways = Vec::new();
+        for (i, c) in catchers.iter().enumerate() {
+            let Some(c) = c.as_object() else { return Err((format!("Catch[{i}]"), "a catcher is an object".into())) };
+            let Some(to) = c.get("Next").and_then(Value::as_str) else {
+                return Err((format!("Catch[{i}]"), "a catcher names its Next".into()));
+            };
+            let errors: Vec<&str> = c
+                .get("ErrorEquals")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let mut kinds: BTreeSet<&'static str> = BTreeSet::new();
+            for e in &errors {
+                match *e {
+                    "States.ALL" => kinds.extend(["retryable", "permanent", "timed_out"]),
+                    "States.Timeout" | "States.HeartbeatTimeout" => {
+                        kinds.insert("timed_out");
+                    }
+                    "States.TaskFailed" => kinds.extend(["retryable", "permanent"]),
+                    other => {
+                        kinds.extend(["retryable", "permanent"]);
+                        self.notes.push(format!(
+                            "{here}: the catcher for {other} cannot tell that error from another here: it catches every failure of the task's own"
+                        ));
+                    }
+                }
+            }
+            let new: Vec<&'static str> = kinds.difference(&covered).copied().collect();
+            if new.is_empty() {
+                self.notes
+                    .push(format!("{here}: Catch[{i}] is never taken here (the catchers before it take its errors)"));
+                continue;
+            }
+            covered.extend(new.iter().copied());
+            let cond = if new.len() == 3 {
+                failed.clone()
+            } else {
+                // a kind names a failure: no need to say it failed
+                new.iter().fold(Cond::False, |acc, k| acc.or(kind_is(k)))
+            };
+            ways.push((to.to_owned(), cond, c.get("ResultPath").cloned()));
+        }
+        let all = covered.len() == 3;
+        s["on_failure"] = if all { json!("continue") } else { json!({"continue": covered.iter().collect::<Vec<_>>()}) };
+        self.notes.push(format!(
+            "{here}: a caught error's Error is the failure's kind here (retryable, permanent, timed_out), its Cause the message"
+        ));
+        // every guard that only a handled failure makes false
+        let ok = Cond::When(json!({"variable": out, "is_present": true})).negated();
+        Ok((ok, ways))
+    }
+
+    fn parallel(
+        &mut self,
+        here: &str,
+        st: &Map<String, Value>,
+        m: Arrival,
+        scope: Scope,
+    ) -> Result<Arrival, (String, String)> {
+        for f in ["Retry", "Catch"] {
+            if st.contains_key(f) {
+                return Err((
+                    f.into(),
+                    format!("{f} on a Parallel state is not translated yet: put it on the tasks of its branches"),
+                ));
+            }
+        }
+        let input = io(st, &m.doc, "InputPath")?;
+        let input = match st.get("Parameters") {
+            Some(p) => template(p, &input, scope).map_err(|e| ("Parameters".into(), e))?,
+            None => input,
+        };
+        let Some(Value::Array(branches)) = st.get("Branches") else {
+            return Err(("Branches".into(), "a Parallel state has Branches".into()));
+        };
+        let mut outputs = Vec::new();
+        let mut after = BTreeSet::new();
+        for (i, b) in branches.iter().enumerate() {
+            let (Some(Value::Object(states)), Some(start)) =
+                (b.get("States"), b.get("StartAt").and_then(Value::as_str))
+            else {
+                return Err((format!("Branches[{i}]"), "a branch has StartAt and States".into()));
+            };
+            let entry = Arrival { doc: input.clone(), ..m.clone() };
+            let Some(ends) = self.block(&format!("{here}/branch {i}/"), states, start, entry, scope) else {
+                return Err((format!("Branches[{i}]"), "(see the refusals inside it)".into()));
+            };
+            let Some(first) = ends.first() else {
+                return Err((format!("Branches[{i}]"), "the branch never succeeds".into()));
+            };
+            if ends.iter().any(|e| e.doc != first.doc) {
+                return Err((
+                    format!("Branches[{i}]"),
+                    "the branch succeeds at several places with different outputs (not yet translated)".into(),
+                ));
+            }
+            outputs.push(first.doc.clone());
+            for e in &ends {
+                if e.after.is_empty() {
+                    after.extend(m.after.iter().cloned());
+                } else {
+                    after.extend(e.after.iter().cloned());
+                }
+            }
+        }
+        let mut result = Sym::Arr(outputs);
+        if let Some(sel) = st.get("ResultSelector") {
+            result = template(sel, &result, scope).map_err(|e| ("ResultSelector".into(), e))?;
+        }
+        let doc = result_path(st, m.doc.clone(), result)?;
+        let doc = io(st, &doc, "OutputPath")?;
+        let from_start = after.is_empty() && m.from_start;
+        Ok(Arrival { full: m.full.clone(), local: m.full, doc, after, from_start })
+    }
+
+    fn map(
+        &mut self,
+        here: &str,
+        name: &str,
+        st: &Map<String, Value>,
+        m: &Arrival,
+        scope: Scope,
+    ) -> Result<Arrival, (String, String)> {
+        if scope == Scope::Element {
+            return Err((
+                "Type".into(),
+                "a Map inside a Map is not translated: a map here runs one step per element".into(),
+            ));
+        }
+        for f in ["ItemReader", "ResultWriter", "ItemBatcher"] {
+            if st.contains_key(f) {
+                return Err((
+                    f.into(),
+                    "a Distributed Map (items read from S3, results written there, batches) is not translated: \
+                     a map here takes at most 10,000 elements from the task's data"
+                        .into(),
+                ));
+            }
+        }
+        for f in ["Retry", "Catch"] {
+            if st.contains_key(f) {
+                return Err((f.into(), format!("{f} on a Map state is not translated yet: put Retry on its task; map.tolerated_failures says how many elements may fail")));
+            }
+        }
+        let processor = st.get("ItemProcessor").or_else(|| st.get("Iterator")).and_then(Value::as_object);
+        let Some(processor) = processor else {
+            return Err(("ItemProcessor".into(), "a Map state has an ItemProcessor".into()));
+        };
+        if processor.get("ProcessorConfig").and_then(|c| c.get("Mode")).and_then(Value::as_str) == Some("DISTRIBUTED") {
+            return Err((
+                "ItemProcessor".into(),
+                "a Distributed Map is not translated: a map here is inline, at most 10,000 elements".into(),
+            ));
+        }
+        let states = processor.get("States").and_then(Value::as_object).cloned().unwrap_or_default();
+        let start = processor.get("StartAt").and_then(Value::as_str).unwrap_or("");
+        let task = states.get(start).and_then(Value::as_object);
+        let single = states.len() == 1 && task.is_some_and(|t| t.get("Type").and_then(Value::as_str) == Some("Task"));
+        let Some(task) = task.filter(|_| single) else {
+            return Err((
+                "ItemProcessor".into(),
+                format!(
+                    "a Map whose processor has {} states is not translated yet: a map step here runs one task per element \
+                     (make the processor one Task, or a Lambda function that does the element's work)",
+                    states.len()
+                ),
+            ));
+        };
+        if task.contains_key("Catch") {
+            return Err((
+                "ItemProcessor".into(),
+                "a Catch on the map's task is not translated: use ToleratedFailureCount".into(),
+            ));
+        }
+        let input = io(st, &m.doc, "InputPath")?;
+        let items = match st.get("ItemsPath").and_then(Value::as_str) {
+            Some(p) => input
+                .get(&parse_path(p).map_err(|e| ("ItemsPath".to_owned(), e))?)
+                .map_err(|e| ("ItemsPath".to_owned(), e))?,
+            None => input.clone(),
+        };
+        let Sym::Ref(items) = items else {
+            return Err((
+                "ItemsPath".into(),
+                "the items are built by the state machine; a map here reads its array from the task".into(),
+            ));
+        };
+        let element = match st.get("ItemSelector").or_else(|| st.get("Parameters")) {
+            Some(sel) => template(sel, &input, Scope::Element).map_err(|e| ("ItemSelector".into(), e))?,
+            None => Sym::Ref("$.input.item".into()),
+        };
+        if element.paths().iter().any(|p| !p.starts_with("$.input.item") && !p.starts_with("$.input.index")) {
+            return Err((
+                "ItemSelector".into(),
+                "the ItemSelector reads the map's own input beside the item; an element here has only its item and index \
+                 (not yet translated: put what the element needs in each item)"
+                    .into(),
+            ));
+        }
+        let entry =
+            Arrival { doc: element, after: BTreeSet::new(), from_start: true, full: Cond::True, local: Cond::True };
+        let before = self.steps.len();
+        let ends = self
+            .block(&format!("{here}/"), &states, start, entry, Scope::Element)
+            .ok_or(("ItemProcessor".to_owned(), "(see the refusals inside it)".to_owned()))?;
+        let mut s = self
+            .steps
+            .pop()
+            .filter(|_| self.steps.len() == before)
+            .ok_or(("ItemProcessor".to_owned(), "the processor is one task".to_owned()))?;
+        let inner = s["name"].as_str().unwrap_or_default().to_owned();
+        self.names.remove(&inner);
+        let step = self.step_name(name);
+        let element_out = format!("$.outputs.{inner}");
+        if ends.len() != 1 || ends[0].doc != Sym::Ref(element_out.clone()) {
+            return Err((
+                "ItemProcessor".into(),
+                "the element's output is more than its task's result (a ResultPath or OutputPath in the processor): not yet translated".into(),
+            ));
+        }
+        let base = step_base(&step, m);
+        for k in ["name", "after", "when"] {
+            match base.get(k) {
+                Some(v) => s[k] = v.clone(),
+                None => {
+                    if let Some(o) = s.as_object_mut() {
+                        o.remove(k);
+                    }
+                }
+            }
+        }
+        let mut spec = json!({"items": pointer(&items)});
+        let concurrency = st.get("MaxConcurrency").and_then(Value::as_u64).unwrap_or(0);
+        let most = u64::from(sas_core::workflow::MAX_MAP_CONCURRENCY);
+        spec["max_concurrency"] = json!(if concurrency == 0 { most } else { concurrency.min(most) });
+        if concurrency == 0 || concurrency > most {
+            self.notes.push(format!("{here}: MaxConcurrency {concurrency} is {most} here (a map's most at once)"));
+        }
+        if let Some(n) = st.get("ToleratedFailureCount").and_then(Value::as_u64) {
+            spec["tolerated_failures"] = json!(n);
+        } else if let Some(p) = st.get("ToleratedFailurePercentage").and_then(Value::as_f64) {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 0..=100
+            let p = p.clamp(0.0, 100.0) as u32;
+            spec["tolerated_failures"] = json!(format!("{p}%"));
+        }
+        s["map"] = spec;
+        self.steps.push(s);
+        let mut result = Sym::Ref(format!("$.outputs.{step}"));
+        if let Some(sel) = st.get("ResultSelector") {
+            result = template(sel, &result, Scope::Task).map_err(|e| ("ResultSelector".into(), e))?;
+        }
+        let doc = result_path(st, m.doc.clone(), result)?;
+        let doc = io(st, &doc, "OutputPath")?;
+        Ok(Arrival { doc, ..after_step(m, &step, Cond::True) })
+    }
+}
+
+/// The states a state leads to.
+fn successors(state: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut add = |v: Option<&Value>| {
+        if let Some(n) = v.and_then(Value::as_str) {
+            if !out.iter().any(|x| x == n) {
+                out.push(n.to_owned());
+            }
+        }
+    };
+    add(state.get("Next"));
+    add(state.get("Default"));
+    for list in ["Choices", "Catch"] {
+        for rule in state.get(list).and_then(Value::as_array).into_iter().flatten() {
+            add(rule.get("Next"));
+        }
+    }
+    out
+}
+
+/// A way out of a state that is not a step: what was decided is added.
+fn edge(m: &Arrival, cond: Cond, doc: Sym) -> Arrival {
+    Arrival {
+        full: m.full.clone().and(cond.clone()),
+        local: m.local.clone().and(cond),
+        doc,
+        after: m.after.clone(),
+        from_start: m.from_start,
+    }
+}
+
+/// The way out of a step: after it, with `cond` decided on its outcome.
+fn after_step(m: &Arrival, step: &str, cond: Cond) -> Arrival {
+    Arrival {
+        full: m.full.clone().and(cond.clone()),
+        local: cond,
+        doc: m.doc.clone(),
+        after: BTreeSet::from([step.to_owned()]),
+        from_start: false,
+    }
+}
+
+/// A step's name, what it comes after, and its guard.
+fn step_base(name: &str, m: &Arrival) -> Value {
+    let mut s = json!({"name": name, "after": m.after.iter().collect::<Vec<_>>()});
+    if let Cond::When(c) = &m.local {
+        s["when"] = c.clone();
+    }
+    s
+}
+
+/// `InputPath` or `OutputPath` applied (`null`: an empty object).
+fn io(st: &Map<String, Value>, doc: &Sym, field: &str) -> Result<Sym, (String, String)> {
+    match st.get(field) {
+        None => Ok(doc.clone()),
+        Some(Value::Null) => Ok(Sym::Lit(json!({}))),
+        Some(Value::String(p)) => {
+            let segs = parse_path(p).map_err(|e| (field.to_owned(), e))?;
+            doc.get(&segs).map_err(|e| (field.to_owned(), e))
+        }
+        Some(other) => Err((field.into(), format!("{other} is not a path"))),
+    }
+}
+
+/// `ResultPath` applied: the result replaces the input, is added to it, or is dropped.
+fn result_path(st: &Map<String, Value>, doc: Sym, result: Sym) -> Result<Sym, (String, String)> {
+    match st.get("ResultPath") {
+        None => Ok(result),
+        Some(Value::Null) => Ok(doc),
+        Some(Value::String(p)) => {
+            let segs: Vec<Seg> = parse_path(p).map_err(|e| ("ResultPath".to_owned(), e))?;
+            doc.set(&segs, result).map_err(|e| ("ResultPath".to_owned(), e))
+        }
+        Some(other) => Err(("ResultPath".into(), format!("{other} is not a path"))),
+    }
+}
+
+/// A `Parameters`-like template (keys ending `.$` take a path) over `doc`.
+fn template(t: &Value, doc: &Sym, scope: Scope) -> Result<Sym, String> {
+    Ok(match t {
+        Value::Object(o) => {
+            let mut out = Vec::new();
+            for (k, v) in o {
+                match k.strip_suffix(".$") {
+                    Some(name) => {
+                        let Value::String(p) = v else { return Err(format!("{k} takes a path, not {v}")) };
+                        out.push((name.to_owned(), reference(p, doc, scope).map_err(|e| format!("{k}: {e}"))?));
+                    }
+                    None => out.push((k.clone(), template(v, doc, scope)?)),
+                }
+            }
+            Sym::Obj(out)
+        }
+        Value::Array(a) => {
+            let parts = a.iter().map(|x| template(x, doc, scope)).collect::<Result<Vec<_>, _>>()?;
+            if parts.iter().all(|p| matches!(p, Sym::Lit(_))) {
+                Sym::Lit(Value::Array(
+                    parts.into_iter().map(|p| if let Sym::Lit(v) = p { v } else { Value::Null }).collect(),
+                ))
+            } else {
+                Sym::Arr(parts)
+            }
+        }
+        other => Sym::Lit(other.clone()),
+    })
+}
+
+/// The value a `.$` key names: a path of the state's input, the context object, or an intrinsic.
+fn reference(p: &str, doc: &Sym, scope: Scope) -> Result<Sym, String> {
+    if p.starts_with("States.") {
+        let f = p.split('(').next().unwrap_or(p);
+        return Err(format!("the intrinsic function {f} is not translated yet"));
+    }
+    if let Some(ctx) = p.strip_prefix("$$") {
+        return match (ctx, scope) {
+            (".Execution.Input", Scope::Task) => Ok(Sym::Ref("$.input".into())),
+            (c, Scope::Task) if c.starts_with(".Execution.Input.") || c.starts_with(".Execution.Input[") => {
+                Ok(Sym::Ref(format!("$.input{}", &c[".Execution.Input".len()..])))
+            }
+            (".Task.Token", _) => Ok(Sym::Lit(json!(TOKEN))),
+            (".Map.Item.Value", Scope::Element) => Ok(Sym::Ref("$.input.item".into())),
+            (c, Scope::Element) if c.starts_with(".Map.Item.Value.") || c.starts_with(".Map.Item.Value[") => {
+                Ok(Sym::Ref(format!("$.input.item{}", &c[".Map.Item.Value".len()..])))
+            }
+            (".Map.Item.Index", Scope::Element) => Ok(Sym::Ref("$.input.index".into())),
+            _ => Err(format!(
+                "the context object's {p} is not translated (a step here reads the task's input, the outputs of the steps before it, and a map element its item and index)"
+            )),
+        };
+    }
+    doc.get(&parse_path(p)?)
+}
+
+/// What `$$.Task.Token` stands for while a template is built (left out of what is sent).
+const TOKEN: &str = "\u{0}task-token\u{0}";
+
+/// The value without the members that carried the task token; whether there were any.
+fn without_token(s: Sym) -> (Sym, bool) {
+    match s {
+        Sym::Obj(m) => {
+            let mut dropped = false;
+            let kept = m
+                .into_iter()
+                .filter_map(|(k, v)| {
+                    if v == Sym::Lit(json!(TOKEN)) {
+                        dropped = true;
+                        return None;
+                    }
+                    let (v, d) = without_token(v);
+                    dropped |= d;
+                    Some((k, v))
+                })
+                .collect();
+            (Sym::Obj(kept), dropped)
+        }
+        other => (other, false),
+    }
+}
+
+/// A JSON pointer (RFC 6901) for a path of the task (`$.input.a` → `/input/a`).
+fn pointer(path: &str) -> String {
+    let segs = parse_path(path).unwrap_or_default();
+    let mut out = String::new();
+    for s in segs {
+        out.push('/');
+        match s {
+            Seg::Name(n) => out.push_str(&n.replace('~', "~0").replace('/', "~1")),
+            Seg::Index(i) => out.push_str(&i.to_string()),
+        }
+    }
+    out
+}
+
+/// An agent's name from what it calls (`fn.charge-card`, `sqs.orders`).
+fn agent_name(kind: &str, what: &str) -> String {
+    let last = what.trim_end_matches('/').rsplit([':', '/']).find(|s| !s.is_empty()).unwrap_or(what);
+    let last = last.trim_start_matches("${").trim_end_matches('}');
+    let clean: String = last
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.' { c } else { '-' })
+        .collect();
+    let mut name = format!("{kind}.{clean}");
+    name.truncate(64);
+    name
+}
+
+/// What a Task state's `Resource` calls, and with what.
+enum Service {
+    Function { function: String, qualifier: Option<String>, payload: Option<Sym>, wrapped: bool },
+    Queue { queue_url: String, body: Sym },
+    Topic { topic_arn: String, message: Sym },
+    Bus { bus: String, source: Option<String>, detail_type: Option<String>, detail: Sym },
+}
+
+/// A member of a service's `Parameters` that must be written in the definition.
+fn literal(params: Option<&Sym>, key: &str) -> Result<Option<String>, String> {
+    let Some(p) = params else { return Ok(None) };
+    match p.get(&[Seg::Name(key.into())]) {
+        Ok(Sym::Lit(Value::String(s))) => Ok(Some(s)),
+        Ok(Sym::Lit(other)) => Err(format!("{key} is {other}, not a name")),
+        Ok(_) => Err(format!("{key} is read from the data; an agent here names what it calls in its configuration")),
+        Err(_) => Ok(None),
+    }
+}
+
+fn member(params: Option<&Sym>, key: &str) -> Option<Sym> {
+    params.and_then(|p| p.get(&[Seg::Name(key.into())]).ok())
+}
+
+impl Service {
+    fn of(resource: &str, params: Option<&Sym>) -> Result<Service, String> {
+        let integration = resource.strip_prefix("arn:aws:states:::").or_else(|| {
+            // arn:${AWS::Partition}:states:::... in SAM and CloudFormation definitions
+            resource.strip_prefix("arn:").and_then(|r| r.split_once(":states:::")).map(|(_, rest)| rest)
+        });
+        let Some(integration) = integration else {
+            // the Lambda short form: the function's ARN (or a substitution that names one)
+            let function = resource.to_owned();
+            let is_arn = function.starts_with("arn:") && function.split(':').nth(2) == Some("lambda");
+            let is_substitution =
+                function.starts_with("${") && function.ends_with('}') && !function[2..].contains("${");
+            if function.contains(":activity:") {
+                return Err("an activity is not translated: a worker of an activity becomes a callback step's worker (answering with the token)".into());
+            }
+            if !is_arn && !is_substitution {
+                return Err(format!(
+                    "{resource:?} is not a Lambda function's ARN nor an integration of Step Functions"
+                ));
+            }
+            let (function, qualifier) = split_qualifier(&function);
+            return Ok(Service::Function { function, qualifier, payload: params.cloned(), wrapped: false });
+        };
+        let (service, flavour) = match integration.split_once('.') {
+            Some((s, f)) => (s, Some(f)),
+            None => (integration, None),
+        };
+        match flavour {
+            None | Some("waitForTaskToken") => {}
+            Some("sync" | "sync:2") => {
+                return Err(format!(
+                    "{resource}: a .sync integration (run a job and wait for it) is not translated: a Lambda function can start the job and a callback step wait for its end"
+                ));
+            }
+            Some(other) => {
+                return Err(format!("{resource}: the .{other} flavour is not an integration pattern translated here"))
+            }
+        }
+        let callback = flavour.is_some();
+        match service {
+            "lambda:invoke" => {
+                let Some(function) = literal(params, "FunctionName")? else {
+                    return Err("lambda:invoke needs Parameters.FunctionName".into());
+                };
+                if let Some(Sym::Lit(t)) = member(params, "InvocationType") {
+                    if t != "RequestResponse" {
+                        return Err(format!("InvocationType {t} is not translated: an asynchronous invoke is a callback step (.waitForTaskToken)"));
+                    }
+                }
+                let (function, mut qualifier) = split_qualifier(&function);
+                if let Some(q) = literal(params, "Qualifier")? {
+                    qualifier = Some(q);
+                }
+                let payload = member(params, "Payload").unwrap_or(Sym::Lit(json!({})));
+                Ok(Service::Function { function, qualifier, payload: Some(payload), wrapped: !callback })
+            }
+            "sqs:sendMessage" | "sns:publish" | "events:putEvents" if !callback => Err(format!(
+                "{resource} without .waitForTaskToken (a message sent and not waited for) is not translated: here a queue, topic or bus serves a callback step; \
+                 add .waitForTaskToken and have the consumer answer, or send from a Lambda function"
+            )),
+            "sqs:sendMessage" => {
+                let queue_url = literal(params, "QueueUrl")?.ok_or("sqs:sendMessage needs Parameters.QueueUrl")?;
+                Ok(Service::Queue { queue_url, body: member(params, "MessageBody").unwrap_or(Sym::Lit(json!({}))) })
+            }
+            "sns:publish" => {
+                let topic_arn = literal(params, "TopicArn")?.ok_or("sns:publish needs Parameters.TopicArn (a phone number or target is not translated)")?;
+                Ok(Service::Topic { topic_arn, message: member(params, "Message").unwrap_or(Sym::Lit(json!({}))) })
+            }
+            "events:putEvents" => {
+                let Some(Sym::Arr(entries)) = member(params, "Entries").map(|e| match e {
+                    Sym::Lit(Value::Array(a)) => Sym::Arr(a.into_iter().map(Sym::Lit).collect()),
+                    other => other,
+                }) else {
+                    return Err("events:putEvents needs Parameters.Entries, a list".into());
+                };
+                let [entry] = entries.as_slice() else { return Err("events:putEvents with more than one entry is not translated".into()) };
+                let bus = literal(Some(entry), "EventBusName")?.unwrap_or_else(|| "default".into());
+                Ok(Service::Bus {
+                    bus,
+                    source: literal(Some(entry), "Source")?,
+                    detail_type: literal(Some(entry), "DetailType")?,
+                    detail: member(Some(entry), "Detail").unwrap_or(Sym::Lit(json!({}))),
+                })
+            }
+            "http:invoke" => Err("an HTTP task is not translated yet: call the endpoint from an agent of kind http (see the book)".into()),
+            s if s.starts_with("aws-sdk:") => Err(format!(
+                "{resource}: an AWS SDK integration is not translated: call the service from a Lambda function (a lambda agent) or an agent of your own"
+            )),
+            s if s.starts_with("activity") => Err("an activity is not translated: its worker becomes a callback step's worker".into()),
+            other => Err(format!(
+                "{resource}: the {} integration is not translated: call the service from a Lambda function (a lambda agent)",
+                other.split(':').next().unwrap_or(other)
+            )),
+        }
+    }
+}
+
+/// `arn:...:function:name:qualifier` as the function and its qualifier.
+fn split_qualifier(function: &str) -> (String, Option<String>) {
+    let parts: Vec<&str> = function.split(':').collect();
+    if function.starts_with("arn:") && parts.len() == 8 {
+        (parts[..7].join(":"), Some(parts[7].to_owned()))
+    } else {
+        (function.to_owned(), None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn steps(i: &Imported) -> HashMap<String, Value> {
+        i.workflow["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["name"].as_str().unwrap().to_owned(), s.clone()))
+            .collect()
+    }
+
+    fn loads(i: &Imported) {
+        let wf = json!({"workflows": [i.workflow]}).to_string();
+        sas_core::workflow::WorkflowRegistry::from_json(&wf).unwrap_or_else(|e| panic!("{e}\n{wf}"));
+    }
+
+    #[test]
+    fn a_state_machine_becomes_steps_that_read_the_data_where_it_lives() {
+        let def = json!({
+            "Comment": "orders",
+            "StartAt": "Defaults",
+            "States": {
+                "Defaults": {"Type": "Pass", "Result": {"currency": "EUR"}, "ResultPath": "$.config", "Next": "Quote"},
+                "Quote": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
+                          "Parameters": {"FunctionName": "quote", "Payload": {"amount.$": "$.total", "cur.$": "$.config.currency"}},
+                          "ResultSelector": {"price.$": "$.Payload.price"}, "ResultPath": "$.quote",
+                          "TimeoutSeconds": 20, "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 2, "IntervalSeconds": 3}],
+                          "Catch": [{"ErrorEquals": ["States.Timeout"], "Next": "TooSlow", "ResultPath": "$.err"}],
+                          "Next": "Big?"},
+                "Big?": {"Type": "Choice", "Choices": [{"Variable": "$.quote.price", "NumericGreaterThan": 100, "Next": "Approve"}],
+                         "Default": "Ship"},
+                "Approve": {"Type": "Task", "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken",
+                            "Parameters": {"QueueUrl": "https://sqs.eu-west-1.amazonaws.com/1/approvals",
+                                           "MessageBody": {"token.$": "$$.Task.Token", "price.$": "$.quote.price"}},
+                            "HeartbeatSeconds": 600, "ResultPath": null, "Next": "Ship"},
+                "Ship": {"Type": "Parallel", "Branches": [
+                    {"StartAt": "Label", "States": {"Label": {"Type": "Task", "Resource": "arn:aws:lambda:eu-west-1:1:function:label", "End": true}}},
+                    {"StartAt": "Pause", "States": {"Pause": {"Type": "Wait", "Seconds": 5, "End": true}}}],
+                         "ResultPath": "$.shipped", "Next": "Each"},
+                "Each": {"Type": "Map", "ItemsPath": "$.lines", "MaxConcurrency": 4,
+                         "ItemProcessor": {"StartAt": "Pack", "States": {"Pack": {"Type": "Task", "Resource": "${PackFunctionArn}",
+                            "Parameters": {"sku.$": "$$.Map.Item.Value.sku", "i.$": "$$.Map.Item.Index"}, "End": true}}},
+                         "ResultPath": "$.packed", "End": true},
+                "TooSlow": {"Type": "Fail", "Error": "Slow", "CausePath": "$.err.Cause"}
+            }
+        });
+        let i = import("orders", &def).unwrap();
+        loads(&i);
+        let s = steps(&i);
+        assert_eq!(s.len(), 6, "{s:?}");
+        // Pass is no step; its constant is read into the template as a constant
+        assert_eq!(s["Quote"]["parameters"], json!({"amount.$": "$.input.total", "cur": "EUR"}));
+        assert_eq!(
+            s["Quote"]["result_selector"],
+            json!({"price.$": "$.price"}),
+            "lambda:invoke's Payload is the answer"
+        );
+        assert_eq!((s["Quote"]["timeout_ms"].clone(), s["Quote"]["max_attempts"].clone()), (json!(20_000), json!(3)));
+        assert_eq!(s["Quote"]["on_failure"], json!({"continue": ["timed_out"]}));
+        // the Choice: a guard on the step it leads to, and on the normal path, not failed
+        let guard = s["Approve"]["when"].to_string();
+        assert!(guard.contains("$.outputs.Quote.price") && guard.contains("numeric_greater_than"), "{guard}");
+        assert!(guard.contains("$.outputs.Quote.error.kind"), "{guard}");
+        assert_eq!(s["Approve"]["kind"], "callback");
+        assert_eq!(s["Approve"]["heartbeat_ms"], 600_000);
+        assert_eq!(
+            s["Approve"]["parameters"],
+            json!({"price.$": "$.outputs.Quote.price"}),
+            "the token is the request's"
+        );
+        // both ways join at the Parallel: its branches come after either, when either way was taken
+        assert_eq!(s["Label"]["after"], json!(["Approve", "Quote"]));
+        assert!(s["Label"]["when"].to_string().contains("\"or\""), "{}", s["Label"]["when"]);
+        assert_eq!(s["Label"]["parameters"]["*.$"], "$.input", "a branch gets the Parallel's input");
+        assert_eq!(s["Pause"]["wait_ms"], 5000);
+        assert_eq!(s["Each"]["after"], json!(["Label", "Pause"]));
+        assert_eq!(s["Each"]["map"], json!({"items": "/input/lines", "max_concurrency": 4}));
+        assert_eq!(s["Each"]["parameters"], json!({"sku.$": "$.input.item.sku", "i.$": "$.input.index"}));
+        // the catcher's way: the Fail reads the error the step kept
+        assert_eq!(s["TooSlow"]["agent"], "asl.fail");
+        assert_eq!(s["TooSlow"]["parameters"], json!({"error": "Slow", "cause.$": "$.outputs.Quote.error.message"}));
+        assert_eq!(
+            s["TooSlow"]["when"],
+            json!({"variable": "$.outputs.Quote.error.kind", "string_equals": "timed_out"})
+        );
+        // the agents
+        assert_eq!(i.agents["fn.quote"], json!({"kind": "lambda", "function": "quote", "payload": "input"}));
+        assert_eq!(i.agents["sqs.approvals"]["kind"], "sqs");
+        assert_eq!(i.agents["fn.PackFunctionArn"]["function"], "${PackFunctionArn}");
+        assert!(i.notes.iter().any(|n| n.contains("SendTaskSuccess")), "{:?}", i.notes);
+    }
+
+    #[test]
+    fn what_cannot_be_translated_is_refused_with_its_state_and_field() {
+        let refused = |states: Value| import("x", &json!({"StartAt": "A", "States": states})).unwrap_err();
+        let r = refused(json!({
+            "A": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "Parameters": {"FunctionName": "f"}, "Next": "Done?"},
+            "Done?": {"Type": "Choice", "Choices": [{"Variable": "$.Payload.done", "BooleanEquals": false, "Next": "A"}], "Default": "End"},
+            "End": {"Type": "Succeed"}
+        }));
+        assert_eq!((r[0].state.as_str(), r[0].field.as_str()), ("A", "Next"));
+        assert!(r[0].reason.contains("a loop (A -> Done? -> A)"), "{}", r[0].reason);
+        let r =
+            refused(json!({"A": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject", "End": true}}));
+        assert_eq!(r[0].field, "Resource");
+        assert!(r[0].reason.contains("Lambda function"), "says what to do instead: {}", r[0].reason);
+        let r =
+            refused(json!({"A": {"Type": "Task", "Resource": "arn:aws:states:::glue:startJobRun.sync", "End": true}}));
+        assert!(r[0].reason.contains(".sync"), "{}", r[0].reason);
+        let r = refused(
+            json!({"A": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f", "TimeoutSeconds": 300, "End": true}}),
+        );
+        assert!(r[0].field == "TimeoutSeconds" && r[0].reason.contains("callback"), "{r:?}");
+        let r = refused(json!({"A": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f",
+                                     "Parameters": {"x.$": "States.Format('{}', $.a)"}, "End": true}}));
+        assert!(r[0].field == "Parameters" && r[0].reason.contains("States.Format"), "{r:?}");
+        let r = refused(json!({"A": {"Type": "Map", "ItemReader": {}, "ItemProcessor": {}, "End": true}}));
+        assert!(r[0].reason.contains("Distributed Map"), "{r:?}");
+        let r = import("x", &json!({"QueryLanguage": "JSONata", "StartAt": "A", "States": {}})).unwrap_err();
+        assert_eq!(r[0].field, "QueryLanguage");
+    }
+
+    #[test]
+    fn a_choice_without_default_fails_the_task_when_no_rule_matches() {
+        let i = import(
+            "x",
+            &json!({"StartAt": "C", "States": {
+                "C": {"Type": "Choice", "Choices": [{"Variable": "$.n", "NumericEquals": 1, "Next": "One"}]},
+                "One": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:one", "End": true}
+            }}),
+        )
+        .unwrap();
+        loads(&i);
+        let s = steps(&i);
+        assert_eq!(s["C_no_choice_matched"]["agent"], "asl.fail");
+        assert_eq!(s["C_no_choice_matched"]["when"], json!({"not": {"variable": "$.input.n", "numeric_equals": 1}}));
+        assert_eq!(s["One"]["when"], json!({"variable": "$.input.n", "numeric_equals": 1}));
+        assert_eq!(i.agents["asl.fail"], json!({"kind": "fail"}));
+    }
+}
