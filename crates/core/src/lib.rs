@@ -27,7 +27,7 @@
 
 // The contracts, definitions and the pure protocol live in sas-protocol (no I/O); they keep their
 // paths here.
-pub use sas_protocol::{condition, config_file, graph, ids, messages, protocol, state, template, workflow};
+pub use sas_protocol::{condition, config_file, graph, ids, intrinsic, messages, protocol, state, template, workflow};
 
 pub mod agent;
 pub mod aws;

@@ -15,6 +15,7 @@ pub mod condition;
 pub mod config_file;
 pub mod graph;
 pub mod ids;
+pub mod intrinsic;
 pub mod messages;
 pub mod protocol;
 pub mod state;

@@ -16,7 +16,16 @@
 //! keys are added to them or replace them, `{"*.$": "$.input", "quote.$": "$.outputs.quote"}` being
 //! the input with a `quote` member (a value that is not an object then gives only the other keys).
 //! So a template can pass a value on whole, and add to one, as the States Language's `ResultPath`
-//! does.
+//! does. The key `*` alone gives the whole value written (`{"*": "Your order shipped"}` is that
+//! string; `{"*": [{"*.$": "$.outputs.a"}, 2]}` an array), for a value that is not an object.
+//! The key `*.choose` alone gives the value of the first of its choices whose `when` (a
+//! [condition](crate::condition) over the task) holds, or that has none:
+//! `{"*.choose": [{"when": {"variable": "$.input.express", "boolean_equals": true},
+//! "value": {"*.$": "$.outputs.courier"}}, {"value": {"*.$": "$.outputs.post"}}]}` (`null` when
+//! none holds): data that depends on which way a task went. Only in templates read over the task.
+//!
+//! A `.$` value may also call an intrinsic function of the States Language
+//! (`"greeting.$": "States.Format('Hello {}', $.input.name)"`, see [`crate::intrinsic`]).
 //!
 //! A path that names nothing when the template is filled gives `null` (a skipped step has no
 //! output); one that can never name anything (a step that does not come before) is refused when
@@ -25,7 +34,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::condition::{DataPath, Scope};
+use crate::condition::{Condition, DataPath, Scope};
+use crate::intrinsic::{self, Call};
 
 /// What a template's paths are read against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,11 +60,20 @@ enum Node {
     Object(Vec<(String, Node)>),
     /// `{"*.$": path, ...}`: the value at the path, with the other members added to it.
     Spread(DataPath, Vec<(String, Node)>),
+    /// `{"*": value}`: the value written (with paths inside it), not an object of one member.
+    Whole(Box<Node>),
+    /// `"key.$": "States.Format(...)"`: an intrinsic function's value.
+    Call(Call),
+    /// `{"*.choose": [{"when": condition, "value": template}, ...]}`: the first that holds.
+    Choose(Vec<(Option<Condition>, Node)>),
     Array(Vec<Node>),
 }
 
 /// The key whose path gives the whole value (see the module's docs).
 pub const WHOLE: &str = "*";
+
+/// The key of a value chosen by conditions (see the module's docs).
+pub const CHOOSE: &str = "*.choose";
 
 /// The most bytes a template may take, written out.
 pub const MAX_TEMPLATE_BYTES: usize = 16 * 1024;
@@ -84,6 +103,14 @@ impl Template {
                         visit(x, out);
                     }
                 }
+                Node::Whole(x) => visit(x, out),
+                Node::Call(c) => out.extend(c.paths()),
+                Node::Choose(cs) => {
+                    for (c, x) in cs {
+                        out.extend(c.iter().flat_map(Condition::paths));
+                        visit(x, out);
+                    }
+                }
                 Node::Array(a) => a.iter().for_each(|x| visit(x, out)),
                 Node::Value(_) => {}
             }
@@ -96,18 +123,20 @@ impl Template {
     /// Fill a template read over the task.
     pub fn fill(&self, scope: &dyn Scope) -> Value {
         debug_assert_eq!(self.over, Over::Task);
-        render(&self.root, &|p| p.resolve(scope).cloned())
+        render(&self.root, &|p| p.resolve(scope).cloned(), Some(scope))
     }
 
     /// Fill a template read over an answer.
     pub fn fill_from(&self, answer: &Value) -> Value {
         debug_assert_eq!(self.over, Over::Answer);
-        render(&self.root, &|p| p.resolve_in(answer).cloned())
+        render(&self.root, &|p| p.resolve_in(answer).cloned(), None)
     }
 
     pub fn to_json(&self) -> Value {
         fn members(m: &[(String, Node)]) -> impl Iterator<Item = (String, Value)> + '_ {
-            m.iter().map(|(k, x)| (if matches!(x, Node::Path(_)) { format!("{k}.$") } else { k.clone() }, back(x)))
+            m.iter().map(|(k, x)| {
+                (if matches!(x, Node::Path(_) | Node::Call(_)) { format!("{k}.$") } else { k.clone() }, back(x))
+            })
         }
         fn back(n: &Node) -> Value {
             match n {
@@ -119,6 +148,19 @@ impl Template {
                         .chain(members(m))
                         .collect(),
                 ),
+                Node::Whole(x) if matches!(**x, Node::Call(_)) => serde_json::json!({ format!("{WHOLE}.$"): back(x) }),
+                Node::Whole(x) => serde_json::json!({ WHOLE: back(x) }),
+                Node::Call(c) => Value::String(c.to_text()),
+                Node::Choose(cs) => {
+                    let list: Vec<Value> = cs
+                        .iter()
+                        .map(|(c, x)| match c {
+                            Some(c) => serde_json::json!({"when": c.to_json(), "value": back(x)}),
+                            None => serde_json::json!({"value": back(x)}),
+                        })
+                        .collect();
+                    serde_json::json!({ CHOOSE: list })
+                }
                 Node::Array(a) => Value::Array(a.iter().map(back).collect()),
             }
         }
@@ -128,6 +170,7 @@ impl Template {
 
 fn node(v: &Value, over: Over, at: &str) -> Result<Node, String> {
     Ok(match v {
+        Value::Object(m) if m.contains_key(CHOOSE) => choose(m, over, at)?,
         Value::Object(m) => {
             let mut out = Vec::with_capacity(m.len());
             for (k, x) in m {
@@ -135,15 +178,19 @@ fn node(v: &Value, over: Over, at: &str) -> Result<Node, String> {
                 match k.strip_suffix(".$") {
                     Some(name) => {
                         let Value::String(p) = x else { return Err(format!("{here} takes a path, not {x}")) };
-                        let path = match over {
+                        let parse = |p: &str| match over {
                             Over::Task => DataPath::parse(p),
                             Over::Answer => DataPath::parse_relative(p),
-                        }
-                        .map_err(|e| format!("{here}: {e}"))?;
+                        };
+                        let read = if intrinsic::is_call(p) {
+                            Node::Call(Call::parse(p, &parse).map_err(|e| format!("{here}: {e}"))?)
+                        } else {
+                            Node::Path(parse(p).map_err(|e| format!("{here}: {e}"))?)
+                        };
                         if out.iter().any(|(n, _): &(String, Node)| n == name) || m.contains_key(name) {
                             return Err(format!("{here}: {name} is given twice"));
                         }
-                        out.push((name.to_owned(), Node::Path(path)));
+                        out.push((name.to_owned(), read));
                     }
                     None => out.push((k.clone(), node(x, over, &here)?)),
                 }
@@ -153,7 +200,14 @@ fn node(v: &Value, over: Over, at: &str) -> Result<Node, String> {
                     let Node::Path(p) = out.remove(i).1 else { unreachable!("matched above") };
                     Node::Spread(p, out)
                 }
-                _ => Node::Object(out),
+                Some(_) if out.len() == 1 => Node::Whole(Box::new(out.remove(0).1)),
+                Some(_) => {
+                    return Err(format!(
+                        "{at}{}the key {WHOLE} (a whole value) stands alone",
+                        if at.is_empty() { "" } else { ": " }
+                    ))
+                }
+                None => Node::Object(out),
             }
         }
         Value::Array(a) => Node::Array(a.iter().map(|x| node(x, over, at)).collect::<Result<_, _>>()?),
@@ -161,11 +215,43 @@ fn node(v: &Value, over: Over, at: &str) -> Result<Node, String> {
     })
 }
 
-fn render(n: &Node, look: &dyn Fn(&DataPath) -> Option<Value>) -> Value {
+fn choose(m: &Map<String, Value>, over: Over, at: &str) -> Result<Node, String> {
+    let here = if at.is_empty() { CHOOSE.to_owned() } else { format!("{at}.{CHOOSE}") };
+    if m.len() != 1 {
+        return Err(format!("{here}: the key {CHOOSE} stands alone"));
+    }
+    if over != Over::Task {
+        return Err(format!("{here}: a choice reads the task; it is not for a template read over an answer"));
+    }
+    let Some(Value::Array(list)) = m.get(CHOOSE) else {
+        return Err(format!("{here} takes a list of {{\"when\": condition, \"value\": template}}"));
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, c) in list.iter().enumerate() {
+        let Value::Object(c) = c else { return Err(format!("{here}[{i}] is an object")) };
+        if let Some(k) = c.keys().find(|k| !matches!(k.as_str(), "when" | "value")) {
+            return Err(format!("{here}[{i}]: {k} is not when or value"));
+        }
+        let when = c.get("when").map(Condition::from_json).transpose().map_err(|e| format!("{here}[{i}].when: {e}"))?;
+        let value = node(c.get("value").unwrap_or(&Value::Null), over, &format!("{here}[{i}].value"))?;
+        out.push((when, value));
+    }
+    Ok(Node::Choose(out))
+}
+
+fn render(n: &Node, look: &dyn Fn(&DataPath) -> Option<Value>, scope: Option<&dyn Scope>) -> Value {
     match n {
         Node::Value(v) => v.clone(),
         Node::Path(p) => look(p).unwrap_or(Value::Null),
-        Node::Object(m) => Value::Object(m.iter().map(|(k, x)| (k.clone(), render(x, look))).collect::<Map<_, _>>()),
+        Node::Object(m) => {
+            Value::Object(m.iter().map(|(k, x)| (k.clone(), render(x, look, scope))).collect::<Map<_, _>>())
+        }
+        Node::Whole(x) => render(x, look, scope),
+        Node::Call(c) => c.eval(look).unwrap_or(Value::Null),
+        Node::Choose(cs) => cs
+            .iter()
+            .find(|(c, _)| c.as_ref().is_none_or(|c| scope.is_some_and(|s| c.holds(s))))
+            .map_or(Value::Null, |(_, x)| render(x, look, scope)),
         Node::Spread(p, m) => {
             let whole = look(p).unwrap_or(Value::Null);
             if m.is_empty() {
@@ -176,11 +262,11 @@ fn render(n: &Node, look: &dyn Fn(&DataPath) -> Option<Value>) -> Value {
                 _ => Map::new(),
             };
             for (k, x) in m {
-                out.insert(k.clone(), render(x, look));
+                out.insert(k.clone(), render(x, look, scope));
             }
             Value::Object(out)
         }
-        Node::Array(a) => Value::Array(a.iter().map(|x| render(x, look)).collect()),
+        Node::Array(a) => Value::Array(a.iter().map(|x| render(x, look, scope)).collect()),
     }
 }
 
@@ -281,6 +367,45 @@ mod tests {
         );
         assert_eq!(fill(json!({"*.$": "$.input.total", "a": 1})), json!({"a": 1}), "not an object: the others only");
         assert_eq!(fill(json!({"x": [{"*.$": "$.input.keep"}]})), json!({"x": ["me"]}), "inside an array");
+        assert_eq!(fill(json!({"*": "Your order shipped"})), json!("Your order shipped"), "a whole value written");
+        assert_eq!(fill(json!({"*": [{"*.$": "$.input.total"}, 2]})), json!([12, 2]), "with paths inside it");
+        assert!(Template::from_json(&json!({"*": 1, "a": 2}), Over::Task).unwrap_err().contains("stands alone"));
+        // an intrinsic function's value, whole or as a member
+        let data = Data(json!({"name": "Ada", "lines": [1, 2]}), json!({}));
+        let t = json!({"hi.$": "States.Format('Hello {}', $.input.name)", "n.$": "States.ArrayLength($.input.lines)"});
+        let tpl = Template::from_json(&t, Over::Task).unwrap();
+        assert_eq!(tpl.to_json(), t);
+        assert_eq!(tpl.fill(&data), json!({"hi": "Hello Ada", "n": 2}));
+        assert_eq!(tpl.paths().len(), 2);
+        let whole = json!({"*.$": "States.Array($.input.name, 1)"});
+        let tpl = Template::from_json(&whole, Over::Task).unwrap();
+        assert_eq!((tpl.fill(&data), tpl.to_json()), (json!(["Ada", 1]), whole));
+        assert!(Template::from_json(&json!({"a.$": "States.UUID()"}), Over::Task).unwrap_err().starts_with("a.$: "));
+    }
+
+    #[test]
+    fn a_choice_gives_the_first_value_whose_condition_holds() {
+        let t = json!({"label.*": 1, "via": {"*.choose": [
+            {"when": {"variable": "$.input.total", "numeric_greater_than": 100}, "value": {"*.$": "$.outputs.quote"}},
+            {"when": {"variable": "$.input.keep", "is_present": true}, "value": {"k.$": "$.input.keep"}},
+            {"value": "none"}]}});
+        let tpl = Template::from_json(&t, Over::Task).unwrap();
+        assert_eq!(tpl.to_json(), t, "written back as read");
+        assert_eq!(tpl.paths().len(), 4, "the conditions' paths are read too");
+        let quote = json!({"quote": {"id": "q1"}});
+        assert_eq!(tpl.fill(&Data(json!({"total": 120}), quote.clone()))["via"], json!({"id": "q1"}));
+        assert_eq!(tpl.fill(&Data(json!({"total": 12, "keep": 3}), quote.clone()))["via"], json!({"k": 3}));
+        assert_eq!(tpl.fill(&Data(json!({"total": 12}), quote))["via"], json!("none"));
+        let none = Template::from_json(
+            &json!({"*.choose": [{"when": {"variable": "$.input.x", "is_present": true}, "value": 1}]}),
+            Over::Task,
+        );
+        assert_eq!(none.unwrap().fill(&Data(json!({}), json!({}))), Value::Null, "none holds: null");
+        let err = |v: Value, over| Template::from_json(&v, over).unwrap_err();
+        assert!(err(json!({"*.choose": [], "a": 1}), Over::Task).contains("stands alone"));
+        assert!(err(json!({"*.choose": [{"value": 1}]}), Over::Answer).contains("reads the task"));
+        assert!(err(json!({"*.choose": [{"when": {"variable": "$.x", "is_present": true}, "value": 1}]}), Over::Task)
+            .contains("when"));
         let t = Template::from_json(&json!({"*.$": "$.outputs.quote", "a.$": "$.input.total"}), Over::Task).unwrap();
         assert_eq!(t.paths().len(), 2, "the whole key's path is read too");
         assert_eq!(

@@ -150,6 +150,7 @@ async fn the_sqs_kind_delivers_the_request_to_a_standard_and_a_fifo_queue_once_p
             "warehouse": {"kind": "sqs", "queue_url": "${WORK_QUEUE}"},
             "warehouse-fifo": {"kind": "sqs", "queue_url": "${WORK_FIFO}"},
             "nowhere": {"kind": "sqs", "queue_url": "${NO_QUEUE}"},
+            "notify": {"kind": "sqs", "queue_url": "${WORK_QUEUE}", "payload": "input"},
         }),
         &[
             ("WORK_QUEUE", &plain),
@@ -189,6 +190,20 @@ async fn the_sqs_kind_delivers_the_request_to_a_standard_and_a_fifo_queue_once_p
     // a queue that does not exist: the attempt fails for good, naming it
     let missing = request(&format!("sqsn-{run}"), "nowhere", &AttemptToken::fresh());
     assert_refused(rt.run(&missing).await, &format!("sending to {}", plain.replace("t-work", "t-none")));
+
+    // "payload": "input": a call step's input alone is the message, sent and not waited for
+    let mut note = request(&format!("sqsi-{run}"), "notify", &AttemptToken::fresh());
+    note.callback = None;
+    note.input = json!("Your order shipped");
+    let out = rt.run(&note).await.expect("a call step reports");
+    let Outcome::Succeeded { output } = out.outcome else { panic!("{out:?}") };
+    assert_eq!(output["delivered"], true);
+    let got = receive(&sqs, &plain, 1, Duration::from_secs(10)).await;
+    assert_eq!(got[0].body(), Some("Your order shipped"), "a string as it is");
+    assert_eq!(output["message_id"].as_str(), got[0].message_id());
+    // on a callback step it is refused: the token would not go with it
+    let cb = request(&format!("sqsc-{run}"), "notify", &AttemptToken::fresh());
+    assert_refused(rt.run(&cb).await, "without the token");
 
     for q in [plain, fifo] {
         let _ = sqs.delete_queue().queue_url(q).send().await;

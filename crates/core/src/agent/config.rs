@@ -300,10 +300,7 @@ impl AgentSpec {
     }
 
     fn callback_only(&self) -> bool {
-        fn of<K: AgentKind>(_: &K) -> bool {
-            K::CALLBACK_ONLY
-        }
-        each_kind!(self, k => of(k))
+        each_kind!(self, k => k.serves_callbacks_only())
     }
 
     fn grants(&self) -> Vec<Grant> {

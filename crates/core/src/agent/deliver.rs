@@ -3,13 +3,17 @@
 //! kind sends ([`super::handover::request`], the token and where to answer included); the remote
 //! side answers later with the token. Delivery is the hand-off: once the service took the
 //! message, the agent reports nothing and the step waits for the answer (or its timeout).
+//!
+//! With `"payload": "input"` they send the request's `input` alone (the step's `parameters`
+//! filled; a string as it is), for a call step: a notification, sent and not waited for, whose
+//! output says it was delivered (a callback step needs the request, which carries the token).
 
 use futures::future::BoxFuture;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tracing::info;
 
-use super::handover::{self, CallbackEndpoints};
+use super::handover::{self, CallbackEndpoints, Payload};
 use super::runtime::{Agent, AgentError, Call};
 use crate::messages::AgentRequest;
 
@@ -37,11 +41,19 @@ pub trait Destination: std::fmt::Debug + Send + Sync + 'static {
 pub struct Delivering<D> {
     pub(super) to: D,
     callback: CallbackEndpoints,
+    payload: Payload,
 }
 
 impl<D: Destination> Delivering<D> {
     pub fn to(to: D, callback: CallbackEndpoints) -> Self {
-        Delivering { to, callback }
+        Delivering { to, callback, payload: Payload::Request }
+    }
+
+    /// Sending `payload` (the request, or its input alone for a call step).
+    #[must_use]
+    pub fn sending(mut self, payload: Payload) -> Self {
+        self.payload = payload;
+        self
     }
 }
 
@@ -49,10 +61,17 @@ impl<D: Destination> Agent for Delivering<D> {
     fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
         Box::pin(async move {
             let req = call.request;
-            let body = body(&call, D::KIND, &self.callback)?;
+            let body = match self.payload {
+                Payload::Request => body(&call, D::KIND, &self.callback)?,
+                Payload::Input => input_body(&call, D::KIND)?,
+            };
             check_size(req, D::WHAT, self.to.size(req, &body))?;
             let id = self.to.send(req, body).await?;
-            info!(task_id = %req.task_id, step = %req.step, kind = D::KIND, id = %id, to = self.to.name(), "callback step handed over");
+            if req.callback.is_some() {
+                info!(task_id = %req.task_id, step = %req.step, kind = D::KIND, id = %id, to = self.to.name(), "callback step handed over");
+            } else {
+                info!(task_id = %req.task_id, step = %req.step, kind = D::KIND, id = %id, to = self.to.name(), "sent (a call step: nothing waits for an answer)");
+            }
             Ok(json!({"delivered": true, D::ID: id}))
         })
     }
@@ -84,6 +103,25 @@ pub fn body(call: &Call<'_>, kind: &str, callback: &CallbackEndpoints) -> Result
         });
     }
     Ok(handover::request(req, req.complete_by, callback).to_string())
+}
+
+/// The request's input alone, for a call step (`"payload": "input"`): a string as it is, any
+/// other value as JSON. Refused (permanently) on a callback step: nothing would carry the token.
+pub fn input_body(call: &Call<'_>, kind: &str) -> Result<String, AgentError> {
+    let req = call.request;
+    if req.callback.is_some() {
+        return Err(AgentError::Permanent {
+            message: format!(
+                "step {} is a callback step, and agent {} (kind \"{kind}\") sends its input alone (\"payload\": \"input\"), \
+                 without the token the answer needs: drop \"payload\" from the agent, or make the step a call step",
+                req.step, req.agent
+            ),
+        });
+    }
+    Ok(match &req.input {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    })
 }
 
 /// The message attributes a subscriber can route and filter on (never the token).
@@ -176,6 +214,19 @@ pub(super) mod tests {
         assert!(ia.bytes().all(|c| c.is_ascii_hexdigit()), "{ia}");
         assert_eq!(ia, dedup_id(&req(&long, A1, true)));
         assert_ne!(ia, ib);
+    }
+
+    #[test]
+    fn the_input_alone_goes_for_a_call_step_and_is_refused_for_a_callback_step() {
+        let mut r = req("order-1", A1, false);
+        let call = Call { request: &r, call_no: 1, deadline: r.complete_by };
+        assert_eq!(input_body(&call, "sns").unwrap(), r#"{"order":"o-1"}"#);
+        r.input = json!("Your order shipped");
+        let call = Call { request: &r, call_no: 1, deadline: r.complete_by };
+        assert_eq!(input_body(&call, "sns").unwrap(), "Your order shipped", "a string as it is");
+        let cb = req("order-1", A1, true);
+        let call = Call { request: &cb, call_no: 1, deadline: cb.complete_by };
+        assert!(matches!(input_body(&call, "sns"), Err(AgentError::Permanent { message }) if message.contains("without the token")));
     }
 
     #[test]

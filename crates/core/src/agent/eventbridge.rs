@@ -39,11 +39,19 @@ pub struct EventBridgeKind {
     /// The events' `detail-type` (default the agent's name).
     #[serde(default)]
     pub detail_type: Option<String>,
+    /// What is sent: `request` (the default: the request with the token, for a callback step) or
+    /// `input` (the step's input alone, for a call step: sent, and not waited for).
+    #[serde(default)]
+    pub payload: super::handover::Payload,
 }
 
 impl AgentKind for EventBridgeKind {
     const KIND: &'static str = "eventbridge";
     const CALLBACK_ONLY: bool = true;
+
+    fn serves_callbacks_only(&self) -> bool {
+        self.payload == super::handover::Payload::Request
+    }
 
     fn build(self, name: &str, cx: &BuildContext) -> Result<Arc<dyn Agent>, AgentConfigError> {
         let invalid = |message: String| AgentConfigError::Invalid { agent: name.to_owned(), message };
@@ -70,7 +78,10 @@ impl AgentKind for EventBridgeKind {
             return Err(invalid("detail_type must not be empty".into()));
         }
         let events = LazyClient::new(cx.aws.clone(), crate::aws::eventbridge_client);
-        Ok(Arc::new(Delivering::to(EventBus { bus: self.bus, source, detail_type, events }, cx.callback.clone())))
+        Ok(Arc::new(
+            Delivering::to(EventBus { bus: self.bus, source, detail_type, events }, cx.callback.clone())
+                .sending(self.payload),
+        ))
     }
 
     /// On the bus's ARN when the configuration gives one; a bare name stays the name (its ARN is
@@ -241,7 +252,7 @@ mod tests {
         assert_eq!((s[0].kind, s[0].callback_only), ("eventbridge", true));
         assert_eq!(s[0].grants, vec![Grant::new("events:PutEvents", "orders", "AgentEventBusArns")]);
         let arn = "arn:aws:events:us-east-1:123456789012:event-bus/orders";
-        let kind = EventBridgeKind { bus: arn.into(), source: None, detail_type: None };
+        let kind = EventBridgeKind { bus: arn.into(), source: None, detail_type: None, payload: super::super::handover::Payload::Request };
         assert_eq!(kind.grants(), vec![Grant::new("events:PutEvents", arn, "AgentEventBusArns")]);
     }
 

@@ -13,6 +13,20 @@ use crate::messages::{AgentRequest, CallbackRef};
 /// work was accepted). `deadline` (epoch ms) is the attempt's own: nothing may be applied after it;
 /// for a callback step it is the attempt's `CompleteBy`, whatever `deadline` is given (the
 /// hand-off's own is short, and the remote side has until `CompleteBy` to answer or heartbeat).
+/// What an agent that can send either sends: the whole request (the default) or its `input` alone.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Payload {
+    /// The request every kind sends: task, step, idempotency key, deadline, `input` (and the
+    /// callback's token).
+    #[default]
+    Request,
+    /// The request's `input` alone (the step's `parameters` filled), as Step Functions sends a
+    /// payload or a message.
+    Input,
+}
+
 pub fn request(req: &AgentRequest, deadline: Millis, callback: &CallbackEndpoints) -> Value {
     let deadline = if req.callback.is_some() { req.complete_by } else { deadline };
     let mut body = json!({

@@ -66,6 +66,11 @@ pub trait AgentKind: DeserializeOwned {
     /// It only hands work over (the answer comes later with the token): valid on callback steps only.
     const CALLBACK_ONLY: bool = false;
 
+    /// This agent only hands work over (by default, as its kind: [`AgentKind::CALLBACK_ONLY`]).
+    fn serves_callbacks_only(&self) -> bool {
+        Self::CALLBACK_ONLY
+    }
+
     /// The agent, from its configuration with variables expanded; a value the kind cannot use is
     /// an error that names the agent.
     fn build(self, name: &str, cx: &BuildContext) -> Result<Arc<dyn Agent>, AgentConfigError>;

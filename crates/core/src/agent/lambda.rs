@@ -62,15 +62,7 @@ pub struct LambdaKind {
     pub payload: Payload,
 }
 
-/// What a Lambda agent sends its function: the whole request, or its input alone.
-#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Payload {
-    #[default]
-    Request,
-    Input,
-}
+pub use super::handover::Payload;
 
 fn valid_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')

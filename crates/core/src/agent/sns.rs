@@ -20,13 +20,18 @@ use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant, LazyClient};
 use super::runtime::{Agent, AgentError};
 use crate::messages::AgentRequest;
 
-/// `{"kind": "sns", "topic_arn": "arn:aws:sns:REGION:ACCOUNT:NAME"}`: callback steps only.
+/// `{"kind": "sns", "topic_arn": "arn:aws:sns:REGION:ACCOUNT:NAME"}`: callback steps (call steps with
+/// `"payload": "input"`).
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SnsKind {
     /// Where the request (with the token) is published.
     pub topic_arn: String,
+    /// What is sent: `request` (the default: the request with the token, for a callback step) or
+    /// `input` (the step's input alone, for a call step: sent, and not waited for).
+    #[serde(default)]
+    pub payload: super::handover::Payload,
 }
 
 /// `arn:PARTITION:sns:REGION:ACCOUNT:NAME`, every part present.
@@ -39,6 +44,10 @@ impl AgentKind for SnsKind {
     const KIND: &'static str = "sns";
     const CALLBACK_ONLY: bool = true;
 
+    fn serves_callbacks_only(&self) -> bool {
+        self.payload == super::handover::Payload::Request
+    }
+
     fn build(self, name: &str, cx: &BuildContext) -> Result<Arc<dyn Agent>, AgentConfigError> {
         if !is_topic_arn(&self.topic_arn) {
             return Err(AgentConfigError::Invalid {
@@ -50,7 +59,7 @@ impl AgentKind for SnsKind {
             });
         }
         let sns = LazyClient::new(cx.aws.clone(), crate::aws::sns_client);
-        Ok(Arc::new(Delivering::to(SnsTopic::new(self.topic_arn, sns), cx.callback.clone())))
+        Ok(Arc::new(Delivering::to(SnsTopic::new(self.topic_arn, sns), cx.callback.clone()).sending(self.payload)))
     }
 
     fn grants(&self) -> Vec<Grant> {

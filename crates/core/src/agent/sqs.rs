@@ -20,18 +20,26 @@ use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant, LazyClient};
 use super::runtime::{Agent, AgentError};
 use crate::messages::{AgentRequest, QueueUrl};
 
-/// `{"kind": "sqs", "queue_url": "..."}`: callback steps only.
+/// `{"kind": "sqs", "queue_url": "..."}`: callback steps (call steps with `"payload": "input"`).
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SqsKind {
     /// Where the request (with the token) is sent.
     pub queue_url: String,
+    /// What is sent: `request` (the default: the request with the token, for a callback step) or
+    /// `input` (the step's input alone, for a call step: sent, and not waited for).
+    #[serde(default)]
+    pub payload: super::handover::Payload,
 }
 
 impl AgentKind for SqsKind {
     const KIND: &'static str = "sqs";
     const CALLBACK_ONLY: bool = true;
+
+    fn serves_callbacks_only(&self) -> bool {
+        self.payload == super::handover::Payload::Request
+    }
 
     fn build(self, name: &str, cx: &BuildContext) -> Result<Arc<dyn Agent>, AgentConfigError> {
         let queue = QueueUrl::parse(&self.queue_url).map_err(|e| AgentConfigError::Invalid {
@@ -39,7 +47,7 @@ impl AgentKind for SqsKind {
             message: format!("queue_url {:?} is not an SQS queue URL: {}", self.queue_url, e.why),
         })?;
         let sqs = LazyClient::new(cx.aws.clone(), crate::aws::sqs_client);
-        Ok(Arc::new(Delivering::to(SqsQueue { queue, sqs }, cx.callback.clone())))
+        Ok(Arc::new(Delivering::to(SqsQueue { queue, sqs }, cx.callback.clone()).sending(self.payload)))
     }
 
     fn grants(&self) -> Vec<Grant> {
@@ -169,7 +177,7 @@ mod tests {
         );
         // no region in the URL: the name
         assert_eq!(r("http://localhost:4566/000000000000/work"), "work");
-        let kind = SqsKind { queue_url: "https://sqs.eu-west-1.amazonaws.com/123456789012/work".into() };
+        let kind = SqsKind { queue_url: "https://sqs.eu-west-1.amazonaws.com/123456789012/work".into(), payload: super::super::handover::Payload::Request };
         assert_eq!(
             kind.grants(),
             vec![Grant::new("sqs:SendMessage", "arn:aws:sqs:eu-west-1:123456789012:work", "AgentQueueArns")]
@@ -194,6 +202,10 @@ mod tests {
         let s = crate::agent::survey(ok, &|_| Some("http://localhost:4566/000000000000/w".into())).unwrap();
         assert_eq!((s[0].kind, s[0].callback_only), ("sqs", true));
         assert_eq!(s[0].grants, vec![Grant::new("sqs:SendMessage", "w", "AgentQueueArns")]);
+        // sending the input alone, it serves call steps (a notification)
+        let note = r#"{"agents": {"w": {"kind": "sqs", "queue_url": "${Q}", "payload": "input"}}}"#;
+        let s = crate::agent::survey(note, &|_| Some("http://localhost:4566/000000000000/w".into())).unwrap();
+        assert_eq!((s[0].kind, s[0].callback_only), ("sqs", false));
     }
 
     fn runtime() -> AgentRuntime {
