@@ -8,7 +8,48 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The definitions the book says are translated (of 170): a change that translates fewer fails.
-const TRANSLATED_AT_LEAST: usize = 12;
+const TRANSLATED_AT_LEAST: usize = 33;
+
+/// Every task's `Resource` in a definition (inside Parallel branches and Map processors).
+fn resources(states: &serde_json::Value, out: &mut Vec<String>) {
+    for st in states.as_object().into_iter().flat_map(|m| m.values()) {
+        if let Some(r) = st.get("Resource").and_then(serde_json::Value::as_str) {
+            out.push(r.to_owned());
+        }
+        for b in st.get("Branches").and_then(serde_json::Value::as_array).into_iter().flatten() {
+            resources(&b["States"], out);
+        }
+        for p in ["ItemProcessor", "Iterator"] {
+            if let Some(p) = st.get(p) {
+                resources(&p["States"], out);
+            }
+        }
+    }
+}
+
+/// A definition whose tasks use only the integrations the importer is for: Lambda functions
+/// (an ARN, a `${...}` substitution, `lambda:invoke`), messages to queues, topics and buses, HTTP
+/// tasks, with or without `.waitForTaskToken`.
+fn in_subset(def: &serde_json::Value) -> bool {
+    let mut rs = Vec::new();
+    resources(&def["States"], &mut rs);
+    let text = def.to_string();
+    !text.contains("{%")
+        && !text.contains("ItemReader")
+        && !text.contains("\"DISTRIBUTED\"")
+        && rs.iter().all(|r| {
+            let integration = r.split_once(":states:::").map(|(_, i)| i.trim_end_matches(".waitForTaskToken"));
+            match integration {
+                Some(i) => {
+                    ["lambda:invoke", "sqs:sendMessage", "sns:publish", "events:putEvents", "http:invoke"].contains(&i)
+                }
+                None => {
+                    r.starts_with("arn:aws:lambda:")
+                        || (r.starts_with("${") && !r.to_ascii_lowercase().contains("activity"))
+                }
+            }
+        })
+}
 
 /// A refusal's reason as the census counts it.
 fn class(r: &sas_cli::asl::Refusal) -> String {
@@ -28,11 +69,17 @@ fn class(r: &sas_cli::asl::Refusal) -> String {
         ("integration is not translated", "another service integration"),
         ("HTTP task", "an HTTP task (not yet)"),
         ("SecondsPath", "a Wait of SecondsPath"),
+        ("on a Parallel state", "Retry or Catch on a Parallel or Map state"),
+        ("on a Map state", "Retry or Catch on a Parallel or Map state"),
+        ("built by the state machine", "a value the state machine builds, read where the task's data is needed"),
+        ("known only when the step runs", "a value the state machine builds, read where the task's data is needed"),
+        ("Task.Token belongs", "$$.Task.Token outside a .waitForTaskToken task"),
+        ("no state calls anything", "no task at all"),
         ("call step may take", "a task over the 110 s call limit"),
         ("activity", "an activity"),
     ];
     pick.iter()
-        .find(|(k, _)| why.contains(k))
+        .find(|(k, _)| why.contains(k) || r.field == *k)
         .map_or_else(|| format!("other: {}: {}", r.field, why), |(_, c)| (*c).to_owned())
 }
 
@@ -48,6 +95,7 @@ fn the_collection_is_translated_or_refused_with_reasons() {
     files.sort();
     assert!(files.len() >= 170, "the collection has {} definitions", files.len());
     let (mut translated, mut unparseable) = (Vec::new(), 0);
+    let (mut subset, mut subset_translated) = (0, 0);
     let mut by_reason: BTreeMap<String, usize> = BTreeMap::new();
     for f in &files {
         let Ok(def) = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(f).expect("readable")) else {
@@ -55,27 +103,41 @@ fn the_collection_is_translated_or_refused_with_reasons() {
             continue;
         };
         let name = sas_cli::asl::workflow_name(f);
+        let covered = in_subset(&def);
+        subset += usize::from(covered);
         match sas_cli::asl::import(&name, &def) {
             Ok(i) => {
                 let wf = serde_json::json!({"workflows": [i.workflow]}).to_string();
                 sas_core::workflow::WorkflowRegistry::from_json(&wf)
                     .unwrap_or_else(|e| panic!("{}: the translation does not load: {e}\n{wf}", f.display()));
-                let ag = sas_cli::asl::agents_file(&i.agents).to_string();
-                let report = sas_core::validate::check_with_grants(
-                    &wf,
-                    &ag,
-                    &|_| Some("arn:aws:lambda:us-east-1:000000000000:function:f".into()),
-                    &|p| {
-                        (p == "AgentFunctionArns")
-                            .then(|| "arn:aws:lambda:us-east-1:000000000000:function:*".to_owned())
-                    },
-                );
-                assert!(report.problems.is_empty(), "{}: {:?}", f.display(), report.problems);
+                // each ${Variable} of a definition given a value of its kind, every grant given
+                let mut agents = i.agents.clone();
+                for spec in agents.values_mut() {
+                    let (field, value) = match spec["kind"].as_str() {
+                        Some("lambda") => ("function", "arn:aws:lambda:us-east-1:000000000000:function:f"),
+                        Some("sqs") => ("queue_url", "https://sqs.us-east-1.amazonaws.com/000000000000/q"),
+                        Some("sns") => ("topic_arn", "arn:aws:sns:us-east-1:000000000000:t"),
+                        Some("eventbridge") => ("bus", "arn:aws:events:us-east-1:000000000000:event-bus/b"),
+                        _ => continue,
+                    };
+                    if spec[field].as_str().is_some_and(|v| v.starts_with("${")) {
+                        spec[field] = serde_json::json!(value);
+                    }
+                }
+                let ag = sas_cli::asl::agents_file(&agents).to_string();
+                let report = sas_core::validate::check_with_grants(&wf, &ag, &|_| None, &|_| Some("*".to_owned()));
+                // grants depend on how the stack is deployed (a bus given by name is granted by name)
+                let problems: Vec<_> =
+                    report.problems.iter().filter(|p| !p.contains("add it to the template parameter")).collect();
+                assert!(problems.is_empty(), "{}: {problems:?}", f.display());
+                subset_translated += usize::from(covered);
                 translated.push(name);
             }
             Err(refusals) => {
                 assert!(!refusals.is_empty(), "{}: refused without a reason", f.display());
-                let mut classes: Vec<String> = refusals.iter().map(class).collect();
+                // a Parallel's refusal that only points at those inside it is not a reason of its own
+                let mut classes: Vec<String> =
+                    refusals.iter().filter(|r| !r.reason.starts_with("(see the refusals")).map(class).collect();
                 for r in &refusals {
                     assert!(
                         !r.state.is_empty() && !r.field.is_empty() && r.reason.len() > 10,
@@ -97,6 +159,10 @@ fn the_collection_is_translated_or_refused_with_reasons() {
         translated.len(),
         translated.len() * 100 / n
     );
+    println!(
+        "of the {subset} whose tasks use only the integrations covered, {subset_translated} translated ({}%)",
+        subset_translated * 100 / subset.max(1)
+    );
     let mut reasons: Vec<_> = by_reason.into_iter().collect();
     reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     for (why, count) in &reasons {
@@ -108,4 +174,37 @@ fn the_collection_is_translated_or_refused_with_reasons() {
         "{} translated, the book says {TRANSLATED_AT_LEAST}",
         translated.len()
     );
+}
+
+#[test]
+fn the_collection_s_sagas_become_per_step_compensation() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/asl-collection");
+    for file in [
+        "saga-pattern-sam_statemachine_statemachine.asl.json",
+        "saga-pattern-cdk_resources_statemachine.asl.json",
+        "saga-pattern-tf_statemachine_statemachine.asl.json",
+    ] {
+        let def: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap();
+        let i = sas_cli::asl::import("saga", &def).unwrap_or_else(|r| panic!("{file}: {r:?}"));
+        let undone: Vec<(String, String)> = i.workflow["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| Some((s["name"].as_str()?.to_owned(), s["compensation"]["name"].as_str()?.to_owned())))
+            .collect();
+        let want = [
+            ("ReserveFlight", "CancelFlightReservation"),
+            ("ReserveCarRental", "CancelRentalReservation"),
+            ("ProcessPayment", "RefundPayment"),
+        ];
+        assert_eq!(undone, want.map(|(a, b)| (a.to_owned(), b.to_owned())).to_vec(), "{file}");
+        let names: Vec<&str> =
+            i.workflow["steps"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+        assert!(!names.contains(&"RefundPayment") && !names.contains(&"Reservation_Failed"), "{file}: {names:?}");
+        assert!(
+            i.notes.iter().any(|n| n.contains("SendingSMSFailure") && n.contains("not run")),
+            "{file}: {:?}",
+            i.notes
+        );
+    }
 }

@@ -95,6 +95,28 @@ pub enum Sym {
     Arr(Vec<Sym>),
     /// The object a path names with members added or replaced (`ResultPath` into it).
     Over(String, Vec<(String, Sym)>),
+    /// One of several values, by the way the task came (a state reached from several states):
+    /// the first whose decision holds.
+    Choose(Vec<(Cond, Sym)>),
+    /// An intrinsic function's value: the call with its paths rewritten, and those paths.
+    Call(String, Vec<String>),
+}
+
+impl Sym {
+    /// One of `ways` (a decision and the value that way), alike values merged.
+    pub fn one_of(ways: Vec<(Cond, Sym)>) -> Sym {
+        let mut out: Vec<(Cond, Sym)> = Vec::new();
+        for (c, v) in ways {
+            match out.iter_mut().find(|(_, x)| *x == v) {
+                Some((oc, _)) => *oc = oc.clone().or(c),
+                None => out.push((c, v)),
+            }
+        }
+        if out.len() == 1 {
+            return out.remove(0).1;
+        }
+        Sym::Choose(out)
+    }
 }
 
 fn with(root: &str, segs: &[Seg]) -> String {
@@ -111,6 +133,13 @@ impl Sym {
     pub fn get(&self, segs: &[Seg]) -> Result<Sym, String> {
         let Some((first, rest)) = segs.split_first() else { return Ok(self.clone()) };
         match (self, first) {
+            (Sym::Call(text, _), _) => Err(format!(
+                "{} reads into the value of {text}, which is known only when the step runs",
+                path_text("$", segs)
+            )),
+            (Sym::Choose(ways), _) => {
+                Ok(Sym::Choose(ways.iter().map(|(c, x)| Ok((c.clone(), x.get(segs)?))).collect::<Result<_, String>>()?))
+            }
             (Sym::Ref(p), _) => Ok(Sym::Ref(with(p, segs))),
             (Sym::Lit(v), _) => {
                 let mut at = v;
@@ -170,8 +199,14 @@ impl Sym {
             Sym::Lit(Value::Object(o)) => {
                 Sym::Obj(o.into_iter().map(|(k, v)| (k, Sym::Lit(v))).collect()).set(segs, value)
             }
+            Sym::Choose(ways) => Ok(Sym::Choose(
+                ways.into_iter().map(|(c, x)| Ok((c, x.set(segs, value.clone())?))).collect::<Result<_, String>>()?,
+            )),
             Sym::Lit(other) => Err(format!("a ResultPath cannot add a member to {other}, which is not an object")),
             Sym::Arr(_) => Err("a ResultPath cannot add a member to an array".into()),
+            Sym::Call(text, _) => {
+                Err(format!("a ResultPath cannot add a member to the value of {text}, known only when the step runs"))
+            }
         }
     }
 
@@ -185,6 +220,8 @@ impl Sym {
             Sym::Obj(m) => Sym::Obj(m.iter().map(|(k, x)| (k.clone(), x.rebased(root))).collect()),
             Sym::Arr(a) => Sym::Arr(a.iter().map(|x| x.rebased(root)).collect()),
             Sym::Over(b, m) => Sym::Over(move_path(b), m.iter().map(|(k, x)| (k.clone(), x.rebased(root))).collect()),
+            Sym::Choose(ways) => Sym::Choose(ways.iter().map(|(c, x)| (c.clone(), x.rebased(root))).collect()),
+            Sym::Call(t, p) => Sym::Call(t.clone(), p.clone()),
         }
     }
 
@@ -204,9 +241,22 @@ impl Sym {
                 Ok(Value::Object(o.clone()))
             }
             Sym::Lit(v) => {
-                Err(format!("the value {v} is a constant that is not an object; a template here is an object"))
+                check_literal(v)?;
+                Ok(serde_json::json!({"*": v}))
             }
-            Sym::Arr(_) => Err("an array built of parts is a template here only inside an object".into()),
+            Sym::Arr(_) => Ok(serde_json::json!({"*": self.nested()?})),
+            Sym::Call(text, _) => Ok(serde_json::json!({"*.$": text})),
+            Sym::Choose(ways) => {
+                let mut list = Vec::new();
+                for (c, x) in ways {
+                    match c {
+                        Cond::False => {}
+                        Cond::True => list.push(serde_json::json!({"value": x.nested()?})),
+                        Cond::When(w) => list.push(serde_json::json!({"when": w, "value": x.nested()?})),
+                    }
+                }
+                Ok(serde_json::json!({"*.choose": list}))
+            }
         }
     }
 
@@ -229,6 +279,8 @@ impl Sym {
             Sym::Obj(m) => m.iter().flat_map(|(_, x)| x.paths()).collect(),
             Sym::Arr(a) => a.iter().flat_map(Sym::paths).collect(),
             Sym::Over(b, m) => std::iter::once(b.as_str()).chain(m.iter().flat_map(|(_, x)| x.paths())).collect(),
+            Sym::Choose(ways) => ways.iter().flat_map(|(_, x)| x.paths()).collect(),
+            Sym::Call(_, paths) => paths.iter().map(String::as_str).collect(),
         }
     }
 }
@@ -245,6 +297,7 @@ fn members(m: &[(String, Sym)]) -> Result<Map<String, Value>, String> {
     for (k, x) in m {
         match x {
             Sym::Ref(p) => o.insert(format!("{k}.$"), Value::String(p.clone())),
+            Sym::Call(text, _) => o.insert(format!("{k}.$"), Value::String(text.clone())),
             other => o.insert(k.clone(), other.nested()?),
         };
     }
@@ -420,8 +473,21 @@ pub fn choice_rule(rule: &Map<String, Value>, doc: &Sym) -> Result<Cond, String>
         }
     }
     let var = doc.get(&parse_path(variable)?)?;
+    compare(variable, op, &key, &operand, var)
+}
+
+/// One comparison of a Choice rule on the value its variable names.
+fn compare(variable: &str, op: &str, key: &str, operand: &Value, var: Sym) -> Result<Cond, String> {
+    if let Sym::Choose(ways) = var {
+        // by the way the task came: that way's decision and the comparison of that way's value
+        let mut out = Cond::False;
+        for (c, v) in ways {
+            out = out.or(c.and(compare(variable, op, key, operand, v)?));
+        }
+        return Ok(out);
+    }
     let mut c = Map::new();
-    c.insert(key, operand.clone());
+    c.insert(key.to_owned(), operand.clone());
     match var {
         Sym::Ref(p) => {
             c.insert("variable".into(), Value::String(p));
@@ -436,8 +502,8 @@ pub fn choice_rule(rule: &Map<String, Value>, doc: &Sym) -> Result<Cond, String>
             Ok(if cond.holds(&Known(value)) { Cond::True } else { Cond::False })
         }
         _ => {
-            if op.as_str() == "IsPresent" {
-                return Ok(if operand == Value::Bool(true) { Cond::True } else { Cond::False });
+            if op == "IsPresent" {
+                return Ok(if *operand == Value::Bool(true) { Cond::True } else { Cond::False });
             }
             Err(format!("Variable {variable}: the value there is built by the state machine (an object or array), which {op} cannot compare"))
         }

@@ -10,6 +10,7 @@
 //! translated exactly is refused, and every difference that remains is said ([`Imported::notes`]).
 
 pub mod data;
+mod saga;
 mod states;
 
 pub use states::{import, Imported, Refusal};

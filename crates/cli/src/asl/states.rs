@@ -77,6 +77,14 @@ pub fn import(name: &str, def: &Value) -> Result<Imported, Vec<Refusal>> {
         after: BTreeSet::new(),
         from_start: true,
     };
+    let saga_states;
+    let states = match super::saga::recognise(states, start) {
+        Some(saga) => {
+            saga_states = cx.take_saga(states, &saga);
+            &saga_states
+        }
+        None => states,
+    };
     let ends = cx.block("", states, start, entry, Scope::Task);
     if !cx.refusals.is_empty() {
         return Err(cx.refusals);
@@ -107,14 +115,12 @@ pub fn import(name: &str, def: &Value) -> Result<Imported, Vec<Refusal>> {
 
 /// The workflow's result from the ends where the state machine succeeds.
 fn result(ends: &[Arrival]) -> Result<Option<Value>, String> {
-    let Some(first) = ends.first() else { return Ok(None) };
-    if ends.iter().any(|e| e.doc != first.doc) {
-        return Err(format!(
-            "the state machine succeeds at {} places with different outputs; a workflow's result is one template (not yet translated)",
-            ends.len()
-        ));
+    if ends.is_empty() {
+        return Ok(None);
     }
-    match &first.doc {
+    // succeeding at several places: the output of the way the task came
+    let doc = Sym::one_of(ends.iter().map(|e| (e.full.clone(), e.doc.clone())).collect());
+    match &doc {
         Sym::Ref(p) if p == "$.input" => Ok(Some(json!({"*.$": "$.input"}))),
         doc => doc.template().map(Some).map_err(|e| format!("the output: {e}")),
     }
@@ -144,6 +150,8 @@ enum Scope {
 
 #[derive(Default)]
 struct Cx {
+    /// A recognised saga's undoing states: forward task → (its undoing state, that state).
+    undo: HashMap<String, (String, Map<String, Value>)>,
     steps: Vec<Value>,
     agents: Map<String, Value>,
     notes: Vec<String>,
@@ -159,6 +167,41 @@ enum To {
 }
 
 impl Cx {
+    /// The states without the saga's chain and the catchers that entered it; the undoing states
+    /// kept to become the compensations of their tasks.
+    fn take_saga(&mut self, states: &Map<String, Value>, saga: &super::saga::Saga) -> Map<String, Value> {
+        let mut out: Map<String, Value> = states
+            .iter()
+            .filter(|(k, _)| !saga.chain.contains(k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (task, i) in &saga.catcher {
+            if let Some(Value::Array(catchers)) = out.get_mut(task).and_then(|t| t.get_mut("Catch")) {
+                catchers.remove(*i);
+                if catchers.is_empty() {
+                    if let Some(t) = out.get_mut(task).and_then(Value::as_object_mut) {
+                        t.remove("Catch");
+                    }
+                }
+            }
+        }
+        for (task, undoing) in &saga.undo {
+            if let Some(Value::Object(st)) = states.get(undoing) {
+                self.undo.insert(task.clone(), (undoing.clone(), st.clone()));
+            }
+            self.notes.push(format!("saga: {task:?} is undone by {undoing:?} (its compensation), run by this project when a later step fails"));
+        }
+        self.notes.push(
+            "saga: a step that fails is not undone itself unless it may have applied (a timeout); the state machine ran its undoing state anyway".into(),
+        );
+        for t in &saga.tail {
+            self.notes.push(format!(
+                "saga: {t:?}, after the undoing, is not run: a task that undid its steps ends Compensated, and that status goes to its reply queue"
+            ));
+        }
+        out
+    }
+
     fn refuse(&mut self, state: &str, field: &str, reason: impl Into<String>) {
         self.refusals.push(Refusal { state: state.into(), field: field.into(), reason: reason.into() });
     }
@@ -292,23 +335,17 @@ impl Cx {
                 from_start: false,
             });
         };
+        let mut ways = vec![(m.full.clone(), m.doc.clone())];
         for a in it {
-            if a.doc != m.doc {
-                self.refuse(
-                    here,
-                    "(input)",
-                    "the state is reached from several states with different data; a step here reads one \
-                     template (not yet translated: give each way its own states, or make the data the same with \
-                     ResultPath/OutputPath)",
-                );
-                return None;
-            }
+            ways.push((a.full.clone(), a.doc.clone()));
             let same_parent = a.after == m.after && a.after.len() <= 1 && a.from_start == m.from_start;
             m.local = if same_parent { m.local.or(a.local) } else { m.full.clone().or(a.full.clone()) };
             m.full = m.full.or(a.full);
             m.after.extend(a.after);
             m.from_start |= a.from_start;
         }
+        // reached with different data: what it reads depends on the way the task came
+        m.doc = Sym::one_of(ways);
         if m.from_start && !m.after.is_empty() {
             self.refuse(
                 here,
@@ -506,18 +543,21 @@ impl Cx {
             None => None,
         };
         let service = Service::of(resource, params.as_ref()).map_err(|e| ("Resource".to_owned(), e))?;
+        if resource.starts_with("${") {
+            self.notes.push(format!(
+                "{here}: Resource {resource} is taken to be a Lambda function's ARN (its variable names the function)"
+            ));
+        }
         let step = self.step_name(name);
         let mut s = step_base(&step, m);
         let callback = resource.ends_with(".waitForTaskToken");
         let (agent, spec, sent, raw) = match service {
             Service::Function { function, qualifier, payload, wrapped } => {
                 let sent = payload.unwrap_or(input.clone());
-                let mut spec = json!({"kind": "lambda", "function": function});
+                // the payload alone for a call; a callback's function always gets the request (the token)
+                let mut spec = json!({"kind": "lambda", "function": function, "payload": "input"});
                 if let Some(q) = qualifier {
                     spec["qualifier"] = json!(q);
-                }
-                if !callback {
-                    spec["payload"] = json!("input");
                 }
                 let raw = if wrapped {
                     Sym::Obj(vec![
@@ -530,18 +570,16 @@ impl Cx {
                 };
                 (agent_name("fn", &function), spec, sent, raw)
             }
-            Service::Queue { queue_url, body } => (
-                agent_name("sqs", &queue_url),
-                json!({"kind": "sqs", "queue_url": queue_url}),
-                body,
-                Sym::Ref("$".into()),
-            ),
-            Service::Topic { topic_arn, message } => (
-                agent_name("sns", &topic_arn),
-                json!({"kind": "sns", "topic_arn": topic_arn}),
-                message,
-                Sym::Ref("$".into()),
-            ),
+            Service::Queue { queue_url, body } => {
+                let spec = json!({"kind": "sqs", "queue_url": queue_url});
+                let raw = Sym::Obj(vec![("MessageId".into(), Sym::Ref("$.message_id".into()))]);
+                (agent_name("sqs", &queue_url), spec, body, raw)
+            }
+            Service::Topic { topic_arn, message } => {
+                let spec = json!({"kind": "sns", "topic_arn": topic_arn});
+                let raw = Sym::Obj(vec![("MessageId".into(), Sym::Ref("$.message_id".into()))]);
+                (agent_name("sns", &topic_arn), spec, message, raw)
+            }
             Service::Bus { bus, source, detail_type, detail } => {
                 let mut spec = json!({"kind": "eventbridge", "bus": bus});
                 if let Some(x) = &source {
@@ -550,8 +588,26 @@ impl Cx {
                 if let Some(x) = &detail_type {
                     spec["detail_type"] = json!(x);
                 }
-                (agent_name("bus", &bus), spec, detail, Sym::Ref("$".into()))
+                let raw = Sym::Obj(vec![
+                    (
+                        "Entries".into(),
+                        Sym::Arr(vec![Sym::Obj(vec![("EventId".into(), Sym::Ref("$.event_id".into()))])]),
+                    ),
+                    ("FailedEntryCount".into(), Sym::Lit(json!(0))),
+                ]);
+                (agent_name("bus", &bus), spec, detail, raw)
             }
+        };
+        // a message sent and not waited for: a call step sending the message alone; a callback's
+        // answer is the worker's output
+        let (agent, spec, raw) = match (spec["kind"].as_str(), callback) {
+            (Some("sqs" | "sns" | "eventbridge"), false) => {
+                let mut spec = spec;
+                spec["payload"] = json!("input");
+                (format!("{agent}.send"), spec, raw)
+            }
+            (Some("sqs" | "sns" | "eventbridge"), true) => (agent, spec, Sym::Ref("$".into())),
+            _ => (agent, spec, raw),
         };
         if let Some(old) = self.agents.get(&agent) {
             if *old != spec {
@@ -636,9 +692,20 @@ impl Cx {
         let result = result.rebased(&out);
         // handled failures
         let (ok, caught) = self.catch(here, st, &step, &mut s)?;
-        self.steps.push(s);
         let doc = result_path(st, m.doc.clone(), result)?;
         let doc = io(st, &doc, "OutputPath")?;
+        if let Some((undoing, state)) = self.undo.remove(name) {
+            // the undoing task reads the data as it was when this step succeeded
+            let at = Arrival { doc: doc.clone(), ..after_step(m, &step, Cond::True) };
+            self.task(&undoing, &undoing, &state, &at, scope, To::End)?;
+            let mut c = self.steps.pop().ok_or(("Catch".to_owned(), "the undoing task".to_owned()))?;
+            if let Some(o) = c.as_object_mut() {
+                o.remove("after");
+                o.remove("when");
+            }
+            s["compensation"] = c;
+        }
+        self.steps.push(s);
         let mut flows = vec![(next, Arrival { doc, ..after_step(m, &step, ok) })];
         for (to, cond, result_path_spec) in caught {
             let error = Sym::Obj(vec![
@@ -815,16 +882,10 @@ impl Cx {
             let Some(ends) = self.block(&format!("{here}/branch {i}/"), states, start, entry, scope) else {
                 return Err((format!("Branches[{i}]"), "(see the refusals inside it)".into()));
             };
-            let Some(first) = ends.first() else {
+            if ends.is_empty() {
                 return Err((format!("Branches[{i}]"), "the branch never succeeds".into()));
-            };
-            if ends.iter().any(|e| e.doc != first.doc) {
-                return Err((
-                    format!("Branches[{i}]"),
-                    "the branch succeeds at several places with different outputs (not yet translated)".into(),
-                ));
             }
-            outputs.push(first.doc.clone());
+            outputs.push(Sym::one_of(ends.iter().map(|e| (e.full.clone(), e.doc.clone())).collect()));
             for e in &ends {
                 if e.after.is_empty() {
                     after.extend(m.after.iter().cloned());
@@ -1094,9 +1155,8 @@ fn template(t: &Value, doc: &Sym, scope: Scope) -> Result<Sym, String> {
 
 /// The value a `.$` key names: a path of the state's input, the context object, or an intrinsic.
 fn reference(p: &str, doc: &Sym, scope: Scope) -> Result<Sym, String> {
-    if p.starts_with("States.") {
-        let f = p.split('(').next().unwrap_or(p);
-        return Err(format!("the intrinsic function {f} is not translated yet"));
+    if sas_core::intrinsic::is_call(p) {
+        return intrinsic(p, doc, scope);
     }
     if let Some(ctx) = p.strip_prefix("$$") {
         return match (ctx, scope) {
@@ -1116,6 +1176,26 @@ fn reference(p: &str, doc: &Sym, scope: Scope) -> Result<Sym, String> {
         };
     }
     doc.get(&parse_path(p)?)
+}
+
+/// An intrinsic function's call, each of its paths read through `doc`: a path of the task, or a
+/// value known at import.
+fn intrinsic(text: &str, doc: &Sym, scope: Scope) -> Result<Sym, String> {
+    use sas_core::intrinsic::{Arg, Call};
+    let paths = std::cell::RefCell::new(Vec::new());
+    let call = Call::parse_with(text, &|p| match reference(p, doc, scope)? {
+        Sym::Ref(task_path) => {
+            paths.borrow_mut().push(task_path.clone());
+            sas_core::condition::DataPath::parse(&task_path).map(Arg::Path)
+        }
+        Sym::Lit(v) if v == json!(TOKEN) => {
+            Err("$$.Task.Token is not an argument here: the token is the request's".into())
+        }
+        Sym::Lit(v) => Ok(Arg::Value(v)),
+        _ => Err(format!("{p} names a value the state machine builds, which an intrinsic function here cannot read")),
+    })
+    .map_err(|e| format!("{text}: {e}"))?;
+    Ok(Sym::Call(call.to_text(), paths.into_inner()))
 }
 
 /// What `$$.Task.Token` stands for while a template is built (left out of what is sent).
@@ -1206,7 +1286,10 @@ impl Service {
             let is_arn = function.starts_with("arn:") && function.split(':').nth(2) == Some("lambda");
             let is_substitution =
                 function.starts_with("${") && function.ends_with('}') && !function[2..].contains("${");
-            if function.contains(":activity:") {
+            // an activity's ARN, or a substitution named for one
+            if function.contains(":activity:")
+                || (is_substitution && function.to_ascii_lowercase().contains("activity"))
+            {
                 return Err("an activity is not translated: a worker of an activity becomes a callback step's worker (answering with the token)".into());
             }
             if !is_arn && !is_substitution {
@@ -1250,10 +1333,7 @@ impl Service {
                 let payload = member(params, "Payload").unwrap_or(Sym::Lit(json!({})));
                 Ok(Service::Function { function, qualifier, payload: Some(payload), wrapped: !callback })
             }
-            "sqs:sendMessage" | "sns:publish" | "events:putEvents" if !callback => Err(format!(
-                "{resource} without .waitForTaskToken (a message sent and not waited for) is not translated: here a queue, topic or bus serves a callback step; \
-                 add .waitForTaskToken and have the consumer answer, or send from a Lambda function"
-            )),
+
             "sqs:sendMessage" => {
                 let queue_url = literal(params, "QueueUrl")?.ok_or("sqs:sendMessage needs Parameters.QueueUrl")?;
                 Ok(Service::Queue { queue_url, body: member(params, "MessageBody").unwrap_or(Sym::Lit(json!({}))) })
@@ -1417,12 +1497,39 @@ mod tests {
         );
         assert!(r[0].field == "TimeoutSeconds" && r[0].reason.contains("callback"), "{r:?}");
         let r = refused(json!({"A": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f",
-                                     "Parameters": {"x.$": "States.Format('{}', $.a)"}, "End": true}}));
-        assert!(r[0].field == "Parameters" && r[0].reason.contains("States.Format"), "{r:?}");
+                                     "Parameters": {"x.$": "States.UUID()"}, "End": true}}));
+        assert!(r[0].field == "Parameters" && r[0].reason.contains("would change"), "{r:?}");
+        // an intrinsic function it can call: its paths rewritten to where the data lives
+        let i = import("x", &json!({"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f",
+            "Parameters": {"x.$": "States.Format('{} items', $.n)", "y.$": "States.ArrayLength($$.Execution.Input.l)"}, "End": true}}}))
+        .unwrap();
+        assert_eq!(
+            i.workflow["steps"][0]["parameters"],
+            json!({"x.$": "States.Format('{} items', $.input.n)", "y.$": "States.ArrayLength($.input.l)"})
+        );
         let r = refused(json!({"A": {"Type": "Map", "ItemReader": {}, "ItemProcessor": {}, "End": true}}));
         assert!(r[0].reason.contains("Distributed Map"), "{r:?}");
         let r = import("x", &json!({"QueryLanguage": "JSONata", "StartAt": "A", "States": {}})).unwrap_err();
         assert_eq!(r[0].field, "QueryLanguage");
+    }
+
+    #[test]
+    fn a_state_reached_two_ways_reads_the_data_of_the_way_taken() {
+        let i = import("x", &json!({"StartAt": "C", "States": {
+            "C": {"Type": "Choice", "Choices": [{"Variable": "$.express", "BooleanEquals": true, "Next": "Courier"}], "Default": "Post"},
+            "Courier": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:courier", "Next": "Label"},
+            "Post": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:post", "Next": "Label"},
+            "Label": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:label", "End": true}
+        }}))
+        .unwrap();
+        loads(&i);
+        let s = steps(&i);
+        assert_eq!(s["Label"]["after"], json!(["Courier", "Post"]));
+        let choose = &s["Label"]["parameters"]["*.choose"];
+        assert_eq!(choose[0]["value"], json!({"*.$": "$.outputs.Courier"}), "{choose}");
+        assert_eq!(choose[0]["when"], json!({"variable": "$.input.express", "boolean_equals": true}));
+        assert_eq!(choose[1]["value"], json!({"*.$": "$.outputs.Post"}));
+        assert_eq!(i.workflow["result"], json!({"*.$": "$.outputs.Label"}));
     }
 
     #[test]
