@@ -226,7 +226,9 @@ pub(super) mod tests {
         assert_eq!(input_body(&call, "sns").unwrap(), "Your order shipped", "a string as it is");
         let cb = req("order-1", A1, true);
         let call = Call { request: &cb, call_no: 1, deadline: cb.complete_by };
-        assert!(matches!(input_body(&call, "sns"), Err(AgentError::Permanent { message }) if message.contains("without the token")));
+        assert!(
+            matches!(input_body(&call, "sns"), Err(AgentError::Permanent { message }) if message.contains("without the token"))
+        );
     }
 
     #[test]

@@ -252,7 +252,12 @@ mod tests {
         assert_eq!((s[0].kind, s[0].callback_only), ("eventbridge", true));
         assert_eq!(s[0].grants, vec![Grant::new("events:PutEvents", "orders", "AgentEventBusArns")]);
         let arn = "arn:aws:events:us-east-1:123456789012:event-bus/orders";
-        let kind = EventBridgeKind { bus: arn.into(), source: None, detail_type: None, payload: super::super::handover::Payload::Request };
+        let kind = EventBridgeKind {
+            bus: arn.into(),
+            source: None,
+            detail_type: None,
+            payload: super::super::handover::Payload::Request,
+        };
         assert_eq!(kind.grants(), vec![Grant::new("events:PutEvents", arn, "AgentEventBusArns")]);
     }
 

@@ -177,7 +177,10 @@ mod tests {
         );
         // no region in the URL: the name
         assert_eq!(r("http://localhost:4566/000000000000/work"), "work");
-        let kind = SqsKind { queue_url: "https://sqs.eu-west-1.amazonaws.com/123456789012/work".into(), payload: super::super::handover::Payload::Request };
+        let kind = SqsKind {
+            queue_url: "https://sqs.eu-west-1.amazonaws.com/123456789012/work".into(),
+            payload: super::super::handover::Payload::Request,
+        };
         assert_eq!(
             kind.grants(),
             vec![Grant::new("sqs:SendMessage", "arn:aws:sqs:eu-west-1:123456789012:work", "AgentQueueArns")]

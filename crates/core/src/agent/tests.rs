@@ -649,3 +649,62 @@ fn a_variable_the_function_has_empty_comes_from_agent_variables() {
     assert_eq!(vars("ORDER_SERVICE_URL").as_deref(), Some("https://from-env"), "a set variable of the function wins");
     assert_eq!(vars("Y"), None);
 }
+
+/// A server that answers one request `{"ok": true}`: what it got (the head, the body).
+async fn record_one() -> (String, tokio::task::JoinHandle<(String, Vec<u8>)>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = s.read(&mut chunk).await.unwrap();
+            buf.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            if let Some(head) = text.find("\r\n\r\n") {
+                let len: usize = text[..head]
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                if buf.len() >= head + 4 + len {
+                    s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\n{\"ok\":true}").await.unwrap();
+                    return (text[..head].to_owned(), buf[head + 4..head + 4 + len].to_vec());
+                }
+            }
+            assert!(n > 0, "connection closed early");
+        }
+    });
+    (format!("http://{addr}"), server)
+}
+
+#[tokio::test]
+async fn an_http_agent_sends_the_input_alone_with_its_method_when_told() {
+    for (method, body_sent) in [("put", true), ("GET", false)] {
+        let (base, server) = record_one().await;
+        let config = format!(
+            r#"{{"agents": {{"h": {{"kind": "http", "url": "{base}/items", "method": "{method}", "payload": "input"}}}}}}"#
+        );
+        let rt = AgentRuntime::from_config(&config, &|_| None).unwrap();
+        let mut r = req(json!({}), 1, 5_000);
+        r.agent = "h".into();
+        r.input = json!({"sku": "a-1"});
+        let out = rt.run(&r).await.unwrap();
+        assert!(matches!(&out.outcome, Outcome::Succeeded { output } if output == &json!({"ok": true})), "{out:?}");
+        let (head, body) = server.await.unwrap();
+        assert!(head.starts_with(&format!("{} /items ", method.to_ascii_uppercase())), "{head}");
+        assert!(head.to_ascii_lowercase().contains("idempotency-key:"), "the key still goes as a header: {head}");
+        if body_sent {
+            assert_eq!(serde_json::from_slice::<Value>(&body).unwrap(), json!({"sku": "a-1"}), "the input alone");
+        } else {
+            assert!(body.is_empty(), "a GET sends no body");
+        }
+    }
+    let bad = r#"{"agents": {"h": {"kind": "http", "url": "http://x/", "method": "TRACE"}}}"#;
+    assert!(
+        matches!(AgentRuntime::from_config(bad, &|_| None), Err(AgentConfigError::Invalid { message, .. }) if message.contains("TRACE"))
+    );
+}

@@ -53,7 +53,7 @@ pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 64 * 1024;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpKind {
-    /// The endpoint every call POSTs to.
+    /// The endpoint every call goes to.
     pub url: String,
     /// SigV4-sign every request for this service (and region).
     #[serde(default)]
@@ -68,6 +68,14 @@ pub struct HttpKind {
     /// What the service means by 409 Conflict (default: the idempotency key is in use).
     #[serde(default)]
     pub conflict: Conflict,
+    /// The HTTP method (default POST): GET, POST, PUT, PATCH or DELETE. A GET or DELETE sends
+    /// no body.
+    #[serde(default)]
+    pub method: Option<String>,
+    /// What the body is: `request` (the default: the request every kind sends) or `input` (the
+    /// step's input alone, its `parameters` filled, as a Step Functions HTTP task's RequestBody).
+    #[serde(default)]
+    pub payload: super::handover::Payload,
 }
 
 /// What a 409 Conflict from the service means.
@@ -146,9 +154,19 @@ impl AgentKind for HttpKind {
         }
         let invalid = |message: String| AgentConfigError::Invalid { agent: name.to_owned(), message };
         let headers = self.secret_headers(&invalid)?;
+        let method = match self.method.as_deref().map(str::to_ascii_uppercase).as_deref() {
+            None | Some("POST") => reqwest::Method::POST,
+            Some("GET") => reqwest::Method::GET,
+            Some("PUT") => reqwest::Method::PUT,
+            Some("PATCH") => reqwest::Method::PATCH,
+            Some("DELETE") => reqwest::Method::DELETE,
+            Some(other) => return Err(invalid(format!("method {other:?} is not GET, POST, PUT, PATCH or DELETE"))),
+        };
         let mut agent = HttpAgent::new(cx.http.clone(), self.url, cx.max_response_bytes)
             .with_callback(cx.callback.clone())
             .with_conflict(self.conflict);
+        agent.method = method;
+        agent.payload = self.payload;
         if let Some(sign) = self.sign {
             if sign.service.trim().is_empty() {
                 return Err(invalid("sign.service is empty".into()));
@@ -202,6 +220,8 @@ impl AgentKind for HttpKind {
 pub struct HttpAgent {
     client: reqwest::Client,
     url: String,
+    method: reqwest::Method,
+    payload: super::handover::Payload,
     max_response_bytes: usize,
     conflict: Conflict,
     callback: CallbackEndpoints,
@@ -225,6 +245,8 @@ impl HttpAgent {
         HttpAgent {
             client,
             url: url.into(),
+            method: reqwest::Method::POST,
+            payload: super::handover::Payload::Request,
             max_response_bytes,
             conflict: Conflict::default(),
             callback: CallbackEndpoints::default(),
@@ -310,7 +332,7 @@ impl HttpAgent {
         }
         let mut builder = self
             .client
-            .post(&self.url)
+            .request(self.method.clone(), &self.url)
             .timeout(Duration::from_millis(left))
             .header(CONTENT_TYPE, "application/json")
             .header("Idempotency-Key", req.idempotency_key.as_str())
@@ -323,7 +345,10 @@ impl HttpAgent {
         for (name, value) in secret {
             builder = builder.header(name.clone(), value.clone());
         }
-        let mut request = builder.body(body.to_vec()).build().map_err(|e| transport_error(&e))?;
+        if !matches!(self.method, reqwest::Method::GET | reqwest::Method::DELETE) {
+            builder = builder.body(body.to_vec());
+        }
+        let mut request = builder.build().map_err(|e| transport_error(&e))?;
         if let Some(signer) = &self.signer {
             signer.sign(&mut request).await?;
         }
@@ -394,7 +419,10 @@ impl HttpAgent {
 impl Agent for HttpAgent {
     fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
         Box::pin(async move {
-            let body = super::handover::request(call.request, call.deadline, &self.callback);
+            let body = match self.payload {
+                super::handover::Payload::Input if call.request.callback.is_none() => call.request.input.clone(),
+                _ => super::handover::request(call.request, call.deadline, &self.callback),
+            };
             let body = serde_json::to_vec(&body).expect("a JSON value serialises");
             let Some(secrets) = &self.secrets else {
                 let resp = self.send(&call, &body, &[]).await?;
