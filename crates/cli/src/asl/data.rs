@@ -271,6 +271,20 @@ impl Sym {
         }
     }
 
+    /// The value, when it is known at import (every part a constant).
+    pub fn constant(&self) -> Option<Value> {
+        match self {
+            Sym::Lit(v) => Some(v.clone()),
+            Sym::Obj(m) => m
+                .iter()
+                .map(|(k, x)| Some((k.clone(), x.constant()?)))
+                .collect::<Option<Map<_, _>>>()
+                .map(Value::Object),
+            Sym::Arr(a) => a.iter().map(Sym::constant).collect::<Option<Vec<_>>>().map(Value::Array),
+            _ => None,
+        }
+    }
+
     /// Every path the value reads.
     pub fn paths(&self) -> Vec<&str> {
         match self {

@@ -597,6 +597,24 @@ impl Cx {
                 ]);
                 (agent_name("bus", &bus), spec, detail, raw)
             }
+            Service::Http { url, method, body } => {
+                let spec = json!({"kind": "http", "url": url, "method": method, "payload": "input"});
+                let raw = Sym::Obj(vec![
+                    ("ResponseBody".into(), Sym::Ref("$".into())),
+                    ("StatusCode".into(), Sym::Lit(json!(200))),
+                    ("StatusText".into(), Sym::Lit(json!("OK"))),
+                ]);
+                self.notes.push(format!(
+                    "{here}: the HTTP task's connection (Authentication) is not translated: give the agent its headers from \
+                     Secrets Manager or SSM, or sign it (see the http kind); a 2xx answer is StatusCode 200 here"
+                ));
+                (
+                    agent_name("http", url.split('?').next().unwrap_or(&url)),
+                    spec,
+                    body.unwrap_or(Sym::Lit(json!({}))),
+                    raw,
+                )
+            }
         };
         // a message sent and not waited for: a call step sending the message alone; a callback's
         // answer is the worker's output
@@ -1257,6 +1275,20 @@ enum Service {
     Queue { queue_url: String, body: Sym },
     Topic { topic_arn: String, message: Sym },
     Bus { bus: String, source: Option<String>, detail_type: Option<String>, detail: Sym },
+    Http { url: String, method: String, body: Option<Sym> },
+}
+
+/// A query string's part, percent-encoded (RFC 3986 unreserved characters kept).
+fn query_escape(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = std::fmt::Write::write_fmt(&mut out, format_args!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// A member of a service's `Parameters` that must be written in the definition.
@@ -1358,7 +1390,36 @@ impl Service {
                     detail: member(Some(entry), "Detail").unwrap_or(Sym::Lit(json!({}))),
                 })
             }
-            "http:invoke" => Err("an HTTP task is not translated yet: call the endpoint from an agent of kind http (see the book)".into()),
+            "http:invoke" if callback => Err("http:invoke.waitForTaskToken is not an integration of Step Functions".into()),
+            "http:invoke" => {
+                let Some(mut url) = literal(params, "ApiEndpoint")? else {
+                    return Err("http:invoke needs Parameters.ApiEndpoint, written in the definition".into());
+                };
+                let method = literal(params, "Method")?.unwrap_or_else(|| "POST".into());
+                for f in ["Headers", "Transform"] {
+                    if member(params, f).is_some() {
+                        return Err(format!(
+                            "http:invoke's {f} is not translated: an http agent sends its own headers (from Secrets Manager or SSM: see the http kind)"
+                        ));
+                    }
+                }
+                match member(params, "QueryParameters").map(|q| q.constant()) {
+                    None => {}
+                    Some(Some(Value::Object(q))) => {
+                        let pairs: Vec<String> = q
+                            .iter()
+                            .map(|(k, v)| {
+                                let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+                                format!("{}={}", query_escape(k), query_escape(&v))
+                            })
+                            .collect();
+                        url.push(if url.contains('?') { '&' } else { '?' });
+                        url.push_str(&pairs.join("&"));
+                    }
+                    Some(_) => return Err("http:invoke's QueryParameters read from the data are not translated: write them in the definition".into()),
+                }
+                Ok(Service::Http { url, method, body: member(params, "RequestBody") })
+            }
             s if s.starts_with("aws-sdk:") => Err(format!(
                 "{resource}: an AWS SDK integration is not translated: call the service from a Lambda function (a lambda agent) or an agent of your own"
             )),
@@ -1511,6 +1572,35 @@ mod tests {
         assert!(r[0].reason.contains("Distributed Map"), "{r:?}");
         let r = import("x", &json!({"QueryLanguage": "JSONata", "StartAt": "A", "States": {}})).unwrap_err();
         assert_eq!(r[0].field, "QueryLanguage");
+    }
+
+    #[test]
+    fn an_http_task_is_an_http_agent_sending_its_request_body() {
+        let i = import(
+            "x",
+            &json!({"StartAt": "Call", "States": {"Call": {"Type": "Task", "Resource": "arn:aws:states:::http:invoke",
+            "Parameters": {"ApiEndpoint": "https://api.example.com/v1/items", "Method": "PUT",
+                           "Authentication": {"ConnectionArn": "arn:aws:events:r:1:connection/c/x"},
+                           "QueryParameters": {"mode": "fast lane"}, "RequestBody": {"sku.$": "$.sku"}},
+            "ResultSelector": {"id.$": "$.ResponseBody.id", "code.$": "$.StatusCode"}, "End": true}}}),
+        )
+        .unwrap();
+        loads(&i);
+        assert_eq!(
+            i.agents["http.items"],
+            json!({"kind": "http", "url": "https://api.example.com/v1/items?mode=fast%20lane", "method": "PUT", "payload": "input"})
+        );
+        let s = steps(&i);
+        assert_eq!(s["Call"]["parameters"], json!({"sku.$": "$.input.sku"}));
+        assert_eq!(s["Call"]["result_selector"], json!({"id.$": "$.id", "code": 200}));
+        assert!(i.notes.iter().any(|n| n.contains("Authentication")), "{:?}", i.notes);
+        let r = import(
+            "x",
+            &json!({"StartAt": "C", "States": {"C": {"Type": "Task", "Resource": "arn:aws:states:::http:invoke",
+            "Parameters": {"ApiEndpoint": "https://a/", "Headers": {"x": "1"}}, "End": true}}}),
+        )
+        .unwrap_err();
+        assert!(r[0].reason.contains("Headers"), "{r:?}");
     }
 
     #[test]
