@@ -347,20 +347,7 @@ impl Cond {
         match (self, other) {
             (Cond::False, _) | (_, Cond::False) => Cond::False,
             (Cond::True, x) | (x, Cond::True) => x,
-            (Cond::When(a), Cond::When(b)) => {
-                let mut parts = Vec::new();
-                for x in [a, b] {
-                    match x {
-                        Value::Object(mut o) if o.len() == 1 && o.contains_key("and") => {
-                            if let Some(Value::Array(xs)) = o.remove("and") {
-                                parts.extend(xs);
-                            }
-                        }
-                        x => parts.push(x),
-                    }
-                }
-                Cond::When(serde_json::json!({"and": parts}))
-            }
+            (Cond::When(a), Cond::When(b)) => Cond::When(joined("and", a, b)),
         }
     }
 
@@ -370,20 +357,7 @@ impl Cond {
             (Cond::True, _) | (_, Cond::True) => Cond::True,
             (Cond::False, x) | (x, Cond::False) => x,
             (Cond::When(a), Cond::When(b)) if a == b => Cond::When(a),
-            (Cond::When(a), Cond::When(b)) => {
-                let mut parts = Vec::new();
-                for x in [a, b] {
-                    match x {
-                        Value::Object(mut o) if o.len() == 1 && o.contains_key("or") => {
-                            if let Some(Value::Array(xs)) = o.remove("or") {
-                                parts.extend(xs);
-                            }
-                        }
-                        x => parts.push(x),
-                    }
-                }
-                Cond::When(serde_json::json!({"or": parts}))
-            }
+            (Cond::When(a), Cond::When(b)) => Cond::When(joined("or", a, b)),
         }
     }
 
@@ -398,6 +372,22 @@ impl Cond {
             Cond::When(x) => Cond::When(serde_json::json!({"not": x})),
         }
     }
+}
+
+/// `a` and `b` joined by `and` or `or`, a join of the same kind flattened into the list.
+fn joined(how: &str, a: Value, b: Value) -> Value {
+    let mut parts = Vec::new();
+    for x in [a, b] {
+        match x {
+            Value::Object(mut o) if o.len() == 1 && o.contains_key(how) => {
+                if let Some(Value::Array(xs)) = o.remove(how) {
+                    parts.extend(xs);
+                }
+            }
+            x => parts.push(x),
+        }
+    }
+    serde_json::json!({ how: parts })
 }
 
 /// The comparison operators of a Choice rule, as this project spells them.

@@ -500,38 +500,9 @@ fn the_request_hands_over_the_token_and_where_to_answer_for_a_callback_step_only
 #[tokio::test]
 async fn the_configured_callback_endpoints_reach_the_http_body_and_unset_ones_are_left_out() {
     // a server that records the body it got
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut buf = Vec::new();
-        let mut chunk = [0u8; 4096];
-        loop {
-            let n = s.read(&mut chunk).await.unwrap();
-            buf.extend_from_slice(&chunk[..n]);
-            let text = String::from_utf8_lossy(&buf);
-            if let Some(head) = text.find("\r\n\r\n") {
-                let len: usize = text[..head]
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())
-                    })
-                    .unwrap_or(0);
-                if buf.len() >= head + 4 + len {
-                    let body: Value = serde_json::from_slice(&buf[head + 4..head + 4 + len]).unwrap();
-                    s.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 17\r\n\r\n{\"accepted\":true}")
-                        .await
-                        .unwrap();
-                    return body;
-                }
-            }
-            assert!(n > 0, "connection closed early");
-        }
-    });
+    let (base, server) = record_one().await;
     let config = r#"{"agents": {"h": {"kind": "http", "url": "${BASE}/ship"}},
                      "callback": {"queue_url": "${CALLBACK_QUEUE_URL}", "url": "${CALLBACK_URL}"}}"#;
-    let base = format!("http://{addr}");
     let vars = |k: &str| match k {
         "BASE" => Some(base.clone()),
         "CALLBACK_QUEUE_URL" => Some("http://localhost:4566/000000000000/cb".to_owned()),
@@ -541,7 +512,7 @@ async fn the_configured_callback_endpoints_reach_the_http_body_and_unset_ones_ar
     let mut r = callback_req(Some(3_000));
     r.agent = "h".into();
     let _ = rt.run(&r).await;
-    let body = server.await.unwrap();
+    let body: Value = serde_json::from_slice(&server.await.unwrap().1).unwrap();
     assert_eq!(
         body["callback"],
         json!({"token": r.callback.as_ref().unwrap().token.expose(), "heartbeat_ms": 3_000, "queue_url": "http://localhost:4566/000000000000/cb"})
