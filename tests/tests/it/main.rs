@@ -11,6 +11,7 @@
 )]
 
 mod approval;
+mod asl_diff;
 mod common;
 mod deliver;
 mod ground;
