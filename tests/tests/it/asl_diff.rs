@@ -762,32 +762,6 @@ const KNOWN_DIFFERENCES: &[Known] = &[
             (out["type"] == "null").then_some(()).ok_or(format!("the next function got {out}"))
         },
     },
-    Known {
-        case: || {
-            case(
-                "map-tolerated",
-                "an inline Map whose ToleratedFailureCount allows one element to fail, one failing",
-                json!({"StartAt": "Each", "States": {
-                    "Each": {"Type": "Map", "ItemsPath": "$.items", "ToleratedFailureCount": 1,
-                             "ItemSelector": {"key.$": "$$.Map.Item.Value.key", "fails.$": "$$.Map.Item.Value.fails"},
-                             "ItemProcessor": {"StartAt": "Try", "States": {"Try": {"Type": "Task", "Resource": "${FlakyFunctionArn}", "End": true}}},
-                             "ResultPath": "$.tried", "End": true}}}),
-                &[json!({"items": [{"key": "${KEY}-a", "fails": 0}, {"key": "${KEY}-b", "fails": 5}]})],
-            )
-        },
-        diagnosis: "ToleratedFailureCount and ToleratedFailurePercentage are failure thresholds of a Distributed Map; an inline \
-         Map (LocalStack's, as the States Language has it) fails at its first failed iteration. The importer \
-         (states.rs, map()) translates them for an inline Map into map.tolerated_failures: the task succeeds, with \
-         null for the failed element",
-        check: |sfn, ours| match (&sfn.end, &ours.end) {
-            (End::Failed { error, .. }, End::Succeeded(out))
-                if error == "CustomError" && out["tried"][1].is_null() && out["tried"][0]["calls"] == 1 =>
-            {
-                Ok(())
-            }
-            _ => Err(format!("expected Step Functions to fail (CustomError) and the task to succeed: {sfn:?} / {ours:?}")),
-        },
-    },
 ];
 
 // ---------------------------------------------------------------------------------------------

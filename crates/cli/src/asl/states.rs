@@ -556,6 +556,11 @@ impl Cx {
                 let sent = payload.unwrap_or(input.clone());
                 // the payload alone for a call; a callback's function always gets the request (the token)
                 let mut spec = json!({"kind": "lambda", "function": function, "payload": "input"});
+                // one agent per function and qualifier
+                let name = match &qualifier {
+                    Some(q) => agent_name("fn", &format!("{function}.{}", q.trim_start_matches('$'))),
+                    None => agent_name("fn", &function),
+                };
                 if let Some(q) = qualifier {
                     spec["qualifier"] = json!(q);
                 }
@@ -568,7 +573,7 @@ impl Cx {
                 } else {
                     Sym::Ref("$".into())
                 };
-                (agent_name("fn", &function), spec, sent, raw)
+                (name, spec, sent, raw)
             }
             Service::Queue { queue_url, body } => {
                 let spec = json!({"kind": "sqs", "queue_url": queue_url});
@@ -936,12 +941,13 @@ impl Cx {
                 "a Map inside a Map is not translated: a map here runs one step per element".into(),
             ));
         }
-        for f in ["ItemReader", "ResultWriter", "ItemBatcher"] {
+        for f in ["ItemReader", "ResultWriter", "ItemBatcher", "ToleratedFailureCount", "ToleratedFailurePercentage"] {
             if st.contains_key(f) {
                 return Err((
                     f.into(),
-                    "a Distributed Map (items read from S3, results written there, batches) is not translated: \
-                     a map here takes at most 10,000 elements from the task's data"
+                    "a Distributed Map (items read from S3, results written there, batches, failure thresholds) is not \
+                     translated: a map here takes at most 10,000 elements from the task's data (its \
+                     map.tolerated_failures can be set by hand: an inline Map fails at its first failed element)"
                         .into(),
                 ));
             }
@@ -1045,13 +1051,7 @@ impl Cx {
         if concurrency == 0 || concurrency > most {
             self.notes.push(format!("{here}: MaxConcurrency {concurrency} is {most} here (a map's most at once)"));
         }
-        if let Some(n) = st.get("ToleratedFailureCount").and_then(Value::as_u64) {
-            spec["tolerated_failures"] = json!(n);
-        } else if let Some(p) = st.get("ToleratedFailurePercentage").and_then(Value::as_f64) {
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 0..=100
-            let p = p.clamp(0.0, 100.0) as u32;
-            spec["tolerated_failures"] = json!(format!("{p}%"));
-        }
+
         s["map"] = spec;
         self.steps.push(s);
         let mut result = Sym::Ref(format!("$.outputs.{step}"));
@@ -1570,6 +1570,8 @@ mod tests {
         );
         let r = refused(json!({"A": {"Type": "Map", "ItemReader": {}, "ItemProcessor": {}, "End": true}}));
         assert!(r[0].reason.contains("Distributed Map"), "{r:?}");
+        let r = refused(json!({"A": {"Type": "Map", "ToleratedFailureCount": 1, "ItemProcessor": {}, "End": true}}));
+        assert!(r[0].field == "ToleratedFailureCount" && r[0].reason.contains("Distributed Map"), "{r:?}");
         let r = import("x", &json!({"QueryLanguage": "JSONata", "StartAt": "A", "States": {}})).unwrap_err();
         assert_eq!(r[0].field, "QueryLanguage");
     }
