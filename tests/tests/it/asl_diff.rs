@@ -1111,13 +1111,22 @@ fn keyed(input: &Value, key: &str) -> Value {
 
 /// Deploy the functions (one bootstrap, `HANDLER` choosing each); their ARNs by variable name.
 async fn deploy_functions(sdk: &aws_config::SdkConfig) -> HashMap<String, String> {
+    deploy(sdk, &FUNCTIONS.map(|(var, handler)| (var, handler, ""))).await
+}
+
+/// Deploy `functions` (variable, `HANDLER`, `OP`); their ARNs by variable name.
+async fn deploy(
+    sdk: &aws_config::SdkConfig,
+    functions: &[(&'static str, &'static str, &'static str)],
+) -> HashMap<String, String> {
     let lambda = aws_sdk_lambda::Client::new(sdk);
     let script = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("functions/asl-calc/bootstrap"))
         .expect("tests/functions/asl-calc/bootstrap");
     let zip = sas_cli::lambda::zip_bootstrap(&script).expect("zipping");
     let suffix = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
-    let deploy = |var: &'static str, handler: &'static str| {
-        let (lambda, zip, name) = (lambda.clone(), zip.clone(), format!("asl-{handler}-{suffix}"));
+    let deploy = |var: &'static str, handler: &'static str, op: &'static str| {
+        let (lambda, zip) = (lambda.clone(), zip.clone());
+        let name = if op.is_empty() { format!("asl-{handler}-{suffix}") } else { format!("asl-{op}-{suffix}") };
         async move {
             let arn = lambda
                 .create_function()
@@ -1127,7 +1136,7 @@ async fn deploy_functions(sdk: &aws_config::SdkConfig) -> HashMap<String, String
                 .role("arn:aws:iam::000000000000:role/asl-calc")
                 .architectures(Architecture::from(sas_cli::lambda::host_architecture()))
                 .timeout(10)
-                .environment(Environment::builder().variables("HANDLER", handler).build())
+                .environment(Environment::builder().variables("HANDLER", handler).variables("OP", op).build())
                 .code(FunctionCode::builder().zip_file(zip.into()).build())
                 .send()
                 .await
@@ -1149,7 +1158,10 @@ async fn deploy_functions(sdk: &aws_config::SdkConfig) -> HashMap<String, String
             (var.to_owned(), arn)
         }
     };
-    futures::future::join_all(FUNCTIONS.iter().map(|(var, handler)| deploy(var, handler))).await.into_iter().collect()
+    futures::future::join_all(functions.iter().map(|(var, handler, op)| deploy(var, handler, op)))
+        .await
+        .into_iter()
+        .collect()
 }
 
 /// The definition as Step Functions takes it: every `${Var}` replaced by its function's ARN.
@@ -1661,4 +1673,110 @@ async fn step_functions_and_the_imported_workflows_agree() {
         }
     }
     assert!(failures.is_empty(), "{} of {} runs differ:\n{}", failures.len(), results.len(), failures.join("\n"));
+}
+
+/// The saga of the collection (`saga-pattern-sam`), booked with functions that keep a ledger, on
+/// Step Functions and translated here: the trip booked, a failure after the payment (every
+/// booking undone once, in reverse order, the same ledger on both), and a failure of the second
+/// reservation (undone too on both: a function's error may have left its effect).
+#[tokio::test]
+async fn the_collection_s_saga_undoes_what_it_applied_once_in_reverse_order() {
+    assert!(std::env::var("AWS_ENDPOINT_URL").is_ok(), "set AWS_ENDPOINT_URL (LocalStack: `source infra/env.sh`)");
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../crates/cli/tests/data/asl-collection/saga-pattern-sam_statemachine_statemachine.asl.json");
+    let def: Value = serde_json::from_str(&std::fs::read_to_string(file).expect("the saga sample")).expect("JSON");
+    let imported = sas_cli::asl::import("saga", &def).expect("the saga translates");
+    let registry = WorkflowRegistry::from_json(&json!({"workflows": [imported.workflow]}).to_string()).expect("loads");
+    let sdk = sas_core::aws::load_sdk_config().await;
+    let ops = [
+        ("reserveFlightFunction", "book", "reserveFlight"),
+        ("reserveCarRentalFunction", "book", "reserveCarRental"),
+        ("processPaymentFunction", "book", "processPayment"),
+        ("confirmFlightFunction", "book", "confirmFlight"),
+        ("confirmCarRentalFunction", "book", "confirmCarRental"),
+        ("refundPaymentFunction", "book", "refundPayment"),
+        ("cancelCarRentalFunction", "book", "cancelCarRental"),
+        ("cancelFlightFunction", "book", "cancelFlight"),
+    ];
+    let (s, mut arns) = tokio::join!(stack_with_settings("asl-saga", registry, relaxed()), deploy(&sdk, &ops));
+    let sns = aws_sdk_sns::Client::new(&sdk);
+    let suffix = uuid::Uuid::new_v4().simple().to_string()[..6].to_owned();
+    let topic = sns
+        .create_topic()
+        .name(format!("asl-saga-{suffix}"))
+        .send()
+        .await
+        .expect("CreateTopic")
+        .topic_arn
+        .expect("ARN");
+    arns.insert("snsTopicArn".into(), topic.clone());
+    let agents_file = sas_cli::asl::agents_file(&imported.agents).to_string();
+    let vars = |k: &str| arns.get(k).cloned();
+    let rt = AgentRuntime::from_config_with(&agents_file, &vars, AwsConfigCell::with(s.sdk.clone())).expect("agents");
+    let runner = s.runner_with(rt);
+    let sfn = aws_sdk_sfn::Client::new(&sdk);
+    let machine = sfn
+        .create_state_machine()
+        .name(format!("asl-saga-{suffix}"))
+        .definition(substituted(&def, &arns))
+        .role_arn("arn:aws:iam::000000000000:role/asl-diff")
+        .send()
+        .await
+        .expect("CreateStateMachine")
+        .state_machine_arn;
+    let ledger = |key: &str| -> Vec<String> {
+        std::fs::read_to_string(format!("/tmp/asl-ledger-{key}"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let booked = ["reserveFlight", "reserveCarRental", "processPayment", "confirmFlight", "confirmCarRental"];
+    let undone_after_payment =
+        ["reserveFlight", "reserveCarRental", "processPayment", "refundPayment", "cancelCarRental", "cancelFlight"];
+    for (fail, sfn_ledger, our_ledger) in [
+        ("", booked.to_vec(), booked.to_vec()),
+        ("confirmFlight", undone_after_payment.to_vec(), undone_after_payment.to_vec()),
+        // a function's error may have left its effect (it is retryable here), so the step that
+        // failed is undone too, as the state machine's catcher does
+        (
+            "reserveCarRental",
+            vec!["reserveFlight", "cancelCarRental", "cancelFlight"],
+            vec!["reserveFlight", "cancelCarRental", "cancelFlight"],
+        ),
+    ] {
+        let (k1, k2) = (format!("saga-sfn-{fail}-{suffix}"), format!("saga-ours-{fail}-{suffix}"));
+        let input = json!({"key": KEY, "fail": fail, "trip": "t-1"});
+        let id = format!("saga-{fail}-{suffix}");
+        let (a, b) =
+            tokio::join!(on_step_functions(&sfn, &machine, &input, &k1), on_this_project(&s, "saga", &input, &k2, &id));
+        assert_eq!(ledger(&k1), sfn_ledger, "Step Functions' ledger, failing {fail:?}: {a:?}");
+        assert_eq!(ledger(&k2), our_ledger, "this project's ledger, failing {fail:?}: {b:?}");
+        match (fail, &a.end, &b.end) {
+            ("", End::Succeeded(_), End::Succeeded(_)) => {}
+            // the state machine ends in its Fail state ("Reservation Failed"); the task's reason
+            // names the refusal that made it undo its steps
+            (f, End::Failed { .. }, End::Failed { error: ours, .. }) if !f.is_empty() => {
+                assert!(ours.contains(&format!("{f} refused")), "the task's reason names the refusal: {ours}");
+            }
+            _ => panic!("failing {fail:?}: Step Functions {a:?}, this project {b:?}"),
+        }
+        let task = s.task(&id).await.expect("the task");
+        if !fail.is_empty() {
+            assert_eq!(task.process_state, ProcessState::Compensated, "{task:?}");
+        }
+        for k in [k1, k2] {
+            let _ = std::fs::remove_file(format!("/tmp/asl-ledger-{k}"));
+        }
+    }
+    runner.shutdown().await;
+    let _ = sfn.delete_state_machine().state_machine_arn(machine).send().await;
+    let _ = sns.delete_topic().topic_arn(topic).send().await;
+    let lambda = aws_sdk_lambda::Client::new(&sdk);
+    for (var, arn) in &arns {
+        if var != "snsTopicArn" {
+            let _ = lambda.delete_function().function_name(arn).send().await;
+        }
+    }
+    s.delete().await;
 }

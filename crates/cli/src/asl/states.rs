@@ -192,7 +192,7 @@ impl Cx {
             self.notes.push(format!("saga: {task:?} is undone by {undoing:?} (its compensation), run by this project when a later step fails"));
         }
         self.notes.push(
-            "saga: a step that fails is not undone itself unless it may have applied (a timeout); the state machine ran its undoing state anyway".into(),
+            "saga: the step that fails is undone itself when it may have applied (a function's error, a timeout), as the state machine's catcher does; not after a PermanentError, which applied nothing".into(),
         );
         for t in &saga.tail {
             self.notes.push(format!(
