@@ -68,10 +68,11 @@ pub fn facts(s: &StepDef) -> Vec<String> {
         StepKind::Callback => {
             lines.push(format!("callback: {} · up to {} · {attempts}", s.agent, duration(s.timeout_ms)));
         }
-        StepKind::Wait => match (&s.wait_ms, &s.wait_until) {
-            (Some(ms), _) => lines.push(format!("wait {}", duration(*ms))),
-            (None, Some(at)) => lines.push(format!("wait until {at}")),
-            (None, None) => lines.push("wait".to_owned()),
+        StepKind::Wait => match (&s.wait_ms, &s.wait_until, &s.wait_for) {
+            (Some(ms), _, _) => lines.push(format!("wait {}", duration(*ms))),
+            (None, Some(at), _) => lines.push(format!("wait until {at}")),
+            (None, None, Some(secs)) => lines.push(format!("wait the seconds at {secs}")),
+            (None, None, None) => lines.push("wait".to_owned()),
         },
         StepKind::Workflow => lines.push(format!(
             "workflow {} v{}",

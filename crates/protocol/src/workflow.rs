@@ -84,8 +84,9 @@ pub enum StepKind {
     /// with the token (succeeded, failed, heartbeat) within `timeout_ms` (up to
     /// [`MAX_LONG_STEP_MS`]) and, when `heartbeat_ms` is set, heartbeats at least that often.
     Callback,
-    /// No agent: the step sleeps for `wait_ms`, or until the instant at `wait_until` (a JSON
-    /// pointer into the unit's input, epoch milliseconds or an RFC 3339 time), and succeeds.
+    /// No agent: the step sleeps for `wait_ms`, for the seconds at `wait_for` (a JSON pointer into
+    /// the unit's input), or until the instant `wait_until` (an RFC 3339 time, or a JSON pointer
+    /// into the unit's input naming epoch milliseconds or an RFC 3339 time), and succeeds.
     Wait,
     /// No agent: the step starts a child task of another workflow (`workflow`, pinned at
     /// `version`), with its `parameters` (or the task's input) as the child's input, and succeeds
@@ -198,10 +199,15 @@ pub struct StepDef {
     /// Wait steps: how long to wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
-    /// Wait steps: a JSON pointer into the unit's input (`/input/remind_at`,
-    /// `/outputs/ship/eta`) naming the instant to wait until.
+    /// Wait steps: the instant to wait until, an RFC 3339 time (`2026-12-24T18:00:00Z`) or a JSON
+    /// pointer into the unit's input (`/input/remind_at`, `/outputs/ship/eta`) naming one (or
+    /// epoch milliseconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_until: Option<String>,
+    /// Wait steps: a JSON pointer into the unit's input (`/input/delay_s`) naming how many seconds
+    /// to wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_for: Option<String>,
     /// How long its request may wait in the agent queue before it starts (schedule-to-start); the
     /// deployment's default when absent. `CompleteBy = claim time + this + timeout_ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -562,6 +568,7 @@ impl StepDef {
             heartbeat_ms: None,
             wait_ms: None,
             wait_until: None,
+            wait_for: None,
             schedule_to_start_ms: None,
             max_attempts: 3,
             backoff: Backoff::default(),
@@ -589,6 +596,11 @@ impl StepDef {
         }
     }
 
+    /// It says how long or until when to wait (a wait step's fields).
+    fn waits(&self) -> bool {
+        self.wait_ms.is_some() || self.wait_until.is_some() || self.wait_for.is_some()
+    }
+
     /// What each kind needs, and nothing another kind needs.
     fn validate_kind(&self) -> Result<(), String> {
         let needs_agent = |agent: &str| if agent.is_empty() { Err("agent is empty".to_owned()) } else { Ok(()) };
@@ -598,8 +610,10 @@ impl StepDef {
                 if self.timeout_ms == 0 || self.timeout_ms > MAX_STEP_TIMEOUT_MS {
                     return Err(format!("timeout_ms {} is outside 1..={MAX_STEP_TIMEOUT_MS}", self.timeout_ms));
                 }
-                if self.heartbeat_ms.is_some() || self.wait_ms.is_some() || self.wait_until.is_some() {
-                    return Err("heartbeat_ms, wait_ms and wait_until belong to callback and wait steps".into());
+                if self.heartbeat_ms.is_some() || self.waits() {
+                    return Err(
+                        "heartbeat_ms, wait_ms, wait_until and wait_for belong to callback and wait steps".into()
+                    );
                 }
             }
             StepKind::Callback => {
@@ -618,20 +632,16 @@ impl StepDef {
                         ));
                     }
                 }
-                if self.wait_ms.is_some() || self.wait_until.is_some() {
-                    return Err("wait_ms and wait_until belong to wait steps".into());
+                if self.waits() {
+                    return Err("wait_ms, wait_until and wait_for belong to wait steps".into());
                 }
             }
             StepKind::Workflow => {
                 if self.workflow.is_none() || self.version.is_none() {
                     return Err("a workflow step names the workflow and the version it runs (workflow, version)".into());
                 }
-                if !self.agent.is_empty()
-                    || self.heartbeat_ms.is_some()
-                    || self.wait_ms.is_some()
-                    || self.wait_until.is_some()
-                {
-                    return Err("a workflow step has no agent, heartbeat_ms, wait_ms or wait_until".into());
+                if !self.agent.is_empty() || self.heartbeat_ms.is_some() || self.waits() {
+                    return Err("a workflow step has no agent, heartbeat_ms, wait_ms, wait_until or wait_for".into());
                 }
                 if self.timeout_ms > MAX_LONG_STEP_MS {
                     return Err(format!("timeout_ms {} is over {MAX_LONG_STEP_MS} (366 days)", self.timeout_ms));
@@ -651,12 +661,18 @@ impl StepDef {
                 if self.compensation.is_some() {
                     return Err("a wait step has nothing to undo: it takes no compensation".into());
                 }
-                match (self.wait_ms, &self.wait_until) {
-                    (Some(ms), None) if ms <= MAX_LONG_STEP_MS => {}
-                    (Some(ms), None) => return Err(format!("wait_ms {ms} is over {MAX_LONG_STEP_MS} (366 days)")),
-                    (None, Some(p)) if p.starts_with('/') => {}
-                    (None, Some(p)) => return Err(format!("wait_until {p:?} must be a JSON pointer (/input/...)")),
-                    _ => return Err("a wait step needs exactly one of wait_ms and wait_until".into()),
+                match (self.wait_ms, &self.wait_until, &self.wait_for) {
+                    (Some(ms), None, None) if ms <= MAX_LONG_STEP_MS => {}
+                    (Some(ms), None, None) => return Err(format!("wait_ms {ms} is over {MAX_LONG_STEP_MS} (366 days)")),
+                    (None, Some(p), None) if p.starts_with('/') || crate::protocol::rfc3339_millis(p).is_some() => {}
+                    (None, Some(p), None) => {
+                        return Err(format!(
+                            "wait_until {p:?} must be a JSON pointer (/input/...) or an RFC 3339 time (2026-12-24T18:00:00Z)"
+                        ))
+                    }
+                    (None, None, Some(p)) if p.starts_with('/') => {}
+                    (None, None, Some(p)) => return Err(format!("wait_for {p:?} must be a JSON pointer (/input/...)")),
+                    _ => return Err("a wait step needs exactly one of wait_ms, wait_until and wait_for".into()),
                 }
             }
         }

@@ -469,16 +469,22 @@ impl Cx {
                 }
                 Err(e) => return Err(("TimestampPath".into(), e)),
             }
-        } else if st.contains_key("SecondsPath") {
-            return Err((
-                "SecondsPath".into(),
-                "a wait of a number of seconds read from the data is not translated: wait until a time (TimestampPath), or a fixed Seconds".into(),
-            ));
-        } else if st.contains_key("Timestamp") {
-            return Err((
-                "Timestamp".into(),
-                "a wait until a time written in the definition is not translated: put the time in the input and use TimestampPath".into(),
-            ));
+        } else if let Some(p) = st.get("SecondsPath").and_then(Value::as_str) {
+            match input.get(&parse_path(p).map_err(|e| ("SecondsPath".to_owned(), e))?) {
+                Ok(Sym::Ref(path)) => s["wait_for"] = json!(pointer(&path)),
+                Ok(Sym::Lit(Value::Number(n))) if n.as_u64().is_some() => {
+                    s["wait_ms"] = json!(n.as_u64().unwrap_or(0) * 1000);
+                }
+                Ok(_) => {
+                    return Err((
+                        "SecondsPath".into(),
+                        "the seconds are built by the state machine; a wait here reads them from the task".into(),
+                    ))
+                }
+                Err(e) => return Err(("SecondsPath".into(), e)),
+            }
+        } else if let Some(t) = st.get("Timestamp").and_then(Value::as_str) {
+            s["wait_until"] = json!(t);
         } else {
             return Err((
                 "Seconds".into(),
@@ -1603,6 +1609,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(r[0].reason.contains("Headers"), "{r:?}");
+    }
+
+    #[test]
+    fn waits_of_seconds_read_from_the_data_and_of_a_written_time_are_wait_steps() {
+        let i = import(
+            "x",
+            &json!({"StartAt": "A", "States": {
+            "A": {"Type": "Wait", "SecondsPath": "$.delay", "Next": "B"},
+            "B": {"Type": "Wait", "Timestamp": "2026-12-24T18:00:00Z", "End": true}}}),
+        )
+        .unwrap();
+        loads(&i);
+        let s = steps(&i);
+        assert_eq!((s["A"]["kind"].clone(), s["A"]["wait_for"].clone()), (json!("wait"), json!("/input/delay")));
+        assert_eq!(s["B"]["wait_until"], "2026-12-24T18:00:00Z");
     }
 
     #[test]

@@ -220,7 +220,7 @@ pub(super) mod tests {
     fn the_input_alone_goes_for_a_call_step_and_is_refused_for_a_callback_step() {
         let mut r = req("order-1", A1, false);
         let call = Call { request: &r, call_no: 1, deadline: r.complete_by };
-        assert_eq!(input_body(&call, "sns").unwrap(), r#"{"order":"o-1"}"#);
+        assert_eq!(input_body(&call, "sns").unwrap(), r.input.to_string(), "the input alone, as JSON");
         r.input = json!("Your order shipped");
         let call = Call { request: &r, call_no: 1, deadline: r.complete_by };
         assert_eq!(input_body(&call, "sns").unwrap(), "Your order shipped", "a string as it is");

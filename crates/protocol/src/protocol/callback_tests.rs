@@ -370,3 +370,28 @@ fn a_wait_until_reads_its_instant_from_the_task_and_refuses_one_it_cannot_read()
         assert!(t.task.reason.as_deref().unwrap().contains("wait_until"), "{bad}: {:?}", t.task.reason);
     }
 }
+
+#[test]
+fn a_wait_for_reads_its_seconds_from_the_task_and_a_wait_until_may_be_written_as_a_time() {
+    let for_ = || {
+        let pause = StepDef { wait_for: Some("/input/delay_s".into()), ..wait("pause", None, None) };
+        flow(vec![pause, call("remind", None)])
+    };
+    let t = start(for_(), json!({"delay_s": 30}));
+    let slept = t.task.complete_by.unwrap().0 - 1_000; // submitted at 1,000
+    assert_eq!(slept, 30_000, "{:?}", t.task.complete_by);
+    let t = start(for_(), json!({"delay_s": 1.5}));
+    assert_eq!(t.task.complete_by.unwrap().0 - 1_000, 1_500);
+    for bad in [json!({}), json!({"delay_s": "soon"}), json!({"delay_s": -1}), json!({"delay_s": 1e12})] {
+        let t = start(for_(), bad.clone());
+        assert_eq!(t.task.process_state, ProcessState::Compensated, "{bad}: fails for good with nothing to undo");
+        assert!(t.task.reason.as_deref().unwrap().contains("wait_for"), "{bad}: {:?}", t.task.reason);
+    }
+    let until = flow(vec![wait("until", None, Some("1970-01-01T00:01:40Z")), call("remind", None)]);
+    assert_eq!(start(until, json!({})).task.complete_by, Some(Millis(100_000)), "a time written in the workflow");
+    let bad = WorkflowDef { steps: vec![wait("until", None, Some("tomorrow"))], ..flow(vec![call("x", None)]) };
+    assert!(bad.validate().unwrap_err().to_string().contains("RFC 3339"));
+    let both = StepDef { wait_for: Some("/input/d".into()), ..wait("w", Some(5), None) };
+    let two = WorkflowDef { steps: vec![both], ..flow(vec![call("x", None)]) };
+    assert!(two.validate().unwrap_err().to_string().contains("exactly one"));
+}

@@ -898,14 +898,45 @@ fn awaited(task: &Task, attempt: &AttemptToken) -> bool {
     task.is_compensating() && task.locked_by.is_none() && task.awaits.as_ref() == Some(attempt)
 }
 
-/// When a wait unit wakes: after `wait_ms`, or at the instant its `wait_until` pointer names in
-/// the unit's input (epoch milliseconds, or an RFC 3339 time). `Err`: why it cannot wait.
+/// [`MAX_LONG_STEP_MS`] in seconds (366 days), exact as an `f64`.
+const MOST_WAIT_S: f64 = 31_622_400.0;
+
+/// When a wait unit wakes: after `wait_ms`, after the seconds its `wait_for` pointer names, or
+/// at the instant `wait_until` (an RFC 3339 time, or a pointer naming one or epoch milliseconds)
+/// in the unit's input. `Err`: why it cannot wait.
 fn wake_time(task: &Task, def: &StepDef, now: Millis) -> Result<Millis, String> {
     if let Some(ms) = def.wait_ms {
         return Ok(now.plus_ms(ms));
     }
-    let pointer = def.wait_until.as_deref().unwrap_or_default();
     let input = task.unit_input();
+    if let Some(pointer) = def.wait_for.as_deref() {
+        let secs = match input.pointer(pointer) {
+            None => return Err(format!("wait_for {pointer} names nothing in the task")),
+            Some(Value::Number(n)) => n.as_f64().filter(|s| *s >= 0.0),
+            Some(_) => None,
+        };
+        let secs = secs.ok_or_else(|| {
+            format!(
+                "wait_for {pointer} is {}, not a number of seconds",
+                crate::ids::clip(&input.pointer(pointer).map_or_else(String::new, Value::to_string), 40)
+            )
+        })?;
+        if secs > MOST_WAIT_S {
+            return Err(format!("wait_for {pointer} is more than 366 days"));
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 0 <= secs <= 366 days
+        let ms = (secs * 1000.0).round() as u64;
+        return Ok(now.plus_ms(ms));
+    }
+    let pointer = def.wait_until.as_deref().unwrap_or_default();
+    if !pointer.starts_with('/') {
+        // a time written in the workflow
+        let at = rfc3339_millis(pointer).ok_or_else(|| format!("wait_until {pointer:?} is not an RFC 3339 time"))?;
+        if now.until(Millis(at)) > MAX_LONG_STEP_MS {
+            return Err(format!("wait_until {pointer} is more than 366 days ahead"));
+        }
+        return Ok(Millis(at).max(now));
+    }
     let at = match input.pointer(pointer) {
         None => return Err(format!("wait_until {pointer} names nothing in the task")),
         Some(Value::Number(n)) => {
@@ -929,7 +960,7 @@ fn wake_time(task: &Task, def: &StepDef, now: Millis) -> Result<Millis, String> 
 
 /// An RFC 3339 date-time in UTC (`Z`, `T` between date and time, fractions allowed) as epoch
 /// milliseconds (0 for a time before 1970); `None` for anything else.
-fn rfc3339_millis(t: &str) -> Option<u64> {
+pub(crate) fn rfc3339_millis(t: &str) -> Option<u64> {
     if !t.ends_with('Z') || (t.len() > 10 && !matches!(t.as_bytes()[10], b'T' | b't')) {
         return None;
     }
