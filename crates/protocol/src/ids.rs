@@ -315,6 +315,16 @@ pub fn check_name(what: &'static str, s: &str) -> Result<(), IdError> {
     check_token_chars(what, s, 64)
 }
 
+/// An RFC 3339 date-time in UTC (`Z`, `T` between date and time, fractions allowed) as epoch
+/// milliseconds (0 for a time before 1970); `None` for anything else.
+pub(crate) fn rfc3339_millis(t: &str) -> Option<u64> {
+    if !t.ends_with('Z') || (t.len() > 10 && !matches!(t.as_bytes()[10], b'T' | b't')) {
+        return None;
+    }
+    let d = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
+    Some(u64::try_from(d.unix_timestamp_nanos() / 1_000_000).unwrap_or(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

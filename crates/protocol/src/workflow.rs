@@ -664,7 +664,7 @@ impl StepDef {
                 match (self.wait_ms, &self.wait_until, &self.wait_for) {
                     (Some(ms), None, None) if ms <= MAX_LONG_STEP_MS => {}
                     (Some(ms), None, None) => return Err(format!("wait_ms {ms} is over {MAX_LONG_STEP_MS} (366 days)")),
-                    (None, Some(p), None) if p.starts_with('/') || crate::protocol::rfc3339_millis(p).is_some() => {}
+                    (None, Some(p), None) if p.starts_with('/') || crate::ids::rfc3339_millis(p).is_some() => {}
                     (None, Some(p), None) => {
                         return Err(format!(
                             "wait_until {p:?} must be a JSON pointer (/input/...) or an RFC 3339 time (2026-12-24T18:00:00Z)"

@@ -931,7 +931,8 @@ fn wake_time(task: &Task, def: &StepDef, now: Millis) -> Result<Millis, String> 
     let pointer = def.wait_until.as_deref().unwrap_or_default();
     if !pointer.starts_with('/') {
         // a time written in the workflow
-        let at = rfc3339_millis(pointer).ok_or_else(|| format!("wait_until {pointer:?} is not an RFC 3339 time"))?;
+        let at = crate::ids::rfc3339_millis(pointer)
+            .ok_or_else(|| format!("wait_until {pointer:?} is not an RFC 3339 time"))?;
         if now.until(Millis(at)) > MAX_LONG_STEP_MS {
             return Err(format!("wait_until {pointer} is more than 366 days ahead"));
         }
@@ -943,7 +944,7 @@ fn wake_time(task: &Task, def: &StepDef, now: Millis) -> Result<Millis, String> 
             n.as_u64().map(Millis).ok_or_else(|| format!("wait_until {pointer} is {n}, not epoch milliseconds"))?
         }
         Some(Value::String(t)) => {
-            let at = rfc3339_millis(t).ok_or_else(|| {
+            let at = crate::ids::rfc3339_millis(t).ok_or_else(|| {
                 format!("wait_until {pointer} is {:?}, not an RFC 3339 time", crate::ids::clip(t, 40))
             })?;
             Millis(at)
@@ -956,16 +957,6 @@ fn wake_time(task: &Task, def: &StepDef, now: Millis) -> Result<Millis, String> 
         return Err(format!("wait_until {pointer} is more than 366 days ahead"));
     }
     Ok(at)
-}
-
-/// An RFC 3339 date-time in UTC (`Z`, `T` between date and time, fractions allowed) as epoch
-/// milliseconds (0 for a time before 1970); `None` for anything else.
-pub(crate) fn rfc3339_millis(t: &str) -> Option<u64> {
-    if !t.ends_with('Z') || (t.len() > 10 && !matches!(t.as_bytes()[10], b'T' | b't')) {
-        return None;
-    }
-    let d = time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()?;
-    Some(u64::try_from(d.unix_timestamp_nanos() / 1_000_000).unwrap_or(0))
 }
 
 /// Why forward step `i` is skipped, decided once the steps it waits for are done: every step it
