@@ -45,7 +45,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use aws_sdk_lambda::types::{Architecture, Environment, FunctionCode, Runtime, State};
 use aws_sdk_sfn::types::ExecutionStatus;
 use futures::StreamExt;
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
@@ -1128,33 +1127,8 @@ async fn deploy(
         let (lambda, zip) = (lambda.clone(), zip.clone());
         let name = if op.is_empty() { format!("asl-{handler}-{suffix}") } else { format!("asl-{op}-{suffix}") };
         async move {
-            let arn = lambda
-                .create_function()
-                .function_name(&name)
-                .runtime(Runtime::Providedal2023)
-                .handler("bootstrap")
-                .role("arn:aws:iam::000000000000:role/asl-calc")
-                .architectures(Architecture::from(sas_cli::lambda::host_architecture()))
-                .timeout(10)
-                .environment(Environment::builder().variables("HANDLER", handler).variables("OP", op).build())
-                .code(FunctionCode::builder().zip_file(zip.into()).build())
-                .send()
-                .await
-                .expect("CreateFunction")
-                .function_arn
-                .expect("a function ARN");
-            let started = Instant::now();
-            loop {
-                let f = lambda.get_function().function_name(&name).send().await.expect("GetFunction");
-                match f.configuration().and_then(|c| c.state().cloned()) {
-                    Some(State::Active) => break,
-                    Some(State::Failed) => panic!("function {name} failed: {:?}", f.configuration()),
-                    _ => {
-                        assert!(started.elapsed() < Duration::from_mins(1), "function {name} never became Active");
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                    }
-                }
-            }
+            let arn =
+                crate::lambda_agent::create_function(&lambda, &name, &zip, &[("HANDLER", handler), ("OP", op)]).await;
             (var.to_owned(), arn)
         }
     };

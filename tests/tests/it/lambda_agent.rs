@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use aws_sdk_lambda::types::{Architecture, FunctionCode, Runtime, State};
+use aws_sdk_lambda::types::{Architecture, Environment, FunctionCode, Runtime, State};
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
 use sas_core::ids::{Millis, TaskId};
 use sas_core::messages::{AgentRequest, Outcome};
@@ -20,23 +20,35 @@ pub async fn deploy_test_function(sdk: &aws_config::SdkConfig, label: &str) -> S
     let name = format!("byow-{label}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     let script = std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("functions/byow-orders/bootstrap"))
         .expect("tests/functions/byow-orders/bootstrap");
-    lambda
+    create_function(&lambda, &name, &sas_cli::lambda::zip_bootstrap(&script).expect("zipping"), &[]).await;
+    name
+}
+
+/// Create a custom-runtime function (`zip`: its bootstrap zipped) with `env`, and wait until it
+/// is Active; its ARN.
+pub async fn create_function(lambda: &aws_sdk_lambda::Client, name: &str, zip: &[u8], env: &[(&str, &str)]) -> String {
+    let mut vars = Environment::builder();
+    for (k, v) in env {
+        vars = vars.variables(*k, *v);
+    }
+    let arn = lambda
         .create_function()
-        .function_name(&name)
+        .function_name(name)
         .runtime(Runtime::Providedal2023)
         .handler("bootstrap")
-        .role("arn:aws:iam::000000000000:role/byow-orders")
+        .role("arn:aws:iam::000000000000:role/tests")
         .architectures(Architecture::from(sas_cli::lambda::host_architecture()))
         .timeout(10)
-        .code(
-            FunctionCode::builder().zip_file(sas_cli::lambda::zip_bootstrap(&script).expect("zipping").into()).build(),
-        )
+        .environment(vars.build())
+        .code(FunctionCode::builder().zip_file(zip.to_vec().into()).build())
         .send()
         .await
-        .expect("CreateFunction");
+        .expect("CreateFunction")
+        .function_arn
+        .expect("a function ARN");
     let started = Instant::now();
     loop {
-        let f = lambda.get_function().function_name(&name).send().await.expect("GetFunction");
+        let f = lambda.get_function().function_name(name).send().await.expect("GetFunction");
         match f.configuration().and_then(|c| c.state().cloned()) {
             Some(State::Active) => break,
             Some(State::Failed) => panic!("function {name} failed: {:?}", f.configuration()),
@@ -46,7 +58,7 @@ pub async fn deploy_test_function(sdk: &aws_config::SdkConfig, label: &str) -> S
             }
         }
     }
-    name
+    arn
 }
 
 fn request(task: &str, agent: &str, fn_input: Value, callback: bool) -> AgentRequest {

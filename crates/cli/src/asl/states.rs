@@ -458,31 +458,12 @@ impl Cx {
             let secs =
                 secs.as_u64().ok_or(("Seconds".to_owned(), format!("{secs} is not a whole number of seconds")))?;
             s["wait_ms"] = json!(secs * 1000);
-        } else if let Some(p) = st.get("TimestampPath").and_then(Value::as_str) {
-            match input.get(&parse_path(p).map_err(|e| ("TimestampPath".to_owned(), e))?) {
-                Ok(Sym::Ref(path)) => s["wait_until"] = json!(pointer(&path)),
-                Ok(_) => {
-                    return Err((
-                        "TimestampPath".into(),
-                        "the time there is built by the state machine; a wait here reads it from the task".into(),
-                    ))
-                }
-                Err(e) => return Err(("TimestampPath".into(), e)),
-            }
-        } else if let Some(p) = st.get("SecondsPath").and_then(Value::as_str) {
-            match input.get(&parse_path(p).map_err(|e| ("SecondsPath".to_owned(), e))?) {
-                Ok(Sym::Ref(path)) => s["wait_for"] = json!(pointer(&path)),
-                Ok(Sym::Lit(Value::Number(n))) if n.as_u64().is_some() => {
-                    s["wait_ms"] = json!(n.as_u64().unwrap_or(0) * 1000);
-                }
-                Ok(_) => {
-                    return Err((
-                        "SecondsPath".into(),
-                        "the seconds are built by the state machine; a wait here reads them from the task".into(),
-                    ))
-                }
-                Err(e) => return Err(("SecondsPath".into(), e)),
-            }
+        } else if let Some(at) = read(st, &input, "TimestampPath", "the time")? {
+            s["wait_until"] = json!(at);
+        } else if let Some(secs) = constant_seconds(st, &input) {
+            s["wait_ms"] = json!(secs * 1000);
+        } else if let Some(secs) = read(st, &input, "SecondsPath", "the seconds")? {
+            s["wait_for"] = json!(secs);
         } else if let Some(t) = st.get("Timestamp").and_then(Value::as_str) {
             s["wait_until"] = json!(t);
         } else {
@@ -1245,6 +1226,29 @@ fn without_token(s: Sym) -> (Sym, bool) {
             (Sym::Obj(kept), dropped)
         }
         other => (other, false),
+    }
+}
+
+/// A `SecondsPath` that names a whole number known at import (a `Pass` state's `Result`).
+fn constant_seconds(st: &Map<String, Value>, input: &Sym) -> Option<u64> {
+    let path = parse_path(st.get("SecondsPath")?.as_str()?).ok()?;
+    match input.get(&path).ok()? {
+        Sym::Lit(Value::Number(n)) => n.as_u64(),
+        _ => None,
+    }
+}
+
+/// The JSON pointer into the task that a state's `field` (a path of its input) names, if it has
+/// the field; refused when the value there is built by the state machine (`what`: what it is).
+fn read(st: &Map<String, Value>, input: &Sym, field: &str, what: &str) -> Result<Option<String>, (String, String)> {
+    let Some(p) = st.get(field).and_then(Value::as_str) else { return Ok(None) };
+    match input.get(&parse_path(p).map_err(|e| (field.to_owned(), e))?) {
+        Ok(Sym::Ref(path)) => Ok(Some(pointer(&path))),
+        Ok(_) => Err((
+            field.to_owned(),
+            format!("{what} there is built by the state machine; a wait here reads it from the task"),
+        )),
+        Err(e) => Err((field.to_owned(), e)),
     }
 }
 
