@@ -1225,9 +1225,21 @@ async fn on_step_functions(sfn: &aws_sdk_sfn::Client, machine: &str, input: &Val
 
 /// The same input as a task of the imported workflow: how it ended, and the steps that ran.
 async fn on_this_project(s: &Stack, workflow: &str, input: &Value, key: &str, id: &str) -> Observed {
+    on_this_project_within(s, workflow, input, key, id, Duration::from_mins(2)).await
+}
+
+/// [`on_this_project`], waiting at most `wait` for the task to end.
+async fn on_this_project_within(
+    s: &Stack,
+    workflow: &str,
+    input: &Value,
+    key: &str,
+    id: &str,
+    wait: Duration,
+) -> Observed {
     let body = json!({"v": 1, "task_id": id, "workflow": workflow, "input": keyed(input, key)});
     s.send(&s.res.submission_queue_url, &body.to_string()).await;
-    let deadline = Instant::now() + Duration::from_mins(2);
+    let deadline = Instant::now() + wait;
     let task: Option<Task> = loop {
         let t = s.task(id).await;
         if t.as_ref().is_some_and(|t| t.process_state.is_terminal()) || Instant::now() > deadline {
@@ -1243,7 +1255,12 @@ async fn on_this_project(s: &Stack, workflow: &str, input: &Value, key: &str, id
             End::Succeeded(serde_json::from_str(&unkeyed(&result.to_string(), key)).expect("JSON"))
         }
         ProcessState::Compensated | ProcessState::Error => End::Failed { error: reason, cause: String::new() },
-        other => End::Other(format!("{other:?}: {reason}")),
+        other => {
+            // not ended in time: say where it stands, so that a failure tells what was waited for
+            let steps: Vec<String> =
+                t.steps.iter().map(|st| format!("{} {:?} attempts {}", st.name, st.status, st.attempts)).collect();
+            End::Other(format!("{other:?} (rev {}; {}): {reason}", t.rev, steps.join(", ")))
+        }
     };
     let mut ran = BTreeSet::new();
     steps_that_ran(s, &t, &mut ran).await;
@@ -1658,7 +1675,15 @@ async fn the_collection_s_saga_undoes_what_it_applied_once_in_reverse_order() {
     assert!(std::env::var("AWS_ENDPOINT_URL").is_ok(), "set AWS_ENDPOINT_URL (LocalStack: `source infra/env.sh`)");
     let file = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../crates/cli/tests/data/asl-collection/saga-pattern-sam_statemachine_statemachine.asl.json");
-    let def: Value = serde_json::from_str(&std::fs::read_to_string(file).expect("the saga sample")).expect("JSON");
+    let mut def: Value = serde_json::from_str(&std::fs::read_to_string(file).expect("the saga sample")).expect("JSON");
+    // The sample's tasks have no TimeoutSeconds (a call step then gets 60 s here). The functions
+    // time out after 10 s: with 20 s, a lost or hung invoke is retried sooner, and the undoing of
+    // a failed step, which waits until its attempt can no longer apply, waits 20 s, not 60.
+    for state in def["States"].as_object_mut().expect("States").values_mut() {
+        if state["Type"] == "Task" {
+            state["TimeoutSeconds"] = json!(20);
+        }
+    }
     let imported = sas_cli::asl::import("saga", &def).expect("the saga translates");
     let registry = WorkflowRegistry::from_json(&json!({"workflows": [imported.workflow]}).to_string()).expect("loads");
     let sdk = sas_core::aws::load_sdk_config().await;
@@ -1708,7 +1733,7 @@ async fn the_collection_s_saga_undoes_what_it_applied_once_in_reverse_order() {
     let booked = ["reserveFlight", "reserveCarRental", "processPayment", "confirmFlight", "confirmCarRental"];
     let undone_after_payment =
         ["reserveFlight", "reserveCarRental", "processPayment", "refundPayment", "cancelCarRental", "cancelFlight"];
-    for (fail, sfn_ledger, our_ledger) in [
+    let cases = [
         ("", booked.to_vec(), booked.to_vec()),
         ("confirmFlight", undone_after_payment.to_vec(), undone_after_payment.to_vec()),
         // a function's error may have left its effect (it is retryable here), so the step that
@@ -1718,12 +1743,24 @@ async fn the_collection_s_saga_undoes_what_it_applied_once_in_reverse_order() {
             vec!["reserveFlight", "cancelCarRental", "cancelFlight"],
             vec!["reserveFlight", "cancelCarRental", "cancelFlight"],
         ),
-    ] {
-        let (k1, k2) = (format!("saga-sfn-{fail}-{suffix}"), format!("saga-ours-{fail}-{suffix}"));
-        let input = json!({"key": KEY, "fail": fail, "trip": "t-1"});
-        let id = format!("saga-{fail}-{suffix}");
-        let (a, b) =
-            tokio::join!(on_step_functions(&sfn, &machine, &input, &k1), on_this_project(&s, "saga", &input, &k2, &id));
+    ];
+    // the three cases run at once (each keeps its own ledgers); a task is waited for 3 minutes,
+    // time enough for a lost or hung call to be found out and retried
+    let run = |fail: &'static str| {
+        let (sfn, machine, s, suffix) = (&sfn, &machine, &s, &suffix);
+        async move {
+            let (k1, k2) = (format!("saga-sfn-{fail}-{suffix}"), format!("saga-ours-{fail}-{suffix}"));
+            let input = json!({"key": KEY, "fail": fail, "trip": "t-1"});
+            let id = format!("saga-{fail}-{suffix}");
+            let (a, b) = tokio::join!(
+                on_step_functions(sfn, machine, &input, &k1),
+                on_this_project_within(s, "saga", &input, &k2, &id, Duration::from_mins(3))
+            );
+            (k1, k2, id, a, b)
+        }
+    };
+    let outcomes = futures::future::join_all(cases.iter().map(|(fail, ..)| run(fail))).await;
+    for ((fail, sfn_ledger, our_ledger), (k1, k2, id, a, b)) in cases.into_iter().zip(outcomes) {
         assert_eq!(ledger(&k1), sfn_ledger, "Step Functions' ledger, failing {fail:?}: {a:?}");
         assert_eq!(ledger(&k2), our_ledger, "this project's ledger, failing {fail:?}: {b:?}");
         match (fail, &a.end, &b.end) {
