@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # make bench-cost: what one task costs on AWS, counted on LocalStack (see bench/README.md).
 #
-#   bench/cost.sh          the four workloads (sim-step and sim-order, happy and with one retry),
-#                          idle polling and one idle sweep; SWEEP=1 adds the sweep benchmark
+#   bench/cost.sh          the workloads (bench/cost_bench.py's WORKLOADS: the sim workflows and
+#                          three translated Step Functions state machines), idle polling and one
+#                          idle sweep; SWEEP=1 adds the sweep benchmark
 #   bench/cost.sh sweep    only the sweep benchmark (one small workload first, for items to copy)
 #
 # It builds sasctl, starts LocalStack when none answers (infra/localstack.sh ensure), deploys a
@@ -37,6 +38,11 @@ TRACE="$SAS_LOCAL_DIR/bench-writes.jsonl"
 RUNNER_LOG="$SAS_LOCAL_DIR/bench-runner.log"
 # The runner's stdout: its JSON log lines and EMF records, as the functions write them.
 RUNNER_OUT="$SAS_LOCAL_DIR/bench-runner.jsonl"
+# The runner's configuration: the base files + the translated state machines (bench/asl_bench.py).
+BENCH_WORKFLOWS="$SAS_LOCAL_DIR/bench-workflows.json"
+BENCH_AGENTS="$SAS_LOCAL_DIR/bench-agents.json"
+ASL_INFO="$SAS_LOCAL_DIR/bench-asl.json"
+ASL_LOG="$SAS_LOCAL_DIR/bench-asl.log"
 UPSTREAM="http://127.0.0.1:$LOCALSTACK_PORT"
 SASCTL="${CARGO_TARGET_DIR:-$SAS_ROOT/target}/debug/sasctl"
 PYTHON="${PYTHON:-python3}"
@@ -47,6 +53,7 @@ log() { printf 'bench-cost: %s\n' "$*" >&2; }
 started_ls=0
 proxy_pid=""
 runner_pid=""
+asl_pid=""
 
 # stop PID NAME: SIGTERM, then SIGKILL after 20 s.
 stop() {
@@ -65,6 +72,7 @@ stop() {
 cleanup() {
   local rc=$?
   stop "$runner_pid" runner
+  stop "$asl_pid" "approver and stub"
   stop "$proxy_pid" proxy
   if [ "$started_ls" = 1 ]; then
     infra/localstack.sh stop
@@ -100,6 +108,23 @@ for ((i = 0; i < 100; i++)); do
 done
 PROXY="http://127.0.0.1:$(cat "$PORT_FILE")"
 
+# The translated state machines (bench/asl_bench.py): what sim agents cannot stand for (the
+# recommendation "buy", the approver; the approval queue is created and deleted by it), then the
+# runner's workflows and agents files: the base ones (SAS_WORKFLOWS_FILE, SAS_AGENTS_FILE, else
+# config/) + the three translations, their functions sim agents.
+rm -f -- "$ASL_INFO"
+"$PYTHON" bench/asl_bench.py serve --outputs "$OUTPUTS" --upstream "$UPSTREAM" --proxy "$PROXY" \
+  --info "$ASL_INFO" 2>"$ASL_LOG" &
+asl_pid=$!
+for ((i = 0; i < 100; i++)); do
+  [ -s "$ASL_INFO" ] && break
+  kill -0 "$asl_pid" 2>/dev/null || { cat "$ASL_LOG" >&2; exit 1; }
+  sleep 0.1
+done
+"$PYTHON" bench/asl_bench.py config --sasctl "$SASCTL" --info "$ASL_INFO" \
+  --base-workflows "${SAS_WORKFLOWS_FILE:-config/workflows.json}" --base-agents "${SAS_AGENTS_FILE:-config/agents.json}" \
+  --workflows "$BENCH_WORKFLOWS" --agents "$BENCH_AGENTS"
+
 # The roles, as in make up, but through the proxy. No periodic sweep during the workloads (it is
 # scheduled, not per task: measured on its own); a short queue budget so that every deadline timer
 # fires, and is counted, within the run. Batches gather for the template's default
@@ -107,7 +132,8 @@ PROXY="http://127.0.0.1:$(cat "$PORT_FILE")"
 # Logs as the functions write them (JSON, RUST_LOG=BENCH_LOG_LEVEL, default the template's INFO),
 # with their EMF records: bench/cost_bench.py counts the bytes per task (what seeing costs).
 export BENCH_LOG_LEVEL="${BENCH_LOG_LEVEL:-info}"
-AWS_ENDPOINT_URL="$PROXY" SAS_OUTPUTS="$OUTPUTS" QUEUE_BUDGET_MS="${BENCH_QUEUE_BUDGET_MS:-15000}" \
+AWS_ENDPOINT_URL="$PROXY" SAS_OUTPUTS="$OUTPUTS" SAS_WORKFLOWS_FILE="$BENCH_WORKFLOWS" SAS_AGENTS_FILE="$BENCH_AGENTS" \
+  QUEUE_BUDGET_MS="${BENCH_QUEUE_BUDGET_MS:-15000}" \
   SAS_LOG_FORMAT=json SAS_METRICS=on RUST_LOG="$BENCH_LOG_LEVEL" \
   "$SASCTL" run --sweep-every 86400 --batch-window-ms "${BENCH_BATCH_WINDOW_MS:-1000}" \
     --concurrency "${BENCH_CONCURRENCY:-4}" >"$RUNNER_OUT" 2>"$RUNNER_LOG" &

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The driver of `make bench-cost` (stdlib only); bench/cost.sh starts what it needs first.
 
-  cost_bench.py workloads ...   the four workloads through the counting proxy: per-task requests,
+  cost_bench.py workloads ...   the workloads (WORKLOADS) through the counting proxy: per-task requests,
                                 read/write units, $ per million tasks; idle polling; one idle sweep
   cost_bench.py sweep ...       100,000 finished tasks + K expired in-flight ones, one sweep each K
 
@@ -111,10 +111,38 @@ WORKLOADS = [
      {"reserve": 1, "approve": 0, "charge": 1, "giftwrap": 1, "apologize": 0, "ship": 1}),
     # a workflow step: ship runs sim-shipping (pack, dispatch) as a child task of its own
     ("sim-child", "sim-child", {}, 100, {"reserve": 1, "ship": 1, "charge": 1}),
+    # Three state machines of the Step Functions collection, translated by `sasctl import-asl`
+    # (bench/asl_bench.py): their functions and notifications are sim agents. The ATM dispenser:
+    # four Lambda tasks in sequence.
+    ("asl-chain (import-asl)", "asl-chain", {"amount": 186}, 100,
+     {"Dispense50": 1, "Dispense20": 1, "Dispense10": 1, "Dispense1": 1}),
+    # the saga, the trip booked: five Lambda tasks (three with their undoing task as compensation,
+    # not run) and the SNS notification
+    ("asl-saga (import-asl), booked", "asl-saga",
+     {"trip_id": "t-0001", "depart_city": "Detroit", "arrive_city": "Frankfurt", "rental": "BMW"}, 100,
+     {"ReserveFlight": 1, "ReserveCarRental": 1, "ProcessPayment": 1, "ConfirmFlight": 1, "ConfirmCarRental": 1,
+      "SendingSMSSuccess": 1}),
+    # buy or sell: the recommendation is "buy" (asl_bench.py's stub: a sim agent's answer matches no
+    # Choice rule), the approval a callback step answered by asl_bench.py's approver. The Choice's
+    # three ways (no match, sell, buy) all follow the approval: they run as branches, each a task
+    # of its own, the guard deciding which steps run (buy, then the report; sell and the no-match
+    # step skipped); the task's own record counts the region's start on its first step, as in
+    # sim-branches
+    ("asl-orchestration (import-asl), buy", "asl-orchestration", {"ticker": "AMZN"}, 100,
+     {"Check_Stock_Price": 1, "Generate_Buy_Sell_recommendation": 1, "Request_Human_Approval": 1,
+      "Buy_or_Sell__no_choice_matched": 1, "Sell_Stock": 0, "Buy_Stock": 0, "Report_Result": 0}),
 ]
 
 # Workloads whose task is a map: how many elements it has (for the figures per element).
 ELEMENTS = {"sim-map, 1,000 elements": 1000}
+
+# Workloads whose way through a Choice is checked too: the status of these steps on the task's record.
+STATUSES = {
+    "asl-orchestration (import-asl), buy": {
+        "Buy_or_Sell__no_choice_matched": "skipped", "Sell_Stock": "skipped", "Buy_Stock": "succeeded",
+        "Report_Result": "succeeded",
+    },
+}
 
 
 class Env:
@@ -395,7 +423,8 @@ def drain(env: Env, url: str) -> int:
         env.sqs("DeleteMessageBatch", {"QueueUrl": url, "Entries": entries})
 
 
-def check(items: dict[str, dict], ids: list[str], expected: dict[str, int]) -> list[str]:
+def check(items: dict[str, dict], ids: list[str], expected: dict[str, int],
+          statuses: dict[str, str] | None = None) -> list[str]:
     problems = []
     for t in ids:
         item = items.get(t)
@@ -409,6 +438,10 @@ def check(items: dict[str, dict], ids: list[str], expected: dict[str, int]) -> l
         got = {s.get("name", s.get("Name")): s.get("attempts", s.get("Attempts")) for s in task.get("Steps", [])}
         if got != expected:
             problems.append(f"{t}: attempts {got}, expected {expected}")
+            continue
+        status = {s.get("name"): s.get("status") for s in task.get("Steps", []) if s.get("name") in (statuses or {})}
+        if statuses and status != statuses:
+            problems.append(f"{t}: steps {status}, expected {statuses}")
     return problems
 
 
@@ -457,7 +490,7 @@ def run_workload(env: Env, a, reply_url: str, reply_queue: str, spec) -> dict:
         seen["usd_per_million"] = (seen["emf_bytes"] + seen["log_bytes"]) / n * 1e6 / 1e9 * LOGS_USD_PER_GB
         seen["by_message"] = dict(sorted(seen["by_message"].items(), key=lambda kv: -kv[1])[:8])
     replies = drain(env, reply_url)
-    problems = check(env.get_items(ids), ids, expected)
+    problems = check(env.get_items(ids), ids, expected, STATUSES.get(name))
     summary = summarize(snap["rows"], n, env.queue_role, reply_queue)
     log(f"{name}: {summary['per_task']['requests']:.2f} requests/task, WCU {summary['per_task']['wcu']:.2f}, "
         f"${summary['per_task']['usd_per_million']:.2f}/M; window {snap['until'] - snap['since']:.0f} s "
