@@ -439,21 +439,24 @@ fn import_asl(files: &[PathBuf], workflows: &std::path::Path, agents: &std::path
         match sas_cli::asl::import(&name, &def) {
             Ok(i) => {
                 let steps = i.workflow["steps"].as_array().map_or(0, Vec::len);
+                let children = i.children.iter().filter_map(|w| w["name"].as_str()).collect::<Vec<_>>();
+                let runs =
+                    if children.is_empty() { String::new() } else { format!(", running {}", children.join(", ")) };
                 println!(
-                    "{}: translated as workflow {name}: {steps} step(s), {} agent(s)",
+                    "{}: translated as workflow {name}: {steps} step(s), {} agent(s){runs}",
                     f.display(),
                     i.agents.len()
                 );
                 for n in &i.notes {
                     println!("  differs: {n}");
                 }
+                wfs.extend(i.workflows());
                 for (k, v) in i.agents {
                     if all_agents.get(&k).is_some_and(|old| *old != v) {
                         bail!("two definitions need different agents named {k}: import them one at a time");
                     }
                     all_agents.insert(k, v);
                 }
-                wfs.push(i.workflow);
             }
             Err(rs) => {
                 refused += 1;

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The definitions the book says are translated (of 170): a change that translates fewer fails.
-const TRANSLATED_AT_LEAST: usize = 37;
+const TRANSLATED_AT_LEAST: usize = 41;
 
 /// Every task's `Resource` in a definition (inside Parallel branches and Map processors).
 fn resources(states: &serde_json::Value, out: &mut Vec<String>) {
@@ -61,7 +61,7 @@ fn class(r: &sas_cli::asl::Refusal) -> String {
         ("intrinsic function", "an intrinsic function"),
         ("context object", "the context object ($$.Execution, $$.State...)"),
         ("Distributed Map", "a Distributed Map"),
-        ("processor has", "a Map of several states"),
+        ("processor reads $$.Execution", "the context object ($$.Execution inside a Map's processor)"),
         ("without .waitForTaskToken", "a message sent and not waited for (sqs, sns, events)"),
         ("with different data", "a state reached with different data (a join)"),
         ("different outputs", "ends with different outputs"),
@@ -97,6 +97,7 @@ fn the_collection_is_translated_or_refused_with_reasons() {
     let (mut translated, mut unparseable) = (Vec::new(), 0);
     let (mut subset, mut subset_translated) = (0, 0);
     let mut by_reason: BTreeMap<String, usize> = BTreeMap::new();
+    let mut in_subset_refused: Vec<String> = Vec::new();
     for f in &files {
         let Ok(def) = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(f).expect("readable")) else {
             unparseable += 1;
@@ -107,7 +108,7 @@ fn the_collection_is_translated_or_refused_with_reasons() {
         subset += usize::from(covered);
         match sas_cli::asl::import(&name, &def) {
             Ok(i) => {
-                let wf = serde_json::json!({"workflows": [i.workflow]}).to_string();
+                let wf = serde_json::json!({"workflows": i.workflows()}).to_string();
                 sas_core::workflow::WorkflowRegistry::from_json(&wf)
                     .unwrap_or_else(|e| panic!("{}: the translation does not load: {e}\n{wf}", f.display()));
                 // each ${Variable} of a definition given a value of its kind, every grant given
@@ -120,7 +121,7 @@ fn the_collection_is_translated_or_refused_with_reasons() {
                         Some("eventbridge") => ("bus", "arn:aws:events:us-east-1:000000000000:event-bus/b"),
                         _ => continue,
                     };
-                    if spec[field].as_str().is_some_and(|v| v.starts_with("${")) {
+                    if spec[field].as_str().is_some_and(|v| v.contains("${")) {
                         spec[field] = serde_json::json!(value);
                     }
                 }
@@ -147,6 +148,9 @@ fn the_collection_is_translated_or_refused_with_reasons() {
                 }
                 classes.sort();
                 classes.dedup();
+                if covered {
+                    in_subset_refused.push(format!("{name}: {}", classes.join("; ")));
+                }
                 for c in classes {
                     *by_reason.entry(c).or_default() += 1;
                 }
@@ -169,6 +173,10 @@ fn the_collection_is_translated_or_refused_with_reasons() {
         println!("{count:4}  {why}");
     }
     println!("translated: {}", translated.join(", "));
+    println!("refused within the integrations covered:");
+    for r in &in_subset_refused {
+        println!("  {r}");
+    }
     assert!(
         translated.len() >= TRANSLATED_AT_LEAST,
         "{} translated, the book says {TRANSLATED_AT_LEAST}",

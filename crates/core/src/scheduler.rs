@@ -140,7 +140,7 @@ fn joining(task: &Task, step: usize) -> bool {
 }
 
 /// The outputs of a map step's elements, in element order (`null` for an element that failed
-/// within `tolerated_failures`). Read with `BatchGetItem`; an element the eventually consistent
+/// within `tolerated_failures`; a child workflow's result for a map of a workflow step). Read with `BatchGetItem`; an element the eventually consistent
 /// read misses or finds not yet ended is read again strongly.
 async fn join_output(deps: &Deps, task: &Task, step: usize) -> Result<Value, HandlerError> {
     let p = task.steps[step].map.as_ref().expect("a joining map has its progress");
@@ -155,13 +155,7 @@ async fn join_output(deps: &Deps, task: &Task, step: usize) -> Result<Value, Han
         }
     }
     let outputs: Vec<Value> = (0..p.n)
-        .map(|e| {
-            found
-                .get(&TaskId::child(&task.task_id, step, e))
-                .and_then(|t| t.steps.first())
-                .and_then(|s| s.output.clone())
-                .unwrap_or(Value::Null)
-        })
+        .map(|e| found.get(&TaskId::child(&task.task_id, step, e)).map_or(Value::Null, Task::element_output))
         .collect();
     let output = Value::Array(outputs);
     let bytes = serde_json::to_vec(&output).map_or(0, |b| b.len());

@@ -11,11 +11,13 @@
 //!
 //! A path is an RFC 9535 JSONPath *singular query* (names and indexes only: `$.input.amount`,
 //! `$.outputs.fraud.score`, `$.input.lines[0]['unit price']`; no wildcards, slices, filters or
-//! `..`), rooted at the task's input (`$.input`) or at one step's output (`$.outputs.<step>`). A
+//! `..`), rooted at the task's input (`$.input`) or at one step's output (`$.outputs.<step>`); and
+//! `$.task.id`, the task's id (a child task's own: `{task}~{step}~{i}`). A
 //! comparison whose variable is missing, or of another type than the operator's, is false (the
 //! States Language raises an error there; a guard that tests for something absent says
 //! `is_present`).
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -35,11 +37,12 @@ enum Segment {
     Index(i64),
 }
 
-/// Where a path starts: the task's input, or the output of a step.
+/// Where a path starts: the task's input, the output of a step, or the task itself (`$.task.id`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Root<'a> {
     Input,
     Output(&'a str),
+    Task,
 }
 
 /// What a path is read against: the task's input and the outputs of the steps that have them.
@@ -47,6 +50,10 @@ pub trait Scope {
     fn input(&self) -> &Value;
     /// The output of step `step`, if it has one (it succeeded, or failed with its failure handled).
     fn output(&self, step: &str) -> Option<&Value>;
+    /// The task's id (`$.task.id`), when the scope is a task's.
+    fn task_id(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl DataPath {
@@ -56,8 +63,11 @@ impl DataPath {
         match path.segments.as_slice() {
             [Segment::Name(r), ..] if r == "input" => Ok(path),
             [Segment::Name(r), Segment::Name(_), ..] if r == "outputs" => Ok(path),
+            [Segment::Name(r), Segment::Name(f)] if r == "task" && f == "id" => Ok(path),
+            [Segment::Name(r), ..] if r == "task" => Err(format!("{text:?}: of the task, $.task.id is read")),
             _ => Err(format!(
-                "{text:?} must start at the task's input ($.input…) or at a step's output ($.outputs.<step>…)"
+                "{text:?} must start at the task's input ($.input…), at a step's output ($.outputs.<step>…), \
+                 or be the task's id ($.task.id)"
             )),
         }
     }
@@ -102,21 +112,41 @@ impl DataPath {
         &self.text
     }
 
-    /// The input, or the step whose output the path reads.
+    /// The member of the input the path reads (`config` for `$.input.config.x`), if it reads
+    /// one by name.
+    pub fn input_member(&self) -> Option<&str> {
+        match self.segments.as_slice() {
+            [Segment::Name(r), Segment::Name(m), ..] if r == "input" => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The input, the step whose output the path reads, or the task.
     pub fn root(&self) -> Root<'_> {
         match self.segments.as_slice() {
             [Segment::Name(r), Segment::Name(step), ..] if r == "outputs" => Root::Output(step),
+            [Segment::Name(r), ..] if r == "task" => Root::Task,
             _ => Root::Input,
         }
     }
 
-    /// The value the path names in `scope`, read in place.
+    /// The value the path names in `scope`, read in place (the task's id is not kept as a JSON
+    /// value: [`Self::value`] reads it).
     pub fn resolve<'a>(&self, scope: &'a dyn Scope) -> Option<&'a Value> {
         let (start, rest) = match self.root() {
             Root::Input => (scope.input(), &self.segments[1..]),
             Root::Output(step) => (scope.output(step)?, &self.segments[2..]),
+            Root::Task => return None,
         };
         walk(start, rest)
+    }
+
+    /// The value the path names in `scope`: read in place, or the task's id.
+    pub fn value<'a>(&self, scope: &'a dyn Scope) -> Option<Cow<'a, Value>> {
+        match self.root() {
+            Root::Task => scope.task_id().map(|id| Cow::Owned(Value::String(id.to_owned()))),
+            _ => self.resolve(scope).map(Cow::Borrowed),
+        }
     }
 }
 
@@ -305,7 +335,7 @@ impl Test {
         let operand = |o: &Operand| -> Option<Value> {
             match o {
                 Operand::Value(v) => Some(v.clone()),
-                Operand::Path(p) => p.resolve(scope).cloned(),
+                Operand::Path(p) => p.value(scope).map(Cow::into_owned),
             }
         };
         match self {
@@ -396,7 +426,7 @@ impl Condition {
             Condition::And(all) => all.iter().all(|c| c.holds(scope)),
             Condition::Or(any) => any.iter().any(|c| c.holds(scope)),
             Condition::Not(c) => !c.holds(scope),
-            Condition::Rule { variable, test } => test.holds(variable.resolve(scope), scope),
+            Condition::Rule { variable, test } => test.holds(variable.value(scope).as_deref(), scope),
         }
     }
 
@@ -591,6 +621,9 @@ mod tests {
         fn output(&self, step: &str) -> Option<&Value> {
             self.1.get(step)
         }
+        fn task_id(&self) -> Option<&str> {
+            Some("order-42")
+        }
     }
 
     fn data() -> Data {
@@ -618,7 +651,21 @@ mod tests {
         assert_eq!(at("$.outputs.ship"), None);
         assert_eq!(at("$.input.lines[5]"), None);
         assert_eq!(DataPath::parse("$.outputs.fraud.score").unwrap().root(), Root::Output("fraud"));
-        for bad in ["$.input.lines[*]", "$..sku", "$.input.lines[0:1]", "$.outputs", "$.order", "input.amount", "$"] {
+        let id = DataPath::parse("$.task.id").unwrap();
+        assert_eq!(id.root(), Root::Task);
+        assert_eq!(id.value(&d).map(std::borrow::Cow::into_owned), Some(json!("order-42")), "the task's id");
+        assert!(holds(json!({"variable": "$.task.id", "string_matches": "order-*"})));
+        for bad in [
+            "$.input.lines[*]",
+            "$..sku",
+            "$.input.lines[0:1]",
+            "$.outputs",
+            "$.order",
+            "input.amount",
+            "$",
+            "$.task",
+            "$.task.name",
+        ] {
             assert!(DataPath::parse(bad).is_err(), "{bad} was taken");
         }
     }

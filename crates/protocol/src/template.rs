@@ -123,7 +123,7 @@ impl Template {
     /// Fill a template read over the task.
     pub fn fill(&self, scope: &dyn Scope) -> Value {
         debug_assert_eq!(self.over, Over::Task);
-        render(&self.root, &|p| p.resolve(scope).cloned(), Some(scope))
+        render(&self.root, &|p| p.value(scope).map(std::borrow::Cow::into_owned), Some(scope))
     }
 
     /// Fill a template read over an answer.
@@ -349,6 +349,30 @@ mod tests {
         assert_eq!(tpl.paths().len(), 4);
         let sel = Template::from_json(&json!({"charge_id.$": "$.body.id", "all.$": "$"}), Over::Answer).unwrap();
         assert_eq!(sel.fill_from(&json!({"body": {"id": 7}})), json!({"charge_id": 7, "all": {"body": {"id": 7}}}));
+    }
+
+    #[test]
+    fn the_task_s_id_is_read_at_its_own_path_and_in_intrinsic_calls() {
+        struct Named(Value);
+        impl Scope for Named {
+            fn input(&self) -> &Value {
+                &self.0
+            }
+            fn output(&self, _: &str) -> Option<&Value> {
+                None
+            }
+            fn task_id(&self) -> Option<&str> {
+                Some("order-42")
+            }
+        }
+        let t = json!({"ref.$": "$.task.id", "label.$": "States.Format('{}/{}', $.task.id, $.input.n)"});
+        let tpl = Template::from_json(&t, Over::Task).unwrap();
+        assert_eq!(tpl.fill(&Named(json!({"n": 3}))), json!({"ref": "order-42", "label": "order-42/3"}));
+        assert_eq!(
+            tpl.fill(&Data(json!({"n": 3}), json!({}))),
+            json!({"ref": null, "label": null}),
+            "a scope that is no task's has no id"
+        );
     }
 
     #[test]

@@ -154,8 +154,17 @@ impl StepKind {
         }
     }
 
-    /// It may be a map (each element runs the step) or a compensation (it undoes a step).
-    pub const fn may_map_or_compensate(self) -> bool {
+    /// It may be a map: each element runs the step (a workflow step: a child task of its workflow
+    /// per element).
+    pub const fn may_map(self) -> bool {
+        match self {
+            StepKind::Call | StepKind::Callback | StepKind::Workflow => true,
+            StepKind::Wait => false,
+        }
+    }
+
+    /// It may be a compensation (it undoes a step).
+    pub const fn may_compensate(self) -> bool {
         match self {
             StepKind::Call | StepKind::Callback => true,
             StepKind::Wait | StepKind::Workflow => false,
@@ -709,8 +718,9 @@ impl StepDef {
             return Err(problem("backoff multiplier must be within 1..=10".into()));
         }
         if let Some(m) = &self.map {
+            // a workflow step's are filled as each child is created, from the task's data too
             let reads_outputs = self.parameters.iter().flat_map(|t| t.0.paths()).find(|p| p.root() != Root::Input);
-            if let Some(p) = reads_outputs {
+            if let Some(p) = reads_outputs.filter(|_| !self.kind.starts_a_workflow()) {
                 return Err(problem(format!(
                     "a map step's parameters are filled for each element, from its $.input.item and $.input.index: \
                      {p} is not there"
@@ -722,7 +732,7 @@ impl StepDef {
                 ));
             }
             m.validate().map_err(problem)?;
-            if !self.kind.may_map_or_compensate() {
+            if !self.kind.may_map() {
                 return Err(problem(format!("a {} step cannot be a map", self.kind.name())));
             }
         }
@@ -735,7 +745,7 @@ impl StepDef {
             if c.compensation.is_some() {
                 return Err(problem("a compensating step cannot have a compensation".into()));
             }
-            if !c.kind.may_map_or_compensate() {
+            if !c.kind.may_compensate() {
                 return Err(problem(format!("a compensation cannot be a {} step", c.kind.name())));
             }
             if c.after.is_some() {

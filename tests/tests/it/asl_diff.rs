@@ -273,6 +273,40 @@ fn hand_written() -> Vec<Case> {
         ],
     ));
     c.push(case(
+        "map-workflow",
+        "a Map whose processor is several states (a workflow per element): a Task with ResultPath, a Choice on \
+         its answer, a Task or a Pass; its ItemSelector reads beside the item; over two items, one, none",
+        json!({"StartAt": "Each", "States": {
+            "Each": {"Type": "Map", "ItemsPath": "$.items", "MaxConcurrency": 2,
+                     "ItemSelector": {"a.$": "$$.Map.Item.Value", "b.$": "$.bonus", "i.$": "$$.Map.Item.Index"},
+                     "ItemProcessor": {"StartAt": "Sum", "States": {
+                         "Sum": {"Type": "Task", "Resource": "${AddFunctionArn}", "ResultPath": "$.s", "Next": "Big"},
+                         "Big": {"Type": "Choice", "Choices": [{"Variable": "$.s.sum", "NumericGreaterThan": 10, "Next": "Describe"}],
+                                 "Default": "Small"},
+                         "Describe": {"Type": "Task", "Resource": "${ShapeFunctionArn}", "InputPath": "$.s",
+                                      "ResultSelector": {"keys.$": "$.keys", "sum.$": "$.got.sum"}, "End": true},
+                         "Small": {"Type": "Pass", "Parameters": {"small.$": "$.s.sum", "i.$": "$.i"}, "End": true}}},
+                     "ResultPath": "$.out", "Next": "Count"},
+            "Count": {"Type": "Task", "Resource": "${ShapeFunctionArn}", "InputPath": "$.out", "ResultPath": "$.counted", "End": true}}}),
+        &[
+            json!({"items": [1, 20], "bonus": 2}),
+            json!({"items": [9], "bonus": 5}),
+            json!({"items": [], "bonus": 0}),
+        ],
+    ));
+    c.push(case(
+        "map-workflow-fails",
+        "a Map of two Tasks per element whose second fails for one element: the execution fails",
+        json!({"StartAt": "Each", "States": {
+            "Each": {"Type": "Map", "ItemsPath": "$.items", "MaxConcurrency": 1,
+                     "ItemProcessor": {"StartAt": "First", "States": {
+                         "First": {"Type": "Task", "Resource": "${AddFunctionArn}", "ResultPath": "$.first", "Next": "Try"},
+                         "Try": {"Type": "Task", "Resource": "${FlakyFunctionArn}",
+                                 "Parameters": {"key.$": "$.key", "fails.$": "$.fails"}, "End": true}}},
+                     "ResultPath": "$.tried", "End": true}}}),
+        &[json!({"items": [{"key": "${KEY}-a", "fails": 0}, {"key": "${KEY}-b", "fails": 5}]})],
+    ));
+    c.push(case(
         "map-items",
         "Map (Iterator, the old name) without ItemSelector over scalars, MaxConcurrency 0, ResultSelector over \
          the array of results, then a Task reading it",
@@ -1467,7 +1501,7 @@ fn relaxed() -> sas_core::config::Settings {
 #[test]
 fn every_definition_imports_and_the_generator_covers_its_range() {
     let all = everything();
-    let workflows: Vec<Value> = all.iter().map(|(c, _)| import(c).workflow).collect();
+    let workflows: Vec<Value> = all.iter().flat_map(|(c, _)| import(c).workflows()).collect();
     WorkflowRegistry::from_json(&json!({"workflows": workflows}).to_string()).expect("the imported workflows load");
     assert!(hand_written().len() >= 12);
     assert_eq!(generate(7).def, generate(7).def, "a seed makes one definition");
@@ -1516,11 +1550,14 @@ async fn step_functions_and_the_imported_workflows_agree() {
         let mut imported = import(c);
         // One agents file for all: an agent is named after its function, so two imports that call
         // one function differently (a qualifier) name two agents alike; the second is renamed.
-        for (name, spec) in imported.agents {
+        for (name, spec) in std::mem::take(&mut imported.agents) {
             match agents.get(&name) {
                 Some(old) if *old != spec => {
                     let renamed = format!("{name}.{}", c.name);
-                    for step in imported.workflow["steps"].as_array_mut().into_iter().flatten() {
+                    let all_steps = std::iter::once(&mut imported.workflow)
+                        .chain(imported.children.iter_mut())
+                        .flat_map(|w| w["steps"].as_array_mut().into_iter().flatten());
+                    for step in all_steps {
                         if step["agent"] == json!(name) {
                             step["agent"] = json!(renamed);
                         }
@@ -1540,7 +1577,7 @@ async fn step_functions_and_the_imported_workflows_agree() {
                 .filter_map(|s| s["name"].as_str().map(String::from))
                 .collect(),
         );
-        workflows.push(imported.workflow);
+        workflows.extend(imported.workflows());
     }
     let registry = WorkflowRegistry::from_json(&json!({"workflows": workflows}).to_string()).expect("workflows");
     let sdk = sas_core::aws::load_sdk_config().await;
@@ -1685,7 +1722,7 @@ async fn the_collection_s_saga_undoes_what_it_applied_once_in_reverse_order() {
         }
     }
     let imported = sas_cli::asl::import("saga", &def).expect("the saga translates");
-    let registry = WorkflowRegistry::from_json(&json!({"workflows": [imported.workflow]}).to_string()).expect("loads");
+    let registry = WorkflowRegistry::from_json(&json!({"workflows": imported.workflows()}).to_string()).expect("loads");
     let sdk = sas_core::aws::load_sdk_config().await;
     let ops = [
         ("reserveFlightFunction", "book", "reserveFlight"),

@@ -14,6 +14,9 @@ use super::data::{choice_rule, parse_path, Cond, Seg, Sym};
 pub struct Imported {
     /// The workflow, as an entry of a workflows file.
     pub workflow: Value,
+    /// The workflows it runs: a Map whose processor is more than one task becomes a workflow of
+    /// its own, run once per element (a map of a workflow step). Entries of a workflows file too.
+    pub children: Vec<Value>,
     /// The agents, as the `agents` of an agents file.
     pub agents: Map<String, Value>,
     /// What the translation chose, and how the workflow differs from the state machine.
@@ -46,7 +49,7 @@ const DEFAULT_CALLBACK_TIMEOUT_MS: u64 = 365 * 24 * 60 * 60 * 1000;
 
 /// Translate one state machine definition into the workflow `name`, version 1.
 pub fn import(name: &str, def: &Value) -> Result<Imported, Vec<Refusal>> {
-    let mut cx = Cx::default();
+    let mut cx = Cx { workflow: name.to_owned(), ..Cx::default() };
     let refuse_top =
         |field: &str, reason: String| vec![Refusal { state: "(state machine)".into(), field: field.into(), reason }];
     let Value::Object(top) = def else { return Err(refuse_top("definition", "a state machine is an object".into())) };
@@ -65,6 +68,15 @@ pub fn import(name: &str, def: &Value) -> Result<Imported, Vec<Refusal>> {
     let (Some(Value::Object(states)), Some(Value::String(start))) = (top.get("States"), top.get("StartAt")) else {
         return Err(refuse_top("States", "a state machine has StartAt and States".into()));
     };
+    let text = def.to_string();
+    for field in ["Id", "Name"] {
+        if text.contains(&format!("$$.Execution.{field}")) {
+            cx.notes.push(format!(
+                "$$.Execution.{field} is the task's id here ($.task.id){}",
+                if field == "Id" { ", not an execution's ARN" } else { "" }
+            ));
+        }
+    }
     if let Some(t) = top.get("TimeoutSeconds").and_then(Value::as_u64) {
         cx.notes.push(format!(
             "the state machine's TimeoutSeconds ({t} s) has no equivalent: each step is bounded by its own timeout"
@@ -110,7 +122,14 @@ pub fn import(name: &str, def: &Value) -> Result<Imported, Vec<Refusal>> {
             return Err(vec![Refusal { state: "(state machine)".into(), field: "output".into(), reason: why }]);
         }
     }
-    Ok(Imported { workflow, agents: cx.agents, notes: cx.notes })
+    Ok(Imported { workflow, children: cx.children, agents: cx.agents, notes: cx.notes })
+}
+
+impl Imported {
+    /// Every workflow of the translation: the state machine's, then those it runs.
+    pub fn workflows(&self) -> Vec<Value> {
+        std::iter::once(self.workflow.clone()).chain(self.children.iter().cloned()).collect()
+    }
 }
 
 /// The workflow's result from the ends where the state machine succeeds.
@@ -150,6 +169,10 @@ enum Scope {
 
 #[derive(Default)]
 struct Cx {
+    /// The workflow's name (its children's start with it).
+    workflow: String,
+    /// The workflows made of Map processors.
+    children: Vec<Value>,
     /// A recognised saga's undoing states: forward task → (its undoing state, that state).
     undo: HashMap<String, (String, Map<String, Value>)>,
     steps: Vec<Value>,
@@ -954,26 +977,24 @@ impl Cx {
                 "a Distributed Map is not translated: a map here is inline, at most 10,000 elements".into(),
             ));
         }
+        if Value::Object(processor.clone()).to_string().contains("$$.Execution") {
+            return Err((
+                "ItemProcessor".into(),
+                "the processor reads $$.Execution (the execution's input or id); an element here reads its item and \
+                 what its ItemSelector gives it: pass what it needs through the ItemSelector"
+                    .into(),
+            ));
+        }
         let states = processor.get("States").and_then(Value::as_object).cloned().unwrap_or_default();
         let start = processor.get("StartAt").and_then(Value::as_str).unwrap_or("");
         let task = states.get(start).and_then(Value::as_object);
-        let single = states.len() == 1 && task.is_some_and(|t| t.get("Type").and_then(Value::as_str) == Some("Task"));
-        let Some(task) = task.filter(|_| single) else {
-            return Err((
-                "ItemProcessor".into(),
-                format!(
-                    "a Map whose processor has {} states is not translated yet: a map step here runs one task per element \
-                     (make the processor one Task, or a Lambda function that does the element's work)",
-                    states.len()
-                ),
-            ));
-        };
-        if task.contains_key("Catch") {
-            return Err((
-                "ItemProcessor".into(),
-                "a Catch on the map's task is not translated: use ToleratedFailureCount".into(),
-            ));
-        }
+        // one Task, without a Catch and with the task's result as the element's: a map of that
+        // call step; anything else becomes a workflow of its own, run once per element
+        let single = states.len() == 1
+            && task.is_some_and(|t| {
+                t.get("Type").and_then(Value::as_str) == Some("Task")
+                    && !["Catch", "ResultPath", "OutputPath", "ResultSelector"].iter().any(|f| t.contains_key(*f))
+            });
         let input = io(st, &m.doc, "InputPath")?;
         let items = match st.get("ItemsPath").and_then(Value::as_str) {
             Some(p) => input
@@ -991,13 +1012,19 @@ impl Cx {
             Some(sel) => template(sel, &input, Scope::Element).map_err(|e| ("ItemSelector".into(), e))?,
             None => Sym::Ref("$.input.item".into()),
         };
-        if element.paths().iter().any(|p| !p.starts_with("$.input.item") && !p.starts_with("$.input.index")) {
-            return Err((
-                "ItemSelector".into(),
-                "the ItemSelector reads the map's own input beside the item; an element here has only its item and index \
-                 (not yet translated: put what the element needs in each item)"
-                    .into(),
-            ));
+        // a map of a call step fills its parameters in the element, from the item alone; reading
+        // beside it, the processor becomes a workflow (whose parameters are filled from the task)
+        let single =
+            single && element.paths().iter().all(|p| p.starts_with("$.input.item") || p.starts_with("$.input.index"));
+        let mut spec = json!({"items": pointer(&items)});
+        let concurrency = st.get("MaxConcurrency").and_then(Value::as_u64).unwrap_or(0);
+        let most = u64::from(sas_core::workflow::MAX_MAP_CONCURRENCY);
+        spec["max_concurrency"] = json!(if concurrency == 0 { most } else { concurrency.min(most) });
+        if concurrency == 0 || concurrency > most {
+            self.notes.push(format!("{here}: MaxConcurrency {concurrency} is {most} here (a map's most at once)"));
+        }
+        if !single {
+            return self.map_of_a_workflow(here, name, st, m, processor, &element, spec);
         }
         let entry =
             Arrival { doc: element, after: BTreeSet::new(), from_start: true, full: Cond::True, local: Cond::True };
@@ -1031,23 +1058,77 @@ impl Cx {
                 }
             }
         }
-        let mut spec = json!({"items": pointer(&items)});
-        let concurrency = st.get("MaxConcurrency").and_then(Value::as_u64).unwrap_or(0);
-        let most = u64::from(sas_core::workflow::MAX_MAP_CONCURRENCY);
-        spec["max_concurrency"] = json!(if concurrency == 0 { most } else { concurrency.min(most) });
-        if concurrency == 0 || concurrency > most {
-            self.notes.push(format!("{here}: MaxConcurrency {concurrency} is {most} here (a map's most at once)"));
-        }
-
         s["map"] = spec;
         self.steps.push(s);
+        Self::map_output(st, m, &step)
+    }
+
+    /// What follows a Map state: its `ResultSelector`, `ResultPath` and `OutputPath` over the map
+    /// step's output (the elements' outputs in order).
+    fn map_output(st: &Map<String, Value>, m: &Arrival, step: &str) -> Result<Arrival, (String, String)> {
         let mut result = Sym::Ref(format!("$.outputs.{step}"));
         if let Some(sel) = st.get("ResultSelector") {
             result = template(sel, &result, Scope::Task).map_err(|e| ("ResultSelector".into(), e))?;
         }
         let doc = result_path(st, m.doc.clone(), result)?;
         let doc = io(st, &doc, "OutputPath")?;
-        Ok(Arrival { doc, ..after_step(m, &step, Cond::True) })
+        Ok(Arrival { doc, ..after_step(m, step, Cond::True) })
+    }
+
+    /// A Map whose processor is more than one task: the processor becomes a workflow of its own
+    /// (`<workflow>.<step>`, translated as a state machine whose input is the element), and the
+    /// Map a workflow step run once per element, its `parameters` the element's input.
+    #[allow(clippy::too_many_arguments)]
+    fn map_of_a_workflow(
+        &mut self,
+        here: &str,
+        name: &str,
+        st: &Map<String, Value>,
+        m: &Arrival,
+        processor: &Map<String, Value>,
+        element: &Sym,
+        spec: Value,
+    ) -> Result<Arrival, (String, String)> {
+        let step = self.step_name(name);
+        let mut child_name = format!("{}.{step}", self.workflow);
+        if child_name.len() > 64 {
+            let keep = 64usize.saturating_sub(step.len() + 1);
+            child_name = format!("{}.{step}", &self.workflow[..keep.min(self.workflow.len())]);
+            child_name.truncate(64);
+        }
+        let machine = json!({
+            "StartAt": processor.get("StartAt").cloned().unwrap_or(Value::Null),
+            "States": processor.get("States").cloned().unwrap_or(Value::Null),
+        });
+        let child = match import(&child_name, &machine) {
+            Ok(child) => child,
+            Err(refusals) => {
+                for r in refusals {
+                    let state =
+                        if r.state == "(state machine)" { here.to_owned() } else { format!("{here}/{}", r.state) };
+                    self.refusals.push(Refusal { state, ..r });
+                }
+                return Err(("ItemProcessor".to_owned(), "(see the refusals inside it)".to_owned()));
+            }
+        };
+        self.notes.push(format!(
+            "{here}: its processor is the workflow {child_name}, run once per element as a child task (its own steps, \
+             retries and compensations; the map's output is their results in order)"
+        ));
+        self.notes.extend(child.notes.into_iter().map(|n| format!("{child_name}: {n}")));
+        for (k, v) in child.agents {
+            self.agents.entry(k).or_insert(v);
+        }
+        self.children.push(child.workflow);
+        self.children.extend(child.children);
+        let mut s = step_base(&step, m);
+        s["kind"] = json!("workflow");
+        s["workflow"] = json!(child_name);
+        s["version"] = json!(1);
+        s["parameters"] = element.template().map_err(|e| ("ItemSelector".to_owned(), e))?;
+        s["map"] = spec;
+        self.steps.push(s);
+        Self::map_output(st, m, &step)
     }
 }
 
@@ -1169,6 +1250,7 @@ fn reference(p: &str, doc: &Sym, scope: Scope) -> Result<Sym, String> {
             (c, Scope::Task) if c.starts_with(".Execution.Input.") || c.starts_with(".Execution.Input[") => {
                 Ok(Sym::Ref(format!("$.input{}", &c[".Execution.Input".len()..])))
             }
+            (".Execution.Id" | ".Execution.Name", Scope::Task) => Ok(Sym::Ref("$.task.id".into())),
             (".Task.Token", _) => Ok(Sym::Lit(json!(TOKEN))),
             (".Map.Item.Value", Scope::Element) => Ok(Sym::Ref("$.input.item".into())),
             (c, Scope::Element) if c.starts_with(".Map.Item.Value.") || c.starts_with(".Map.Item.Value[") => {
@@ -1466,8 +1548,87 @@ mod tests {
     }
 
     fn loads(i: &Imported) {
-        let wf = json!({"workflows": [i.workflow]}).to_string();
+        let wf = json!({"workflows": i.workflows()}).to_string();
         sas_core::workflow::WorkflowRegistry::from_json(&wf).unwrap_or_else(|e| panic!("{e}\n{wf}"));
+    }
+
+    #[test]
+    fn a_map_of_several_states_runs_a_workflow_of_its_own_per_element() {
+        let def = json!({
+            "StartAt": "Lines",
+            "States": {
+                "Lines": {"Type": "Map", "ItemsPath": "$.lines", "MaxConcurrency": 2,
+                          "ItemSelector": {"sku.$": "$$.Map.Item.Value.sku", "n.$": "$$.Map.Item.Index"},
+                          "ItemProcessor": {"StartAt": "Reserve", "States": {
+                              "Reserve": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:reserve",
+                                          "ResultPath": "$.reserved", "Next": "InStock"},
+                              "InStock": {"Type": "Choice", "Choices": [
+                                  {"Variable": "$.reserved.ok", "BooleanEquals": true, "Next": "Pick"}],
+                                  "Default": "Backorder"},
+                              "Pick": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:pick", "End": true},
+                              "Backorder": {"Type": "Pass", "Result": {"backorder": true}, "End": true}}},
+                          "ResultPath": "$.picked", "Next": "Ship"},
+                "Ship": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:ship",
+                         "Parameters": {"picked.$": "$.picked"}, "End": true}
+            }
+        });
+        let i = import("order", &def).expect("translated");
+        loads(&i);
+        let s = steps(&i);
+        assert_eq!(s["Lines"]["kind"], "workflow");
+        assert_eq!(s["Lines"]["workflow"], "order.Lines");
+        assert_eq!(s["Lines"]["map"], json!({"items": "/input/lines", "max_concurrency": 2}));
+        assert_eq!(s["Lines"]["parameters"], json!({"sku.$": "$.input.item.sku", "n.$": "$.input.index"}));
+        assert_eq!(s["Ship"]["parameters"], json!({"picked.$": "$.outputs.Lines"}));
+        assert_eq!(i.children.len(), 1);
+        let child = &i.children[0];
+        assert_eq!(child["name"], "order.Lines");
+        let names: Vec<&str> = child["steps"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+        assert_eq!(names, ["Reserve", "Pick"], "the processor's tasks; the Choice is Pick's guard");
+        assert!(child["steps"][1]["when"].to_string().contains("$.outputs.Reserve.ok"), "{}", child["steps"][1]);
+        // the element's output: Pick's answer, or the Backorder constant, by the way it went
+        assert!(child["result"].get("*.choose").is_some(), "{}", child["result"]);
+        assert!(i.notes.iter().any(|n| n.contains("the workflow order.Lines")), "{:?}", i.notes);
+        assert!(
+            i.agents.contains_key("fn.pick") || i.agents.keys().any(|k| k.contains("pick")),
+            "{:?}",
+            i.agents.keys()
+        );
+    }
+
+    #[test]
+    fn the_execution_s_id_and_name_are_the_task_s_id_but_not_inside_a_map() {
+        let def = json!({"StartAt": "Log", "States": {
+            "Log": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:log",
+                    "Parameters": {"execution.$": "$$.Execution.Id", "name.$": "$$.Execution.Name", "x.$": "$.x"}, "End": true}}});
+        let i = import("audit", &def).expect("translated");
+        loads(&i);
+        assert_eq!(
+            steps(&i)["Log"]["parameters"],
+            json!({"execution.$": "$.task.id", "name.$": "$.task.id", "x.$": "$.input.x"})
+        );
+        assert!(i.notes.iter().any(|n| n.contains("$$.Execution.Id is the task's id here")), "{:?}", i.notes);
+        let in_map = json!({"StartAt": "Each", "States": {"Each": {"Type": "Map", "ItemsPath": "$.l", "End": true,
+            "ItemProcessor": {"StartAt": "A", "States": {
+                "A": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:a",
+                      "Parameters": {"run.$": "$$.Execution.Id"}, "End": true}}}}}});
+        let refused = import("audit", &in_map).expect_err("refused");
+        assert!(refused.iter().any(|r| r.state == "Each" && r.reason.contains("ItemSelector")), "{refused:?}");
+    }
+
+    #[test]
+    fn a_refusal_inside_a_map_s_workflow_names_the_state_inside_the_map() {
+        let def = json!({
+            "StartAt": "Lines",
+            "States": {
+                "Lines": {"Type": "Map", "ItemProcessor": {"StartAt": "A", "States": {
+                    "A": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:a", "Next": "B"},
+                    "B": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject", "End": true}}},
+                    "End": true}
+            }
+        });
+        let refused = import("order", &def).expect_err("refused");
+        assert!(refused.iter().any(|r| r.state == "Lines/B" && r.field == "Resource"), "{refused:?}");
     }
 
     #[test]

@@ -168,7 +168,7 @@ fn undo_now(task: &Task, step: usize, p: &MapProgress) -> Vec<u32> {
 /// the outputs of the parent's steps it comes after ([`Task::upstream`]).
 pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: &Ctx, policy: &Policy) -> Transition {
     if parent.workflow.steps[step].kind.starts_a_workflow() {
-        return child_task(parent, step, ctx, policy);
+        return child_task(parent, step, element, item, ctx, policy);
     }
     let branch = parent.workflow.region_at(step).map(|r| r.start + element as usize);
     let mut def = parent.workflow.steps[branch.unwrap_or(step)].clone();
@@ -206,18 +206,62 @@ pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: 
 /// the parent's definition), its input the step's `parameters` filled from the parent (the
 /// parent's input without them), read again at each spawn (the parent's data does not change
 /// while the step runs, so each copy is the same). Created waiting for its claim, as an element.
-fn child_task(parent: &Task, step: usize, ctx: &Ctx, policy: &Policy) -> Transition {
+/// A workflow step that is a map starts one child per element: its input is `{"item", "index"}`,
+/// or the step's `parameters` filled from that (as a map's call step reads them in its element).
+fn child_task(parent: &Task, step: usize, element: u32, item: Value, ctx: &Ctx, policy: &Policy) -> Transition {
     let def = &parent.workflow.steps[step];
     let workflow = def.child.as_deref().cloned().expect("a loaded workflow step has its child's definition");
-    let input = match &def.parameters {
-        Some(t) => t.0.fill(parent),
-        None => parent.input.clone(),
+    let id = TaskId::child(&parent.task_id, step, element);
+    let mut t = if map_spec(parent, step).is_some() {
+        let mut element_input =
+            serde_json::Map::from_iter([("item".to_owned(), item), ("index".to_owned(), json!(element))]);
+        let input = match &def.parameters {
+            Some(p) => {
+                // beside the element, the members of the task's input the parameters read (only
+                // those: the task's input holds the whole array), and its steps' outputs
+                for m in p.0.paths().into_iter().filter_map(crate::condition::DataPath::input_member) {
+                    if let (false, Some(v)) = (element_input.contains_key(m), parent.input.get(m)) {
+                        element_input.insert(m.to_owned(), v.clone());
+                    }
+                }
+                p.0.fill(&ElementScope { input: Value::Object(element_input), parent })
+            }
+            None => Value::Object(element_input),
+        };
+        new_task(id, workflow, input, None, ctx)
+    } else {
+        let input = match &def.parameters {
+            Some(t) => t.0.fill(parent),
+            None => parent.input.clone(),
+        };
+        new_task(id, workflow, input, None, ctx)
     };
-    let mut t = new_task(TaskId::child(&parent.task_id, step, 0), workflow, input, None, ctx);
     t.called = true;
     let mut c = Change { t, fx: Vec::new(), ctx, policy };
     c.wait_for_claim(ctx.now, crate::messages::RunReason::Start);
     Transition { task: c.t, effects: c.fx, keeps_mark: false }
+}
+
+/// What the parameters of a map of a workflow step are filled from, for one element: the element
+/// (`$.input.item`, `$.input.index`, which hide members of the task's input so named), the
+/// members of the task's input they read, and the task's steps' outputs.
+struct ElementScope<'a> {
+    input: Value,
+    parent: &'a Task,
+}
+
+impl crate::condition::Scope for ElementScope<'_> {
+    fn input(&self) -> &Value {
+        &self.input
+    }
+
+    fn output(&self, step: &str) -> Option<&Value> {
+        crate::condition::Scope::output(self.parent, step)
+    }
+
+    fn task_id(&self) -> Option<&str> {
+        Some(self.parent.task_id.as_str())
+    }
 }
 
 /// The outputs of the steps that step `s` comes after (the parent's, and those its branches
@@ -287,14 +331,8 @@ pub(crate) fn ended_notice(task: &Task) -> Option<Effect> {
             .map(|r| crate::ids::clip(r, 300).to_owned()),
         output: (task.process_state == ProcessState::Processed)
             .then(|| {
-                if task.called {
-                    // a child workflow: its result, or every output of its steps
-                    Some(task.result().unwrap_or_else(|| task.outputs()))
-                } else {
-                    task.upstream
-                        .as_ref()
-                        .map(|_| task.steps.first().and_then(|s| s.output.clone()).unwrap_or(Value::Null))
-                }
+                // a map's element brings its output back with the join, not here
+                (task.called || task.upstream.is_some()).then(|| task.element_output())
             })
             .flatten(),
     })))
@@ -393,7 +431,7 @@ pub(crate) fn element_ended(
     let region = task.workflow.region_at(step);
     let def = &task.workflow.steps[step];
     let spec = map_spec(task, step).cloned();
-    if state == ProcessState::Processed && def.kind.starts_a_workflow() {
+    if state == ProcessState::Processed && def.kind.starts_a_workflow() && spec.is_none() {
         // the child ended: the step succeeds with its result
         p.ok.set(element);
         c.t.steps[step].map = Some(p);
@@ -422,7 +460,7 @@ pub(crate) fn element_ended(
                     task.workflow.steps[r.start + element as usize].name,
                     reason.map(|r| format!(" ({r})")).unwrap_or_default(),
                 ),
-                None if def.kind.starts_a_workflow() => format!(
+                None if def.kind.starts_a_workflow() && spec.is_none() => format!(
                     "workflow step {}: its child task {} ended {state}{}",
                     def.name,
                     TaskId::child(&task.task_id, step, element),

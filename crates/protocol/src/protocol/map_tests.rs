@@ -250,7 +250,7 @@ impl World {
                     let id = TaskId::child(&parent.task_id, step, e);
                     let t = &self.tasks[&id];
                     if p.ok.get(e) {
-                        t.steps[0].output.clone().unwrap_or(Value::Null)
+                        t.element_output()
                     } else {
                         Value::Null
                     }

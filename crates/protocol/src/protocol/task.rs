@@ -351,6 +351,10 @@ impl crate::condition::Scope for Task {
         &self.input
     }
 
+    fn task_id(&self) -> Option<&str> {
+        Some(self.task_id.as_str())
+    }
+
     fn output(&self, step: &str) -> Option<&Value> {
         match self.steps.iter().find(|s| s.name == step) {
             Some(s) if s.status != StepStatus::Skipped && s.output.is_some() => s.output.as_ref(),
@@ -811,6 +815,17 @@ impl Task {
             v["compensating"] = Value::String(self.steps[self.unit_step()].name.clone());
         }
         v
+    }
+
+    /// What this task, as a child of another (a map's element, a parallel branch, a child
+    /// workflow), gives its parent's step: a child workflow's result (or every output of its
+    /// steps), else its one step's output.
+    pub fn element_output(&self) -> Value {
+        if self.called {
+            self.result().unwrap_or_else(|| self.outputs())
+        } else {
+            self.steps.first().and_then(|s| s.output.clone()).unwrap_or(Value::Null)
+        }
     }
 
     /// The outputs of the steps that succeeded, by step name: what later steps receive as

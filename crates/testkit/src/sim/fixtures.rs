@@ -134,11 +134,39 @@ pub fn workflows() -> WorkflowRegistry {
         },
         step("notify", None),
     ];
+    // `order-children`: the charge, then `shipping` once per line (a map of a workflow step, two
+    // at once), each child reading its line and, beside it, the order's sku
+    let mut children_order = wf("order-children", OnFailure::Compensate);
+    children_order.steps = vec![
+        step("charge", Some("refund")),
+        StepDef {
+            kind: StepKind::Workflow,
+            agent: String::new(),
+            timeout_ms: 0,
+            max_attempts: 1,
+            compensation: None,
+            workflow: Some("shipping".into()),
+            version: Some(1),
+            parameters: Some(
+                serde_json::from_value(serde_json::json!({"sku.$": "$.input.sku", "line.$": "$.input.item"}))
+                    .expect("a valid template"),
+            ),
+            map: Some(sas_core::workflow::MapSpec {
+                items: "/input/lines".into(),
+                max_concurrency: 2,
+                tolerated_failures: sas_core::workflow::Tolerance::None,
+                timeout_ms: None,
+            }),
+            ..step("ship", None)
+        },
+        step("notify", None),
+    ];
     WorkflowRegistry::new([
         wf("order", OnFailure::Compensate),
         choice_order,
         shipping,
         child_order,
+        children_order,
         wf("order-parked", OnFailure::Error),
         async_order,
         map_order,

@@ -440,8 +440,10 @@ impl Sim {
             "order-graph"
         } else if roll < 0.87 {
             "order-choice"
-        } else if roll < 0.94 {
+        } else if roll < 0.905 {
             "order-child"
+        } else if roll < 0.94 {
+            "order-children"
         } else {
             "order"
         };

@@ -544,3 +544,124 @@ fn workflows_that_call_each_other_in_a_cycle_or_too_deep_or_an_unknown_one_are_r
     let ok = vec![calls("b", "c"), calls("c", "d"), calls("d", "order"), leaf];
     crate::workflow::WorkflowRegistry::new(ok).unwrap();
 }
+
+/// `order@1` whose `ship` step runs `shipping@1` once per line of the order (a map of a workflow
+/// step), each child with `{"address", "sku"}` from its item.
+fn with_children() -> WorkflowDef {
+    let shipping = WorkflowDef {
+        name: "shipping".into(),
+        version: 1,
+        description: String::new(),
+        on_failure: OnFailure::Compensate,
+        steps: vec![call("pack", Some("unpack")), call("dispatch", None)],
+        result: tpl(json!({"sku.$": "$.input.sku", "n.$": "$.input.n"})),
+    };
+    let ship = StepDef {
+        kind: crate::workflow::StepKind::Workflow,
+        agent: String::new(),
+        timeout_ms: 0,
+        max_attempts: 1,
+        workflow: Some("shipping".into()),
+        version: Some(1),
+        // the element, and beside it the task's input and a step's output
+        parameters: tpl(json!({
+            "sku.$": "$.input.item.sku", "n.$": "$.input.index", "order.$": "$.input.order", "by.$": "$.outputs.charge.step"
+        })),
+        map: Some(crate::workflow::MapSpec {
+            items: "/input/lines".into(),
+            max_concurrency: 2,
+            tolerated_failures: crate::workflow::Tolerance::None,
+            timeout_ms: None,
+        }),
+        ..StepDef::call("ship", "", 0)
+    };
+    let order = wf(vec![call("charge", Some("refund")), ship, call("notify", None)]);
+    let registry = crate::workflow::WorkflowRegistry::new([order, shipping]).unwrap();
+    registry.resolve("order", Some(1)).unwrap().clone()
+}
+
+#[test]
+fn a_map_of_a_workflow_step_runs_a_child_task_per_element_and_joins_their_results_in_order() {
+    for (seed, twice) in ORDERS {
+        let lines = json!({"order": "o-1", "lines": [{"sku": "a"}, {"sku": "b"}, {"sku": "c"}]});
+        let mut w = World::with(with_children(), lines);
+        w.shuffle = seed;
+        w.twice = twice;
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Processed, "{seed:?}: {:?}", p.reason);
+        for (e, sku) in ["a", "b", "c"].into_iter().enumerate() {
+            let c = &w.tasks[&TaskId::child(&pid(), 1, u32::try_from(e).unwrap())];
+            assert_eq!(c.workflow.name, "shipping");
+            assert_eq!(
+                c.input,
+                json!({"sku": sku, "n": e, "order": "o-1", "by": "charge"}),
+                "the child's input is the parameters filled from its item and the task's data"
+            );
+            assert_eq!(c.process_state, ProcessState::Processed);
+            assert_eq!(w.applied.get(&c.task_id).copied(), Some(2), "each child ran both its steps once");
+        }
+        assert_eq!(w.elements().len(), 3, "{seed:?}: one child per element, however often each start came");
+        assert_eq!(
+            p.outputs()["ship"],
+            json!([{"sku": "a", "n": 0}, {"sku": "b", "n": 1}, {"sku": "c", "n": 2}]),
+            "the children's results, in element order"
+        );
+        let notify = w.requests.iter().find(|(_, s, _)| s == "notify").unwrap();
+        assert_eq!(notify.2["outputs"]["ship"][2]["sku"], "c");
+    }
+}
+
+#[test]
+fn a_task_that_compensates_has_each_child_of_its_map_undo_its_own_steps_once() {
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(with_children(), json!({"lines": [{"sku": "a"}, {"sku": "b"}]}));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.refuse_steps.insert("notify");
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
+        for e in 0..2 {
+            let c = TaskId::child(&pid(), 1, e);
+            assert_eq!(w.tasks[&c].process_state, ProcessState::Compensated, "{seed:?}: child {e}");
+            assert_eq!(w.undone(&c), 1, "{seed:?}: child {e} undid its pack once");
+        }
+        assert_eq!(ran(&w, "unpack"), 2, "{seed:?}");
+        assert_eq!(ran(&w, "refund"), 1, "{seed:?}");
+        let refund = w.requests.iter().position(|(_, s, _)| s == "refund").unwrap();
+        assert!(
+            w.requests.iter().enumerate().filter(|(_, (_, s, _))| s == "unpack").all(|(i, _)| i < refund),
+            "{seed:?}: the children undo before the step before them"
+        );
+    }
+}
+
+#[test]
+fn a_child_of_a_map_that_fails_stops_the_map_and_the_others_undo_what_they_applied() {
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(with_children(), json!({"lines": [{"sku": "a"}, {"sku": "b"}]}));
+        w.shuffle = seed;
+        w.twice = twice;
+        w.refuse_steps.insert("dispatch");
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
+        assert!(p.reason.as_deref().unwrap_or_default().contains("map step ship"), "{:?}", p.reason);
+        for e in 0..2 {
+            let c = &w.tasks[&TaskId::child(&pid(), 1, e)];
+            // the child that failed undid its pack; the other one was cancelled, and undid what it had applied
+            assert!(
+                matches!(c.process_state, ProcessState::Compensated | ProcessState::Cancelled),
+                "{seed:?}: child {e} ended {}",
+                c.process_state
+            );
+            assert_eq!(
+                w.undone(&c.task_id),
+                w.applied.get(&c.task_id).copied().unwrap_or(0).min(1),
+                "{seed:?}: child {e} undid its pack once if it had packed"
+            );
+        }
+        assert_eq!(ran(&w, "refund"), 1, "{seed:?}");
+    }
+}

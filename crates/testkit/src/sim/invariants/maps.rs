@@ -62,7 +62,7 @@ impl Sim {
                     self.check_region(t, i, &r, &elements, v);
                     continue;
                 }
-                if t.workflow.steps[i].kind.starts_a_workflow() {
+                if t.workflow.steps[i].kind.starts_a_workflow() && t.workflow.steps[i].map.is_none() {
                     check_child(t, i, elements.first().copied().flatten().copied(), v);
                     continue;
                 }
@@ -109,15 +109,19 @@ impl Sim {
         let by_id: BTreeMap<&str, &sas_core::protocol::Task> = tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
         for t in tasks {
             for (i, s) in t.steps.iter().enumerate().filter(|(i, _)| t.workflow.steps[*i].kind.starts_a_workflow()) {
-                let Some(c) = by_id.get(TaskId::child(&t.task_id, i, 0).as_str()) else { continue };
-                let ended = matches!(s.status, StepStatus::Succeeded | StepStatus::Failed)
-                    && !t.is_compensating()
-                    && t.process_state != ProcessState::Error;
-                if ended && !c.process_state.is_terminal() {
-                    self.report.violations.push(format!(
-                        "child-ended: {}: step {} is {:?} while its child {} is {}",
-                        t.task_id, s.name, s.status, c.task_id, c.process_state
-                    ));
+                // a map of a workflow step has a child per element
+                let n = s.map.as_ref().map_or(1, |p| p.n);
+                for e in 0..n {
+                    let Some(c) = by_id.get(TaskId::child(&t.task_id, i, e).as_str()) else { continue };
+                    let ended = matches!(s.status, StepStatus::Succeeded | StepStatus::Failed)
+                        && !t.is_compensating()
+                        && t.process_state != ProcessState::Error;
+                    if ended && !c.process_state.is_terminal() {
+                        self.report.violations.push(format!(
+                            "child-ended: {}: step {} is {:?} while its child {} is {}",
+                            t.task_id, s.name, s.status, c.task_id, c.process_state
+                        ));
+                    }
                 }
             }
         }
