@@ -124,13 +124,12 @@ WORKLOADS = [
       "SendingSMSSuccess": 1}),
     # buy or sell: the recommendation is "buy" (asl_bench.py's stub: a sim agent's answer matches no
     # Choice rule), the approval a callback step answered by asl_bench.py's approver. The Choice's
-    # three ways (no match, sell, buy) all follow the approval: they run as branches, each a task
-    # of its own, the guard deciding which steps run (buy, then the report; sell and the no-match
-    # step skipped); the task's own record counts the region's start on its first step, as in
-    # sim-branches
+    # three ways (no match, sell, buy) follow each other in the task (the importer puts the ways
+    # out of one Choice in sequence), their guards deciding which run: buy, then the report; sell
+    # and the no-match step skipped
     ("asl-orchestration (import-asl), buy", "asl-orchestration", {"ticker": "AMZN"}, 100,
      {"Check_Stock_Price": 1, "Generate_Buy_Sell_recommendation": 1, "Request_Human_Approval": 1,
-      "Buy_or_Sell__no_choice_matched": 1, "Sell_Stock": 0, "Buy_Stock": 0, "Report_Result": 0}),
+      "Buy_or_Sell__no_choice_matched": 0, "Sell_Stock": 0, "Buy_Stock": 1, "Report_Result": 1}),
 ]
 
 # Workloads whose task is a map: how many elements it has (for the figures per element).

@@ -6,8 +6,10 @@
 //! Supported: `States.Format`, `States.StringToJson`, `States.JsonToString`, `States.Array`,
 //! `States.ArrayPartition`, `States.ArrayContains`, `States.ArrayRange`, `States.ArrayGetItem`,
 //! `States.ArrayLength`, `States.ArrayUnique`, `States.JsonMerge` (shallow), `States.MathAdd`,
-//! `States.StringSplit`. Not: `States.UUID` and `States.MathRandom` (a value that would change
-//! each time a step's request is made), `States.Hash`, `States.Base64Encode`/`Decode` (not yet).
+//! `States.StringSplit`, `States.Hash` (`MD5`, `SHA-1`, `SHA-256`, `SHA-384`, `SHA-512`: lowercase
+//! hex), `States.Base64Encode` and `States.Base64Decode` (the standard alphabet, padded; a string
+//! of at most 10,000 characters, as Step Functions takes). Not: `States.UUID` and
+//! `States.MathRandom` (a value that would change each time a step's request is made).
 //! A call that fails at run time (a wrong type, an index out of range) gives `null`; Step
 //! Functions fails the state there (`States.IntrinsicFailure`).
 
@@ -30,7 +32,13 @@ pub const FUNCTIONS: &[&str] = &[
     "States.JsonMerge",
     "States.MathAdd",
     "States.StringSplit",
+    "States.Hash",
+    "States.Base64Encode",
+    "States.Base64Decode",
 ];
+
+/// The most characters `States.Hash` and `States.Base64Encode`/`Decode` take (Step Functions').
+const MAX_ENCODED_CHARS: usize = 10_000;
 
 /// A parsed call.
 #[derive(Debug, Clone, PartialEq)]
@@ -349,6 +357,31 @@ fn apply(f: &str, a: &[Value]) -> Option<Value> {
                 s.split(|c| seps.contains(&c)).filter(|p| !p.is_empty()).map(|p| Value::String(p.to_owned())).collect(),
             )
         }
+        ("States.Hash", [Value::String(data), Value::String(algorithm)])
+            if data.chars().count() <= MAX_ENCODED_CHARS =>
+        {
+            Value::String(hash(data.as_bytes(), algorithm)?)
+        }
+        ("States.Base64Encode", [Value::String(s)]) if s.chars().count() <= MAX_ENCODED_CHARS => {
+            Value::String(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, s))
+        }
+        ("States.Base64Decode", [Value::String(s)]) if s.len() <= MAX_ENCODED_CHARS => {
+            let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, s).ok()?;
+            Value::String(String::from_utf8(bytes).ok()?)
+        }
+        _ => return None,
+    })
+}
+
+/// `data`'s digest by one of `States.Hash`'s algorithms, in lowercase hex.
+fn hash(data: &[u8], algorithm: &str) -> Option<String> {
+    use sha2::Digest;
+    Some(match algorithm {
+        "MD5" => hex::encode(md5::Md5::digest(data)),
+        "SHA-1" => hex::encode(sha1::Sha1::digest(data)),
+        "SHA-256" => hex::encode(sha2::Sha256::digest(data)),
+        "SHA-384" => hex::encode(sha2::Sha384::digest(data)),
+        "SHA-512" => hex::encode(sha2::Sha512::digest(data)),
         _ => return None,
     })
 }
@@ -387,6 +420,21 @@ mod tests {
         assert_eq!(eval("States.ArrayRange(1, 9, 3)", &input), Some(json!([1, 4, 7])));
         assert_eq!(eval("States.ArrayGetItem($.input.list, 1)", &input), Some(json!(2)));
         assert_eq!(eval("States.ArrayLength($.input.list)", &input), Some(json!(4)));
+        // the digests of "abc" (FIPS 180 and RFC 1321 test vectors)
+        for (algorithm, digest) in [
+            ("MD5", "900150983cd24fb0d6963f7d28e17f72"),
+            ("SHA-1", "a9993e364706816aba3e25717850c26c9cd0d89d"),
+            ("SHA-256", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+        ] {
+            assert_eq!(eval(&format!("States.Hash('abc', '{algorithm}')"), &input), Some(json!(digest)), "{algorithm}");
+        }
+        assert_eq!(eval("States.Hash($.input.name, 'SHA-512')", &input).unwrap().as_str().unwrap().len(), 128);
+        assert_eq!(eval("States.Hash($.input.name, 'SHA-384')", &input).unwrap().as_str().unwrap().len(), 96);
+        assert_eq!(eval("States.Hash('abc', 'CRC32')", &input), None, "an algorithm Step Functions does not take");
+        assert_eq!(eval("States.Base64Encode('Data to encode')", &input), Some(json!("RGF0YSB0byBlbmNvZGU=")));
+        assert_eq!(eval("States.Base64Decode('RGF0YSB0byBlbmNvZGU=')", &input), Some(json!("Data to encode")));
+        assert_eq!(eval("States.Base64Decode('not base64!')", &input), None);
+        assert_eq!(eval("States.Base64Encode($.input.n)", &input), None, "a string only");
         assert_eq!(eval("States.ArrayUnique($.input.list)", &input), Some(json!([1, 2, 3])));
         assert_eq!(
             eval("States.JsonMerge($.input.o, States.StringToJson('\\{\"b\": 5\\}'), false)", &input),
@@ -404,7 +452,8 @@ mod tests {
     fn calls_that_cannot_be_read_say_why() {
         let err = |t: &str| Call::parse(t, &DataPath::parse).unwrap_err();
         assert!(err("States.UUID()").contains("would change"));
-        assert!(err("States.Hash($.input.a, 'SHA-256')").contains("not supported"));
+        assert!(err("States.MathRandom(1, 9)").contains("would change"));
+        assert!(err("States.Encrypt($.input.a)").contains("not supported"));
         assert!(err("States.Format('x'").contains("expected"));
         assert!(err("States.Format($.nowhere)").contains("$.nowhere"));
         assert!(err("States.Array({})").contains("not an argument"));

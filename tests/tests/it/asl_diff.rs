@@ -649,6 +649,22 @@ fn hand_written() -> Vec<Case> {
                      "ResultPath": "$.looked", "End": true}}}),
         &[json!({"items": [{"a": "x", "l": [1, 2]}, {"a": "y", "l": []}]})],
     ));
+    c.push(case(
+        "intrinsic-digests",
+        "States.Hash (MD5, SHA-1, SHA-256, SHA-384, SHA-512), States.Base64Encode and Base64Decode, and \
+         States.Format over the task's id-free data, sent to a function",
+        json!({"StartAt": "Digest", "States": {
+            "Digest": {"Type": "Task", "Resource": "${EchoFunctionArn}", "ResultPath": "$.out", "End": true,
+                       "Parameters": {"value": {
+                           "md5.$": "States.Hash($.s, 'MD5')", "sha1.$": "States.Hash($.s, 'SHA-1')",
+                           "sha256.$": "States.Hash($.s, 'SHA-256')", "sha384.$": "States.Hash($.s, 'SHA-384')",
+                           "sha512.$": "States.Hash($.s, 'SHA-512')", "b64.$": "States.Base64Encode($.s)",
+                           "back.$": "States.Base64Decode($.e)",
+                           "label.$": "States.Format('{} is {}', $.s, States.Base64Encode($.s))"}}}}}),
+        // ASCII only: LocalStack 4.13 encodes States.Base64Encode's string with Python's ascii codec
+        // (a non-ASCII character fails the execution); AWS and this project take UTF-8
+        &[json!({"s": "abc", "e": "RGF0YSB0byBlbmNvZGU="}), json!({"s": "Data to encode, 42!", "e": "YWJj"})],
+    ));
     c
 }
 
@@ -695,6 +711,30 @@ const DOCUMENTED: &[(fn() -> Case, fn(&Observed, &Observed) -> Result<(), String
                 Ok(())
             }
             _ => Err(format!("expected Step Functions to fail and the task to take the catcher: {sfn:?} / {ours:?}")),
+        },
+    ),
+    (
+        || {
+            case(
+                "parallel-catch-fail",
+                "a Parallel whose Catch leads only to a Fail state: both fail, Step Functions with the Fail \
+                 state's Error, the task naming the branch's error (import-asl.md: its Catch leads only to Fail)",
+                json!({"StartAt": "Both", "States": {
+                    "Both": {"Type": "Parallel", "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "Rejected"}], "End": true,
+                             "Branches": [
+                        {"StartAt": "Ok", "States": {"Ok": {"Type": "Task", "Resource": "${AddFunctionArn}", "End": true}}},
+                        {"StartAt": "No", "States": {"No": {"Type": "Task", "Resource": "${FailFunctionArn}", "End": true}}}]},
+                    "Rejected": {"Type": "Fail", "Error": "Rejected", "Cause": "a branch failed"}}}),
+                &[json!({"a": 1})],
+            )
+        },
+        |sfn, ours| match (&sfn.end, &ours.end) {
+            (End::Failed { error: theirs, .. }, End::Failed { error: reason, .. })
+                if theirs == "Rejected" && reason.contains("CustomError") && reason.contains("branch No") =>
+            {
+                Ok(())
+            }
+            _ => Err(format!("expected both to fail, the task naming the branch's error: {sfn:?} / {ours:?}")),
         },
     ),
 ];

@@ -97,11 +97,20 @@ pub fn import(name: &str, def: &Value) -> Result<Imported, Vec<Refusal>> {
         }
         None => states,
     };
+    let ended;
+    let states = match cx.catches_into_fail(states) {
+        Some(kept) => {
+            ended = kept;
+            &ended
+        }
+        None => states,
+    };
     let ends = cx.block("", states, start, entry, Scope::Task);
     if !cx.refusals.is_empty() {
         return Err(cx.refusals);
     }
     let ends = ends.unwrap_or_default();
+    in_sequence(&mut cx.steps);
     if cx.steps.is_empty() {
         return Err(refuse_top(
             "States",
@@ -130,6 +139,78 @@ impl Imported {
     pub fn workflows(&self) -> Vec<Value> {
         std::iter::once(self.workflow.clone()).chain(self.children.iter().cloned()).collect()
     }
+}
+
+/// The ways out of a Choice, one after another: a step that waits for the same steps as the one
+/// before it in the list (or the head of that one's chain), with a guard that excludes the
+/// other's, follows it in the list instead (its `after` left out: it runs whether that one ran or
+/// was skipped). Only one of them runs either way, and a list runs within the task, where steps
+/// that wait for the same steps would each be a branch, a task of its own.
+fn in_sequence(steps: &mut [Value]) {
+    let names: Vec<String> = steps.iter().map(|s| s["name"].as_str().unwrap_or_default().to_owned()).collect();
+    let after = |steps: &[Value], i: usize| -> Option<Vec<String>> {
+        steps[i]
+            .get("after")
+            .map(|a| a.as_array().into_iter().flatten().filter_map(|x| x.as_str().map(String::from)).collect())
+    };
+    // whether step i waits, directly or not, for step j
+    let waits_for = |steps: &[Value], i: usize, j: usize| -> bool {
+        let mut seen = HashSet::new();
+        let mut todo = vec![i];
+        while let Some(k) = todo.pop() {
+            if k == j {
+                return true;
+            }
+            if !seen.insert(k) {
+                continue;
+            }
+            match after(steps, k) {
+                Some(list) => todo.extend(list.iter().filter_map(|n| names.iter().position(|m| m == n))),
+                None if k > 0 => todo.push(k - 1),
+                None => {}
+            }
+        }
+        false
+    };
+    // a way out that others follow: its index, and those that follow it
+    let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
+    for i in 1..steps.len() {
+        let (Some(mine), Some(when)) = (after(steps, i), steps[i].get("when").cloned()) else { continue };
+        if mine.is_empty() {
+            continue;
+        }
+        let joined = groups.iter_mut().rev().find(|(head, _)| after(steps, *head).as_ref() == Some(&mine));
+        match joined {
+            Some((head, members))
+                if std::iter::once(&*head)
+                    .chain(members.iter())
+                    .all(|&m| steps[m].get("when").is_some_and(|w| excludes(w, &when)))
+                    && waits_for(steps, i - 1, *head) =>
+            {
+                members.push(i);
+                if let Some(o) = steps[i].as_object_mut() {
+                    o.remove("after");
+                }
+            }
+            _ => groups.push((i, Vec::new())),
+        }
+    }
+}
+
+/// Whether guards `a` and `b` cannot both hold: one of them requires, among what it requires,
+/// that something the other requires does not hold (as the ways out of one Choice do).
+fn excludes(a: &Value, b: &Value) -> bool {
+    let all = |g: &Value| -> Vec<Value> {
+        match g.get("and").and_then(Value::as_array) {
+            Some(list) => list.clone(),
+            None => vec![g.clone()],
+        }
+    };
+    let denies = |x: &Value, y: &Value| {
+        let required = all(y);
+        all(x).iter().any(|c| c.get("not").is_some_and(|n| required.contains(n) || n == y))
+    };
+    denies(a, b) || denies(b, a)
 }
 
 /// The workflow's result from the ends where the state machine succeeds.
@@ -190,6 +271,41 @@ enum To {
 }
 
 impl Cx {
+    /// The states without the `Catch` of a `Parallel` or `Map` whose every catcher goes straight
+    /// to a `Fail` state: the task fails there anyway (its reason naming the branch or element
+    /// that failed), and undoes what it applied. None when there is no such `Catch`.
+    fn catches_into_fail(&mut self, states: &Map<String, Value>) -> Option<Map<String, Value>> {
+        let is_fail = |name: &Value| {
+            name.as_str().and_then(|n| states.get(n)).and_then(|st| st.get("Type")).and_then(Value::as_str)
+                == Some("Fail")
+        };
+        let mut out = states.clone();
+        let mut changed = false;
+        for (name, st) in states {
+            let kind = st.get("Type").and_then(Value::as_str).unwrap_or_default();
+            let Some(Value::Array(catchers)) = st.get("Catch") else { continue };
+            if !matches!(kind, "Parallel" | "Map")
+                || catchers.is_empty()
+                || !catchers.iter().all(|c| is_fail(&c["Next"]))
+            {
+                continue;
+            }
+            if let Some(o) = out.get_mut(name).and_then(Value::as_object_mut) {
+                o.remove("Catch");
+            }
+            changed = true;
+            let to: Vec<&str> = catchers.iter().filter_map(|c| c["Next"].as_str()).collect();
+            self.notes.push(format!(
+                "{name}: its Catch leads only to Fail ({}): here the task fails when the {} does, its reason naming \
+                 the {} that failed rather than the Fail state's Error and Cause, and undoes what it applied",
+                to.join(", "),
+                kind,
+                if kind == "Map" { "element" } else { "branch" },
+            ));
+        }
+        changed.then_some(out)
+    }
+
     /// The states without the saga's chain and the catchers that entered it; the undoing states
     /// kept to become the compensations of their tasks.
     fn take_saga(&mut self, states: &Map<String, Value>, saga: &super::saga::Saga) -> Map<String, Value> {
@@ -1594,6 +1710,67 @@ mod tests {
             "{:?}",
             i.agents.keys()
         );
+    }
+
+    #[test]
+    fn the_ways_out_of_a_choice_follow_each_other_in_the_task_and_a_parallel_s_branches_stay_branches() {
+        let def = json!({"StartAt": "Quote", "States": {
+            "Quote": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:quote", "ResultPath": "$.q", "Next": "Which"},
+            "Which": {"Type": "Choice", "Choices": [
+                {"Variable": "$.q.way", "StringEquals": "buy", "Next": "Buy"},
+                {"Variable": "$.q.way", "StringEquals": "sell", "Next": "Sell"}], "Default": "Hold"},
+            "Buy": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:buy", "ResultPath": "$.done", "Next": "Confirm"},
+            "Confirm": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:confirm", "ResultPath": "$.done", "Next": "Report"},
+            "Sell": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:sell", "ResultPath": "$.done", "Next": "Report"},
+            "Hold": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:hold", "ResultPath": "$.done", "Next": "Report"},
+            "Report": {"Type": "Parallel", "End": true, "Branches": [
+                {"StartAt": "Mail", "States": {"Mail": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:mail", "End": true}}},
+                {"StartAt": "Log", "States": {"Log": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:log", "End": true}}}]}}});
+        let i = import("trade", &def).expect("translated");
+        loads(&i);
+        let s = steps(&i);
+        let order: Vec<&str> =
+            i.workflow["steps"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+        // the first way out waits for Quote; the others follow the step before them in the list
+        let first = order.iter().position(|n| ["Buy", "Sell", "Hold"].contains(n)).unwrap();
+        assert_eq!(s[order[first]]["after"], json!(["Quote"]));
+        for way in ["Buy", "Sell", "Hold"].iter().filter(|w| **w != order[first]) {
+            assert!(s[*way].get("after").is_none(), "{way} follows the list: {}", s[*way]);
+        }
+        assert_eq!(s["Confirm"]["after"], json!(["Buy"]), "a way's chain still names its head (skipped with it)");
+        // the Parallel's branches wait for the same steps and have no guards that exclude each other
+        assert!(s["Mail"].get("after").is_some() && s["Log"].get("after").is_some(), "{} {}", s["Mail"], s["Log"]);
+        let wf =
+            sas_core::workflow::WorkflowRegistry::from_json(&json!({"workflows": i.workflows()}).to_string()).unwrap();
+        let def = wf.resolve("trade", None).unwrap();
+        let region_of = |n: &str| def.region_at(def.steps.iter().position(|s| s.name == n).unwrap());
+        assert!(
+            ["Buy", "Sell", "Hold", "Confirm"].iter().all(|n| region_of(n).is_none()),
+            "no branch of a task of its own"
+        );
+        assert!(region_of("Mail").is_some(), "the Parallel's branches are branches");
+    }
+
+    #[test]
+    fn a_catch_on_a_parallel_into_a_fail_state_is_the_task_failing_and_any_other_is_refused() {
+        let branches = json!([
+            {"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:a", "End": true}}},
+            {"StartAt": "B", "States": {"B": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:b", "End": true}}}]);
+        let def = |catch_to: &str| {
+            json!({"StartAt": "Both", "States": {
+            "Both": {"Type": "Parallel", "Branches": branches, "End": true,
+                     "Catch": [{"ErrorEquals": ["States.ALL"], "Next": catch_to}]},
+            "Rejected": {"Type": "Fail", "Error": "Rejected"},
+            "Tidy": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:tidy", "End": true}}})
+        };
+        let i = import("both", &def("Rejected")).expect("translated");
+        loads(&i);
+        let names: Vec<&str> =
+            i.workflow["steps"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+        assert_eq!(names, ["A", "B"], "no step for the Fail state: the task fails as the Parallel does");
+        assert!(i.notes.iter().any(|n| n.contains("its Catch leads only to Fail (Rejected)")), "{:?}", i.notes);
+        let refused = import("both", &def("Tidy")).expect_err("a Catch into a task is refused");
+        assert!(refused.iter().any(|r| r.state == "Both" && r.field == "Catch"), "{refused:?}");
     }
 
     #[test]

@@ -119,19 +119,7 @@ pub fn workflows() -> WorkflowRegistry {
     let mut child_order = wf("order-child", OnFailure::Compensate);
     child_order.steps = vec![
         StepDef { agent: LIMITED_AGENT.into(), ..step("charge", Some("refund")) },
-        StepDef {
-            kind: StepKind::Workflow,
-            agent: String::new(),
-            timeout_ms: 0,
-            max_attempts: 1,
-            compensation: None,
-            workflow: Some("shipping".into()),
-            version: Some(1),
-            parameters: Some(
-                serde_json::from_value(serde_json::json!({"sku.$": "$.input.sku"})).expect("a valid template"),
-            ),
-            ..step("ship", None)
-        },
+        shipping_step(serde_json::json!({"sku.$": "$.input.sku"})),
         step("notify", None),
     ];
     // `order-children`: the charge, then `shipping` once per line (a map of a workflow step, two
@@ -140,24 +128,13 @@ pub fn workflows() -> WorkflowRegistry {
     children_order.steps = vec![
         step("charge", Some("refund")),
         StepDef {
-            kind: StepKind::Workflow,
-            agent: String::new(),
-            timeout_ms: 0,
-            max_attempts: 1,
-            compensation: None,
-            workflow: Some("shipping".into()),
-            version: Some(1),
-            parameters: Some(
-                serde_json::from_value(serde_json::json!({"sku.$": "$.input.sku", "line.$": "$.input.item"}))
-                    .expect("a valid template"),
-            ),
             map: Some(sas_core::workflow::MapSpec {
                 items: "/input/lines".into(),
                 max_concurrency: 2,
                 tolerated_failures: sas_core::workflow::Tolerance::None,
                 timeout_ms: None,
             }),
-            ..step("ship", None)
+            ..shipping_step(serde_json::json!({"sku.$": "$.input.sku", "line.$": "$.input.item"}))
         },
         step("notify", None),
     ];
@@ -173,6 +150,22 @@ pub fn workflows() -> WorkflowRegistry {
         graph_order,
     ])
     .expect("valid simulated workflows")
+}
+
+/// `ship`: a step that runs `shipping@1` with `parameters`.
+#[allow(clippy::needless_pass_by_value)]
+fn shipping_step(parameters: serde_json::Value) -> StepDef {
+    StepDef {
+        kind: StepKind::Workflow,
+        agent: String::new(),
+        timeout_ms: 0,
+        max_attempts: 1,
+        compensation: None,
+        workflow: Some("shipping".into()),
+        version: Some(1),
+        parameters: Some(serde_json::from_value(parameters).expect("a valid template")),
+        ..step("ship", None)
+    }
 }
 
 /// An operator's cancel of `task_id`; `run`: the run the operator saw (for the fence the cancel

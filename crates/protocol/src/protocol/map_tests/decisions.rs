@@ -580,14 +580,21 @@ fn with_children() -> WorkflowDef {
     registry.resolve("order", Some(1)).unwrap().clone()
 }
 
+/// A run of `with_children` over `lines` lines, in one delivery order, with `refused` refused.
+fn children_run(lines: Value, (seed, twice): (Option<u64>, bool), refused: Option<&'static str>) -> World {
+    let mut w = World::with(with_children(), lines);
+    w.shuffle = seed;
+    w.twice = twice;
+    w.refuse_steps.extend(refused);
+    w.run();
+    w
+}
+
 #[test]
 fn a_map_of_a_workflow_step_runs_a_child_task_per_element_and_joins_their_results_in_order() {
     for (seed, twice) in ORDERS {
         let lines = json!({"order": "o-1", "lines": [{"sku": "a"}, {"sku": "b"}, {"sku": "c"}]});
-        let mut w = World::with(with_children(), lines);
-        w.shuffle = seed;
-        w.twice = twice;
-        w.run();
+        let w = children_run(lines, (seed, twice), None);
         let p = w.parent().clone();
         assert_eq!(p.process_state, ProcessState::Processed, "{seed:?}: {:?}", p.reason);
         for (e, sku) in ["a", "b", "c"].into_iter().enumerate() {
@@ -615,11 +622,7 @@ fn a_map_of_a_workflow_step_runs_a_child_task_per_element_and_joins_their_result
 #[test]
 fn a_task_that_compensates_has_each_child_of_its_map_undo_its_own_steps_once() {
     for (seed, twice) in ORDERS {
-        let mut w = World::with(with_children(), json!({"lines": [{"sku": "a"}, {"sku": "b"}]}));
-        w.shuffle = seed;
-        w.twice = twice;
-        w.refuse_steps.insert("notify");
-        w.run();
+        let w = children_run(json!({"lines": [{"sku": "a"}, {"sku": "b"}]}), (seed, twice), Some("notify"));
         let p = w.parent().clone();
         assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
         for e in 0..2 {
@@ -640,11 +643,7 @@ fn a_task_that_compensates_has_each_child_of_its_map_undo_its_own_steps_once() {
 #[test]
 fn a_child_of_a_map_that_fails_stops_the_map_and_the_others_undo_what_they_applied() {
     for (seed, twice) in ORDERS {
-        let mut w = World::with(with_children(), json!({"lines": [{"sku": "a"}, {"sku": "b"}]}));
-        w.shuffle = seed;
-        w.twice = twice;
-        w.refuse_steps.insert("dispatch");
-        w.run();
+        let w = children_run(json!({"lines": [{"sku": "a"}, {"sku": "b"}]}), (seed, twice), Some("dispatch"));
         let p = w.parent().clone();
         assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
         assert!(p.reason.as_deref().unwrap_or_default().contains("map step ship"), "{:?}", p.reason);
