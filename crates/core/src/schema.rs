@@ -43,9 +43,15 @@ pub fn agents() -> Value {
         "description": "How many calls of this agent may be in flight at once, across all tasks.",
         "type": "integer", "minimum": 1, "maximum": crate::limit::MAX_IN_FLIGHT
     });
+    // and how it retries within an attempt, instead of the file's retry
+    let retry = json!({
+        "description": "How this agent retries within an attempt (instead of the file's retry).",
+        "$ref": "#/$defs/CallRetry"
+    });
     for variant in v.pointer_mut("/$defs/AgentSpec/oneOf").and_then(Value::as_array_mut).into_iter().flatten() {
         if let Some(props) = variant.get_mut("properties").and_then(Value::as_object_mut) {
             props.insert("max_in_flight".into(), max.clone());
+            props.insert("retry".into(), retry.clone());
         }
     }
     v

@@ -29,8 +29,20 @@ pub fn workflow_name(path: &std::path::Path) -> String {
     name
 }
 
-/// An agents file of the agents imported: a function's error fails the attempt at once
-/// (`retry.max_calls` 1), to be retried only as the state machine's `Retry` says.
+/// An agents file of the agents imported: a function's error fails the attempt at once (each
+/// agent's own `retry`, `max_calls` 1), to be retried only as the state machine's `Retry` says.
+/// The `retry` is each agent's, so the entries may be merged into a file of other agents without
+/// changing how those retry.
 pub fn agents_file(agents: &serde_json::Map<String, serde_json::Value>) -> serde_json::Value {
-    serde_json::json!({"agents": agents, "retry": {"max_calls": 1, "base_ms": 100, "max_ms": 1000}})
+    let agents: serde_json::Map<String, serde_json::Value> = agents
+        .iter()
+        .map(|(name, spec)| {
+            let mut spec = spec.clone();
+            if let Some(o) = spec.as_object_mut() {
+                o.entry("retry").or_insert_with(|| serde_json::json!({"max_calls": 1, "base_ms": 100, "max_ms": 1000}));
+            }
+            (name.clone(), spec)
+        })
+        .collect();
+    serde_json::json!({"agents": agents})
 }

@@ -51,6 +51,9 @@ impl AgentRuntime {
             if let Some(max) = entry.max_in_flight {
                 rt.set_limit(entry.name.clone(), max);
             }
+            if let Some(retry) = entry.retry.clone() {
+                rt.set_retry(entry.name.clone(), retry);
+            }
             if let Some(spec) = entry.spec {
                 let agent = spec.build(&entry.name, &cx)?;
                 rt.register_arc(entry.name, agent);
@@ -216,15 +219,33 @@ struct Entry {
     spec: Option<AgentSpec>,
     /// How many of its calls may be in flight at once, across all tasks (see [`crate::limit`]).
     max_in_flight: Option<u32>,
+    /// How it retries within an attempt, when not as the file's `retry` says.
+    retry: Option<CallRetry>,
 }
 
-/// An entry's `max_in_flight` (any kind may have one), taken out of the entry so its kind's own
-/// fields are checked without it.
-fn take_max_in_flight(name: &str, raw: &Value) -> Result<(Value, Option<u32>), AgentConfigError> {
+/// An entry's `max_in_flight` and `retry` (any kind may have them), taken out of the entry so its
+/// kind's own fields are checked without them.
+fn take_common(name: &str, raw: &Value) -> Result<(Value, Option<u32>, Option<CallRetry>), AgentConfigError> {
     let mut v = raw.clone();
-    let Some(max) = v.as_object_mut().and_then(|o| o.remove("max_in_flight")) else { return Ok((v, None)) };
+    let retry = match v.as_object_mut().and_then(|o| o.remove("retry")) {
+        Some(r) => Some(
+            CallRetry::deserialize(&r)
+                .map_err(|e| AgentConfigError::Json(format!("agent {name}: retry: {e}")))
+                .and_then(|r| {
+                    if r.max_calls == 0 || r.base_ms > r.max_ms {
+                        Err(AgentConfigError::Json(format!(
+                            "agent {name}: retry needs max_calls of at least 1 and base_ms <= max_ms"
+                        )))
+                    } else {
+                        Ok(r)
+                    }
+                })?,
+        ),
+        None => None,
+    };
+    let Some(max) = v.as_object_mut().and_then(|o| o.remove("max_in_flight")) else { return Ok((v, None, retry)) };
     match max.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|n| (1..=crate::limit::MAX_IN_FLIGHT).contains(n)) {
-        Some(n) => Ok((v, Some(n))),
+        Some(n) => Ok((v, Some(n), retry)),
         None => Err(AgentConfigError::Json(format!(
             "agent {name}: max_in_flight is {max}; it must be a whole number from 1 to {}",
             crate::limit::MAX_IN_FLIGHT
@@ -239,7 +260,7 @@ impl AgentFile {
         };
         let mut out = Vec::new();
         for (name, raw) in &self.agents {
-            let (raw, max_in_flight) = take_max_in_flight(name, raw)?;
+            let (raw, max_in_flight, retry) = take_common(name, raw)?;
             // the entry as written must already be a valid one of its kind
             let written = parse(name, &raw)?;
             let (spec, missing_var) = match expand_value(&raw, vars) {
@@ -253,6 +274,7 @@ impl AgentFile {
                 missing_var,
                 spec,
                 max_in_flight,
+                retry,
             });
         }
         Ok(out)

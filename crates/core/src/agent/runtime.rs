@@ -109,6 +109,8 @@ impl CallRetry {
 pub struct AgentRuntime {
     agents: HashMap<String, Arc<dyn Agent>>,
     retry: CallRetry,
+    /// The `retry` of the agents that declare their own (the file's `retry` for the others).
+    retries: HashMap<String, CallRetry>,
     /// `max_in_flight` of the agents that declare one.
     limits: HashMap<String, u32>,
 }
@@ -120,6 +122,7 @@ impl std::fmt::Debug for AgentRuntime {
         f.debug_struct("AgentRuntime")
             .field("agents", &names)
             .field("retry", &self.retry)
+            .field("retries", &self.retries)
             .field("limits", &self.limits)
             .finish()
     }
@@ -127,7 +130,18 @@ impl std::fmt::Debug for AgentRuntime {
 
 impl AgentRuntime {
     pub fn new(retry: CallRetry) -> Self {
-        AgentRuntime { agents: HashMap::new(), retry, limits: HashMap::new() }
+        AgentRuntime { agents: HashMap::new(), retry, retries: HashMap::new(), limits: HashMap::new() }
+    }
+
+    /// Agent `name` retries within an attempt as `retry` says, not as the file's `retry` does.
+    pub fn set_retry(&mut self, name: impl Into<String>, retry: CallRetry) -> &mut Self {
+        self.retries.insert(name.into(), retry);
+        self
+    }
+
+    /// How agent `name` retries within an attempt.
+    pub fn retry_of(&self, name: &str) -> &CallRetry {
+        self.retries.get(name).unwrap_or(&self.retry)
     }
 
     /// At most `max` calls of agent `name` may be in flight at once, across all tasks and agent
@@ -207,6 +221,7 @@ impl AgentRuntime {
     /// The calls of one attempt, with backoff, until an answer for good, the call budget, or the
     /// attempt's `deadline` (a call still running then is cut: its future is dropped).
     async fn calls(&self, agent: &dyn Agent, req: &AgentRequest, deadline: Millis) -> CallsEnded {
+        let retry = self.retry_of(&req.agent);
         let mut call_no = 1;
         // transient failures so far (a key in use is none); the last answer that the key is in use
         let mut failed_calls = 0;
@@ -231,7 +246,7 @@ impl AgentRuntime {
                 }
                 Err(AgentError::KeyInUse { message, retry_after }) => {
                     // The effect is in progress under another call: wait for it, up to the deadline.
-                    let backoff = retry_after.unwrap_or_else(|| self.retry.delay(call_no, rand::random()));
+                    let backoff = retry_after.unwrap_or_else(|| retry.delay(call_no, rand::random()));
                     let backoff = backoff.min(Duration::from_millis(Millis::now().until(deadline)));
                     info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, backoff_ms = backoff.as_millis(), "the idempotency key is in use by another call; asking again");
                     in_use = Some(message);
@@ -241,7 +256,7 @@ impl AgentRuntime {
                 Err(AgentError::Transient { message, retry_after }) => {
                     failed_calls += 1;
                     let waited_for_key = in_use.take();
-                    let backoff = retry_after.unwrap_or_else(|| self.retry.delay(failed_calls, rand::random()));
+                    let backoff = retry_after.unwrap_or_else(|| retry.delay(failed_calls, rand::random()));
                     let time_left = Millis::now().until(deadline);
                     if u128::from(time_left) <= backoff.as_millis() {
                         // the client's own timeout at the deadline, or no time for another call
@@ -258,7 +273,7 @@ impl AgentRuntime {
                             _ => CallsEnded::OutOfTime { calls: call_no, last: Some(message), key_in_use: false },
                         };
                     }
-                    if failed_calls >= self.retry.max_calls {
+                    if failed_calls >= retry.max_calls {
                         info!(task_id = %req.task_id, step = %req.step, call_no, error = %message, "giving up this attempt: its calls are used");
                         return CallsEnded::GaveUp { error: message, calls: call_no };
                     }

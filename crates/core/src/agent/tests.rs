@@ -51,6 +51,32 @@ async fn too_many_transient_errors_report_a_retryable_failure() {
 }
 
 #[tokio::test]
+async fn an_agent_s_own_retry_is_its_alone_and_the_file_s_is_the_others() {
+    let file = r#"{"agents": {
+        "sim": {"kind": "sim"},
+        "once": {"kind": "sim", "retry": {"max_calls": 1, "base_ms": 1, "max_ms": 5}}
+    }, "retry": {"max_calls": 4, "base_ms": 1, "max_ms": 5}}"#;
+    let rt = AgentRuntime::from_config(file, &|_| None).unwrap();
+    let two_failures = |agent: &str| AgentRequest { agent: agent.into(), ..req(json!({"fail_calls": 2}), 1, 5_000) };
+    let r = rt.run(&two_failures("sim")).await.unwrap();
+    assert!(
+        matches!(r.outcome, Outcome::Succeeded { ref output } if output["calls"] == 3),
+        "the file's 4 calls: {r:?}"
+    );
+    let r = rt.run(&two_failures("once")).await.unwrap();
+    assert!(matches!(r.outcome, Outcome::Failed { retryable: true, .. }), "its own 1 call: {r:?}");
+    for bad in [
+        r#"{"max_calls": 0, "base_ms": 1, "max_ms": 5}"#,
+        r#"{"max_calls": 1, "base_ms": 9, "max_ms": 5}"#,
+        r#"{"calls": 1}"#,
+    ] {
+        let file = format!(r#"{{"agents": {{"once": {{"kind": "sim", "retry": {bad}}}}}}}"#);
+        let err = AgentRuntime::from_config(&file, &|_| None).unwrap_err().to_string();
+        assert!(err.contains("agent once: retry"), "{bad}: {err}");
+    }
+}
+
+#[tokio::test]
 async fn a_key_in_use_is_asked_again_until_it_is_free_and_counts_no_failed_call() {
     // max_calls 4: ten answers that the key is in use (another call holds it) are no failures,
     // and two transient failures after them still have their budget
