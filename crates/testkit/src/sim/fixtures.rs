@@ -69,7 +69,11 @@ pub fn workflows() -> WorkflowRegistry {
         schedule_to_start_ms: Some(10_000),
         ..step("ship", Some("recall"))
     };
-    async_order.steps.insert(2, StepDef::wait("cool-off", 2_000));
+    // the wait reads its seconds from the order (`wait_for`; every simulated order says 2)
+    async_order.steps.insert(
+        2,
+        StepDef { wait_ms: None, wait_for: Some("/input/cool_off_s".into()), ..StepDef::wait("cool-off", 2_000) },
+    );
     let mut map_order = wf("order-map", OnFailure::Compensate);
     map_order.steps[0].map = Some(MapSpec {
         items: "/input/lines".into(),
@@ -106,8 +110,29 @@ pub fn workflows() -> WorkflowRegistry {
         StepDef { on_failure: StepFailure::Continue(Vec::new()), ..step("giftwrap", Some("unwrap")) },
         when(step("apologize", Some("retract")), &failed),
         after(step("hold", Some("unhold")), &["apologize"]),
-        step("ship", None),
+        // what the ship step is sent: a value chosen by the way the order went (`*.choose`) and
+        // intrinsic functions over the order's data
+        StepDef {
+            parameters: Some(
+                serde_json::from_value(serde_json::json!({
+                    "wrap": {"*.choose": [
+                        {"when": {"variable": "$.outputs.giftwrap.error", "is_present": true}, "value": {"wrapped": false}},
+                        {"value": {"wrapped": true}}
+                    ]},
+                    "lines.$": "States.ArrayLength($.input.lines)",
+                    "label.$": "States.Format('order {} of {} lines', $.task.id, States.ArrayLength($.input.lines))"
+                }))
+                .expect("a valid template"),
+            ),
+            ..step("ship", None)
+        },
     ];
+    choice_order.result = Some(
+        serde_json::from_value(serde_json::json!({"shipped.$": "$.outputs.ship", "approved": {"*.choose": [
+            {"when": {"variable": "$.outputs.approve", "is_present": true}, "value": true}, {"value": false}
+        ]}}))
+        .expect("a valid template"),
+    );
     // `order-child`: the charge, then shipping as a workflow of its own (pack, label, dispatch),
     // then a notice; `shipping` undoes its own steps when the order compensates or is cancelled
     let mut shipping = wf("shipping", OnFailure::Compensate);
