@@ -70,7 +70,7 @@ const FUNCTIONS: [(&str, &str); 5] = [
 const KEY: &str = "${KEY}";
 
 /// Generated definitions: one per seed.
-const SEEDS: std::ops::Range<u64> = 1..21;
+const SEEDS: std::ops::Range<u64> = 1..41;
 
 /// Runs at once (each an execution on Step Functions and a task here).
 const AT_ONCE: usize = 16;
@@ -1428,6 +1428,20 @@ fn caught_errors_aside(sfn: &Value, ours: &Value, at: &str, problems: &mut Vec<S
             }
             let placeholder = json!({"Error": "(caught)", "Cause": "(caught)"});
             (placeholder.clone(), placeholder)
+        }
+        // a caught error's Cause read alone: a Lambda function's error as Step Functions writes it
+        // ({"errorType", "errorMessage"}), the failure's message here (which names both)
+        (Value::String(cause), Value::String(message))
+            if serde_json::from_str::<Value>(cause)
+                .is_ok_and(|c| c["errorType"].is_string() && c["errorMessage"].is_string()) =>
+        {
+            let c: Value = serde_json::from_str(cause).unwrap_or_default();
+            let (error, said) =
+                (c["errorType"].as_str().unwrap_or_default(), c["errorMessage"].as_str().unwrap_or_default());
+            if !message.contains(error) || !message.contains(said) {
+                problems.push(format!("{at}: the Cause {cause}; our message {message:?} does not say it"));
+            }
+            (json!("(cause)"), json!("(cause)"))
         }
         (Value::Object(theirs), Value::Object(mine)) => {
             let (mut theirs_aside, mut mine_aside) = (theirs.clone(), mine.clone());
