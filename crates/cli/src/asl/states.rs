@@ -279,8 +279,8 @@ impl Cx {
             name.as_str().and_then(|n| states.get(n)).and_then(|st| st.get("Type")).and_then(Value::as_str)
                 == Some("Fail")
         };
-        let mut out = states.clone();
-        let mut changed = false;
+        // copied only when a Catch is taken out
+        let mut out: Option<Map<String, Value>> = None;
         for (name, st) in states {
             let kind = st.get("Type").and_then(Value::as_str).unwrap_or_default();
             let Some(Value::Array(catchers)) = st.get("Catch") else { continue };
@@ -290,10 +290,9 @@ impl Cx {
             {
                 continue;
             }
-            if let Some(o) = out.get_mut(name).and_then(Value::as_object_mut) {
+            if let Some(o) = out.get_or_insert_with(|| states.clone()).get_mut(name).and_then(Value::as_object_mut) {
                 o.remove("Catch");
             }
-            changed = true;
             let to: Vec<&str> = catchers.iter().filter_map(|c| c["Next"].as_str()).collect();
             self.notes.push(format!(
                 "{name}: its Catch leads only to Fail ({}): here the task fails when the {} does, its reason naming \
@@ -303,7 +302,7 @@ impl Cx {
                 if kind == "Map" { "element" } else { "branch" },
             ));
         }
-        changed.then_some(out)
+        out
     }
 
     /// The states without the saga's chain and the catchers that entered it; the undoing states
@@ -1206,12 +1205,11 @@ impl Cx {
         spec: Value,
     ) -> Result<Arrival, (String, String)> {
         let step = self.step_name(name);
-        let mut child_name = format!("{}.{step}", self.workflow);
-        if child_name.len() > 64 {
-            let keep = 64usize.saturating_sub(step.len() + 1);
-            child_name = format!("{}.{step}", &self.workflow[..keep.min(self.workflow.len())]);
-            child_name.truncate(64);
-        }
+        // at most 64 characters: the workflow's name shortened, the step's kept (counted in
+        // characters, so that a name given to `import` by a caller is never cut inside one)
+        let keep = 64usize.saturating_sub(step.chars().count() + 1);
+        let child_name: String =
+            format!("{}.{step}", self.workflow.chars().take(keep).collect::<String>()).chars().take(64).collect();
         let machine = json!({
             "StartAt": processor.get("StartAt").cloned().unwrap_or(Value::Null),
             "States": processor.get("States").cloned().unwrap_or(Value::Null),

@@ -387,6 +387,21 @@ fn a_map_step_s_parameters_are_filled_for_each_element() {
     assert_eq!(p.outputs()["reserve"], json!([{"done": "reserve"}, {"done": "reserve"}]));
 }
 
+/// `ship`: a step that runs `shipping@1` with `parameters`.
+#[allow(clippy::needless_pass_by_value)]
+fn ship_runs_shipping(parameters: Value) -> StepDef {
+    StepDef {
+        kind: crate::workflow::StepKind::Workflow,
+        agent: String::new(),
+        timeout_ms: 0,
+        max_attempts: 1,
+        workflow: Some("shipping".into()),
+        version: Some(1),
+        parameters: tpl(parameters),
+        ..StepDef::call("ship", "", 0)
+    }
+}
+
 /// `order@1`: charge (refund), then `ship`, a step that runs `shipping@1` for the order's address,
 /// then notify. `shipping@1`: pack (unpack), label (unlabel), dispatch; its result is the
 /// tracking number.
@@ -399,17 +414,7 @@ fn with_child(on_failure: StepFailure) -> WorkflowDef {
         steps: vec![call("pack", Some("unpack")), call("label", Some("unlabel")), call("dispatch", None)],
         result: tpl(json!({"tracking.$": "$.outputs.dispatch.step", "to.$": "$.input.address"})),
     };
-    let ship = StepDef {
-        kind: crate::workflow::StepKind::Workflow,
-        agent: String::new(),
-        timeout_ms: 0,
-        max_attempts: 1,
-        workflow: Some("shipping".into()),
-        version: Some(1),
-        parameters: tpl(json!({"address.$": "$.input.address"})),
-        on_failure,
-        ..StepDef::call("ship", "", 0)
-    };
+    let ship = StepDef { on_failure, ..ship_runs_shipping(json!({"address.$": "$.input.address"})) };
     let order = wf(vec![call("charge", Some("refund")), ship, call("notify", None)]);
     let registry = crate::workflow::WorkflowRegistry::new([order, shipping]).unwrap();
     registry.resolve("order", Some(1)).unwrap().clone()
@@ -556,24 +561,17 @@ fn with_children() -> WorkflowDef {
         steps: vec![call("pack", Some("unpack")), call("dispatch", None)],
         result: tpl(json!({"sku.$": "$.input.sku", "n.$": "$.input.n"})),
     };
+    // the element, and beside it the task's input and a step's output
     let ship = StepDef {
-        kind: crate::workflow::StepKind::Workflow,
-        agent: String::new(),
-        timeout_ms: 0,
-        max_attempts: 1,
-        workflow: Some("shipping".into()),
-        version: Some(1),
-        // the element, and beside it the task's input and a step's output
-        parameters: tpl(json!({
-            "sku.$": "$.input.item.sku", "n.$": "$.input.index", "order.$": "$.input.order", "by.$": "$.outputs.charge.step"
-        })),
         map: Some(crate::workflow::MapSpec {
             items: "/input/lines".into(),
             max_concurrency: 2,
             tolerated_failures: crate::workflow::Tolerance::None,
             timeout_ms: None,
         }),
-        ..StepDef::call("ship", "", 0)
+        ..ship_runs_shipping(json!({
+            "sku.$": "$.input.item.sku", "n.$": "$.input.index", "order.$": "$.input.order", "by.$": "$.outputs.charge.step"
+        }))
     };
     let order = wf(vec![call("charge", Some("refund")), ship, call("notify", None)]);
     let registry = crate::workflow::WorkflowRegistry::new([order, shipping]).unwrap();
