@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_sfn::types::ExecutionStatus;
 use futures::StreamExt;
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
-use sas_core::ids::TaskId;
+use sas_core::ids::{Millis, TaskId};
 use sas_core::protocol::{ProcessState, StepStatus, Task};
 use sas_core::workflow::WorkflowRegistry;
 use serde_json::{json, Map, Value};
@@ -1183,8 +1183,29 @@ fn keyed(input: &Value, key: &str) -> Value {
 }
 
 /// Deploy the functions (one bootstrap, `HANDLER` choosing each); their ARNs by variable name.
+/// The differential test's functions, each invoked once before the runs: LocalStack starts a
+/// function's first environment at its first invocation, and the first runs start together, so
+/// both engines would otherwise meet those start-ups at once (a comparison of outputs and end
+/// states, not of cold starts on a loaded machine).
 async fn deploy_functions(sdk: &aws_config::SdkConfig) -> HashMap<String, String> {
-    deploy(sdk, &FUNCTIONS.map(|(var, handler)| (var, handler, ""))).await
+    let arns = deploy(sdk, &FUNCTIONS.map(|(var, handler)| (var, handler, ""))).await;
+    let lambda = aws_sdk_lambda::Client::new(sdk);
+    let warm = format!("{{\"key\": \"warm-{}\"}}", uuid::Uuid::new_v4().simple());
+    futures::future::join_all(arns.iter().map(|(var, arn)| {
+        let (lambda, warm) = (lambda.clone(), warm.clone());
+        async move {
+            // an answer or a function error (the fail function's) is an environment that started
+            lambda
+                .invoke()
+                .function_name(arn)
+                .payload(aws_sdk_lambda::primitives::Blob::new(warm))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("warming {var}: {}", aws_sdk_lambda::error::DisplayErrorContext(&e)));
+        }
+    }))
+    .await;
+    arns
 }
 
 /// Deploy `functions` (variable, `HANDLER`, `OP`); their ARNs by variable name.
@@ -1299,7 +1320,7 @@ async fn on_step_functions(sfn: &aws_sdk_sfn::Client, machine: &str, input: &Val
 
 /// The same input as a task of the imported workflow: how it ended, and the steps that ran.
 async fn on_this_project(s: &Stack, workflow: &str, input: &Value, key: &str, id: &str) -> Observed {
-    on_this_project_within(s, workflow, input, key, id, Duration::from_mins(2)).await
+    on_this_project_within(s, workflow, input, key, id, Duration::from_mins(3)).await
 }
 
 /// [`on_this_project`], waiting at most `wait` for the task to end.
@@ -1330,10 +1351,29 @@ async fn on_this_project_within(
         }
         ProcessState::Compensated | ProcessState::Error => End::Failed { error: reason, cause: String::new() },
         other => {
-            // not ended in time: say where it stands, so that a failure tells what was waited for
+            // not ended in time: say where it stands and how it got there (its history, each
+            // entry in seconds after the task was created; CompleteBy of the attempt in flight),
+            // so that a failure tells what was waited for
             let steps: Vec<String> =
                 t.steps.iter().map(|st| format!("{} {:?} attempts {}", st.name, st.status, st.attempts)).collect();
-            End::Other(format!("{other:?} (rev {}; {}): {reason}", t.rev, steps.join(", ")))
+            let since = |at: Millis| {
+                let ms = at.0.saturating_sub(t.created_at.0);
+                format!("{}.{} s", ms / 1000, ms % 1000 / 100)
+            };
+            let history: Vec<String> = t
+                .history
+                .iter()
+                .map(|h| format!("{} {:?} {}", since(h.at), h.state, h.step.as_deref().unwrap_or("")))
+                .collect();
+            End::Other(format!(
+                "{other:?} (rev {}; {}; history: {}; CompleteBy {}, updated {}, now {}): {reason}",
+                t.rev,
+                steps.join(", "),
+                history.join(", "),
+                t.complete_by.map_or_else(|| "none".to_owned(), since),
+                since(t.updated_at),
+                since(Millis::now()),
+            ))
         }
     };
     let mut ran = BTreeSet::new();
