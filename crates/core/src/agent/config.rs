@@ -227,22 +227,15 @@ struct Entry {
 /// kind's own fields are checked without them.
 fn take_common(name: &str, raw: &Value) -> Result<(Value, Option<u32>, Option<CallRetry>), AgentConfigError> {
     let mut v = raw.clone();
-    let retry = match v.as_object_mut().and_then(|o| o.remove("retry")) {
-        Some(r) => Some(
-            CallRetry::deserialize(&r)
-                .map_err(|e| AgentConfigError::Json(format!("agent {name}: retry: {e}")))
-                .and_then(|r| {
-                    if r.max_calls == 0 || r.base_ms > r.max_ms {
-                        Err(AgentConfigError::Json(format!(
-                            "agent {name}: retry needs max_calls of at least 1 and base_ms <= max_ms"
-                        )))
-                    } else {
-                        Ok(r)
-                    }
-                })?,
-        ),
-        None => None,
-    };
+    let retry = v
+        .as_object_mut()
+        .and_then(|o| o.remove("retry"))
+        .map(|r| {
+            let retry = CallRetry::deserialize(&r).map_err(|e| e.to_string())?;
+            retry.check().map(|()| retry)
+        })
+        .transpose()
+        .map_err(|e| AgentConfigError::Json(format!("agent {name}: retry: {e}")))?;
     let Some(max) = v.as_object_mut().and_then(|o| o.remove("max_in_flight")) else { return Ok((v, None, retry)) };
     match max.as_u64().and_then(|n| u32::try_from(n).ok()).filter(|n| (1..=crate::limit::MAX_IN_FLIGHT).contains(n)) {
         Some(n) => Ok((v, Some(n), retry)),

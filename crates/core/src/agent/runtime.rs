@@ -95,6 +95,14 @@ impl Default for CallRetry {
 }
 
 impl CallRetry {
+    /// At least one call, and a base delay within the longest.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_calls == 0 || self.base_ms > self.max_ms {
+            return Err("needs max_calls of at least 1 and base_ms <= max_ms".into());
+        }
+        Ok(())
+    }
+
     /// Full-jitter exponential backoff before call `call_no + 1`.
     pub fn delay(&self, call_no: u32, jitter: f64) -> Duration {
         let exp = call_no.saturating_sub(1).min(20);

@@ -4,6 +4,7 @@
 use sas_core::condition::Condition;
 use sas_core::ids::TaskId;
 use sas_core::messages::{CancelMessage, SchedulerMessage, VERSION};
+use sas_core::template::TaskTemplate;
 use sas_core::workflow::{
     Backoff, MapSpec, OnFailure, StepDef, StepFailure, StepKind, Tolerance, WorkflowDef, WorkflowRegistry,
 };
@@ -113,34 +114,22 @@ pub fn workflows() -> WorkflowRegistry {
         // what the ship step is sent: a value chosen by the way the order went (`*.choose`) and
         // intrinsic functions over the order's data
         StepDef {
-            parameters: Some(
-                serde_json::from_value(serde_json::json!({
-                    "wrap": {"*.choose": [
-                        {"when": {"variable": "$.outputs.giftwrap.error", "is_present": true}, "value": {"wrapped": false}},
-                        {"value": {"wrapped": true}}
-                    ]},
-                    "lines.$": "States.ArrayLength($.input.lines)",
-                    "label.$": "States.Format('order {} of {} lines', $.task.id, States.ArrayLength($.input.lines))"
-                }))
-                .expect("a valid template"),
-            ),
+            parameters: Some(template(serde_json::json!({
+                "wrap": {"*.choose": [{"when": &failed, "value": {"wrapped": false}}, {"value": {"wrapped": true}}]},
+                "lines.$": "States.ArrayLength($.input.lines)",
+                "label.$": "States.Format('order {} of {} lines', $.task.id, States.ArrayLength($.input.lines))"
+            }))),
             ..step("ship", None)
         },
     ];
-    choice_order.result = Some(
-        serde_json::from_value(serde_json::json!({"shipped.$": "$.outputs.ship", "approved": {"*.choose": [
-            {"when": {"variable": "$.outputs.approve", "is_present": true}, "value": true}, {"value": false}
-        ]}}))
-        .expect("a valid template"),
-    );
+    choice_order.result = Some(template(serde_json::json!({"shipped.$": "$.outputs.ship", "approved": {"*.choose": [
+        {"when": {"variable": "$.outputs.approve", "is_present": true}, "value": true}, {"value": false}
+    ]}})));
     // `order-child`: the charge, then shipping as a workflow of its own (pack, label, dispatch),
     // then a notice; `shipping` undoes its own steps when the order compensates or is cancelled
     let mut shipping = wf("shipping", OnFailure::Compensate);
     shipping.steps = vec![step("pack", Some("unpack")), step("label", Some("unlabel")), step("dispatch", None)];
-    shipping.result = Some(
-        serde_json::from_value(serde_json::json!({"label.$": "$.outputs.label", "sku.$": "$.input.sku"}))
-            .expect("a valid template"),
-    );
+    shipping.result = Some(template(serde_json::json!({"label.$": "$.outputs.label", "sku.$": "$.input.sku"})));
     let mut child_order = wf("order-child", OnFailure::Compensate);
     child_order.steps = vec![
         StepDef { agent: LIMITED_AGENT.into(), ..step("charge", Some("refund")) },
@@ -177,6 +166,11 @@ pub fn workflows() -> WorkflowRegistry {
     .expect("valid simulated workflows")
 }
 
+/// A template of the fixtures' workflows (parameters, a result).
+fn template(v: serde_json::Value) -> TaskTemplate {
+    serde_json::from_value(v).expect("a valid template")
+}
+
 /// `ship`: a step that runs `shipping@1` with `parameters`.
 #[allow(clippy::needless_pass_by_value)]
 fn shipping_step(parameters: serde_json::Value) -> StepDef {
@@ -188,7 +182,7 @@ fn shipping_step(parameters: serde_json::Value) -> StepDef {
         compensation: None,
         workflow: Some("shipping".into()),
         version: Some(1),
-        parameters: Some(serde_json::from_value(parameters).expect("a valid template")),
+        parameters: Some(template(parameters)),
         ..step("ship", None)
     }
 }

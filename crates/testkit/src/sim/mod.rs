@@ -449,10 +449,12 @@ impl Sim {
         };
         let n = self.cfg.map_lines.unwrap_or_else(|| usize::try_from(self.between(1, 6)).unwrap_or(1));
         let lines: Vec<serde_json::Value> = (0..n).map(|i| json!({"sku": format!("s{i}"), "qty": 1})).collect();
+        let mut input = json!({"sku": "a", "lines": lines, "cool_off_s": 2});
         let mut body = if self.chance(0.2) {
-            json!({"v": VERSION, "workflow": workflow, "input": {"sku": "a", "ref": id, "lines": lines, "cool_off_s": 2}})
+            input["ref"] = json!(id);
+            json!({"v": VERSION, "workflow": workflow, "input": input})
         } else {
-            json!({"v": VERSION, "task_id": id, "workflow": workflow, "input": {"sku": "a", "lines": lines, "cool_off_s": 2}})
+            json!({"v": VERSION, "task_id": id, "workflow": workflow, "input": input})
         };
         if self.chance(self.cfg.faults.reply_to) {
             body["reply_to"] = json!(REPLY_QUEUE);
