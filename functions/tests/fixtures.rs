@@ -79,7 +79,7 @@ async fn a_run_message_for_a_missing_task_is_dropped() {
 #[tokio::test]
 async fn in_a_batch_only_the_record_that_may_succeed_later_is_returned() {
     // record 0 meets a store that is down (worth another delivery); record 1 can never parse:
-    // it goes to the scheduler's DLQ at once with its reason (F15), and is not redelivered
+    // it goes to the scheduler's DLQ at once with its reason, and is not redelivered
     let tw = twins();
     tw.store.fail_next(
         sas_core::store::StoreOp::Get,
@@ -150,7 +150,7 @@ async fn the_scheduled_event_sweeps_the_index() {
 
 #[tokio::test]
 async fn a_sweep_that_meets_an_error_is_a_function_error() {
-    // F10: sweep errors were only logged, so no alarm fired
+    // a sweep error fails the invocation: only logged, it would fire no alarm
     let tw = twins();
     tw.store.fail_next(
         sas_core::store::StoreOp::Expired,

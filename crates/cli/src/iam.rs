@@ -781,8 +781,8 @@ mod tests {
         Request { action: action.into(), resource: resource.into(), origin: Origin::Code, key: None, attributes: None }
     }
 
-    /// The Submitter's statements as the template had them before G1's fix: the first dispatch to
-    /// the agent queue is denied once the reply wildcard is narrowed to a pattern.
+    /// Submitter statements that reach the agent queue only through the reply wildcard: once it
+    /// is narrowed to a pattern, the first dispatch to the agent queue is denied.
     #[test]
     fn a_missing_grant_fails_the_check_and_an_extra_one_is_reported() {
         let before = doc(&json!([

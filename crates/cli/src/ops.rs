@@ -678,8 +678,8 @@ mod tests {
 
     #[test]
     fn the_path_names_every_state_after_a_restart_too() {
-        // G13: the history's seq was compared with rev, which runs ahead of it after a restart (a
-        // new revision, no new state), so states on the way were left out
+        // the path follows the history's seq, not rev: rev runs ahead of it after a restart (a
+        // new revision, no new state), and compared with rev the states on the way are left out
         let waiting = pending();
         let restarted = step(&waiting, &Event::DeadlineExpired, 1_000_000);
         assert!(restarted.rev > restarted.status_seq, "a restart writes without a status");

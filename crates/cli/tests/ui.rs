@@ -130,8 +130,8 @@ async fn the_console_draws_runs_and_acts_in_a_real_browser() {
     s.submit(&ok, json!({})).await;
     s.submit(&undone, json!({"sim": {"ship": {"permanent": HOSTILE_ERROR}}})).await;
     // in flight until the page cancels it, however slow the machine: a callback step that waits
-    // 10 minutes (hanging sim-order's reserve ended the task after its three attempts, ~30 s,
-    // before the listing was read on a loaded CI run)
+    // 10 minutes (a hanging sim-order reserve ends the task after its three attempts, ~30 s, which
+    // on a loaded machine can come before the listing is read)
     s.submit_to("ui-callback", &hung, json!({"note": HOSTILE_INPUT})).await;
     s.submit_to("ui-callback", &waits, json!({})).await;
     s.wait_for(&ok, "Processed", |t| t.process_state == ProcessState::Processed).await;

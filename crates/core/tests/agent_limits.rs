@@ -69,10 +69,10 @@ impl sas_core::agent::Agent for Counting {
     }
 }
 
-/// Issue 34: a copy of a request whose task has moved on (retried with a new token, cancelled,
-/// ended, gone) starts nothing: no call, no report, its slot given back. The attempt the task
-/// waits for runs. This is what bounds when a call of an attempt can still apply, once the
-/// task stops waiting for it (the protocol's `settled_at`).
+/// A copy of a request whose task has moved on (retried with a new token, cancelled, ended,
+/// gone) starts nothing: no call, no report, its slot given back. The attempt the task waits
+/// for runs. This is what bounds when a call of an attempt can still apply, once the task stops
+/// waiting for it (the protocol's `settled_at`).
 #[tokio::test]
 async fn a_copy_of_a_request_whose_task_moved_on_starts_nothing() {
     let tw = twins();

@@ -217,7 +217,8 @@ async fn a_submission_whose_start_was_not_sent_comes_back_and_sends_it_once_more
 
 #[tokio::test]
 async fn a_redelivered_submission_without_a_task_id_creates_one_task() {
-    // F3: the id used to be random per delivery, so a redelivery ran every effect twice
+    // the task id comes from the message, not from the delivery: a redelivery must not run
+    // every effect twice
     let tw = twins();
     let body = json!({"v": 1, "workflow": "two", "input": {}}).to_string();
     let record = Record::new("5fea7756-0ea4-451a-a703-a558b933e274", body);
@@ -258,7 +259,7 @@ async fn submitter_rejects_bad_input_keeps_it_and_answers_with_the_reason() {
     assert!(rejected.iter().all(|s| s.state == ProcessState::Rejected && s.reason.is_some()));
 }
 
-/// Issue 34: what the parser cannot read still gets its reason in the submission DLQ and a
+/// What the parser cannot read still gets its reason in the submission DLQ and a
 /// `Rejected` status on the reply queue it names: an input nested 300 levels deep (beyond the
 /// parser's 128), a message cut short, a task id with non-ASCII letters.
 #[tokio::test]
@@ -313,7 +314,8 @@ fn the_top_level_strings_of_a_message_are_found_without_parsing_the_rest() {
 
 #[tokio::test]
 async fn submitter_refuses_what_dynamodb_or_sqs_would_refuse_and_names_each_submission() {
-    // F9, F14, F16: each of these was accepted, or answered as task "unknown", or unsendable
+    // each of these is refused before a write, in the submission DLQ with a reason free of
+    // control characters, and answered under its own submission's id, never as task "unknown"
     let tw = twins();
     let reply = tw.reply_queue("replies");
     let own = tw.deps.resources.scheduler_queue_url.clone();
@@ -445,8 +447,9 @@ async fn endless_conflicts_give_up_and_the_message_comes_back() {
 
 #[tokio::test]
 async fn a_failed_send_after_the_write_fails_the_message_and_its_redelivery_sends_the_same_attempt() {
-    // G4: the lost dispatch used to be only logged, and the attempt waited for its CompleteBy
-    // to be counted as a timeout (5 minutes and an attempt lost at the default queue budget)
+    // a dispatch lost after the write fails the message: logged only, the attempt would wait for
+    // its CompleteBy to be counted as a timeout (5 minutes and an attempt lost at the default
+    // queue budget)
     let tw = twins();
     let agents = AgentRuntime::default();
     let run = Record::new("m-run", waiting(&tw, "f1").await);
@@ -475,7 +478,8 @@ async fn a_failed_send_after_the_write_fails_the_message_and_its_redelivery_send
 
 #[tokio::test]
 async fn late_timers_of_an_ended_task_send_no_notices_again() {
-    // G9: every attempt's timer that fired after the end re-sent the terminal reply and the alert
+    // the terminal reply and the alert are sent once: a timer that fires after the end sends
+    // neither again
     let tw = twins();
     let replies = tw.reply_queue("caller-replies");
     let replies = replies.as_str();
@@ -500,7 +504,8 @@ async fn late_timers_of_an_ended_task_send_no_notices_again() {
 
 #[tokio::test]
 async fn a_handed_over_timer_for_a_deadline_the_task_left_is_spent() {
-    // G10: timers the sweep handed over re-armed themselves for every later deadline of the task
+    // a timer the sweep handed over is for one deadline: once the task left it, the timer is
+    // spent, not re-armed for the task's later deadlines
     let tw = twins();
     let a = started(&tw, "g10").await;
     let t = task(&tw, "g10");
@@ -515,7 +520,8 @@ async fn a_handed_over_timer_for_a_deadline_the_task_left_is_spent() {
 
 #[tokio::test]
 async fn a_run_message_that_comes_early_is_sent_on_for_the_rest_of_its_wait() {
-    // G12: it was dropped, so a wait longer than SQS's 15-minute delay fell back to the sweep
+    // an early run message is sent on, not dropped: dropped, a wait longer than SQS's 15-minute
+    // delay would fall back to the sweep
     let tw = twins();
     let a = started(&tw, "g12").await;
     let cancel = json!({"type": "cancel", "v": 1, "task_id": "g12", "reason": "r"}).to_string();
@@ -535,7 +541,8 @@ async fn a_run_message_that_comes_early_is_sent_on_for_the_rest_of_its_wait() {
 
 #[tokio::test]
 async fn an_alert_lost_after_the_write_is_sent_again_when_the_message_comes_back() {
-    // F6: the alert used to be sent once, after the write, its failure swallowed
+    // the alert is sent with the message's effects: a failed send fails the message, and its
+    // redelivery sends the alert again
     let tw = twins();
     let a = started(&tw, "e1").await;
     scheduler::schedule(&tw.deps, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
@@ -564,7 +571,7 @@ async fn an_alert_lost_after_the_write_is_sent_again_when_the_message_comes_back
 
 #[tokio::test]
 async fn a_resubmit_applies_once_to_the_run_the_operator_saw() {
-    // F13: a duplicate delivery resubmitted twice
+    // a resubmit names the run the operator saw: a duplicate delivery must not resubmit twice
     let tw = twins();
     let a = started(&tw, "f13").await;
     scheduler::schedule(&tw.deps, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
@@ -596,8 +603,8 @@ async fn a_resubmit_applies_once_to_the_run_the_operator_saw() {
 
 #[tokio::test]
 async fn a_reply_queue_that_does_not_exist_is_said_plainly_and_stops_nothing() {
-    // F16: every status send to a missing reply_to failed as if the task were stalled; a final
-    // status to it must not make its message come back forever either
+    // a missing reply_to is the caller's fault, not a stalled task: it is said plainly and the
+    // task goes on, and a final status to it must not make its message come back forever
     let tw = twins();
     let gone = "http://twins.local/000000000000/sas-reply-deleted";
     submitter::submit(&tw.deps, &submission("nq1", Some(gone))).await.unwrap();
@@ -623,8 +630,8 @@ async fn run_to_the_end(tw: &Twins, id: &str, reply_to: &str) -> Result<Applied,
 
 #[tokio::test]
 async fn a_reply_queue_that_refuses_for_good_is_counted_on_the_task_and_never_fails_a_record() {
-    // G3: AccessDenied, KMS or parameter errors on a terminal status were retried as if transient:
-    // the message that ended the task failed into the scheduler DLQ, again and again
+    // AccessDenied, KMS or parameter errors on a terminal status are for good, not transient:
+    // retried, the message that ended the task would fail into the scheduler DLQ, again and again
     for code in ["AccessDenied", "KMS.AccessDeniedException", "KMS.DisabledException", "InvalidParameterValue"] {
         let tw = twins();
         let reply = tw.reply_queue("cmk");
@@ -673,7 +680,8 @@ async fn a_terminal_status_that_fails_for_a_while_is_still_sent_again() {
 
 #[tokio::test]
 async fn a_fifo_reply_queue_gets_every_status_of_a_task_with_the_longest_id() {
-    // G3: `{task_id}-{seq}` passed SQS's 128 characters, and SQS refused every such status
+    // a FIFO status's deduplication id stays within SQS's 128 characters whatever the task id's
+    // length: `{task_id}-{seq}` would pass it, and SQS would refuse every such status
     let tw = twins();
     let reply = tw.reply_queue("long.fifo");
     let id = "x".repeat(128);
@@ -687,7 +695,8 @@ async fn a_fifo_reply_queue_gets_every_status_of_a_task_with_the_longest_id() {
 
 #[tokio::test]
 async fn a_reply_to_off_the_allow_list_or_of_the_stack_is_refused_and_hears_nothing() {
-    // G3: any queue of the account, the stack's DLQs included, could be made to receive statuses
+    // statuses go only to queues on the allow list and never to the stack's own: otherwise any
+    // queue of the account, the stack's DLQs included, could be made to receive them
     let tw = twins();
     let foreign = tw.queue("billing");
     let res = tw.deps.resources.clone();
@@ -776,7 +785,8 @@ async fn a_task_whose_reply_to_is_no_longer_allowed_sends_nothing_there() {
 
 #[tokio::test]
 async fn a_message_that_can_never_parse_goes_to_its_dlq_at_once_with_its_reason() {
-    // F15: it was retried maxReceiveCount times first (458 s on the scheduler queue)
+    // what can never parse is not retried: maxReceiveCount retries would keep it 458 s on the
+    // scheduler queue before the DLQ
     let tw = twins();
     let agents = AgentRuntime::default();
     for (role, body) in [

@@ -1,6 +1,6 @@
 //! What the roles make of the store's harder answers, on the in-memory twins: a write that landed
-//! but was reported lost (an SDK retry of a conditional write whose first copy had committed,
-//! G5), and writes that can never succeed (an output DynamoDB refuses, a task grown too large, G8).
+//! but was reported lost (an SDK retry of a conditional write whose first copy had committed),
+//! and writes that can never succeed (an output DynamoDB refuses, a task grown too large).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

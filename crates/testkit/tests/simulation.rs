@@ -167,9 +167,9 @@ fn a_burst_far_beyond_capacity_drains_with_every_task_processed() {
 /// (refusals, hangs, cancels), it ends, with its invariants kept.
 ///
 /// Agent requests are duplicated four times as often as in [`Faults::all`], so that copies meet a
-/// key held by another call (a slow one): such a copy waits for the key. It used to count each 409
-/// as a failed attempt, three of them failed the element, and the map compensated in 10 of 12
-/// seeds. Slow calls are rarer than in [`Faults::all`] (1 in 100): three in a row past the step's
+/// key held by another call (a slow one): such a copy waits for the key, and a 409 is not a failed
+/// attempt (counted as one, three of them fail the element, and the map compensates in 10 of 12
+/// seeds). Slow calls are rarer than in [`Faults::all`] (1 in 100): three in a row past the step's
 /// timeout fail an element by the retry policy, as they should (in 2 of 28 seeds at 1 in 20).
 #[test]
 fn a_thousand_element_map_ends() {

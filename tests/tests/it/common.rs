@@ -270,7 +270,7 @@ impl Stack {
     }
 }
 
-/// Issue 34: every one of `attempts` attempts of `step` was reported timed out by its agent at its
+/// Every one of `attempts` attempts of `step` was reported timed out by its agent at its
 /// `timeout_ms` deadline (not found by the Supervisor at CompleteBy + grace), and held its task less
 /// than `max_held_ms`; returns how long each held it.
 pub fn assert_timed_out_by_the_agent(

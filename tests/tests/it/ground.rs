@@ -143,7 +143,7 @@ async fn a_lost_conditional_write_is_a_typed_conflict() {
     s.delete().await;
 }
 
-/// G6: a task item of the previous layout (its definition embedded) pinned to a definition no
+/// A task item of the previous layout (its definition embedded) pinned to a definition no
 /// process deploys. A process that saves it names the definition by reference: the definition item
 /// must be stored first, or no other process can read the task again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

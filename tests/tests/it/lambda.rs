@@ -268,8 +268,8 @@ fn callback_workflows_file(stack_label: &str) -> PathBuf {
              "max_attempts": 1}
         ]
     }));
-    // Issue 15's "done when" in one workflow: a wait, a person's approval (the approval agent),
-    // a step a worker answers through the callback queue, one answered over HTTPS.
+    // Every kind of waiting step in one workflow: a wait, a person's approval (the approval
+    // agent), a step a worker answers through the callback queue, one answered over HTTPS.
     list.push(json!({
         "name": "sim-everything",
         "version": 1,
@@ -352,9 +352,9 @@ fn answer(token: &CallbackToken, status: &str, extra: Value) -> Value {
     m
 }
 
-/// Issue 15's "done when", Lambda mode: a workflow with a callback step runs to Processed when
-/// (a) a separate worker (its own task and SQS client) answers through the callback queue, and
-/// (b) the answer comes over HTTPS to the Callback function's URL, signed with SigV4. Heartbeats
+/// Lambda mode: a workflow with a callback step runs to Processed when (a) a separate worker (its
+/// own task and SQS client) answers through the callback queue, and (b) the answer comes over
+/// HTTPS to the Callback function's URL, signed with SigV4. Heartbeats
 /// are answered `alive` with the new deadline, a retried attempt's old token `stale` (409), a
 /// repeated answer `duplicate`, and what is not an answer 400/405.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -474,7 +474,7 @@ async fn worker_policy(f: &Fns) -> Vec<sas_cli::iam::Statement> {
     sas_cli::iam::managed_policy(&iam, f.s.out("CallbackWorkerPolicyArn")).await.expect("CallbackWorkerPolicy")
 }
 
-/// Issue 15's "done when", Lambda mode, in one workflow (`sim-everything`): a 2 s wait step (no
+/// Lambda mode, every kind of waiting step in one workflow (`sim-everything`): a 2 s wait step (no
 /// agent: the Supervisor's timer wakes it), a person's approval (the approval agent publishes the
 /// token to ApprovalTopic; the test reads it there, as a person reads the email, and approves it
 /// with `sasctl approve`'s code), a step a separate worker answers through the callback queue
@@ -583,8 +583,8 @@ impl Fns {
     }
 }
 
-/// Issue 16, part 4: workflows change without a rebuild. The stack is deployed with a
-/// configuration of the test's own (the built-in workflows plus `byow-pin`: a 60 s wait, then a
+/// Workflows change without a rebuild. The stack is deployed with a configuration of the test's
+/// own (the built-in workflows plus `byow-pin`: a 60 s wait, then a
 /// sim step), a `byow-pin` task is submitted, then the stack is deployed again with the same
 /// binaries and another configuration: a new workflow `byow-sim`, and `byow-pin` at version 2
 /// only (other steps; version 1 is gone from the file). Only the layer changes (one zip uploaded,
@@ -662,8 +662,8 @@ async fn lambda_deployed_functions_are_wired_and_answer_the_fixtures() {
     assert!(failed.is_empty(), "{failed:#?}");
     assert_eq!(checks.len(), 22, "4 checks per function, the rule and the callback URL: {checks:#?}");
 
-    // The record that can never parse is kept in the scheduler DLQ at once (F15), so nothing in
-    // this batch is returned for another delivery.
+    // The record that can never parse is kept in the scheduler DLQ at once (never retried), so
+    // nothing in this batch is returned for another delivery.
     let (err, resp) = f.invoke("SchedulerFunction", &fixture("scheduler-sqs-partial-failure.json")).await;
     assert_eq!(err, None, "{resp}");
     assert_eq!(resp, json!({"batchItemFailures": []}));
@@ -890,8 +890,8 @@ async fn lambda_a_failing_record_alone_is_redelivered_until_its_dlq() {
     f.delete().await;
 }
 
-/// Issue 20's "done when", on deployed functions: `sim-graph`, a map of 100 elements (ten at once)
-/// then two parallel branches (charge beside a fraud check) then ship, runs to `Processed` with
+/// On deployed functions: `sim-graph`, a map of 100 elements (ten at once) then two parallel
+/// branches (charge beside a fraud check) then ship, runs to `Processed` with
 /// the map's outputs in element order and both branches' outputs; the same workflow with one
 /// element refused for good ends `Compensated`, every element that applied undone exactly once,
 /// the others never, and no branch started.
@@ -960,9 +960,10 @@ async fn lambda_a_graph_with_two_branches_and_a_hundred_element_map_runs_and_one
 /// (`SAS_AWS_CALL_LOG`), then every call, and the platform's calls with each role, evaluated
 /// against the roles' policies as IAM holds them for this deployed stack. Reply queues are
 /// narrowed to this test's own (`ReplyQueueArnPattern`), so no account-wide grant hides a missing
-/// one (G1). Fails on any call not allowed, and on any grant no call used.
-/// The submissions issue 34 found neither created nor dead-lettered in Lambda mode, and every other
-/// kind the book says is refused (docs/reference/messages.md, "Rejected"): `(name, body, what the reason says)`.
+/// one. Fails on any call not allowed, and on any grant no call used.
+/// The submissions the parser cannot read (a non-ASCII id, nested past its 128 levels, cut short),
+/// which must still be dead-lettered with their reason in Lambda mode, and every other kind the
+/// book says is refused (docs/reference/messages.md, "Rejected"): `(name, body, what the reason says)`.
 fn hostile_submissions(run: &str, reply: &str) -> Vec<(&'static str, String, &'static str)> {
     let sub = |id: &str, extra: Value| {
         let mut b = json!({"v": 1, "task_id": format!("{id}-{run}"), "workflow": "order", "reply_to": reply,
@@ -1006,15 +1007,16 @@ fn hostile_submissions(run: &str, reply: &str) -> Vec<(&'static str, String, &'s
     ]
 }
 
-/// Issue 34, in Lambda mode with the functions' default queue budget (300 s): the charge of one
-/// order hangs on every attempt (the order service never answers); each attempt is reported timed
-/// out by the Agent at its 5 s deadline and retried, and the order ends Compensated in well under a
-/// minute (it took 645 s). A second order's charge hangs and it is cancelled meanwhile: it ends
-/// Cancelled within seconds (it took 309.8 s), its reservation released once. Beside them, a batch
-/// of hostile submissions: each is in the submission DLQ with its reason within seconds, and those
-/// that name a reply queue the stack may use hear `Rejected` there (two of them were neither
-/// created nor dead-lettered after 300 s: LocalStack's event source, not the Submitter, choked on
-/// the deep one and took its batch along).
+/// In Lambda mode with the functions' default queue budget (300 s): the charge of one order hangs
+/// on every attempt (the order service never answers); each attempt is reported timed out by the
+/// Agent at its 5 s deadline and retried, and the order ends Compensated in well under a minute
+/// (not after each attempt's whole queue budget). A second order's charge hangs and it is
+/// cancelled meanwhile: it ends Cancelled within seconds (not at the attempt's hard deadline), its
+/// reservation released once. Beside them, a batch of hostile submissions: each is in the
+/// submission DLQ with its reason within seconds, and those that name a reply queue the stack may
+/// use hear `Rejected` there (the deep ones included: LocalStack's SQS event source, as
+/// infra/localstack.sh patches it, hands the function the raw body as AWS does; parsing it first,
+/// it chokes on a deep body and drops its whole batch).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lambda_a_hung_charge_is_retried_at_its_timeout_a_cancel_ends_it_promptly_and_hostile_submissions_are_refused_at_once(
 ) {

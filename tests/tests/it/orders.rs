@@ -214,8 +214,8 @@ async fn cancel_stops_an_order_and_undoes_what_it_did() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancel_during_a_slow_charge_leaves_no_effect_that_is_not_undone() {
-    // F1 as a user saw it: cancel while the charge is slow; the ledger read reserve, release,
-    // charge: the charge landed after the cancel and was never refunded.
+    // cancel while the charge is slow: the refund waits for the charge, so the ledger never reads
+    // reserve, release, charge (a charge landed after the cancel and never refunded).
     let (s, svc, runner) = order_stack("slow-charge").await;
     svc.add_fault(FaultRule { latency_ms: 2_000, ..rule("sc-1", "/payment/charge") });
     s.send(&s.res.submission_queue_url, &order("sc-1", "order", json!({}))).await;
@@ -251,12 +251,12 @@ async fn order_stack_with_defaults(label: &str) -> (Stack, OrderService, sas_cor
     (s, svc, runner)
 }
 
-/// Issue 34: a charge that hangs on every attempt. Each attempt is reported timed out by its
-/// agent at its 5 s execution deadline (the HTTP client's own timeout fires there) and retried at
-/// once, and the order ends Compensated in about three times the timeout and backoff, plus one
-/// timeout and the settling margin before its compensation: about 30 s, where it took 645 s
-/// (each attempt found by the Supervisor at CompleteBy + grace, and the compensation held until
-/// the last attempt's CompleteBy).
+/// A charge that hangs on every attempt. Each attempt is reported timed out by its agent at its
+/// 5 s execution deadline (the HTTP client's own timeout fires there) and retried at once, and
+/// the order ends Compensated in about three times the timeout and backoff, plus one timeout and
+/// the settling margin before its compensation: about 30 s, not 645 s (each attempt left for the
+/// Supervisor to find at CompleteBy + grace, and the compensation held until the last attempt's
+/// CompleteBy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[allow(clippy::print_stderr)] // the measured figure is the point (docs/concepts/time-bounds.md)
 async fn a_charge_that_always_hangs_is_retried_at_its_timeout_and_compensated_in_seconds() {
@@ -277,9 +277,9 @@ async fn a_charge_that_always_hangs_is_retried_at_its_timeout_and_compensated_in
     s.delete().await;
 }
 
-/// Issue 34: a cancel while the charge hangs ends Cancelled one execution time and the settling
-/// margin after the cancel (the agents' check keeps any later copy of the charge from starting),
-/// with the reservation released once; it waited for the attempt's CompleteBy (309.8 s).
+/// A cancel while the charge hangs ends Cancelled one execution time and the settling margin
+/// after the cancel (the agents' check keeps any later copy of the charge from starting), with the
+/// reservation released once, not at the attempt's CompleteBy (309.8 s away).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[allow(clippy::print_stderr)] // the measured figure is the point (docs/concepts/time-bounds.md)
 async fn a_cancel_during_a_hung_charge_ends_in_seconds_and_releases_the_reservation_once() {

@@ -99,7 +99,7 @@ async fn transient_agent_errors_then_success() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hung_call_is_reported_by_its_agent_and_retried_at_once() {
-    // G16: the agent gives up at the attempt's execution deadline (start + timeout) and says so,
+    // the agent gives up at the attempt's execution deadline (start + timeout) and says so,
     // long before CompleteBy (start_by + timeout); the retry does not wait for the Supervisor.
     let s = stack("crash").await;
     let runner = s.runner();
@@ -343,7 +343,7 @@ async fn duplicate_delivery_of_an_agent_result_is_applied_once_and_late_results_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_late_result_of_a_timed_out_attempt_is_taken_while_its_step_is_current_and_only_then() {
-    // F8: an agent answers only before its deadline, so a late result was produced in time: it
+    // an agent answers only before its deadline, so a late result was produced in time: it
     // must not lose to the timer. Once the task has moved on, it changes nothing.
     let s = stack("late").await;
     submitter::submit(&s.deps, &submission("lt1", json!({}), None)).await.unwrap();
@@ -611,8 +611,8 @@ async fn the_supervisor_reads_only_expired_tasks_page_by_page() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unreadable_item_in_the_index_is_skipped_and_reported_not_blocking_its_shard() {
-    // F10: one undecodable item used to fail its shard's every page, forever. The index is keys
-    // only now: what can be unreadable is a key (here, ids no task can have).
+    // an undecodable item is skipped and reported, or it would fail its shard's every page,
+    // forever. The index is keys only: what can be unreadable is a key (here, ids no task can have).
     let s = stack("unreadable").await;
     let ddb = aws_sdk_dynamodb::Client::new(&s.sdk);
     let table = s.out("TaskTableName").to_owned();

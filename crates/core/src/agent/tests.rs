@@ -133,8 +133,8 @@ impl super::runtime::Agent for BusyThenClientTimeout {
 
 #[tokio::test]
 async fn a_key_in_use_whose_last_ask_ends_in_the_client_s_timeout_at_the_deadline_still_says_so() {
-    // CI on 2026-11-26: the last ask of a 409 loop ended in the HTTP client's own timeout (set to
-    // the deadline) before the runtime's cut; the report named the timeout, not the key in use
+    // the last ask of a 409 loop may end in the HTTP client's own timeout (set to the deadline)
+    // before the runtime's cut: the report still names the key in use, not only the timeout
     let mut rt = AgentRuntime::new(CallRetry { max_calls: 2, base_ms: 1, max_ms: 5 });
     rt.register("busy", BusyThenClientTimeout);
     let mut r = req(json!({}), 1, 60_300);
@@ -163,9 +163,10 @@ async fn a_hung_call_is_cut_at_complete_by_and_nothing_is_sent() {
 
 #[tokio::test]
 async fn a_hung_call_that_ran_out_of_its_time_before_complete_by_is_reported_at_once() {
-    // G16: the request may wait in the queue until start_by (a 60 s budget here); started now it
-    // has its 200 ms: out of time at +200 ms, it says so then, so the Scheduler retries now and
-    // not at CompleteBy (+60.2 s), when the Supervisor would have found it.
+    // a hung call is reported at the attempt's own deadline, not at CompleteBy: the request may
+    // wait in the queue until start_by (a 60 s budget here); started now it has its 200 ms: out
+    // of time at +200 ms, it says so then, so the Scheduler retries now and not at CompleteBy
+    // (+60.2 s), when the Supervisor would have found it.
     let mut r = req(json!({"hang_attempts": 1}), 1, 60_200);
     r.start_by = Some(Millis::now().plus_ms(60_000));
     let started = std::time::Instant::now();
@@ -254,11 +255,11 @@ fn aws_at(endpoint: &str, operation_timeout: Option<Duration>) -> super::AwsConf
     )
 }
 
-/// Issue 34: whatever ends a call at the attempt's execution deadline (the runtime's cut, the
-/// client's own timeout set to that deadline, a transient error with no time left), every kind
-/// of agent reports `timed out` at the deadline while it is before CompleteBy; nothing is dropped
-/// as if CompleteBy had passed. Before the fix, the HTTP client's timeout (the attempt's deadline)
-/// won the race with the runtime's, and the attempt was dropped: the Supervisor found it only at
+/// Whatever ends a call at the attempt's execution deadline (the runtime's cut, the client's own
+/// timeout set to that deadline, a transient error with no time left), every kind of agent
+/// reports `timed out` at the deadline while it is before CompleteBy; nothing is dropped as if
+/// CompleteBy had passed. The HTTP client's timeout (the attempt's deadline) may win the race with
+/// the runtime's cut: an attempt dropped then would be found by the Supervisor only at
 /// CompleteBy + grace, five minutes later.
 #[tokio::test]
 async fn every_kind_reports_a_hung_remote_side_timed_out_at_the_attempt_s_deadline() {
@@ -436,7 +437,7 @@ fn http_runtime(url: &str, max: usize) -> AgentRuntime {
 
 #[tokio::test]
 async fn an_oversized_2xx_is_a_success_whose_output_says_it_was_truncated() {
-    // F5: it used to be a permanent "no": the effect happened and was never compensated
+    // the effect happened: a permanent "no" would leave it never compensated
     let url = serve_once("200 OK", format!("{{\"blob\": \"{}\"}}", "x".repeat(4_000))).await;
     let mut r = req(json!({}), 1, 5_000);
     r.agent = "h".into();

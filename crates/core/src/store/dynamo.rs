@@ -1107,7 +1107,8 @@ mod tests {
 
     #[test]
     fn every_write_of_a_plain_task_fits_in_one_write_unit() {
-        // The cost targets (issue 10) assume 1 KB items: one write unit per write.
+        // The cost model (docs/performance/cost.md) counts one write unit per write of a plain
+        // task: its items stay within 1 KB.
         let s = store();
         for name in ["sim-step", "sim-order"] {
             for (i, t) in life(name).iter().enumerate() {

@@ -1,5 +1,5 @@
-//! Callback and wait units: every path of issue 15's list (stale, duplicate, late, lost,
-//! heartbeat timeout, hard timeout, cancel while waiting, cancel during a heartbeat).
+//! Callback and wait units: every path an answer to a waiting step can take (stale, duplicate,
+//! late, lost, heartbeat timeout, hard timeout, cancel while waiting, cancel during a heartbeat).
 
 use super::*;
 use crate::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef};
@@ -115,8 +115,8 @@ fn a_callback_step_hands_its_token_over_and_its_answer_moves_the_task() {
     let forged = AttemptToken::fresh();
     let never = Err(Stale::NeverIssued { unit: "ship".into() });
     assert_eq!(apply_at(&done.task, &answer(&t, &forged, ok(json!({}))), 2_600), never);
-    // issue 34: a forged token says that no attempt was given it, whatever it answers, even
-    // while the step waits
+    // a forged token says that no attempt was given it, whatever it answers, even while the
+    // step waits
     let failed = CallbackAnswer::Failed { error: "no".into(), retryable: false };
     for a in [ok(json!({})), failed, beat()] {
         assert_eq!(apply_at(&t, &answer(&t, &forged, a.clone()), 2_100), never, "{a:?}");
@@ -127,8 +127,8 @@ fn a_callback_step_hands_its_token_over_and_its_answer_moves_the_task() {
     assert!(said.starts_with("no attempt of ship was given this token"), "{said}");
 }
 
-/// Issue 34: a success that comes after the same attempt answered that it failed (a person
-/// rejected, then approved) is late, and says the step had failed, not that it expired.
+/// A success that comes after the same attempt answered that it failed (a person rejected, then
+/// approved) is late, and says the step had failed, not that it expired.
 #[test]
 fn a_success_after_the_same_attempt_failed_is_late_because_the_step_had_failed() {
     let (t, _) = shipping(3, None);

@@ -223,8 +223,8 @@ fn timeout_then_retry_then_success() {
     assert_eq!(r.task.complete_by, Some(Millis(2_010 + 75 + 500)));
     assert_eq!(replies(&r.effects), vec![ProcessState::Pending]);
     assert!(r.task.reason.as_deref().unwrap().contains("retry 2/3"), "{:?}", r.task.reason);
-    // F8: the timed-out attempt's result, produced in time (an agent sends nothing after
-    // CompleteBy) but delayed, is taken while the task is still on that step...
+    // the timed-out attempt's result, produced in time (an agent sends nothing after CompleteBy)
+    // but delayed, is taken while the task is still on that step...
     let late = Event::AgentSucceeded { attempt: token(&c), output: json!(1) };
     let took = go(&r.task, late.clone(), 2_020);
     assert_eq!((took.task.step_index, took.task.steps[0].status), (1, StepStatus::Succeeded));
@@ -352,7 +352,7 @@ fn cancel_mid_way_compensates_and_ends_cancelled() {
     let r = go(&t, Event::Cancel { reason: "customer asked".into(), run: None }, 1_150);
     assert_eq!(r.task.process_state, ProcessState::Compensating);
     assert_eq!(r.task.steps[1].status, StepStatus::Cancelled);
-    // F1: the charge may still land until its CompleteBy (2_100): the refund must not race it
+    // the charge may still land until its CompleteBy (2_100): the refund must not race it
     assert!(dispatched(&r.effects).is_empty(), "no refund while the charge attempt may still apply");
     assert!(r.effects.contains(&Effect::Run { rev: r.task.rev, delay_ms: 950, reason: RunReason::Compensate }));
     assert_eq!(
@@ -364,7 +364,7 @@ fn cancel_mid_way_compensates_and_ends_cancelled() {
         Err(Stale::AlreadyCompensating)
     );
     // the charge attempt answers with a success: it can no longer apply, the refund may start,
-    // and it gets the charge's output (G15: the charge id a real refund needs)
+    // and it gets the charge's output (the charge id a real refund needs)
     let late = Event::AgentSucceeded { attempt: token(&t), output: json!({"charge_id": "ch_1"}) };
     let released = go(&r.task, late.clone(), 1_180);
     assert_eq!(released.task.process_state, ProcessState::Compensating);
@@ -382,8 +382,8 @@ fn cancel_mid_way_compensates_and_ends_cancelled() {
 
 #[test]
 fn only_a_definite_answer_of_the_awaited_attempt_releases_its_compensation() {
-    // G2: a 504 from a gateway while the backend works on, or a 503 to a second copy of the
-    // attempt while the first applies, is retryable: it proves nothing, so the refund must not race the
+    // a 504 from a gateway while the backend works on, or a 503 to a second copy of the attempt
+    // while the first applies, is retryable: it proves nothing, so the refund must not race the
     // charge that may still land before its CompleteBy (2_100).
     let mut t = new_task(false).task;
     t = succeed(&t, 1_100).task; // charge running until 2_100
@@ -402,9 +402,8 @@ fn only_a_definite_answer_of_the_awaited_attempt_releases_its_compensation() {
 
 #[test]
 fn a_retryable_failure_of_one_copy_keeps_the_success_of_the_other() {
-    // G11: two copies of one attempt (an SQS duplicate): one fails retryably (a 503; or, before
-    // agents waited for a key in use, a 409), the other applies and answers success afterwards.
-    // The success is the step's.
+    // two copies of one attempt (an SQS duplicate): one fails retryably (a 503), the other
+    // applies and answers success afterwards. The success is the step's.
     let t = new_task(false).task;
     let busy = go(&t, Event::AgentFailed { attempt: token(&t), error: "503".into(), retryable: true }, 1_100).task;
     assert_eq!(busy.process_state, ProcessState::Pending, "the retry waits for its backoff");
@@ -416,7 +415,8 @@ fn a_retryable_failure_of_one_copy_keeps_the_success_of_the_other() {
 
 #[test]
 fn an_attempt_its_agent_says_timed_out_is_retried_now_and_counts_as_a_timeout() {
-    // G16: the agent says so at start + timeout; the Supervisor would find out at CompleteBy
+    // the agent says so at start + timeout, so the retry does not wait for the Supervisor to
+    // find it at CompleteBy
     let mut t = new_task(false).task;
     for (i, now) in [1_100, 1_300, 1_700].into_iter().enumerate() {
         let out = Event::AgentTimedOut { attempt: token(&t), error: "timed out: no answer within 1000 ms".into() };
@@ -480,7 +480,7 @@ fn a_not_started_copy_does_not_release_a_compensation_waiting_for_its_attempt() 
 
 #[test]
 fn commands_are_fenced_by_run_and_an_error_task_takes_only_fenced_ones() {
-    // G14: a cancel is a new run; a duplicate or late cancel names the old run and changes nothing,
+    // a cancel is a new run; a duplicate or late cancel names the old run and changes nothing,
     // so it never resumes a compensation that failed again.
     let mut t = new_task(false).task;
     t = succeed(&t, 1_100).task;
@@ -508,7 +508,8 @@ fn commands_are_fenced_by_run_and_an_error_task_takes_only_fenced_ones() {
 
 #[test]
 fn what_a_last_write_owes_is_derived_from_the_task() {
-    // G4: a message whose sends failed after its write comes back and sends them again.
+    // a message whose sends failed after its write comes back and sends them again: what it
+    // owes is derived from the task, not remembered.
     let t = new_task(true).task;
     let p = policy();
     // waiting for a retry: the run message, due at the end of the backoff
@@ -544,7 +545,7 @@ fn a_compensation_waits_out_a_forward_attempt_that_never_answers() {
 
 #[test]
 fn may_have_applied_is_remembered_across_every_attempt_of_a_step() {
-    // F2, cancel during backoff: attempt 1 timed out (it may have charged), attempt 2 waits
+    // cancel during backoff: attempt 1 timed out (it may have charged), attempt 2 waits
     let mut t = new_task(false).task;
     t = succeed(&t, 1_100).task; // charge attempt 1 until 2_100
     t = time_out(&t, 2_100).task;
@@ -555,14 +556,14 @@ fn may_have_applied_is_remembered_across_every_attempt_of_a_step() {
     };
     let c = go(&t, Event::Cancel { reason: "x".into(), run: None }, 2_150);
     assert_eq!(plan(&c.task), vec![1, 0], "the timed-out charge is refunded");
-    // F2, retries that end on a retryable error, after a timeout
+    // retries that end on a retryable error, after a timeout
     let t2 = claim(&t, 2_300).task;
     let r = go(&t2, Event::AgentFailed { attempt: token(&t2), error: "503".into(), retryable: true }, 2_400);
     let t3 = claim(&r.task, 2_600).task;
     let gave_up =
         go(&t3, Event::AgentFailed { attempt: token(&t3), error: "declined".into(), retryable: false }, 2_700);
     assert_eq!(plan(&gave_up.task), vec![1, 0], "a refusal at the end does not undo the uncertainty of attempt 1");
-    // F2, cancel of a parked Error task whose step timed out earlier
+    // cancel of a parked Error task whose step timed out earlier
     let mut p = parked();
     p = time_out(&p, 3_000).task;
     p = claim(&p, 3_200).task;
@@ -613,8 +614,8 @@ fn lost_run_message_is_reissued_without_counting_a_failure() {
     assert_eq!(r.task.process_state, ProcessState::Pending);
     assert_eq!(r.task.failure_count, t.failure_count);
     assert_eq!(r.task.complete_by, Some(Millis(2_100)));
-    // F7: the restart re-sends the same wait's run message, so whichever copy arrives first
-    // claims, however late the original is (a restart no longer invalidates it)
+    // the restart re-sends the same wait's run message, so whichever copy arrives first claims,
+    // however late the original is (a restart does not invalidate it)
     let rev = t.wait_rev;
     assert_eq!(r.effects, vec![Effect::Run { rev, delay_ms: 0, reason: RunReason::Restart }]);
     let claimed = claim(&r.task, 1_700).task;
@@ -706,8 +707,8 @@ fn resubmit_resumes_an_error_task_from_its_failed_step() {
         ("charge", 2),
         "resumes at the failed step, reserve is not redone"
     );
-    // F4: the refused attempt spent its key at the service (which may keep the refusal); the
-    // resumed step asks with a new one
+    // the refused attempt spent its key at the service (which may keep the refusal); the resumed
+    // step asks with a new one
     assert_eq!(d[0].idempotency_key.as_str(), "t1:charge#1");
     let done = succeed(&succeed(&c.task, 5_200).task, 5_300).task;
     assert_eq!(done.process_state, ProcessState::Processed);
@@ -878,7 +879,7 @@ proptest! {
 
 #[test]
 fn status_seq_has_no_gap_when_a_transition_changes_no_state() {
-    // F16: seq was the revision, and a restart bumps the revision without a status
+    // seq counts statuses, not revisions: a restart bumps the revision without a status
     let c = new_task(true).task;
     let t = go(&c, Event::AgentFailed { attempt: token(&c), error: "503".into(), retryable: true }, 1_020).task;
     let restarted = time_out(&t, 1_600).task; // a restart: no state change, no status
@@ -929,12 +930,12 @@ fn outputs_too_large_for_a_status_say_where_to_read_them() {
     assert!(serde_json::to_vec(done[0]).unwrap().len() < 256 * 1024, "fits in one SQS message");
 }
 
-/// Issue 34: once a task stops waiting for a call step's attempt (a cancel, or its last attempt
-/// given up), its compensation starts one execution time (`timeout_ms`) plus the settling margin
-/// later, not at the attempt's hard deadline (`start_by + timeout_ms`, the whole queue budget
-/// away): agents start a call only while its attempt is current, so a call started before the
-/// decision is cut within `timeout_ms`, and none starts after it. A callback step's remote side
-/// holds its token until the hard deadline: its bound stays.
+/// Once a task stops waiting for a call step's attempt (a cancel, or its last attempt given up),
+/// its compensation starts one execution time (`timeout_ms`) plus the settling margin later, not
+/// at the attempt's hard deadline (`start_by + timeout_ms`, the whole queue budget away): agents
+/// start a call only while its attempt is current, so a call started before the decision is cut
+/// within `timeout_ms`, and none starts after it. A callback step's remote side holds its token
+/// until the hard deadline: its bound stays.
 #[test]
 fn a_call_step_settles_one_execution_time_after_the_task_stops_waiting_for_it() {
     let p = Policy { queue_budget_ms: 300_000, settle_ms: 2_000, ..policy() };

@@ -55,14 +55,15 @@
 //!
 //! The agents report what they report through the runtime's own rule ([`report`](sas_core::agent::runtime::report)), and start a
 //! request only while its task still waits for its attempt, as the real ones check
-//! ([`agent::still_current`](sas_core::agent::still_current) on the twins). Issue 34's faults: the remote side's (or the HTTP
+//! ([`agent::still_current`](sas_core::agent::still_current) on the twins). The deadline's faults: the remote side's (or the HTTP
 //! client's) own timeout fires exactly at the attempt's deadline (`remote_timeout`), an answer
 //! comes as the runtime's cut fires (`answer_at_deadline`), and SQS delivers a request again long
-//! after the first copy, up to its `start_by` (`late_copy`). With the rule as it was (a transient
-//! error at the deadline dropped as if CompleteBy had passed), `remote_timeout` and
-//! `answer_at_deadline` alone fail 293 of 300 seeds (`hung-reported`, `late-hung`); without the
-//! agents' check, the compensation that now starts one execution time after a cancel or a give-up
-//! fails 16 of 300 seeds with every fault (`undone`: a charge applied after its refund).
+//! after the first copy, up to its `start_by` (`late_copy`). A transient error at the deadline
+//! is reported, never dropped as if CompleteBy had passed: dropped, `remote_timeout` and
+//! `answer_at_deadline` alone fail 293 of 300 seeds (`hung-reported`, `late-hung`). And agents
+//! start nothing for an attempt no longer current: the compensation starts one execution time
+//! after a cancel or a give-up, and without that check 16 of 300 seeds fail with every fault
+//! (`undone`: a charge applied after its refund).
 //!
 //! Callback and wait steps (workflow `order-async`: a 2 s wait, then `ship` as a callback step,
 //! 60 s hard timeout, heartbeats every 5 s, undone by `recall`): the warehouse refuses the
@@ -73,50 +74,46 @@
 //! overtaken by a heartbeat (`cb_reorder`); the desk's sends after its write fail (`lost_sends`)
 //! and the sender retries. What the desk answered is counted (`SimReport::callbacks`).
 //!
-//! What it found in the callback code as first written (2,000 seeds, every fault): 76 of 1,000
-//! seeds lost a final status (`reply-once`) when a callback answer's write landed, its sends
-//! failed, and the worker's retry (over HTTPS, without a message id) found nothing owed. The
-//! answer's own content now marks its write. It also showed two bounds the invariants had to
-//! learn, not bugs: a claim whose deadline is shorter than its message's redelivery (a callback
+//! A callback answer's own content marks its write: a write that landed with its sends failed is
+//! recognised when the worker retries (over HTTPS, without a message id), and its sends go then;
+//! without that, 76 of 1,000 seeds lose a final status (`reply-once`). Two bounds the invariants
+//! allow, not bugs: a claim whose deadline is shorter than its message's redelivery (a callback
 //! step's 10 s schedule-to-start) is recovered by its deadline when its sends fail (`dispatched`,
 //! `late-lost` allow the redelivery time); and a wait that wakes makes the Supervisor claim the
 //! next unit, whose lost timer only the sweep finds.
 //!
-//! Which of the review's findings (notes/review-second-pass.md; G16: a hung call waits for
-//! `CompleteBy` instead of failing at its execution deadline) these find on the code before their
-//! fixes, each with only its faults on (`SIM_FAULTS=...`, 300 seeds, 500 for G10; measured on
-//! 23fa779 + this simulator):
+//! The rules the faults guard, and what each fault set finds on code without the rule, with only
+//! its faults on (`SIM_FAULTS=...`, 300 seeds, 500 for the timer that re-arms itself):
 //!
-//! | finding | faults | found by | seeds failing it | first |
+//! | rule | faults | found by | seeds failing it | first |
 //! |---|---|---|---|---|
-//! | G2  | `late_effect,cancel` | `undone` (reserve applied after its release) | 4/300 | 26 |
-//! | G4  | `batch_failures` (or `lost_sends`) | `dispatched`; `late-lost` when a timer is lost | 44/300 (114/300) | 6 (3) |
-//! | G5  | `ambiguous_writes` | `dispatched` | 82/300 | 3 |
-//! | G9  | `transient,permanent` | `reply-once` (too many), `alert-once` | 284/300, 90/300 | 1, 3 |
-//! | G10 | `lost_sends,late_duplicate` | `timers-bounded` | 2/500 | 144 |
-//! | G11 | `agent_duplicate` (`+transient`) | `success-kept` | 61/300 (83/300) | 1 (1) |
-//! | G16 | `hang` | `late-hung` | 245/300 | 1 |
+//! | only a definite answer of the awaited attempt releases its compensation | `late_effect,cancel` | `undone` (reserve applied after its release) | 4/300 | 26 |
+//! | sends that failed after a write fail the message; its redelivery sends them again | `batch_failures` (or `lost_sends`) | `dispatched`; `late-lost` when a timer is lost | 44/300 (114/300) | 6 (3) |
+//! | a write reported lost that landed is recognised, and its sends still go | `ambiguous_writes` | `dispatched` | 82/300 | 3 |
+//! | the terminal reply and alert are re-sent only for the message that ended the task | `transient,permanent` | `reply-once` (too many), `alert-once` | 284/300, 90/300 | 1, 3 |
+//! | a timer the sweep handed over is spent once its deadline is left, never re-armed | `lost_sends,late_duplicate` | `timers-bounded` | 2/500 | 144 |
+//! | a retryable failure of one copy of an attempt keeps the other copy's success | `agent_duplicate` (`+transient`) | `success-kept` | 61/300 (83/300) | 1 (1) |
+//! | a hung call is reported at its execution deadline, not left to `CompleteBy` | `hang` | `late-hung` | 245/300 | 1 |
 //!
-//! With every fault on (`make sim`, 2,000 seeds, about 45 s): all seeds fail; `reply-once` 2000,
-//! `late-hung` 1945, `dispatched` 1467, `success-kept` 637, `alert-once` 594, `timers-bounded`
-//! 153, `late-lost` 16 (a lost timer: G4), `undone` 9 (G2: a cancel's release applied before
-//! the reserve it undoes), `dlq` 5 (G9: a late timer's terminal re-send fails three times).
+//! Without any of them, with every fault on (`make sim`, 2,000 seeds, about 45 s): all seeds
+//! fail; `reply-once` 2000, `late-hung` 1945, `dispatched` 1467, `success-kept` 637, `alert-once`
+//! 594, `timers-bounded` 153, `late-lost` 16 (a lost timer whose sends are not re-sent), `undone`
+//! 9 (a cancel's release applied before the reserve it undoes), `dlq` 5 (a late timer's terminal
+//! re-send fails three times).
 //!
-//! With the fixes (this version): 2,000 seeds, 0 failed, every fault on. Two refinements came
-//! with them, both about what the system can promise, not about the fixes: send failures and
-//! ambiguous writes are transient like crashes (injected on first deliveries only: a failure on
-//! every delivery until `CompleteBy` is the Supervisor's case and costs the attempt), and an
-//! attempt is not charged to `dispatched` when another attempt of its unit settled it first or
-//! the Supervisor claimed it (its timer message comes back only after 360 s, past `CompleteBy`).
+//! With them: 2,000 seeds, 0 failed, every fault on. Two bounds are what the system can promise:
+//! send failures and ambiguous writes are transient like crashes (injected on first deliveries
+//! only: a failure on every delivery until `CompleteBy` is the Supervisor's case and costs the
+//! attempt), and an attempt is not charged to `dispatched` when another attempt of its unit
+//! settled it first or the Supervisor claimed it (its timer message comes back only after 360 s,
+//! past `CompleteBy`).
 //!
-//! G9 also shows under almost every other fault (any retry arms one more timer that re-sends the
-//! terminal status), and makes `dlq` fire now and then (a late timer's re-send fails three
-//! times). With the one-line fixes of G2, G10, G11 and G16 and G9's re-send only on redelivery
-//! applied by hand (not committed), every fault but `lost_sends`, `batch_failures` and
-//! `ambiguous_writes` (G4, G5) left 5 of 500 seeds failing, all `reply-once` with 5 copies: in
-//! the one traced, 2 re-sends came from redeliveries of the message that ended the task and 2
-//! from redelivered timers, which that crude G9 stand-in re-sends and the review's fix (re-send
-//! only for the message that ended the task) would not.
+//! The terminal notices' rule matters under almost every other fault too (any retry arms one more
+//! timer that would re-send the terminal status, and a late timer's re-send that fails three
+//! times fires `dlq`). Re-sending on any redelivery is not enough: timers are redelivered too,
+//! and with every fault but `lost_sends`, `batch_failures` and `ambiguous_writes` that leaves 5 of
+//! 500 seeds failing `reply-once` with 5 copies (2 re-sends from redeliveries of the message that
+//! ended the task, 2 from redelivered timers). So only the message that ended the task re-sends.
 //!
 //! `BufferedBus` itself is not in the loop: it needs tokio's spawn and timer (a real 20 ms
 //! linger per flush, or tokio's paused clock, which the library does not build with), while the

@@ -1,4 +1,4 @@
-//! Issue 37 on LocalStack in Lambda mode: one workflow takes a different path for two inputs (a
+//! Decisions on LocalStack in Lambda mode: one workflow takes a different path for two inputs (a
 //! guard true and false, a skipped step, a handled failure), sends and keeps the data it declares
 //! and ends with its result in the last status; a parent cancelled while its child workflow runs
 //! ends with both of the steps the child applied undone once.
@@ -123,8 +123,8 @@ async fn lambda_decisions_take_two_paths_shape_their_data_and_a_cancelled_parent
     );
 
     // the parent: its child hangs in its third step, and the parent is cancelled then. Sent only
-    // now: sent with the others, its child's dispatch (one 20 s attempt) could time out while the
-    // two paths above were checked on a busy machine, and the child ended before the cancel (CI once)
+    // now: sent with the others, its child's dispatch (one 20 s attempt) can time out while the
+    // two paths above are checked on a busy machine, ending the child before the cancel comes
     let hang = json!({"v": 1, "task_id": parent, "workflow": "parent",
                       "input": {"sim": {"dispatch": {"hang_attempts": 1}}}});
     f.s.send(&f.s.res.submission_queue_url, &hang.to_string()).await;
