@@ -38,10 +38,11 @@ bench-sweep: ## the supervisor sweep's requests and read units with 100,000 fini
 	bench/cost.sh sweep
 
 .PHONY: docs
-docs: ## the book: README.md's relative links checked, the shipped configuration checked against schemas/, then docs/ built with MkDocs (docs/requirements.txt, venv .local/docs-venv) in --strict mode into .local/site
+docs: ## the book: README.md's relative links checked, the contents lists of docs/index.md and README.md checked against mkdocs.yml's nav, the shipped configuration checked against schemas/, then docs/ built with MkDocs (docs/requirements.txt, venv .local/docs-venv) in --strict mode into .local/site
 	python3 docs/check-readme-links.py
 	[ -x .local/docs-venv/bin/pip ] || python3 -m venv .local/docs-venv
 	.local/docs-venv/bin/pip install -q --disable-pip-version-check -r docs/requirements.txt
+	.local/docs-venv/bin/python docs/check-contents.py
 	.local/docs-venv/bin/python docs/check-schemas.py
 	.local/docs-venv/bin/mkdocs build --strict --site-dir .local/site
 
