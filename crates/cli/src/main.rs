@@ -164,6 +164,15 @@ enum Cmd {
         /// allow-list (output ReplyQueueArnPattern; by default queues named <stack>-reply-*).
         #[arg(long)]
         reply_to: Option<String>,
+        /// Then wait: until the task ends (`--wait`, or `--wait ended`), printing its timeline as
+        /// `status` does, or until the Submitter has created it (`--wait created`). Exit status:
+        /// 0 when it ended Processed (or was created), 2 when it ended otherwise (Compensated,
+        /// Error, Cancelled), 3 when the time ran out (saying where the task was).
+        #[arg(long, value_enum, value_name = "UNTIL", num_args = 0..=1, default_missing_value = "ended")]
+        wait: Option<sas_cli::ops::Until>,
+        /// With --wait: how long at most.
+        #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+        wait_secs: u64,
     },
     /// Show one task: its state, FailureCount, LockedBy, CompleteBy; its steps and their attempts
     /// on a time axis from its creation (durations, backoffs, outcomes, a bar per attempt); every
@@ -425,6 +434,54 @@ fn key_values(what: &str, items: &[String]) -> Result<std::collections::HashMap<
         .collect()
 }
 
+/// `sasctl submit --wait`: wait for the task just submitted, say where it got to, and return the
+/// exit status (0 reached as asked and, for an end, `Processed`; 2 another end; 3 out of time).
+async fn submit_wait(
+    cli: &Cli,
+    sdk: &aws_config::SdkConfig,
+    id: &TaskId,
+    until: sas_cli::ops::Until,
+    wait: Duration,
+) -> Result<i32> {
+    use sas_cli::ops::{Until, Waited};
+    let deps = deps(cli, sdk).await?;
+    let started = std::time::Instant::now();
+    let waited = sas_cli::ops::wait_for_task(&deps, id, until, wait, POLL).await?;
+    let secs = started.elapsed().as_secs_f64();
+    Ok(match waited {
+        Waited::Reached(t) if until == Until::Created => {
+            println!(
+                "{id}: created, {} ({}@{}), after {secs:.1} s",
+                t.process_state, t.workflow.name, t.workflow.version
+            );
+            0
+        }
+        Waited::Reached(t) => {
+            let t = sas_cli::ops::with_whole_history(&deps, *t).await?;
+            let color = std::io::stdout().is_terminal();
+            print!("{}", timeline::render(&t, Millis::now(), &timeline::Options::full(color)));
+            println!("{id}: ended {} after {secs:.1} s of waiting", t.process_state);
+            if t.process_state == ProcessState::Processed {
+                0
+            } else {
+                2
+            }
+        }
+        Waited::StillRunning(t) => {
+            let at = t.current_step_name().map(|s| format!(", at step {s}")).unwrap_or_default();
+            println!(
+                "{id}: not ended after {secs:.0} s: {} (rev {}){at}; `sasctl status {id}` shows where it waits",
+                t.process_state, t.rev
+            );
+            3
+        }
+        Waited::NotCreated => {
+            println!("{id}: not created after {secs:.0} s; {}", sas_cli::ops::no_task_yet(id));
+            3
+        }
+    })
+}
+
 /// `sasctl import-asl`: translate each file, print what was translated, refused and noted, write
 /// the two files (even when some were refused, with the others).
 fn import_asl(files: &[PathBuf], workflows: &std::path::Path, agents: &std::path::Path) -> Result<()> {
@@ -633,7 +690,7 @@ async fn run(cli: &Cli) -> Result<()> {
             let report = sas_core::supervisor::sweep(&deps).await;
             println!("{}", serde_json::to_string(&report)?);
         }
-        Cmd::Submit { workflow, task_id, input, reply_to } => {
+        Cmd::Submit { workflow, task_id, input, reply_to, wait, wait_secs } => {
             let res = resources(cli, &sdk).await?;
             let task_id = match task_id {
                 Some(t) => Some(TaskId::try_from(t.as_str())?),
@@ -648,12 +705,20 @@ async fn run(cli: &Cli) -> Result<()> {
                 reply_to: reply_to.clone(),
             };
             sas_cli::ops::send_submission(&sas_core::aws::sqs_client(&sdk), &res.submission_queue_url, &sub).await?;
-            println!("{}", task_id.expect("set above"));
+            let task_id = task_id.expect("set above");
+            println!("{task_id}");
+            if let Some(until) = wait {
+                let code = submit_wait(cli, &sdk, &task_id, *until, Duration::from_secs(*wait_secs)).await?;
+                if code != 0 {
+                    std::process::exit(code);
+                }
+            }
         }
         Cmd::Status { task_id, json } => {
             let deps = deps(cli, &sdk).await?;
-            let Some(t) = deps.store.get(&TaskId::try_from(task_id.as_str())?).await? else {
-                bail!("no task {task_id}");
+            let id = TaskId::try_from(task_id.as_str())?;
+            let Some(t) = deps.store.get(&id).await? else {
+                bail!("{}", sas_cli::ops::no_task_yet(&id));
             };
             if *json {
                 println!("{}", serde_json::to_string_pretty(&t)?);

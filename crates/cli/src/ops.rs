@@ -306,6 +306,68 @@ pub async fn wait_applied(
     }
 }
 
+/// How long `sasctl submit --wait` waits: until the Submitter has created the task, or until the
+/// task has ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Until {
+    /// The task item exists (the Submitter took the submission).
+    Created,
+    /// The task is in an end state (Processed, Compensated, Error, Cancelled).
+    Ended,
+}
+
+/// Where a task stood when a wait for it stopped.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Waited {
+    /// The wait got what it asked for: the task as last read.
+    Reached(Box<Task>),
+    /// Time ran out with the task in flight (or not yet ended).
+    StillRunning(Box<Task>),
+    /// Time ran out and there is no task of this id.
+    NotCreated,
+}
+
+/// Whether `task` (as read, `None` when there is none) is what `until` waits for.
+pub fn reached(until: Until, task: Option<&Task>) -> bool {
+    match (until, task) {
+        (_, None) => false,
+        (Until::Created, Some(_)) => true,
+        (Until::Ended, Some(t)) => t.process_state.is_terminal(),
+    }
+}
+
+/// Poll task `id` (one strongly consistent `GetItem` per `every`) until it is what `until` asks
+/// for, or `wait` passes.
+pub async fn wait_for_task(
+    deps: &Deps,
+    id: &TaskId,
+    until: Until,
+    wait: Duration,
+    every: Duration,
+) -> anyhow::Result<Waited> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let task = deps.store.get(id).await?;
+        if reached(until, task.as_ref()) {
+            return Ok(Waited::Reached(Box::new(task.expect("reached: the task exists"))));
+        }
+        if Instant::now() >= deadline {
+            return Ok(task.map_or(Waited::NotCreated, |t| Waited::StillRunning(Box::new(t))));
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// What to tell a person who asked for a task that does not exist (yet).
+pub fn no_task_yet(id: &TaskId) -> String {
+    format!(
+        "no task {id}: the table has none (yet). A submission becomes a task when the Submitter takes \
+         it from the submission queue, within seconds while the functions run; one that never \
+         becomes a task was rejected (it is in the submission dead-letter queue, with its reason) or \
+         waits for a Submitter that is not running. `sasctl submit --wait` waits until the task exists"
+    )
+}
+
 /// `task` with its whole history: the entries the item dropped (it keeps the last
 /// `history_limit`) are read back from its archive and put before the ones it keeps
 /// (`sasctl status` and `sasctl ui`'s task page show them all).
@@ -688,6 +750,19 @@ mod tests {
             describe_change(&restarted, &refused).split(" (").next().unwrap(),
             "t-1: Pending -> Processing -> Compensating"
         );
+    }
+
+    #[test]
+    fn a_wait_for_a_submitted_task_stops_where_it_was_asked_to() {
+        assert!(!reached(Until::Created, None) && !reached(Until::Ended, None), "no task yet");
+        let running = processing();
+        assert!(reached(Until::Created, Some(&running)));
+        assert!(!reached(Until::Ended, Some(&running)), "in flight is not ended");
+        assert!(!reached(Until::Ended, Some(&pending())));
+        assert!(reached(Until::Ended, Some(&processed())));
+        assert!(reached(Until::Ended, Some(&error_compensating())), "Error is an end");
+        let text = no_task_yet(&running.task_id);
+        assert!(text.starts_with("no task t-1: ") && text.contains("submit --wait"), "{text}");
     }
 
     #[test]

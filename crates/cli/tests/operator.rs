@@ -115,6 +115,25 @@ async fn operator_commands_report_their_outcome() {
     let out = assert_ok(&s.sasctl(&["resubmit", "--state", "Error"]));
     assert!(out.ends_with("resubmit --state Error: requested 1, moved 1, unchanged 0"), "{out}");
 
+    // A task not created (yet) is told apart from a failure to read, with what to do.
+    let none = format!("{run}-never");
+    assert_refused(&s.sasctl(&["status", &none]), &format!("no task {none}: the table has none (yet)"));
+    // submit --wait: the task's end, its timeline, and an exit status a script can branch on.
+    let waited = format!("{run}-waited");
+    let out = assert_ok(&s.sasctl(&["submit", "--workflow", "sim-order", "--task-id", &waited, "--wait"]));
+    assert!(out.starts_with(&waited) && out.contains("now: ended Processed at +"), "{out}");
+    assert!(out.lines().last().unwrap_or_default().starts_with(&format!("{waited}: ended Processed after ")), "{out}");
+    let created = format!("{run}-created");
+    let out = assert_ok(&s.sasctl(&["submit", "--workflow", "sim-order", "--task-id", &created, "--wait=created"]));
+    assert!(out.contains(&format!("{created}: created, ")) && out.contains("(sim-order@"), "{out}");
+    let declined = format!("{run}-declined");
+    let input = r#"{"sim": {"charge": {"permanent": "declined"}}}"#;
+    let out = s.sasctl(&["submit", "--workflow", "sim-order", "--task-id", &declined, "--input", input, "--wait"]);
+    let printed = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "another end is exit 2: {printed}\n{}", text(&out.stderr));
+    assert!(printed.contains(&format!("{declined}: ended Compensated after ")), "{printed}");
+    s.wait_for(&created, "Processed", is(ProcessState::Processed)).await;
+
     runner.shutdown().await;
     s.delete().await;
 }
