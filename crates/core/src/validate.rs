@@ -126,11 +126,13 @@ pub fn check_with_grants(
 /// The workflows file read as the functions read it; where they would refuse it, every mistake
 /// found, not only the first: each step and each workflow is read on its own, each with its path
 /// in the file (`workflows[1].steps[2].backoff`).
-fn read_workflows(json: &str, problems: &mut Vec<String>) -> Option<WorkflowRegistry> {
+fn read_workflows(json: &str, problems: &mut Vec<String>) -> Result<WorkflowRegistry, Vec<WorkflowDef>> {
     let err = match WorkflowRegistry::from_json(json) {
-        Ok(registry) => return Some(registry),
+        Ok(registry) => return Ok(registry),
         Err(e) => e,
     };
+    // the workflows that parse, whatever rules they break, for the checks of the agents they use
+    let mut parsed = Vec::new();
     let before = problems.len();
     let file: Option<Value> = serde_json::from_str(json).ok();
     let list = file.as_ref().and_then(|f| f.get("workflows")).and_then(Value::as_array);
@@ -163,10 +165,12 @@ fn read_workflows(json: &str, problems: &mut Vec<String>) -> Option<WorkflowRegi
             match parse_value::<WorkflowDef>(&own, &at) {
                 Err(e) => problems.push(format!("workflows: {e}")),
                 Ok(_) if found => {}
-                Ok(_) => match parse_value::<WorkflowDef>(w, &at).map(|d| d.validate()) {
+                Ok(_) => match parse_value::<WorkflowDef>(w, &at) {
                     Err(e) => problems.push(format!("workflows: {e}")),
-                    Ok(Err(e)) => problems.push(format!("workflows: {at}: {e}")),
-                    Ok(Ok(())) => {}
+                    Ok(d) => {
+                        problems.extend(d.problems().into_iter().map(|e| format!("workflows: {at}: {e}")));
+                        parsed.push(d);
+                    }
                 },
             }
         }
@@ -175,7 +179,7 @@ fn read_workflows(json: &str, problems: &mut Vec<String>) -> Option<WorkflowRegi
         // not JSON, not an object with a list, or a mistake across workflows (a version twice)
         problems.push(format!("workflows: {err}"));
     }
-    None
+    Err(parsed)
 }
 
 /// The agents file as [`agent::survey`] reads it; where it refuses the file, each agent is read
@@ -230,9 +234,13 @@ fn check_config(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> 
             r.problems.push(format!("agent {}: variable {var} is not set (every call would fail)", a.name));
         }
     }
-    let Some(registry) = registry else { return r };
+    // with a workflows file that breaks a rule, the workflows that parse are checked all the same
+    let (defs, whole): (Vec<WorkflowDef>, bool) = match registry {
+        Ok(registry) => (registry.all().cloned().collect(), true),
+        Err(parsed) => (parsed, false),
+    };
     let mut used = BTreeSet::new();
-    for def in registry.all() {
+    for def in &defs {
         r.workflows.push(format!("{}@{}", def.name, def.version));
         for step in def.steps.iter().flat_map(|s| std::iter::once(s).chain(s.compensation.as_deref())) {
             if !step.kind.uses_agent() {
@@ -258,7 +266,8 @@ fn check_config(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> 
         }
     }
     r.workflows.sort();
-    for a in agents.iter().filter(|a| !used.contains(&a.name)) {
+    // (an agent used only by a workflow that did not parse is not "used by no workflow")
+    for a in agents.iter().filter(|a| whole && !used.contains(&a.name)) {
         r.warnings.push(format!("agent {} is used by no workflow", a.name));
     }
     r
@@ -495,6 +504,27 @@ mod tests {
             "{:?}",
             r.problems
         );
+    }
+
+    #[test]
+    fn every_rule_a_workflow_breaks_is_named_and_the_others_are_checked_all_the_same() {
+        // one workflow breaks three rules (a step name twice, a guard reading a step that does not
+        // exist, a result reading another); the other is sound but calls an agent not defined
+        let wf = r#"{"workflows": [
+            {"name": "w", "version": 1, "result": {"x.$": "$.outputs.nowhere.x"}, "steps": [
+                {"name": "a", "agent": "svc", "timeout_ms": 1000},
+                {"name": "a", "agent": "svc", "timeout_ms": 1000},
+                {"name": "b", "agent": "svc", "timeout_ms": 1000, "when": {"variable": "$.outputs.ghost.ok", "boolean_equals": true}}]},
+            {"name": "v", "version": 1, "steps": [{"name": "c", "agent": "missing", "timeout_ms": 1000}]}]}"#;
+        let ag = r#"{"agents": {"svc": {"kind": "http", "url": "https://svc/x"}}}"#;
+        let r = check(wf, ag, &|_| None);
+        let has = |needle: &str| r.problems.iter().any(|p| p.contains(needle));
+        assert!(has("workflows[0]: workflow w: step name a is used twice"), "{:#?}", r.problems);
+        assert!(has("ghost"), "the guard: {:#?}", r.problems);
+        assert!(has("nowhere"), "the result: {:#?}", r.problems);
+        assert!(has("agent \"missing\" is not defined"), "the other workflow: {:#?}", r.problems);
+        assert_eq!(r.problems.len(), 4, "{:#?}", r.problems);
+        assert!(!r.warnings.iter().any(|w| w.contains("used by no workflow")), "{:#?}", r.warnings);
     }
 
     #[test]

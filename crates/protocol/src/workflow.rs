@@ -767,17 +767,31 @@ impl StepDef {
 }
 
 impl WorkflowDef {
+    /// The first rule this workflow breaks, if any (see [`WorkflowDef::problems`]).
     pub fn validate(&self) -> Result<(), WorkflowError> {
-        check_name("workflow name", &self.name)
-            .map_err(|source| WorkflowError::Name { workflow: self.name.clone(), source })?;
+        self.problems().into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Every rule this workflow breaks, in the order of its steps: each step's first mistake (a
+    /// step's fields are checked in order, and a later check may assume an earlier one held),
+    /// every name used twice, every path that can never resolve. Steps whose `after` lists cannot
+    /// run are the last thing named: the checks that need the graph need it whole.
+    pub fn problems(&self) -> Vec<WorkflowError> {
+        let mut out = Vec::new();
+        if let Err(source) = check_name("workflow name", &self.name) {
+            out.push(WorkflowError::Name { workflow: self.name.clone(), source });
+        }
         if self.steps.is_empty() {
-            return Err(WorkflowError::NoSteps(self.name.clone()));
+            out.push(WorkflowError::NoSteps(self.name.clone()));
+            return out;
         }
         let mut seen = HashSet::new();
         for s in &self.steps {
-            s.validate(&self.name)?;
+            if let Err(e) = s.validate(&self.name) {
+                out.push(e);
+            }
             if (s.map.is_some() || s.kind.starts_a_workflow()) && self.on_failure == OnFailure::Error {
-                return Err(WorkflowError::Step {
+                out.push(WorkflowError::Step {
                     workflow: self.name.clone(),
                     step: s.name.clone(),
                     problem: "a map step needs on_failure: compensate (an Error task cannot yet resume a map)".into(),
@@ -786,33 +800,35 @@ impl WorkflowDef {
             let names = std::iter::once(&s.name).chain(s.compensation.as_ref().map(|c| &c.name));
             for n in names {
                 if !seen.insert(n.clone()) {
-                    return Err(WorkflowError::DuplicateStep { workflow: self.name.clone(), step: n.clone() });
+                    out.push(WorkflowError::DuplicateStep { workflow: self.name.clone(), step: n.clone() });
                 }
             }
         }
-        let graph = self.graph()?;
-        self.validate_guards(&graph)?;
-        for region in graph.regions() {
-            for s in &self.steps[region.clone()] {
-                let problem = |p: &str| WorkflowError::Step {
+        let graph = match self.graph() {
+            Ok(g) => g,
+            Err(e) => {
+                out.push(e);
+                return out;
+            }
+        };
+        self.guard_problems(&graph, &mut out);
+        if self.on_failure == OnFailure::Error {
+            for region in graph.regions() {
+                out.push(WorkflowError::Step {
                     workflow: self.name.clone(),
-                    step: s.name.clone(),
-                    problem: p.to_owned(),
-                };
-                if self.on_failure == OnFailure::Error {
-                    return Err(problem(
-                        "steps that run beside each other need on_failure: compensate (an Error task cannot yet \
-                         resume its branches)",
-                    ));
-                }
+                    step: self.steps[region.start].name.clone(),
+                    problem: "steps that run beside each other need on_failure: compensate (an Error task cannot \
+                              yet resume its branches)"
+                        .into(),
+                });
             }
         }
-        Ok(())
+        out
     }
 
     /// Every path a guard reads must be able to resolve when the guard is decided: the input, or
-    /// the output of a step its step comes after.
-    fn validate_guards(&self, graph: &StepGraph) -> Result<(), WorkflowError> {
+    /// the output of a step its step comes after. Each path that cannot is one problem.
+    fn guard_problems(&self, graph: &StepGraph, out: &mut Vec<WorkflowError>) {
         let problem = |step: &str, p: String| WorkflowError::Step {
             workflow: self.name.clone(),
             step: step.to_owned(),
@@ -827,22 +843,18 @@ impl WorkflowDef {
             for (what, path, own) in guard.chain(sent).chain(undo) {
                 let Root::Output(name) = path.root() else { continue };
                 match self.steps.iter().position(|d| d.name == name) {
-                    None => {
-                        return Err(problem(
-                            &s.name,
-                            format!("{what} reads {path}, and the workflow has no step {name:?}: it can never resolve"),
-                        ))
-                    }
-                    Some(j) if !(graph.comes_before(j, i) || (own && j == i)) => {
-                        return Err(problem(
-                            &s.name,
-                            format!(
-                                "{what} reads {path}, and step {name} does not come before {} (name it in after, or \
-                                 in after of a step before): its output can never be there when it is read",
-                                s.name
-                            ),
-                        ))
-                    }
+                    None => out.push(problem(
+                        &s.name,
+                        format!("{what} reads {path}, and the workflow has no step {name:?}: it can never resolve"),
+                    )),
+                    Some(j) if !(graph.comes_before(j, i) || (own && j == i)) => out.push(problem(
+                        &s.name,
+                        format!(
+                            "{what} reads {path}, and step {name} does not come before {} (name it in after, or \
+                             in after of a step before): its output can never be there when it is read",
+                            s.name
+                        ),
+                    )),
                     Some(_) => {}
                 }
             }
@@ -850,14 +862,10 @@ impl WorkflowDef {
         for path in self.result.iter().flat_map(|t| t.0.paths()) {
             if let Root::Output(name) = path.root() {
                 if !self.steps.iter().any(|d| d.name == name) {
-                    return Err(problem(
-                        name,
-                        format!("the workflow's result reads {path}, and there is no such step"),
-                    ));
+                    out.push(problem(name, format!("the workflow's result reads {path}, and there is no such step")));
                 }
             }
         }
-        Ok(())
     }
 
     /// The steps as a graph (see [`crate::graph`]), or why their `after` lists cannot run.
