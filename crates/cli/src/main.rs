@@ -398,8 +398,14 @@ async fn resources(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Resources> 
     Ok(Resources::from_outputs(&map)?)
 }
 
+/// The stack's resources and the workflows file sasctl reads ([`sas_cli::config_files`]: the
+/// environment's, else the checkout's `config/`, else the built-in copy).
 async fn deps(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Deps> {
-    Ok(Deps::aws(sdk, resources(cli, sdk).await?, WorkflowRegistry::from_env()?, Settings::from_env()?))
+    let workflows = sas_cli::config_files::workflows(None)?;
+    let registry =
+        WorkflowRegistry::from_json(&workflows.text).with_context(|| format!("workflows {}", workflows.from))?;
+    tracing::debug!(from = %workflows.from, "workflows read");
+    Ok(Deps::aws(sdk, resources(cli, sdk).await?, registry, Settings::from_env()?))
 }
 
 #[tokio::main]
@@ -676,7 +682,12 @@ async fn run(cli: &Cli) -> Result<()> {
                 concurrency: *concurrency,
                 ..RunnerOptions::default()
             };
-            let handle = Runner::new(deps, Arc::new(AgentRuntime::from_env()?), opts).spawn();
+            let agents = sas_cli::config_files::agents(None)?;
+            let runtime = AgentRuntime::from_config(&agents.text, &sas_core::agent::env_vars()?)
+                .with_context(|| format!("the agents file {}", agents.from))?;
+            let workflows = sas_cli::config_files::workflows(None)?.from;
+            tracing::info!(workflows = %workflows, agents = %agents.from, "the local runner's configuration");
+            let handle = Runner::new(deps, Arc::new(runtime), opts).spawn();
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
@@ -905,17 +916,12 @@ async fn run(cli: &Cli) -> Result<()> {
     Ok(())
 }
 
-/// The agents of an agents file (`path`, else `SAS_AGENTS_FILE`, else the built-in one) that
-/// have a `max_in_flight`, with it.
+/// The agents of the agents file ([`sas_cli::config_files::agents`]) that have a
+/// `max_in_flight`, with it.
 fn limited_agents(path: Option<&std::path::Path>) -> Result<Vec<(String, u32)>> {
-    let path = path
-        .map(std::path::Path::to_path_buf)
-        .or_else(|| std::env::var("SAS_AGENTS_FILE").ok().filter(|p| !p.is_empty()).map(PathBuf::from));
-    let json = match &path {
-        Some(p) => std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-        None => sas_core::agent::BUILT_IN_AGENTS.to_owned(),
-    };
-    let agents = sas_core::agent::survey(&json, &sas_core::agent::env_vars()?).context("reading the agents file")?;
+    let file = sas_cli::config_files::agents(path)?;
+    let agents = sas_core::agent::survey(&file.text, &sas_core::agent::env_vars()?)
+        .with_context(|| format!("reading the agents file {}", file.from))?;
     Ok(agents.into_iter().filter_map(|a| a.max_in_flight.map(|m| (a.name, m))).collect())
 }
 

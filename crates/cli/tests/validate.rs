@@ -61,3 +61,46 @@ fn validate_takes_guards_templates_and_children_and_names_what_can_never_resolve
     assert!(!ok);
     assert!(out.contains("workflows call each other in a cycle"), "{out}");
 }
+
+/// In a checkout (a directory with `template.yaml` and `config/`), `sasctl validate` reads the
+/// files there as they are now, says so, and names every mistake in them: an edit is checked
+/// at once, not the copy compiled into sasctl.
+#[test]
+fn validate_reads_the_checkout_s_config_as_edited_and_names_every_mistake() {
+    let dir = std::env::temp_dir().join(format!("sasctl-checkout-{}", uuid::Uuid::new_v4().simple()));
+    let sub = dir.join("somewhere/below");
+    std::fs::create_dir_all(dir.join("config")).unwrap();
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::write(dir.join("template.yaml"), "# a stand-in\n").unwrap();
+    std::fs::write(dir.join("config/agents.json"), json!({"agents": {"sim": {"kind": "sim"}}}).to_string()).unwrap();
+    let edited = json!({"workflows": [
+        {"name": "mine", "version": 1, "steps": [sim("one"), sim("two")]},
+        {"name": "broken", "version": 1, "steps": [sim("a"), sim("a"), {"name": "b", "agent": "nobody", "timeout_ms": 1000}]},
+        {"name": "also", "version": 1, "steps": [{"name": "c", "agent": "ghost", "timeout_ms": 1000}]}]});
+    std::fs::write(dir.join("config/workflows.json"), edited.to_string()).unwrap();
+    let run = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_sasctl"))
+            .arg("validate")
+            .current_dir(&sub)
+            .env_remove("SAS_WORKFLOWS_FILE")
+            .env_remove("SAS_AGENTS_FILE")
+            .output()
+            .expect("sasctl runs");
+        (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    };
+    let (ok, out) = run();
+    assert!(!ok, "{out}");
+    let from = dir.join("config/workflows.json");
+    assert!(out.contains(&format!("workflows from {}", from.display())), "{out}");
+    assert!(out.contains(&format!("agents from {}", dir.join("config/agents.json").display())), "{out}");
+    // all three mistakes, in two workflows, in one run
+    assert!(out.contains("step name a is used twice"), "{out}");
+    assert!(out.contains("agent \"nobody\" is not defined"), "{out}");
+    assert!(out.contains("agent \"ghost\" is not defined"), "{out}");
+    // fixed on disk: valid at once, with the workflow the user added
+    let fixed = json!({"workflows": [{"name": "mine", "version": 1, "steps": [sim("one"), sim("two")]}]});
+    std::fs::write(&from, fixed.to_string()).unwrap();
+    let (ok, out) = run();
+    assert!(ok && out.contains(": mine@1") && out.contains("valid: 1 workflow(s), 1 agent(s)"), "{out}");
+    let _ = std::fs::remove_dir_all(dir);
+}
