@@ -15,41 +15,90 @@ pub enum Seg {
     Index(usize),
 }
 
-/// Parse a States Language reference path (`$`, `$.a.b`, `$['a b'][0]`); what it cannot be (a
-/// wildcard, a filter, `..`) is refused: a reference path names one value.
+/// Parse a States Language reference path (`$`, `$.a.b`, `$['a b'][0]`, and the forms of AWS's
+/// own examples: `$.['a b']`, `$.[0].body`, `$.items[0]`); what it cannot be (a wildcard, a slice,
+/// a filter, `..`) is refused: a reference path names one value. A quoted name may hold any
+/// character, `\'`, `\"` and `\\` escaped.
 pub fn parse_path(text: &str) -> Result<Vec<Seg>, String> {
     let bad = |why: &str| Err(format!("path {text:?}: {why}"));
-    let Some(mut rest) = text.strip_prefix('$') else { return bad("a path starts with $") };
+    if text.starts_with("$$") {
+        return bad("the context object ($$) is not read here, only the state's input");
+    }
+    let Some(rest) = text.strip_prefix('$') else { return bad("a path starts with $") };
+    let chars: Vec<char> = rest.chars().collect();
     let mut out = Vec::new();
-    while !rest.is_empty() {
-        if let Some(r) = rest.strip_prefix("..") {
-            let _ = r;
-            return bad("`..` names many values; a reference path names one");
-        } else if let Some(r) = rest.strip_prefix('.') {
-            let end = r.find(['.', '[']).unwrap_or(r.len());
-            let name = &r[..end];
-            if name.is_empty() || name == "*" {
-                return bad("a wildcard or an empty name names no one value");
+    let mut i = 0;
+    while i < chars.len() {
+        match (chars[i], chars.get(i + 1)) {
+            ('.', Some('.')) => return bad("`..` names many values; a reference path names one"),
+            // `$.['a b']`, `$.[0]`: a dot before a bracket, as AWS's examples write it
+            ('.', Some('[')) => i += 1,
+            ('.', _) => {
+                let end = chars[i + 1..].iter().position(|c| *c == '.' || *c == '[').map_or(chars.len(), |e| i + 1 + e);
+                let name: String = chars[i + 1..end].iter().collect();
+                if name.is_empty() || name == "*" {
+                    return bad("a wildcard or an empty name names no one value");
+                }
+                out.push(Seg::Name(name));
+                i = end;
             }
-            out.push(Seg::Name(name.to_owned()));
-            rest = &r[end..];
-        } else if let Some(r) = rest.strip_prefix('[') {
-            let Some(end) = r.find(']') else { return bad("an unclosed [") };
-            let inner = r[..end].trim();
-            if let Some(q) = inner.strip_prefix('\'').and_then(|x| x.strip_suffix('\'')) {
-                out.push(Seg::Name(q.to_owned()));
-            } else if let Some(q) = inner.strip_prefix('"').and_then(|x| x.strip_suffix('"')) {
-                out.push(Seg::Name(q.to_owned()));
-            } else if let Ok(i) = inner.parse::<usize>() {
-                out.push(Seg::Index(i));
-            } else {
-                return bad(&format!(
-                    "[{inner}] (a wildcard, a slice, a filter or a negative index) names no one value"
-                ));
+            ('[', _) => {
+                i += 1;
+                while chars.get(i).is_some_and(|c| c.is_whitespace()) {
+                    i += 1;
+                }
+                match chars.get(i) {
+                    Some(&q) if q == '\'' || q == '"' => {
+                        let mut name = String::new();
+                        i += 1;
+                        loop {
+                            match chars.get(i) {
+                                None => return bad("an unclosed quoted name"),
+                                Some('\\') => {
+                                    match chars.get(i + 1) {
+                                        Some(&c) if c == '\\' || c == '\'' || c == '"' || c == '/' => name.push(c),
+                                        _ => return bad("a quoted name escapes only \\, ' and \""),
+                                    }
+                                    i += 2;
+                                }
+                                Some(&c) if c == q => {
+                                    i += 1;
+                                    break;
+                                }
+                                Some(&c) => {
+                                    name.push(c);
+                                    i += 1;
+                                }
+                            }
+                        }
+                        while chars.get(i).is_some_and(|c| c.is_whitespace()) {
+                            i += 1;
+                        }
+                        if chars.get(i) != Some(&']') {
+                            return bad("a quoted name in [ ] is one name, then ]");
+                        }
+                        out.push(Seg::Name(name));
+                        i += 1;
+                    }
+                    _ => {
+                        let Some(end) = chars[i..].iter().position(|c| *c == ']').map(|e| i + e) else {
+                            return bad("an unclosed [");
+                        };
+                        let inner: String = chars[i..end].iter().collect();
+                        let inner = inner.trim();
+                        match inner.parse::<usize>() {
+                            Ok(n) if !inner.starts_with('+') => out.push(Seg::Index(n)),
+                            _ => {
+                                return bad(&format!(
+                                    "[{inner}] (a wildcard, a slice, a filter or a negative index) names no one value"
+                                ))
+                            }
+                        }
+                        i = end + 1;
+                    }
+                }
             }
-            rest = &r[end + 1..];
-        } else {
-            return bad("expected . or [ after a name");
+            _ => return bad("expected . or [ after a name"),
         }
     }
     Ok(out)
@@ -542,6 +591,27 @@ mod tests {
             assert!(parse_path(bad).is_err(), "{bad}");
         }
         assert_eq!(path_text("$.input", &p("$.a['b c'][2]")), "$.input.a['b c'][2]");
+    }
+
+    #[test]
+    fn bracket_paths_as_aws_s_examples_write_them_name_one_value() {
+        let n = |s: &str| Seg::Name(s.into());
+        assert_eq!(p("$.['a b']"), vec![n("a b")]);
+        assert_eq!(p("$['a']"), vec![n("a")]);
+        assert_eq!(p("$.[0].body"), vec![Seg::Index(0), n("body")]);
+        assert_eq!(p("$.items[0]"), vec![n("items"), Seg::Index(0)]);
+        assert_eq!(p("$.a.['b'].[1]"), vec![n("a"), n("b"), Seg::Index(1)]);
+        assert_eq!(p(r#"$["x.y"][ 'c]d' ]"#), vec![n("x.y"), n("c]d")]);
+        assert_eq!(p(r"$['it\'s']['back\\slash']"), vec![n("it's"), n("back\\slash")]);
+        for bad in ["$.[*]", "$.['a'", "$[a]", "$.[-1]", "$.[]", "$['a' 'b']", "$[1:2]", r"$['\x']"] {
+            assert!(parse_path(bad).is_err(), "{bad}");
+        }
+        // written back as a path this project's templates read (RFC 9535), the same names
+        for text in ["$.['a b']", "$.[0].body", r"$['it\'s'].x", "$['1st']"] {
+            let written = path_text("$.input", &p(text));
+            sas_core::condition::DataPath::parse(&written).unwrap_or_else(|e| panic!("{text} -> {written}: {e}"));
+            assert_eq!(p(&written)[1..], p(text)[..], "{written}");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde_json::{json, Map, Value};
 
-use super::data::{choice_rule, parse_path, Cond, Seg, Sym};
+use super::data::{choice_rule, parse_path, path_text, Cond, Seg, Sym};
 
 /// A state machine translated: one workflow, the agents its steps name, and what differs.
 #[derive(Debug, Clone)]
@@ -1362,13 +1362,13 @@ fn reference(p: &str, doc: &Sym, scope: Scope) -> Result<Sym, String> {
         return match (ctx, scope) {
             (".Execution.Input", Scope::Task) => Ok(Sym::Ref("$.input".into())),
             (c, Scope::Task) if c.starts_with(".Execution.Input.") || c.starts_with(".Execution.Input[") => {
-                Ok(Sym::Ref(format!("$.input{}", &c[".Execution.Input".len()..])))
+                Ok(Sym::Ref(path_text("$.input", &parse_path(&format!("${}", &c[".Execution.Input".len()..]))?)))
             }
             (".Execution.Id" | ".Execution.Name", Scope::Task) => Ok(Sym::Ref("$.task.id".into())),
             (".Task.Token", _) => Ok(Sym::Lit(json!(TOKEN))),
             (".Map.Item.Value", Scope::Element) => Ok(Sym::Ref("$.input.item".into())),
             (c, Scope::Element) if c.starts_with(".Map.Item.Value.") || c.starts_with(".Map.Item.Value[") => {
-                Ok(Sym::Ref(format!("$.input.item{}", &c[".Map.Item.Value".len()..])))
+                Ok(Sym::Ref(path_text("$.input.item", &parse_path(&format!("${}", &c[".Map.Item.Value".len()..]))?)))
             }
             (".Map.Item.Index", Scope::Element) => Ok(Sym::Ref("$.input.index".into())),
             _ => Err(format!(
@@ -2001,5 +2001,25 @@ mod tests {
         assert_eq!(s["C_no_choice_matched"]["when"], json!({"not": {"variable": "$.input.n", "numeric_equals": 1}}));
         assert_eq!(s["One"]["when"], json!({"variable": "$.input.n", "numeric_equals": 1}));
         assert_eq!(i.agents["asl.fail"], json!({"kind": "fail"}));
+    }
+
+    #[test]
+    fn bracket_paths_read_the_names_they_quote() {
+        let i = import(
+            "x",
+            &json!({"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f",
+                "Parameters": {"who.$": "$.['first name']", "body.$": "$.[0].body", "item.$": "$.items[0]",
+                               "id.$": "$['id']", "run.$": "$$.Execution.Input.['run id']"},
+                "ResultSelector": {"x.$": "$.['a b']"}, "End": true}}}),
+        )
+        .unwrap();
+        loads(&i);
+        let s = steps(&i);
+        assert_eq!(
+            s["A"]["parameters"],
+            json!({"who.$": "$.input['first name']", "body.$": "$.input[0].body", "item.$": "$.input.items[0]",
+                   "id.$": "$.input.id", "run.$": "$.input['run id']"})
+        );
+        assert_eq!(s["A"]["result_selector"], json!({"x.$": "$['a b']"}));
     }
 }
