@@ -874,57 +874,93 @@ impl Cx {
         Ok(flows)
     }
 
-    /// `Retry` as the step's attempts and backoff.
+    /// `Retry` as the step's attempts and backoff: `max_attempts` is 1 + `MaxAttempts`,
+    /// `backoff` is `IntervalSeconds` (its `base_ms`), `BackoffRate` (its `multiplier`) and
+    /// `MaxDelaySeconds` (its `max_ms`). A step here has one count of attempts and retries every
+    /// failure that may pass (a function's error, Lambda's throttling or 5xx, a timeout): the
+    /// retrier with the most attempts gives them, and every way that differs is noted.
     fn retry(&mut self, here: &str, st: &Map<String, Value>, s: &mut Value) -> Result<(), (String, String)> {
-        let Some(Value::Array(retriers)) = st.get("Retry") else { return Ok(()) };
-        let mut best: Option<&Map<String, Value>> = None;
-        let mut named = Vec::new();
-        for r in retriers {
-            let Some(r) = r.as_object() else { return Err(("Retry".into(), "a retrier is an object".into())) };
-            let errors: Vec<&str> = r
-                .get("ErrorEquals")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            if !errors.is_empty() && errors.iter().all(|e| e.starts_with("Lambda.")) {
-                self.notes.push(format!(
-                    "{here}: the retrier for {} is left to the agent, which retries Lambda's own errors inside an attempt",
-                    errors.join(", ")
-                ));
-                continue;
-            }
-            named.extend(errors.iter().filter(|e| !e.starts_with("States.")).map(|e| (*e).to_owned()));
-            let attempts = |r: &Map<String, Value>| r.get("MaxAttempts").and_then(Value::as_u64).unwrap_or(3);
-            if best.is_none_or(|b| attempts(r) > attempts(b)) {
-                best = Some(r);
-            }
+        let Some(retriers) = st.get("Retry") else { return Ok(()) };
+        let Value::Array(retriers) = retriers else {
+            return Err(("Retry".into(), "Retry is a list of retriers".into()));
+        };
+        let mut parsed = Vec::new();
+        for (i, r) in retriers.iter().enumerate() {
+            parsed.push(Retrier::of(r).map_err(|e| (format!("Retry[{i}]"), e))?);
         }
-        if !named.is_empty() {
-            self.notes.push(format!(
-                "{here}: the retrier for {} cannot tell that error from another here: its attempts apply to every failure",
+        // the most attempts (the first of those with as many), so that no error Step Functions
+        // retries gets fewer here
+        let Some(best) = parsed.iter().reduce(|a, b| if b.attempts > a.attempts { b } else { a }) else {
+            return Ok(());
+        };
+        let all: Vec<&str> = parsed.iter().flat_map(|r| r.errors.iter().map(String::as_str)).collect();
+        let every = all.contains(&"States.ALL");
+        if best.attempts == 0 {
+            if parsed.len() > 1 || !every {
+                self.notes.push(format!("{here}: no retrier has attempts (MaxAttempts 0): the step is not retried"));
+            }
+            return Ok(());
+        }
+        let most = sas_core::workflow::MAX_BACKOFF_MS;
+        let interval_ms = best.interval.saturating_mul(1000);
+        let max_ms = best.max_delay.map_or(most, |d| d.saturating_mul(1000).min(most));
+        let base_ms = interval_ms.min(max_ms);
+        let multiplier = best.rate.clamp(1.0, 10.0);
+        s["max_attempts"] = json!(best.attempts.saturating_add(1));
+        s["backoff"] = json!({"base_ms": base_ms, "max_ms": max_ms, "multiplier": multiplier});
+        let mut said = vec![format!(
+            "{} attempts, the waits from {} s, ×{} each{}",
+            best.attempts + 1,
+            base_ms / 1000,
+            multiplier,
+            if max_ms < most || best.max_delay.is_some() {
+                format!(", at most {} s", max_ms / 1000)
+            } else {
+                String::new()
+            },
+        )];
+        if interval_ms > max_ms && best.max_delay.is_none() {
+            said.push(format!(
+                "IntervalSeconds {} is over the longest wait between attempts here ({} s): the waits are {} s at most",
+                best.interval,
+                most / 1000,
+                most / 1000
+            ));
+        }
+        if (best.rate - multiplier).abs() > f64::EPSILON {
+            said.push(format!("BackoffRate {} is {multiplier} here (a backoff's multiplier is 1 to 10)", best.rate));
+        }
+        said.push(match best.jitter.as_deref() {
+            Some("FULL") => {
+                "each wait between half and all of that (equal jitter; JitterStrategy FULL waits from none to all)"
+                    .to_owned()
+            }
+            _ => "each wait between half and all of Step Functions' (equal jitter)".to_owned(),
+        });
+        if parsed.len() > 1 {
+            said.push(format!(
+                "its {} retriers are one count of attempts here (Step Functions counts each apart)",
+                parsed.len()
+            ));
+        }
+        // the errors: here every failure that may pass is retried, a timeout too
+        let named: Vec<&str> = all.iter().copied().filter(|e| !e.starts_with("States.")).collect();
+        if !every && !named.is_empty() {
+            said.push(format!(
+                "{} cannot be told from other errors here: every failure that may pass is retried (a function's \
+                 error, Lambda's throttling or 5xx, a timeout)",
                 named.join(", ")
             ));
+        } else if !every && !all.contains(&"States.Timeout") {
+            said.push("a timeout is retried too (no retrier names States.Timeout)".into());
         }
-        if retriers.len() > 1 {
-            self.notes.push(format!(
-                "{here}: {} retriers are one here: the step has the most attempts among them, with that retrier's backoff",
-                retriers.len()
-            ));
+        if every || all.contains(&"States.TaskFailed") || named.iter().any(|e| is_permanent_name(e)) {
+            said.push(
+                "a function's PermanentError, or a call refused (a missing function, access denied), is not retried"
+                    .into(),
+            );
         }
-        let Some(r) = best else { return Ok(()) };
-        let attempts = r.get("MaxAttempts").and_then(Value::as_u64).unwrap_or(3);
-        let interval = r.get("IntervalSeconds").and_then(Value::as_u64).unwrap_or(1);
-        let rate = r.get("BackoffRate").and_then(Value::as_f64).unwrap_or(2.0);
-        let max_delay = r
-            .get("MaxDelaySeconds")
-            .and_then(Value::as_u64)
-            .map_or(sas_core::workflow::MAX_BACKOFF_MS, |d| (d * 1000).min(sas_core::workflow::MAX_BACKOFF_MS));
-        s["max_attempts"] = json!(attempts + 1);
-        s["backoff"] =
-            json!({"base_ms": (interval * 1000).max(1), "max_ms": max_delay.max(interval * 1000), "multiplier": rate});
-        if r.get("JitterStrategy").and_then(Value::as_str) != Some("FULL") {
-            self.notes.push(format!("{here}: retries here wait with jitter (Step Functions' JitterStrategy FULL)"));
-        }
+        self.notes.push(format!("{here}: Retry: {}", said.join("; ")));
         Ok(())
     }
 
@@ -1638,6 +1674,64 @@ impl Service {
     }
 }
 
+/// One retrier of a `Retry`, with the States Language's defaults (3 attempts, 1 s, rate 2).
+#[derive(Debug)]
+struct Retrier {
+    errors: Vec<String>,
+    attempts: u64,
+    interval: u64,
+    rate: f64,
+    max_delay: Option<u64>,
+    jitter: Option<String>,
+}
+
+impl Retrier {
+    fn of(r: &Value) -> Result<Retrier, String> {
+        let Value::Object(r) = r else { return Err("a retrier is an object".into()) };
+        let errors: Vec<String> = match r.get("ErrorEquals") {
+            Some(Value::Array(a)) if !a.is_empty() => a
+                .iter()
+                .map(|e| e.as_str().map(str::to_owned).ok_or_else(|| format!("ErrorEquals names errors, not {e}")))
+                .collect::<Result<_, _>>()?,
+            _ => return Err("a retrier names its errors (ErrorEquals, a non-empty list)".into()),
+        };
+        let whole = |key: &str, default: u64, least: u64| -> Result<u64, String> {
+            match r.get(key) {
+                None => Ok(default),
+                Some(v) => match v.as_u64() {
+                    Some(n) if n >= least => Ok(n),
+                    _ => Err(format!("{key} is a whole number of at least {least}, not {v}")),
+                },
+            }
+        };
+        let attempts = whole("MaxAttempts", 3, 0)?;
+        let interval = whole("IntervalSeconds", 1, 1)?;
+        let max_delay = match r.get("MaxDelaySeconds") {
+            None => None,
+            Some(_) => Some(whole("MaxDelaySeconds", 1, 1)?),
+        };
+        let rate = match r.get("BackoffRate") {
+            None => 2.0,
+            Some(v) => match v.as_f64() {
+                Some(x) if x >= 1.0 => x,
+                _ => return Err(format!("BackoffRate is a number of at least 1.0, not {v}")),
+            },
+        };
+        let jitter = match r.get("JitterStrategy") {
+            None => None,
+            Some(Value::String(j)) if j == "FULL" || j == "NONE" => Some(j.clone()),
+            Some(v) => return Err(format!("JitterStrategy is FULL or NONE, not {v}")),
+        };
+        Ok(Retrier { errors, attempts, interval, rate, max_delay, jitter })
+    }
+}
+
+/// An error name a function gives when retrying cannot help (`PermanentError`), as the lambda
+/// agent reads it: such a failure is not retried here.
+fn is_permanent_name(error: &str) -> bool {
+    sas_core::agent::lambda::is_permanent_type(error)
+}
+
 /// `arn:...:function:name:qualifier` as the function and its qualifier.
 fn split_qualifier(function: &str) -> (String, Option<String>) {
     let parts: Vec<&str> = function.split(':').collect();
@@ -2021,5 +2115,87 @@ mod tests {
                    "id.$": "$.input.id", "run.$": "$.input['run id']"})
         );
         assert_eq!(s["A"]["result_selector"], json!({"x.$": "$['a b']"}));
+    }
+
+    fn lambda_task(retry: &Value) -> Value {
+        json!({"StartAt": "Charge", "States": {"Charge": {"Type": "Task",
+            "Resource": "arn:aws:lambda:eu-west-1:1:function:charge", "Retry": retry, "End": true}}})
+    }
+
+    #[test]
+    fn a_lambda_retrier_is_the_step_s_attempts_interval_and_backoff_rate() {
+        // the retrier the console writes: Lambda's own errors, 6 retries from 2 s, doubling
+        let i = import(
+            "x",
+            &lambda_task(&json!([{"ErrorEquals": ["Lambda.ServiceException", "Lambda.AWSLambdaException",
+                "Lambda.SdkClientException", "Lambda.TooManyRequestsException"],
+                "IntervalSeconds": 2, "MaxAttempts": 6, "BackoffRate": 2}])),
+        )
+        .unwrap();
+        loads(&i);
+        let s = steps(&i);
+        assert_eq!(s["Charge"]["max_attempts"], 7, "a throttle is retried 6 times, as Step Functions does");
+        assert_eq!(s["Charge"]["backoff"], json!({"base_ms": 2000, "max_ms": 900_000, "multiplier": 2.0}));
+        let note = i.notes.iter().find(|n| n.starts_with("Charge: Retry:")).expect("the retry's note");
+        assert!(note.contains("Lambda.TooManyRequestsException cannot be told from other errors"), "{note}");
+        assert!(note.contains("equal jitter"), "{note}");
+        // the agent makes one call per attempt: the step's attempts are the retries
+        let file = crate::asl::agents_file(&i.agents);
+        assert_eq!(file["agents"]["fn.charge"]["retry"]["max_calls"], 1);
+
+        // every field: MaxDelaySeconds caps the waits, BackoffRate as written, States.ALL's note
+        let i = import(
+            "x",
+            &lambda_task(&json!([{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 3, "MaxAttempts": 4,
+                "BackoffRate": 1.5, "MaxDelaySeconds": 10, "JitterStrategy": "FULL"}])),
+        )
+        .unwrap();
+        loads(&i);
+        let s = steps(&i);
+        assert_eq!(s["Charge"]["max_attempts"], 5);
+        assert_eq!(s["Charge"]["backoff"], json!({"base_ms": 3000, "max_ms": 10_000, "multiplier": 1.5}));
+        let note = i.notes.iter().find(|n| n.starts_with("Charge: Retry:")).unwrap();
+        assert!(note.contains("PermanentError") && note.contains("FULL"), "{note}");
+        assert!(!note.contains("cannot be told"), "{note}");
+
+        // defaults (3 attempts, 1 s, ×2); a retrier of a timeout only says a timeout is retried
+        let i = import("x", &lambda_task(&json!([{"ErrorEquals": ["States.TaskFailed"]}]))).unwrap();
+        let s = steps(&i);
+        assert_eq!(s["Charge"]["max_attempts"], 4);
+        assert_eq!(s["Charge"]["backoff"], json!({"base_ms": 1000, "max_ms": 900_000, "multiplier": 2.0}));
+        assert!(i.notes.iter().any(|n| n.contains("a timeout is retried too")), "{:?}", i.notes);
+
+        // several retriers: the most attempts, with that retrier's waits
+        let i = import(
+            "x",
+            &lambda_task(&json!([
+                {"ErrorEquals": ["Lambda.TooManyRequestsException"], "IntervalSeconds": 2, "MaxAttempts": 6, "BackoffRate": 2},
+                {"ErrorEquals": ["States.ALL"], "IntervalSeconds": 5, "MaxAttempts": 2}])),
+        )
+        .unwrap();
+        let s = steps(&i);
+        assert_eq!(
+            (s["Charge"]["max_attempts"].clone(), s["Charge"]["backoff"]["base_ms"].clone()),
+            (json!(7), json!(2000))
+        );
+        assert!(i.notes.iter().any(|n| n.contains("2 retriers are one count")), "{:?}", i.notes);
+
+        // MaxAttempts 0: no retry; out-of-range values are said and kept within the model's bounds
+        let i = import("x", &lambda_task(&json!([{"ErrorEquals": ["States.ALL"], "MaxAttempts": 0}]))).unwrap();
+        assert!(steps(&i)["Charge"].get("max_attempts").is_none());
+        let i = import(
+            "x",
+            &lambda_task(&json!([{"ErrorEquals": ["States.ALL"], "IntervalSeconds": 3600, "BackoffRate": 20}])),
+        )
+        .unwrap();
+        loads(&i);
+        assert_eq!(steps(&i)["Charge"]["backoff"], json!({"base_ms": 900_000, "max_ms": 900_000, "multiplier": 10.0}));
+        let note = i.notes.iter().find(|n| n.starts_with("Charge: Retry:")).unwrap();
+        assert!(note.contains("IntervalSeconds 3600") && note.contains("BackoffRate 20"), "{note}");
+        // a retrier that is not one is refused with its place
+        let r = import("x", &lambda_task(&json!([{"ErrorEquals": [], "MaxAttempts": 2}]))).unwrap_err();
+        assert_eq!((r[0].field.as_str(), r[0].state.as_str()), ("Retry[0]", "Charge"), "{r:?}");
+        let r = import("x", &lambda_task(&json!([{"ErrorEquals": ["States.ALL"], "BackoffRate": 0.5}]))).unwrap_err();
+        assert!(r[0].reason.contains("BackoffRate"), "{r:?}");
     }
 }
