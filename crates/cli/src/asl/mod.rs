@@ -13,7 +13,7 @@ pub mod data;
 mod saga;
 mod states;
 
-pub use states::{import, Imported, Refusal};
+pub use states::{import, merge_agents, Imported, Refusal};
 
 /// A workflow's name for a definition file: its name without `.asl.json` (or `.json`), in the
 /// characters a workflow name may have.

@@ -110,6 +110,12 @@ pub fn import(name: &str, def: &Value) -> Result<Imported, Vec<Refusal>> {
         return Err(cx.refusals);
     }
     let ends = ends.unwrap_or_default();
+    rename_agents(&mut cx.steps, &cx.renamed);
+    for child in &mut cx.children {
+        if let Some(Value::Array(steps)) = child.get_mut("steps") {
+            rename_agents(steps, &cx.renamed);
+        }
+    }
     in_sequence(&mut cx.steps);
     if cx.steps.is_empty() {
         return Err(refuse_top(
@@ -261,6 +267,13 @@ struct Cx {
     notes: Vec<String>,
     refusals: Vec<Refusal>,
     names: HashSet<String>,
+    /// Agent names that two agents would have had (each agent then named apart).
+    collided: HashSet<String>,
+    /// An agent named apart: the name it would have had.
+    bases: HashMap<String, String>,
+    /// An agent renamed once another would have had its name: old name → new (applied to the
+    /// steps when the translation ends).
+    renamed: HashMap<String, String>,
 }
 
 /// Where a state leads.
@@ -338,6 +351,47 @@ impl Cx {
             ));
         }
         out
+    }
+
+    /// The name of the agent `spec`, which would be `base`: `base` while no other agent has it;
+    /// else a name of its own: a bus's by its detail type (or its source), the agent that had
+    /// `base` renamed so too, one agent per destination and detail type; any other numbered.
+    fn agent_named(&mut self, here: &str, base: &str, spec: &Value) -> String {
+        let same = self
+            .agents
+            .iter()
+            .find(|(n, v)| *v == spec && (n.as_str() == base || self.bases.get(n.as_str()).is_some_and(|b| b == base)));
+        if let Some((n, _)) = same {
+            return n.clone();
+        }
+        if !self.agents.contains_key(base) && !self.collided.contains(base) {
+            self.agents.insert(base.to_owned(), spec.clone());
+            return base.to_owned();
+        }
+        self.collided.insert(base.to_owned());
+        // the agent that had the name, named by what tells it apart too
+        if let Some(old) = self.agents.get(base).cloned() {
+            if let Some(q) = apart(base, &old).filter(|q| !self.agents.contains_key(q)) {
+                self.agents.remove(base);
+                self.agents.insert(q.clone(), old);
+                self.bases.insert(q.clone(), base.to_owned());
+                self.renamed.insert(base.to_owned(), q);
+            }
+        }
+        let name =
+            apart(base, spec).filter(|q| !self.agents.contains_key(q)).unwrap_or_else(|| numbered(base, &self.agents));
+        self.agents.insert(name.clone(), spec.clone());
+        self.bases.insert(name.clone(), base.to_owned());
+        self.notes.push(format!(
+            "{here}: its agent is {name}: another agent of this definition calls {} differently ({})",
+            base.trim_end_matches(".send"),
+            if spec["kind"] == "eventbridge" {
+                "one agent per bus and detail type"
+            } else {
+                "a number tells them apart"
+            }
+        ));
+        name
     }
 
     fn refuse(&mut self, state: &str, field: &str, reason: impl Into<String>) {
@@ -757,12 +811,7 @@ impl Cx {
             (Some("sqs" | "sns" | "eventbridge"), true) => (agent, spec, Sym::Ref("$".into())),
             _ => (agent, spec, raw),
         };
-        if let Some(old) = self.agents.get(&agent) {
-            if *old != spec {
-                return Err(("Resource".into(), format!("two agents would be named {agent}; rename a function")));
-            }
-        }
-        self.agents.insert(agent.clone(), spec.clone());
+        let agent = self.agent_named(here, &agent, &spec);
         if callback {
             s["kind"] = json!("callback");
             self.notes.push(format!(
@@ -1266,11 +1315,20 @@ impl Cx {
              retries and compensations; the map's output is their results in order)"
         ));
         self.notes.extend(child.notes.into_iter().map(|n| format!("{child_name}: {n}")));
+        // the child's agents among the parent's: one that another would have the name of is named apart
+        let mut renamed = HashMap::new();
         for (k, v) in child.agents {
-            self.agents.entry(k).or_insert(v);
+            let n = self.agent_named(here, &k, &v);
+            if n != k {
+                renamed.insert(k, n);
+            }
         }
-        self.children.push(child.workflow);
-        self.children.extend(child.children);
+        for mut w in std::iter::once(child.workflow).chain(child.children) {
+            if let Some(Value::Array(steps)) = w.get_mut("steps") {
+                rename_agents(steps, &renamed);
+            }
+            self.children.push(w);
+        }
         let mut s = step_base(&step, m);
         s["kind"] = json!("workflow");
         s["workflow"] = json!(child_name);
@@ -1509,6 +1567,87 @@ fn agent_name(kind: &str, what: &str) -> String {
     let mut name = format!("{kind}.{clean}");
     name.truncate(64);
     name
+}
+
+/// An agent's name told apart from another's that would be `base`: a bus's by its detail type
+/// (or its source): `bus.orders.OrderPlaced.send`.
+fn apart(base: &str, spec: &Value) -> Option<String> {
+    if spec["kind"] != "eventbridge" {
+        return None;
+    }
+    let what = spec["detail_type"].as_str().or_else(|| spec["source"].as_str())?;
+    let clean: String =
+        what.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '-' }).collect();
+    let (stem, send) = match base.strip_suffix(".send") {
+        Some(stem) => (stem, ".send"),
+        None => (base, ""),
+    };
+    Some(format!("{stem}.{clean}{send}").chars().take(64).collect())
+}
+
+/// `base` with the first number that no agent has (`fn.quote-2`, `sqs.orders-2.send`).
+fn numbered(base: &str, agents: &Map<String, Value>) -> String {
+    let (stem, send) = match base.strip_suffix(".send") {
+        Some(stem) => (stem, ".send"),
+        None => (base, ""),
+    };
+    let stem: String = stem.chars().take(56).collect();
+    let mut n = 2;
+    loop {
+        let name = format!("{stem}-{n}{send}");
+        if !agents.contains_key(&name) {
+            return name;
+        }
+        n += 1;
+    }
+}
+
+/// The steps (and their compensations) with the agents `renamed` names renamed.
+fn rename_agents(steps: &mut [Value], renamed: &HashMap<String, String>) {
+    if renamed.is_empty() {
+        return;
+    }
+    for s in steps {
+        if let Some(new) = s.get("agent").and_then(Value::as_str).and_then(|a| renamed.get(a)) {
+            s["agent"] = json!(new);
+        }
+        if let Some(c) = s.get_mut("compensation") {
+            rename_agents(std::slice::from_mut(c), renamed);
+        }
+    }
+}
+
+/// The agents of `imported` added to `all` (the agents of the definitions imported before it):
+/// an agent another already has the name of is named apart (by its bus's detail type, or a
+/// number), in its workflows too; what was renamed, said.
+pub fn merge_agents(all: &mut Map<String, Value>, imported: &mut Imported) -> Vec<String> {
+    let mut renamed = HashMap::new();
+    let mut said = Vec::new();
+    for (k, v) in std::mem::take(&mut imported.agents) {
+        let name = match all.get(&k) {
+            None => k.clone(),
+            Some(old) if *old == v => k.clone(),
+            Some(_) => match all.iter().find(|(n, x)| **x == v && n.starts_with(k.trim_end_matches(".send"))) {
+                Some((n, _)) => n.clone(),
+                None => apart(&k, &v).filter(|q| !all.contains_key(q)).unwrap_or_else(|| numbered(&k, all)),
+            },
+        };
+        if name != k {
+            said.push(format!(
+                "its agent {k} is {name}: a definition imported before it has an agent {k} that calls {} differently",
+                k.trim_end_matches(".send")
+            ));
+            renamed.insert(k, name.clone());
+        }
+        all.insert(name.clone(), v.clone());
+        imported.agents.insert(name, v);
+    }
+    for w in std::iter::once(&mut imported.workflow).chain(imported.children.iter_mut()) {
+        if let Some(Value::Array(steps)) = w.get_mut("steps") {
+            rename_agents(steps, &renamed);
+        }
+    }
+    said
 }
 
 /// What a Task state's `Resource` calls, and with what.
@@ -2197,5 +2336,61 @@ mod tests {
         assert_eq!((r[0].field.as_str(), r[0].state.as_str()), ("Retry[0]", "Charge"), "{r:?}");
         let r = import("x", &lambda_task(&json!([{"ErrorEquals": ["States.ALL"], "BackoffRate": 0.5}]))).unwrap_err();
         assert!(r[0].reason.contains("BackoffRate"), "{r:?}");
+    }
+
+    #[test]
+    fn events_to_one_bus_with_different_detail_types_are_one_agent_each() {
+        let put = |detail_type: &str, next: Value| {
+            let mut st = json!({"Type": "Task", "Resource": "arn:aws:states:::events:putEvents",
+                "Parameters": {"Entries": [{"EventBusName": "orders", "Source": "shop", "DetailType": detail_type,
+                                            "Detail": {"id.$": "$.id"}}]}, "ResultPath": null});
+            match next {
+                Value::String(n) => st["Next"] = json!(n),
+                _ => st["End"] = json!(true),
+            }
+            st
+        };
+        let i = import(
+            "x",
+            &json!({"StartAt": "Placed", "States": {
+                "Placed": put("OrderPlaced", json!("Paid")),
+                "Paid": put("OrderPaid", json!("Shipped")),
+                "Shipped": put("Order Shipped", Value::Null)}}),
+        )
+        .expect("translated");
+        loads(&i);
+        let s = steps(&i);
+        let agent = |step: &str| s[step]["agent"].as_str().unwrap().to_owned();
+        assert_eq!(
+            [agent("Placed"), agent("Paid"), agent("Shipped")],
+            ["bus.orders.OrderPlaced.send", "bus.orders.OrderPaid.send", "bus.orders.Order-Shipped.send"]
+        );
+        for (name, dt) in [("Placed", "OrderPlaced"), ("Paid", "OrderPaid"), ("Shipped", "Order Shipped")] {
+            assert_eq!(i.agents[&agent(name)]["detail_type"], dt);
+        }
+        assert_eq!(i.agents.len(), 3, "{:?}", i.agents.keys());
+        // the same event twice is one agent; other agents that would share a name are numbered
+        let i = import(
+            "x",
+            &json!({"StartAt": "A", "States": {
+            "A": {"Type": "Task", "Resource": "arn:aws:lambda:eu-west-1:1:function:quote", "Next": "B"},
+            "B": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:2:function:quote", "Next": "C"},
+            "C": {"Type": "Task", "Resource": "arn:aws:lambda:eu-west-1:1:function:quote", "End": true}}}),
+        )
+        .unwrap();
+        let s = steps(&i);
+        assert_eq!(
+            [&s["A"]["agent"], &s["B"]["agent"], &s["C"]["agent"]],
+            [&json!("fn.quote"), &json!("fn.quote-2"), &json!("fn.quote")]
+        );
+        // across definitions imported together: the later one's agent is named apart, in its steps too
+        let one = |dt: &str| import("x", &json!({"StartAt": "P", "States": {"P": put(dt, Value::Null)}})).unwrap();
+        let mut all = Map::new();
+        let mut first = one("OrderPlaced");
+        assert!(merge_agents(&mut all, &mut first).is_empty());
+        let mut second = one("OrderPaid");
+        let said = merge_agents(&mut all, &mut second);
+        assert_eq!(second.workflow["steps"][0]["agent"], "bus.orders.OrderPaid.send", "{said:?}");
+        assert_eq!(all.len(), 2);
     }
 }
