@@ -77,6 +77,14 @@ fn class(r: &sas_cli::asl::Refusal) -> String {
         ("no state calls anything", "no task at all"),
         ("call step may take", "a task over the 110 s call limit"),
         ("activity", "an activity"),
+        (":aws-sdk:", "an AWS SDK integration (aws-sdk:*)"),
+        ("names no one value", "a path naming many values (a slice, a wildcard, a filter)"),
+        ("would change each time", "States.UUID (a value that would change each time)"),
+        ("must start at the task's input", "an intrinsic function over a task's answer (ResultSelector)"),
+        ("reached both before any task runs", "a state reached both at the start and after a task"),
+        ("read from the data; an agent", "a function or an event source read from the data"),
+        ("never succeeds", "a Parallel branch that never succeeds"),
+        ("TimeoutSecondsPath", "a timeout read from the data (TimeoutSecondsPath)"),
     ];
     pick.iter()
         .find(|(k, _)| why.contains(k) || r.field == *k)

@@ -40,6 +40,22 @@ impl fmt::Display for Refusal {
     }
 }
 
+/// Why a state cannot be translated: each field that cannot be, and why.
+#[derive(Debug)]
+struct Blocked(Vec<(String, String)>);
+
+impl From<(String, String)> for Blocked {
+    fn from(e: (String, String)) -> Self {
+        Blocked(vec![e])
+    }
+}
+
+/// The value, or `None` with the field's error added to `errs` (a state's fields are checked
+/// each on its own, so that every one that cannot be translated is named).
+fn kept<T>(r: Result<T, (String, String)>, errs: &mut Vec<(String, String)>) -> Option<T> {
+    r.map_err(|e| errs.push(e)).ok()
+}
+
 /// The longest a call step may take here (the project's limit on a call).
 const CALL_LIMIT_S: u64 = sas_core::workflow::MAX_STEP_TIMEOUT_MS / 1000;
 /// A call step's timeout when the state gives none (Step Functions has none by default).
@@ -428,7 +444,8 @@ impl Cx {
         entry: Arrival,
         scope: Scope,
     ) -> Option<Vec<Arrival>> {
-        let order = self.order(prefix, states, start)?;
+        let refused_before = self.refusals.len();
+        let order = self.order(prefix, states, start);
         let mut pending: HashMap<String, Vec<Arrival>> = HashMap::new();
         pending.insert(start.to_owned(), vec![entry]);
         let mut ends = Vec::new();
@@ -444,7 +461,7 @@ impl Cx {
                 self.notes.push(format!("state {here:?} is never reached (every way to it is decided against)"));
                 continue;
             }
-            let Some(flows) = self.state(&here, &name, state, m, scope) else { continue };
+            let flows = self.state(&here, &name, state, m, scope);
             for (to, a) in flows {
                 match to {
                     To::State(s) => pending.entry(s).or_default().push(a),
@@ -452,52 +469,54 @@ impl Cx {
                 }
             }
         }
-        self.refusals.is_empty().then_some(ends)
+        (self.refusals.len() == refused_before).then_some(ends)
     }
 
     /// The states reachable from `start`, each after every state that leads to it; a loop is
-    /// refused.
-    fn order(&mut self, prefix: &str, states: &Map<String, Value>, start: &str) -> Option<Vec<String>> {
+    /// refused (each one), and so is a `Next` that names no state, the states checked all the
+    /// same as if that way were not there.
+    fn order(&mut self, prefix: &str, states: &Map<String, Value>, start: &str) -> Vec<String> {
         fn visit(
             n: &str,
             states: &Map<String, Value>,
             mark: &mut HashMap<String, u8>,
             stack: &mut Vec<String>,
             out: &mut Vec<String>,
-        ) -> Result<(), (String, String)> {
+            bad: &mut Vec<(String, String)>,
+        ) {
             match mark.get(n) {
-                Some(2) => return Ok(()),
+                Some(2) => return,
                 Some(1) => {
                     let from = stack.iter().position(|s| s == n).unwrap_or(0);
                     let mut cycle = stack[from..].to_vec();
                     cycle.push(n.to_owned());
-                    return Err((n.to_owned(), cycle.join(" -> ")));
+                    bad.push((n.to_owned(), cycle.join(" -> ")));
+                    return;
                 }
                 _ => {}
             }
             let Some(state) = states.get(n) else {
-                return Err((
+                bad.push((
                     stack.last().cloned().unwrap_or_default(),
                     format!("Next names {n:?}, which is not a state"),
                 ));
+                return;
             };
             mark.insert(n.to_owned(), 1);
             stack.push(n.to_owned());
-            for next in successors(state) {
-                visit(&next, states, mark, stack, out)?;
+            let empty = Map::new();
+            for next in successors(state.as_object().unwrap_or(&empty)) {
+                visit(&next, states, mark, stack, out, bad);
             }
             stack.pop();
             mark.insert(n.to_owned(), 2);
             out.push(n.to_owned());
-            Ok(())
         }
         let mut out = Vec::new();
-        match visit(start, states, &mut HashMap::new(), &mut Vec::new(), &mut out) {
-            Ok(()) => {
-                out.reverse();
-                Some(out)
-            }
-            Err((at, why)) if why.contains(" -> ") => {
+        let mut bad = Vec::new();
+        visit(start, states, &mut HashMap::new(), &mut Vec::new(), &mut out, &mut bad);
+        for (at, why) in bad {
+            if why.contains(" -> ") {
                 self.refuse(
                     &format!("{prefix}{at}"),
                     "Next",
@@ -506,13 +525,12 @@ impl Cx {
                          a retry loop is a Retry, a loop over items a Map, a polling loop a callback step"
                     ),
                 );
-                None
-            }
-            Err((at, why)) => {
+            } else {
                 self.refuse(&format!("{prefix}{at}"), "Next", why);
-                None
             }
         }
+        out.reverse();
+        out
     }
 
     /// One state reached several ways.
@@ -557,30 +575,47 @@ impl Cx {
         st: &Map<String, Value>,
         m: Arrival,
         scope: Scope,
-    ) -> Option<Vec<(To, Arrival)>> {
+    ) -> Vec<(To, Arrival)> {
         let ty = st.get("Type").and_then(Value::as_str).unwrap_or("");
         let next = || match (st.get("Next").and_then(Value::as_str), st.get("End")) {
             (Some(n), _) => To::State(n.to_owned()),
             _ => To::End,
         };
-        let r = match ty {
-            "Pass" => Self::pass(st, m).map(|a| vec![(next(), a)]),
+        let before = m.clone();
+        let inner = self.refusals.len();
+        let r: Result<Vec<(To, Arrival)>, Blocked> = match ty {
+            "Pass" => Self::pass(st, m).map(|a| vec![(next(), a)]).map_err(Blocked::from),
             "Succeed" => io(st, &m.doc, "InputPath")
                 .and_then(|d| io(st, &d, "OutputPath"))
-                .map(|doc| vec![(To::End, Arrival { doc, ..m })]),
+                .map(|doc| vec![(To::End, Arrival { doc, ..m })])
+                .map_err(Blocked::from),
             "Choice" => self.choice(here, st, &m),
-            "Wait" => self.wait(name, st, &m).map(|a| vec![(next(), a)]),
-            "Fail" => self.fail(name, st, &m).map(|()| Vec::new()),
+            "Wait" => self.wait(name, st, &m).map(|a| vec![(next(), a)]).map_err(Blocked::from),
+            "Fail" => self.fail(name, st, &m).map(|()| Vec::new()).map_err(Blocked::from),
             "Task" => self.task(here, name, st, &m, scope, next()),
             "Parallel" => self.parallel(here, st, m, scope).map(|a| vec![(next(), a)]),
             "Map" => self.map(here, name, st, &m, scope).map(|a| vec![(next(), a)]),
-            other => Err(("Type".into(), format!("{other:?} is not a state type of the States Language"))),
+            other => {
+                Err(Blocked::from(("Type".to_owned(), format!("{other:?} is not a state type of the States Language"))))
+            }
         };
         match r {
-            Ok(flows) => Some(flows),
-            Err((field, why)) => {
-                self.refuse(here, &field, why);
-                None
+            Ok(flows) => flows,
+            Err(Blocked(list)) => {
+                // the state's own fields first, then what inside it (a branch, a processor) is refused
+                let own = list.into_iter().map(|(field, reason)| Refusal { state: here.to_owned(), field, reason });
+                self.refusals.splice(inner..inner, own);
+                // the states after it are checked all the same (every blocker of the definition
+                // is named), as if it were a step whose output they read
+                let stand_in: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+                let doc = Sym::Ref(format!("$.outputs.s_{stand_in}"));
+                let a = if matches!(ty, "Pass" | "Choice" | "Succeed") {
+                    // no step: what follows comes after the same steps
+                    Arrival { doc, ..before }
+                } else {
+                    Arrival { doc, ..after_step(&before, &format!("s_{stand_in}"), Cond::True) }
+                };
+                successors(st).into_iter().map(|n| (To::State(n), a.clone())).collect()
             }
         }
     }
@@ -596,28 +631,34 @@ impl Cx {
         Ok(Arrival { doc: io(st, &doc, "OutputPath")?, ..m })
     }
 
-    fn choice(
-        &mut self,
-        here: &str,
-        st: &Map<String, Value>,
-        m: &Arrival,
-    ) -> Result<Vec<(To, Arrival)>, (String, String)> {
+    fn choice(&mut self, here: &str, st: &Map<String, Value>, m: &Arrival) -> Result<Vec<(To, Arrival)>, Blocked> {
         let input = io(st, &m.doc, "InputPath")?;
         let out = io(st, &input, "OutputPath")?;
         let Some(Value::Array(rules)) = st.get("Choices") else {
-            return Err(("Choices".into(), "a Choice state has a list of Choices".into()));
+            return Err(Blocked::from(("Choices".to_owned(), "a Choice state has a list of Choices".to_owned())));
         };
         let mut flows = Vec::new();
         let mut none_before = Cond::True;
+        // every rule that cannot be translated is named
+        let mut errs = Vec::new();
         for (i, rule) in rules.iter().enumerate() {
-            let Value::Object(rule) = rule else { return Err((format!("Choices[{i}]"), "a rule is an object".into())) };
-            let Some(next) = rule.get("Next").and_then(Value::as_str) else {
-                return Err((format!("Choices[{i}]"), "a rule names its Next".into()));
+            let Value::Object(rule) = rule else {
+                errs.push((format!("Choices[{i}]"), "a rule is an object".into()));
+                continue;
             };
-            let c = choice_rule(rule, &input).map_err(|e| (format!("Choices[{i}]"), e))?;
+            let Some(next) = rule.get("Next").and_then(Value::as_str) else {
+                errs.push((format!("Choices[{i}]"), "a rule names its Next".into()));
+                continue;
+            };
+            let Some(c) = kept(choice_rule(rule, &input).map_err(|e| (format!("Choices[{i}]"), e)), &mut errs) else {
+                continue;
+            };
             let taken = none_before.clone().and(c.clone());
             none_before = none_before.and(c.negated());
             flows.push((To::State(next.to_owned()), edge(m, taken, out.clone())));
+        }
+        if !errs.is_empty() {
+            return Err(Blocked(errs));
         }
         match st.get("Default").and_then(Value::as_str) {
             Some(d) => flows.push((To::State(d.to_owned()), edge(m, none_before, out))),
@@ -705,6 +746,8 @@ impl Cx {
         Ok(())
     }
 
+    /// A Task state as a step: every field that cannot be translated is named (not only the
+    /// first), each checked on its own.
     #[allow(clippy::too_many_lines)] // one state type's fields in the order the States Language gives them
     fn task(
         &mut self,
@@ -714,15 +757,30 @@ impl Cx {
         m: &Arrival,
         scope: Scope,
         next: To,
-    ) -> Result<Vec<(To, Arrival)>, (String, String)> {
+    ) -> Result<Vec<(To, Arrival)>, Blocked> {
+        let mut errs: Vec<(String, String)> = Vec::new();
         let resource = st.get("Resource").and_then(Value::as_str).unwrap_or("");
-        let input = io(st, &m.doc, "InputPath")?;
-        let params = match st.get("Parameters") {
-            Some(p) => Some(template(p, &input, scope).map_err(|e| ("Parameters".into(), e))?),
-            None => None,
+        let input = kept(io(st, &m.doc, "InputPath"), &mut errs).unwrap_or_else(|| m.doc.clone());
+        let (params, params_ok) = match st.get("Parameters") {
+            Some(p) => match template(p, &input, scope) {
+                Ok(t) => (Some(t), true),
+                Err(e) => {
+                    errs.push(("Parameters".into(), e));
+                    (None, false)
+                }
+            },
+            None => (None, true),
         };
-        let service = Service::of(resource, params.as_ref()).map_err(|e| ("Resource".to_owned(), e))?;
-        if resource.starts_with("${") {
+        let service = match Service::of(resource, params.as_ref()) {
+            Ok(service) => Some(service),
+            // what the Parameters that could not be read would have named
+            Err(e) if !params_ok && e.contains("needs Parameters.") => None,
+            Err(e) => {
+                errs.push(("Resource".into(), e));
+                None
+            }
+        };
+        if resource.starts_with("${") && service.is_some() {
             self.notes.push(format!(
                 "{here}: Resource {resource} is taken to be a Lambda function's ARN (its variable names the function)"
             ));
@@ -730,146 +788,157 @@ impl Cx {
         let step = self.step_name(name);
         let mut s = step_base(&step, m);
         let callback = resource.ends_with(".waitForTaskToken");
-        let (agent, spec, sent, raw) = match service {
-            Service::Function { function, qualifier, payload, wrapped } => {
-                let sent = payload.unwrap_or(input.clone());
-                // the payload alone for a call; a callback's function always gets the request (the token)
-                let mut spec = json!({"kind": "lambda", "function": function, "payload": "input"});
-                // one agent per function and qualifier
-                let name = match &qualifier {
-                    Some(q) => agent_name("fn", &format!("{function}.{}", q.trim_start_matches('$'))),
-                    None => agent_name("fn", &function),
-                };
-                if let Some(q) = qualifier {
-                    spec["qualifier"] = json!(q);
+        // what the task's answer is, to the paths that read it
+        let mut raw = Sym::Ref("$".into());
+        if let Some(service) = service {
+            let (agent, spec, sent, answer) = match service {
+                Service::Function { function, qualifier, payload, wrapped } => {
+                    let sent = payload.unwrap_or(input.clone());
+                    // the payload alone for a call; a callback's function always gets the request (the token)
+                    let mut spec = json!({"kind": "lambda", "function": function, "payload": "input"});
+                    // one agent per function and qualifier
+                    let name = match &qualifier {
+                        Some(q) => agent_name("fn", &format!("{function}.{}", q.trim_start_matches('$'))),
+                        None => agent_name("fn", &function),
+                    };
+                    if let Some(q) = qualifier {
+                        spec["qualifier"] = json!(q);
+                    }
+                    let raw = if wrapped {
+                        Sym::Obj(vec![
+                            ("Payload".into(), Sym::Ref("$".into())),
+                            ("StatusCode".into(), Sym::Lit(json!(200))),
+                            ("ExecutedVersion".into(), Sym::Lit(json!("$LATEST"))),
+                        ])
+                    } else {
+                        Sym::Ref("$".into())
+                    };
+                    (name, spec, sent, raw)
                 }
-                let raw = if wrapped {
-                    Sym::Obj(vec![
-                        ("Payload".into(), Sym::Ref("$".into())),
+                Service::Queue { queue_url, body } => {
+                    let spec = json!({"kind": "sqs", "queue_url": queue_url});
+                    let raw = Sym::Obj(vec![("MessageId".into(), Sym::Ref("$.message_id".into()))]);
+                    (agent_name("sqs", &queue_url), spec, body, raw)
+                }
+                Service::Topic { topic_arn, message } => {
+                    let spec = json!({"kind": "sns", "topic_arn": topic_arn});
+                    let raw = Sym::Obj(vec![("MessageId".into(), Sym::Ref("$.message_id".into()))]);
+                    (agent_name("sns", &topic_arn), spec, message, raw)
+                }
+                Service::Bus { bus, source, detail_type, detail } => {
+                    let mut spec = json!({"kind": "eventbridge", "bus": bus});
+                    if let Some(x) = &source {
+                        spec["source"] = json!(x);
+                    }
+                    if let Some(x) = &detail_type {
+                        spec["detail_type"] = json!(x);
+                    }
+                    let raw = Sym::Obj(vec![
+                        (
+                            "Entries".into(),
+                            Sym::Arr(vec![Sym::Obj(vec![("EventId".into(), Sym::Ref("$.event_id".into()))])]),
+                        ),
+                        ("FailedEntryCount".into(), Sym::Lit(json!(0))),
+                    ]);
+                    (agent_name("bus", &bus), spec, detail, raw)
+                }
+                Service::Http { url, method, body } => {
+                    let spec = json!({"kind": "http", "url": url, "method": method, "payload": "input"});
+                    let raw = Sym::Obj(vec![
+                        ("ResponseBody".into(), Sym::Ref("$".into())),
                         ("StatusCode".into(), Sym::Lit(json!(200))),
-                        ("ExecutedVersion".into(), Sym::Lit(json!("$LATEST"))),
-                    ])
-                } else {
-                    Sym::Ref("$".into())
-                };
-                (name, spec, sent, raw)
-            }
-            Service::Queue { queue_url, body } => {
-                let spec = json!({"kind": "sqs", "queue_url": queue_url});
-                let raw = Sym::Obj(vec![("MessageId".into(), Sym::Ref("$.message_id".into()))]);
-                (agent_name("sqs", &queue_url), spec, body, raw)
-            }
-            Service::Topic { topic_arn, message } => {
-                let spec = json!({"kind": "sns", "topic_arn": topic_arn});
-                let raw = Sym::Obj(vec![("MessageId".into(), Sym::Ref("$.message_id".into()))]);
-                (agent_name("sns", &topic_arn), spec, message, raw)
-            }
-            Service::Bus { bus, source, detail_type, detail } => {
-                let mut spec = json!({"kind": "eventbridge", "bus": bus});
-                if let Some(x) = &source {
-                    spec["source"] = json!(x);
-                }
-                if let Some(x) = &detail_type {
-                    spec["detail_type"] = json!(x);
-                }
-                let raw = Sym::Obj(vec![
+                        ("StatusText".into(), Sym::Lit(json!("OK"))),
+                    ]);
+                    self.notes.push(format!(
+                        "{here}: the HTTP task's connection (Authentication) is not translated: give the agent its headers from \
+                         Secrets Manager or SSM, or sign it (see the http kind); a 2xx answer is StatusCode 200 here"
+                    ));
                     (
-                        "Entries".into(),
-                        Sym::Arr(vec![Sym::Obj(vec![("EventId".into(), Sym::Ref("$.event_id".into()))])]),
-                    ),
-                    ("FailedEntryCount".into(), Sym::Lit(json!(0))),
-                ]);
-                (agent_name("bus", &bus), spec, detail, raw)
-            }
-            Service::Http { url, method, body } => {
-                let spec = json!({"kind": "http", "url": url, "method": method, "payload": "input"});
-                let raw = Sym::Obj(vec![
-                    ("ResponseBody".into(), Sym::Ref("$".into())),
-                    ("StatusCode".into(), Sym::Lit(json!(200))),
-                    ("StatusText".into(), Sym::Lit(json!("OK"))),
-                ]);
+                        agent_name("http", url.split('?').next().unwrap_or(&url)),
+                        spec,
+                        body.unwrap_or(Sym::Lit(json!({}))),
+                        raw,
+                    )
+                }
+            };
+            // a message sent and not waited for: a call step sending the message alone; a callback's
+            // answer is the worker's output
+            let (agent, spec, answer) = match (spec["kind"].as_str(), callback) {
+                (Some("sqs" | "sns" | "eventbridge"), false) => {
+                    let mut spec = spec;
+                    spec["payload"] = json!("input");
+                    (format!("{agent}.send"), spec, answer)
+                }
+                (Some("sqs" | "sns" | "eventbridge"), true) => (agent, spec, Sym::Ref("$".into())),
+                _ => (agent, spec, answer),
+            };
+            raw = answer;
+            let agent = self.agent_named(here, &agent, &spec);
+            if callback {
+                s["kind"] = json!("callback");
                 self.notes.push(format!(
-                    "{here}: the HTTP task's connection (Authentication) is not translated: give the agent its headers from \
-                     Secrets Manager or SSM, or sign it (see the http kind); a 2xx answer is StatusCode 200 here"
+                    "{here}: a worker answers with the token of the project's callback (the request's callback.token, \
+                     answered on the callback queue or URL, or with sasctl), not with SendTaskSuccess"
                 ));
-                (
-                    agent_name("http", url.split('?').next().unwrap_or(&url)),
-                    spec,
-                    body.unwrap_or(Sym::Lit(json!({}))),
-                    raw,
-                )
             }
-        };
-        // a message sent and not waited for: a call step sending the message alone; a callback's
-        // answer is the worker's output
-        let (agent, spec, raw) = match (spec["kind"].as_str(), callback) {
-            (Some("sqs" | "sns" | "eventbridge"), false) => {
-                let mut spec = spec;
-                spec["payload"] = json!("input");
-                (format!("{agent}.send"), spec, raw)
+            let (sent, dropped) = without_token(sent);
+            if dropped && callback {
+                self.notes.push(format!(
+                    "{here}: $$.Task.Token is left out of what is sent: the token is the request's callback.token"
+                ));
+            } else if dropped {
+                errs.push(("Parameters".into(), "$$.Task.Token belongs to a .waitForTaskToken task".into()));
             }
-            (Some("sqs" | "sns" | "eventbridge"), true) => (agent, spec, Sym::Ref("$".into())),
-            _ => (agent, spec, raw),
-        };
-        let agent = self.agent_named(here, &agent, &spec);
-        if callback {
-            s["kind"] = json!("callback");
-            self.notes.push(format!(
-                "{here}: a worker answers with the token of the project's callback (the request's callback.token, \
-                 answered on the callback queue or URL, or with sasctl), not with SendTaskSuccess"
-            ));
+            if let Some(t) = kept(sent.template().map_err(|e| ("Parameters".to_owned(), e)), &mut errs) {
+                s["parameters"] = t;
+            }
+            s["agent"] = json!(agent);
         }
-        let (sent, dropped) = without_token(sent);
-        if dropped && callback {
-            self.notes.push(format!(
-                "{here}: $$.Task.Token is left out of what is sent: the token is the request's callback.token"
-            ));
-        } else if dropped {
-            return Err(("Parameters".into(), "$$.Task.Token belongs to a .waitForTaskToken task".into()));
-        }
-        s["parameters"] = sent.template().map_err(|e| ("Parameters".to_owned(), e))?;
-        s["agent"] = json!(agent);
         // time bounds
         let timeout = match (st.get("TimeoutSeconds"), st.get("TimeoutSecondsPath")) {
             (_, Some(_)) => {
-                return Err((
+                errs.push((
                     "TimeoutSecondsPath".into(),
                     "a timeout read from the data is not translated: give TimeoutSeconds".into(),
                 ));
+                None
             }
             (Some(t), None) => {
-                Some(t.as_u64().ok_or(("TimeoutSeconds".to_owned(), format!("{t} is not whole seconds")))?)
+                kept(t.as_u64().ok_or(("TimeoutSeconds".to_owned(), format!("{t} is not whole seconds"))), &mut errs)
             }
             (None, None) => None,
         };
+        let timed = st.contains_key("TimeoutSeconds") || st.contains_key("TimeoutSecondsPath");
         if callback {
             s["timeout_ms"] = json!(timeout.map_or(DEFAULT_CALLBACK_TIMEOUT_MS, |t| t * 1000));
-            if timeout.is_none() {
+            if !timed {
                 self.notes.push(format!("{here}: no TimeoutSeconds; the callback step waits at most 365 days"));
             }
             match (st.get("HeartbeatSeconds"), st.get("HeartbeatSecondsPath")) {
-                (_, Some(_)) => return Err(("HeartbeatSecondsPath".into(), "give HeartbeatSeconds".into())),
+                (_, Some(_)) => errs.push(("HeartbeatSecondsPath".into(), "give HeartbeatSeconds".into())),
                 (Some(h), None) => {
-                    let h = h.as_u64().ok_or(("HeartbeatSeconds".to_owned(), format!("{h} is not whole seconds")))?;
-                    s["heartbeat_ms"] = json!(h * 1000);
+                    let h = h.as_u64().ok_or(("HeartbeatSeconds".to_owned(), format!("{h} is not whole seconds")));
+                    if let Some(h) = kept(h, &mut errs) {
+                        s["heartbeat_ms"] = json!(h * 1000);
+                    }
                 }
                 (None, None) => {}
             }
         } else {
             match timeout {
-                Some(t) if t > CALL_LIMIT_S => {
-                    return Err((
-                        "TimeoutSeconds".into(),
-                        format!(
-                            "{t} s is over the {CALL_LIMIT_S} s a call step may take here: make the task a callback \
-                             (lambda:invoke.waitForTaskToken, the function answering with the token when done)"
-                        ),
-                    ));
-                }
+                Some(t) if t > CALL_LIMIT_S => errs.push((
+                    "TimeoutSeconds".into(),
+                    format!(
+                        "{t} s is over the {CALL_LIMIT_S} s a call step may take here: make the task a callback \
+                         (lambda:invoke.waitForTaskToken, the function answering with the token when done)"
+                    ),
+                )),
                 Some(t) => s["timeout_ms"] = json!(t * 1000),
                 None => {
                     s["timeout_ms"] = json!(DEFAULT_CALL_TIMEOUT_MS);
-                    self.notes.push(format!("{here}: no TimeoutSeconds; the call step's timeout is 60 s"));
+                    if !timed {
+                        self.notes.push(format!("{here}: no TimeoutSeconds; the call step's timeout is 60 s"));
+                    }
                 }
             }
             if st.contains_key("HeartbeatSeconds") {
@@ -877,30 +946,45 @@ impl Cx {
                     .push(format!("{here}: HeartbeatSeconds has no meaning for a call step, bounded by its timeout"));
             }
         }
-        self.retry(here, st, &mut s)?;
+        kept(self.retry(here, st, &mut s), &mut errs);
         // what of the answer is kept
         let mut result = raw;
         if let Some(sel) = st.get("ResultSelector") {
-            let kept = template(sel, &result, Scope::Task).map_err(|e| ("ResultSelector".into(), e))?;
-            s["result_selector"] = kept.template().map_err(|e| ("ResultSelector".to_owned(), e))?;
+            let kept_sel = template(sel, &result, Scope::Task)
+                .and_then(|k| k.template())
+                .map_err(|e| ("ResultSelector".to_owned(), e));
+            if let Some(t) = kept(kept_sel, &mut errs) {
+                s["result_selector"] = t;
+            }
             result = Sym::Ref("$".into());
         }
         let out = format!("$.outputs.{step}");
         let result = result.rebased(&out);
         // handled failures
-        let (ok, caught) = self.catch(here, st, &step, &mut s)?;
-        let doc = result_path(st, m.doc.clone(), result)?;
-        let doc = io(st, &doc, "OutputPath")?;
+        let (ok, caught) = kept(self.catch(here, st, &step, &mut s), &mut errs).unwrap_or((Cond::True, Vec::new()));
+        let doc = kept(result_path(st, m.doc.clone(), result.clone()), &mut errs).unwrap_or(result);
+        let doc = kept(io(st, &doc, "OutputPath"), &mut errs).unwrap_or(doc);
         if let Some((undoing, state)) = self.undo.remove(name) {
             // the undoing task reads the data as it was when this step succeeded
             let at = Arrival { doc: doc.clone(), ..after_step(m, &step, Cond::True) };
-            self.task(&undoing, &undoing, &state, &at, scope, To::End)?;
-            let mut c = self.steps.pop().ok_or(("Catch".to_owned(), "the undoing task".to_owned()))?;
-            if let Some(o) = c.as_object_mut() {
-                o.remove("after");
-                o.remove("when");
+            match self.task(&undoing, &undoing, &state, &at, scope, To::End) {
+                Ok(_) => {
+                    let mut c = self.steps.pop().unwrap_or(Value::Null);
+                    if let Some(o) = c.as_object_mut() {
+                        o.remove("after");
+                        o.remove("when");
+                    }
+                    s["compensation"] = c;
+                }
+                Err(Blocked(list)) => {
+                    for (field, why) in list {
+                        self.refuse(&undoing, &field, why);
+                    }
+                }
             }
-            s["compensation"] = c;
+        }
+        if !errs.is_empty() {
+            return Err(Blocked(errs));
         }
         self.steps.push(s);
         let mut flows = vec![(next, Arrival { doc, ..after_step(m, &step, ok) })];
@@ -1080,28 +1164,27 @@ impl Cx {
         Ok((ok, ways))
     }
 
-    fn parallel(
-        &mut self,
-        here: &str,
-        st: &Map<String, Value>,
-        m: Arrival,
-        scope: Scope,
-    ) -> Result<Arrival, (String, String)> {
+    fn parallel(&mut self, here: &str, st: &Map<String, Value>, m: Arrival, scope: Scope) -> Result<Arrival, Blocked> {
+        // every field that cannot be translated is named, and the branches are checked all the same
+        let mut errs = Vec::new();
         for f in ["Retry", "Catch"] {
             if st.contains_key(f) {
-                return Err((
-                    f.into(),
+                errs.push((
+                    f.to_owned(),
                     format!("{f} on a Parallel state is not translated yet: put it on the tasks of its branches"),
                 ));
             }
         }
-        let input = io(st, &m.doc, "InputPath")?;
+        let input = kept(io(st, &m.doc, "InputPath"), &mut errs).unwrap_or_else(|| m.doc.clone());
         let input = match st.get("Parameters") {
-            Some(p) => template(p, &input, scope).map_err(|e| ("Parameters".into(), e))?,
+            Some(p) => {
+                kept(template(p, &input, scope).map_err(|e| ("Parameters".to_owned(), e)), &mut errs).unwrap_or(input)
+            }
             None => input,
         };
         let Some(Value::Array(branches)) = st.get("Branches") else {
-            return Err(("Branches".into(), "a Parallel state has Branches".into()));
+            errs.push(("Branches".into(), "a Parallel state has Branches".into()));
+            return Err(Blocked(errs));
         };
         let mut outputs = Vec::new();
         let mut after = BTreeSet::new();
@@ -1109,14 +1192,17 @@ impl Cx {
             let (Some(Value::Object(states)), Some(start)) =
                 (b.get("States"), b.get("StartAt").and_then(Value::as_str))
             else {
-                return Err((format!("Branches[{i}]"), "a branch has StartAt and States".into()));
+                errs.push((format!("Branches[{i}]"), "a branch has StartAt and States".into()));
+                continue;
             };
             let entry = Arrival { doc: input.clone(), ..m.clone() };
             let Some(ends) = self.block(&format!("{here}/branch {i}/"), states, start, entry, scope) else {
-                return Err((format!("Branches[{i}]"), "(see the refusals inside it)".into()));
+                errs.push((format!("Branches[{i}]"), "(see the refusals inside it)".into()));
+                continue;
             };
             if ends.is_empty() {
-                return Err((format!("Branches[{i}]"), "the branch never succeeds".into()));
+                errs.push((format!("Branches[{i}]"), "the branch never succeeds".into()));
+                continue;
             }
             outputs.push(Sym::one_of(ends.iter().map(|e| (e.full.clone(), e.doc.clone())).collect()));
             for e in &ends {
@@ -1127,9 +1213,12 @@ impl Cx {
                 }
             }
         }
+        if !errs.is_empty() {
+            return Err(Blocked(errs));
+        }
         let mut result = Sym::Arr(outputs);
         if let Some(sel) = st.get("ResultSelector") {
-            result = template(sel, &result, scope).map_err(|e| ("ResultSelector".into(), e))?;
+            result = template(sel, &result, scope).map_err(|e| ("ResultSelector".to_owned(), e))?;
         }
         let doc = result_path(st, m.doc.clone(), result)?;
         let doc = io(st, &doc, "OutputPath")?;
@@ -1144,47 +1233,72 @@ impl Cx {
         st: &Map<String, Value>,
         m: &Arrival,
         scope: Scope,
-    ) -> Result<Arrival, (String, String)> {
+    ) -> Result<Arrival, Blocked> {
         if scope == Scope::Element {
-            return Err((
-                "Type".into(),
-                "a Map inside a Map is not translated: a map here runs one step per element".into(),
-            ));
+            return Err(Blocked::from((
+                "Type".to_owned(),
+                "a Map inside a Map is not translated: a map here runs one step per element".to_owned(),
+            )));
         }
+        // every field that cannot be translated is named, and the processor is checked all the same
+        let mut errs = Vec::new();
         for f in ["ItemReader", "ResultWriter", "ItemBatcher", "ToleratedFailureCount", "ToleratedFailurePercentage"] {
             if st.contains_key(f) {
-                return Err((
-                    f.into(),
+                errs.push((
+                    f.to_owned(),
                     "a Distributed Map (items read from S3, results written there, batches, failure thresholds) is not \
                      translated: a map here takes at most 10,000 elements from the task's data (its \
                      map.tolerated_failures can be set by hand: an inline Map fails at its first failed element)"
-                        .into(),
+                        .to_owned(),
                 ));
             }
         }
         for f in ["Retry", "Catch"] {
             if st.contains_key(f) {
-                return Err((f.into(), format!("{f} on a Map state is not translated yet: put Retry on its task; map.tolerated_failures says how many elements may fail")));
+                errs.push((f.to_owned(), format!("{f} on a Map state is not translated yet: put Retry on its task; map.tolerated_failures says how many elements may fail")));
             }
         }
         let processor = st.get("ItemProcessor").or_else(|| st.get("Iterator")).and_then(Value::as_object);
         let Some(processor) = processor else {
-            return Err(("ItemProcessor".into(), "a Map state has an ItemProcessor".into()));
+            errs.push(("ItemProcessor".into(), "a Map state has an ItemProcessor".into()));
+            return Err(Blocked(errs));
         };
         if processor.get("ProcessorConfig").and_then(|c| c.get("Mode")).and_then(Value::as_str) == Some("DISTRIBUTED") {
-            return Err((
+            errs.push((
                 "ItemProcessor".into(),
                 "a Distributed Map is not translated: a map here is inline, at most 10,000 elements".into(),
             ));
         }
         if Value::Object(processor.clone()).to_string().contains("$$.Execution") {
-            return Err((
+            errs.push((
                 "ItemProcessor".into(),
                 "the processor reads $$.Execution (the execution's input or id); an element here reads its item and \
                  what its ItemSelector gives it: pass what it needs through the ItemSelector"
                     .into(),
             ));
         }
+        if errs.is_empty() {
+            return self.map_processor(here, name, st, m, processor).map_err(Blocked::from);
+        }
+        // what inside the processor cannot be translated either (its refusals), the rest dropped
+        let (steps, children) = (self.steps.len(), self.children.len());
+        if let Err(e) = self.map_processor(here, name, st, m, processor) {
+            errs.push(e);
+        }
+        self.steps.truncate(steps);
+        self.children.truncate(children);
+        Err(Blocked(errs))
+    }
+
+    /// A Map's processor: a map of its one task, or a workflow of its own run per element.
+    fn map_processor(
+        &mut self,
+        here: &str,
+        name: &str,
+        st: &Map<String, Value>,
+        m: &Arrival,
+        processor: &Map<String, Value>,
+    ) -> Result<Arrival, (String, String)> {
         let states = processor.get("States").and_then(Value::as_object).cloned().unwrap_or_default();
         let start = processor.get("StartAt").and_then(Value::as_str).unwrap_or("");
         let task = states.get(start).and_then(Value::as_object);
@@ -1341,7 +1455,7 @@ impl Cx {
 }
 
 /// The states a state leads to.
-fn successors(state: &Value) -> Vec<String> {
+fn successors(state: &Map<String, Value>) -> Vec<String> {
     let mut out = Vec::new();
     let mut add = |v: Option<&Value>| {
         if let Some(n) = v.and_then(Value::as_str) {
@@ -2236,26 +2350,6 @@ mod tests {
         assert_eq!(i.agents["asl.fail"], json!({"kind": "fail"}));
     }
 
-    #[test]
-    fn bracket_paths_read_the_names_they_quote() {
-        let i = import(
-            "x",
-            &json!({"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f",
-                "Parameters": {"who.$": "$.['first name']", "body.$": "$.[0].body", "item.$": "$.items[0]",
-                               "id.$": "$['id']", "run.$": "$$.Execution.Input.['run id']"},
-                "ResultSelector": {"x.$": "$.['a b']"}, "End": true}}}),
-        )
-        .unwrap();
-        loads(&i);
-        let s = steps(&i);
-        assert_eq!(
-            s["A"]["parameters"],
-            json!({"who.$": "$.input['first name']", "body.$": "$.input[0].body", "item.$": "$.input.items[0]",
-                   "id.$": "$.input.id", "run.$": "$.input['run id']"})
-        );
-        assert_eq!(s["A"]["result_selector"], json!({"x.$": "$['a b']"}));
-    }
-
     fn lambda_task(retry: &Value) -> Value {
         json!({"StartAt": "Charge", "States": {"Charge": {"Type": "Task",
             "Resource": "arn:aws:lambda:eu-west-1:1:function:charge", "Retry": retry, "End": true}}})
@@ -2339,6 +2433,26 @@ mod tests {
     }
 
     #[test]
+    fn bracket_paths_read_the_names_they_quote() {
+        let i = import(
+            "x",
+            &json!({"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f",
+                "Parameters": {"who.$": "$.['first name']", "body.$": "$.[0].body", "item.$": "$.items[0]",
+                               "id.$": "$['id']", "run.$": "$$.Execution.Input.['run id']"},
+                "ResultSelector": {"x.$": "$.['a b']"}, "End": true}}}),
+        )
+        .unwrap();
+        loads(&i);
+        let s = steps(&i);
+        assert_eq!(
+            s["A"]["parameters"],
+            json!({"who.$": "$.input['first name']", "body.$": "$.input[0].body", "item.$": "$.input.items[0]",
+                   "id.$": "$.input.id", "run.$": "$.input['run id']"})
+        );
+        assert_eq!(s["A"]["result_selector"], json!({"x.$": "$['a b']"}));
+    }
+
+    #[test]
     fn events_to_one_bus_with_different_detail_types_are_one_agent_each() {
         let put = |detail_type: &str, next: Value| {
             let mut st = json!({"Type": "Task", "Resource": "arn:aws:states:::events:putEvents",
@@ -2392,5 +2506,27 @@ mod tests {
         let said = merge_agents(&mut all, &mut second);
         assert_eq!(second.workflow["steps"][0]["agent"], "bus.orders.OrderPaid.send", "{said:?}");
         assert_eq!(all.len(), 2);
+    }
+
+    #[test]
+    fn a_refusal_names_every_blocker_of_the_definition() {
+        let r = import("x", &json!({"StartAt": "Get", "States": {
+            "Get": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject",
+                    "TimeoutSecondsPath": "$.t", "Parameters": {"id.$": "States.UUID()"}, "Next": "Check"},
+            "Check": {"Type": "Choice", "Choices": [{"Variable": "$.done", "BooleanEquals": false, "Next": "Get"}],
+                      "Default": "Both"},
+            "Both": {"Type": "Parallel", "Retry": [{"ErrorEquals": ["States.ALL"]}], "Next": "Each", "Branches": [
+                {"StartAt": "Glue", "States": {"Glue": {"Type": "Task", "Resource": "arn:aws:states:::glue:startJobRun.sync", "End": true}}},
+                {"StartAt": "Ok", "States": {"Ok": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:ok", "End": true}}}]},
+            "Each": {"Type": "Map", "ItemReader": {}, "ItemProcessor": {"StartAt": "Put", "States": {
+                "Put": {"Type": "Task", "Resource": "arn:aws:states:::dynamodb:putItem", "End": true}}}, "End": true}
+        }}))
+        .unwrap_err();
+        let has = |state: &str, field: &str| r.iter().any(|x| x.state == state && x.field == field);
+        assert!(has("Get", "Next"), "the loop: {r:#?}");
+        assert!(has("Get", "Resource") && has("Get", "TimeoutSecondsPath") && has("Get", "Parameters"), "{r:#?}");
+        assert!(has("Both", "Retry") && has("Both/branch 0/Glue", "Resource"), "{r:#?}");
+        assert!(has("Each", "ItemReader") && has("Each/Put", "Resource"), "{r:#?}");
+        assert!(!has("Both/branch 1/Ok", "Resource"), "{r:#?}");
     }
 }
