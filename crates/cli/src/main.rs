@@ -103,10 +103,14 @@ enum Cmd {
         graph: Option<String>,
     },
     /// Translate Step Functions state machines (Amazon States Language, JSONPath) into a
-    /// workflows file and an agents file, then check them as validate does. Each FILE becomes a
-    /// workflow named after it (NAME.asl.json is NAME); what cannot be translated is refused with
-    /// its state, its field and what to do instead; how the translation differs from the state
-    /// machine is printed with it. Exits 1 when a file is refused or the check fails.
+    /// workflows file and an agents file, then check them as validate does (with --var and
+    /// --param as validate takes them). Each FILE becomes a workflow named after it (NAME.asl.json
+    /// is NAME); what cannot be translated is refused with every state and field that cannot be
+    /// and what to do instead; how the translation differs from the state machine is printed
+    /// with it. Exit status: 0 every file translated and the check clean; 2 a file refused (the
+    /// others still written); 3 every file translated but the check needs variables (--var) or
+    /// template parameters (--param) not passed, each named with the flag to pass; 1 an error (a
+    /// file unreadable or not JSON, a file not written, a problem of the check's own).
     ImportAsl {
         /// State machine definitions (JSON).
         #[arg(required = true)]
@@ -121,6 +125,11 @@ enum Cmd {
         /// ${FunctionArn} substitutions stay variables of the agents file).
         #[arg(long = "var")]
         vars: Vec<String>,
+        /// A template parameter as you deploy it, NAME=VALUE, for the check, as validate takes it
+        /// (AgentFunctionArns=arn:aws:lambda:...:function:quote,...: every AWS call an agent makes
+        /// must be granted by one).
+        #[arg(long = "param")]
+        params: Vec<String>,
     },
     /// Print the JSON Schema of a configuration file (the repository's schemas/ holds both): name
     /// it in the file with "$schema" and an editor completes and checks the file as you type.
@@ -489,18 +498,35 @@ async fn submit_wait(
 }
 
 /// `sasctl import-asl`: translate each file, print what was translated, refused and noted, write
-/// the two files (even when some were refused, with the others).
-fn import_asl(files: &[PathBuf], workflows: &std::path::Path, agents: &std::path::Path) -> Result<()> {
+/// the two files (even when some were refused, with the others), check them; the exit status (0
+/// all translated and clean, 2 a file refused, 3 the check needs --var or --param not passed, 1
+/// an error).
+fn import_asl(
+    files: &[PathBuf],
+    workflows: &std::path::Path,
+    agents: &std::path::Path,
+    vars: &[String],
+    params: &[String],
+) -> Result<i32> {
     let mut wfs = Vec::new();
     let mut all_agents = serde_json::Map::new();
-    let mut refused = 0;
+    let (mut refused, mut unread) = (0, 0);
     for f in files {
-        let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-        let def: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("{} is not JSON", f.display()))?;
+        let def = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display())).and_then(|text| {
+            serde_json::from_str::<serde_json::Value>(&text).with_context(|| format!("{} is not JSON", f.display()))
+        });
+        let def = match def {
+            Ok(def) => def,
+            Err(e) => {
+                unread += 1;
+                println!("{}: error: {e:#}", f.display());
+                continue;
+            }
+        };
         let name = sas_cli::asl::workflow_name(f);
         match sas_cli::asl::import(&name, &def) {
-            Ok(i) => {
+            Ok(mut i) => {
+                let renamed = sas_cli::asl::merge_agents(&mut all_agents, &mut i);
                 let steps = i.workflow["steps"].as_array().map_or(0, Vec::len);
                 let children = i.children.iter().filter_map(|w| w["name"].as_str()).collect::<Vec<_>>();
                 let runs =
@@ -510,16 +536,10 @@ fn import_asl(files: &[PathBuf], workflows: &std::path::Path, agents: &std::path
                     f.display(),
                     i.agents.len()
                 );
-                for n in &i.notes {
+                for n in i.notes.iter().chain(&renamed) {
                     println!("  differs: {n}");
                 }
                 wfs.extend(i.workflows());
-                for (k, v) in i.agents {
-                    if all_agents.get(&k).is_some_and(|old| *old != v) {
-                        bail!("two definitions need different agents named {k}: import them one at a time");
-                    }
-                    all_agents.insert(k, v);
-                }
             }
             Err(rs) => {
                 refused += 1;
@@ -531,7 +551,8 @@ fn import_asl(files: &[PathBuf], workflows: &std::path::Path, agents: &std::path
         }
     }
     if wfs.is_empty() {
-        bail!("nothing translated: {refused} file(s) refused");
+        println!("nothing translated: {refused} file(s) refused, {unread} not read; no file written");
+        return Ok(if unread > 0 { 1 } else { 2 });
     }
     let wf = serde_json::json!({"workflows": wfs});
     let agent_count = all_agents.len();
@@ -547,10 +568,34 @@ fn import_asl(files: &[PathBuf], workflows: &std::path::Path, agents: &std::path
         agents.display(),
         agent_count
     );
-    if refused > 0 {
-        bail!("{refused} of {} file(s) refused (above)", files.len());
+    let report = validate(Some(workflows), Some(agents), vars, params, None)?;
+    let needs = sas_cli::asl::Needs::of(&report.problems);
+    if let Ok(needs) = &needs {
+        if !needs.is_empty() {
+            println!("the check needs what was not passed; pass:");
+            for flag in needs.flags() {
+                println!("  {flag}");
+            }
+        }
     }
-    Ok(())
+    let (status, why) = match (&needs, unread, refused) {
+        (Err(other), _, _) => (1, format!("{} problem(s) of the translation's own (above)", other.len())),
+        (_, 1.., _) => (1, format!("{unread} of {} file(s) not read (above)", files.len())),
+        (_, _, 1..) => (2, format!("{refused} of {} file(s) refused (above)", files.len())),
+        (Ok(n), _, _) if !n.is_empty() => (
+            3,
+            format!(
+                "translated, but the check needs {} variable(s) and {} template parameter(s) not passed (above)",
+                n.vars.len(),
+                n.params.len()
+            ),
+        ),
+        _ => (0, String::new()),
+    };
+    if status != 0 {
+        println!("exit status {status}: {why}");
+    }
+    Ok(status)
 }
 
 #[allow(clippy::print_stderr)] // with --graph the report goes to stderr, the diagram to stdout
@@ -560,7 +605,7 @@ fn validate(
     vars: &[String],
     params: &[String],
     graph: Option<&str>,
-) -> Result<()> {
+) -> Result<sas_core::validate::Report> {
     let say = |line: String| if graph.is_some() { eprintln!("{line}") } else { println!("{line}") };
     let read = |p: Option<&std::path::Path>, built_in: &str| -> Result<(String, String)> {
         Ok(match p {
@@ -597,7 +642,7 @@ fn validate(
         say(format!("problem: {p}"));
     }
     if !r.ok() {
-        bail!("{} problem(s): this configuration would fail in the functions", r.problems.len());
+        return Ok(r);
     }
     say(format!("valid: {} workflow(s), {} agent(s)", r.workflows.len(), r.agents.len()));
     if let Some(name) = graph {
@@ -613,7 +658,7 @@ fn validate(
             .with_context(|| format!("--graph: no workflow {name} (the file has {})", r.workflows.join(", ")))?;
         print!("{}", sas_core::diagram::mermaid(def));
     }
-    Ok(())
+    Ok(r)
 }
 
 async fn run(cli: &Cli) -> Result<()> {
@@ -658,12 +703,17 @@ async fn run(cli: &Cli) -> Result<()> {
             let schema = if file == "agents" { sas_core::schema::agents() } else { sas_core::schema::workflows() };
             println!("{}", serde_json::to_string_pretty(&schema)?);
         }
-        Cmd::ImportAsl { files, workflows, agents, vars } => {
-            import_asl(files, workflows, agents)?;
-            validate(Some(workflows), Some(agents), vars, &[], None)?;
+        Cmd::ImportAsl { files, workflows, agents, vars, params } => {
+            let status = import_asl(files, workflows, agents, vars, params)?;
+            if status != 0 {
+                std::process::exit(status);
+            }
         }
         Cmd::Validate { workflows, agents, vars, params, graph } => {
-            validate(workflows.as_deref(), agents.as_deref(), vars, params, graph.as_deref())?;
+            let r = validate(workflows.as_deref(), agents.as_deref(), vars, params, graph.as_deref())?;
+            if !r.ok() {
+                bail!("{} problem(s): this configuration would fail in the functions", r.problems.len());
+            }
         }
         Cmd::DeleteLocal { name } => {
             let cfn = aws_sdk_cloudformation::Client::new(&sdk);

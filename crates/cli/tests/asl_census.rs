@@ -224,3 +224,72 @@ fn the_collection_s_sagas_become_per_step_compensation() {
         );
     }
 }
+
+/// The page's console blocks of `sasctl import-asl` (`docs/how-to/import-asl.md`): each command
+/// run on the page's examples (`tests/data/examples/`, `orders.asl.json` and `poll.asl.json`) prints
+/// what the page shows, and `echo $?` the exit status it shows. The lines in which validate lists
+/// what it read (`workflows …`, `agents …`) are validate's own wording and not compared.
+#[test]
+fn the_page_s_example_prints_what_the_page_shows_and_exits_as_it_says() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("../../docs/how-to/import-asl.md")).expect("the page");
+    let dir = std::env::temp_dir().join(format!("asl-page-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    for e in std::fs::read_dir(root.join("tests/data/examples")).expect("the examples") {
+        let e = e.expect("an example");
+        std::fs::copy(e.path(), dir.join(e.file_name())).expect("the example copied");
+    }
+    std::fs::write(dir.join("broken.asl.json"), "{").expect("a file that is not JSON");
+    let compared = |s: &str| -> Vec<String> {
+        s.lines().filter(|l| !l.starts_with("workflows ") && !l.starts_with("agents ")).map(str::to_owned).collect()
+    };
+    let mut blocks = 0;
+    let mut lines = page.lines();
+    while let Some(l) = lines.next() {
+        if l != "```console" {
+            continue;
+        }
+        let block: Vec<&str> = lines.by_ref().take_while(|l| *l != "```").collect();
+        if !block.first().is_some_and(|l| l.starts_with("$ sasctl import-asl")) {
+            continue;
+        }
+        blocks += 1;
+        let mut status = None;
+        let mut i = 0;
+        while i < block.len() {
+            let mut command = block[i].trim_start_matches("$ ").to_owned();
+            while command.ends_with('\\') {
+                command.pop();
+                i += 1;
+                command.push_str(block[i]);
+            }
+            i += 1;
+            let start = i;
+            while i < block.len() && !block[i].starts_with("$ ") {
+                i += 1;
+            }
+            let shown = block[start..i].join("\n");
+            if command == "echo $?" {
+                assert_eq!(Some(shown.trim().to_owned()), status, "the exit status the page shows");
+                continue;
+            }
+            let args: Vec<&str> = command.split_whitespace().collect();
+            assert_eq!(&args[..2], ["sasctl", "import-asl"], "{command}");
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_sasctl"))
+                .args(&args[1..])
+                .current_dir(&dir)
+                .output()
+                .expect("sasctl runs");
+            let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert_eq!(
+                compared(&printed),
+                compared(&shown),
+                "{command}: what it prints (left) and the page (right); stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            status = out.status.code().map(|c| c.to_string());
+        }
+    }
+    assert!(blocks >= 2, "the page shows the command ({blocks} block(s))");
+    let _ = std::fs::remove_dir_all(&dir);
+}

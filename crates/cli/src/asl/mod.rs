@@ -46,3 +46,107 @@ pub fn agents_file(agents: &serde_json::Map<String, serde_json::Value>) -> serde
         .collect();
     serde_json::json!({"agents": agents})
 }
+
+/// What the check of a translation needs that was not passed: the variables (`--var`) and the
+/// template parameters (`--param`) its problems name, read from the check's problems.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// A variable not set → the agents that read it.
+    pub vars: std::collections::BTreeMap<String, Vec<String>>,
+    /// A template parameter → what it must grant: (the resource, the agent and its action).
+    pub params: std::collections::BTreeMap<String, Vec<(String, String)>>,
+}
+
+impl Needs {
+    /// The check's problems as what it needs; `Err` with the problems that are not a variable
+    /// or a parameter left out (something is wrong with the configuration itself).
+    pub fn of(problems: &[String]) -> Result<Needs, Vec<String>> {
+        let mut needs = Needs::default();
+        let mut other = Vec::new();
+        for p in problems {
+            let Some(rest) = p.strip_prefix("agent ") else {
+                other.push(p.clone());
+                continue;
+            };
+            let var = rest
+                .split_once(": variable ")
+                .and_then(|(agent, v)| Some((agent, v.strip_suffix(" is not set (every call would fail)")?)));
+            let grant = rest.split_once(": needs ").and_then(|(agent, g)| {
+                let (what, param) = g.rsplit_once(": add it to the template parameter ")?;
+                let (action, resource) = what.split_once(" on ")?;
+                Some((agent, action, resource, param.split(' ').next()?))
+            });
+            match (var, grant) {
+                (Some((agent, v)), _) => needs.vars.entry(v.to_owned()).or_default().push(agent.to_owned()),
+                (None, Some((agent, action, resource, param))) => needs
+                    .params
+                    .entry(param.to_owned())
+                    .or_default()
+                    .push((resource.to_owned(), format!("{action} for {agent}"))),
+                (None, None) => other.push(p.clone()),
+            }
+        }
+        if other.is_empty() {
+            Ok(needs)
+        } else {
+            Err(other)
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.vars.is_empty() && self.params.is_empty()
+    }
+
+    /// One line per flag to pass: `--var NAME=VALUE` (the agents that read it), `--param
+    /// NAME=ARN,ARN` (what it must grant; a resource named without its ARN is written `<ARN of
+    /// name>`).
+    pub fn flags(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (v, agents) in &self.vars {
+            out.push(format!("--var {v}=VALUE  (read by {}; or in --param AgentVariables)", agents.join(", ")));
+        }
+        for (p, grants) in &self.params {
+            let mut resources: Vec<String> = grants
+                .iter()
+                .map(|(r, _)| if r.starts_with("arn:") { r.clone() } else { format!("<ARN of {r}>") })
+                .collect();
+            resources.dedup();
+            let why: Vec<&str> = grants.iter().map(|(_, w)| w.as_str()).collect();
+            out.push(format!("--param {p}={}  ({})", resources.join(","), why.join("; ")));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_s_problems_name_the_variables_and_parameters_to_pass() {
+        let problems = [
+            "agent fn.quote: variable QuoteFunctionArn is not set (every call would fail)".to_owned(),
+            "agent fn.price: variable QuoteFunctionArn is not set (every call would fail)".to_owned(),
+            "agent sns.alerts.send: needs sns:Publish on arn:aws:sns:eu-west-1:1:alerts: add it to the template \
+             parameter AgentTopicArns (the Agent function's role only)"
+                .to_owned(),
+            "agent bus.orders.send: needs events:PutEvents on orders: add it to the template parameter \
+             AgentEventBusArns (the Agent function's role only)"
+                .to_owned(),
+        ];
+        let needs = Needs::of(&problems).expect("only what was not passed");
+        assert_eq!(needs.vars["QuoteFunctionArn"], ["fn.quote", "fn.price"]);
+        assert_eq!(
+            needs.flags(),
+            [
+                "--var QuoteFunctionArn=VALUE  (read by fn.quote, fn.price; or in --param AgentVariables)",
+                "--param AgentEventBusArns=<ARN of orders>  (events:PutEvents for bus.orders.send)",
+                "--param AgentTopicArns=arn:aws:sns:eu-west-1:1:alerts  (sns:Publish for sns.alerts.send)",
+            ]
+        );
+        let other = "workflows: workflow w: step name a is used twice".to_owned();
+        let mixed = [problems[0].clone(), other.clone()];
+        assert_eq!(Needs::of(&mixed), Err(vec![other]));
+        assert!(Needs::of(&[]).unwrap().is_empty());
+    }
+}
