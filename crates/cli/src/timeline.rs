@@ -411,11 +411,10 @@ fn unit_summary(task: &Task, unit: Unit) -> (Tone, String) {
             if let Some(r) = task.workflow.regions().into_iter().find(|r| r.contains(&i) && r.start != i) {
                 let head = &task.workflow.steps[r.start].name;
                 let e = i - r.start;
-                let text = match s.status {
-                    StepStatus::Succeeded => format!("succeeded (branch {e} of the region at {head})"),
-                    StepStatus::Skipped => {
-                        format!("skipped, {} (branch {e} of the region at {head})", s.skipped.as_deref().unwrap_or(""))
-                    }
+                // a skipped branch has no task: the region's progress says so before its status does
+                let text = match (skipped_branch(task, i), s.status) {
+                    (Some(why), _) => format!("skipped, {why} (branch {e} of the region at {head})"),
+                    (None, StepStatus::Succeeded) => format!("succeeded (branch {e} of the region at {head})"),
                     _ => format!("a branch of the region at {head}: see there (task {}~{}~{e})", task.task_id, r.start),
                 };
                 let tone = if s.status == StepStatus::Succeeded { Tone::Good } else { Tone::Plain };
@@ -630,7 +629,23 @@ pub fn map_summary(task: &Task, i: usize) -> Option<String> {
     Some(text)
 }
 
-/// A parallel region's branches, by name: where each is, and which task runs it.
+/// Why a skipped step was skipped, when its record does not say.
+const SKIPPED: &str = "its guard was false";
+
+/// Why step `i`, a branch of a parallel region, was skipped (its guard was false, or every step it
+/// waits for was skipped); `None` when it is not a skipped branch. The region's progress says so
+/// as soon as the branch is decided; the step's status says `Skipped` only once the region has
+/// succeeded. A skipped branch has no task.
+pub fn skipped_branch(task: &Task, i: usize) -> Option<&str> {
+    let r = task.workflow.regions().into_iter().find(|r| r.contains(&i))?;
+    let e = u32::try_from(i - r.start).ok()?;
+    let s = task.steps.get(i)?;
+    let decided = task.steps.get(r.start).and_then(|h| h.map.as_ref()).is_some_and(|p| p.skipped.get(e));
+    (decided || s.status == StepStatus::Skipped).then(|| s.skipped.as_deref().unwrap_or(SKIPPED))
+}
+
+/// A parallel region's branches, by name: where each is, and which task runs it (a skipped
+/// branch: why, and no task).
 fn region_summary(task: &Task, head: usize, r: &std::ops::Range<usize>, p: &sas_core::protocol::MapProgress) -> String {
     let names: Vec<&str> = task.workflow.steps[r.clone()].iter().map(|s| s.name.as_str()).collect();
     let mut text = format!("parallel branches {}:", names.join(", "));
@@ -639,6 +654,11 @@ fn region_summary(task: &Task, head: usize, r: &std::ops::Range<usize>, p: &sas_
             "undone"
         } else if p.errored.get(e) {
             "could not undo itself (Error)"
+        } else if p.skipped.get(e) {
+            // skipped branches end without a task
+            let why = task.steps.get(head + e as usize).and_then(|s| s.skipped.as_deref()).unwrap_or(SKIPPED);
+            let _ = write!(text, " {name} skipped ({why}),");
+            continue;
         } else if p.ok.get(e) {
             "succeeded"
         } else if p.ended.get(e) {
@@ -1451,6 +1471,61 @@ mod tests {
         let branch = protocol::element_task(&d.0, 1, 0, json!(null), &ctx(1_000), &policy()).task;
         let text = render(&branch, Millis(T0 + 2_000), &Options::full(false));
         assert!(text.contains("branch 0 of the parallel region at step index 1 of task order-7"), "{text}");
+    }
+
+    /// One of three branches, picked by guards: the two skipped ones read as skipped, with why,
+    /// and name no task (they have none), while the region runs and after it.
+    #[test]
+    fn a_one_of_three_region_says_its_skipped_branches_were_skipped_and_names_no_task_for_them() {
+        let when = |size: &str| json!({"variable": "$.input.size", "string_equals": size});
+        let wf: WorkflowDef = serde_json::from_value(json!({
+            "name": "pick", "version": 1,
+            "steps": [
+                {"name": "route", "agent": "sim", "timeout_ms": 5_000},
+                {"name": "big", "agent": "sim", "timeout_ms": 5_000, "after": ["route"], "when": when("big")},
+                {"name": "mid", "agent": "sim", "timeout_ms": 5_000, "after": ["route"], "when": when("mid")},
+                {"name": "small", "agent": "sim", "timeout_ms": 5_000, "after": ["route"], "when": when("small")},
+                {"name": "pack", "agent": "sim", "timeout_ms": 5_000, "after": ["big", "mid", "small"]}
+            ]
+        }))
+        .unwrap();
+        let tr =
+            protocol::submit(TaskId::try_from("pick-3").unwrap(), wf, json!({"size": "big"}), None, &ctx(0), &policy());
+        let d = Drive(tr.task).ok(400, json!({}));
+        let running = d.render(1_000);
+        let ended = d
+            .go(
+                1_000,
+                &Event::ElementEnded {
+                    step: 1,
+                    element: 0,
+                    state: ProcessState::Processed,
+                    reason: None,
+                    output: None,
+                },
+            )
+            .render(2_000);
+        for (when, text, big) in [("while it runs", &running, "running"), ("once it ended", &ended, "succeeded")] {
+            let skipped = "skipped (when was false: $.input.size string_equals";
+            assert!(
+                text.contains(&format!(
+                    "parallel branches big, mid, small: big {big} (task pick-3~1~0), mid {skipped}"
+                )),
+                "{when}: {text}"
+            );
+            assert!(text.contains(&format!("small {skipped}")), "{when}: {text}");
+            assert!(
+                !text.contains("pick-3~1~1") && !text.contains("pick-3~1~2"),
+                "{when}: a skipped branch has no task: {text}"
+            );
+            assert!(!text.contains("failed"), "{when}: nothing failed: {text}");
+            for (e, size) in [(1, "mid"), (2, "small")] {
+                let row = format!(
+                    "skipped, when was false: $.input.size string_equals \"{size}\" (branch {e} of the region at big)"
+                );
+                assert!(text.contains(&row), "{when}: {text}");
+            }
+        }
     }
 
     #[test]

@@ -11,21 +11,30 @@ use sas_cli::table::TableReader;
 use sas_cli::ui::{router, Console};
 use sas_core::config::Settings;
 use sas_core::ids::{Millis, TaskId};
-use sas_core::protocol::{submit, Ctx, Policy};
+use sas_core::protocol::{apply, submit, Ctx, Event, Policy, ProcessState, Task};
+use sas_core::workflow::WorkflowDef;
 use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use sas_testkit::twins::Twins;
 use tower::ServiceExt as _;
 
 const HOSTILE: &str = "<script>alert(1)</script><img src=x onerror=alert(2)>";
 
+const NOW: Millis = Millis(1_700_000_000_000);
+
 /// A console on the twins, with one task in flight whose input carries markup.
 async fn console(read_only: bool) -> (axum::Router, TaskId) {
-    let now = Millis(1_700_000_000_000);
-    let tw = Twins::new(WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).unwrap(), Settings::default(), now);
-    let def = tw.deps.workflows.resolve("sim-order", None).unwrap().clone();
+    let def = WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).unwrap().resolve("sim-order", None).unwrap().clone();
     let id = TaskId::try_from("hostile-1").unwrap();
-    let t = submit(id.clone(), def, serde_json::json!({"note": HOSTILE}), None, &Ctx::at(now), &Policy::default()).task;
-    tw.deps.store.create(&t).await.unwrap();
+    let t = submit(id.clone(), def, serde_json::json!({"note": HOSTILE}), None, &Ctx::at(NOW), &Policy::default()).task;
+    (console_of(&[t], read_only).await, id)
+}
+
+/// A console on the twins whose store holds `tasks`.
+async fn console_of(tasks: &[Task], read_only: bool) -> axum::Router {
+    let tw = Twins::new(WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).unwrap(), Settings::default(), NOW);
+    for t in tasks {
+        tw.deps.store.create(t).await.unwrap();
+    }
     // no DynamoDB call is made by the pages requested here (the task page reads the store)
     let sdk = aws_config::SdkConfig::builder()
         .behavior_version(aws_config::BehaviorVersion::latest())
@@ -34,7 +43,7 @@ async fn console(read_only: bool) -> (axum::Router, TaskId) {
     let reader = TableReader::new(&sdk, &tw.deps.resources);
     let addr = "127.0.0.1:8080".parse().unwrap();
     let c = Console::new(Arc::new(tw.deps.clone()), reader, "stack t".into(), addr, read_only);
-    (router(Arc::new(c)), id)
+    router(Arc::new(c))
 }
 
 async fn send(app: &axum::Router, req: Request<Body>) -> (StatusCode, String) {
@@ -108,4 +117,72 @@ async fn a_read_only_console_offers_no_action_and_takes_none() {
             .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert!(page.contains("read-only") && page.contains("nothing was sent"), "{page}");
+}
+
+/// One of three branches picked by guards (`pick-3`: big runs, mid and small are skipped), while
+/// the region runs and once it ended: the skipped branches are drawn and listed as skipped, with
+/// why, and no page links a task for them (they have none).
+#[tokio::test]
+async fn a_one_of_three_task_shows_its_skipped_branches_as_skipped_with_no_task() {
+    let when = |size: &str| serde_json::json!({"variable": "$.input.size", "string_equals": size});
+    let def: WorkflowDef = serde_json::from_value(serde_json::json!({
+        "name": "pick", "version": 1,
+        "steps": [
+            {"name": "route", "agent": "sim", "timeout_ms": 5_000},
+            {"name": "big", "agent": "sim", "timeout_ms": 5_000, "after": ["route"], "when": when("big")},
+            {"name": "mid", "agent": "sim", "timeout_ms": 5_000, "after": ["route"], "when": when("mid")},
+            {"name": "small", "agent": "sim", "timeout_ms": 5_000, "after": ["route"], "when": when("small")},
+            {"name": "pack", "agent": "sim", "timeout_ms": 5_000, "after": ["big", "mid", "small"]}
+        ]
+    }))
+    .unwrap();
+    let policy = Policy::default();
+    let go = |t: &Task, e: Event| apply(t, &e, &Ctx::at(NOW), &policy).unwrap().task;
+    let mut tasks = Vec::new();
+    for (id, ended) in [("pick-running", false), ("pick-ended", true)] {
+        let t = submit(
+            TaskId::try_from(id).unwrap(),
+            def.clone(),
+            serde_json::json!({"size": "big"}),
+            None,
+            &Ctx::at(NOW),
+            &policy,
+        )
+        .task;
+        let attempt = t.locked_by.clone().unwrap();
+        let mut t = go(&t, Event::AgentSucceeded { attempt, output: serde_json::json!({}) });
+        if ended {
+            let end = Event::ElementEnded {
+                step: 1,
+                element: 0,
+                state: ProcessState::Processed,
+                reason: None,
+                output: Some(serde_json::json!({})),
+            };
+            t = go(&t, end);
+        }
+        tasks.push(t);
+    }
+    let app = console_of(&tasks, false).await;
+    for (id, big) in [("pick-running", "running"), ("pick-ended", "succeeded")] {
+        let (status, page) = send(&app, get(&format!("/tasks/{id}"))).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        for skipped in ["mid", "small"] {
+            assert!(
+                page.contains(&format!("<g class=\"step skipped\" data-step=\"{skipped}\">")),
+                "{id}: {skipped} drawn skipped: {page}"
+            );
+            assert!(
+                page.contains(&format!("{skipped} skipped (when was false: $.input.size string_equals")),
+                "{id}: {page}"
+            );
+        }
+        assert!(page.contains("<g class=\"step succeeded\" data-step=\"route\">"), "{id}: {page}");
+        assert!(page.contains(&format!("big {big} (task {id}~1~0)")), "{id}: {page}");
+        assert!(page.contains(&format!("href=\"/tasks/{id}~1~0\"")), "{id}: big's task is linked: {page}");
+        for e in [1, 2] {
+            assert!(!page.contains(&format!("{id}~1~{e}")), "{id}: a skipped branch has no task: {page}");
+        }
+        assert!(!page.contains("step failed") && !page.contains(" failed ("), "{id}: nothing failed: {page}");
+    }
 }

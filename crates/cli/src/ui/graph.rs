@@ -34,6 +34,10 @@ pub struct StepState {
 /// The state of step `i` of `task` as the graph colours it.
 pub fn step_state(task: &Task, i: usize) -> StepState {
     let Some(s) = task.steps.get(i) else { return StepState { class: "pending", text: "no record".into() } };
+    // a skipped branch of a parallel region: its status says so only once the region succeeded
+    if let Some(why) = crate::timeline::skipped_branch(task, i) {
+        return StepState { class: "skipped", text: format!("skipped: {why}") };
+    }
     let attempts = match s.attempts {
         0 => String::new(),
         1 => " · 1 attempt".to_owned(),

@@ -2,7 +2,7 @@
 //! errors and reasons come from tasks and are shown as text, never as markup.
 
 use maud::{html, Markup, DOCTYPE};
-use sas_core::ids::Millis;
+use sas_core::ids::{Millis, TaskId};
 use sas_core::protocol::{ProcessState, Task};
 use serde_json::Value;
 
@@ -270,11 +270,18 @@ fn actions(c: &Console, t: &Task) -> Vec<(Action, String)> {
     out
 }
 
-/// How many tasks step `i` started (a map's elements, a region's branches, a child workflow),
-/// once it started them.
-fn children(t: &Task, i: usize) -> Option<u32> {
+/// How many tasks step `i` started (a map's elements, a child workflow), once it started them,
+/// and the first; a branch of a parallel region: its own task, once it started (a skipped branch
+/// has none).
+fn children(t: &Task, i: usize) -> Option<(u32, TaskId)> {
+    if let Some(r) = t.workflow.regions().into_iter().find(|r| r.contains(&i)) {
+        let e = u32::try_from(i - r.start).ok()?;
+        let p = t.steps.get(r.start)?.map.as_ref()?;
+        let ran = p.began(e) && timeline::skipped_branch(t, i).is_none();
+        return ran.then(|| (1, TaskId::child(&t.task_id, r.start, e)));
+    }
     let p = t.steps.get(i)?.map.as_ref()?;
-    (p.n > 0).then_some(p.n)
+    (p.n > 0).then(|| (p.n, TaskId::child(&t.task_id, i, 0)))
 }
 
 /// `/tasks/{id}`: the task.
@@ -322,8 +329,7 @@ pub fn task(c: &Console, t: &Task, now: Millis) -> Markup {
                         @let rec = t.steps.get(i);
                         tr data-step=(d.name) {
                             td { b { (d.name) }
-                                @if let Some(n) = children(t, i) {
-                                    @let first = sas_core::ids::TaskId::child(&t.task_id, i, 0);
+                                @if let Some((n, first)) = children(t, i) {
                                     br; span.note { (if n == 1 { "its task: ".to_owned() } else { format!("{n} element tasks, the first: ") }) }
                                     a href=(format!("/tasks/{}", enc(first.as_str()))) { (first) }
                                 }
