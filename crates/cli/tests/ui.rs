@@ -109,6 +109,17 @@ async fn assert_inert(b: &Client, page: &str) {
     assert_eq!(pwned, json!(true), "{page}: a script from a task ran");
 }
 
+/// A compensated task's drawing says how it ended, whole: its end label is inside the drawing.
+async fn assert_end_label_whole(b: &Client) {
+    let js = "const svg = document.querySelector('#graph svg.graph');
+        const t = svg.querySelector('g.end.other text.endlabel');
+        const s = svg.getBoundingClientRect(), r = t.getBoundingClientRect();
+        return {text: t.textContent, right: r.right, svg_right: s.right};";
+    let got = b.execute(js, vec![]).await.unwrap();
+    assert_eq!(got["text"], json!("ended Compensated, not Processed"), "{got}");
+    assert!(got["right"].as_f64().unwrap() <= got["svg_right"].as_f64().unwrap(), "the end label is cut: {got}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_console_draws_runs_and_acts_in_a_real_browser() {
     let s = Stack::deploy_with(Some(json!({
@@ -157,6 +168,7 @@ async fn the_console_draws_runs_and_acts_in_a_real_browser() {
     assert_eq!(count(&b, "#graph g.step.compensated").await, 2, "reserve and charge were undone");
     assert_eq!(count(&b, "#graph g.step.failed").await, 1, "ship was refused");
     assert!(count(&b, "#timeline rect.bar").await >= 5, "3 attempts and 2 compensations on the time axis");
+    assert_end_label_whole(&b).await;
     let timeline = text_of(&b, "table.units").await;
     assert!(timeline.contains("undoes reserve") && timeline.contains("undoes charge"), "{timeline}");
     let steps = text_of(&b, "#steps").await;

@@ -144,8 +144,18 @@ pub fn svg(def: &WorkflowDef, task: Option<&Task>, id: &str) -> Markup {
         })
         .collect();
     let widest = rows.iter().map(Vec::len).max().unwrap_or(1).max(1);
-    // at least room for the end circles' labels beside a single column
-    let width = (2 * MARGIN + u32::try_from(widest).unwrap_or(1) * (BOX_W + GAP_X) - GAP_X).max(440);
+    // the end: Processed, or, for a task that ended otherwise, how it ended
+    let (end_class, end_label) = match task.map(|t| t.process_state) {
+        Some(sas_core::protocol::ProcessState::Processed) => ("end reached", "Processed".to_owned()),
+        Some(s) if s.is_terminal() => ("end other", format!("ended {s}, not Processed")),
+        _ => ("end", "Processed".to_owned()),
+    };
+    let title = format!("{}@{}", def.name, def.version);
+    // the end circles' labels start beside the middle: room for the longer one whole
+    let label = [&title, &end_label].iter().map(|l| text_width(l)).max().unwrap_or(0);
+    let width = (2 * MARGIN + u32::try_from(widest).unwrap_or(1) * (BOX_W + GAP_X) - GAP_X)
+        .max(2 * (R + 6 + label + MARGIN))
+        .max(440);
     let mut nodes: Vec<Option<Node>> = (0..n).map(|_| None).collect();
     let mut y = MARGIN + 2 * R + GAP_Y;
     for row in &rows {
@@ -181,14 +191,7 @@ pub fn svg(def: &WorkflowDef, task: Option<&Task>, id: &str) -> Markup {
             edges.push((top.0, node.y + node.h, cx, end_y - R, ended_processed && ran(i)));
         }
     }
-    // the end: Processed, or, for a task that ended otherwise, how it ended
-    let (end_class, end_label) = match task.map(|t| t.process_state) {
-        Some(sas_core::protocol::ProcessState::Processed) => ("end reached", "Processed".to_owned()),
-        Some(s) if s.is_terminal() => ("end other", format!("ended {s}, not Processed")),
-        _ => ("end", "Processed".to_owned()),
-    };
     let marker = format!("arrow-{id}");
-    let title = format!("{}@{}", def.name, def.version);
     html! {
         svg class="graph" xmlns="http://www.w3.org/2000/svg" width=(width) height=(height)
             viewBox=(format!("0 0 {width} {height}")) role="img" aria-label=(format!("the steps of {title}")) {
@@ -225,6 +228,12 @@ pub fn svg(def: &WorkflowDef, task: Option<&Task>, id: &str) -> Markup {
             }
         }
     }
+}
+
+/// How wide a 12-pixel label is drawn, at most (pixels): 8 a character, more than the sans-serif
+/// fonts' widest usual letters take on average.
+fn text_width(s: &str) -> u32 {
+    u32::try_from(s.chars().count()).unwrap_or(u32::MAX / 16).saturating_mul(8)
 }
 
 fn box_height(lines: &[(&'static str, String)]) -> u32 {
