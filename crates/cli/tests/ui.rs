@@ -48,7 +48,7 @@ async fn browser() -> (Killed, Client) {
     let mut caps = serde_json::Map::new();
     caps.insert(
         "goog:chromeOptions".into(),
-        json!({"binary": chromium, "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1100"]}),
+        json!({"binary": chromium, "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", &format!("--window-size={WINDOW_W},1100")]}),
     );
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -102,11 +102,40 @@ const HOSTILE_INPUT: &str = "<script>window.__pwned = 1</script><img src=x onerr
 const HOSTILE_ERROR: &str = "<img src=x onerror=\"window.__pwned = 3\">card declined";
 const HOSTILE_REASON: &str = "<b>stop</b><img src=x onerror=\"window.__pwned = 4\">";
 
+/// The browser's window is this wide (pixels): the task list fits it.
+const WINDOW_W: u32 = 1_400;
+
 async fn assert_inert(b: &Client, page: &str) {
     assert_eq!(count(b, "main img").await, 0, "{page}: markup from a task became an element");
     assert_eq!(count(b, "script").await, 0, "{page}: the console serves no script");
     let pwned = b.execute("return window.__pwned === undefined", vec![]).await.unwrap();
     assert_eq!(pwned, json!(true), "{page}: a script from a task ran");
+}
+
+/// The task list, at [`WINDOW_W`] pixels with the long id `long` and its long reason in it, fits
+/// the window: the ended and reason columns are within it (no horizontal scroll), and the id
+/// cell's title is the whole id.
+async fn assert_list_fits(b: &Client, long: &str) {
+    let js = "const cells = [];
+        for (const row of document.querySelectorAll('#tasks tr')) {
+            for (const i of [5, 6]) {
+                const c = row.children[i], r = c.getBoundingClientRect();
+                cells.push({text: c.textContent.slice(0, 40), left: r.left, right: r.right});
+            }
+        }
+        const ids = [...document.querySelectorAll('#tasks td.id a')].map(a => a.title);
+        return {inner: window.innerWidth, client: document.documentElement.clientWidth,
+                scroll: document.documentElement.scrollWidth, cells, ids};";
+    let got = b.execute(js, vec![]).await.unwrap();
+    assert_eq!(got["inner"], json!(WINDOW_W), "the window: {got}");
+    let width = got["client"].as_f64().unwrap();
+    assert!(got["scroll"].as_f64().unwrap() <= width, "the page scrolls sideways: {got}");
+    let cells = got["cells"].as_array().unwrap();
+    assert!(cells.len() >= 6, "a header and two tasks at least: {got}");
+    for c in cells {
+        assert!(c["right"].as_f64().unwrap() <= width + 0.5, "a cell ends past the window's {width} px: {c} in {got}");
+    }
+    assert!(got["ids"].as_array().unwrap().contains(&json!(long)), "the long id's title is the whole id: {got}");
 }
 
 /// A compensated task's drawing says how it ended, whole: its end label is inside the drawing.
@@ -140,6 +169,10 @@ async fn the_console_draws_runs_and_acts_in_a_real_browser() {
         (format!("{run}-ok"), format!("{run}-undone"), format!("{run}-hostile"), format!("{run}-approve"));
     s.submit(&ok, json!({})).await;
     s.submit(&undone, json!({"sim": {"ship": {"permanent": HOSTILE_ERROR}}})).await;
+    // an id near the longest (128) and a reason with a long unbroken word: the list still fits
+    let long = format!("{run}-long-{}", "0123456789".repeat(12))[..120].to_owned();
+    let word = "card_declined_".repeat(16);
+    s.submit(&long, json!({"sim": {"ship": {"permanent": format!("no: {word}")}}})).await;
     // in flight until the page cancels it, however slow the machine: a callback step that waits
     // 10 minutes (a hanging sim-order reserve ends the task after its three attempts, ~30 s, which
     // on a loaded machine can come before the listing is read)
@@ -147,6 +180,7 @@ async fn the_console_draws_runs_and_acts_in_a_real_browser() {
     s.submit_to("ui-callback", &waits, json!({})).await;
     s.wait_for(&ok, "Processed", |t| t.process_state == ProcessState::Processed).await;
     s.wait_for(&undone, "Compensated", |t| t.process_state == ProcessState::Compensated).await;
+    s.wait_for(&long, "Compensated", |t| t.process_state == ProcessState::Compensated).await;
     s.wait_for(&waits, "waiting for its answer", |t| t.step_index == 1 && t.locked_by.is_some()).await;
 
     let (_ui, base) = s.console(None);
@@ -162,6 +196,7 @@ async fn the_console_draws_runs_and_acts_in_a_real_browser() {
     // the compensated order, from the listing
     b.goto(&format!("{base}/tasks?state=Compensated")).await.unwrap();
     assert!(text_of(&b, "#tasks").await.contains(&undone), "the Compensated listing shows {undone}");
+    assert_list_fits(&b, &long).await;
     shot(&b, "tasks").await;
     b.find(Locator::LinkText(&undone)).await.unwrap().click().await.unwrap();
     assert_eq!(text_of(&b, "#state").await, "Compensated");
@@ -181,7 +216,7 @@ async fn the_console_draws_runs_and_acts_in_a_real_browser() {
     let listed = text_of(&b, "#tasks").await;
     assert!(listed.contains(&hung) && listed.contains(&waits), "in flight: {listed}");
     assert!(!listed.contains(&ok), "an ended task is not in flight: {listed}");
-    assert!(text_of(&b, "#counts").await.contains("Compensated 1"), "the counts");
+    assert!(text_of(&b, "#counts").await.contains("Compensated 2"), "the counts");
     // it reloads itself, without the counts (their read units grow with the table)
     let reload = b.find(Locator::Css("meta[http-equiv=refresh]")).await.unwrap().attr("content").await.unwrap();
     assert!(

@@ -186,12 +186,13 @@ pub fn tasks(c: &Console, f: &Filters, q: &Query, page: &Page, counts: &Counts) 
                 button type="submit" { "show" }
             }
             table.tasks id="tasks" {
+                colgroup { col.id; col.state; col.workflow; col.step; col.fails; col.time; col.reason; }
                 thead { tr { th { "task" } th { "state" } th { "workflow" } th { "step" } th { "fails" }
                              th { (if ended { "ended" } else { "updated" }) } th { "reason" } } }
                 tbody {
                     @for r in &page.rows {
                         tr {
-                            td { a href=(format!("/tasks/{}", enc(r.task_id.as_str()))) { (r.task_id) } }
+                            td.id { a href=(format!("/tasks/{}", enc(r.task_id.as_str()))) title=(r.task_id) { (r.task_id) } }
                             td { span class=(format!("state {}", state_class(r.process_state))) { (r.process_state.as_str()) } }
                             td { (r.workflow_name.as_deref().unwrap_or("-")) }
                             td { (r.current_step.as_deref().unwrap_or("-")) }
