@@ -30,9 +30,8 @@ pub enum Source {
 impl fmt::Display for Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Source::Option(p) => write!(f, "{}", p.display()),
+            Source::Option(p) | Source::Checkout(p) => write!(f, "{}", p.display()),
             Source::Env(var, p) => write!(f, "{} (named by {var})", p.display()),
-            Source::Checkout(p) => write!(f, "{}", p.display()),
             Source::BuiltIn => f.write_str("the copy built into sasctl (config/ as it was when sasctl was built)"),
         }
     }

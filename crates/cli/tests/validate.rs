@@ -86,7 +86,10 @@ fn validate_reads_the_checkout_s_config_as_edited_and_names_every_mistake() {
             .env_remove("SAS_AGENTS_FILE")
             .output()
             .expect("sasctl runs");
-        (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
     };
     let (ok, out) = run();
     assert!(!ok, "{out}");
