@@ -2,6 +2,7 @@ pub mod answer;
 pub mod asl;
 pub mod callback_url;
 pub mod config_files;
+pub mod deployed;
 pub mod iam;
 pub mod lambda;
 pub mod listing;

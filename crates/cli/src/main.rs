@@ -392,6 +392,11 @@ impl WaitArgs {
 const POLL: Duration = Duration::from_millis(300);
 
 async fn resources(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Resources> {
+    Ok(Resources::from_outputs(&outputs(cli, sdk).await?)?)
+}
+
+/// The stack's outputs: `--stack`'s, else the file `--outputs` names.
+async fn outputs(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<HashMap<String, String>> {
     let map: HashMap<String, String> = if let Some(stack) = &cli.stack {
         sas_cli::stack::outputs(&aws_sdk_cloudformation::Client::new(sdk), stack).await?
     } else {
@@ -404,7 +409,7 @@ async fn resources(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Resources> 
         serde_json::from_str(&text)
             .with_context(|| format!("{} is not a JSON object of strings", cli.outputs.display()))?
     };
-    Ok(Resources::from_outputs(&map)?)
+    Ok(map)
 }
 
 /// The stack's resources and the workflows file sasctl reads ([`sas_cli::config_files`]: the
@@ -433,7 +438,8 @@ async fn main() {
             | Cmd::Schema { .. }
     );
     sas_core::telemetry::init_with_default(if answers { "error" } else { "info" });
-    if let Err(e) = run(&cli).await {
+    // boxed: run holds every command's future, too large for the stack of main's own
+    if let Err(e) = Box::pin(run(&cli)).await {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
@@ -607,17 +613,8 @@ fn validate(
     graph: Option<&str>,
 ) -> Result<sas_core::validate::Report> {
     let say = |line: String| if graph.is_some() { eprintln!("{line}") } else { println!("{line}") };
-    let read = |p: Option<&std::path::Path>, built_in: &str| -> Result<(String, String)> {
-        Ok(match p {
-            Some(p) => (
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-                p.display().to_string(),
-            ),
-            None => (built_in.to_owned(), "built-in".to_owned()),
-        })
-    };
-    let (wf, wf_from) = read(workflows, sas_core::workflow::BUILT_IN_WORKFLOWS)?;
-    let (ag, ag_from) = read(agents, sas_core::agent::BUILT_IN_AGENTS)?;
+    let (wf, ag) = (sas_cli::config_files::workflows(workflows)?, sas_cli::config_files::agents(agents)?);
+    let (wf, wf_from, ag, ag_from) = (wf.text, wf.from.to_string(), ag.text, ag.from.to_string());
     let given = key_values("var", vars)?;
     let params = key_values("param", params)?;
     // as the Agent function sees them: its environment, then the template parameter AgentVariables
@@ -633,8 +630,11 @@ fn validate(
             .filter(|v| !v.is_empty())
     };
     let r = sas_core::validate::check_with_grants(&wf, &ag, &lookup, &|k| params.get(k).cloned());
-    say(format!("workflows ({wf_from}): {}", if r.workflows.is_empty() { "-".into() } else { r.workflows.join(", ") }));
-    say(format!("agents ({ag_from}): {}", if r.agents.is_empty() { "-".into() } else { r.agents.join(", ") }));
+    say(format!(
+        "workflows from {wf_from}: {}",
+        if r.workflows.is_empty() { "-".into() } else { r.workflows.join(", ") }
+    ));
+    say(format!("agents from {ag_from}: {}", if r.agents.is_empty() { "-".into() } else { r.agents.join(", ") }));
     for w in &r.warnings {
         say(format!("warning: {w}"));
     }
@@ -856,7 +856,22 @@ async fn run(cli: &Cli) -> Result<()> {
             if !listen.ip().is_loopback() && !allow_remote {
                 bail!("--listen {listen} is not a loopback address: anyone who reaches it acts with your AWS credentials; add --allow-remote if that is what you want");
             }
-            let deps = Arc::new(deps(cli, &sdk).await?);
+            let mut deps = deps(cli, &sdk).await?;
+            // the workflows the stack runs: its configuration layer's when its functions are on,
+            // else the files its local runner reads (the same files as here)
+            let shown = match outputs(cli, &sdk).await?.get("SchedulerFunctionName") {
+                Some(function) => {
+                    let d = sas_cli::deployed::config(&sdk, function).await?;
+                    deps.workflows = Arc::new(
+                        WorkflowRegistry::from_json(&d.workflows)
+                            .with_context(|| format!("the workflows of layer {}", d.layer))?,
+                    );
+                    format!("the stack's configuration layer {}", d.layer)
+                }
+                None => sas_cli::config_files::workflows(None)?.from.to_string(),
+            };
+            eprintln!("sasctl ui: the workflows page shows the workflows of {shown}");
+            let deps = Arc::new(deps);
             let reader = TableReader::new(&sdk, &deps.resources);
             let stack = cli
                 .stack

@@ -628,6 +628,30 @@ async fn lambda_workflows_change_without_a_rebuild_and_running_tasks_keep_theirs
         pinned.history
     );
 
+    // What the stack runs, read back as `sasctl ui` shows it: the Scheduler's configuration
+    // layer, through the calls the operator's policy grants and no others.
+    let deployed =
+        sas_cli::deployed::config(&f.s.sdk, &f.names["SchedulerFunction"]).await.expect("the deployed files");
+    assert!(deployed.workflows.contains(&format!("deployed to {} without a rebuild", f.s.name)), "{}", deployed.layer);
+    assert!(
+        deployed.agents.is_some() && deployed.layer.contains(&format!(":layer:{}-config:", f.s.name)),
+        "{deployed:?}"
+    );
+    let scheduler = f.lambda.get_function_configuration().function_name(&f.names["SchedulerFunction"]).send().await;
+    let scheduler = scheduler.expect("GetFunctionConfiguration").function_arn().expect("an ARN").to_owned();
+    let iam = aws_sdk_iam::Client::new(&f.s.sdk);
+    let operator =
+        sas_cli::iam::managed_policy(&iam, &f.s.outputs["OperatorPolicyArn"]).await.expect("the OperatorPolicy");
+    for (action, resource, allowed) in [
+        ("lambda:GetFunctionConfiguration", scheduler.as_str(), true),
+        ("lambda:GetLayerVersion", deployed.layer.as_str(), true),
+        ("lambda:GetFunctionConfiguration", &scheduler.replace(&f.names["SchedulerFunction"], "another"), false),
+        ("lambda:GetLayerVersion", &deployed.layer.replace(&f.s.name, "another"), false),
+    ] {
+        let d = sas_cli::iam::evaluate(&operator, action, resource);
+        assert_eq!(matches!(d, sas_cli::iam::Decision::Allowed(_)), allowed, "{action} on {resource}: {d:?}");
+    }
+
     f.s.send(&f.s.res.submission_queue_url, &sub("new-1", "byow-sim")).await;
     let t = f.s.wait_terminal("new-1").await;
     assert_eq!(t.process_state, ProcessState::Processed, "{:#?}", t.history);
