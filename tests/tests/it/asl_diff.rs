@@ -322,8 +322,8 @@ fn hand_written() -> Vec<Case> {
     ));
     c.push(case(
         "retry",
-        "Retry: a retrier of Lambda.* errors (left to the agent) and one of CustomError (IntervalSeconds 1, \
-         MaxAttempts 3, BackoffRate 1); two failures recover, four exhaust it",
+        "Retry: a retrier of Lambda.* errors (MaxAttempts 2) and one of CustomError (IntervalSeconds 1, \
+         MaxAttempts 3, BackoffRate 1): the step takes the larger, 4 attempts; two failures recover, four exhaust it",
         json!({"StartAt": "Flaky", "States": {
             "Flaky": {"Type": "Task", "Resource": "${FlakyFunctionArn}", "Parameters": {"key.$": "$.key", "fails.$": "$.fails"},
                       "Retry": [{"ErrorEquals": ["Lambda.ServiceException", "Lambda.TooManyRequestsException"], "MaxAttempts": 2},
