@@ -885,7 +885,8 @@ async fn run(cli: &Cli) -> Result<()> {
                     "warning: the console listens on {addr}, beyond this machine, and acts with your AWS credentials"
                 );
             }
-            let console = Arc::new(sas_cli::ui::Console::new(deps, reader, stack, addr, *read_only));
+            let console =
+                Arc::new(sas_cli::ui::Console::new(deps, reader, stack, addr, *read_only).with_workflows_from(shown));
             println!(
                 "sasctl ui: http://{}/ ({}; Ctrl-C to stop)",
                 if addr.ip().is_loopback() { format!("127.0.0.1:{}", addr.port()) } else { addr.to_string() },

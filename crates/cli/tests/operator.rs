@@ -182,6 +182,11 @@ async fn the_operator_and_application_policies_allow_exactly_their_calls() {
         let res = http.get(format!("{base}{page}")).send().await.expect("a page");
         assert!(res.status().is_success(), "{page}: {}", res.status());
     }
+    // the workflows page says whose workflows it shows: a stack without functions runs the files
+    // its local runner reads, the checkout's config/ here
+    let page = http.get(format!("{base}/workflows")).send().await.unwrap().text().await.unwrap();
+    let from = page.split("id=\"workflows-from\"").nth(1).and_then(|r| r.split("</p>").next()).unwrap_or_default();
+    assert!(from.contains("config/workflows.json"), "the workflows page's source: {from}");
     let form = http.get(format!("{base}/tasks/{hangs}/cancel")).send().await.unwrap().text().await.unwrap();
     let csrf = form.split("name=\"csrf\" value=\"").nth(1).and_then(|r| r.split('"').next()).expect("the form's token");
     let done = http

@@ -58,6 +58,8 @@ pub struct Console {
     pub stack: String,
     /// No action is offered or taken.
     pub read_only: bool,
+    /// Where the workflows page's workflows come from (said on the page).
+    pub workflows_from: String,
     /// The per-process secret every POST carries (a hidden field of each form).
     secret: String,
     /// The `Host` values this console answers to (`None`: any, when it listens beyond loopback).
@@ -73,7 +75,15 @@ impl Console {
             .is_loopback()
             .then(|| vec![format!("127.0.0.1:{port}"), format!("localhost:{port}"), format!("[::1]:{port}")]);
         let secret = format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
-        Console { deps, reader, stack, read_only, secret, hosts }
+        let workflows_from = "the workflows file sasctl read".to_owned();
+        Console { deps, reader, stack, read_only, workflows_from, secret, hosts }
+    }
+
+    /// The same console, saying where its workflows come from (a stack's configuration layer, a file).
+    #[must_use]
+    pub fn with_workflows_from(mut self, from: String) -> Self {
+        self.workflows_from = from;
+        self
     }
 }
 

@@ -111,7 +111,7 @@ pub fn workflows(c: &Console, only: Option<&str>) -> Markup {
         None,
         &html! {
             h1 { "Workflows" }
-            p.note { (defs.len()) " workflow versions this console knows (the built-in ones and SAS_WORKFLOWS_FILE's). "
+            p.note id="workflows-from" { (defs.len()) " workflow versions, of " (c.workflows_from) ". "
                      "Boxes: a step, what runs it and how often; arrows: what waits for what; \"undone by\": its compensation." }
             ul.toc { @for d in &defs { li {
                 a href=(format!("#wf-{}-{}", d.name, d.version)) { (d.name) "@" (d.version) }
