@@ -46,11 +46,11 @@ def section_links(path: pathlib.Path, prefix: str) -> list:
     end = body.find("\n## ", 1)
     body = body if end < 0 else body[:end]
     pages = []
-    for target in LINK.findall(body):
-        if re.match(r"^(https?:|mailto:)", target):
+    for link in LINK.findall(body):
+        if re.match(r"^(https?:|mailto:)", link):
             continue
-        if prefix and target == "CHANGELOG.md":
-            target = prefix + "changelog.md"
+        # the README links the changelog at the root; the book has it as docs/changelog.md
+        target = prefix + "changelog.md" if prefix and link == "CHANGELOG.md" else link
         if not target.startswith(prefix) or not target.endswith(".md"):
             continue
         page = target[len(prefix):]
