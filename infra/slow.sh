@@ -10,6 +10,7 @@ set -euo pipefail
 n="${SAS_SLOW_BURNERS:-$(nproc)}"
 [[ "$n" =~ ^[0-9]+$ ]] || { echo "[slow] SAS_SLOW_BURNERS must be a number, not '$n'" >&2; exit 2; }
 pids=()
+# shellcheck disable=SC2317 # invoked by the EXIT trap
 stop_burners() {
   local p
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
