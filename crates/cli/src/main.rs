@@ -415,11 +415,19 @@ async fn outputs(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<HashMap<Strin
 /// The stack's resources and the workflows file sasctl reads ([`sas_cli::config_files`]: the
 /// environment's, else the checkout's `config/`, else the built-in copy).
 async fn deps(cli: &Cli, sdk: &aws_config::SdkConfig) -> Result<Deps> {
+    Ok(deps_from(sdk, &outputs(cli, sdk).await?)?.0)
+}
+
+/// [`deps`] from outputs already read, with where its workflows came from.
+fn deps_from(
+    sdk: &aws_config::SdkConfig,
+    outputs: &HashMap<String, String>,
+) -> Result<(Deps, sas_cli::config_files::Source)> {
     let workflows = sas_cli::config_files::workflows(None)?;
     let registry =
         WorkflowRegistry::from_json(&workflows.text).with_context(|| format!("workflows {}", workflows.from))?;
     tracing::debug!(from = %workflows.from, "workflows read");
-    Ok(Deps::aws(sdk, resources(cli, sdk).await?, registry, Settings::from_env()?))
+    Ok((Deps::aws(sdk, Resources::from_outputs(outputs)?, registry, Settings::from_env()?), workflows.from))
 }
 
 #[tokio::main]
@@ -457,17 +465,10 @@ fn key_values(what: &str, items: &[String]) -> Result<std::collections::HashMap<
 
 /// `sasctl submit --wait`: wait for the task just submitted, say where it got to, and return the
 /// exit status (0 reached as asked and, for an end, `Processed`; 2 another end; 3 out of time).
-async fn submit_wait(
-    cli: &Cli,
-    sdk: &aws_config::SdkConfig,
-    id: &TaskId,
-    until: sas_cli::ops::Until,
-    wait: Duration,
-) -> Result<i32> {
+async fn submit_wait(deps: &Deps, id: &TaskId, until: sas_cli::ops::Until, wait: Duration) -> Result<i32> {
     use sas_cli::ops::{Until, Waited};
-    let deps = deps(cli, sdk).await?;
     let started = std::time::Instant::now();
-    let waited = sas_cli::ops::wait_for_task(&deps, id, until, wait, POLL).await?;
+    let waited = sas_cli::ops::wait_for_task(deps, id, until, wait, POLL).await?;
     let secs = started.elapsed().as_secs_f64();
     Ok(match waited {
         Waited::Reached(t) if until == Until::Created => {
@@ -478,7 +479,7 @@ async fn submit_wait(
             0
         }
         Waited::Reached(t) => {
-            let t = sas_cli::ops::with_whole_history(&deps, *t).await?;
+            let t = sas_cli::ops::with_whole_history(deps, *t).await?;
             let color = std::io::stdout().is_terminal();
             print!("{}", timeline::render(&t, Millis::now(), &timeline::Options::full(color)));
             println!("{id}: ended {} after {secs:.1} s of waiting", t.process_state);
@@ -725,7 +726,8 @@ async fn run(cli: &Cli) -> Result<()> {
             if std::env::var("SAS_METRICS").is_ok_and(|v| v.eq_ignore_ascii_case("on")) {
                 sas_core::telemetry::init_metrics();
             }
-            let deps = Arc::new(deps(cli, &sdk).await?);
+            let (deps, workflows) = deps_from(&sdk, &outputs(cli, &sdk).await?)?;
+            let deps = Arc::new(deps);
             let opts = RunnerOptions {
                 sweep_every: Duration::from_secs(*sweep_every),
                 batch_window: Duration::from_millis(*batch_window_ms),
@@ -735,7 +737,6 @@ async fn run(cli: &Cli) -> Result<()> {
             let agents = sas_cli::config_files::agents(None)?;
             let runtime = AgentRuntime::from_config(&agents.text, &sas_core::agent::env_vars()?)
                 .with_context(|| format!("the agents file {}", agents.from))?;
-            let workflows = sas_cli::config_files::workflows(None)?.from;
             tracing::info!(workflows = %workflows, agents = %agents.from, "the local runner's configuration");
             let handle = Runner::new(deps, Arc::new(runtime), opts).spawn();
             let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -752,7 +753,8 @@ async fn run(cli: &Cli) -> Result<()> {
             println!("{}", serde_json::to_string(&report)?);
         }
         Cmd::Submit { workflow, task_id, input, reply_to, wait, wait_secs } => {
-            let res = resources(cli, &sdk).await?;
+            let outputs = outputs(cli, &sdk).await?;
+            let res = Resources::from_outputs(&outputs)?;
             let task_id = match task_id {
                 Some(t) => Some(TaskId::try_from(t.as_str())?),
                 None => Some(TaskId::generate()),
@@ -769,7 +771,8 @@ async fn run(cli: &Cli) -> Result<()> {
             let task_id = task_id.expect("set above");
             println!("{task_id}");
             if let Some(until) = wait {
-                let code = submit_wait(cli, &sdk, &task_id, *until, Duration::from_secs(*wait_secs)).await?;
+                let deps = deps_from(&sdk, &outputs)?.0;
+                let code = submit_wait(&deps, &task_id, *until, Duration::from_secs(*wait_secs)).await?;
                 if code != 0 {
                     std::process::exit(code);
                 }
@@ -856,10 +859,11 @@ async fn run(cli: &Cli) -> Result<()> {
             if !listen.ip().is_loopback() && !allow_remote {
                 bail!("--listen {listen} is not a loopback address: anyone who reaches it acts with your AWS credentials; add --allow-remote if that is what you want");
             }
-            let mut deps = deps(cli, &sdk).await?;
+            let outputs = outputs(cli, &sdk).await?;
+            let (mut deps, files) = deps_from(&sdk, &outputs)?;
             // the workflows the stack runs: its configuration layer's when its functions are on,
             // else the files its local runner reads (the same files as here)
-            let shown = match outputs(cli, &sdk).await?.get("SchedulerFunctionName") {
+            let shown = match outputs.get("SchedulerFunctionName") {
                 Some(function) => {
                     let d = sas_cli::deployed::config(&sdk, function).await?;
                     deps.workflows = Arc::new(
@@ -868,7 +872,7 @@ async fn run(cli: &Cli) -> Result<()> {
                     );
                     format!("the stack's configuration layer {}", d.layer)
                 }
-                None => sas_cli::config_files::workflows(None)?.from.to_string(),
+                None => files.to_string(),
             };
             eprintln!("sasctl ui: the workflows page shows the workflows of {shown}");
             let deps = Arc::new(deps);
