@@ -383,6 +383,18 @@ mod tests {
         assert_eq!(IdempotencyKey::for_step(&t, "charge").as_str(), "order-1:charge");
     }
 
+    /// The digests are stored (a task's `LastMessage` mark in DynamoDB): pinned as the hand-written
+    /// FNV-1a gave them, so a change of implementation that changes a value fails here.
+    #[test]
+    fn fnv64_and_message_marks_keep_their_values() {
+        assert_eq!(fnv64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv64(b"foobar"), 0x8594_4171_f739_67e8);
+        assert_eq!(fnv64("\u{e9}~1".as_bytes()), 0xf934_bec6_f2e5_cf34);
+        assert_eq!(message_mark("5fea7756-0ea4-451a-a703-a558b933e274"), "937fae9804aee4b9");
+        assert_eq!(message_mark("m-0"), "08dba119181b0e4d", "16 digits, leading zeros kept");
+    }
+
     #[test]
     fn task_id_deserialization_validates() {
         let ok: Result<TaskId, _> = serde_json::from_str("\"abc\"");
