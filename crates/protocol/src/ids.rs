@@ -1,6 +1,7 @@
 //! Domain newtypes: values that cannot exist unless they are valid ("parse, don't validate").
 
 use std::fmt;
+use std::hash::Hasher as _;
 
 use serde::{Deserialize, Serialize};
 
@@ -282,13 +283,11 @@ impl fmt::Display for IdempotencyKey {
 }
 
 /// FNV-1a, 64 bits: a stable digest for short keys (not a defence against a chosen collision).
+/// The bytes go to `Hasher::write` alone (no length prefix, as `Hash for [u8]` would add).
 pub fn fnv64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    let mut h = fnv::FnvHasher::default();
+    h.write(bytes);
+    h.finish()
 }
 
 /// The mark a queue message leaves on the task it changed (`LastMessage`): 16 hex digits of its
