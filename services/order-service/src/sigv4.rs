@@ -3,7 +3,8 @@
 //! string to sign, the HMAC-SHA256 key chain, the signature compared in constant time; the body's
 //! hash, the credential scope and a clock skew of at most five minutes.
 //!
-//! It is written from the SigV4 specification with `hmac` and `sha2` only, on purpose not with
+//! It is written from the SigV4 specification with `hmac` and `sha2` (and `hex`,
+//! `percent-encoding` and `time` for the encodings and the date), on purpose not with
 //! `aws-sigv4` (which the agent signs with): a mistake in how the agent uses the signer (a header
 //! left unsigned, the body hashed before it changed, the wrong service or region) shows here as a
 //! 403 with the reason, as it would on AWS.
@@ -17,6 +18,7 @@ use std::fmt::{self, Write as _};
 
 use axum::http::HeaderMap;
 use hmac::{Hmac, KeyInit, Mac};
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use sha2::{Digest, Sha256};
 
 /// The most a request's `x-amz-date` may differ from the server's clock, in seconds.
@@ -200,7 +202,7 @@ impl Verifier {
             }
         }
 
-        let body_hash = hex(&Sha256::digest(body));
+        let body_hash = hex::encode(Sha256::digest(body));
         if let Some(declared) = headers.get("x-amz-content-sha256") {
             if declared.as_bytes() != body_hash.as_bytes() {
                 return Err("x-amz-content-sha256 is not the body's hash (or the payload is unsigned)".into());
@@ -226,12 +228,13 @@ impl Verifier {
         );
         let scope = format!("{date}/{region}/{service}/aws4_request");
         let string_to_sign =
-            format!("{ALGORITHM}\n{amz_date}\n{scope}\n{}", hex(&Sha256::digest(canonical_request.as_bytes())));
+            format!("{ALGORITHM}\n{amz_date}\n{scope}\n{}", hex::encode(Sha256::digest(canonical_request.as_bytes())));
         let mut key = hmac(format!("AWS4{secret_access_key}").as_bytes(), date.as_bytes());
         for part in [region, service, "aws4_request"] {
             key = hmac(&key, part.as_bytes());
         }
-        let given = unhex(signature).ok_or("Signature is not 64 hex digits")?;
+        let mut given = [0u8; 32];
+        hex::decode_to_slice(signature, &mut given).map_err(|_| "Signature is not 64 hex digits")?;
         let mut mac = keyed(&key);
         mac.update(string_to_sign.as_bytes());
         mac.verify_slice(&given).map_err(|_| "the signature does not match".to_owned())
@@ -248,54 +251,24 @@ fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
     mac.finalize().into_bytes().to_vec()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() != 64 {
-        return None;
-    }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
-}
-
 /// A header value as signed: trimmed, runs of spaces made one.
 fn canonical_value(v: &str) -> String {
     v.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// Every byte but RFC 3986's unreserved characters (letters, digits, `-`, `_`, `.`, `~`).
+const NOT_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+/// The same, `/` kept (a path).
+const NOT_UNRESERVED_OR_SLASH: &AsciiSet = &NOT_UNRESERVED.remove(b'/');
+
 /// RFC 3986 unreserved characters stay; every other byte is `%XX` (upper case).
 fn uri_encode(s: &str, keep_slash: bool) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') || (keep_slash && b == b'/') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    utf8_percent_encode(s, if keep_slash { NOT_UNRESERVED_OR_SLASH } else { NOT_UNRESERVED }).to_string()
 }
 
+/// Each `%XX` (two hex digits) as its byte; a `%` without two hex digits after it stays as it is.
 fn percent_decode(s: &str) -> Vec<u8> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            if let Some(b) = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    out
+    percent_decode_str(s).collect()
 }
 
 /// The path with `.` and `..` segments removed, each byte outside the unreserved set encoded
@@ -333,33 +306,16 @@ fn canonical_query(query: &str) -> String {
     pairs.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("&")
 }
 
-/// `20150830T123600Z` in epoch seconds.
-fn parse_amz_date(text: &str) -> Option<i64> {
-    let bytes = text.as_bytes();
-    if bytes.len() != 16 || bytes[8] != b'T' || bytes[15] != b'Z' {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let part = text.get(r)?;
-        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse().ok())?
-    };
-    let (year, month, day) = (num(0..4)?, num(4..6)?, num(6..8)?);
-    let (hour, minute, second) = (num(9..11)?, num(11..13)?, num(13..15)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
-        return None;
-    }
-    Some(days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second)
-}
+/// `x-amz-date`'s format: `20150830T123600Z` (ISO 8601 basic, UTC).
+const AMZ_DATE: &[time::format_description::BorrowedFormatItem<'_>] =
+    time::macros::format_description!("[year][month][day]T[hour][minute][second]Z");
 
-/// Days since 1970-01-01 of a date of the proleptic Gregorian calendar (Howard Hinnant's
-/// algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
+/// `20150830T123600Z` in epoch seconds: a date and time that exist (no 31 February, no second 60).
+fn parse_amz_date(text: &str) -> Option<i64> {
+    if text.len() != 16 {
+        return None;
+    }
+    time::PrimitiveDateTime::parse(text, AMZ_DATE).ok().map(|t| t.assume_utc().unix_timestamp())
 }
 
 #[cfg(test)]
@@ -406,6 +362,61 @@ mod tests {
         assert_eq!(parse_amz_date("19700101T000000Z"), Some(0));
         assert_eq!(parse_amz_date("20000301T000000Z"), Some(951_868_800));
         assert_eq!(parse_amz_date("2015-08-30T12:36"), None);
+        // leap years (the Gregorian rule), the last second of a day, the ends of the year
+        assert_eq!(parse_amz_date("20000229T000000Z"), Some(951_782_400));
+        assert_eq!(parse_amz_date("20240229T235959Z"), Some(1_709_251_199));
+        assert_eq!(parse_amz_date("19691231T235959Z"), Some(-1));
+        assert_eq!(parse_amz_date("20991231T235959Z"), Some(4_102_444_799));
+        // dates and times that do not exist, and anything but the exact 16 characters
+        for bad in [
+            "19000229T000000Z",
+            "20150231T000000Z",
+            "20151301T000000Z",
+            "20150800T000000Z",
+            "20150830T240000Z",
+            "20150830T126000Z",
+            "20150830T123660Z",
+            "20150830t123600Z",
+            "20150830T123600z",
+            "20150830T123600",
+            "20150830T123600Z ",
+            "+2015830T123600Z",
+            "2015083OT123600Z",
+            "",
+        ] {
+            assert_eq!(parse_amz_date(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_uri_encoding_keeps_only_unreserved_characters() {
+        assert_eq!(uri_encode("aZ09-_.~", false), "aZ09-_.~");
+        assert_eq!(uri_encode("a b/c+d=é%", false), "a%20b%2Fc%2Bd%3D%C3%A9%25");
+        assert_eq!(uri_encode("/a b/c", true), "/a%20b/c");
+        // decoding: two hex digits of either case after `%`; a `%` without them stays
+        assert_eq!(percent_decode("a%20b%2fc%2F"), b"a b/c/");
+        assert_eq!(percent_decode("%C3%A9"), "é".as_bytes());
+        assert_eq!(percent_decode("100%"), b"100%");
+        assert_eq!(percent_decode("%zz%4"), b"%zz%4");
+        assert_eq!(percent_decode("%+f%-1"), b"%+f%-1", "a sign is not a hex digit");
+        assert_eq!(percent_decode("%%41"), b"%A");
+        assert_eq!(canonical_query("b=%2F&a=x%20y&a=%41&c"), "a=A&a=x%20y&b=%2F&c=");
+        assert_eq!(canonical_uri("/a/./b/../c%20d"), "/a/c%2520d", "the path as received, encoded again");
+    }
+
+    #[test]
+    fn the_signature_must_be_64_hex_digits() {
+        let with_signature = |sig: &str| {
+            let mut h = vanilla();
+            h.insert("authorization", HeaderValue::from_str(&auth("host;x-amz-date", sig)).unwrap());
+            example().verify("GET", "/", &h, b"", AT)
+        };
+        assert_eq!(with_signature(VANILLA), Ok(()));
+        assert_eq!(with_signature(&VANILLA.to_uppercase()), Ok(()), "hex digits of either case");
+        for bad in [&VANILLA[..62], &format!("{VANILLA}00"), &format!("+{}", &VANILLA[1..]), &VANILLA.replace('f', "g")]
+        {
+            assert_eq!(with_signature(bad), Err("Signature is not 64 hex digits".into()), "{bad}");
+        }
     }
 
     #[test]
