@@ -10,7 +10,6 @@
 //! (`tests/tests/it/lambda.rs`) deploy through [`deploy`].
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -20,9 +19,7 @@ use aws_sdk_lambda::types::State;
 use sha2::{Digest, Sha256};
 
 use crate::stack;
-use crate::template::{
-    functions, is_local_code_uri, layers, local_content_uri, resource_line, FunctionSpec, LayerSpec,
-};
+use crate::template::{functions, layers, replace_local_code, FunctionSpec, LayerSpec};
 
 /// The bucket the code zips go to (`<binary>/<sha256 prefix>.zip`, content-addressed).
 pub use crate::stack::CODE_BUCKET;
@@ -30,26 +27,10 @@ pub use crate::stack::CODE_BUCKET;
 /// The template with each function's `CodeUri: ./` and each layer's local `ContentUri` replaced
 /// by its URI (by logical ID).
 pub fn with_code_uris<S: std::hash::BuildHasher>(template: &str, uris: &HashMap<String, String, S>) -> Result<String> {
-    let mut out = String::with_capacity(template.len() + 512);
-    let mut current = None;
-    let mut replaced = 0;
-    for line in template.lines() {
-        if let Some(id) = resource_line(line) {
-            current = Some(id);
-        }
-        let key = if is_local_code_uri(line) { Some("CodeUri") } else { local_content_uri(line).map(|_| "ContentUri") };
-        if let (Some(uri), Some(key)) = (current.and_then(|id| uris.get(id)), key) {
-            let indent = &line[..line.len() - line.trim_start().len()];
-            let _ = writeln!(out, "{indent}{key}: {uri}");
-            replaced += 1;
-        } else {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
+    let (out, replaced) = replace_local_code(template, |code| uris.get(&code.logical_id).cloned())?;
     if replaced != uris.len() {
         bail!(
-            "replaced {replaced} CodeUri/ContentUri lines for {} functions and layers: has the template's layout changed?",
+            "replaced {replaced} local CodeUri/ContentUri values for {} functions and layers: has the template changed?",
             uris.len()
         );
     }
@@ -164,7 +145,7 @@ pub struct Package {
 /// Zip every function's bootstrap found in `dir` (concurrently: compressing debug binaries takes
 /// a moment).
 pub async fn package(dir: &Path, template: &str) -> Result<Vec<Package>> {
-    let specs = functions(template);
+    let specs = functions(template)?;
     if specs.is_empty() {
         bail!("no function with `CodeUri: ./` and `Metadata.BuildProperties.Binary` in the template");
     }
@@ -206,7 +187,7 @@ pub struct LayerPackage {
 /// Zip each layer's directory (`dir_of` says where each one's `ContentUri` is on this machine);
 /// a directory that is missing or holds no file is an error naming it.
 pub fn package_layers(template: &str, dir_of: &dyn Fn(&LayerSpec) -> Result<PathBuf>) -> Result<Vec<LayerPackage>> {
-    layers(template)
+    layers(template)?
         .into_iter()
         .map(|layer| {
             let dir = dir_of(&layer)?;
@@ -373,7 +354,7 @@ fn mb(n: usize) -> f64 {
 pub fn function_names<S: std::hash::BuildHasher>(
     outputs: &HashMap<String, String, S>,
 ) -> Result<BTreeMap<String, String>> {
-    functions(stack::TEMPLATE)
+    functions(stack::TEMPLATE)?
         .into_iter()
         .map(|f| {
             let name = outputs
@@ -647,7 +628,7 @@ mod tests {
 
     #[test]
     fn the_template_names_five_functions_with_their_binaries() {
-        let f = functions(stack::TEMPLATE);
+        let f = functions(stack::TEMPLATE).unwrap();
         let got: Vec<(&str, &str)> = f.iter().map(|f| (f.logical_id.as_str(), f.binary.as_str())).collect();
         assert_eq!(
             got,
@@ -664,6 +645,7 @@ mod tests {
     #[test]
     fn code_uris_replace_exactly_the_functions_local_code() {
         let uris: HashMap<String, String> = functions(stack::TEMPLATE)
+            .unwrap()
             .into_iter()
             .map(|f| (f.logical_id.clone(), format!("s3://b/{}.zip", f.binary)))
             .collect();
@@ -737,7 +719,7 @@ mod tests {
     #[test]
     fn the_template_has_one_layer_the_configuration() {
         assert_eq!(
-            layers(stack::TEMPLATE),
+            layers(stack::TEMPLATE).unwrap(),
             [LayerSpec { logical_id: CONFIG_LAYER.into(), content_uri: "config/".into() }]
         );
         let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config");
@@ -755,6 +737,7 @@ mod tests {
     #[test]
     fn the_layers_content_uri_is_replaced_with_its_zip() {
         let mut uris: HashMap<String, String> = functions(stack::TEMPLATE)
+            .unwrap()
             .into_iter()
             .map(|f| (f.logical_id.clone(), format!("s3://b/{}.zip", f.binary)))
             .collect();
@@ -762,8 +745,15 @@ mod tests {
         let t = with_code_uris(stack::TEMPLATE, &uris).unwrap();
         assert!(!t.contains("ContentUri: config/"));
         assert!(t.contains("      ContentUri: s3://b/ConfigLayer/0123.zip\n"));
-        assert!(layers(&t).is_empty(), "no local directory is left");
+        assert!(layers(&t).unwrap().is_empty(), "no local directory is left");
         assert_eq!(t.lines().count(), stack::TEMPLATE.lines().count());
+        // byte for byte the text the earlier line-by-line rewrite gave
+        let mut by_text = stack::TEMPLATE.replace("ContentUri: config/", "ContentUri: s3://b/ConfigLayer/0123.zip");
+        for f in functions(stack::TEMPLATE).unwrap() {
+            let at = by_text.find("CodeUri: ./").unwrap();
+            by_text.replace_range(at..at + "CodeUri: ./".len(), &format!("CodeUri: s3://b/{}.zip", f.binary));
+        }
+        assert!(t == by_text, "only the local code URIs differ from the shipped template");
     }
 
     #[test]

@@ -76,14 +76,15 @@ pub const TEMPLATE: &str = include_str!("../../../template.yaml");
 /// The template for a deployment with the functions switched off: SAM's transform accepts only
 /// an S3 `CodeUri` (and layer `ContentUri`) outside `sam build`/`sam package`, so the local paths
 /// become placeholders that nothing reads (no function or layer is created).
+///
+/// # Panics
+/// `template` is not a template this module can read (the shipped one is: a unit test reads it).
 pub fn local_template(template: &str) -> String {
-    let layers: Vec<String> =
-        crate::template::layers(template).into_iter().map(|l| format!("ContentUri: {}", l.content_uri)).collect();
-    let mut out = template.replace("CodeUri: ./", "CodeUri: s3://sas-local-placeholder/function.zip");
-    for l in layers {
-        out = out.replace(&l, "ContentUri: s3://sas-local-placeholder/layer.zip");
-    }
-    out
+    let placeholder = |code: &crate::template::LocalCode| {
+        let what = if code.key == "CodeUri" { "function" } else { "layer" };
+        Some(format!("s3://sas-local-placeholder/{what}.zip"))
+    };
+    crate::template::replace_local_code(template, placeholder).expect("the template's local code URIs are replaced").0
 }
 
 /// The bucket templates over [`MAX_TEMPLATE_BODY`] and the functions' code go to (created when
@@ -349,10 +350,13 @@ mod tests {
         assert_eq!(all, [("DeployFunctions", "false"), ("TableDeletionProtection", "false")]);
         let told = with_throwaway_defaults(&[("TableDeletionProtection", "true")]);
         assert_eq!(told, [("TableDeletionProtection", "true")]);
-        // The template's own default is what any other deploy (sam deploy to AWS) gets.
-        let param = TEMPLATE.split("\n  TableDeletionProtection:\n").nth(1).expect("the parameter");
-        let default = param.lines().find_map(|l| l.trim().strip_prefix("Default:")).expect("its default");
-        assert_eq!(default.trim(), "\"true\"");
+        // The template's own default is what any other deploy (sam deploy to AWS) gets: the
+        // string "true" (a String parameter's default; unquoted, YAML would read a boolean).
+        let doc = crate::template::parse(TEMPLATE).unwrap();
+        let default =
+            doc.data.as_mapping_get("Parameters").and_then(|p| p.data.as_mapping_get("TableDeletionProtection"));
+        let default = default.and_then(|p| p.data.as_mapping_get("Default")).expect("the parameter's default");
+        assert_eq!(default.data.as_str(), Some("true"));
     }
 
     #[test]
@@ -378,6 +382,8 @@ mod tests {
             t.lines().filter(|l| !l.trim_start().starts_with('#')).map(|l| l.trim_end().to_owned()).collect()
         };
         assert_eq!(without(&c), without(TEMPLATE), "only comment lines are dropped");
+        let parse = crate::template::parse;
+        assert!(parse(&c).unwrap() == parse(TEMPLATE).unwrap(), "the same document");
     }
 
     #[test]
@@ -390,5 +396,11 @@ mod tests {
         );
         assert!(!t.contains("ContentUri: config/"), "the configuration layer's local directory is replaced too");
         assert_eq!(t.matches("ContentUri: s3://sas-local-placeholder/layer.zip").count(), 1);
+        assert!(crate::template::functions(&t).unwrap().is_empty() && crate::template::layers(&t).unwrap().is_empty());
+        // byte for byte the text the earlier line-by-line replacement gave
+        let by_text = TEMPLATE
+            .replace("CodeUri: ./", "CodeUri: s3://sas-local-placeholder/function.zip")
+            .replace("ContentUri: config/", "ContentUri: s3://sas-local-placeholder/layer.zip");
+        assert!(t == by_text, "only the local code URIs differ from the shipped template");
     }
 }
