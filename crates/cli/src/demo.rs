@@ -258,8 +258,8 @@ fn path_of(t: &Task) -> String {
         match s.status {
             StepStatus::Skipped => skipped.push(name),
             StepStatus::Pending => {}
-            StepStatus::Succeeded if def.kind.starts_a_workflow() => {
-                ran.push(format!("{name} (workflow {})", def.workflow.as_deref().unwrap_or("?")));
+            StepStatus::Succeeded if let Some(w) = def.kind.child_workflow() => {
+                ran.push(format!("{name} (workflow {})", w.workflow));
             }
             StepStatus::Succeeded => match s.output.as_ref().and_then(|o| o.get("score")) {
                 Some(score) => ran.push(format!("{name} (score {score})")),

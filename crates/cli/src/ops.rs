@@ -160,7 +160,7 @@ fn doing(t: &Task) -> Option<String> {
     }
     let unit = t.current_def().name.as_str();
     let step = t.steps.get(t.unit_step()).map_or(unit, |s| s.name.as_str());
-    let kind = t.current_def().kind;
+    let kind = &t.current_def().kind;
     let running = t.locked_by.is_some();
     Some(match (t.is_compensating(), t.process_state) {
         (true, _) if !running && t.awaits.is_some() => match t.not_before {
@@ -173,15 +173,15 @@ fn doing(t: &Task) -> Option<String> {
             None => format!("compensating {step} ({unit}) once its cancelled attempt answers"),
         },
         (true, _) => format!("compensating {step} ({unit})"),
-        (false, ProcessState::Processing) if kind.starts_a_workflow() => format!(
+        (false, ProcessState::Processing) if let StepKind::Workflow(w) = kind => format!(
             "waiting for {step}'s child task {} (workflow {})",
             sas_core::ids::TaskId::child(&t.task_id, t.unit_step(), 0),
-            t.current_def().workflow.as_deref().unwrap_or_default()
+            w.workflow
         ),
         (false, ProcessState::Processing) if running => match kind {
-            StepKind::Call | StepKind::Workflow => format!("running {step}"),
-            StepKind::Callback => format!("waiting for the answer to {step} (callback step)"),
-            StepKind::Wait => format!("waiting in {step} until {}", t.complete_by.map_or(0, |m| m.0)),
+            StepKind::Call { .. } | StepKind::Workflow(_) => format!("running {step}"),
+            StepKind::Callback { .. } => format!("waiting for the answer to {step} (callback step)"),
+            StepKind::Wait(_) => format!("waiting in {step} until {}", t.complete_by.map_or(0, |m| m.0)),
         },
         (false, ProcessState::Processing) => format!("running {step}"),
         (false, _) => format!("next: {step}"),
@@ -604,7 +604,7 @@ mod tests {
     #[test]
     fn an_operator_is_told_what_a_waiting_step_waits_for() {
         let mut t = new_task();
-        t.workflow.steps[0].kind = sas_core::workflow::StepKind::Callback;
+        t.workflow.steps[0].kind = sas_core::workflow::StepKind::Callback { agent: "sim".into(), heartbeat_ms: None };
         assert_eq!(doing(&t).as_deref(), Some("waiting for the answer to reserve (callback step)"));
         t.workflow.steps[0] = sas_core::workflow::StepDef::wait("reserve", 5_000);
         assert_eq!(

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::workflow::{StepDef, StepKind, Tolerance, WorkflowDef};
+use crate::workflow::{StepDef, StepKind, Tolerance, WaitTime, WorkflowDef};
 
 /// The flowchart of `def` (a valid definition; one whose graph cannot be built draws its steps
 /// in the listing's order).
@@ -63,22 +63,15 @@ fn label(s: &StepDef) -> String {
 pub fn facts(s: &StepDef) -> Vec<String> {
     let mut lines = Vec::new();
     let attempts = if s.max_attempts == 1 { "1 attempt".to_owned() } else { format!("{} attempts", s.max_attempts) };
-    match s.kind {
-        StepKind::Call => lines.push(format!("{} · {} · {attempts}", s.agent, duration(s.timeout_ms))),
-        StepKind::Callback => {
-            lines.push(format!("callback: {} · up to {} · {attempts}", s.agent, duration(s.timeout_ms)));
+    match &s.kind {
+        StepKind::Call { agent } => lines.push(format!("{agent} · {} · {attempts}", duration(s.timeout_ms))),
+        StepKind::Callback { agent, .. } => {
+            lines.push(format!("callback: {agent} · up to {} · {attempts}", duration(s.timeout_ms)));
         }
-        StepKind::Wait => match (&s.wait_ms, &s.wait_until, &s.wait_for) {
-            (Some(ms), _, _) => lines.push(format!("wait {}", duration(*ms))),
-            (None, Some(at), _) => lines.push(format!("wait until {at}")),
-            (None, None, Some(secs)) => lines.push(format!("wait the seconds at {secs}")),
-            (None, None, None) => lines.push("wait".to_owned()),
-        },
-        StepKind::Workflow => lines.push(format!(
-            "workflow {} v{}",
-            s.workflow.as_deref().unwrap_or_default(),
-            s.version.unwrap_or_default()
-        )),
+        StepKind::Wait(WaitTime::Ms(ms)) => lines.push(format!("wait {}", duration(*ms))),
+        StepKind::Wait(WaitTime::Until(at)) => lines.push(format!("wait until {at}")),
+        StepKind::Wait(WaitTime::SecondsAt(secs)) => lines.push(format!("wait the seconds at {secs}")),
+        StepKind::Workflow(w) => lines.push(format!("workflow {} v{}", w.workflow, w.version)),
     }
     if let Some(w) = &s.when {
         lines.push(format!("when {}", crate::ids::clip(&w.to_string(), 80)));

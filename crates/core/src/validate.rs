@@ -243,14 +243,12 @@ fn check_config(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> 
     for def in &defs {
         r.workflows.push(format!("{}@{}", def.name, def.version));
         for step in def.steps.iter().flat_map(|s| std::iter::once(s).chain(s.compensation.as_deref())) {
-            if !step.kind.uses_agent() {
-                continue;
-            }
-            used.insert(step.agent.clone());
-            match agents.iter().find(|a| a.name == step.agent) {
+            let Some(agent) = step.agent() else { continue };
+            used.insert(agent.to_owned());
+            match agents.iter().find(|a| a.name == agent) {
                 None => r.problems.push(format!(
-                    "workflow {}@{} step {}: agent {:?} is not defined in the agents file",
-                    def.name, def.version, step.name, step.agent
+                    "workflow {}@{} step {}: agent {agent:?} is not defined in the agents file",
+                    def.name, def.version, step.name
                 )),
                 Some(a) if a.callback_only && !step.kind.answers_by_token() => r.problems.push(format!(
                     "workflow {}@{} step {}: agent {} ({}) only hands the work over, so the step must be kind \"callback\" (with timeout_ms)",

@@ -32,15 +32,12 @@ fn twins() -> Twins {
         on_failure: OnFailure::Compensate,
         steps: vec![
             step("a"),
-            StepDef { kind: StepKind::Callback, timeout_ms: 60_000, heartbeat_ms: Some(10_000), ..step("ship") },
             StepDef {
-                kind: StepKind::Wait,
-                agent: String::new(),
-                timeout_ms: 0,
-                wait_ms: Some(30_000),
-                max_attempts: 1,
-                ..step("cool")
+                kind: StepKind::Callback { agent: "sim".into(), heartbeat_ms: Some(10_000) },
+                timeout_ms: 60_000,
+                ..step("ship")
             },
+            StepDef::wait("cool", 30_000),
             step("b"),
         ],
     };

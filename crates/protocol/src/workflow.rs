@@ -70,12 +70,76 @@ impl Backoff {
     }
 }
 
-/// How a unit of work is done. All three run the same attempt machine (claim with a fresh
-/// token, a deadline, retry or give up); they differ in what ends an attempt.
+/// How a unit of work is done, with the data only that kind has. All kinds run the same attempt
+/// machine (claim with a fresh token, a deadline, retry or give up); they differ in what ends an
+/// attempt. A file names the kind in `kind` (absent: `call`) beside the kind's own fields; a
+/// combination that belongs to no kind (a wait step with an agent, a call with `wait_ms`) does not
+/// parse, so the engine never meets one. (`PartialEq` is for a task read back to compare with the
+/// task written; code asks a kind what it is by matching it, never with `==`:
+/// `crates/core/tests/module_graph.rs` checks.)
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepKind {
+    /// The agent calls the remote service and reports its answer (within `timeout_ms`, at most
+    /// [`MAX_STEP_TIMEOUT_MS`]).
+    Call {
+        /// The logical agent that performs it (an entry of the agent runtime's registry).
+        agent: String,
+    },
+    /// The agent hands the work and a callback token over and returns; the remote side answers
+    /// with the token (succeeded, failed, heartbeat) within `timeout_ms` (up to
+    /// [`MAX_LONG_STEP_MS`]) and, when `heartbeat_ms` is set, heartbeats at least that often.
+    Callback {
+        agent: String,
+        /// The remote side must heartbeat at least this often (each heartbeat moves the deadline
+        /// to now + this, never past the hard timeout).
+        heartbeat_ms: Option<u64>,
+    },
+    /// No agent: the step sleeps (see [`WaitTime`]), and succeeds.
+    Wait(WaitTime),
+    /// No agent: the step starts a child task of another workflow, with its `parameters` (or the
+    /// task's input) as the child's input, and succeeds with the child's result when the child
+    /// ends `Processed`. The child is cancelled with its parent and undoes its own steps when its
+    /// parent compensates.
+    Workflow(ChildWorkflow),
+}
+
+/// How long a wait step waits: exactly one of a file's `wait_ms`, `wait_until` and `wait_for`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitTime {
+    /// `wait_ms`: this long.
+    Ms(u64),
+    /// `wait_until`: until the instant, an RFC 3339 time (`2026-12-24T18:00:00Z`) or a JSON
+    /// pointer into the unit's input (`/input/remind_at`, `/outputs/ship/eta`) naming one (or
+    /// epoch milliseconds).
+    Until(String),
+    /// `wait_for`: a JSON pointer into the unit's input (`/input/delay_s`) naming how many
+    /// seconds to wait.
+    SecondsAt(String),
+}
+
+/// What a workflow step runs: `workflow` pinned at `version` (a new version of the child is a new
+/// version of the parent).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChildWorkflow {
+    pub workflow: String,
+    pub version: u32,
+    /// The child's definition, filled in by the registry when the workflows load (never written
+    /// in a file), so that a task's pinned definition holds its children's.
+    pub child: Option<Box<WorkflowDef>>,
+}
+
+/// A kind's name in a workflow file (`kind`), the tag of [`StepKind`].
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(
+        rename = "StepKind",
+        description = "How a unit of work is done. All three run the same attempt machine (claim with a fresh\ntoken, a deadline, retry or give up); they differ in what ends an attempt."
+    )
+)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum StepKind {
+pub enum KindName {
     /// The agent calls the remote service and reports its answer (within `timeout_ms`, at most
     /// [`MAX_STEP_TIMEOUT_MS`]).
     #[default]
@@ -95,104 +159,180 @@ pub enum StepKind {
     Workflow,
 }
 
-/// What each kind means to the protocol, the tools and validation: every question is one
-/// exhaustive `match`, so a new kind does not compile until each is answered for it. Code outside
-/// this `impl` asks these (or matches every kind itself) and never compares a kind with `==`
-/// (`tests/module_graph.rs` checks the sources for it).
-impl StepKind {
+impl KindName {
     /// Its name in a workflow file.
     pub const fn name(self) -> &'static str {
         match self {
-            StepKind::Call => "call",
-            StepKind::Callback => "callback",
-            StepKind::Wait => "wait",
-            StepKind::Workflow => "workflow",
+            KindName::Call => "call",
+            KindName::Callback => "callback",
+            KindName::Wait => "wait",
+            KindName::Workflow => "workflow",
         }
     }
 
     /// The default kind (left out when a definition is written back).
     pub fn is_call(&self) -> bool {
+        matches!(self, KindName::Call)
+    }
+}
+
+/// What each kind means to the protocol, the tools and validation: every question is one
+/// exhaustive `match`, so a new kind does not compile until each is answered for it. Code that
+/// needs a kind's data matches the kind itself.
+impl StepKind {
+    /// Its tag, as a file names it.
+    pub const fn tag(&self) -> KindName {
         match self {
-            StepKind::Call => true,
-            StepKind::Callback | StepKind::Wait | StepKind::Workflow => false,
+            StepKind::Call { .. } => KindName::Call,
+            StepKind::Callback { .. } => KindName::Callback,
+            StepKind::Wait(_) => KindName::Wait,
+            StepKind::Workflow(_) => KindName::Workflow,
         }
     }
 
-    /// An agent performs each attempt: a request is dispatched, the step names an agent, and the
-    /// attempt may have applied an effect at the remote side (it is undone when the task is).
-    pub const fn uses_agent(self) -> bool {
+    /// Its name in a workflow file.
+    pub const fn name(&self) -> &'static str {
+        self.tag().name()
+    }
+
+    /// The agent that performs each attempt, for the kinds an agent performs: a request is
+    /// dispatched, and the attempt may have applied an effect at the remote side (it is undone
+    /// when the task is).
+    pub fn agent(&self) -> Option<&str> {
         match self {
-            StepKind::Call | StepKind::Callback => true,
-            StepKind::Wait | StepKind::Workflow => false,
+            StepKind::Call { agent } | StepKind::Callback { agent, .. } => Some(agent),
+            StepKind::Wait(_) | StepKind::Workflow(_) => None,
+        }
+    }
+
+    /// An agent performs each attempt (see [`StepKind::agent`]).
+    pub const fn uses_agent(&self) -> bool {
+        match self {
+            StepKind::Call { .. } | StepKind::Callback { .. } => true,
+            StepKind::Wait(_) | StepKind::Workflow(_) => false,
         }
     }
 
     /// An attempt is a timer and nothing else: it ends at its deadline, succeeded, with no
     /// result to wait for (no grace after the deadline).
-    pub const fn is_timer(self) -> bool {
+    pub const fn is_timer(&self) -> bool {
         match self {
-            StepKind::Wait => true,
-            StepKind::Call | StepKind::Callback | StepKind::Workflow => false,
+            StepKind::Wait(_) => true,
+            StepKind::Call { .. } | StepKind::Callback { .. } | StepKind::Workflow(_) => false,
         }
     }
 
     /// The attempt hands a callback token over, and its answer comes with the token (from the
     /// Callback function) instead of the agent's report.
-    pub const fn answers_by_token(self) -> bool {
+    pub const fn answers_by_token(&self) -> bool {
         match self {
-            StepKind::Callback => true,
-            StepKind::Call | StepKind::Wait | StepKind::Workflow => false,
+            StepKind::Callback { .. } => true,
+            StepKind::Call { .. } | StepKind::Wait(_) | StepKind::Workflow(_) => false,
         }
     }
 
     /// The agent itself bounds the attempt's effect to `timeout_ms` after it starts (a call is
     /// cut then); a callback's remote side holds its token until the hard deadline instead.
-    pub const fn agent_bounds_the_effect(self) -> bool {
+    pub const fn agent_bounds_the_effect(&self) -> bool {
         match self {
-            StepKind::Call => true,
-            StepKind::Callback | StepKind::Wait | StepKind::Workflow => false,
+            StepKind::Call { .. } => true,
+            StepKind::Callback { .. } | StepKind::Wait(_) | StepKind::Workflow(_) => false,
         }
     }
 
     /// It may be a map: each element runs the step (a workflow step: a child task of its workflow
     /// per element).
-    pub const fn may_map(self) -> bool {
+    pub const fn may_map(&self) -> bool {
         match self {
-            StepKind::Call | StepKind::Callback | StepKind::Workflow => true,
-            StepKind::Wait => false,
+            StepKind::Call { .. } | StepKind::Callback { .. } | StepKind::Workflow(_) => true,
+            StepKind::Wait(_) => false,
         }
     }
 
     /// It may be a compensation (it undoes a step).
-    pub const fn may_compensate(self) -> bool {
+    pub const fn may_compensate(&self) -> bool {
         match self {
-            StepKind::Call | StepKind::Callback => true,
-            StepKind::Wait | StepKind::Workflow => false,
+            StepKind::Call { .. } | StepKind::Callback { .. } => true,
+            StepKind::Wait(_) | StepKind::Workflow(_) => false,
         }
     }
 
-    /// The step runs a child task of another workflow (it is undone by the child itself).
-    pub const fn starts_a_workflow(self) -> bool {
+    /// The child workflow the step runs, for a workflow step (it is undone by the child itself).
+    pub const fn child_workflow(&self) -> Option<&ChildWorkflow> {
         match self {
-            StepKind::Workflow => true,
-            StepKind::Call | StepKind::Callback | StepKind::Wait => false,
+            StepKind::Workflow(w) => Some(w),
+            StepKind::Call { .. } | StepKind::Callback { .. } | StepKind::Wait(_) => None,
+        }
+    }
+
+    /// The step runs a child task of another workflow.
+    pub const fn starts_a_workflow(&self) -> bool {
+        self.child_workflow().is_some()
+    }
+
+    /// The heartbeat timeout of a callback step that sets one.
+    pub const fn heartbeat_ms(&self) -> Option<u64> {
+        match self {
+            StepKind::Callback { heartbeat_ms, .. } => *heartbeat_ms,
+            StepKind::Call { .. } | StepKind::Wait(_) | StepKind::Workflow(_) => None,
         }
     }
 }
 
-/// One unit of work: a forward step or a compensating step.
+/// One unit of work: a forward step or a compensating step. Its file form is [`StepFile`]: read
+/// through it, so that a step whose fields fit no kind is refused as the file is read.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(description = "One unit of work: a forward step or a compensating step."))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "StepFile", into = "StepFile")]
+pub struct StepDef {
+    pub name: String,
+    /// The steps this one waits for (see [`crate::graph`]): it starts once all of them have
+    /// succeeded. Absent: the step listed before it (none for the first). `[]`: none, it starts
+    /// with the task. Steps that do not wait for each other run at once, each as a branch.
+    pub after: Option<Vec<String>>,
+    /// What it does, with the data of its kind.
+    pub kind: StepKind,
+    /// How long one attempt may run once an agent starts it (start-to-close); for a callback
+    /// step, the hard timeout that heartbeats never extend; for a workflow step, how long the
+    /// child may run (0: no limit of its own). 0 for a wait step.
+    pub timeout_ms: u64,
+    /// How long its request may wait in the agent queue before it starts (schedule-to-start); the
+    /// deployment's default when absent. `CompleteBy = claim time + this + timeout_ms`.
+    pub schedule_to_start_ms: Option<u64>,
+    /// Attempts before the step counts as failed for good (1 = no retry).
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    /// The step that undoes this one, run in reverse order when the task fails or is cancelled.
+    pub compensation: Option<Box<StepDef>>,
+    /// A map step: the step runs once per element of an array (see [`MapSpec`]); each element is
+    /// a task of its own with its own key, deadline, attempts and compensation.
+    pub map: Option<MapSpec>,
+    /// A guard (see [`crate::condition`]): the step runs only when it holds.
+    pub when: Option<Condition>,
+    /// What the step's failure, past its attempts, does to the task.
+    pub on_failure: StepFailure,
+    /// What the agent receives (see [`crate::template`]).
+    pub parameters: Option<TaskTemplate>,
+    /// What of the agent's answer the step keeps as its output.
+    pub result_selector: Option<AnswerTemplate>,
+}
+
+/// A step as a workflow file (and a task's pinned definition) writes it: the fields of every
+/// kind side by side, `kind` naming which apply. Read into a [`StepDef`], which holds only its
+/// kind's.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
-pub struct StepDef {
+pub struct StepFile {
     pub name: String,
     /// The steps this one waits for (see [`crate::graph`]): it starts once all of them have
     /// succeeded. Absent: the step listed before it (none for the first). `[]`: none, it starts
     /// with the task. Steps that do not wait for each other run at once, each as a branch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "StepKind::is_call")]
-    pub kind: StepKind,
+    #[serde(default, skip_serializing_if = "KindName::is_call")]
+    pub kind: KindName,
     /// The logical agent that performs it (an entry of the agent runtime's registry); empty for
     /// a wait step.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -265,6 +405,135 @@ pub struct StepDef {
     #[cfg_attr(feature = "schema", schemars(skip))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<Box<WorkflowDef>>,
+}
+
+impl TryFrom<StepFile> for StepDef {
+    type Error = String;
+
+    /// The step of a file, or why its fields fit no kind: a field of another kind, or a field
+    /// its kind needs missing. (Values are checked by [`WorkflowDef::problems`].)
+    fn try_from(f: StepFile) -> Result<StepDef, String> {
+        let step = &f.name;
+        let waits = f.wait_ms.is_some() || f.wait_until.is_some() || f.wait_for.is_some();
+        let not_a_child = || {
+            if f.workflow.is_some() || f.version.is_some() || f.child.is_some() {
+                return Err(format!("step {step}: workflow and version belong to steps of kind workflow"));
+            }
+            Ok(())
+        };
+        let agent = || {
+            if f.agent.is_empty() {
+                return Err(format!("step {step}: agent is empty"));
+            }
+            Ok(f.agent.clone())
+        };
+        let kind = match f.kind {
+            KindName::Call => {
+                not_a_child()?;
+                if f.heartbeat_ms.is_some() || waits {
+                    return Err(format!(
+                        "step {step}: heartbeat_ms, wait_ms, wait_until and wait_for belong to callback and wait steps"
+                    ));
+                }
+                StepKind::Call { agent: agent()? }
+            }
+            KindName::Callback => {
+                not_a_child()?;
+                if waits {
+                    return Err(format!("step {step}: wait_ms, wait_until and wait_for belong to wait steps"));
+                }
+                StepKind::Callback { agent: agent()?, heartbeat_ms: f.heartbeat_ms }
+            }
+            KindName::Workflow => {
+                let (Some(workflow), Some(version)) = (f.workflow.clone(), f.version) else {
+                    return Err(format!(
+                        "step {step}: a workflow step names the workflow and the version it runs (workflow, version)"
+                    ));
+                };
+                if !f.agent.is_empty() || f.heartbeat_ms.is_some() || waits {
+                    return Err(format!(
+                        "step {step}: a workflow step has no agent, heartbeat_ms, wait_ms, wait_until or wait_for"
+                    ));
+                }
+                StepKind::Workflow(ChildWorkflow { workflow, version, child: f.child.clone() })
+            }
+            KindName::Wait => {
+                not_a_child()?;
+                if !f.agent.is_empty() || f.timeout_ms != 0 || f.heartbeat_ms.is_some() {
+                    return Err(format!("step {step}: a wait step has no agent, timeout_ms or heartbeat_ms"));
+                }
+                match (f.wait_ms, &f.wait_until, &f.wait_for) {
+                    (Some(ms), None, None) => StepKind::Wait(WaitTime::Ms(ms)),
+                    (None, Some(at), None) => StepKind::Wait(WaitTime::Until(at.clone())),
+                    (None, None, Some(at)) => StepKind::Wait(WaitTime::SecondsAt(at.clone())),
+                    _ => {
+                        return Err(format!(
+                            "step {step}: a wait step needs exactly one of wait_ms, wait_until and wait_for"
+                        ))
+                    }
+                }
+            }
+        };
+        Ok(StepDef {
+            name: f.name,
+            after: f.after,
+            kind,
+            timeout_ms: f.timeout_ms,
+            schedule_to_start_ms: f.schedule_to_start_ms,
+            max_attempts: f.max_attempts,
+            backoff: f.backoff,
+            compensation: f.compensation,
+            map: f.map,
+            when: f.when,
+            on_failure: f.on_failure,
+            parameters: f.parameters,
+            result_selector: f.result_selector,
+        })
+    }
+}
+
+impl From<StepDef> for StepFile {
+    fn from(s: StepDef) -> StepFile {
+        let mut f = StepFile {
+            name: s.name,
+            after: s.after,
+            kind: s.kind.tag(),
+            agent: String::new(),
+            timeout_ms: s.timeout_ms,
+            heartbeat_ms: None,
+            wait_ms: None,
+            wait_until: None,
+            wait_for: None,
+            schedule_to_start_ms: s.schedule_to_start_ms,
+            max_attempts: s.max_attempts,
+            backoff: s.backoff,
+            compensation: s.compensation,
+            map: s.map,
+            when: s.when,
+            on_failure: s.on_failure,
+            parameters: s.parameters,
+            result_selector: s.result_selector,
+            workflow: None,
+            version: None,
+            child: None,
+        };
+        match s.kind {
+            StepKind::Call { agent } => f.agent = agent,
+            StepKind::Callback { agent, heartbeat_ms } => {
+                f.agent = agent;
+                f.heartbeat_ms = heartbeat_ms;
+            }
+            StepKind::Wait(WaitTime::Ms(ms)) => f.wait_ms = Some(ms),
+            StepKind::Wait(WaitTime::Until(at)) => f.wait_until = Some(at),
+            StepKind::Wait(WaitTime::SecondsAt(at)) => f.wait_for = Some(at),
+            StepKind::Workflow(w) => {
+                f.workflow = Some(w.workflow);
+                f.version = Some(w.version);
+                f.child = w.child;
+            }
+        }
+        f
+    }
 }
 
 /// The deepest workflows may call workflows (a task, its child, its grandchild…).
@@ -568,18 +837,23 @@ pub enum WorkflowError {
 impl StepDef {
     /// A `call` step with the defaults: 3 attempts, the default backoff, no compensation.
     pub fn call(name: &str, agent: &str, timeout_ms: u64) -> StepDef {
+        StepDef::of_kind(name, StepKind::Call { agent: agent.to_owned() }, timeout_ms, 3)
+    }
+
+    /// A `wait` step of `wait_ms`.
+    pub fn wait(name: &str, wait_ms: u64) -> StepDef {
+        StepDef::of_kind(name, StepKind::Wait(WaitTime::Ms(wait_ms)), 0, 1)
+    }
+
+    /// A step of `kind` with the other fields' defaults.
+    pub fn of_kind(name: &str, kind: StepKind, timeout_ms: u64, max_attempts: u32) -> StepDef {
         StepDef {
             name: name.to_owned(),
             after: None,
-            kind: StepKind::Call,
-            agent: agent.to_owned(),
+            kind,
             timeout_ms,
-            heartbeat_ms: None,
-            wait_ms: None,
-            wait_until: None,
-            wait_for: None,
             schedule_to_start_ms: None,
-            max_attempts: 3,
+            max_attempts,
             backoff: Backoff::default(),
             compensation: None,
             map: None,
@@ -587,73 +861,41 @@ impl StepDef {
             on_failure: StepFailure::Fail,
             parameters: None,
             result_selector: None,
-            workflow: None,
-            version: None,
-            child: None,
         }
     }
 
-    /// A `wait` step of `wait_ms`.
-    pub fn wait(name: &str, wait_ms: u64) -> StepDef {
-        StepDef {
-            kind: StepKind::Wait,
-            agent: String::new(),
-            timeout_ms: 0,
-            wait_ms: Some(wait_ms),
-            max_attempts: 1,
-            ..StepDef::call(name, "", 0)
-        }
+    /// The agent that performs each attempt (see [`StepKind::agent`]).
+    pub fn agent(&self) -> Option<&str> {
+        self.kind.agent()
     }
 
-    /// It says how long or until when to wait (a wait step's fields).
-    fn waits(&self) -> bool {
-        self.wait_ms.is_some() || self.wait_until.is_some() || self.wait_for.is_some()
-    }
-
-    /// What each kind needs, and nothing another kind needs.
+    /// The values its kind's fields take: their bounds, and the forms of a wait's time.
     fn validate_kind(&self) -> Result<(), String> {
-        let needs_agent = |agent: &str| if agent.is_empty() { Err("agent is empty".to_owned()) } else { Ok(()) };
-        match self.kind {
-            StepKind::Call => {
-                needs_agent(&self.agent)?;
-                if self.timeout_ms == 0 || self.timeout_ms > MAX_STEP_TIMEOUT_MS {
-                    return Err(format!("timeout_ms {} is outside 1..={MAX_STEP_TIMEOUT_MS}", self.timeout_ms));
-                }
-                if self.heartbeat_ms.is_some() || self.waits() {
-                    return Err(
-                        "heartbeat_ms, wait_ms, wait_until and wait_for belong to callback and wait steps".into()
-                    );
+        let timeout_ms = self.timeout_ms;
+        match &self.kind {
+            StepKind::Call { .. } => {
+                if timeout_ms == 0 || timeout_ms > MAX_STEP_TIMEOUT_MS {
+                    return Err(format!("timeout_ms {timeout_ms} is outside 1..={MAX_STEP_TIMEOUT_MS}"));
                 }
             }
-            StepKind::Callback => {
-                needs_agent(&self.agent)?;
-                if self.timeout_ms == 0 {
+            StepKind::Callback { heartbeat_ms, .. } => {
+                if timeout_ms == 0 {
                     return Err("a callback step needs timeout_ms, its hard timeout: an answer that never comes must end the wait".into());
                 }
-                if self.timeout_ms > MAX_LONG_STEP_MS {
-                    return Err(format!("timeout_ms {} is over {MAX_LONG_STEP_MS} (366 days)", self.timeout_ms));
+                if timeout_ms > MAX_LONG_STEP_MS {
+                    return Err(format!("timeout_ms {timeout_ms} is over {MAX_LONG_STEP_MS} (366 days)"));
                 }
-                if let Some(hb) = self.heartbeat_ms {
-                    if hb < MIN_HEARTBEAT_MS || hb >= self.timeout_ms {
+                if let Some(hb) = *heartbeat_ms {
+                    if hb < MIN_HEARTBEAT_MS || hb >= timeout_ms {
                         return Err(format!(
-                            "heartbeat_ms {hb} must be at least {MIN_HEARTBEAT_MS} and below timeout_ms {}",
-                            self.timeout_ms
+                            "heartbeat_ms {hb} must be at least {MIN_HEARTBEAT_MS} and below timeout_ms {timeout_ms}"
                         ));
                     }
                 }
-                if self.waits() {
-                    return Err("wait_ms, wait_until and wait_for belong to wait steps".into());
-                }
             }
-            StepKind::Workflow => {
-                if self.workflow.is_none() || self.version.is_none() {
-                    return Err("a workflow step names the workflow and the version it runs (workflow, version)".into());
-                }
-                if !self.agent.is_empty() || self.heartbeat_ms.is_some() || self.waits() {
-                    return Err("a workflow step has no agent, heartbeat_ms, wait_ms, wait_until or wait_for".into());
-                }
-                if self.timeout_ms > MAX_LONG_STEP_MS {
-                    return Err(format!("timeout_ms {} is over {MAX_LONG_STEP_MS} (366 days)", self.timeout_ms));
+            StepKind::Workflow(_) => {
+                if timeout_ms > MAX_LONG_STEP_MS {
+                    return Err(format!("timeout_ms {timeout_ms} is over {MAX_LONG_STEP_MS} (366 days)"));
                 }
                 if self.compensation.is_some() || self.max_attempts != 1 {
                     return Err(
@@ -663,25 +905,23 @@ impl StepDef {
                     );
                 }
             }
-            StepKind::Wait => {
-                if !self.agent.is_empty() || self.timeout_ms != 0 || self.heartbeat_ms.is_some() {
-                    return Err("a wait step has no agent, timeout_ms or heartbeat_ms".into());
-                }
+            StepKind::Wait(time) => {
                 if self.compensation.is_some() {
                     return Err("a wait step has nothing to undo: it takes no compensation".into());
                 }
-                match (self.wait_ms, &self.wait_until, &self.wait_for) {
-                    (Some(ms), None, None) if ms <= MAX_LONG_STEP_MS => {}
-                    (Some(ms), None, None) => return Err(format!("wait_ms {ms} is over {MAX_LONG_STEP_MS} (366 days)")),
-                    (None, Some(p), None) if p.starts_with('/') || crate::ids::rfc3339_millis(p).is_some() => {}
-                    (None, Some(p), None) => {
+                match time {
+                    WaitTime::Ms(ms) if *ms > MAX_LONG_STEP_MS => {
+                        return Err(format!("wait_ms {ms} is over {MAX_LONG_STEP_MS} (366 days)"))
+                    }
+                    WaitTime::Ms(_) => {}
+                    WaitTime::Until(p) if p.starts_with('/') || crate::ids::rfc3339_millis(p).is_some() => {}
+                    WaitTime::Until(p) => {
                         return Err(format!(
                             "wait_until {p:?} must be a JSON pointer (/input/...) or an RFC 3339 time (2026-12-24T18:00:00Z)"
                         ))
                     }
-                    (None, None, Some(p)) if p.starts_with('/') => {}
-                    (None, None, Some(p)) => return Err(format!("wait_for {p:?} must be a JSON pointer (/input/...)")),
-                    _ => return Err("a wait step needs exactly one of wait_ms, wait_until and wait_for".into()),
+                    WaitTime::SecondsAt(p) if p.starts_with('/') => {}
+                    WaitTime::SecondsAt(p) => return Err(format!("wait_for {p:?} must be a JSON pointer (/input/...)")),
                 }
             }
         }
@@ -692,9 +932,6 @@ impl StepDef {
         let problem =
             |p: String| WorkflowError::Step { workflow: workflow.to_owned(), step: self.name.clone(), problem: p };
         check_name("step name", &self.name).map_err(|e| problem(e.to_string()))?;
-        if !self.kind.starts_a_workflow() && (self.workflow.is_some() || self.version.is_some()) {
-            return Err(problem("workflow and version belong to steps of kind workflow".into()));
-        }
         self.validate_kind().map_err(problem)?;
         if self.schedule_to_start_ms.is_some_and(|b| b > MAX_QUEUE_BUDGET_MS) {
             return Err(problem(format!("schedule_to_start_ms is over {MAX_QUEUE_BUDGET_MS}")));
@@ -893,8 +1130,7 @@ impl WorkflowDef {
         self.steps
             .iter()
             .flat_map(|s| std::iter::once(s).chain(s.compensation.as_deref()))
-            .filter(|s| s.kind.uses_agent())
-            .map(|s| s.agent.as_str())
+            .filter_map(|s| s.kind.agent())
     }
 }
 
@@ -916,7 +1152,8 @@ fn resolve_calls(
     let mut def = all.get(name).and_then(|v| v.get(&version)).cloned().expect("called with a defined workflow");
     calling.push(format!("{name}@{version}"));
     for s in &mut def.steps {
-        let (Some(child), Some(v)) = (s.workflow.clone(), s.version) else { continue };
+        let StepKind::Workflow(call) = &mut s.kind else { continue };
+        let (child, v) = (call.workflow.clone(), call.version);
         let problem = |p: String| WorkflowError::Step { workflow: name.to_owned(), step: s.name.clone(), problem: p };
         if all.get(&child).and_then(|vs| vs.get(&v)).is_none() {
             return Err(problem(format!("it runs workflow {child} version {v}, which is not defined")));
@@ -933,7 +1170,7 @@ fn resolve_calls(
                 calling.join(" -> ")
             )));
         }
-        s.child = Some(Box::new(resolve_calls(all, &child, v, calling)?));
+        call.child = Some(Box::new(resolve_calls(all, &child, v, calling)?));
     }
     calling.pop();
     Ok(def)
@@ -1086,6 +1323,7 @@ impl WorkflowRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     pub(crate) fn step(name: &str) -> StepDef {
         StepDef::call(name, "sim", 1_000)
@@ -1178,37 +1416,66 @@ mod tests {
             }
             .validate()
         };
-        let callback =
-            |timeout_ms, heartbeat_ms| StepDef { kind: StepKind::Callback, timeout_ms, heartbeat_ms, ..step("cb") };
+        let callback = |timeout_ms, heartbeat_ms| StepDef {
+            kind: StepKind::Callback { agent: "sim".into(), heartbeat_ms },
+            timeout_ms,
+            ..step("cb")
+        };
         assert!(check(callback(3 * 24 * 3_600_000, Some(60_000))).is_ok(), "days, with heartbeats");
         assert!(check(callback(0, None)).is_err(), "a callback step without a hard timeout is refused");
         assert!(check(callback(MAX_LONG_STEP_MS + 1, None)).is_err());
         assert!(check(callback(10_000, Some(10_000))).is_err(), "the heartbeat window is below the hard timeout");
         assert!(check(callback(10_000, Some(10))).is_err());
-        let call_with_heartbeat = StepDef { heartbeat_ms: Some(1_000), ..step("c") };
-        assert!(check(call_with_heartbeat).is_err());
-        let wait = |ms, until: Option<&str>| StepDef {
-            kind: StepKind::Wait,
-            agent: String::new(),
-            timeout_ms: 0,
-            wait_ms: ms,
-            wait_until: until.map(str::to_owned),
-            ..step("w")
-        };
-        assert!(check(wait(Some(60_000), None)).is_ok());
-        assert!(check(wait(None, Some("/input/at"))).is_ok());
-        assert!(check(wait(None, Some("input.at"))).is_err(), "a JSON pointer");
-        assert!(check(wait(Some(1), Some("/input/at"))).is_err(), "exactly one of the two");
-        assert!(check(wait(None, None)).is_err());
-        assert!(check(StepDef { agent: "sim".into(), ..wait(Some(1), None) }).is_err(), "no agent");
+        let wait = |time| StepDef::of_kind("w", StepKind::Wait(time), 0, 1);
+        assert!(check(wait(WaitTime::Ms(60_000))).is_ok());
+        assert!(check(wait(WaitTime::Ms(MAX_LONG_STEP_MS + 1))).is_err());
+        assert!(check(wait(WaitTime::Until("/input/at".into()))).is_ok());
+        assert!(check(wait(WaitTime::Until("2026-12-24T18:00:00Z".into()))).is_ok());
+        assert!(check(wait(WaitTime::Until("input.at".into()))).is_err(), "a JSON pointer or a time");
+        assert!(check(wait(WaitTime::SecondsAt("delay".into()))).is_err(), "a JSON pointer");
         let mut s = step("a");
-        s.compensation = Some(Box::new(wait(Some(1), None)));
+        s.compensation = Some(Box::new(wait(WaitTime::Ms(1))));
         assert!(check(s).is_err(), "a compensation is never a wait");
-        // a wait step reads without timeout_ms or max_attempts; a callback step round-trips
-        let w: StepDef = serde_json::from_str(r#"{"name": "cool", "kind": "wait", "wait_ms": 5}"#).unwrap();
-        assert_eq!((w.kind, w.max_attempts, w.timeout_ms), (StepKind::Wait, 1, 0));
-        let cb = callback(10_000, Some(1_000));
-        assert_eq!(serde_json::from_value::<StepDef>(serde_json::to_value(&cb).unwrap()).unwrap(), cb);
+        let mut s = wait(WaitTime::Ms(1));
+        s.compensation = Some(Box::new(step("b")));
+        assert!(check(s).is_err(), "a wait has nothing to undo");
+
+        // a combination of fields that fits no kind does not parse, and says why
+        let parse = |v: Value| serde_json::from_value::<StepDef>(v).map_err(|e| e.to_string());
+        for (file, why) in [
+            (
+                json!({"name": "c", "agent": "sim", "timeout_ms": 5, "heartbeat_ms": 1_000}),
+                "belong to callback and wait",
+            ),
+            (json!({"name": "c", "timeout_ms": 5}), "agent is empty"),
+            (json!({"name": "c", "agent": "sim", "timeout_ms": 5, "wait_ms": 5}), "belong to callback and wait"),
+            (json!({"name": "c", "agent": "sim", "timeout_ms": 5, "workflow": "x", "version": 1}), "kind workflow"),
+            (json!({"name": "b", "kind": "callback", "agent": "sim", "timeout_ms": 5, "wait_for": "/d"}), "wait steps"),
+            (json!({"name": "w", "kind": "wait"}), "exactly one of wait_ms"),
+            (json!({"name": "w", "kind": "wait", "wait_ms": 1, "wait_until": "/input/at"}), "exactly one of"),
+            (json!({"name": "w", "kind": "wait", "wait_ms": 1, "agent": "sim"}), "no agent"),
+            (json!({"name": "w", "kind": "wait", "wait_ms": 1, "timeout_ms": 5}), "no agent, timeout_ms"),
+            (json!({"name": "k", "kind": "workflow", "workflow": "x"}), "names the workflow and the version"),
+            (json!({"name": "k", "kind": "workflow", "workflow": "x", "version": 1, "agent": "sim"}), "no agent"),
+        ] {
+            let e = parse(file.clone()).expect_err(&file.to_string());
+            assert!(e.contains(why) && e.contains(&format!("step {}", file["name"].as_str().unwrap())), "{file}: {e}");
+        }
+        // a wait step reads without timeout_ms or max_attempts; each kind round-trips as written
+        let w = parse(json!({"name": "cool", "kind": "wait", "wait_ms": 5})).unwrap();
+        assert_eq!((&w.kind, w.max_attempts, w.timeout_ms), (&StepKind::Wait(WaitTime::Ms(5)), 1, 0));
+        for file in [
+            json!({"name": "cool", "kind": "wait", "wait_until": "/input/at", "timeout_ms": 0, "max_attempts": 1}),
+            json!({"name": "cool", "kind": "wait", "wait_for": "/input/s", "timeout_ms": 0, "max_attempts": 1}),
+            json!({"name": "cb", "kind": "callback", "agent": "a", "timeout_ms": 9, "heartbeat_ms": 2, "max_attempts": 1}),
+            json!({"name": "c", "agent": "a", "timeout_ms": 9, "max_attempts": 3}),
+            json!({"name": "k", "kind": "workflow", "workflow": "x", "version": 2, "timeout_ms": 0, "max_attempts": 1}),
+        ] {
+            let step = parse(file.clone()).unwrap();
+            let mut back = serde_json::to_value(&step).unwrap();
+            back.as_object_mut().unwrap().remove("backoff");
+            assert_eq!(back, file, "written back as read");
+        }
     }
 
     #[test]

@@ -135,7 +135,7 @@ pub fn svg(def: &WorkflowDef, task: Option<&Task>, id: &str) -> Markup {
             let mut l = vec![("name", s.name.clone())];
             l.extend(sas_core::diagram::facts(s).into_iter().map(|f| ("fact", f)));
             if let Some(c) = &s.compensation {
-                l.push(("undo", format!("undone by {} ({})", c.name, c.agent)));
+                l.push(("undo", format!("undone by {} ({})", c.name, c.agent().unwrap_or_default())));
             }
             if let Some(st) = &states[i] {
                 l.push(("state", st.text.clone()));

@@ -568,7 +568,7 @@ async fn an_approval_agent_without_its_topic_fails_permanently_naming_the_variab
 
 #[test]
 fn every_agent_the_built_in_workflows_use_is_configured() {
-    use crate::workflow::StepKind::{Call, Callback, Wait};
+    use crate::workflow::KindName::{Call, Callback, Wait};
     let rt = AgentRuntime::from_config(BUILT_IN_AGENTS, &|_| None).unwrap();
     let workflows = crate::workflow::WorkflowRegistry::from_json(crate::workflow::BUILT_IN_WORKFLOWS).unwrap();
     for wf in workflows.all() {
@@ -576,7 +576,8 @@ fn every_agent_the_built_in_workflows_use_is_configured() {
             assert!(rt.knows(agent), "workflow {} uses agent {agent}, which config/agents.json lacks", wf.name);
         }
     }
-    let kinds = |name: &str| workflows.resolve(name, None).unwrap().steps.iter().map(|s| s.kind).collect::<Vec<_>>();
+    let kinds =
+        |name: &str| workflows.resolve(name, None).unwrap().steps.iter().map(|s| s.kind.tag()).collect::<Vec<_>>();
     assert_eq!(kinds("order"), [Call, Call, Call], "order v1 stays as it was");
     assert_eq!(kinds("order-async"), [Call, Call, Wait, Callback]);
     assert_eq!(kinds("order-approval"), [Callback, Call, Call, Call]);

@@ -2,7 +2,7 @@
 //! late, lost, heartbeat timeout, hard timeout, cancel while waiting, cancel during a heartbeat).
 
 use super::*;
-use crate::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef};
+use crate::workflow::{Backoff, OnFailure, StepDef, StepKind, WaitTime, WorkflowDef};
 use serde_json::json;
 
 fn call(name: &str, comp: Option<&str>) -> StepDef {
@@ -16,16 +16,20 @@ fn call(name: &str, comp: Option<&str>) -> StepDef {
 /// `ship`: a callback step, hard timeout 10 s, heartbeats every 1 s.
 fn ship(max_attempts: u32, comp: Option<&str>) -> StepDef {
     StepDef {
-        kind: StepKind::Callback,
+        kind: StepKind::Callback { agent: "sim".into(), heartbeat_ms: Some(1_000) },
         timeout_ms: 10_000,
-        heartbeat_ms: Some(1_000),
         max_attempts,
         ..call("ship", comp)
     }
 }
 
 fn wait(name: &str, ms: Option<u64>, until: Option<&str>) -> StepDef {
-    StepDef { wait_ms: ms, wait_until: until.map(str::to_owned), ..StepDef::wait(name, 0) }
+    let time = match (ms, until) {
+        (Some(ms), None) => WaitTime::Ms(ms),
+        (None, Some(at)) => WaitTime::Until(at.to_owned()),
+        _ => panic!("a wait step waits for a time or until an instant"),
+    };
+    StepDef { kind: StepKind::Wait(time), ..StepDef::wait(name, 0) }
 }
 
 fn flow(steps: Vec<StepDef>) -> WorkflowDef {
@@ -374,7 +378,10 @@ fn a_wait_until_reads_its_instant_from_the_task_and_refuses_one_it_cannot_read()
 #[test]
 fn a_wait_for_reads_its_seconds_from_the_task_and_a_wait_until_may_be_written_as_a_time() {
     let for_ = || {
-        let pause = StepDef { wait_for: Some("/input/delay_s".into()), ..wait("pause", None, None) };
+        let pause = StepDef {
+            kind: StepKind::Wait(WaitTime::SecondsAt("/input/delay_s".into())),
+            ..wait("pause", Some(0), None)
+        };
         flow(vec![pause, call("remind", None)])
     };
     let t = start(for_(), json!({"delay_s": 30}));
@@ -391,7 +398,7 @@ fn a_wait_for_reads_its_seconds_from_the_task_and_a_wait_until_may_be_written_as
     assert_eq!(start(until, json!({})).task.complete_by, Some(Millis(100_000)), "a time written in the workflow");
     let bad = WorkflowDef { steps: vec![wait("until", None, Some("tomorrow"))], ..flow(vec![call("x", None)]) };
     assert!(bad.validate().unwrap_err().to_string().contains("RFC 3339"));
-    let both = StepDef { wait_for: Some("/input/d".into()), ..wait("w", Some(5), None) };
-    let two = WorkflowDef { steps: vec![both], ..flow(vec![call("x", None)]) };
-    assert!(two.validate().unwrap_err().to_string().contains("exactly one"));
+    let both = json!({"name": "w", "kind": "wait", "wait_ms": 5, "wait_for": "/input/d"});
+    let e = serde_json::from_value::<StepDef>(both).unwrap_err().to_string();
+    assert!(e.contains("exactly one"), "a wait step with two times does not parse: {e}");
 }

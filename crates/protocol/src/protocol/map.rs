@@ -210,7 +210,11 @@ pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: 
 /// or the step's `parameters` filled from that (as a map's call step reads them in its element).
 fn child_task(parent: &Task, step: usize, element: u32, item: Value, ctx: &Ctx, policy: &Policy) -> Transition {
     let def = &parent.workflow.steps[step];
-    let workflow = def.child.as_deref().cloned().expect("a loaded workflow step has its child's definition");
+    let workflow = def
+        .kind
+        .child_workflow()
+        .and_then(|w| w.child.as_deref().cloned())
+        .expect("a loaded workflow step has its child's definition");
     let id = TaskId::child(&parent.task_id, step, element);
     let mut t = if map_spec(parent, step).is_some() {
         let mut element_input =

@@ -638,9 +638,8 @@ fn bitmaps_round_trip_in_either_form() {
 #[test]
 fn a_map_of_callback_steps_runs_each_element_through_its_own_token() {
     let step = StepDef {
-        kind: crate::workflow::StepKind::Callback,
+        kind: crate::workflow::StepKind::Callback { agent: "sim".into(), heartbeat_ms: Some(5_000) },
         timeout_ms: 60_000,
-        heartbeat_ms: Some(5_000),
         ..map_step(3, Tolerance::None)
     };
     let mut w = World::new(7, step);

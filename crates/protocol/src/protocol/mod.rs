@@ -33,7 +33,7 @@ use crate::messages::{
     AgentRequest, AgentResult, Alert, AlertKind, CallbackAnswer, CallbackRef, CancelMessage, Outcome, Phase, RunReason,
     SchedulerMessage, StatusMessage, TimerMessage, VERSION,
 };
-use crate::workflow::{FailureKind, OnFailure, StepDef, WorkflowDef, MAX_LONG_STEP_MS};
+use crate::workflow::{FailureKind, OnFailure, StepDef, StepKind, WaitTime, WorkflowDef, MAX_LONG_STEP_MS};
 
 pub mod task;
 
@@ -446,7 +446,7 @@ fn attempt_request(task: &Task, token: &AttemptToken, attempt_no: u32, start_by:
         task_id: task.task_id.clone(),
         step: def.name.clone(),
         phase: task.phase(),
-        agent: def.agent.clone(),
+        agent: def.agent().expect("only an agent's kind has a request").to_owned(),
         attempt: token.clone(),
         attempt_no,
         start_by,
@@ -454,7 +454,7 @@ fn attempt_request(task: &Task, token: &AttemptToken, attempt_no: u32, start_by:
         input: task.unit_request(),
         callback: def.kind.answers_by_token().then(|| CallbackRef {
             token: CallbackToken::new(&task.task_id, &def.name, token),
-            heartbeat_ms: def.heartbeat_ms,
+            heartbeat_ms: def.kind.heartbeat_ms(),
         }),
         waits: 0,
         waiting_since: None,
@@ -685,7 +685,7 @@ fn deadline_expired(task: &Task, c: &mut Change) -> Result<(), Stale> {
         let what = match task.hard_by {
             Some(hard) if complete_by < hard => format!(
                 "sent no heartbeat within {} ms (CompleteBy {complete_by}, hard deadline {hard})",
-                def.heartbeat_ms.unwrap_or_default()
+                def.kind.heartbeat_ms().unwrap_or_default()
             ),
             _ => format!("passed CompleteBy {complete_by}"),
         };
@@ -827,7 +827,9 @@ fn heartbeat(task: &Task, attempt: &AttemptToken, details: Option<&Value>, ctx: 
         return Err(Stale::NotCurrentAttempt);
     }
     let complete_by = task.complete_by.unwrap_or(ctx.now);
-    let Some(window) = task.current_def().heartbeat_ms else { return Err(Stale::HeartbeatNotDue { complete_by }) };
+    let Some(window) = task.current_def().kind.heartbeat_ms() else {
+        return Err(Stale::HeartbeatNotDue { complete_by });
+    };
     let next = ctx.now.plus_ms(window).min(task.hard_by.unwrap_or(complete_by));
     if next <= complete_by || complete_by > ctx.now.plus_ms(window / 2) {
         return Err(Stale::HeartbeatNotDue { complete_by });
@@ -904,31 +906,31 @@ const MOST_WAIT_S: f64 = 31_622_400.0;
 /// When a wait unit wakes: after `wait_ms`, after the seconds its `wait_for` pointer names, or
 /// at the instant `wait_until` (an RFC 3339 time, or a pointer naming one or epoch milliseconds)
 /// in the unit's input. `Err`: why it cannot wait.
-fn wake_time(task: &Task, def: &StepDef, now: Millis) -> Result<Millis, String> {
-    if let Some(ms) = def.wait_ms {
-        return Ok(now.plus_ms(ms));
-    }
+fn wake_time(task: &Task, time: &WaitTime, now: Millis) -> Result<Millis, String> {
     let input = task.unit_input();
-    if let Some(pointer) = def.wait_for.as_deref() {
-        let secs = match input.pointer(pointer) {
-            None => return Err(format!("wait_for {pointer} names nothing in the task")),
-            Some(Value::Number(n)) => n.as_f64().filter(|s| *s >= 0.0),
-            Some(_) => None,
-        };
-        let secs = secs.ok_or_else(|| {
-            format!(
-                "wait_for {pointer} is {}, not a number of seconds",
-                crate::ids::clip(&input.pointer(pointer).map_or_else(String::new, Value::to_string), 40)
-            )
-        })?;
-        if secs > MOST_WAIT_S {
-            return Err(format!("wait_for {pointer} is more than 366 days"));
+    let pointer = match time {
+        WaitTime::Ms(ms) => return Ok(now.plus_ms(*ms)),
+        WaitTime::SecondsAt(pointer) => {
+            let secs = match input.pointer(pointer) {
+                None => return Err(format!("wait_for {pointer} names nothing in the task")),
+                Some(Value::Number(n)) => n.as_f64().filter(|s| *s >= 0.0),
+                Some(_) => None,
+            };
+            let secs = secs.ok_or_else(|| {
+                format!(
+                    "wait_for {pointer} is {}, not a number of seconds",
+                    crate::ids::clip(&input.pointer(pointer).map_or_else(String::new, Value::to_string), 40)
+                )
+            })?;
+            if secs > MOST_WAIT_S {
+                return Err(format!("wait_for {pointer} is more than 366 days"));
+            }
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 0 <= secs <= 366 days
+            let ms = (secs * 1000.0).round() as u64;
+            return Ok(now.plus_ms(ms));
         }
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 0 <= secs <= 366 days
-        let ms = (secs * 1000.0).round() as u64;
-        return Ok(now.plus_ms(ms));
-    }
-    let pointer = def.wait_until.as_deref().unwrap_or_default();
+        WaitTime::Until(pointer) => pointer.as_str(),
+    };
     if !pointer.starts_with('/') {
         // a time written in the workflow
         let at = crate::ids::rfc3339_millis(pointer)
@@ -1141,8 +1143,8 @@ impl Change<'_> {
             return;
         }
         let def = self.t.current_def().clone();
-        if def.kind.is_timer() {
-            self.start_wait(&def);
+        if let StepKind::Wait(time) = &def.kind {
+            self.start_wait(&def, time);
             return;
         }
         let token = self.ctx.fresh_token.clone();
@@ -1150,7 +1152,7 @@ impl Change<'_> {
         let start_by = self.ctx.now.plus_ms(budget);
         let hard = start_by.plus_ms(def.timeout_ms);
         // a heartbeat is the token holder's: only a step answered by token has one
-        let complete_by = match def.heartbeat_ms.filter(|_| def.kind.answers_by_token()) {
+        let complete_by = match def.kind.heartbeat_ms() {
             Some(hb) => start_by.plus_ms(hb).min(hard),
             None => hard,
         };
@@ -1179,14 +1181,14 @@ impl Change<'_> {
     /// A wait unit: held (so a cancel finds it running) until it wakes; its only effect is the
     /// deadline timer, which ends it. A wake time already past ends it at once; one that cannot
     /// be read fails the step for good, with the reason.
-    fn start_wait(&mut self, def: &StepDef) {
+    fn start_wait(&mut self, def: &StepDef, time: &WaitTime) {
         let now = self.ctx.now;
         self.t.not_before = None;
         self.t.restarts = 0;
         self.t.awaits = None;
         self.unlock();
         self.t.unit_record().begin_attempt();
-        match wake_time(&self.t, def, now) {
+        match wake_time(&self.t, time, now) {
             Err(why) => {
                 self.t.failure_count += 1;
                 self.t.unit_record().refused(&why);

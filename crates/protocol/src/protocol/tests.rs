@@ -966,7 +966,9 @@ fn a_call_step_settles_one_execution_time_after_the_task_stops_waiting_for_it() 
 
     // a callback step: its worker may act until the hard deadline
     let mut wf = order();
-    wf.steps[0] = StepDef { kind: StepKind::Callback, timeout_ms: 60_000, ..wf.steps[0].clone() };
+    let agent = wf.steps[0].agent().unwrap().to_owned();
+    wf.steps[0] =
+        StepDef { kind: StepKind::Callback { agent, heartbeat_ms: None }, timeout_ms: 60_000, ..wf.steps[0].clone() };
     let t = submit(TaskId::try_from("t2").unwrap(), wf, json!({}), None, &at(1_000), &p).task;
     let cancelled = go(&t, Event::Cancel { reason: "customer".into(), run: None }, 1_500);
     assert_eq!(cancelled.task.not_before, Some(Millis(1_000 + 300_000 + 60_000 + 2_000)), "hard + settle");

@@ -6,7 +6,8 @@ use sas_core::ids::TaskId;
 use sas_core::messages::{CancelMessage, SchedulerMessage, VERSION};
 use sas_core::template::TaskTemplate;
 use sas_core::workflow::{
-    Backoff, MapSpec, OnFailure, StepDef, StepFailure, StepKind, Tolerance, WorkflowDef, WorkflowRegistry,
+    Backoff, ChildWorkflow, MapSpec, OnFailure, StepDef, StepFailure, StepKind, Tolerance, WaitTime, WorkflowDef,
+    WorkflowRegistry,
 };
 
 const STEP_TIMEOUT_MS: u64 = 5_000;
@@ -57,23 +58,29 @@ pub fn workflows() -> WorkflowRegistry {
         on_failure,
         steps: vec![
             step("reserve", Some("release")),
-            StepDef { agent: LIMITED_AGENT.into(), ..step("charge", Some("refund")) },
+            StepDef { kind: StepKind::Call { agent: LIMITED_AGENT.into() }, ..step("charge", Some("refund")) },
             step("ship", None),
         ],
     };
     let mut async_order = wf("order-async", OnFailure::Compensate);
+    let ship = step("ship", Some("recall"));
     async_order.steps[2] = StepDef {
-        kind: StepKind::Callback,
+        kind: StepKind::Callback {
+            agent: ship.agent().unwrap_or_default().to_owned(),
+            heartbeat_ms: Some(CALLBACK_HEARTBEAT_MS),
+        },
         timeout_ms: CALLBACK_TIMEOUT_MS,
-        heartbeat_ms: Some(CALLBACK_HEARTBEAT_MS),
         // the first heartbeat window starts when the request may start at the latest
         schedule_to_start_ms: Some(10_000),
-        ..step("ship", Some("recall"))
+        ..ship
     };
     // the wait reads its seconds from the order (`wait_for`; every simulated order says 2)
     async_order.steps.insert(
         2,
-        StepDef { wait_ms: None, wait_for: Some("/input/cool_off_s".into()), ..StepDef::wait("cool-off", 2_000) },
+        StepDef {
+            kind: StepKind::Wait(WaitTime::SecondsAt("/input/cool_off_s".into())),
+            ..StepDef::wait("cool-off", 2_000)
+        },
     );
     let mut map_order = wf("order-map", OnFailure::Compensate);
     map_order.steps[0].map = Some(MapSpec {
@@ -90,7 +97,7 @@ pub fn workflows() -> WorkflowRegistry {
     let mut graph_order = wf("order-graph", OnFailure::Compensate);
     graph_order.steps = vec![
         step("reserve", Some("release")),
-        StepDef { agent: LIMITED_AGENT.into(), ..step("charge", Some("refund")) },
+        StepDef { kind: StepKind::Call { agent: LIMITED_AGENT.into() }, ..step("charge", Some("refund")) },
         when(after(step("fraud", Some("clear")), &["reserve"]), &lines_at_least(2)),
         StepDef {
             map: Some(MapSpec {
@@ -132,7 +139,7 @@ pub fn workflows() -> WorkflowRegistry {
     shipping.result = Some(template(serde_json::json!({"label.$": "$.outputs.label", "sku.$": "$.input.sku"})));
     let mut child_order = wf("order-child", OnFailure::Compensate);
     child_order.steps = vec![
-        StepDef { agent: LIMITED_AGENT.into(), ..step("charge", Some("refund")) },
+        StepDef { kind: StepKind::Call { agent: LIMITED_AGENT.into() }, ..step("charge", Some("refund")) },
         shipping_step(serde_json::json!({"sku.$": "$.input.sku"})),
         step("notify", None),
     ];
@@ -175,13 +182,10 @@ fn template(v: serde_json::Value) -> TaskTemplate {
 #[allow(clippy::needless_pass_by_value)]
 fn shipping_step(parameters: serde_json::Value) -> StepDef {
     StepDef {
-        kind: StepKind::Workflow,
-        agent: String::new(),
+        kind: StepKind::Workflow(ChildWorkflow { workflow: "shipping".into(), version: 1, child: None }),
         timeout_ms: 0,
         max_attempts: 1,
         compensation: None,
-        workflow: Some("shipping".into()),
-        version: Some(1),
         parameters: Some(template(parameters)),
         ..step("ship", None)
     }

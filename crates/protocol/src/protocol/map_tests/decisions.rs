@@ -387,16 +387,22 @@ fn a_map_step_s_parameters_are_filled_for_each_element() {
     assert_eq!(p.outputs()["reserve"], json!([{"done": "reserve"}, {"done": "reserve"}]));
 }
 
+/// A workflow step's kind: it runs `workflow@1`.
+fn runs(workflow: &str) -> crate::workflow::StepKind {
+    crate::workflow::StepKind::Workflow(crate::workflow::ChildWorkflow {
+        workflow: workflow.into(),
+        version: 1,
+        child: None,
+    })
+}
+
 /// `ship`: a step that runs `shipping@1` with `parameters`.
 #[allow(clippy::needless_pass_by_value)]
 fn ship_runs_shipping(parameters: Value) -> StepDef {
     StepDef {
-        kind: crate::workflow::StepKind::Workflow,
-        agent: String::new(),
+        kind: runs("shipping"),
         timeout_ms: 0,
         max_attempts: 1,
-        workflow: Some("shipping".into()),
-        version: Some(1),
         parameters: tpl(parameters),
         ..StepDef::call("ship", "", 0)
     }
@@ -526,15 +532,7 @@ fn workflows_that_call_each_other_in_a_cycle_or_too_deep_or_an_unknown_one_are_r
         description: String::new(),
         on_failure: OnFailure::Compensate,
         result: None,
-        steps: vec![StepDef {
-            kind: crate::workflow::StepKind::Workflow,
-            agent: String::new(),
-            timeout_ms: 0,
-            max_attempts: 1,
-            workflow: Some(callee.into()),
-            version: Some(1),
-            ..StepDef::call("run", "", 0)
-        }],
+        steps: vec![StepDef { kind: runs(callee), timeout_ms: 0, max_attempts: 1, ..StepDef::call("run", "", 0) }],
     };
     let leaf = wf(vec![call("x", None)]);
     let err = |defs: Vec<WorkflowDef>| crate::workflow::WorkflowRegistry::new(defs).unwrap_err().to_string();
