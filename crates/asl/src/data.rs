@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use sas_core::condition::Condition;
+use sas_protocol::condition::Condition;
 
 /// A segment of a reference path.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -565,7 +565,7 @@ fn compare(variable: &str, op: &str, key: &str, operand: &Value, var: Sym) -> Re
 
 struct Known(Value);
 
-impl sas_core::condition::Scope for Known {
+impl sas_protocol::condition::Scope for Known {
     fn input(&self) -> &Value {
         &self.0
     }
@@ -609,7 +609,7 @@ mod tests {
         // written back as a path this project's templates read (RFC 9535), the same names
         for text in ["$.['a b']", "$.[0].body", r"$['it\'s'].x", "$['1st']"] {
             let written = path_text("$.input", &p(text));
-            sas_core::condition::DataPath::parse(&written).unwrap_or_else(|e| panic!("{text} -> {written}: {e}"));
+            sas_protocol::condition::DataPath::parse(&written).unwrap_or_else(|e| panic!("{text} -> {written}: {e}"));
             assert_eq!(p(&written)[1..], p(text)[..], "{written}");
         }
     }

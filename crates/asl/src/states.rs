@@ -57,7 +57,7 @@ fn kept<T>(r: Result<T, (String, String)>, errs: &mut Vec<(String, String)>) -> 
 }
 
 /// The longest a call step may take here (the project's limit on a call).
-const CALL_LIMIT_S: u64 = sas_core::workflow::MAX_STEP_TIMEOUT_MS / 1000;
+const CALL_LIMIT_S: u64 = sas_protocol::workflow::MAX_STEP_TIMEOUT_MS / 1000;
 /// A call step's timeout when the state gives none (Step Functions has none by default).
 const DEFAULT_CALL_TIMEOUT_MS: u64 = 60_000;
 /// A callback step's timeout when the state gives none.
@@ -1034,7 +1034,7 @@ impl Cx {
             }
             return Ok(());
         }
-        let most = sas_core::workflow::MAX_BACKOFF_MS;
+        let most = sas_protocol::workflow::MAX_BACKOFF_MS;
         let interval_ms = best.interval.saturating_mul(1000);
         let max_ms = best.max_delay.map_or(most, |d| d.saturating_mul(1000).min(most));
         let base_ms = interval_ms.min(max_ms);
@@ -1332,7 +1332,7 @@ impl Cx {
             single && element.paths().iter().all(|p| p.starts_with("$.input.item") || p.starts_with("$.input.index"));
         let mut spec = json!({"items": pointer(&items)});
         let concurrency = st.get("MaxConcurrency").and_then(Value::as_u64).unwrap_or(0);
-        let most = u64::from(sas_core::workflow::MAX_MAP_CONCURRENCY);
+        let most = u64::from(sas_protocol::workflow::MAX_MAP_CONCURRENCY);
         spec["max_concurrency"] = json!(if concurrency == 0 { most } else { concurrency.min(most) });
         if concurrency == 0 || concurrency > most {
             self.notes.push(format!("{here}: MaxConcurrency {concurrency} is {most} here (a map's most at once)"));
@@ -1563,7 +1563,7 @@ fn template(t: &Value, doc: &Sym, scope: Scope) -> Result<Sym, String> {
 
 /// The value a `.$` key names: a path of the state's input, the context object, or an intrinsic.
 fn reference(p: &str, doc: &Sym, scope: Scope) -> Result<Sym, String> {
-    if sas_core::intrinsic::is_call(p) {
+    if sas_protocol::intrinsic::is_call(p) {
         return intrinsic(p, doc, scope);
     }
     if let Some(ctx) = p.strip_prefix("$$") {
@@ -1590,12 +1590,12 @@ fn reference(p: &str, doc: &Sym, scope: Scope) -> Result<Sym, String> {
 /// An intrinsic function's call, each of its paths read through `doc`: a path of the task, or a
 /// value known at import.
 fn intrinsic(text: &str, doc: &Sym, scope: Scope) -> Result<Sym, String> {
-    use sas_core::intrinsic::{Arg, Call};
+    use sas_protocol::intrinsic::{Arg, Call};
     let paths = std::cell::RefCell::new(Vec::new());
     let call = Call::parse_with(text, &|p| match reference(p, doc, scope)? {
         Sym::Ref(task_path) => {
             paths.borrow_mut().push(task_path.clone());
-            sas_core::condition::DataPath::parse(&task_path).map(Arg::Path)
+            sas_protocol::condition::DataPath::parse(&task_path).map(Arg::Path)
         }
         Sym::Lit(v) if v == json!(TOKEN) => {
             Err("$$.Task.Token is not an argument here: the token is the request's".into())
@@ -1980,9 +1980,11 @@ impl Retrier {
 }
 
 /// An error name a function gives when retrying cannot help (`PermanentError`), as the lambda
-/// agent reads it: such a failure is not retried here.
-fn is_permanent_name(error: &str) -> bool {
-    sas_core::agent::lambda::is_permanent_type(error)
+/// agent reads it (sas-core's `agent::lambda::is_permanent_type`, the same rule: the last part of
+/// the name after `.`, `:` or `$` starts with `Permanent`; sasctl's tests check the two agree):
+/// such a failure is not retried here.
+pub fn is_permanent_name(error: &str) -> bool {
+    error.rsplit(['.', ':', '$']).next().is_some_and(|last| last.starts_with("Permanent"))
 }
 
 /// `arn:...:function:name:qualifier` as the function and its qualifier.
@@ -2010,7 +2012,7 @@ mod tests {
 
     fn loads(i: &Imported) {
         let wf = json!({"workflows": i.workflows()}).to_string();
-        sas_core::workflow::WorkflowRegistry::from_json(&wf).unwrap_or_else(|e| panic!("{e}\n{wf}"));
+        sas_protocol::workflow::WorkflowRegistry::from_json(&wf).unwrap_or_else(|e| panic!("{e}\n{wf}"));
     }
 
     #[test]
@@ -2085,8 +2087,8 @@ mod tests {
         assert_eq!(s["Confirm"]["after"], json!(["Buy"]), "a way's chain still names its head (skipped with it)");
         // the Parallel's branches wait for the same steps and have no guards that exclude each other
         assert!(s["Mail"].get("after").is_some() && s["Log"].get("after").is_some(), "{} {}", s["Mail"], s["Log"]);
-        let wf =
-            sas_core::workflow::WorkflowRegistry::from_json(&json!({"workflows": i.workflows()}).to_string()).unwrap();
+        let wf = sas_protocol::workflow::WorkflowRegistry::from_json(&json!({"workflows": i.workflows()}).to_string())
+            .unwrap();
         let def = wf.resolve("trade", None).unwrap();
         let region_of = |n: &str| def.region_at(def.steps.iter().position(|s| s.name == n).unwrap());
         assert!(
@@ -2373,7 +2375,7 @@ mod tests {
         assert!(note.contains("Lambda.TooManyRequestsException cannot be told from other errors"), "{note}");
         assert!(note.contains("equal jitter"), "{note}");
         // the agent makes one call per attempt: the step's attempts are the retries
-        let file = crate::asl::agents_file(&i.agents);
+        let file = crate::agents_file(&i.agents);
         assert_eq!(file["agents"]["fn.charge"]["retry"]["max_calls"], 1);
 
         // every field: MaxDelaySeconds caps the waits, BackoffRate as written, States.ALL's note

@@ -1,51 +1,9 @@
-//! `sasctl import-asl`: a state machine of the Amazon States Language (its JSONPath flavour)
-//! translated into a workflow and the agents it calls, or refused with the state, the field and
-//! what to do instead. See the book's "Bring your Step Functions state machines".
-//!
-//! The translation works out the state machine's data flow when it is imported ([`data`]): every
-//! step reads the task's input and the outputs of the steps before it where they live, through
-//! the project's templates; a `Choice` becomes guards on the steps it leads to; a `Catch` a
-//! handled failure whose error the next steps read; a `Parallel` state branches of a graph; an
-//! inline `Map` over one task a map step; `Fail` a step of the `fail` agent. What cannot be
-//! translated exactly is refused, and every difference that remains is said ([`Imported::notes`]).
+//! `sasctl import-asl`: the translation is the crate sas-asl's (a definition in, the workflows,
+//! agents and notes or the refusals out), re-exported here under the paths sasctl and its tests
+//! use; what the command adds is the reading of the check (sas-core's `validate`) that follows
+//! it: [`Needs`], the variables and template parameters to pass.
 
-pub mod data;
-mod saga;
-mod states;
-
-pub use states::{import, merge_agents, Imported, Refusal};
-
-/// A workflow's name for a definition file: its name without `.asl.json` (or `.json`), in the
-/// characters a workflow name may have.
-pub fn workflow_name(path: &std::path::Path) -> String {
-    let file = path.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-    let stem = file.strip_suffix(".asl.json").or_else(|| file.strip_suffix(".json")).unwrap_or(&file);
-    let mut name: String =
-        stem.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '-' }).collect();
-    name.truncate(64);
-    if name.is_empty() {
-        name = "imported".into();
-    }
-    name
-}
-
-/// An agents file of the agents imported: a function's error fails the attempt at once (each
-/// agent's own `retry`, `max_calls` 1), to be retried only as the state machine's `Retry` says.
-/// The `retry` is each agent's, so the entries may be merged into a file of other agents without
-/// changing how those retry.
-pub fn agents_file(agents: &serde_json::Map<String, serde_json::Value>) -> serde_json::Value {
-    let agents: serde_json::Map<String, serde_json::Value> = agents
-        .iter()
-        .map(|(name, spec)| {
-            let mut spec = spec.clone();
-            if let Some(o) = spec.as_object_mut() {
-                o.entry("retry").or_insert_with(|| serde_json::json!({"max_calls": 1, "base_ms": 100, "max_ms": 1000}));
-            }
-            (name.clone(), spec)
-        })
-        .collect();
-    serde_json::json!({"agents": agents})
-}
+pub use sas_asl::{agents_file, data, import, merge_agents, workflow_name, Imported, Refusal};
 
 /// What the check of a translation needs that was not passed: the variables (`--var`) and the
 /// template parameters (`--param`) its problems name, read from the check's problems.
@@ -148,5 +106,32 @@ mod tests {
         let mixed = [problems[0].clone(), other.clone()];
         assert_eq!(Needs::of(&mixed), Err(vec![other]));
         assert!(Needs::of(&[]).unwrap().is_empty());
+    }
+
+    /// The importer leaves a function's permanent errors unretried by the rule the lambda agent
+    /// applies when it fails an attempt for good: the two read every name alike.
+    #[test]
+    fn the_importer_reads_permanent_errors_as_the_lambda_agent_does() {
+        for name in [
+            "PermanentError",
+            "Permanent",
+            "PermanentFailure",
+            "com.example.PermanentError",
+            "errors:PermanentError",
+            "Outer$PermanentError",
+            "mod.sub:Outer$PermanentError",
+            "NotPermanentError",
+            "PermanentError.Wrapped",
+            "permanentError",
+            "States.TaskFailed",
+            "States.ALL",
+            "Lambda.ServiceException",
+            "TransientError",
+            "",
+            ".",
+            "Permanent.",
+        ] {
+            assert_eq!(sas_asl::is_permanent_name(name), sas_core::agent::lambda::is_permanent_type(name), "{name:?}");
+        }
     }
 }

@@ -530,10 +530,10 @@ fn import_asl(
                 continue;
             }
         };
-        let name = sas_cli::asl::workflow_name(f);
-        match sas_cli::asl::import(&name, &def) {
+        let name = sas_asl::workflow_name(f);
+        match sas_asl::import(&name, &def) {
             Ok(mut i) => {
-                let renamed = sas_cli::asl::merge_agents(&mut all_agents, &mut i);
+                let renamed = sas_asl::merge_agents(&mut all_agents, &mut i);
                 let steps = i.workflow["steps"].as_array().map_or(0, Vec::len);
                 let children = i.children.iter().filter_map(|w| w["name"].as_str()).collect::<Vec<_>>();
                 let runs =
@@ -563,7 +563,7 @@ fn import_asl(
     }
     let wf = serde_json::json!({"workflows": wfs});
     let agent_count = all_agents.len();
-    let ag = sas_cli::asl::agents_file(&all_agents);
+    let ag = sas_asl::agents_file(&all_agents);
     std::fs::write(workflows, serde_json::to_string_pretty(&wf)? + "\n")
         .with_context(|| format!("writing {}", workflows.display()))?;
     std::fs::write(agents, serde_json::to_string_pretty(&ag)? + "\n")

@@ -52,7 +52,7 @@ fn in_subset(def: &serde_json::Value) -> bool {
 }
 
 /// A refusal's reason as the census counts it.
-fn class(r: &sas_cli::asl::Refusal) -> String {
+fn class(r: &sas_asl::Refusal) -> String {
     let why = r.reason.as_str();
     let pick = [
         ("a loop", "a loop (Choice back to an earlier state)"),
@@ -111,10 +111,10 @@ fn the_collection_is_translated_or_refused_with_reasons() {
             unparseable += 1;
             continue;
         };
-        let name = sas_cli::asl::workflow_name(f);
+        let name = sas_asl::workflow_name(f);
         let covered = in_subset(&def);
         subset += usize::from(covered);
-        match sas_cli::asl::import(&name, &def) {
+        match sas_asl::import(&name, &def) {
             Ok(i) => {
                 let wf = serde_json::json!({"workflows": i.workflows()}).to_string();
                 sas_core::workflow::WorkflowRegistry::from_json(&wf)
@@ -133,7 +133,7 @@ fn the_collection_is_translated_or_refused_with_reasons() {
                         spec[field] = serde_json::json!(value);
                     }
                 }
-                let ag = sas_cli::asl::agents_file(&agents).to_string();
+                let ag = sas_asl::agents_file(&agents).to_string();
                 let report = sas_core::validate::check_with_grants(&wf, &ag, &|_| None, &|_| Some("*".to_owned()));
                 // grants depend on how the stack is deployed (a bus given by name is granted by name)
                 let problems: Vec<_> =
@@ -201,7 +201,7 @@ fn the_collection_s_sagas_become_per_step_compensation() {
         "saga-pattern-tf_statemachine_statemachine.asl.json",
     ] {
         let def: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join(file)).unwrap()).unwrap();
-        let i = sas_cli::asl::import("saga", &def).unwrap_or_else(|r| panic!("{file}: {r:?}"));
+        let i = sas_asl::import("saga", &def).unwrap_or_else(|r| panic!("{file}: {r:?}"));
         let undone: Vec<(String, String)> = i.workflow["steps"]
             .as_array()
             .unwrap()
