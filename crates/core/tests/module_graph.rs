@@ -816,6 +816,43 @@ fn the_pure_protocol_reaches_no_engine_adapter_or_agent_code() {
     );
 }
 
+/// The Step Functions importer (sas-asl, `crates/asl`) is pure: a definition in, workflows, agents
+/// and refusals out. Its manifest depends on no crate of I/O ([`names_io`]) and on no crate of the
+/// workspace but sas-protocol (not sas-core: checking what it translates is sasctl's); its code,
+/// tests aside, names neither, nor std's files, network, processes or environment.
+#[test]
+fn the_importer_is_pure_and_depends_on_the_protocol_alone() {
+    let member = workspace_root().join("crates/asl");
+    let manifest = member.join("Cargo.toml");
+    let deps = dependencies(&std::fs::read_to_string(&manifest).unwrap());
+    assert!(deps.iter().any(|d| d == "sas_protocol"), "{}: {deps:?}", shown(&manifest));
+    let not_allowed =
+        |krate: &str| names_io(&[krate.to_owned()]) || (krate.starts_with("sas_") && krate != "sas_protocol");
+    let mut found: Vec<String> =
+        deps.iter().filter(|d| not_allowed(d)).map(|d| format!("{} depends on {d}", shown(&manifest))).collect();
+    let home = tree(&member.join("src/lib.rs"));
+    let outside: Vec<&(PathRef, PathBuf)> =
+        home.paths.iter().filter(|(p, _)| !p.test && home.resolve(&p.module, &p.segs).is_none()).collect();
+    assert!(
+        outside.iter().any(|(p, _)| p.segs.first().is_some_and(|c| c == "sas_protocol")),
+        "the scan found too little of the importer's code to mean anything: {} paths",
+        home.paths.len()
+    );
+    for (p, file) in outside {
+        let krate = p.segs.first().map_or("", String::as_str);
+        let std_io =
+            krate == "std" && p.segs.get(1).is_some_and(|m| matches!(m.as_str(), "fs" | "net" | "process" | "env"));
+        if not_allowed(krate) || std_io {
+            found.push(format!("{} ({}:{}) in {}", p.segs.join("::"), shown(file), p.line, p.module.join("::")));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the importer reaches I/O or a crate of the workspace but sas-protocol:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_deployed_crates_use_neither_the_simulation_nor_the_twins() {
     let root = workspace_root();
@@ -827,7 +864,10 @@ fn the_deployed_crates_use_neither_the_simulation_nor_the_twins() {
     for t in src_trees("crates/core") {
         for (p, file) in &t.paths {
             if p.segs.first().is_some_and(|c| {
-                matches!(c.as_str(), "sas_cli" | "sas_functions" | "sas_order_service" | "sas_tests" | "sas_testkit")
+                matches!(
+                    c.as_str(),
+                    "sas_asl" | "sas_cli" | "sas_functions" | "sas_order_service" | "sas_tests" | "sas_testkit"
+                )
             }) {
                 found.push(format!("{}:{}: {}", shown(file), p.line, p.segs.join("::")));
             }
@@ -835,7 +875,8 @@ fn the_deployed_crates_use_neither_the_simulation_nor_the_twins() {
     }
     // what is deployed runs on the real ports: the simulation and the twins (sas-testkit) are for
     // tests, a dev-dependency at most, named by no production source
-    for member in ["crates/protocol", "crates/core", "functions", "crates/cli", "services/order-service"] {
+    for member in ["crates/protocol", "crates/core", "crates/asl", "functions", "crates/cli", "services/order-service"]
+    {
         let manifest = root.join(member).join("Cargo.toml");
         if dependencies(&std::fs::read_to_string(&manifest).unwrap()).iter().any(|d| d == "sas_testkit") {
             found.push(format!("{} depends on sas-testkit (a dev-dependency at most)", shown(&manifest)));
