@@ -20,7 +20,7 @@ use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
 use sas_core::ids::{Millis, TaskId};
 use sas_core::protocol::{submit, Ctx, Policy, ProcessState};
-use sas_core::store::{DynamoStore, StateStore as _};
+use sas_core::store::{DynamoStore, TaskWriter as _};
 use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 
 #[derive(Parser)]

@@ -301,7 +301,7 @@ mod tests {
     use super::*;
     use sas_core::ids::AttemptToken;
     use sas_core::protocol::{self, apply, Ctx, Event, Policy};
-    use sas_core::store::MemoryStore;
+    use sas_core::store::{MemoryStore, TaskWriter};
     use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
     use serde_json::json;
 

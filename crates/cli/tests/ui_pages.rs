@@ -3,6 +3,7 @@
 //! the console's own Origin and form token, and a request to another Host is refused. The browser
 //! test (`tests/ui.rs`) covers the same against LocalStack in Chromium.
 
+use sas_core::store::TaskWriter as _;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -33,7 +34,7 @@ async fn console(read_only: bool) -> (axum::Router, TaskId) {
 async fn console_of(tasks: &[Task], read_only: bool) -> axum::Router {
     let tw = Twins::new(WorkflowRegistry::from_json(BUILT_IN_WORKFLOWS).unwrap(), Settings::default(), NOW);
     for t in tasks {
-        tw.deps.store.create(t).await.unwrap();
+        tw.store.create(t).await.unwrap();
     }
     // no DynamoDB call is made by the pages requested here (the task page reads the store)
     let sdk = aws_config::SdkConfig::builder()

@@ -55,5 +55,5 @@ pub mod submitter;
 pub mod supervisor;
 pub mod telemetry;
 pub mod trace;
-pub mod transition;
+pub use deps::transition;
 pub mod validate;

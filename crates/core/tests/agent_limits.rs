@@ -8,7 +8,7 @@ use sas_core::agent::{self, AgentRuntime};
 use sas_core::config::Settings;
 use sas_core::ids::{Millis, TaskId};
 use sas_core::messages::{AgentRequest, Outcome, SchedulerMessage};
-use sas_core::store::Acquire;
+use sas_core::store::{Acquire, TaskWriter};
 use sas_core::workflow::WorkflowRegistry;
 use sas_testkit::twins::Twins;
 
@@ -96,7 +96,7 @@ async fn a_copy_of_a_request_whose_task_moved_on_starts_nothing() {
     let mut unlocked = task.clone();
     unlocked.locked_by = None;
     unlocked.rev += 1;
-    tw.deps.store.save(&unlocked, &task).await.unwrap();
+    tw.store.save(&unlocked, &task).await.unwrap();
     assert!(!agent::handle_sent(&tw.deps, &rt, &body(&req("a2")), Some(now)).await.unwrap());
     // the check cannot be made (the table throttles): the record fails and comes back
     tw.store.fail_next(
@@ -111,7 +111,7 @@ async fn a_copy_of_a_request_whose_task_moved_on_starts_nothing() {
     let mut held = unlocked.clone();
     held.locked_by = Some(sas_core::ids::AttemptToken::from("a3"));
     held.rev += 1;
-    tw.deps.store.save(&held, &unlocked).await.unwrap();
+    tw.store.save(&held, &unlocked).await.unwrap();
     assert!(agent::handle_sent(&tw.deps, &rt, &body(&req("a3")), Some(now)).await.unwrap());
     assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert!(matches!(outcomes(&tw).as_slice(), [Outcome::Succeeded { .. }]));

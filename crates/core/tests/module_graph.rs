@@ -949,31 +949,3 @@ fn a_step_kind_is_matched_whole_never_compared() {
     }
     assert!(found.is_empty(), "ask StepKind's methods or match every kind instead:\n{}", found.join("\n"));
 }
-
-#[test]
-fn one_module_writes_tasks() {
-    // The task store's write methods (`save`, `create`) are called by the writer alone
-    // (`transition.rs`: one conditional-write loop, one create); the store's own implementations
-    // aside. Tests may set up tasks as they like.
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let mut files = Vec::new();
-    for dir in ["crates", "functions", "services"] {
-        production_sources(&root.join(dir), &mut files);
-    }
-    let mut found = Vec::new();
-    for file in &files {
-        let path = file.to_string_lossy().replace('\\', "/");
-        if path.ends_with("crates/core/src/transition.rs") || path.contains("crates/core/src/store/") {
-            continue;
-        }
-        let code = std::fs::read_to_string(file).unwrap();
-        let code = code.split("#[cfg(test)]").next().unwrap_or_default();
-        for (n, line) in code.lines().enumerate() {
-            let line = line.split("//").next().unwrap_or_default();
-            if line.contains("store.save(") || line.contains("store.create(") {
-                found.push(format!("{path}:{}: {}", n + 1, line.trim()));
-            }
-        }
-    }
-    assert!(found.is_empty(), "write tasks through sas_core::transition instead:\n{}", found.join("\n"));
-}

@@ -15,7 +15,7 @@ use sas_core::protocol::{Policy, ProcessState, Task};
 use sas_core::role::{self, Record, Role};
 use sas_core::scheduler;
 use sas_core::screen::{self, unstorable_output};
-use sas_core::store::{MemoryStore, Page, PageKey, StateStore, StoreError, StoreOp, TaskSummary};
+use sas_core::store::{MemoryStore, Page, PageKey, StateStore, StoreError, StoreOp, TaskSummary, TaskWriter};
 use sas_core::submitter::{self, Submitted};
 use sas_core::transition::Applied;
 use sas_core::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
@@ -83,7 +83,9 @@ struct LandedButLost {
 impl LandedButLost {
     fn deps(tw: &Twins, n: u32) -> Deps {
         let mut deps = tw.deps.clone();
-        deps.store = Arc::new(LandedButLost { inner: tw.store.clone(), left: AtomicU32::new(n) });
+        let store = Arc::new(LandedButLost { inner: tw.store.clone(), left: AtomicU32::new(n) });
+        deps.store = store.clone();
+        deps.writer = sas_core::transition::Writer::new(store);
         deps
     }
 
@@ -92,7 +94,7 @@ impl LandedButLost {
     }
 }
 
-impl StateStore for LandedButLost {
+impl TaskWriter for LandedButLost {
     fn create<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             self.inner.create(task).await?;
@@ -101,10 +103,6 @@ impl StateStore for LandedButLost {
             }
             Ok(())
         })
-    }
-
-    fn get<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<Task>, StoreError>> {
-        self.inner.get(task_id)
     }
 
     fn save<'a>(&'a self, task: &'a Task, read: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -116,6 +114,12 @@ impl StateStore for LandedButLost {
             }
             Ok(())
         })
+    }
+}
+
+impl StateStore for LandedButLost {
+    fn get<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<Task>, StoreError>> {
+        self.inner.get(task_id)
     }
 
     fn get_many<'a>(&'a self, ids: &'a [TaskId]) -> BoxFuture<'a, Result<Vec<Task>, StoreError>> {

@@ -57,6 +57,7 @@ impl Twins {
         let bus = MemoryBus::for_stack(run_on.clone(), &res);
         let deps = Deps {
             store: Arc::new(store.clone()),
+            writer: sas_core::transition::Writer::new(Arc::new(store.clone())),
             limiter: Arc::new(store.clone()),
             bus: Arc::new(bus.clone()),
             resources: res,

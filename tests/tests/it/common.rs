@@ -99,6 +99,17 @@ pub async fn stack_with_settings(label: &str, workflows: WorkflowRegistry, setti
 }
 
 impl Stack {
+    /// The stack's table as a test writes tasks into it directly (the roles write through
+    /// `sas_core::transition` only).
+    pub fn table(&self) -> sas_core::store::DynamoStore {
+        sas_core::store::DynamoStore::new(
+            sas_core::aws::dynamodb_client(&self.sdk),
+            self.res.task_table.clone(),
+            self.res.shards,
+            self.deps.settings.retention_days,
+        )
+    }
+
     pub fn runner(&self) -> RunnerHandle {
         self.runner_with(AgentRuntime::with_builtins())
     }

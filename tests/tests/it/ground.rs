@@ -8,7 +8,7 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use sas_core::ids::{AttemptToken, Millis, TaskId};
 use sas_core::messages::{Alert, AlertKind};
 use sas_core::protocol::{self, Policy, ProcessState};
-use sas_core::store::{DynamoStore, StateStore, StoreError, BY_COMPLETE_BY};
+use sas_core::store::{DynamoStore, StateStore, StoreError, TaskWriter, BY_COMPLETE_BY};
 
 use crate::common::stack;
 
@@ -108,7 +108,7 @@ async fn the_complete_by_index_is_sparse() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_conditional_write_is_a_typed_conflict() {
     let s = stack("cond").await;
-    let store = &s.deps.store;
+    let store = &s.table();
     let wf = s.deps.workflows.resolve("three", None).unwrap().clone();
     let t = protocol::submit(
         TaskId::try_from("c1").unwrap(),

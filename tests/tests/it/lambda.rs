@@ -15,6 +15,7 @@
 // Deploy and recovery times go to stderr: nextest shows them for a failing or slow test.
 #![allow(clippy::print_stderr)]
 
+use sas_core::store::TaskWriter as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -183,7 +184,7 @@ impl Fns {
             retryable: true,
         };
         let tr = protocol::apply(&tr.task, &failed, &Ctx::at(created.plus_ms(1)), policy).expect("a retry");
-        self.s.deps.store.create(&tr.task).await.expect("PutItem");
+        self.s.table().create(&tr.task).await.expect("PutItem");
         let rev = tr
             .effects
             .iter()

@@ -1,5 +1,6 @@
 //! The protocol end to end on LocalStack: the real template's queues and table, the real handlers.
 
+use sas_core::store::TaskWriter as _;
 use std::time::{Duration, Instant};
 
 use sas_core::ids::{Millis, TaskId};
@@ -594,7 +595,7 @@ async fn the_supervisor_reads_only_expired_tasks_page_by_page() {
         tasks.push(make(format!("finished-{i}"), now.0 - 60_000, true)); // terminal: not in the index
     }
     for t in &tasks {
-        s.deps.store.create(t).await.unwrap();
+        s.table().create(t).await.unwrap();
     }
     let report = supervisor::sweep(&s.deps).await;
     assert_eq!(report.expired, 7, "only the expired tasks are read: {report:?}");
@@ -656,19 +657,19 @@ async fn history_entries_a_write_drops_are_archived_in_the_table_and_read_back()
     };
     read.history = (1..=6).map(entry).collect();
     read.status_seq = 6;
-    s.deps.store.create(&read).await.unwrap();
+    s.table().create(&read).await.unwrap();
     // The next write keeps the last four entries and one new: 1, 2 and 3 are dropped.
     let mut next = read.clone();
     next.rev += 1;
     next.history = (4..=7).map(entry).collect();
     next.status_seq = 7;
-    s.deps.store.save(&next, &read).await.unwrap();
+    s.table().save(&next, &read).await.unwrap();
     let archived = s.deps.store.archived_history(&id, 1, 4).await.unwrap();
     assert_eq!(archived, (1..=3).map(entry).collect::<Vec<_>>());
     // A write that drops nothing archives nothing more; the item itself is unchanged in shape.
     let mut again = next.clone();
     again.rev += 1;
-    s.deps.store.save(&again, &next).await.unwrap();
+    s.table().save(&again, &next).await.unwrap();
     assert_eq!(s.deps.store.archived_history(&id, 1, 10).await.unwrap().len(), 3);
     assert_eq!(s.task("hist-1").await.unwrap().history, next.history);
     s.delete().await;

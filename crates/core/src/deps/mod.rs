@@ -1,6 +1,8 @@
 //! What every role needs, built once per process (the composition root), and the error a
 //! handler reports for one message.
 
+pub mod transition;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,11 +14,15 @@ use crate::ids::Millis;
 use crate::protocol::Ctx;
 use crate::store::{DynamoStore, Limiter, StateStore, StoreError};
 use crate::workflow::{WorkflowError, WorkflowRegistry};
+use transition::Writer;
 
 /// The ports and settings of a role. Cheap to clone (everything shared is behind an `Arc`).
 #[derive(Debug, Clone)]
 pub struct Deps {
+    /// The task store's reads.
     pub store: Arc<dyn StateStore>,
+    /// The task store's writes, which only [`crate::transition`] can make.
+    pub writer: Writer,
     /// The agents' concurrency limits (leases in the task table; see [`crate::limit`]).
     pub limiter: Arc<dyn Limiter>,
     pub bus: Arc<dyn Bus>,
@@ -49,6 +55,7 @@ impl Deps {
         let store = Arc::new(store);
         Deps {
             store: store.clone(),
+            writer: Writer::new(store.clone()),
             limiter: store,
             bus: Arc::new(BufferedBus::new(
                 Arc::new(AwsBus::from_sdk(sdk)),

@@ -7,12 +7,26 @@
 //! conflict (no extra read), and a write that landed but whose answer was lost (the SDK sent it
 //! again) is recognised as ours. Effects are not performed here: see [`crate::effects`].
 
+use std::sync::Arc;
+
 use tracing::{debug, info};
 
-use crate::deps::{Deps, HandlerError};
+use super::{Deps, HandlerError};
 use crate::ids::Millis;
 use crate::protocol::{self, Effect, Event, ProcessState, Stale, Task};
-use crate::store::{is_own_write, StoreError};
+use crate::store::{is_own_write, StoreError, TaskWriter};
+
+/// The task store's writes as a role holds them ([`Deps::writer`]): only this module opens it,
+/// so every write of a task in the roles goes through [`write_loop`] or [`create`].
+#[derive(Debug, Clone)]
+pub struct Writer(Arc<dyn TaskWriter>);
+
+impl Writer {
+    /// The writes of `store`, for the composition root ([`Deps`]'s constructors).
+    pub fn new(store: Arc<dyn TaskWriter>) -> Writer {
+        Writer(store)
+    }
+}
 
 /// What a decision over the item as last read says to do.
 pub enum Decision<T> {
@@ -49,7 +63,7 @@ pub async fn write_loop<T>(
             Decision::Write(next, value) => (next, value),
             Decision::Nothing(value) => return Ok(Written::Nothing { read: Box::new(read), value }),
         };
-        match deps.store.save(&next, &read).await {
+        match deps.writer.0.save(&next, &read).await {
             Ok(()) => return Ok(Written::Landed { task: next, value, echo: false }),
             Err(StoreError::Conflict { current: Some(current) }) if is_own_write(&current, &next) => {
                 return Ok(Written::Landed { task: next, value, echo: true });
@@ -79,7 +93,7 @@ pub enum Created {
 /// lost (the SDK sent it again) finds its own item: that is [`Created::New`]. `TooLarge` and
 /// `Refused` come back as they are (the caller decides what an unstorable task means).
 pub async fn create(deps: &Deps, task: &Task) -> Result<Created, StoreError> {
-    match deps.store.create(task).await {
+    match deps.writer.0.create(task).await {
         Ok(()) => Ok(Created::New),
         Err(StoreError::AlreadyExists) => match deps.store.get(&task.task_id).await? {
             Some(t) if is_own_write(&t, task) => Ok(Created::New),

@@ -38,7 +38,9 @@ use aws_sdk_dynamodb::Client;
 use fnv::FnvHasher;
 use futures::future::BoxFuture;
 
-use super::{check_size, end_key, index_key, is_own_write, Page, PageKey, StateStore, StoreError, TaskSummary};
+use super::{
+    check_size, end_key, index_key, is_own_write, Page, PageKey, StateStore, StoreError, TaskSummary, TaskWriter,
+};
 use super::{Acquire, Limiter};
 use crate::ids::{AttemptToken, Millis, TaskId};
 use crate::limit::{expired_leases, limit_key};
@@ -926,21 +928,23 @@ impl Limiter for DynamoStore {
     }
 }
 
-impl StateStore for DynamoStore {
+impl TaskWriter for DynamoStore {
     fn create<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(self.create_item(task))
     }
 
+    fn save<'a>(&'a self, task: &'a Task, read: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(self.save_item(task, read))
+    }
+}
+
+impl StateStore for DynamoStore {
     fn get<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<Task>, StoreError>> {
         Box::pin(self.get_item(task_id))
     }
 
     fn holder<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<AttemptToken>, StoreError>> {
         Box::pin(self.get_holder(task_id))
-    }
-
-    fn save<'a>(&'a self, task: &'a Task, read: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(self.save_item(task, read))
     }
 
     fn get_many<'a>(&'a self, ids: &'a [TaskId]) -> BoxFuture<'a, Result<Vec<Task>, StoreError>> {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
 
-use super::{end_key, index_key, Page, PageKey, StateStore, StoreError, TaskSummary};
+use super::{end_key, index_key, Page, PageKey, StateStore, StoreError, TaskSummary, TaskWriter};
 use super::{Acquire, Limiter};
 use crate::ids::{Millis, TaskId};
 use crate::limit::expired_leases;
@@ -306,7 +306,7 @@ impl Limiter for MemoryStore {
     }
 }
 
-impl StateStore for MemoryStore {
+impl TaskWriter for MemoryStore {
     fn create<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             self.turn().await;
@@ -314,17 +314,19 @@ impl StateStore for MemoryStore {
         })
     }
 
-    fn get<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<Task>, StoreError>> {
-        Box::pin(async move {
-            self.turn().await;
-            Ok(self.begin(StoreOp::Get, "get")?.tasks.get(task_id).cloned())
-        })
-    }
-
     fn save<'a>(&'a self, task: &'a Task, read: &'a Task) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             self.turn().await;
             self.save_now(task, read)
+        })
+    }
+}
+
+impl StateStore for MemoryStore {
+    fn get<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<Task>, StoreError>> {
+        Box::pin(async move {
+            self.turn().await;
+            Ok(self.begin(StoreOp::Get, "get")?.tasks.get(task_id).cloned())
         })
     }
 

@@ -110,17 +110,25 @@ impl TaskSummary {
     }
 }
 
-/// The state store the roles write through.
-pub trait StateStore: Send + Sync + std::fmt::Debug {
+/// The task store's writes: a new task, and a conditional write over the item last read. Only
+/// [`crate::transition`] reaches them in the roles: a role's [`crate::deps::Deps`] holds them
+/// behind [`crate::transition::Writer`], which only that module opens, so a write that skips its
+/// loop (the re-decision on a lost condition, the recognition of a write whose answer was lost)
+/// does not compile. Tests and tools that set up tasks call them on a concrete store.
+pub trait TaskWriter: Send + Sync + std::fmt::Debug {
     /// Create a new task; `AlreadyExists` if its id is taken (duplicate submission).
     fn create<'a>(&'a self, task: &'a Task) -> BoxFuture<'a, Result<(), StoreError>>;
-
-    /// Strongly consistent read of one task.
-    fn get<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<Task>, StoreError>>;
 
     /// Write `task` if the stored item is still `read`: the same `Rev` and the same `LockedBy`
     /// (the attempt's fencing token is re-checked on every write). One request per transition.
     fn save<'a>(&'a self, task: &'a Task, read: &'a Task) -> BoxFuture<'a, Result<(), StoreError>>;
+}
+
+/// The task store's reads, which every role may hold ([`crate::deps::Deps::store`]); its writes
+/// are [`TaskWriter`]'s.
+pub trait StateStore: Send + Sync + std::fmt::Debug {
+    /// Strongly consistent read of one task.
+    fn get<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<Task>, StoreError>>;
 
     /// The attempt that holds the task now (`LockedBy`), strongly consistent: what an agent reads
     /// before it starts a call ([`crate::agent::still_current`]). `None` when no attempt holds

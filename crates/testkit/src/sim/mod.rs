@@ -355,6 +355,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
     };
     let deps = Deps {
         store: Arc::new(store.clone()),
+        writer: sas_core::transition::Writer::new(Arc::new(store.clone())),
         limiter: Arc::new(store.clone()),
         bus: Arc::new(bus.clone()),
         resources: res,
