@@ -8,5 +8,6 @@
 //! `publish = false`: the functions, sasctl and the order service never depend on it
 //! (`crates/core/tests/module_graph.rs` checks it with `cargo tree`).
 
+pub mod coverage;
 pub mod sim;
 pub mod twins;

@@ -6,6 +6,9 @@
 // The seed count and the burst figures are the point of running these: print them.
 #![allow(clippy::print_stderr)]
 
+use std::collections::BTreeSet;
+
+use sas_core::protocol::TRANSITIONS;
 use sas_testkit::sim::{self, Faults, SimConfig};
 
 fn faults() -> Faults {
@@ -39,6 +42,11 @@ fn every_seed_keeps_the_invariants() {
     let mut children: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
     let mut callbacks: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     let faults = faults();
+    // every written transition's (state, event) pair, for the protocol's table (not when
+    // replaying one seed: its logs go to the terminal)
+    let replaying = std::env::var("SIM_SEED").is_ok();
+    let recorder = sas_testkit::coverage::Recorder::default();
+    let _recording = (!replaying).then(|| tracing::subscriber::set_default(recorder.clone()));
     for &seed in &seeds {
         let r = sim::run(&SimConfig { faults: faults.clone(), ..SimConfig::for_seed(seed) });
         handled += r.handled;
@@ -89,6 +97,21 @@ fn every_seed_keeps_the_invariants() {
     for (kind, (n, first, text)) in &broken {
         eprintln!("  {kind}: {n} seeds, first seed {first}: {text}");
     }
+    let reached = recorder.pairs();
+    let table: BTreeSet<(String, String)> =
+        TRANSITIONS.iter().map(|(state, event)| (state.to_string(), (*event).to_owned())).collect();
+    let outside: Vec<_> = reached.difference(&table).collect();
+    assert!(
+        replaying || outside.is_empty(),
+        "written transitions in (state, event) pairs the protocol's table does not list \
+         (crates/protocol/src/protocol/table.rs): {outside:?}"
+    );
+    if seeds.len() >= 300 && std::env::var("SIM_FAULTS").is_err() {
+        // the default run reaches every pair of the table: each is put to the test
+        let unreached: Vec<_> = table.difference(&reached).collect();
+        assert!(unreached.is_empty(), "pairs of the protocol's table no seed reached: {unreached:?}");
+    }
+    eprintln!("transition coverage: {} of the table's {} (state, event) pairs reached", reached.len(), table.len());
     if seeds.len() >= 50 {
         // the limit was met, so the max-in-flight invariant was put to the test
         assert!(limit_waits > 0 && limited_max == sim::LIMIT, "{limit_waits} waits, at most {limited_max} at once");

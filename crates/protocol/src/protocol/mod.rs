@@ -35,9 +35,11 @@ use crate::messages::{
 };
 use crate::workflow::{FailureKind, OnFailure, StepDef, StepKind, WaitTime, WorkflowDef, MAX_LONG_STEP_MS};
 
+pub mod table;
 pub mod task;
 
 pub use crate::state::{ProcessState, UnknownState};
+pub use table::TRANSITIONS;
 use task::{noun, running_state, waiting_state};
 pub use task::{
     Bits, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, MapProgress, Stage, StepRecord, StepStatus,
