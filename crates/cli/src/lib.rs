@@ -3,6 +3,7 @@ pub mod asl;
 pub mod callback_url;
 pub mod config_files;
 pub mod deployed;
+pub mod diagram;
 pub mod iam;
 pub mod lambda;
 pub mod listing;
@@ -15,6 +16,7 @@ pub mod template;
 pub mod timeline;
 pub mod top;
 pub mod ui;
+pub mod validate;
 
 #[cfg(test)]
 mod schema_files {
@@ -77,7 +79,7 @@ pub fn shipped_workflows_page() -> String {
         if !def.description.is_empty() {
             let _ = write!(page, "{}\n\n", def.description);
         }
-        let _ = write!(page, "```mermaid\n{}```\n", sas_core::diagram::mermaid(def));
+        let _ = write!(page, "```mermaid\n{}```\n", crate::diagram::mermaid(def));
     }
     page
 }

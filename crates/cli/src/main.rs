@@ -612,7 +612,7 @@ fn validate(
     vars: &[String],
     params: &[String],
     graph: Option<&str>,
-) -> Result<sas_core::validate::Report> {
+) -> Result<sas_cli::validate::Report> {
     let say = |line: String| if graph.is_some() { eprintln!("{line}") } else { println!("{line}") };
     let (wf, ag) = (sas_cli::config_files::workflows(workflows)?, sas_cli::config_files::agents(agents)?);
     let (wf, wf_from, ag, ag_from) = (wf.text, wf.from.to_string(), ag.text, ag.from.to_string());
@@ -630,7 +630,7 @@ fn validate(
             .or_else(|| deployed.get(k).cloned())
             .filter(|v| !v.is_empty())
     };
-    let r = sas_core::validate::check_with_grants(&wf, &ag, &lookup, &|k| params.get(k).cloned());
+    let r = sas_cli::validate::check_with_grants(&wf, &ag, &lookup, &|k| params.get(k).cloned());
     say(format!(
         "workflows from {wf_from}: {}",
         if r.workflows.is_empty() { "-".into() } else { r.workflows.join(", ") }
@@ -657,7 +657,7 @@ fn validate(
         let def = registry
             .resolve(name, version)
             .with_context(|| format!("--graph: no workflow {name} (the file has {})", r.workflows.join(", ")))?;
-        print!("{}", sas_core::diagram::mermaid(def));
+        print!("{}", sas_cli::diagram::mermaid(def));
     }
     Ok(r)
 }

@@ -134,7 +134,7 @@ fn the_collection_is_translated_or_refused_with_reasons() {
                     }
                 }
                 let ag = sas_asl::agents_file(&agents).to_string();
-                let report = sas_core::validate::check_with_grants(&wf, &ag, &|_| None, &|_| Some("*".to_owned()));
+                let report = sas_cli::validate::check_with_grants(&wf, &ag, &|_| None, &|_| Some("*".to_owned()));
                 // grants depend on how the stack is deployed (a bus given by name is granted by name)
                 let problems: Vec<_> =
                     report.problems.iter().filter(|p| !p.contains("add it to the template parameter")).collect();

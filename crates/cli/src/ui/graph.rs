@@ -1,7 +1,7 @@
 //! A workflow drawn as SVG for `sasctl ui`, and, given a task, the path it took: each step a box
 //! in the row of its depth in the `after` graph (branches side by side), the edges of the graph,
 //! what runs each step and how (the lines of the book's Mermaid drawings,
-//! [`sas_core::diagram::facts`]), its compensation, and with a task each box coloured by its
+//! [`crate::diagram::facts`]), its compensation, and with a task each box coloured by its
 //! step's state and the edges it went along drawn bold.
 //!
 //! Every text goes through maud, so what a workflow or a task says is escaped wherever it is shown.
@@ -133,7 +133,7 @@ pub fn svg(def: &WorkflowDef, task: Option<&Task>, id: &str) -> Markup {
         .enumerate()
         .map(|(i, s)| {
             let mut l = vec![("name", s.name.clone())];
-            l.extend(sas_core::diagram::facts(s).into_iter().map(|f| ("fact", f)));
+            l.extend(crate::diagram::facts(s).into_iter().map(|f| ("fact", f)));
             if let Some(c) = &s.compensation {
                 l.push(("undo", format!("undone by {} ({})", c.name, c.agent().unwrap_or_default())));
             }

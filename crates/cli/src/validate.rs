@@ -3,15 +3,15 @@
 //! an agent that is not defined, an agent whose variable is not set, a hand-off agent (approval,
 //! queue, topic, bus) on a step that is not a callback step, and an agent whose AWS calls the
 //! Agent function's role would refuse (the template's `Agent*Arns` parameters, each named by the
-//! agent kind's [`crate::agent::Grant`]).
+//! agent kind's [`sas_core::agent::Grant`]).
 
 use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-use crate::agent::{self, AgentSurvey};
-use crate::config_file::parse_value;
-use crate::workflow::{StepDef, WorkflowDef, WorkflowRegistry};
+use sas_core::agent::{self, AgentSurvey};
+use sas_core::config_file::parse_value;
+use sas_core::workflow::{StepDef, WorkflowDef, WorkflowRegistry};
 
 /// What is wrong (the functions would fail on it) or worth a look.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -107,7 +107,7 @@ pub fn check(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> Opt
 }
 
 /// [`check`], and every AWS call an agent makes granted by the template parameters `params`
-/// (each [`crate::agent::Grant`]'s `parameter`, as given to `sam deploy --parameter-overrides`).
+/// (each [`sas_core::agent::Grant`]'s `parameter`, as given to `sam deploy --parameter-overrides`).
 pub fn check_with_grants(
     workflows_json: &str,
     agents_json: &str,
@@ -145,7 +145,7 @@ fn read_workflows(json: &str, problems: &mut Vec<String>) -> Result<WorkflowRegi
             let at = format!("workflows[{i}]");
             let mut w = w.clone();
             let mut found = false;
-            if let Err(e) = crate::workflow::apply_defaults(&mut w, &at) {
+            if let Err(e) = sas_core::workflow::apply_defaults(&mut w, &at) {
                 problems.push(format!("workflows: {e}"));
                 found = true;
             }
@@ -307,8 +307,8 @@ mod grant_tests {
             "t": {"kind": "sns", "topic_arn": "arn:aws:sns:eu-west-1:123:work"},
             "b": {"kind": "eventbridge", "bus": "arn:aws:events:eu-west-1:123:event-bus/orders", "source": "s", "detail_type": "d"},
             "ask": {"kind": "approval", "topic_arn": "arn:aws:sns:eu-west-1:123:approvals"}}}"#;
-        let survey = crate::agent::survey(ag, &|_| None).expect("valid agents");
-        let grants: Vec<&crate::agent::Grant> = survey.iter().flat_map(|a| &a.grants).collect();
+        let survey = sas_core::agent::survey(ag, &|_| None).expect("valid agents");
+        let grants: Vec<&sas_core::agent::Grant> = survey.iter().flat_map(|a| &a.grants).collect();
         let params: BTreeSet<&str> = grants.iter().map(|g| g.parameter).collect();
         assert_eq!(params.len(), 7, "{params:?}");
         let template = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).unwrap();
@@ -418,8 +418,8 @@ mod grant_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::BUILT_IN_AGENTS;
-    use crate::workflow::BUILT_IN_WORKFLOWS;
+    use sas_core::agent::BUILT_IN_AGENTS;
+    use sas_core::workflow::BUILT_IN_WORKFLOWS;
 
     fn deployed(k: &str) -> Option<String> {
         // what the template sets for the Agent function
