@@ -465,9 +465,38 @@ fn attempt_request(task: &Task, token: &AttemptToken, attempt_no: u32, start_by:
 
 /// Apply one event. `Err(Stale)` means the event changes nothing.
 pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<Transition, Stale> {
-    if let Event::Callback { attempt, unit, answer } = event {
-        return callback(task, attempt, unit, answer, ctx, policy);
+    if !matches!(event, Event::Callback { .. }) {
+        admit(task, event)?;
     }
+    let mut t = task.clone();
+    t.rev += 1;
+    t.updated_at = ctx.now;
+    let mut c = Change { t, fx: Vec::new(), ctx, policy };
+    match event {
+        // a callback answer is fenced by its token alone (a late answer is recorded on an ended task)
+        Event::Callback { attempt, unit, answer } => return callback(task, attempt, unit, answer, ctx, policy),
+        Event::Claim { rev } => claim(task, *rev, &mut c)?,
+        Event::AgentSucceeded { attempt, output } => agent_succeeded(task, attempt, output, &mut c)?,
+        Event::AgentFailed { attempt, error, retryable } => agent_failed(task, attempt, error, *retryable, &mut c)?,
+        Event::AgentTimedOut { attempt, error } => agent_timed_out(task, attempt, error, &mut c)?,
+        Event::AgentNotStarted { attempt, error } => agent_not_started(task, attempt, error, &mut c)?,
+        Event::DeadlineExpired => deadline_expired(task, &mut c)?,
+        Event::Cancel { reason, .. } => cancel(task, reason, &mut c)?,
+        Event::Resubmit { reason, .. } => resubmit(reason, &mut c),
+        Event::ElementEnded { step, element, state, reason, output } => {
+            map::element_ended(task, *step, *element, *state, reason.as_deref(), output.as_ref(), &mut c)?;
+        }
+        Event::Undo { reason } => map::undo(task, reason, &mut c)?,
+        Event::Joined { step, output } => map::joined(task, *step, output, &mut c)?,
+    }
+    Ok(Transition { task: c.t, effects: c.fx, keeps_mark: false })
+}
+
+/// Whether an event other than a callback answer may be applied to the task at all: an
+/// operator's command for another run, a resubmit of a task not in `Error`, an unfenced command
+/// on an `Error` task, and anything but an operator's fenced command (or a parent's undo) on an
+/// ended task are stale.
+fn admit(task: &Task, event: &Event) -> Result<(), Stale> {
     if let Some(run) = event.run().filter(|r| *r != task.run) {
         return Err(Stale::OtherRun { message: run, current: task.run });
     }
@@ -486,27 +515,7 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
     if task.process_state.is_terminal() && !(task.process_state == ProcessState::Error && command) && !undo {
         return Err(Stale::Terminal(task.process_state));
     }
-    let mut t = task.clone();
-    t.rev += 1;
-    t.updated_at = ctx.now;
-    let mut c = Change { t, fx: Vec::new(), ctx, policy };
-    match event {
-        Event::Claim { rev } => claim(task, *rev, &mut c)?,
-        Event::AgentSucceeded { attempt, output } => agent_succeeded(task, attempt, output, &mut c)?,
-        Event::AgentFailed { attempt, error, retryable } => agent_failed(task, attempt, error, *retryable, &mut c)?,
-        Event::AgentTimedOut { attempt, error } => agent_timed_out(task, attempt, error, &mut c)?,
-        Event::AgentNotStarted { attempt, error } => agent_not_started(task, attempt, error, &mut c)?,
-        Event::DeadlineExpired => deadline_expired(task, &mut c)?,
-        Event::Cancel { reason, .. } => cancel(task, reason, &mut c)?,
-        Event::Resubmit { reason, .. } => resubmit(reason, &mut c),
-        Event::Callback { .. } => unreachable!("callback answers are applied before this match"),
-        Event::ElementEnded { step, element, state, reason, output } => {
-            map::element_ended(task, *step, *element, *state, reason.as_deref(), output.as_ref(), &mut c)?;
-        }
-        Event::Undo { reason } => map::undo(task, reason, &mut c)?,
-        Event::Joined { step, output } => map::joined(task, *step, output, &mut c)?,
-    }
-    Ok(Transition { task: c.t, effects: c.fx, keeps_mark: false })
+    Ok(())
 }
 
 /// The Scheduler claims the current unit, if the run message is for the wait the task is in,
