@@ -5,7 +5,7 @@
 //! transition falls outside the list. A change that lets an event change a task in a new state
 //! fails that test until the pair is listed here, with what it means.
 
-use super::ProcessState::{self, Compensating, Error, Pending, Processed, Processing};
+use super::ProcessState::{self, Compensated, Compensating, Error, Pending, Processed, Processing};
 
 /// Each pair: the task's state when the event arrives, and the event's name ([`super::Event::name`]).
 pub const TRANSITIONS: &[(ProcessState, &str)] = &[
@@ -37,6 +37,8 @@ pub const TRANSITIONS: &[(ProcessState, &str)] = &[
     (Compensating, "callback_succeeded"),
     (Pending, "callback_succeeded"),
     (Processed, "callback_succeeded"),
+    (Compensated, "callback_succeeded"),
+    (Error, "callback_succeeded"),
     (Compensating, "callback_failed"),
     (Processing, "callback_heartbeat"),
     // maps, branches and children: an element's end, the join, and a parent's undo of a child
