@@ -1,6 +1,7 @@
 pub mod answer;
 pub mod asl;
 pub mod callback_url;
+pub mod commands;
 pub mod config_files;
 pub mod deployed;
 pub mod diagram;
