@@ -6,10 +6,10 @@ ARGS ?=
 
 .PHONY: demo demo-local up down check validate sim lambda-smoke lambda-check test-lambda byow localstack-install localstack-start localstack-stop localstack-status tools lint sam-build sam-deploy-local sam-local-invoke docker-stop stack-smoke test
 
-demo: ## the main job on the real functions: LocalStack, the stack with its 5 Lambda functions, the order service, sample orders (synchronous and asynchronous), a summary
+demo: ## the main job on the real functions: LocalStack, the stack with its 5 Lambda functions, the order service, sample orders (synchronous and asynchronous), a summary (sas-dev demo)
 	SAS_MODE=lambda infra/demo.sh
 
-demo-local: ## the same orders with every role in one process (the local runner; functions off): fastest to iterate
+demo-local: ## the same orders with every role in one process (the local runner; functions off): fastest to iterate (sas-dev demo)
 	SAS_MODE=local infra/demo.sh
 
 up: ## LocalStack + stack sas-local + order service + local runner in the background (.local/outputs.json)
@@ -27,7 +27,7 @@ bench-console: ## benchmark of sasctl ui's task listing on its own stack: 10,000
 	source infra/env.sh && infra/localstack.sh ensure && cargo build -q --workspace --examples && target/debug/examples/console_bench --tasks "$(or $(BENCH_N),10000)" --pages "$(or $(BENCH_PAGES),20)"
 
 .PHONY: load
-load: ## benchmark on make up's stack: N sim-order tasks (N=1000), drain time, throughput, latency, final states
+load: ## benchmark on make up's stack: N sim-order tasks (N=1000), drain time, throughput, latency, final states (sas-dev load)
 	N="$(or $(N),1000)" ARGS="$(ARGS)" infra/load.sh
 
 .PHONY: bench-cost bench-sweep

@@ -6,6 +6,7 @@
 #   make load                 N=1000 against .local/outputs.json (runs `make up` first if no runner runs)
 #   make load N=100 ARGS='--json --timeout-secs 300'
 #
+# The benchmark is `sas-dev load` (crates/dev, the developer's binary; not sasctl's).
 # What `make up` started stays up: `make down` stops it.
 set -euo pipefail
 # shellcheck source=infra/env.sh
@@ -24,4 +25,4 @@ fi
 cargo build -q --workspace --bins
 echo "load: $N tasks; the runner (pid $(cat "$PIDFILE"), log $SAS_LOCAL_DIR/runner.log) does the work" >&2
 # shellcheck disable=SC2086 # ARGS is a list of extra options
-exec target/debug/sasctl --outputs "$OUTPUTS" load --tasks "$N" ${ARGS:-}
+exec target/debug/sas-dev --outputs "$OUTPUTS" load --tasks "$N" ${ARGS:-}

@@ -6,7 +6,7 @@
 //! mappings, the scheduled rule and the Callback function's URL (see [`crate::callback_url`]). Also: what a deployed stack's functions look like (their
 //! environment, their event sources, the sweep rule) and what their log groups say.
 //!
-//! `sasctl deploy-local --functions DIR`, `sasctl demo --functions DIR` and the Lambda-mode tests
+//! `sasctl deploy-local --functions DIR`, `sas-dev demo --functions DIR` and the Lambda-mode tests
 //! (`tests/tests/it/lambda.rs`) deploy through [`deploy`].
 
 use std::collections::{BTreeMap, HashMap};

@@ -31,7 +31,6 @@ pub mod heartbeat;
 pub mod iam_check;
 pub mod import_asl;
 pub mod list;
-pub mod load;
 pub mod reject;
 pub mod resubmit;
 pub mod run;

@@ -1,15 +1,14 @@
-//! `sasctl load`: the load benchmark on a deployed stack ([`crate::load`]): a burst of tasks,
+//! `sas-dev load`: the load benchmark on a deployed stack ([`sas_cli::load`]): a burst of tasks,
 //! polled until every one has ended, and the figures.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use sas_cli::commands::Global;
+use sas_cli::load::LoadOptions;
+use sas_cli::table::TableReader;
 use sas_core::ids::TaskId;
-
-use super::Global;
-use crate::load::LoadOptions;
-use crate::table::TableReader;
 
 /// Benchmark: send a burst of tasks to the stack, poll until every one is terminal, and report
 /// drain time, throughput, latency percentiles, attempts per step and final states.
@@ -39,7 +38,7 @@ pub struct Args {
 
 /// The command: the burst, the polling (progress on stderr), the figures.
 pub async fn run(args: &Args, global: &Global) -> Result<i32> {
-    let sdk = super::sdk().await;
+    let sdk = sas_cli::commands::sdk().await;
     let res = global.resources(&sdk).await?;
     let opts = LoadOptions {
         tasks: args.tasks,
@@ -57,7 +56,7 @@ pub async fn run(args: &Args, global: &Global) -> Result<i32> {
         opts.tasks, opts.workflow, opts.prefix, res.submission_queue_url
     );
     let started = Instant::now();
-    let burst = crate::load::send_burst(&sqs, &res.submission_queue_url, &opts).await?;
+    let burst = sas_cli::load::send_burst(&sqs, &res.submission_queue_url, &opts).await?;
     eprintln!(
         "load: sent {} in {:.2} s ({} requests, {} entries failed{})",
         burst.sent.len(),
@@ -68,14 +67,14 @@ pub async fn run(args: &Args, global: &Global) -> Result<i32> {
     );
     let ids: Vec<TaskId> = burst.sent.iter().map(|(id, _)| id.clone()).collect();
     let mut last_print: Option<Instant> = None;
-    let (tasks, reads) = crate::load::poll_until_terminal(&reader, &ids, started, &opts, |p| {
+    let (tasks, reads) = sas_cli::load::poll_until_terminal(&reader, &ids, started, &opts, |p| {
         if last_print.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) || p.terminal == p.total {
             eprintln!("load: {p}");
             last_print = Some(Instant::now());
         }
     })
     .await?;
-    let mut report = crate::load::report(&opts.workflow, opts.tasks, &burst, &tasks, started.elapsed(), reads);
+    let mut report = sas_cli::load::report(&opts.workflow, opts.tasks, &burst, &tasks, started.elapsed(), reads);
     report.run.clone_from(&opts.prefix);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
