@@ -12,9 +12,6 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 use sas_cli::commands::Global;
 
-// the demo's orders and checks: the file moves here from crates/cli/src once the Task fields
-// renamed beside this change are committed (it was a module of sasctl's binary)
-#[path = "../../cli/src/demo.rs"]
 mod demo;
 mod load;
 mod smoke;
