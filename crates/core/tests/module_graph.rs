@@ -4,8 +4,9 @@
 //! them (`use` trees with their nested groups, and paths in code) is resolved to the module it
 //! names. No module imports a module that imports it back (a cycle among sibling modules; a parent
 //! and its own children may refer to each other: that is how a folder module re-exports). And the
-//! layers: sas-core's pure protocol reaches no engine, adapter or agent code, and the deployed
-//! crates do not use the simulation or the twins (sas-testkit).
+//! layers: sas-core's pure protocol reaches no engine, adapter or agent code, the deployed
+//! crates do not use the simulation or the twins (sas-testkit), and the demo's order service is
+//! the developer's binary's alone (sas-dev), not sasctl's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -866,7 +867,13 @@ fn the_deployed_crates_use_neither_the_simulation_nor_the_twins() {
             if p.segs.first().is_some_and(|c| {
                 matches!(
                     c.as_str(),
-                    "sas_asl" | "sas_cli" | "sas_functions" | "sas_order_service" | "sas_tests" | "sas_testkit"
+                    "sas_asl"
+                        | "sas_cli"
+                        | "sas_dev"
+                        | "sas_functions"
+                        | "sas_order_service"
+                        | "sas_tests"
+                        | "sas_testkit"
                 )
             }) {
                 found.push(format!("{}:{}: {}", shown(file), p.line, p.segs.join("::")));
@@ -893,6 +900,46 @@ fn the_deployed_crates_use_neither_the_simulation_nor_the_twins() {
         }
     }
     assert!(found.is_empty(), "imports across the layers:\n{}", found.join("\n"));
+}
+
+/// The order service, the demo's stand-in for remote services, is linked by the developer's binary
+/// alone (sas-dev, `crates/dev`): sasctl (sas-cli), the functions, the engine, the protocol and the
+/// importer neither depend on it nor name it outside their tests. sas-dev stands on sas-cli's
+/// library and the order service (and sas-core, sas-protocol), never on the test kit, the
+/// functions or the integration tests; and no crate of the workspace depends on sas-dev.
+#[test]
+fn the_order_service_is_the_developer_binary_s_alone() {
+    let root = workspace_root();
+    let deps_of = |member: &str| dependencies(&std::fs::read_to_string(root.join(member).join("Cargo.toml")).unwrap());
+    let mut found = Vec::new();
+    for member in ["crates/protocol", "crates/core", "crates/asl", "crates/cli", "functions"] {
+        if deps_of(member).iter().any(|d| d == "sas_order_service") {
+            found.push(format!("{member}/Cargo.toml depends on sas-order-service"));
+        }
+        for (r, _) in targets(&root.join(member)).into_iter().filter(|(_, src)| *src) {
+            for (p, file) in tree(&r).paths.iter().filter(|(p, _)| !p.test) {
+                if p.segs.first().is_some_and(|c| c == "sas_order_service") {
+                    found.push(format!("{}:{}: {}", shown(file), p.line, p.segs.join("::")));
+                }
+            }
+        }
+    }
+    let dev = deps_of("crates/dev");
+    assert!(
+        ["sas_cli", "sas_order_service"].iter().all(|d| dev.iter().any(|x| x == d)),
+        "crates/dev/Cargo.toml: sas-dev is sas-cli's library and the order service: {dev:?}"
+    );
+    let allowed = ["sas_cli", "sas_core", "sas_protocol", "sas_order_service"];
+    for d in dev.iter().filter(|d| d.starts_with("sas_") && !allowed.contains(&d.as_str())) {
+        found.push(format!("crates/dev/Cargo.toml depends on {d}"));
+    }
+    for member in members() {
+        let manifest = member.join("Cargo.toml");
+        if dependencies(&std::fs::read_to_string(&manifest).unwrap()).iter().any(|d| d == "sas_dev") {
+            found.push(format!("{} depends on sas-dev", shown(&manifest)));
+        }
+    }
+    assert!(found.is_empty(), "the order service beyond the developer's binary:\n{}", found.join("\n"));
 }
 
 /// Every `.rs` file of the workspace's production code (tests aside: test files and `tests/`).
