@@ -126,7 +126,7 @@ async fn main() -> Result<()> {
                 1 => ProcessState::Compensated,
                 _ => ProcessState::Processed,
             };
-            t.locked_by = None;
+            t.lock.locked_by = None;
             t.complete_by = None;
             t.updated_at = Millis(now.0 - 60_000 * i as u64);
             t.created_at = Millis(t.updated_at.0 - 5_000);

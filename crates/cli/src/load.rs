@@ -440,10 +440,10 @@ mod tests {
         for _ in 0..retries {
             now += 10_000;
             t = go(&t, &Event::DeadlineExpired, &mut now);
-            t = go(&t, &Event::Claim { rev: t.wait_rev }, &mut now);
+            t = go(&t, &Event::Claim { rev: t.claim.rev }, &mut now);
         }
         while t.process_state == ProcessState::Processing {
-            let attempt = t.locked_by.clone().unwrap();
+            let attempt = t.lock.locked_by.clone().unwrap();
             t = go(&t, &Event::AgentSucceeded { attempt, output: serde_json::json!({}) }, &mut now);
         }
         t

@@ -161,9 +161,9 @@ fn doing(t: &Task) -> Option<String> {
     let unit = t.current_def().name.as_str();
     let step = t.steps.get(t.unit_step()).map_or(unit, |s| s.name.as_str());
     let kind = &t.current_def().kind;
-    let running = t.locked_by.is_some();
+    let running = t.lock.locked_by.is_some();
     Some(match (t.is_compensating(), t.process_state) {
-        (true, _) if !running && t.awaits.is_some() => match t.not_before {
+        (true, _) if !running && t.lock.awaits.is_some() => match t.claim.not_before {
             // a cancelled attempt may still apply until then (or until it answers)
             Some(at) => format!(
                 "compensating {step} ({unit}) once its cancelled attempt can no longer apply: at {} at the latest, \
@@ -611,7 +611,7 @@ mod tests {
             doing(&t).as_deref(),
             Some(format!("waiting in reserve until {}", t.complete_by.unwrap().0).as_str())
         );
-        t.locked_by = None;
+        t.lock.locked_by = None;
         t.process_state = ProcessState::Pending;
         assert_eq!(doing(&t).as_deref(), Some("next: reserve"));
     }
@@ -619,7 +619,7 @@ mod tests {
     /// Pending: the first attempt of reserve failed retryably, the retry not claimed yet.
     fn pending() -> Task {
         let t = new_task();
-        let attempt = t.locked_by.clone().unwrap();
+        let attempt = t.lock.locked_by.clone().unwrap();
         step(&t, &Event::AgentFailed { attempt, error: "503".into(), retryable: true }, 2_500)
     }
 
@@ -635,15 +635,15 @@ mod tests {
     }
 
     fn claim(t: &Task, now: u64) -> Task {
-        step(t, &Event::Claim { rev: t.wait_rev }, now)
+        step(t, &Event::Claim { rev: t.claim.rev }, now)
     }
 
     fn succeed(t: &Task, now: u64) -> Task {
-        step(t, &Event::AgentSucceeded { attempt: t.locked_by.clone().unwrap(), output: json!({}) }, now)
+        step(t, &Event::AgentSucceeded { attempt: t.lock.locked_by.clone().unwrap(), output: json!({}) }, now)
     }
 
     fn refuse(t: &Task, now: u64) -> Task {
-        let attempt = t.locked_by.clone().unwrap();
+        let attempt = t.lock.locked_by.clone().unwrap();
         step(t, &Event::AgentFailed { attempt, error: "declined".into(), retryable: false }, now)
     }
 
@@ -725,7 +725,7 @@ mod tests {
         // charge attempt has answered: it can no longer race it.)
         let running = processing();
         let cancelled = step(&running, &Event::Cancel { reason: "customer asked".into(), run: None }, 4_000);
-        let answered = Event::AgentSucceeded { attempt: running.locked_by.clone().unwrap(), output: json!({}) };
+        let answered = Event::AgentSucceeded { attempt: running.lock.locked_by.clone().unwrap(), output: json!({}) };
         let refunding = claim(&step(&cancelled, &answered, 4_500), 4_600);
         let done = succeed(&succeed(&refunding, 5_000), 6_000);
         assert_eq!(

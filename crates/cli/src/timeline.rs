@@ -509,7 +509,7 @@ fn current(task: &Task, now: Millis) -> String {
         );
     }
     let unit = task.current_step_name().unwrap_or("?");
-    let map = task.steps.get(task.unit_step()).and_then(|s| s.map.as_ref()).filter(|_| task.locked_by.is_none());
+    let map = task.steps.get(task.unit_step()).and_then(|s| s.map.as_ref()).filter(|_| task.lock.locked_by.is_none());
     let what = if let Some(p) =
         map.filter(|_| matches!(task.process_state, ProcessState::Processing | ProcessState::Compensating))
     {
@@ -521,11 +521,11 @@ fn current(task: &Task, now: Millis) -> String {
             p.n,
             if p.branches.is_some() { "region" } else { "map" }
         )
-    } else if task.locked_by.is_some() {
+    } else if task.lock.locked_by.is_some() {
         let n = unit_named(task, unit).map_or(0, |u| recorded_attempts(task, u));
         format!("{unit} (attempt {n} running)")
     } else {
-        match task.not_before.filter(|nb| *nb > now) {
+        match task.claim.not_before.filter(|nb| *nb > now) {
             Some(nb) => format!("{unit} (its claim, not before {}: in {})", offset(t0, nb), duration(now.until(nb))),
             None => format!("{unit} (its claim)"),
         }
@@ -539,7 +539,7 @@ fn current(task: &Task, now: Millis) -> String {
         format!("overdue by {}", duration(cb.until(now)))
     };
     let mut line = format!("waiting for {what} until CompleteBy {} ({when})", offset(t0, cb));
-    if let Some(hard) = task.hard_by {
+    if let Some(hard) = task.lock.hard_by {
         let _ = write!(line, "; heartbeats cannot move it past {}", offset(t0, hard));
     }
     line
@@ -564,7 +564,7 @@ fn header(task: &Task, now: Millis, out: &mut String) {
     let _ = writeln!(out, "workflow      {}@{}", task.workflow.name, task.workflow.version);
     let _ = writeln!(out, "ProcessState  {}", task.process_state);
     let _ = writeln!(out, "FailureCount  {}", task.failure_count);
-    let _ = writeln!(out, "LockedBy      {}", task.locked_by.as_ref().map_or("-", |l| l.as_str()));
+    let _ = writeln!(out, "LockedBy      {}", task.lock.locked_by.as_ref().map_or("-", |l| l.as_str()));
     let _ = writeln!(out, "CompleteBy    {}", rel(task.complete_by));
     let _ = writeln!(out, "created       {}", utc(task.created_at));
     let _ = writeln!(
@@ -575,20 +575,20 @@ fn header(task: &Task, now: Millis, out: &mut String) {
     if task.run > 1 {
         let _ = writeln!(out, "run           {} (each cancel or resubmit starts one)", task.run);
     }
-    if task.undelivered_replies > 0 {
+    if task.undelivered.count > 0 {
         let _ = writeln!(
             out,
             "reply_to      {} statuses undelivered; last: {}",
-            task.undelivered_replies,
-            task.reply_error.as_deref().unwrap_or("-")
+            task.undelivered.count,
+            task.undelivered.error.as_deref().unwrap_or("-")
         );
     }
-    if task.late_results > 0 {
+    if task.late.count > 0 {
         let _ = writeln!(
             out,
             "late results  {} (an effect happened after its attempt expired); last: {}",
-            task.late_results,
-            task.late_result.as_deref().map_or("-".into(), |r| humane(r, task.created_at, 300))
+            task.late.count,
+            task.late.last.as_deref().map_or("-".into(), |r| humane(r, task.created_at, 300))
         );
     }
 }
@@ -760,12 +760,12 @@ pub fn render(task: &Task, now: Millis, opts: &Options) -> String {
         }
     }
     let _ = writeln!(out, "  now: {}", current(task, now));
-    if task.late_results > 0 {
+    if task.late.count > 0 {
         let _ = writeln!(
             out,
             "  late results: {} (a success after its attempt expired); last: {}",
-            task.late_results,
-            task.late_result.as_deref().map_or("-".into(), |r| humane(r, t0, 2 * CLIP))
+            task.late.count,
+            task.late.last.as_deref().map_or("-".into(), |r| humane(r, t0, 2 * CLIP))
         );
     }
     if full {
@@ -971,7 +971,7 @@ mod tests {
         }
 
         fn attempt(&self) -> AttemptToken {
-            self.0.locked_by.clone().expect("an attempt is running")
+            self.0.lock.locked_by.clone().expect("an attempt is running")
         }
 
         fn ok(self, ms: u64, output: serde_json::Value) -> Self {
@@ -985,7 +985,7 @@ mod tests {
         }
 
         fn claim(self, ms: u64) -> Self {
-            let rev = self.0.wait_rev;
+            let rev = self.0.claim.rev;
             self.go(ms, &Event::Claim { rev })
         }
 
@@ -1265,7 +1265,7 @@ mod tests {
         let mut rejected = empty.clone();
         rejected.process_state = ProcessState::Rejected;
         rejected.complete_by = None;
-        rejected.locked_by = None;
+        rejected.lock.locked_by = None;
         let text = render(&rejected, Millis(T0), &Options::compact(false));
         assert!(text.contains("Rejected") && text.contains("now: ended Rejected"), "{text}");
     }
@@ -1301,7 +1301,7 @@ mod tests {
             .ok(27_000, json!({}))
             .ok(27_300, json!({}))
             .go(70_000, &Event::Callback { attempt: first, unit: "ship".into(), answer: ok });
-        assert_eq!((late.0.process_state, late.0.late_results), (ProcessState::Compensated, 1));
+        assert_eq!((late.0.process_state, late.0.late.count), (ProcessState::Compensated, 1));
         let text = late.render(80_000);
         assert!(
             text.contains(
@@ -1345,7 +1345,7 @@ mod tests {
             let mut now = 0;
             let mut truth: HashMap<u64, bool> = HashMap::new();
             // the attempt holding the task (its token, its entry's time), and how attempts ended
-            let mut running = t.locked_by.clone().map(|a| (a, Millis(T0)));
+            let mut running = t.lock.locked_by.clone().map(|a| (a, Millis(T0)));
             let mut ended: HashMap<Millis, &str> = HashMap::new();
             // the submission claims the first attempt
             let mut numbers: HashMap<Millis, u32> = HashMap::from([(Millis(T0), 1)]);
@@ -1355,7 +1355,7 @@ mod tests {
                 }
                 now += 100 + rnd(3_000);
                 let run = Some(t.run);
-                let e = match (t.process_state, &t.locked_by, rnd(6)) {
+                let e = match (t.process_state, &t.lock.locked_by, rnd(6)) {
                     (ProcessState::Error, _, k) if k < 3 => Event::Resubmit { reason: "again".into(), run },
                     (ProcessState::Error, _, _) => Event::Cancel { reason: "stop".into(), run },
                     (_, _, 0) => Event::Cancel { reason: "stop".into(), run: None },
@@ -1368,8 +1368,8 @@ mod tests {
                     },
                     (_, Some(a), _) if rnd(2) == 0 => Event::AgentSucceeded { attempt: a.clone(), output: json!({}) },
                     (_, None, k) if k < 4 => {
-                        now = now.max(t.not_before.map_or(0, |nb| nb.0 - T0));
-                        Event::Claim { rev: t.wait_rev }
+                        now = now.max(t.claim.not_before.map_or(0, |nb| nb.0 - T0));
+                        Event::Claim { rev: t.claim.rev }
                     }
                     _ => {
                         now = now.max(t.complete_by.map_or(0, |cb| cb.0 - T0 + 2_000));
@@ -1379,18 +1379,18 @@ mod tests {
                 let Ok(tr) = apply(&t, &e, &ctx(now), &policy()) else { continue };
                 t = tr.task;
                 if let Some((token, start)) = running.take() {
-                    if t.locked_by.as_ref() == Some(&token) {
+                    if t.lock.locked_by.as_ref() == Some(&token) {
                         running = Some((token, start));
                     } else {
                         ended.insert(start, ended_by(&e));
                     }
                 }
-                if let (Some(token), None) = (&t.locked_by, &running) {
+                if let (Some(token), None) = (&t.lock.locked_by, &running) {
                     running = Some((token.clone(), t.history.last().unwrap().at));
                 }
                 if let Some(last) = t.history.last() {
-                    truth.entry(last.seq).or_insert(t.locked_by.is_none());
-                    if t.locked_by.is_some() {
+                    truth.entry(last.seq).or_insert(t.lock.locked_by.is_none());
+                    if t.lock.locked_by.is_some() {
                         let unit = unit_named(&t, t.current_step_name().unwrap()).unwrap();
                         numbers.entry(last.at).or_insert(recorded_attempts(&t, unit));
                     }

@@ -336,14 +336,14 @@ mod tests {
         let not_yet = submitted("c-not-yet", 30_000); // +45 s
                                                       // its first attempt failed retryably: it waits (Pending) for a claim, at most 30 s
         let pending = submitted("d-pending", 0);
-        let attempt = pending.locked_by.clone().unwrap();
+        let attempt = pending.lock.locked_by.clone().unwrap();
         let failed = Event::AgentFailed { attempt, error: "503".into(), retryable: true };
         let pending = apply(&pending, &failed, &ctx(1_000), &policy()).unwrap().task;
         assert_eq!(pending.process_state, ProcessState::Pending);
         let done = {
             let mut t = submitted("e-done", 0);
             for ms in [100, 200, 300] {
-                let attempt = t.locked_by.clone().unwrap();
+                let attempt = t.lock.locked_by.clone().unwrap();
                 t = apply(&t, &Event::AgentSucceeded { attempt, output: json!({}) }, &ctx(ms), &policy()).unwrap().task;
             }
             t

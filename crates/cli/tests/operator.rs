@@ -297,7 +297,7 @@ async fn the_operator_and_application_policies_allow_exactly_their_calls() {
 
 /// The token of the attempt a task's callback step waits for (what the agent handed over).
 fn token_of(t: &Task, unit: &str) -> String {
-    let attempt = t.locked_by.as_ref().expect("a waiting attempt holds the task");
+    let attempt = t.lock.locked_by.as_ref().expect("a waiting attempt holds the task");
     CallbackToken::new(&t.task_id, unit, attempt).expose()
 }
 
@@ -323,7 +323,7 @@ async fn callback_steps_are_answered_with_sasctl() {
     for id in [&done, &approved, &rejected] {
         s.submit_to("sim-callback", id, json!({})).await;
     }
-    let waiting = |t: &Task| t.process_state == ProcessState::Processing && t.locked_by.is_some();
+    let waiting = |t: &Task| t.process_state == ProcessState::Processing && t.lock.locked_by.is_some();
     let no_token = |out: &Output, token: &str| {
         let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
         assert!(!all.contains(token), "the token is never printed: {all}");

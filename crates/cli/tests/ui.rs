@@ -181,7 +181,7 @@ async fn the_console_draws_runs_and_acts_in_a_real_browser() {
     s.wait_for(&ok, "Processed", |t| t.process_state == ProcessState::Processed).await;
     s.wait_for(&undone, "Compensated", |t| t.process_state == ProcessState::Compensated).await;
     s.wait_for(&long, "Compensated", |t| t.process_state == ProcessState::Compensated).await;
-    s.wait_for(&waits, "waiting for its answer", |t| t.step_index == 1 && t.locked_by.is_some()).await;
+    s.wait_for(&waits, "waiting for its answer", |t| t.step_index == 1 && t.lock.locked_by.is_some()).await;
 
     let (_ui, base) = s.console(None);
     let (_driver, b) = browser().await;

@@ -150,7 +150,7 @@ async fn a_one_of_three_task_shows_its_skipped_branches_as_skipped_with_no_task(
             &policy,
         )
         .task;
-        let attempt = t.locked_by.clone().unwrap();
+        let attempt = t.lock.locked_by.clone().unwrap();
         let mut t = go(&t, Event::AgentSucceeded { attempt, output: serde_json::json!({}) });
         if ended {
             let end = Event::ElementEnded {

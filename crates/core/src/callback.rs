@@ -68,10 +68,10 @@ pub async fn answer(deps: &Deps, msg: &CallbackMessage, message: Option<&str>) -
                 r.complete_by = after.as_ref().and_then(|t| t.complete_by);
                 r
             }
-            _ if after.as_ref().is_some_and(|t| t.late_attempt.as_ref() == Some(attempt)) => CallbackReply::new(
+            _ if after.as_ref().is_some_and(|t| t.late.attempt.as_ref() == Some(attempt)) => CallbackReply::new(
                 CallbackResult::Late,
                 Some(state),
-                after.as_ref().and_then(|t| t.late_result.clone()).unwrap_or_default(),
+                after.as_ref().and_then(|t| t.late.last.clone()).unwrap_or_default(),
             ),
             _ => CallbackReply::new(CallbackResult::Applied, Some(state), format!("{} taken", msg.answer.name())),
         },

@@ -212,7 +212,7 @@ pub async fn record_undelivered(deps: &Deps, task: &Task, sent: &Sent) {
     let decide = |read: &Task| Decision::Write(Box::new(read.with_undelivered_replies(sent.undelivered, error)), ());
     match write_loop(deps, task.clone(), MAX_CONFLICTS, decide, |_| true).await {
         Ok(Written::Landed { task: next, .. }) => {
-            info!(task_id = %task.task_id, undelivered_replies = next.undelivered_replies, rev = next.rev, "undelivered statuses recorded on the task");
+            info!(task_id = %task.task_id, undelivered_replies = next.undelivered.count, rev = next.rev, "undelivered statuses recorded on the task");
         }
         Ok(_) => {}
         Err(HandlerError::Contended(_)) => {

@@ -209,7 +209,7 @@ pub fn observe(before: &Task, after: &Task, event: &Event) -> Vec<Observation> {
             out.push(Observation::TaskTime { ms: after.created_at.until(after.updated_at) });
         }
     }
-    let late = u64::from(after.late_results.saturating_sub(before.late_results));
+    let late = u64::from(after.late.count.saturating_sub(before.late.count));
     if late > 0 {
         out.push(Observation::Count { metric: &LATE_RESULTS, step: None, n: late });
     }

@@ -49,7 +49,7 @@ pub async fn handle_timer(deps: &Deps, t: TimerMessage, message: Option<&str>) -
     let wrote_last = message.is_some_and(|m| task.last_message.as_deref() == Some(message_mark(m).as_str()));
     if !task.process_state.is_terminal() && !wrote_last {
         match &t.attempt {
-            Some(a) if task.locked_by.as_ref() != Some(a) => {
+            Some(a) if task.lock.locked_by.as_ref() != Some(a) => {
                 debug!(task_id = %t.task_id, "timer for an attempt that is no longer current");
                 return Ok(Applied::Stale(Stale::NotCurrentAttempt));
             }

@@ -94,7 +94,7 @@ async fn a_copy_of_a_request_whose_task_moved_on_starts_nothing() {
     assert!(!agent::handle_sent(&tw.deps, &rt, &body(&req("a1")), Some(now)).await.unwrap());
     // held by no attempt (cancelled, given up, ended)
     let mut unlocked = task.clone();
-    unlocked.locked_by = None;
+    unlocked.lock.locked_by = None;
     unlocked.rev += 1;
     tw.store.save(&unlocked, &task).await.unwrap();
     assert!(!agent::handle_sent(&tw.deps, &rt, &body(&req("a2")), Some(now)).await.unwrap());
@@ -109,7 +109,7 @@ async fn a_copy_of_a_request_whose_task_moved_on_starts_nothing() {
     assert!(tw.deps.limiter.leases("counted").await.unwrap().is_empty(), "every slot taken was given back");
     // the attempt the task waits for runs
     let mut held = unlocked.clone();
-    held.locked_by = Some(sas_core::ids::AttemptToken::from("a3"));
+    held.lock.locked_by = Some(sas_core::ids::AttemptToken::from("a3"));
     held.rev += 1;
     tw.store.save(&held, &unlocked).await.unwrap();
     assert!(agent::handle_sent(&tw.deps, &rt, &body(&req("a3")), Some(now)).await.unwrap());

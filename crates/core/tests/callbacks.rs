@@ -163,7 +163,7 @@ async fn a_callback_step_heartbeats_answers_and_a_wait_wakes_by_its_timer() {
     agents(&tw).await;
     scheduler(&tw).await;
     let t = task(&tw, "c1");
-    assert_eq!((t.process_state, t.failure_count, t.late_results), (ProcessState::Processed, 0, 0));
+    assert_eq!((t.process_state, t.failure_count, t.late.count), (ProcessState::Processed, 0, 0));
     // an answer for a task that ended is told to stop
     let r = callback::answer(&tw.deps, &msg(&token, beat()), None).await.unwrap();
     assert_eq!((r.result, r.stop), (CallbackResult::Cancelled, true));

@@ -129,7 +129,7 @@ async fn submitter_creates_the_task_starts_it_and_tells_the_caller() {
     assert_eq!(dispatched.len(), 1);
     assert_eq!(
         (dispatched[0]["step"].as_str(), dispatched[0]["attempt"].as_str()),
-        (Some("a"), t.locked_by.as_ref().map(AttemptToken::as_str))
+        (Some("a"), t.lock.locked_by.as_ref().map(AttemptToken::as_str))
     );
     let timers = queue(&tw, "supervisor");
     assert_eq!(timers.len(), 1);
@@ -198,7 +198,7 @@ async fn a_submission_whose_start_was_not_sent_comes_back_and_sends_it_once_more
     role::handle(Role::Submitter, &tw.deps, &agents, &record).await.unwrap();
     let again = queue(&tw, "agent");
     assert_eq!(again.len(), 1, "the start, sent again");
-    assert_eq!(again[0]["attempt"].as_str(), t.locked_by.as_ref().map(AttemptToken::as_str), "the same attempt");
+    assert_eq!(again[0]["attempt"].as_str(), t.lock.locked_by.as_ref().map(AttemptToken::as_str), "the same attempt");
     let after = task(&tw, "s7");
     assert_eq!((after.rev, after.steps[0].maybe_applied), (2, true), "resent once, and the step may apply twice");
     // a third delivery (the resend's own sends may have failed) sends it again, without a write
@@ -392,7 +392,7 @@ async fn scheduler_claims_dispatches_and_arms_a_timer_once() {
     let timers = queue(&tw, "supervisor");
     assert_eq!(timers.len(), 1);
     assert_eq!(timers[0]["attempt"], dispatched[0]["attempt"]);
-    assert_eq!(task(&tw, "c1").locked_by.as_ref().map(AttemptToken::as_str), dispatched[0]["attempt"].as_str());
+    assert_eq!(task(&tw, "c1").lock.locked_by.as_ref().map(AttemptToken::as_str), dispatched[0]["attempt"].as_str());
 }
 
 #[tokio::test]
@@ -426,7 +426,7 @@ async fn a_lost_conditional_write_re_decides_on_the_current_item() {
     queue(&tw, "agent");
     let (saves, gets) = (tw.store.calls("save"), tw.store.calls("get"));
     // this one still holds the old read: its write loses and it re-decides on what is there now
-    let claim = sas_core::protocol::Event::Claim { rev: read.wait_rev };
+    let claim = sas_core::protocol::Event::Claim { rev: read.claim.rev };
     let (applied, commit) = transition::commit(&tw.deps, read, &claim, None).await.unwrap();
     assert_eq!(applied, Applied::Stale(Stale::AlreadyClaimed));
     assert!(matches!(commit, transition::Commit::Unchanged(_)));
@@ -465,7 +465,7 @@ async fn a_failed_send_after_the_write_fails_the_message_and_its_redelivery_send
     role::handle(Role::Scheduler, &tw.deps, &agents, &Record { receive_count: 2, ..run.clone() }).await.unwrap();
     let again = queue(&tw, "agent");
     assert_eq!(again.len(), 1);
-    assert_eq!(again[0]["attempt"].as_str(), claimed.locked_by.as_ref().map(AttemptToken::as_str));
+    assert_eq!(again[0]["attempt"].as_str(), claimed.lock.locked_by.as_ref().map(AttemptToken::as_str));
     assert_eq!(queue(&tw, "supervisor").len(), 1, "and its deadline timer");
     let after = task(&tw, "f1");
     assert_eq!(after.failure_count, claimed.failure_count, "no attempt charged for a dispatch that never left");
@@ -527,7 +527,7 @@ async fn a_run_message_that_comes_early_is_sent_on_for_the_rest_of_its_wait() {
     let cancel = json!({"type": "cancel", "v": 1, "task_id": "g12", "reason": "r"}).to_string();
     scheduler::schedule(&tw.deps, &cancel).await.unwrap();
     let t = task(&tw, "g12");
-    let not_before = t.not_before.expect("the compensation waits for the attempt to settle");
+    let not_before = t.claim.not_before.expect("the compensation waits for the attempt to settle");
     let run = queue(&tw, "scheduler").pop().expect("the compensation's run message").to_string();
     let got = scheduler::schedule(&tw.deps, &run).await.unwrap();
     assert!(matches!(got, Applied::Stale(Stale::TooEarly { .. })), "{got:?}");
@@ -640,8 +640,8 @@ async fn a_reply_queue_that_refuses_for_good_is_counted_on_the_task_and_never_fa
         assert!(matches!(end, Ok(Applied::Changed { state: ProcessState::Processed, .. })), "{code}: {end:?}");
         let t = task(&tw, "u1");
         // Processing a (at submission), Processing b, Processed: three statuses, none delivered
-        assert_eq!(t.undelivered_replies, 3, "{code}");
-        assert!(t.reply_error.as_deref().is_some_and(|e| e.contains(code)), "{code}: {:?}", t.reply_error);
+        assert_eq!(t.undelivered.count, 3, "{code}");
+        assert!(t.undelivered.error.as_deref().is_some_and(|e| e.contains(code)), "{code}: {:?}", t.undelivered.error);
         assert!(tw.bus.bodies(&reply).is_empty());
         let sdlq = tw.deps.resources.scheduler_dlq_url.clone().unwrap();
         assert_eq!(tw.bus.depth(&sdlq), 0, "{code}: nothing dead-lettered");
@@ -675,7 +675,7 @@ async fn a_terminal_status_that_fails_for_a_while_is_still_sent_again() {
     let states: Vec<ProcessState> =
         tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str::<StatusMessage>(b).unwrap().state).collect();
     assert_eq!(states.last(), Some(&ProcessState::Processed));
-    assert_eq!(task(&tw, "u3").undelivered_replies, 0, "a transient failure is not counted as undeliverable");
+    assert_eq!(task(&tw, "u3").undelivered.count, 0, "a transient failure is not counted as undeliverable");
 }
 
 #[tokio::test]
@@ -690,7 +690,7 @@ async fn a_fifo_reply_queue_gets_every_status_of_a_task_with_the_longest_id() {
     let states: Vec<ProcessState> =
         tw.bus.bodies(&reply).iter().map(|b| serde_json::from_str::<StatusMessage>(b).unwrap().state).collect();
     assert_eq!(states, vec![ProcessState::Processing, ProcessState::Processing, ProcessState::Processed]);
-    assert_eq!(task(&tw, &id).undelivered_replies, 0);
+    assert_eq!(task(&tw, &id).undelivered.count, 0);
 }
 
 #[tokio::test]
@@ -752,14 +752,14 @@ async fn recording_undelivered_statuses_re_decides_on_a_task_that_moved_meanwhil
     };
     effects::record_undelivered(&tw.deps, &read, &sent).await;
     let t = task(&tw, "race");
-    assert_eq!((t.undelivered_replies, t.rev, t.step_index), (2, moved.rev + 1, 1), "the transition stands");
-    assert_eq!(t.reply_error.as_deref(), sent.undelivered_error.as_deref());
+    assert_eq!((t.undelivered.count, t.rev, t.step_index), (2, moved.rev + 1, 1), "the transition stands");
+    assert_eq!(t.undelivered.error.as_deref(), sent.undelivered_error.as_deref());
     assert_eq!(t.updated_at, moved.updated_at);
     // and the task goes on from there, the count kept
     let b: AgentRequest = serde_json::from_value(queue(&tw, "agent").pop().unwrap()).unwrap();
     scheduler::schedule(&tw.deps, &result(&b, Outcome::Succeeded { output: json!(2) })).await.unwrap();
     let done = task(&tw, "race");
-    assert_eq!((done.process_state, done.undelivered_replies), (ProcessState::Processed, 2));
+    assert_eq!((done.process_state, done.undelivered.count), (ProcessState::Processed, 2));
 }
 
 #[tokio::test]
@@ -775,11 +775,11 @@ async fn a_task_whose_reply_to_is_no_longer_allowed_sends_nothing_there() {
     scheduler::schedule(&narrower, &result(&a, Outcome::Succeeded { output: json!(1) })).await.unwrap();
     assert!(tw.bus.bodies(&reply).is_empty());
     let t = task(&tw, "n1");
-    assert_eq!(t.undelivered_replies, 1);
+    assert_eq!(t.undelivered.count, 1);
     assert!(
-        t.reply_error.as_deref().is_some_and(|e| e.contains("not on this stack's allow-list")),
+        t.undelivered.error.as_deref().is_some_and(|e| e.contains("not on this stack's allow-list")),
         "{:?}",
-        t.reply_error
+        t.undelivered.error
     );
 }
 
@@ -862,7 +862,7 @@ async fn supervisor_timer_recovers_an_expired_attempt_and_re_arms_an_early_one()
         Applied::Changed { state: ProcessState::Pending, .. }
     ));
     let t = task(&tw, "t1");
-    assert_eq!((t.failure_count, t.locked_by.clone()), (1, None));
+    assert_eq!((t.failure_count, t.lock.locked_by.clone()), (1, None));
     // the same timer again changes nothing
     assert_eq!(supervisor::timer(&tw.deps, &timer).await.unwrap(), Applied::Stale(Stale::NotCurrentAttempt));
     // a late failure of the timed-out attempt changes nothing; its late success (produced in time:

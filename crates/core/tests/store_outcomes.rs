@@ -153,7 +153,7 @@ async fn a_create_that_landed_but_read_as_a_duplicate_still_starts_its_task() {
     assert_eq!(got, Submitted::Created(TaskId::try_from("g5c").unwrap()), "it is this submission's task");
     let sent = dispatched(&tw);
     assert_eq!(sent.len(), 1, "the start went out");
-    assert_eq!(Some(&sent[0].attempt), task(&tw, "g5c").locked_by.as_ref());
+    assert_eq!(Some(&sent[0].attempt), task(&tw, "g5c").lock.locked_by.as_ref());
     // a real duplicate (another submission of the id) still creates and sends nothing
     let again = submitter::submit(&tw.deps, &submission("g5c", None)).await.unwrap();
     assert_eq!(again, Submitted::Duplicate(TaskId::try_from("g5c").unwrap()));
@@ -172,7 +172,7 @@ async fn a_transition_that_landed_but_read_as_lost_still_performs_its_effects() 
     let got = scheduler::schedule(&deps, &succeeded(&a, json!({"id": 1}))).await.unwrap();
     assert!(matches!(got, Applied::Changed { state: ProcessState::Processing, .. }), "{got:?}");
     let b = dispatched(&tw).pop().expect("b is dispatched");
-    assert_eq!((b.step.as_str(), Some(&b.attempt)), ("b", task(&tw, "g5s").locked_by.as_ref()));
+    assert_eq!((b.step.as_str(), Some(&b.attempt)), ("b", task(&tw, "g5s").lock.locked_by.as_ref()));
 
     // step b's success: the terminal write lands, its answer is lost; the terminal reply goes out
     let got = scheduler::schedule(&deps, &succeeded(&b, json!({"id": 2}))).await.unwrap();

@@ -17,8 +17,8 @@ use aws_sdk_dynamodb::types::AttributeValue;
 use futures::executor::block_on;
 use sas_core::ids::{AttemptToken, Millis, TaskId};
 use sas_core::protocol::{
-    Bits, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, MapProgress, ProcessState, Stage, StepRecord,
-    StepStatus, Task,
+    Bits, ClaimWait, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, LateResults, Lock, MapProgress,
+    ProcessState, Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
 };
 use sas_core::store::DynamoStore;
 use sas_core::workflow::{OnFailure, StepDef, WorkflowDef};
@@ -115,8 +115,14 @@ fn full() -> Task {
         steps: vec![reserve, charge],
         failure_count: 3,
         run: 2,
-        locked_by: Some(token("locked-by")),
+        lock: Lock {
+            locked_by: Some(token("locked-by")),
+            hard_by: Some(Millis(i64::MAX as u64 + 1)),
+            outstanding: vec![token("outstanding-1"), token("outstanding-2")],
+            awaits: Some(token("awaits")),
+        },
         complete_by: Some(Millis(1_700_000_123_456)),
+        claim: ClaimWait { rev: u64::MAX - 1, not_before: Some(Millis(1_700_000_095_000)), restarts: u32::MAX },
         rev: 9_007_199_254_740_993, // 2^53 + 1: not an f64
         reason: Some("cancelled: customer".into()),
         created_at: Millis(1_700_000_000_000),
@@ -141,20 +147,18 @@ fn full() -> Task {
                 waiting: false,
             },
         ],
-        wait_rev: u64::MAX - 1,
-        not_before: Some(Millis(1_700_000_095_000)),
-        restarts: u32::MAX,
-        outstanding: vec![token("outstanding-1"), token("outstanding-2")],
         status_seq: 7,
-        awaits: Some(token("awaits")),
         last_message: Some(sas_core::ids::message_mark("5fea7756-0ea4-451a-a703-a558b933e274")),
-        undelivered_replies: u32::MAX - 1,
-        reply_error: Some("AWS.SimpleQueueService.NonExistentQueue".into()),
-        hard_by: Some(Millis(i64::MAX as u64 + 1)),
-        late_results: 2,
-        late_result: Some("reserve: a success came late".into()),
+        undelivered: UndeliveredReplies {
+            count: u32::MAX - 1,
+            error: Some("AWS.SimpleQueueService.NonExistentQueue".into()),
+        },
+        late: LateResults {
+            count: 2,
+            last: Some("reserve: a success came late".into()),
+            attempt: Some(token("late-attempt")),
+        },
         upstream: Some(json!({"before": {"id": 7}})),
-        late_attempt: Some(token("late-attempt")),
         called: true,
     }
 }
@@ -172,27 +176,19 @@ fn defaults() -> Task {
         steps: vec![StepRecord::new("reserve"), StepRecord::new("charge")],
         failure_count: 0,
         run: 1,
-        locked_by: None,
+        lock: Lock::default(),
         complete_by: None,
+        claim: ClaimWait::default(),
         rev: 0,
         reason: None,
         created_at: Millis(0),
         updated_at: Millis(0),
         history: Vec::new(),
-        wait_rev: 0,
-        not_before: None,
-        restarts: 0,
-        outstanding: Vec::new(),
         status_seq: 0,
-        awaits: None,
         last_message: None,
-        undelivered_replies: 0,
-        reply_error: None,
-        hard_by: None,
-        late_results: 0,
-        late_result: None,
+        undelivered: UndeliveredReplies::default(),
+        late: LateResults::default(),
         upstream: None,
-        late_attempt: None,
         called: false,
     }
 }

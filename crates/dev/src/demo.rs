@@ -576,15 +576,15 @@ fn summary(e: &Ends<'_>) -> (String, bool) {
             let Some(t) = e.tasks.get(&o.id) else { continue };
             let ship = t.steps.iter().find(|s| s.name == "ship");
             let mut what = format!("{}; ship attempts {}", t.process_state, ship.map_or(0, |s| s.attempts));
-            if t.late_results > 0 {
-                let _ = write!(what, "; late results {} ({})", t.late_results, t.late_result.as_deref().unwrap_or("-"));
+            if t.late.count > 0 {
+                let _ = write!(what, "; late results {} ({})", t.late.count, t.late.last.as_deref().unwrap_or("-"));
             }
             if let Some(r) = &t.reason {
                 let _ = write!(what, "; {r}");
             }
             let _ = writeln!(out, "    {:<26} {what}", o.id);
         }
-        let late_ok = e.late.is_some_and(|l| e.tasks.get(l).is_some_and(|t| t.late_results == 1));
+        let late_ok = e.late.is_some_and(|l| e.tasks.get(l).is_some_and(|t| t.late.count == 1));
         let late_alert = e.alerts.iter().any(|(a, _)| a.contains("late_result"));
         let _ = writeln!(
             out,
@@ -765,7 +765,7 @@ async fn scenario(
         last = body;
         // ... and the late confirmation has come (after its order ended)
         let done = orders.iter().all(|o| tasks.get(&o.id).is_some_and(|t| t.process_state.is_terminal()))
-            && late.as_ref().is_none_or(|l| tasks.get(l).is_some_and(|t| t.late_results > 0));
+            && late.as_ref().is_none_or(|l| tasks.get(l).is_some_and(|t| t.late.count > 0));
         if done || started.elapsed() > timeout {
             break;
         }
@@ -907,8 +907,8 @@ mod tests {
                 decided(&mut t, o);
             }
             if o.id.ends_with("-ship-late") {
-                t.late_results = 1;
-                t.late_result = Some("succeeded after the step had expired".into());
+                t.late.count = 1;
+                t.late.last = Some("succeeded after the step had expired".into());
                 if let Some(ship) = t.steps.iter_mut().find(|s| s.name == "ship") {
                     ship.attempts = 2;
                 }

@@ -125,7 +125,7 @@ async fn a_lost_conditional_write_is_a_typed_conflict() {
     store.create(&t).await.expect("a retried create that had landed is not a duplicate");
     // Another submission of the same id (its own attempt token) is a duplicate.
     let mut other = t.clone();
-    other.locked_by = Some(AttemptToken::fresh());
+    other.lock.locked_by = Some(AttemptToken::fresh());
     assert!(matches!(store.create(&other).await, Err(StoreError::AlreadyExists)));
 
     let mut newer = t.clone();
@@ -207,7 +207,7 @@ async fn a_large_input_is_stored_once_apart_from_the_task() {
     // a duplicate of the id with another input: refused, and its input item expires in a day
     let mut dup = t.clone();
     dup.input["items"][0]["qty"] = serde_json::json!(2);
-    dup.locked_by = Some(AttemptToken::fresh());
+    dup.lock.locked_by = Some(AttemptToken::fresh());
     assert!(matches!(writer.create(&dup).await, Err(StoreError::AlreadyExists)));
     let mut next = t.clone();
     next.rev += 1;
@@ -262,7 +262,7 @@ async fn a_large_input_is_stored_once_apart_from_the_task() {
     let mut done = next.clone();
     done.rev += 1;
     done.process_state = ProcessState::Cancelled;
-    done.locked_by = None;
+    done.lock.locked_by = None;
     done.complete_by = None;
     writer.save(&done, &next).await.expect("ended");
     let item = raw("big-1".into()).await;

@@ -179,7 +179,7 @@ impl Fns {
         let created = Millis(Millis::now().0 - age_ms);
         let tr = protocol::submit(TaskId::try_from(id).unwrap(), wf, json!({}), None, &Ctx::at(created), policy);
         let failed = Event::AgentFailed {
-            attempt: tr.task.locked_by.clone().expect("claimed"),
+            attempt: tr.task.lock.locked_by.clone().expect("claimed"),
             error: "503".into(),
             retryable: true,
         };
@@ -339,11 +339,11 @@ impl Fns {
             .wait_for(id, Duration::from_mins(1), |t| {
                 t.step_index == step
                     && t.steps[step].status == StepStatus::Running
-                    && t.locked_by.is_some()
-                    && t.locked_by.as_ref() != not
+                    && t.lock.locked_by.is_some()
+                    && t.lock.locked_by.as_ref() != not
             })
             .await;
-        CallbackToken::new(&t.task_id, &t.workflow.steps[step].name, t.locked_by.as_ref().expect("an attempt"))
+        CallbackToken::new(&t.task_id, &t.workflow.steps[step].name, t.lock.locked_by.as_ref().expect("an attempt"))
     }
 }
 
@@ -1269,7 +1269,7 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let lost = CallbackToken::new(&t.task_id, "ship", attempt);
     f.s.send(&callback_queue, &answer(&lost, "succeeded", json!({"output": {"tracking": "TRK-late"}})).to_string())
         .await;
-    f.s.wait_for("cb-late", Duration::from_mins(1), |t| t.late_results > 0).await;
+    f.s.wait_for("cb-late", Duration::from_mins(1), |t| t.late.count > 0).await;
     let element = f.callback_token("cb-map~0~0", 0, None).await;
     f.s.send(&callback_queue, &answer(&element, "succeeded", json!({"output": {"tracking": "TRK-map"}})).to_string())
         .await;

@@ -50,7 +50,7 @@ async fn happy_path_through_three_steps_with_ordered_statuses() {
     assert_eq!(t.failure_count, 0);
     assert!(t.steps.iter().all(|st| st.status == StepStatus::Succeeded && st.attempts == 1));
     assert_eq!(t.steps[1].output.as_ref().unwrap()["idempotency_key"], "h1:b");
-    assert_eq!((t.locked_by.clone(), t.complete_by), (None, None));
+    assert_eq!((t.lock.locked_by.clone(), t.complete_by), (None, None));
     let got = statuses(&s, &reply, 4).await;
     use ProcessState::{Processed, Processing};
     assert_eq!(states(&got), vec![p(Processing, "a"), p(Processing, "b"), p(Processing, "c"), p(Processed, "")]);
@@ -350,7 +350,7 @@ async fn a_late_result_of_a_timed_out_attempt_is_taken_while_its_step_is_current
     submitter::submit(&s.deps, &submission("lt1", json!({}), None)).await.unwrap();
     take_dispatch(&s).await;
     let first = s.task("lt1").await.unwrap();
-    let token = first.locked_by.clone().unwrap();
+    let token = first.lock.locked_by.clone().unwrap();
     let grace = s.deps.settings.policy.result_grace_ms;
     s.wait_for("lt1", SECS, |t| t.complete_by.is_some_and(|c| c.plus_ms(grace) < Millis::now())).await;
     assert_eq!(sweep_and_handle(&s).await, 1);

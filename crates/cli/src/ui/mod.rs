@@ -268,7 +268,7 @@ impl Action {
 /// The token of the callback step `task` waits for now, if it waits for one (the console holds
 /// the operator's credentials, which read the task and with it the attempt).
 pub fn waiting_token(t: &sas_core::protocol::Task) -> Option<CallbackToken> {
-    let attempt = t.locked_by.as_ref()?;
+    let attempt = t.lock.locked_by.as_ref()?;
     if t.process_state.is_terminal() || t.is_compensating() {
         return None;
     }

@@ -352,9 +352,9 @@ pub fn task(c: &Console, t: &Task, now: Millis) -> Markup {
                     }
                 }
             }
-            @if t.late_results > 0 {
-                p.warn { "late results: " (t.late_results) " (a success after its attempt expired); last: "
-                    (t.late_result.as_deref().unwrap_or("-")) }
+            @if t.late.count > 0 {
+                p.warn { "late results: " (t.late.count) " (a success after its attempt expired); last: "
+                    (t.late.last.as_deref().unwrap_or("-")) }
             }
             h2 { "Input" }
             pre id="input" { (json(&t.input)) }

@@ -518,7 +518,7 @@ impl DynamoStore {
             .expression_attribute_names("#rev", "Rev")
             .expression_attribute_values(":rev", AttributeValue::N(read.rev.to_string()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
-        req = match &read.locked_by {
+        req = match &read.lock.locked_by {
             Some(token) => req
                 .condition_expression("#rev = :rev AND LockedBy = :lock")
                 .expression_attribute_values(":lock", AttributeValue::S(token.to_string())),
@@ -1015,7 +1015,7 @@ mod tests {
         let mut t = task(name);
         let mut items = vec![t.clone()];
         let mut now = 1_700_000_001_000;
-        while let Some(attempt) = t.locked_by.clone() {
+        while let Some(attempt) = t.lock.locked_by.clone() {
             // what the simulated agent answers (the benchmarks' workloads)
             let step = t.current_def().name.clone();
             let output = serde_json::json!({
@@ -1039,7 +1039,7 @@ mod tests {
         let item = s.to_item(&t).unwrap();
         assert!(!item.contains_key("Workflow"), "the definition is stored once, not in every task");
         assert_eq!(item.get("WorkflowRef"), Some(&AttributeValue::S(workflow_ref(&t.workflow))));
-        assert!(!item.contains_key("LockedBy") || t.locked_by.is_some(), "absent, not NULL");
+        assert!(!item.contains_key("LockedBy") || t.lock.locked_by.is_some(), "absent, not NULL");
         assert_eq!(block_on(s.decode(item)).unwrap(), t);
         // an item written before definitions were stored apart still reads
         let old: Item = serde_dynamo::to_item(&t).unwrap();

@@ -203,7 +203,7 @@ impl MemoryStore {
         let stored = stored_form(task)?;
         match inner.tasks.get(&task.task_id) {
             None => Err(StoreError::Conflict { current: None }),
-            Some(current) if current.rev != read.rev || current.locked_by != read.locked_by => {
+            Some(current) if current.rev != read.rev || current.lock.locked_by != read.lock.locked_by => {
                 Err(StoreError::Conflict { current: Some(Box::new(current.clone())) })
             }
             Some(_) => {
@@ -405,7 +405,7 @@ mod tests {
         assert!(matches!(s.create(&t).await, Err(StoreError::AlreadyExists)));
         let mut next = t.clone();
         next.rev += 1;
-        next.locked_by = Some(AttemptToken::from("tok"));
+        next.lock.locked_by = Some(AttemptToken::from("tok"));
         s.save(&next, &t).await.unwrap();
         // a second writer that read the old revision loses and is handed what is there now
         let mut other = t.clone();
@@ -416,7 +416,7 @@ mod tests {
         }
         // the same revision but another lock holder loses too
         let mut forged = next.clone();
-        forged.locked_by = Some(AttemptToken::from("other"));
+        forged.lock.locked_by = Some(AttemptToken::from("other"));
         let mut after = next.clone();
         after.rev += 1;
         assert!(matches!(s.save(&after, &forged).await, Err(StoreError::Conflict { current: Some(_) })));
@@ -457,7 +457,7 @@ mod tests {
         assert_eq!(s.tasks(), vec![t.clone()], "the first try applied");
         let mut next = t.clone();
         next.rev += 1;
-        next.locked_by = Some(AttemptToken::from("tok"));
+        next.lock.locked_by = Some(AttemptToken::from("tok"));
         // a write that loses its condition does not use the injected ambiguity
         s.ambiguous_next(StoreOp::Save, Ambiguity::Retried);
         let mut stale = t.clone();

@@ -135,7 +135,7 @@ pub trait StateStore: Send + Sync + std::fmt::Debug {
     /// the task, or no such task exists. DynamoDB reads that one attribute (the Agent function's
     /// role may read no other); this default reads the whole task.
     fn holder<'a>(&'a self, task_id: &'a TaskId) -> BoxFuture<'a, Result<Option<AttemptToken>, StoreError>> {
-        Box::pin(async move { Ok(self.get(task_id).await?.and_then(|t| t.locked_by)) })
+        Box::pin(async move { Ok(self.get(task_id).await?.and_then(|t| t.lock.locked_by)) })
     }
 
     /// Eventually consistent reads of many tasks (operators' tools); the missing ones are left out.

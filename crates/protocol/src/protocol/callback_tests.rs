@@ -64,7 +64,7 @@ fn go(task: &Task, e: Event, now: u64) -> Transition {
 }
 
 fn token(task: &Task) -> AttemptToken {
-    task.locked_by.clone().expect("an attempt is running")
+    task.lock.locked_by.clone().expect("an attempt is running")
 }
 
 fn answer(task: &Task, attempt: &AttemptToken, answer: CallbackAnswer) -> Event {
@@ -104,14 +104,14 @@ fn a_callback_step_hands_its_token_over_and_its_answer_moves_the_task() {
     assert_eq!(cb.heartbeat_ms, Some(1_000));
     assert_eq!(req.complete_by, Millis(12_000), "the remote side's deadline is the hard one");
     assert_eq!(t.complete_by, Some(Millis(3_000)), "the first heartbeat is due one window after the start");
-    assert_eq!(t.hard_by, Some(Millis(12_000)));
+    assert_eq!(t.lock.hard_by, Some(Millis(12_000)));
     assert_eq!(t.steps[1].issued, vec![token(&t)]);
     let a = token(&t);
     let done = go(&t, answer(&t, &a, ok(json!({"tracking": "Z1"}))), 2_500);
     assert_eq!(done.task.step_index, 2, "on to notify");
     assert_eq!(done.task.steps[1].output, Some(json!({"tracking": "Z1"})));
     assert_eq!(done.task.steps[1].done_by.as_ref(), Some(&a));
-    assert_eq!(done.task.hard_by, None, "notify is a call step");
+    assert_eq!(done.task.lock.hard_by, None, "notify is a call step");
     assert_eq!(requests(&done.effects)[0].input["outputs"]["ship"], json!({"tracking": "Z1"}));
     // the worker sends its answer again: a duplicate, answered as such, changing nothing
     assert_eq!(apply_at(&done.task, &answer(&t, &a, ok(json!({"tracking": "Z1"}))), 2_600), Err(Stale::Duplicate));
@@ -141,7 +141,7 @@ fn a_success_after_the_same_attempt_failed_is_late_because_the_step_had_failed()
     let failed = go(&t, answer(&t, &a, rejected), 2_500);
     assert_eq!(failed.task.process_state, ProcessState::Compensating);
     let approved = go(&failed.task, answer(&t, &a, ok(json!({"approved": true}))), 2_600);
-    let why = approved.task.late_result.clone().unwrap();
+    let why = approved.task.late.last.clone().unwrap();
     assert!(
         why.contains("from an attempt that had already answered that it failed (rejected by alice: over budget)")
             && why.contains("the step had failed then"),
@@ -197,8 +197,8 @@ fn heartbeats_that_stop_expire_the_attempt_and_its_old_token_is_stale_for_the_re
         "{:?}",
         expired.task.reason
     );
-    assert_eq!(expired.task.hard_by, None);
-    let retry = go(&expired.task, Event::Claim { rev: expired.task.wait_rev }, 3_200);
+    assert_eq!(expired.task.lock.hard_by, None);
+    let retry = go(&expired.task, Event::Claim { rev: expired.task.claim.rev }, 3_200);
     let new = token(&retry.task);
     assert_ne!(new, old, "a retry mints a new token");
     let req = requests(&retry.effects)[0];
@@ -215,7 +215,7 @@ fn heartbeats_that_stop_expire_the_attempt_and_its_old_token_is_stale_for_the_re
     assert_eq!(taken.task.step_index, 2);
     // then the retry's own success comes: late, but its unit succeeded, so nothing to reconcile
     let late = go(&taken.task, answer(&retry.task, &new, ok(json!({}))), 3_500);
-    assert_eq!(late.task.late_results, 1);
+    assert_eq!(late.task.late.count, 1);
     assert!(alerts(&late.effects).is_empty(), "accounted for: no alert");
     assert_eq!(late.task.step_index, 2, "the task does not move");
     assert_eq!(apply_at(&late.task, &answer(&retry.task, &new, ok(json!({}))), 3_600), Err(Stale::LateAgain));
@@ -231,8 +231,8 @@ fn a_callback_that_never_comes_ends_in_compensation_and_its_late_success_alerts_
     let Stage::Compensating { plan, .. } = &gave_up.task.stage else { unreachable!() };
     assert_eq!(plan, &vec![1, 0], "ship may have applied (no answer): undone too, then reserve");
     // the compensation of ship waits until ship's attempt can no longer apply (its hard deadline)
-    assert_eq!(gave_up.task.not_before, Some(Millis(12_000)));
-    let mut task = go(&gave_up.task, Event::Claim { rev: gave_up.task.wait_rev }, 12_000).task;
+    assert_eq!(gave_up.task.claim.not_before, Some(Millis(12_000)));
+    let mut task = go(&gave_up.task, Event::Claim { rev: gave_up.task.claim.rev }, 12_000).task;
     for now in [12_010, 12_020] {
         task = go(&task, Event::AgentSucceeded { attempt: token(&task), output: json!({}) }, now).task;
     }
@@ -244,8 +244,8 @@ fn a_callback_that_never_comes_ends_in_compensation_and_its_late_success_alerts_
         99_000,
     );
     assert_eq!(late.task.process_state, ProcessState::Compensated, "a terminal task does not move");
-    assert_eq!((late.task.late_results, late.task.late_attempt.as_ref()), (1, Some(&a)));
-    assert!(late.task.late_result.as_deref().unwrap().contains("reconcile"));
+    assert_eq!((late.task.late.count, late.task.late.attempt.as_ref()), (1, Some(&a)));
+    assert!(late.task.late.last.as_deref().unwrap().contains("reconcile"));
     assert_eq!(alerts(&late.effects), vec![AlertKind::LateResult]);
     assert_eq!(
         apply_at(
@@ -266,7 +266,7 @@ fn cancel_while_waiting_for_a_callback_tells_the_heartbeat_to_stop_and_its_answe
     let a = token(&t);
     let hb = go(&t, answer(&t, &a, beat()), 2_600).task;
     let cancelled = go(&hb, Event::Cancel { reason: "customer".into(), run: None }, 2_700);
-    assert_eq!(cancelled.task.awaits.as_ref(), Some(&a));
+    assert_eq!(cancelled.task.lock.awaits.as_ref(), Some(&a));
     assert!(requests(&cancelled.effects).is_empty(), "compensation waits for the callback attempt to settle");
     assert_eq!(
         apply_at(&cancelled.task, &Event::Callback { attempt: a.clone(), unit: "ship".into(), answer: beat() }, 2_800),
@@ -277,12 +277,12 @@ fn cancel_while_waiting_for_a_callback_tells_the_heartbeat_to_stop_and_its_answe
     let stopped = CallbackAnswer::Failed { error: "stopped: cancelled".into(), retryable: false };
     let released =
         go(&cancelled.task, Event::Callback { attempt: a.clone(), unit: "ship".into(), answer: stopped }, 2_900);
-    let unship = go(&released.task, Event::Claim { rev: released.task.wait_rev }, 2_900);
+    let unship = go(&released.task, Event::Claim { rev: released.task.claim.rev }, 2_900);
     assert_eq!(requests(&unship.effects)[0].step, "unship");
     // or it had shipped already: the success is taken, its output kept for the compensation
     let shipped =
         go(&cancelled.task, Event::Callback { attempt: a, unit: "ship".into(), answer: ok(json!({"id": 7})) }, 2_900);
-    let shipped = go(&shipped.task, Event::Claim { rev: shipped.task.wait_rev }, 2_900);
+    let shipped = go(&shipped.task, Event::Claim { rev: shipped.task.claim.rev }, 2_900);
     let req = requests(&shipped.effects)[0];
     assert_eq!((req.step.as_str(), &req.input["outputs"]["ship"]), ("unship", &json!({"id": 7})));
 }
@@ -298,7 +298,7 @@ fn a_cancel_and_a_heartbeat_racing_decide_once_whichever_writes_first() {
     let c2 = go(&t, Event::Cancel { reason: "x".into(), run: None }, 2_600);
     assert_eq!(apply_at(&c2.task, &answer(&t, &a, beat()), 2_600), Err(Stale::CancelRequested));
     assert_eq!(c1.task.process_state, c2.task.process_state);
-    assert_eq!(c1.task.awaits, c2.task.awaits);
+    assert_eq!(c1.task.lock.awaits, c2.task.lock.awaits);
 }
 
 #[test]
@@ -310,7 +310,7 @@ fn a_retryable_failure_retries_with_a_new_token_and_its_repeat_is_a_duplicate() 
     assert_eq!(tr.task.process_state, ProcessState::Pending);
     assert_eq!(apply_at(&tr.task, &answer(&t, &a, fail), 2_600), Err(Stale::Duplicate));
     let hard = CallbackAnswer::Failed { error: "no such address".into(), retryable: false };
-    let retry = go(&tr.task, Event::Claim { rev: tr.task.wait_rev }, 3_000).task;
+    let retry = go(&tr.task, Event::Claim { rev: tr.task.claim.rev }, 3_000).task;
     let refused = go(&retry, answer(&retry, &token(&retry), hard), 3_100);
     assert!(refused.task.is_compensating() || refused.task.process_state.is_terminal());
     assert!(refused.task.reason.as_deref().unwrap().contains("no such address"));
@@ -349,7 +349,7 @@ fn a_wait_step_sleeps_without_an_agent_and_wakes_at_its_deadline() {
     assert!(requests(&owed).is_empty() && owed.len() == 1);
     // cancelled while waiting: nothing to await or undo for the wait; reserve is released at once
     let c = go(&tr.task, Event::Cancel { reason: "changed mind".into(), run: None }, 3_000);
-    assert_eq!(c.task.awaits, None);
+    assert_eq!(c.task.lock.awaits, None);
     assert_eq!(requests(&c.effects)[0].step, "release");
     assert!(!c.task.steps[1].maybe_applied);
 }

@@ -345,7 +345,7 @@ pub(crate) fn ended_notice(task: &Task) -> Option<Effect> {
 /// Whether the task's current unit is a map step's (forward or its compensation) that has
 /// started and not ended.
 pub(crate) fn map_running(task: &Task) -> bool {
-    if task.process_state.is_terminal() || task.locked_by.is_some() {
+    if task.process_state.is_terminal() || task.lock.locked_by.is_some() {
         return false;
     }
     let i = task.unit_step();
@@ -766,9 +766,9 @@ impl Change<'_> {
     /// task after it stopped), it goes on stopping from where it was: `true`, nothing left to do.
     fn begin_or_resume(&mut self, spec: Option<&MapSpec>) -> bool {
         let i = self.t.step_index;
-        self.t.not_before = None;
-        self.t.restarts = 0;
-        self.t.awaits = None;
+        self.t.claim.not_before = None;
+        self.t.claim.restarts = 0;
+        self.t.lock.awaits = None;
         self.unlock();
         self.t.unit_record().begin_attempt();
         match self.t.steps[i].map.clone() {
@@ -827,9 +827,9 @@ impl Change<'_> {
     /// Start a map step's compensation: undo each element that succeeded.
     pub(super) fn start_map_undo(&mut self) {
         let i = self.t.unit_step();
-        self.t.not_before = None;
-        self.t.restarts = 0;
-        self.t.awaits = None;
+        self.t.claim.not_before = None;
+        self.t.claim.restarts = 0;
+        self.t.lock.awaits = None;
         self.unlock();
         self.t.unit_record().begin_attempt();
         if let (Some(r), Some(p)) = (self.t.workflow.region_at(i), self.t.steps[i].map.as_mut()) {

@@ -42,8 +42,8 @@ pub use crate::state::{ProcessState, UnknownState};
 pub use table::TRANSITIONS;
 use task::{noun, running_state, waiting_state};
 pub use task::{
-    Bits, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, MapProgress, Stage, StepRecord, StepStatus,
-    Task,
+    Bits, ClaimWait, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, LateResults, Lock, MapProgress,
+    Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
 };
 
 /// Tunables of the protocol that are not per step.
@@ -346,26 +346,18 @@ fn new_task(task_id: TaskId, workflow: WorkflowDef, input: Value, reply_to: Opti
         steps,
         failure_count: 0,
         run: 1,
-        locked_by: None,
+        lock: Lock::default(),
         complete_by: None,
+        claim: ClaimWait { rev: 1, not_before: None, restarts: 0 },
         rev: 1,
         reason: None,
         created_at: ctx.now,
         updated_at: ctx.now,
         history: Vec::new(),
-        wait_rev: 1,
-        not_before: None,
-        restarts: 0,
-        outstanding: Vec::new(),
-        awaits: None,
         status_seq: 0,
         last_message: None,
-        undelivered_replies: 0,
-        reply_error: None,
-        hard_by: None,
-        late_results: 0,
-        late_result: None,
-        late_attempt: None,
+        undelivered: UndeliveredReplies::default(),
+        late: LateResults::default(),
         upstream: None,
         called: false,
     }
@@ -411,7 +403,7 @@ fn owed_work(task: &Task, now: Millis, policy: &Policy) -> Vec<Effect> {
     if map::map_running(task) {
         return map::owed(task);
     }
-    match &task.locked_by {
+    match &task.lock.locked_by {
         Some(token) => {
             let def = task.current_def();
             let timer = Effect::ArmTimer(TimerMessage {
@@ -424,7 +416,7 @@ fn owed_work(task: &Task, now: Millis, policy: &Policy) -> Vec<Effect> {
                 return vec![timer];
             }
             let budget = def.schedule_to_start_ms.unwrap_or(policy.queue_budget_ms);
-            let hard = task.hard_by.unwrap_or(complete_by);
+            let hard = task.lock.hard_by.unwrap_or(complete_by);
             let start_by = Millis(hard.0.saturating_sub(def.timeout_ms));
             vec![
                 Effect::Dispatch(attempt_request(task, token, task.unit_attempts(), (budget > 0).then_some(start_by))),
@@ -432,8 +424,8 @@ fn owed_work(task: &Task, now: Millis, policy: &Policy) -> Vec<Effect> {
             ]
         }
         None if task.process_state == waiting_state(task.phase()) => {
-            let due = task.not_before.unwrap_or(now);
-            vec![Effect::Run { rev: task.wait_rev, delay_ms: now.until(due), reason: RunReason::Retry }]
+            let due = task.claim.not_before.unwrap_or(now);
+            vec![Effect::Run { rev: task.claim.rev, delay_ms: now.until(due), reason: RunReason::Retry }]
         }
         None => Vec::new(),
     }
@@ -452,7 +444,7 @@ fn attempt_request(task: &Task, token: &AttemptToken, attempt_no: u32, start_by:
         attempt: token.clone(),
         attempt_no,
         start_by,
-        complete_by: task.hard_by.or(task.complete_by).expect("a running attempt has a CompleteBy"),
+        complete_by: task.lock.hard_by.or(task.complete_by).expect("a running attempt has a CompleteBy"),
         input: task.unit_request(),
         callback: def.kind.answers_by_token().then(|| CallbackRef {
             token: CallbackToken::new(&task.task_id, &def.name, token),
@@ -521,16 +513,16 @@ fn admit(task: &Task, event: &Event) -> Result<(), Stale> {
 /// The Scheduler claims the current unit, if the run message is for the wait the task is in,
 /// nothing holds the lock and the task may start now.
 fn claim(task: &Task, rev: u64, c: &mut Change) -> Result<(), Stale> {
-    if rev != task.wait_rev {
-        return Err(Stale::OldRun { message: rev, current: task.wait_rev });
+    if rev != task.claim.rev {
+        return Err(Stale::OldRun { message: rev, current: task.claim.rev });
     }
-    if task.locked_by.is_some() || map::map_running(task) {
+    if task.lock.locked_by.is_some() || map::map_running(task) {
         return Err(Stale::AlreadyClaimed);
     }
     if task.process_state != waiting_state(task.phase()) {
         return Err(Stale::NotClaimable(task.process_state));
     }
-    if let Some(not_before) = task.not_before.filter(|nb| *nb > c.ctx.now) {
+    if let Some(not_before) = task.claim.not_before.filter(|nb| *nb > c.ctx.now) {
         return Err(Stale::TooEarly { not_before, now: c.ctx.now });
     }
     c.start_unit();
@@ -589,13 +581,13 @@ fn agent_failed(
         c.release_compensation();
         return Ok(());
     }
-    if task.locked_by.as_ref() != Some(attempt) {
+    if task.lock.locked_by.as_ref() != Some(attempt) {
         return Err(Stale::NotCurrentAttempt);
     }
     if retryable {
         // Another copy of this attempt (an SQS duplicate, a resent start) may still succeed:
         // its success is taken, as a timed-out attempt's is.
-        c.t.outstanding.push(attempt.clone());
+        c.t.lock.outstanding.push(attempt.clone());
         c.attempt_failed(error, false);
         return Ok(());
     }
@@ -610,10 +602,10 @@ fn agent_failed(
 /// `CompleteBy`. Its effect is unknown (the call may land until its deadline), so the attempt
 /// stays outstanding and never releases a waiting compensation.
 fn agent_timed_out(task: &Task, attempt: &AttemptToken, error: &str, c: &mut Change) -> Result<(), Stale> {
-    if task.locked_by.as_ref() != Some(attempt) {
+    if task.lock.locked_by.as_ref() != Some(attempt) {
         return Err(Stale::NotCurrentAttempt);
     }
-    c.t.outstanding.push(attempt.clone());
+    c.t.lock.outstanding.push(attempt.clone());
     let reason = format!("{} {} attempt {} {error}", noun(c.t.phase()), c.t.current_def().name, c.t.unit_attempts());
     c.attempt_failed(&reason, true);
     Ok(())
@@ -630,12 +622,12 @@ fn agent_timed_out(task: &Task, attempt: &AttemptToken, error: &str, c: &mut Cha
 /// taken), the step may have applied (it is compensated if it fails for good), and an awaited
 /// attempt is not released by it.
 fn agent_not_started(task: &Task, attempt: &AttemptToken, error: &str, c: &mut Change) -> Result<(), Stale> {
-    if task.locked_by.as_ref() != Some(attempt) {
+    if task.lock.locked_by.as_ref() != Some(attempt) {
         return Err(Stale::NotCurrentAttempt);
     }
-    c.t.outstanding.push(attempt.clone());
-    if c.t.outstanding.len() > task::MAX_ISSUED {
-        c.t.outstanding.remove(0);
+    c.t.lock.outstanding.push(attempt.clone());
+    if c.t.lock.outstanding.len() > task::MAX_ISSUED {
+        c.t.lock.outstanding.remove(0);
     }
     if c.t.phase() == Phase::Forward {
         let i = c.t.step_index;
@@ -654,7 +646,7 @@ fn agent_not_started(task: &Task, attempt: &AttemptToken, error: &str, c: &mut C
 
 /// The task sleeps in a wait step: its deadline ends the step, succeeded.
 pub fn in_wait(task: &Task) -> bool {
-    !task.process_state.is_terminal() && task.locked_by.is_some() && task.current_def().kind.is_timer()
+    !task.process_state.is_terminal() && task.lock.locked_by.is_some() && task.current_def().kind.is_timer()
 }
 
 /// How long after `CompleteBy` a deadline is decided: a wait wakes at its instant; an attempt's
@@ -689,11 +681,11 @@ fn deadline_expired(task: &Task, c: &mut Change) -> Result<(), Stale> {
         c.unlock();
         c.t.unit_record().succeeded();
         c.advance();
-    } else if task.locked_by.is_none() {
+    } else if task.lock.locked_by.is_none() {
         c.restart();
     } else {
         let def = c.t.current_def();
-        let what = match task.hard_by {
+        let what = match task.lock.hard_by {
             Some(hard) if complete_by < hard => format!(
                 "sent no heartbeat within {} ms (CompleteBy {complete_by}, hard deadline {hard})",
                 def.kind.heartbeat_ms().unwrap_or_default()
@@ -701,8 +693,8 @@ fn deadline_expired(task: &Task, c: &mut Change) -> Result<(), Stale> {
             _ => format!("passed CompleteBy {complete_by}"),
         };
         let reason = format!("{} {} attempt {} {what}", noun(c.t.phase()), def.name, c.t.unit_attempts());
-        if let Some(token) = c.t.locked_by.clone() {
-            c.t.outstanding.push(token);
+        if let Some(token) = c.t.lock.locked_by.clone() {
+            c.t.lock.outstanding.push(token);
         }
         c.attempt_failed(&reason, true);
     }
@@ -731,12 +723,12 @@ fn cancel(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stale> {
     // A command is a new run: one that names the run before it changes nothing now.
     c.t.run += 1;
     let i = c.t.step_index;
-    if let Some(token) = task.locked_by.clone() {
+    if let Some(token) = task.lock.locked_by.clone() {
         c.t.steps[i].status = StepStatus::Cancelled;
         // A wait has no effect: nothing to await or undo.
         if task.current_def().kind.uses_agent() {
             c.t.steps[i].maybe_applied = true;
-            c.t.awaits = Some(token);
+            c.t.lock.awaits = Some(token);
         }
     }
     c.begin_compensation(EndCause::Cancelled, format!("cancelled: {reason}"));
@@ -772,7 +764,9 @@ fn callback(
     policy: &Policy,
 ) -> Result<Transition, Stale> {
     let live = !task.process_state.is_terminal()
-        && (task.locked_by.as_ref() == Some(attempt) || task.outstanding.contains(attempt) || awaited(task, attempt));
+        && (task.lock.locked_by.as_ref() == Some(attempt)
+            || task.lock.outstanding.contains(attempt)
+            || awaited(task, attempt));
     // Only an attempt this unit handed a token to is heard: a token nobody was given changes
     // nothing, and says so.
     if !live && !task.unit_named(unit).is_some_and(|r| r.issued(attempt)) {
@@ -795,7 +789,7 @@ fn callback(
             if record.done_by() == Some(attempt) {
                 return Err(Stale::Duplicate);
             }
-            if task.late_attempt.as_ref() == Some(attempt) {
+            if task.late.attempt.as_ref() == Some(attempt) {
                 return Err(Stale::LateAgain);
             }
             let why = if record.accounted() {
@@ -811,7 +805,7 @@ fn callback(
             if !live && task.unit_named(unit).is_some_and(|r| r.done_by() == Some(attempt)) {
                 return Err(Stale::Duplicate);
             }
-            if !task.process_state.is_terminal() && task.outstanding.contains(attempt) && !awaited(task, attempt) {
+            if !task.process_state.is_terminal() && task.lock.outstanding.contains(attempt) && !awaited(task, attempt) {
                 // this attempt already counts as failed (it expired, or said so before)
                 return Err(Stale::Duplicate);
             }
@@ -834,14 +828,14 @@ fn heartbeat(task: &Task, attempt: &AttemptToken, details: Option<&Value>, ctx: 
     if awaited(task, attempt) {
         return Err(Stale::CancelRequested);
     }
-    if task.locked_by.as_ref() != Some(attempt) {
+    if task.lock.locked_by.as_ref() != Some(attempt) {
         return Err(Stale::NotCurrentAttempt);
     }
     let complete_by = task.complete_by.unwrap_or(ctx.now);
     let Some(window) = task.current_def().kind.heartbeat_ms() else {
         return Err(Stale::HeartbeatNotDue { complete_by });
     };
-    let next = ctx.now.plus_ms(window).min(task.hard_by.unwrap_or(complete_by));
+    let next = ctx.now.plus_ms(window).min(task.lock.hard_by.unwrap_or(complete_by));
     if next <= complete_by || complete_by > ctx.now.plus_ms(window / 2) {
         return Err(Stale::HeartbeatNotDue { complete_by });
     }
@@ -874,10 +868,10 @@ fn late(task: &Task, attempt: &AttemptToken, unit: &str, why: &Late, ctx: &Ctx) 
     let mut t = task.clone();
     t.rev += 1;
     t.updated_at = ctx.now.max(t.updated_at);
-    t.late_results = t.late_results.saturating_add(1);
-    t.late_attempt = Some(attempt.clone());
+    t.late.count = t.late.count.saturating_add(1);
+    t.late.attempt = Some(attempt.clone());
     let now = ctx.now;
-    t.late_result = Some(match why {
+    t.late.last = Some(match why {
         Late::Accounted => format!("{unit}: a success came at {now} for an expired attempt; the unit had succeeded by another attempt with the same idempotency key"),
         Late::AfterFailure(error) => format!("{unit}: a success came at {now} from an attempt that had already answered that it failed ({error}); the step had failed then, and the task did not take the success: reconcile its effect"),
         Late::Expired => format!("{unit}: a success came at {now} for an attempt that had expired; the task did not take it (the unit was retried, compensated or ended): reconcile its effect"),
@@ -901,14 +895,14 @@ pub fn late_notice(task: &Task, unit: &str, accounted: bool, now: Millis) -> Vec
         state: task.process_state,
         step: Some(unit.to_owned()),
         failure_count: task.failure_count,
-        reason: task.late_result.clone().unwrap_or_default(),
+        reason: task.late.last.clone().unwrap_or_default(),
         at: now,
     })]
 }
 
 /// Whether a compensation is waiting for this forward attempt to settle.
 fn awaited(task: &Task, attempt: &AttemptToken) -> bool {
-    task.is_compensating() && task.locked_by.is_none() && task.awaits.as_ref() == Some(attempt)
+    task.is_compensating() && task.lock.locked_by.is_none() && task.lock.awaits.as_ref() == Some(attempt)
 }
 
 /// [`MAX_LONG_STEP_MS`] in seconds (366 days), exact as an `f64`.
@@ -991,7 +985,7 @@ fn skip_reason(task: &Task, i: usize, skipped: &dyn Fn(&str) -> bool) -> Option<
 }
 
 fn check_attempt(task: &Task, attempt: &AttemptToken) -> Result<(), Stale> {
-    if task.locked_by.as_ref() == Some(attempt) || task.outstanding.contains(attempt) {
+    if task.lock.locked_by.as_ref() == Some(attempt) || task.lock.outstanding.contains(attempt) {
         Ok(())
     } else {
         Err(Stale::NotCurrentAttempt)
@@ -1075,21 +1069,21 @@ impl Change<'_> {
     fn wait_for_claim(&mut self, due: Millis, reason: RunReason) {
         let now = self.ctx.now;
         self.unlock();
-        self.t.restarts = 0;
-        self.t.wait_rev = self.t.rev;
-        self.t.not_before = None;
+        self.t.claim.restarts = 0;
+        self.t.claim.rev = self.t.rev;
+        self.t.claim.not_before = None;
         self.t.complete_by = Some(due.max(now).plus_ms(self.policy.start_timeout_ms));
         self.t.unit_record().await_retry();
         self.note_wait(waiting_state(self.t.phase()));
-        self.fx.push(Effect::Run { rev: self.t.wait_rev, delay_ms: now.until(due), reason });
+        self.fx.push(Effect::Run { rev: self.t.claim.rev, delay_ms: now.until(due), reason });
     }
 
     /// The run message of the current wait was lost or is stuck behind a lagging queue: send it
     /// again (the first copy to arrive claims), waiting twice as long each time in a row; after
     /// `max_restarts` the task is stuck for a reason no retry fixes, and ends in `Error`.
     fn restart(&mut self) {
-        self.t.restarts += 1;
-        if self.t.restarts > self.policy.max_restarts {
+        self.t.claim.restarts += 1;
+        if self.t.claim.restarts > self.policy.max_restarts {
             self.t.reason = Some(format!(
                 "{} {} was not claimed after {} restarts",
                 noun(self.t.phase()),
@@ -1099,9 +1093,9 @@ impl Change<'_> {
             self.finish(ProcessState::Error);
             return;
         }
-        let wait = self.policy.start_timeout_ms.saturating_mul(1 << (self.t.restarts - 1).min(6));
+        let wait = self.policy.start_timeout_ms.saturating_mul(1 << (self.t.claim.restarts - 1).min(6));
         self.t.complete_by = Some(self.ctx.now.plus_ms(wait));
-        self.fx.push(Effect::Run { rev: self.t.wait_rev, delay_ms: 0, reason: RunReason::Restart });
+        self.fx.push(Effect::Run { rev: self.t.claim.rev, delay_ms: 0, reason: RunReason::Restart });
     }
 
     /// Whether a compensation is waiting for this forward attempt to settle.
@@ -1111,13 +1105,13 @@ impl Change<'_> {
 
     /// No attempt holds the task any more.
     fn unlock(&mut self) {
-        self.t.locked_by = None;
-        self.t.hard_by = None;
+        self.t.lock.locked_by = None;
+        self.t.lock.hard_by = None;
     }
 
     /// The awaited attempt gave a definite answer: the compensation may start now.
     fn release_compensation(&mut self) {
-        self.t.awaits = None;
+        self.t.lock.awaits = None;
         self.wait_for_claim(self.ctx.now, RunReason::Compensate);
     }
 
@@ -1167,12 +1161,12 @@ impl Change<'_> {
             Some(hb) => start_by.plus_ms(hb).min(hard),
             None => hard,
         };
-        self.t.locked_by = Some(token.clone());
+        self.t.lock.locked_by = Some(token.clone());
         self.t.complete_by = Some(complete_by);
-        self.t.hard_by = (complete_by < hard).then_some(hard);
-        self.t.not_before = None;
-        self.t.restarts = 0;
-        self.t.awaits = None;
+        self.t.lock.hard_by = (complete_by < hard).then_some(hard);
+        self.t.claim.not_before = None;
+        self.t.claim.restarts = 0;
+        self.t.lock.awaits = None;
         let attempt_no = self.t.unit_record().begin_attempt();
         if def.kind.answers_by_token() {
             self.t.unit_record().issue(&token);
@@ -1194,9 +1188,9 @@ impl Change<'_> {
     /// be read fails the step for good, with the reason.
     fn start_wait(&mut self, def: &StepDef, time: &WaitTime) {
         let now = self.ctx.now;
-        self.t.not_before = None;
-        self.t.restarts = 0;
-        self.t.awaits = None;
+        self.t.claim.not_before = None;
+        self.t.claim.restarts = 0;
+        self.t.lock.awaits = None;
         self.unlock();
         self.t.unit_record().begin_attempt();
         match wake_time(&self.t, time, now) {
@@ -1211,7 +1205,7 @@ impl Change<'_> {
             }
             Ok(at) => {
                 let token = self.ctx.fresh_token.clone();
-                self.t.locked_by = Some(token.clone());
+                self.t.lock.locked_by = Some(token.clone());
                 self.t.complete_by = Some(at);
                 self.note(running_state(self.t.phase()));
                 let task_id = self.t.task_id.clone();
@@ -1227,7 +1221,7 @@ impl Change<'_> {
 
     /// The current unit is done: start the next one, or end the task.
     fn advance(&mut self) {
-        self.t.outstanding.clear();
+        self.t.lock.outstanding.clear();
         match &mut self.t.stage {
             Stage::Forward if self.t.step_index + 1 < self.t.steps.len() => {
                 self.t.step_index += 1;
@@ -1365,7 +1359,7 @@ impl Change<'_> {
             .map(|at| at.plus_ms(self.policy.settle_ms));
         self.t.reason = Some(reason);
         self.unlock();
-        self.t.outstanding.clear();
+        self.t.lock.outstanding.clear();
         if plan.is_empty() {
             self.finish(cause.end_state());
             return;
@@ -1375,7 +1369,7 @@ impl Change<'_> {
             Some(at) => {
                 // no claim before then, whichever run message arrives first
                 self.wait_for_claim(at, RunReason::Compensate);
-                self.t.not_before = Some(at);
+                self.t.claim.not_before = Some(at);
             }
             None => self.start_unit(),
         }
@@ -1400,9 +1394,9 @@ impl Change<'_> {
         debug_assert!(end.is_terminal());
         self.unlock();
         self.t.complete_by = None;
-        self.t.not_before = None;
-        self.t.outstanding.clear();
-        self.t.awaits = None;
+        self.t.claim.not_before = None;
+        self.t.lock.outstanding.clear();
+        self.t.lock.awaits = None;
         self.note(end);
         if end == ProcessState::Error {
             let reason = self.t.reason.clone().unwrap_or_default();

@@ -627,6 +627,9 @@ impl HistoryEntry {
 }
 
 /// A task as the state store keeps it. Field names are the pattern's, as DynamoDB attributes.
+/// The groups of related fields ([`Lock`], [`ClaimWait`], [`UndeliveredReplies`],
+/// [`LateResults`]) are flattened: their fields are attributes of the item like the others, under
+/// the same names as ever (`LockedBy`, `WaitRev`, `UndeliveredReplies`, `LateResult`, ...).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct Task {
@@ -649,12 +652,15 @@ pub struct Task {
     /// 1, then +1 for each cancel or resubmit (commands name the run they are for).
     #[serde(default = "first_run")]
     pub run: u32,
-    /// The current attempt's fencing token; absent while no attempt is running.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub locked_by: Option<AttemptToken>,
+    /// The attempt that holds the task, and the earlier ones whose answers still count.
+    #[serde(flatten)]
+    pub lock: Lock,
     /// The deadline of whatever the task waits for; present exactly while not terminal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub complete_by: Option<Millis>,
+    /// The wait for the next claim of the current unit (while no attempt holds the task).
+    #[serde(flatten)]
+    pub claim: ClaimWait,
     /// Bumped by every transition; every write is conditional on the value read.
     pub rev: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -663,10 +669,63 @@ pub struct Task {
     pub updated_at: Millis,
     #[serde(default)]
     pub history: Vec<HistoryEntry>,
+    /// The `seq` of the last status: +1 per state change, so a caller sees no gap.
+    #[serde(default)]
+    pub status_seq: u64,
+    /// A digest of the queue message whose event made the last write (see
+    /// [`crate::ids::message_mark`]). When that message comes back (its handler may have died, or
+    /// its sends failed, after the write), what the write owes the world is sent again: the
+    /// current unit's work, or the terminal notices. Any other message finds nothing owed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_message: Option<String>,
+    /// Statuses that could never reach `reply_to`.
+    #[serde(flatten)]
+    pub undelivered: UndeliveredReplies,
+    /// Successes of callback attempts that came too late to count.
+    #[serde(flatten)]
+    pub late: LateResults,
+    /// A branch of a parallel region: the outputs of its parent's steps that it comes after,
+    /// which its agent receives among `outputs` as if it ran in its parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Value>,
+    /// The child task of a parent's workflow step: its end tells the parent its result.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub called: bool,
+}
+
+/// The fence of the current unit's attempts ([`Task::lock`]): the attempt that holds the task,
+/// its hard deadline, and the earlier attempts whose answers are still taken. Attributes
+/// `LockedBy`, `HardBy`, `Outstanding`, `Awaits`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Lock {
+    /// The current attempt's fencing token; absent while no attempt is running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub locked_by: Option<AttemptToken>,
+    /// A callback attempt with a heartbeat timeout: its hard deadline, which heartbeats (that
+    /// move `CompleteBy`) never pass. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hard_by: Option<Millis>,
+    /// Timed-out attempts of the current unit: they answered in time if they answer at all (an
+    /// agent sends nothing after `CompleteBy`), so a success of one is taken.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outstanding: Vec<AttemptToken>,
+    /// The forward attempt a compensation waits for (cancelled while running): compensation starts
+    /// when it answers, or once it can no longer apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaits: Option<AttemptToken>,
+}
+
+/// The wait for the next claim of the current unit ([`Task::claim`]): which run messages may
+/// claim, from when, and how often the Supervisor re-sent them. Attributes `WaitRev`,
+/// `NotBefore`, `Restarts`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ClaimWait {
     /// The revision at which the task began to wait for its current claim. Run messages carry it;
     /// a restart re-sends it unchanged, so a run message delayed in a lagging queue still claims.
-    #[serde(default)]
-    pub wait_rev: u64,
+    #[serde(rename = "WaitRev", default)]
+    pub rev: u64,
     /// No claim before this instant (a retry's backoff, a compensation waiting for its forward
     /// attempt to settle).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -674,51 +733,37 @@ pub struct Task {
     /// Restarts since the last claim (a lost or never-claimed run message).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restarts: u32,
-    /// Timed-out attempts of the current unit: they answered in time if they answer at all (an
-    /// agent sends nothing after `CompleteBy`), so a success of one is taken.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub outstanding: Vec<AttemptToken>,
-    /// The `seq` of the last status: +1 per state change, so a caller sees no gap.
-    #[serde(default)]
-    pub status_seq: u64,
-    /// The forward attempt a compensation waits for (cancelled while running): compensation starts
-    /// when it answers, or once it can no longer apply.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub awaits: Option<AttemptToken>,
-    /// A digest of the queue message whose event made the last write (see
-    /// [`crate::ids::message_mark`]). When that message comes back (its handler may have died, or
-    /// its sends failed, after the write), what the write owes the world is sent again: the
-    /// current unit's work, or the terminal notices. Any other message finds nothing owed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_message: Option<String>,
-    /// Statuses that could never reach `reply_to` (the queue refused them for good or is gone):
-    /// counted, not retried; the task goes on regardless.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub undelivered_replies: u32,
+}
+
+/// Statuses that could never reach `reply_to` (the queue refused them for good or is gone):
+/// counted, not retried; the task goes on regardless ([`Task::undelivered`]). Attributes
+/// `UndeliveredReplies`, `ReplyError`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct UndeliveredReplies {
+    /// How many.
+    #[serde(rename = "UndeliveredReplies", default, skip_serializing_if = "is_zero")]
+    pub count: u32,
     /// Why the last of them was not delivered.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reply_error: Option<String>,
-    /// A callback attempt with a heartbeat timeout: its hard deadline, which heartbeats (that
-    /// move `CompleteBy`) never pass. Absent otherwise.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hard_by: Option<Millis>,
-    /// Successes of callback attempts that came after their attempt had expired and were not
-    /// taken as a result: an effect happened that the task may not account for.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub late_results: u32,
+    #[serde(rename = "ReplyError", default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Successes of callback attempts that came after their attempt had expired and were not taken
+/// as a result: an effect happened that the task may not account for ([`Task::late`]).
+/// Attributes `LateResults`, `LateResult`, `LateAttempt`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct LateResults {
+    /// How many.
+    #[serde(rename = "LateResults", default, skip_serializing_if = "is_zero")]
+    pub count: u32,
     /// The last of them, in words.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub late_result: Option<String>,
-    /// A branch of a parallel region: the outputs of its parent's steps that it comes after,
-    /// which its agent receives among `outputs` as if it ran in its parent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upstream: Option<Value>,
+    #[serde(rename = "LateResult", default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<String>,
     /// The attempt of the last of them (its repeat is not counted twice).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub late_attempt: Option<AttemptToken>,
-    /// The child task of a parent's workflow step: its end tells the parent its result.
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub called: bool,
+    #[serde(rename = "LateAttempt", default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<AttemptToken>,
 }
 
 fn first_run() -> u32 {
@@ -732,8 +777,8 @@ impl Task {
     #[must_use]
     pub fn with_undelivered_replies(&self, n: u32, error: &str) -> Task {
         let mut t = self.clone();
-        t.undelivered_replies = t.undelivered_replies.saturating_add(n);
-        t.reply_error = Some(crate::ids::clip(error, 300).to_owned());
+        t.undelivered.count = t.undelivered.count.saturating_add(n);
+        t.undelivered.error = Some(crate::ids::clip(error, 300).to_owned());
         t.rev += 1;
         t
     }

@@ -58,11 +58,11 @@ fn go(task: &Task, e: Event, now: u64) -> Transition {
 
 /// The Scheduler takes the run message of the task's current wait.
 fn claim(task: &Task, now: u64) -> Transition {
-    go(task, Event::Claim { rev: task.wait_rev }, now)
+    go(task, Event::Claim { rev: task.claim.rev }, now)
 }
 
 fn token(task: &Task) -> AttemptToken {
-    task.locked_by.clone().expect("an attempt is running")
+    task.lock.locked_by.clone().expect("an attempt is running")
 }
 
 fn succeed(task: &Task, now: u64) -> Transition {
@@ -87,7 +87,7 @@ fn submission_claims_the_first_step_in_its_one_write() {
     assert_eq!(tr.task.process_state, ProcessState::Processing);
     assert_eq!(tr.task.rev, 1, "created, not yet rewritten");
     assert_eq!(tr.task.complete_by, Some(Millis(2_010)));
-    assert!(tr.task.locked_by.is_some());
+    assert!(tr.task.lock.locked_by.is_some());
     assert_eq!(tr.task.steps[0].attempts, 1);
     assert_eq!(replies(&tr.effects), vec![ProcessState::Processing]);
     assert!(!tr.effects.iter().any(|e| matches!(e, Effect::Run { .. })), "no run message: nothing waits");
@@ -138,13 +138,13 @@ fn happy_path_runs_every_step_in_order() {
     let s1 = succeed(&c.task, 1_100);
     assert_eq!(dispatched(&s1.effects)[0].step, "charge");
     assert_eq!(dispatched(&s1.effects)[0].input["outputs"]["reserve"], json!({"ok": 1}));
-    assert_ne!(s1.task.locked_by, c.task.locked_by, "each step gets a fresh token");
+    assert_ne!(s1.task.lock.locked_by, c.task.lock.locked_by, "each step gets a fresh token");
     let s2 = succeed(&s1.task, 1_200);
     assert_eq!(dispatched(&s2.effects)[0].step, "ship");
     let s3 = succeed(&s2.task, 1_300);
     assert_eq!(s3.task.process_state, ProcessState::Processed);
     assert_eq!(s3.task.complete_by, None);
-    assert_eq!(s3.task.locked_by, None);
+    assert_eq!(s3.task.lock.locked_by, None);
     assert!(dispatched(&s3.effects).is_empty());
     let states: Vec<_> = s3.task.history.iter().map(|h| (h.state, h.step.clone())).collect();
     assert_eq!(
@@ -179,17 +179,17 @@ fn claims_are_fenced_by_rev_and_lock() {
     assert_eq!(t0.process_state, ProcessState::Pending);
     assert_eq!(
         apply(&t0, &Event::Claim { rev: 0 }, &ctx(1_200), &policy()),
-        Err(Stale::OldRun { message: 0, current: t0.wait_rev })
+        Err(Stale::OldRun { message: 0, current: t0.claim.rev })
     );
     let c = claim(&t0, 1_200);
     // the same run message delivered again
-    assert_eq!(apply(&c.task, &Event::Claim { rev: t0.wait_rev }, &ctx(1_210), &policy()), Err(Stale::AlreadyClaimed));
+    assert_eq!(apply(&c.task, &Event::Claim { rev: t0.claim.rev }, &ctx(1_210), &policy()), Err(Stale::AlreadyClaimed));
     // a run message from an earlier wait (before a retry) claims nothing
     let retry =
         go(&c.task, Event::AgentFailed { attempt: token(&c.task), error: "503".into(), retryable: true }, 1_230);
     assert_eq!(
-        apply(&retry.task, &Event::Claim { rev: t0.wait_rev }, &ctx(1_600), &policy()),
-        Err(Stale::OldRun { message: t0.wait_rev, current: retry.task.wait_rev })
+        apply(&retry.task, &Event::Claim { rev: t0.claim.rev }, &ctx(1_600), &policy()),
+        Err(Stale::OldRun { message: t0.claim.rev, current: retry.task.claim.rev })
     );
 }
 
@@ -217,7 +217,7 @@ fn timeout_then_retry_then_success() {
     let r = go(&c, Event::DeadlineExpired, 2_010);
     assert_eq!(r.task.process_state, ProcessState::Pending);
     assert_eq!(r.task.failure_count, 1);
-    assert_eq!(r.task.locked_by, None);
+    assert_eq!(r.task.lock.locked_by, None);
     // backoff 100 ms * (0.5 + 0.5*0.5) = 75 ms; CompleteBy leaves start_timeout on top
     assert!(r.effects.contains(&Effect::Run { rev: r.task.rev, delay_ms: 75, reason: RunReason::Retry }));
     assert_eq!(r.task.complete_by, Some(Millis(2_010 + 75 + 500)));
@@ -336,7 +336,7 @@ fn failing_compensation_ends_in_error_with_an_alert() {
     // release: 2 attempts, both time out
     let r = time_out(&t, 5_000);
     assert_eq!(r.task.process_state, ProcessState::Compensating);
-    assert_eq!(r.task.locked_by, None);
+    assert_eq!(r.task.lock.locked_by, None);
     let t = claim(&r.task, 5_100).task;
     let r = time_out(&t, 9_000);
     assert_eq!(r.task.process_state, ProcessState::Error);
@@ -424,7 +424,7 @@ fn an_attempt_its_agent_says_timed_out_is_retried_now_and_counts_as_a_timeout() 
         assert_eq!(r.task.failure_count, u32::try_from(i).unwrap() + 1);
         assert!(r.task.steps[0].maybe_applied, "its call may land until its deadline");
         if i < 2 {
-            assert!(r.task.outstanding.contains(&token(&t)), "a late success of it is still taken");
+            assert!(r.task.lock.outstanding.contains(&token(&t)), "a late success of it is still taken");
             assert_eq!(r.task.process_state, ProcessState::Pending, "retried after its backoff, not at CompleteBy");
             t = claim(&r.task, now + 150).task;
         } else {
@@ -448,17 +448,17 @@ fn an_attempt_not_started_in_time_is_claimed_again_at_once_without_a_failure() {
         );
         assert_eq!((r.task.failure_count, r.task.steps[0].failures), (0, 0));
         assert_eq!(r.task.process_state, ProcessState::Processing, "claimed in the same write");
-        assert_ne!(r.task.locked_by.as_ref(), Some(&first), "a new attempt");
+        assert_ne!(r.task.lock.locked_by.as_ref(), Some(&first), "a new attempt");
         assert_eq!(dispatched(&r.effects).len(), 1);
-        assert!(r.task.outstanding.contains(&first), "another copy may run: its success is taken");
-        assert!(r.task.outstanding.len() <= MAX_ISSUED, "the outstanding list stays bounded");
+        assert!(r.task.lock.outstanding.contains(&first), "another copy may run: its success is taken");
+        assert!(r.task.lock.outstanding.len() <= MAX_ISSUED, "the outstanding list stays bounded");
         assert!(r.task.steps[0].maybe_applied, "another copy may have applied: compensated if it fails");
         assert!(r.task.reason.as_deref().unwrap_or_default().contains("claimed again"), "{:?}", r.task.reason);
         t = r.task;
     }
     assert_eq!(t.steps[0].attempts, 13);
     // a stale "not started" (an older attempt) changes nothing
-    let old = t.outstanding[0].clone();
+    let old = t.lock.outstanding[0].clone();
     let e = Event::AgentNotStarted { attempt: old.clone(), error: "x".into() };
     assert_eq!(apply(&t, &e, &ctx(3_000), &policy()), Err(Stale::NotCurrentAttempt));
     // a success of an earlier copy still counts
@@ -473,7 +473,7 @@ fn a_not_started_copy_does_not_release_a_compensation_waiting_for_its_attempt() 
     let t = new_task(false).task;
     let running = token(&t);
     let c = go(&t, Event::Cancel { reason: "c".into(), run: None }, 1_100).task;
-    assert_eq!(c.awaits.as_ref(), Some(&running));
+    assert_eq!(c.lock.awaits.as_ref(), Some(&running));
     let e = Event::AgentNotStarted { attempt: running, error: "x".into() };
     assert_eq!(apply(&c, &e, &ctx(1_200), &policy()), Err(Stale::NotCurrentAttempt));
 }
@@ -599,7 +599,7 @@ fn a_cancel_right_after_submission_waits_for_the_first_attempt() {
     let t = new_task(false).task;
     let r = go(&t, Event::Cancel { reason: "x".into(), run: None }, 1_020);
     assert_eq!(r.task.process_state, ProcessState::Compensating);
-    assert_eq!(r.task.awaits, t.locked_by, "the first attempt may be running: its compensation waits for it");
+    assert_eq!(r.task.lock.awaits, t.lock.locked_by, "the first attempt may be running: its compensation waits for it");
     assert!(dispatched(&r.effects).is_empty());
     let answered = go(&r.task, Event::AgentSucceeded { attempt: token(&t), output: json!(1) }, 1_100);
     let undo = claim(&answered.task, 1_110);
@@ -616,7 +616,7 @@ fn lost_run_message_is_reissued_without_counting_a_failure() {
     assert_eq!(r.task.complete_by, Some(Millis(2_100)));
     // the restart re-sends the same wait's run message, so whichever copy arrives first claims,
     // however late the original is (a restart does not invalidate it)
-    let rev = t.wait_rev;
+    let rev = t.claim.rev;
     assert_eq!(r.effects, vec![Effect::Run { rev, delay_ms: 0, reason: RunReason::Restart }]);
     let claimed = claim(&r.task, 1_700).task;
     assert_eq!(claimed.process_state, ProcessState::Processing);
@@ -807,10 +807,10 @@ fn a_workflow() -> impl Strategy<Value = WorkflowDef> {
 
 fn event_for(t: &Task, m: &Move, stale_token: &AttemptToken) -> (Event, u64) {
     let now = t.updated_at.0 + 10;
-    let cur = t.locked_by.clone().unwrap_or_else(|| stale_token.clone());
+    let cur = t.lock.locked_by.clone().unwrap_or_else(|| stale_token.clone());
     match m {
-        Move::ClaimCurrent => (Event::Claim { rev: t.wait_rev }, now),
-        Move::ClaimOld => (Event::Claim { rev: t.wait_rev.saturating_sub(1) }, now),
+        Move::ClaimCurrent => (Event::Claim { rev: t.claim.rev }, now),
+        Move::ClaimOld => (Event::Claim { rev: t.claim.rev.saturating_sub(1) }, now),
         Move::SucceedCurrent => (Event::AgentSucceeded { attempt: cur, output: json!(1) }, now),
         Move::SucceedStale => (Event::AgentSucceeded { attempt: stale_token.clone(), output: json!(1) }, now),
         Move::FailRetryable => (Event::AgentFailed { attempt: cur, error: "e".into(), retryable: true }, now),
@@ -861,15 +861,15 @@ proptest! {
             prop_assert!(apply(&t, &e, &c, &p).is_err());
             // every non-terminal state has a CompleteBy; terminal ones hold no lock and no deadline
             if t.process_state.is_terminal() {
-                prop_assert!(t.complete_by.is_none() && t.locked_by.is_none());
+                prop_assert!(t.complete_by.is_none() && t.lock.locked_by.is_none());
             } else {
                 prop_assert!(t.complete_by.is_some(), "{} without CompleteBy", t.process_state);
             }
             if t.process_state == ProcessState::Processing {
-                prop_assert!(t.locked_by.is_some());
+                prop_assert!(t.lock.locked_by.is_some());
             }
             if t.process_state == ProcessState::Pending {
-                prop_assert!(t.locked_by.is_none());
+                prop_assert!(t.lock.locked_by.is_none());
             }
             let seqs: Vec<u64> = t.history.iter().map(|h| h.seq).collect();
             prop_assert!(seqs.windows(2).all(|w| w[0] < w[1]), "history out of order: {:?}", seqs);
@@ -945,9 +945,9 @@ fn a_call_step_settles_one_execution_time_after_the_task_stops_waiting_for_it() 
     let t = submit(TaskId::try_from("t1").unwrap(), order(), json!({}), None, &at(1_000), &p).task;
     assert_eq!(t.steps[0].settles_at, Some(Millis(302_000)));
     let cancelled = go(&t, Event::Cancel { reason: "customer".into(), run: None }, 1_500);
-    assert_eq!(cancelled.task.not_before, Some(Millis(1_500 + 1_000 + 2_000)), "cancel + timeout + settle");
+    assert_eq!(cancelled.task.claim.not_before, Some(Millis(1_500 + 1_000 + 2_000)), "cancel + timeout + settle");
     assert!(matches!(cancelled.effects.as_slice(), [Effect::Run { delay_ms: 3_000, .. }]), "{:?}", cancelled.effects);
-    let early = Event::Claim { rev: cancelled.task.wait_rev };
+    let early = Event::Claim { rev: cancelled.task.claim.rev };
     assert!(matches!(apply(&cancelled.task, &early, &at(4_499), &p), Err(Stale::TooEarly { .. })));
     let undo = go(&cancelled.task, early, 4_500);
     assert_eq!(dispatched(&undo.effects)[0].step, "release");
@@ -956,13 +956,13 @@ fn a_call_step_settles_one_execution_time_after_the_task_stops_waiting_for_it() 
     let mut t = go(&t, Event::AgentSucceeded { attempt: token(&t), output: json!({}) }, 2_000).task;
     for i in 0..3 {
         let now = 5_000 + 5_000 * i;
-        if t.locked_by.is_none() {
-            t = go(&t, Event::Claim { rev: t.wait_rev }, now - 1_000).task;
+        if t.lock.locked_by.is_none() {
+            t = go(&t, Event::Claim { rev: t.claim.rev }, now - 1_000).task;
         }
         t = go(&t, Event::AgentTimedOut { attempt: token(&t), error: "timed out".into() }, now).task;
     }
     assert_eq!(t.process_state, ProcessState::Compensating);
-    assert_eq!(t.not_before, Some(Millis(15_000 + 1_000 + 2_000)), "the last report + timeout + settle");
+    assert_eq!(t.claim.not_before, Some(Millis(15_000 + 1_000 + 2_000)), "the last report + timeout + settle");
 
     // a callback step: its worker may act until the hard deadline
     let mut wf = order();
@@ -971,7 +971,7 @@ fn a_call_step_settles_one_execution_time_after_the_task_stops_waiting_for_it() 
         StepDef { kind: StepKind::Callback { agent, heartbeat_ms: None }, timeout_ms: 60_000, ..wf.steps[0].clone() };
     let t = submit(TaskId::try_from("t2").unwrap(), wf, json!({}), None, &at(1_000), &p).task;
     let cancelled = go(&t, Event::Cancel { reason: "customer".into(), run: None }, 1_500);
-    assert_eq!(cancelled.task.not_before, Some(Millis(1_000 + 300_000 + 60_000 + 2_000)), "hard + settle");
+    assert_eq!(cancelled.task.claim.not_before, Some(Millis(1_000 + 300_000 + 60_000 + 2_000)), "hard + settle");
 }
 
 #[test]

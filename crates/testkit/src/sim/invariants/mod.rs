@@ -48,7 +48,7 @@ impl Sim {
         for t in tasks {
             let id = t.task_id.to_string();
             // attempts claimed and let go
-            let lock = t.locked_by.as_ref().map(ToString::to_string);
+            let lock = t.lock.locked_by.as_ref().map(ToString::to_string);
             if self.locks.get(&id) != lock.as_ref() {
                 if let Some(old) = self.locks.remove(&id) {
                     let cancelled = t.process_state == ProcessState::Cancelled
