@@ -936,6 +936,7 @@ mod tests {
             queue_budget_ms: 10_000,
             result_grace_ms: 2_000,
             settle_ms: 2_000,
+            unchecked_start_ms: 2_000,
             max_restarts: 8,
         }
     }

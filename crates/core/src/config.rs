@@ -209,6 +209,9 @@ impl Settings {
         if let Ok(v) = std::env::var("SETTLE_MS") {
             s.policy.settle_ms = parse_num("SETTLE_MS", &v)?;
         }
+        if let Ok(v) = std::env::var("UNCHECKED_START_MS") {
+            s.policy.unchecked_start_ms = parse_num("UNCHECKED_START_MS", &v)?;
+        }
         if let Ok(v) = std::env::var("SWEEP_LAG_MS") {
             s.sweep_lag_ms = parse_num("SWEEP_LAG_MS", &v)?;
         }

@@ -117,6 +117,44 @@ async fn a_copy_of_a_request_whose_task_moved_on_starts_nothing() {
     assert!(matches!(outcomes(&tw).as_slice(), [Outcome::Succeeded { .. }]));
 }
 
+/// A request that arrives within its `unchecked_until` (its claim plus `UNCHECKED_START_MS`)
+/// starts without reading its task: no `GetItem`, even for a copy whose task moved on (the
+/// protocol allows for it before a compensation starts). Past that instant it reads first, and
+/// the copy starts nothing.
+#[tokio::test]
+async fn a_fresh_request_starts_unread_and_a_late_copy_reads_first() {
+    let tw = twins();
+    let counting = std::sync::Arc::new(Counting::default());
+    let mut rt = AgentRuntime::default();
+    rt.register_arc("counted", counting.clone());
+    let now = tw.deps.now();
+    let task_id = TaskId::try_from("fresh").unwrap();
+    let held_by = sas_core::ids::AttemptToken::from("a2");
+    tw.hold(&task_id, "charge", "counted", &held_by).await;
+    let copy = |unchecked_until: Option<Millis>| {
+        let mut r = AgentRequest::first_attempt(task_id.clone(), "charge", "counted", json!({}), now.plus_ms(60_000))
+            .with_attempt(sas_core::ids::AttemptToken::from("a1"));
+        r.unchecked_until = unchecked_until;
+        serde_json::to_string(&r).unwrap()
+    };
+    let calls = || counting.0.load(std::sync::atomic::Ordering::SeqCst);
+    // fresh: a read would fail (the table throttles), but none is made, and the call runs
+    let throttled =
+        || sas_core::store::StoreError::Backend { op: "GetItem", message: "throttled".into(), source: None };
+    tw.store.fail_next(sas_core::store::StoreOp::Get, throttled());
+    assert!(agent::handle_sent(&tw.deps, &rt, &copy(Some(now.plus_ms(2_000))), Some(now)).await.unwrap());
+    assert_eq!(calls(), 1, "started without the read");
+    assert!(matches!(outcomes(&tw).as_slice(), [Outcome::Succeeded { .. }]));
+    // the same copy at its unchecked_until reads first: the read fails, the record comes back
+    assert!(agent::handle_sent(&tw.deps, &rt, &copy(Some(now)), Some(now)).await.is_err());
+    // read: the task is held by another attempt, so the copy starts nothing
+    assert!(!agent::handle_sent(&tw.deps, &rt, &copy(Some(now)), Some(now)).await.unwrap());
+    // and without the field (a copy sent again, or by an older Scheduler) it always reads
+    assert!(!agent::handle_sent(&tw.deps, &rt, &copy(None), Some(now)).await.unwrap());
+    assert_eq!(calls(), 1, "no other call");
+    assert!(outcomes(&tw).is_empty(), "nothing else reported");
+}
+
 #[tokio::test]
 async fn a_request_that_waited_past_its_start_by_says_it_did_not_start() {
     let tw = twins();

@@ -48,6 +48,7 @@ fn twins() -> Twins {
             queue_budget_ms: 0,
             result_grace_ms: 0,
             settle_ms: 0,
+            unchecked_start_ms: 0,
             max_restarts: 8,
         },
         retention_days: 1,

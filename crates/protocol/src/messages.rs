@@ -240,6 +240,13 @@ pub struct AgentRequest {
     /// then as from its first send.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_since: Option<Millis>,
+    /// Until this instant (epoch ms; its claim plus the Scheduler's `UNCHECKED_START_MS`) the
+    /// agent may start the request without reading its task's `LockedBy`: a decision that moves
+    /// the task on (a cancel, a give-up) allows for a call that starts this late (its
+    /// compensation waits one such window more). Later, the agent reads first. Absent: it always
+    /// reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unchecked_until: Option<Millis>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -270,6 +277,7 @@ impl AgentRequest {
             callback: None,
             waits: 0,
             waiting_since: None,
+            unchecked_until: None,
         }
     }
 

@@ -58,6 +58,7 @@ pub fn settings() -> Settings {
             queue_budget_ms: 2_000,
             result_grace_ms: 500,
             settle_ms: 500,
+            unchecked_start_ms: 2_000,
             max_restarts: 8,
         },
         retention_days: 1,

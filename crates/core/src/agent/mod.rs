@@ -13,7 +13,7 @@
 //! - [`kind`]: what each kind of agent provides (its configuration, how it is built, its IAM);
 //! - [`config`]: which agents a function hosts (`config/agents.json`).
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::deps::{Deps, HandlerError};
 use crate::ids::Millis;
@@ -97,7 +97,12 @@ pub async fn handle_request(
         // through ends within one execution time of it (see `still_current`).
         let start = Millis::now();
         let started = deps.now();
-        let current = still_current(deps, &req).await;
+        let current = if starts_unchecked(&req, started) {
+            debug!("started without reading the task: within unchecked_until of its claim");
+            Ok(true)
+        } else {
+            still_current(deps, &req).await
+        };
         if !matches!(current, Ok(true)) {
             // not started (or the check failed: the message comes back): the slot is given back
             if let Some(holder) = lease {
@@ -133,6 +138,15 @@ pub async fn handle_request(
     .await
 }
 
+/// Whether `req` may start without [`still_current`]'s read: it arrived before its
+/// `unchecked_until` (its claim plus the Scheduler's `UNCHECKED_START_MS`). The protocol allows
+/// for such a start after a decision that moves the task on (`Change::settled_at`: a
+/// compensation waits one window more), so only a request that waited pays for the read. A
+/// request without the field (sent again, or by a Scheduler that predates it) is always read.
+pub fn starts_unchecked(req: &AgentRequest, now: Millis) -> bool {
+    req.unchecked_until.is_some_and(|until| now < until)
+}
+
 /// Whether `req`'s attempt is still the one its task waits for: one strongly consistent read of
 /// the task's `LockedBy` ([`crate::store::StateStore::holder`]), just before the agent starts its
 /// calls. A copy of a request whose task has moved on (a retry claimed with a new token, a cancel,
@@ -143,7 +157,8 @@ pub async fn handle_request(
 /// attempt's `CompleteBy`: a call that starts after the decision's write is refused here, and one
 /// that started before it ends within one execution time (`timeout_ms`) of it, so no effect of the
 /// attempt can land after `min(CompleteBy, decision + timeout_ms)` + settle (the protocol's
-/// `settled_at`). Cost: one read unit per attempt while the item is under 4 KB.
+/// `settled_at`). Cost: one read unit per attempt while the item is under 4 KB, paid only by a
+/// request that arrives after its `unchecked_until` ([`starts_unchecked`]).
 pub async fn still_current(deps: &Deps, req: &AgentRequest) -> Result<bool, HandlerError> {
     let holder = deps.store.holder(&req.task_id).await?;
     if holder.as_ref() == Some(&req.attempt) {

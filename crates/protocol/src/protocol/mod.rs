@@ -63,6 +63,11 @@ pub struct Policy {
     /// Margin after a forward attempt's `CompleteBy` before its compensation may start (clock
     /// skew between agents, services and the Scheduler).
     pub settle_ms: u64,
+    /// How long after its claim an agent may start a call without reading the task's `LockedBy`
+    /// ([`AgentRequest::unchecked_until`]); a request that arrives later is read first. Every
+    /// compensation of a call step allows for a call that starts this late (see
+    /// `Change::settled_at`). 0: the agent always reads.
+    pub unchecked_start_ms: u64,
     /// Restarts in a row (run messages lost or never claimed) before the task ends in `Error`.
     pub max_restarts: u32,
 }
@@ -75,6 +80,7 @@ impl Default for Policy {
             queue_budget_ms: 300_000,
             result_grace_ms: 10_000,
             settle_ms: 2_000,
+            unchecked_start_ms: 2_000,
             max_restarts: 8,
         }
     }
@@ -419,7 +425,14 @@ fn owed_work(task: &Task, now: Millis, policy: &Policy) -> Vec<Effect> {
             let hard = task.lock.hard_by.unwrap_or(complete_by);
             let start_by = Millis(hard.0.saturating_sub(def.timeout_ms));
             vec![
-                Effect::Dispatch(attempt_request(task, token, task.unit_attempts(), (budget > 0).then_some(start_by))),
+                // a copy sent again is read before it starts (its claim is not this instant)
+                Effect::Dispatch(attempt_request(
+                    task,
+                    token,
+                    task.unit_attempts(),
+                    (budget > 0).then_some(start_by),
+                    None,
+                )),
                 timer,
             ]
         }
@@ -432,7 +445,13 @@ fn owed_work(task: &Task, now: Millis, policy: &Policy) -> Vec<Effect> {
 }
 
 /// The request for the current unit's attempt `token`, as the task records it.
-fn attempt_request(task: &Task, token: &AttemptToken, attempt_no: u32, start_by: Option<Millis>) -> AgentRequest {
+fn attempt_request(
+    task: &Task,
+    token: &AttemptToken,
+    attempt_no: u32,
+    start_by: Option<Millis>,
+    unchecked_until: Option<Millis>,
+) -> AgentRequest {
     let def = task.current_def();
     AgentRequest {
         v: VERSION,
@@ -452,6 +471,7 @@ fn attempt_request(task: &Task, token: &AttemptToken, attempt_no: u32, start_by:
         }),
         waits: 0,
         waiting_since: None,
+        unchecked_until,
     }
 }
 
@@ -1177,7 +1197,9 @@ impl Change<'_> {
             self.t.steps[i].settles_at = Some(hard);
         }
         self.note(running_state(phase));
-        let request = attempt_request(&self.t, &token, attempt_no, (budget > 0).then_some(start_by));
+        let unchecked = self.policy.unchecked_start_ms;
+        let unchecked_until = (unchecked > 0).then(|| self.ctx.now.plus_ms(unchecked));
+        let request = attempt_request(&self.t, &token, attempt_no, (budget > 0).then_some(start_by), unchecked_until);
         self.fx.push(Effect::Dispatch(request));
         let task_id = self.t.task_id.clone();
         self.fx.push(Effect::ArmTimer(TimerMessage { v: VERSION, task_id, attempt: Some(token), complete_by }));
@@ -1378,15 +1400,21 @@ impl Change<'_> {
     /// When no attempt of forward step `i` can apply any more, once the task stops waiting for
     /// them now: its last attempt's hard deadline (no copy of a request starts after its
     /// `start_by`, none runs past `start_by + timeout_ms`), or, for a call step, one execution
-    /// time from now if that is sooner. An agent starts a call only while its attempt is the
-    /// task's current one (it reads `LockedBy` first, `sas_core::agent::still_current`): a copy
-    /// that starts after this decision's write is refused, and one that started before it is cut
+    /// time (plus the unchecked window) from now if that is sooner. An agent starts a call only
+    /// while its attempt is the task's current one (it reads `LockedBy` first,
+    /// `sas_core::agent::still_current`), except within `unchecked_start_ms` of the claim: a
+    /// copy that starts after this decision's write is refused unless it is that fresh, so every
+    /// call either started before now + the window or never starts, and one that started is cut
     /// within `timeout_ms`. A callback step's remote side holds its token until the hard deadline,
     /// whatever the agent does: that bound stays. The settling margin is added by the caller.
     fn settled_at(&self, i: usize) -> Option<Millis> {
         let hard = self.t.steps[i].settles_at?;
         let def = &self.t.workflow.steps[i];
-        Some(if def.kind.agent_bounds_the_effect() { hard.min(self.ctx.now.plus_ms(def.timeout_ms)) } else { hard })
+        Some(if def.kind.agent_bounds_the_effect() {
+            hard.min(self.ctx.now.plus_ms(self.policy.unchecked_start_ms + def.timeout_ms))
+        } else {
+            hard
+        })
     }
 
     /// End the task in a terminal state; `Error` alerts an operator.

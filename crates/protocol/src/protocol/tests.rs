@@ -33,6 +33,7 @@ pub(super) fn policy() -> Policy {
         queue_budget_ms: 0,
         result_grace_ms: 0,
         settle_ms: 0,
+        unchecked_start_ms: 0,
         max_restarts: 8,
     }
 }
@@ -972,6 +973,26 @@ fn a_call_step_settles_one_execution_time_after_the_task_stops_waiting_for_it() 
     let t = submit(TaskId::try_from("t2").unwrap(), wf, json!({}), None, &at(1_000), &p).task;
     let cancelled = go(&t, Event::Cancel { reason: "customer".into(), run: None }, 1_500);
     assert_eq!(cancelled.task.claim.not_before, Some(Millis(1_000 + 300_000 + 60_000 + 2_000)), "hard + settle");
+}
+
+/// A request may start without its agent reading the task within `unchecked_start_ms` of its
+/// claim (`unchecked_until`): a cancel allows for such a call, so its compensation waits one
+/// window more. A copy dispatched again (the claim's sends owed once more) carries no window: its
+/// agent reads first.
+#[test]
+fn a_call_step_settles_one_unchecked_window_later_and_a_resent_request_is_read() {
+    let p = Policy { queue_budget_ms: 300_000, settle_ms: 2_000, unchecked_start_ms: 2_000, ..policy() };
+    let at = |now: u64| Ctx { now: Millis(now), fresh_token: AttemptToken::fresh(), jitter: 0.5 };
+    let claimed = submit(TaskId::try_from("t1").unwrap(), order(), json!({}), None, &at(1_000), &p);
+    assert_eq!(dispatched(&claimed.effects)[0].unchecked_until, Some(Millis(3_000)), "claim + window");
+    let cancelled = apply(&claimed.task, &Event::Cancel { reason: "customer".into(), run: None }, &at(1_500), &p);
+    let not_before = cancelled.unwrap().task.claim.not_before;
+    assert_eq!(not_before, Some(Millis(1_500 + 2_000 + 1_000 + 2_000)), "cancel + window + timeout + settle");
+    // the same claim's sends owed again (its message came back): the request is read first
+    let again = owed_sends(&claimed.task, Millis(1_200), &p);
+    let resent = dispatched(&again);
+    assert_eq!(resent.len(), 1, "{again:?}");
+    assert_eq!((resent[0].attempt.clone(), resent[0].unchecked_until), (token(&claimed.task), None));
 }
 
 #[test]

@@ -55,11 +55,12 @@ impl Sim {
 
     /// An agent starts a request it holds a slot for (if its agent has a limit): only while the
     /// task still waits for its attempt, as the real agent checks ([`agent::still_current`], on
-    /// the twins); otherwise the copy starts nothing and gives its slot back.
+    /// the twins) once the request is past its `unchecked_until` ([`agent::starts_unchecked`]);
+    /// otherwise the copy starts nothing and gives its slot back.
     pub(super) fn start(&mut self, req: &AgentRequest, lease: Option<String>) {
         let now = self.now();
         // one that may no longer start says so (`not started`) without the check, as the agent
-        if execution_deadline(req, now).is_some() {
+        if execution_deadline(req, now).is_some() && !agent::starts_unchecked(req, now) {
             match block_on(agent::still_current(&self.deps, req)) {
                 Ok(true) => {}
                 Ok(false) => {

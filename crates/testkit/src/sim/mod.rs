@@ -345,6 +345,8 @@ pub fn run(cfg: &SimConfig) -> SimReport {
             queue_budget_ms: 120_000,
             result_grace_ms: 2_000,
             settle_ms: 500,
+            // as deployed: copies that arrive within 2 s of their claim start unread
+            unchecked_start_ms: 2_000,
             max_restarts: 8,
         },
         retention_days: 1,
