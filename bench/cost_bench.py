@@ -489,7 +489,9 @@ def run_workload(env: Env, a, reply_url: str, reply_queue: str, spec) -> dict:
         seen["usd_per_million"] = (seen["emf_bytes"] + seen["log_bytes"]) / n * 1e6 / 1e9 * LOGS_USD_PER_GB
         seen["by_message"] = dict(sorted(seen["by_message"].items(), key=lambda kv: -kv[1])[:8])
     replies = drain(env, reply_url)
-    problems = check(env.get_items(ids), ids, expected, STATUSES.get(name))
+    final = env.get_items(ids)
+    problems = check(final, ids, expected, STATUSES.get(name))
+    latency = latencies(final, t0)
     summary = summarize(snap["rows"], n, env.queue_role, reply_queue)
     log(f"{name}: {summary['per_task']['requests']:.2f} requests/task, WCU {summary['per_task']['wcu']:.2f}, "
         f"${summary['per_task']['usd_per_million']:.2f}/M; window {snap['until'] - snap['since']:.0f} s "
@@ -500,8 +502,32 @@ def run_workload(env: Env, a, reply_url: str, reply_queue: str, spec) -> dict:
         "window_secs": round(snap["until"] - snap["since"], 1), "window": [snap["since"], snap["until"]],
         "replies_received": replies,
         "problems": problems[:20], "problem_count": len(problems), "rows": snap["rows"], "summary": summary,
-        "sample_task": ids[0], "seeing": seen,
+        "sample_task": ids[0], "seeing": seen, "latency": latency,
     }
+
+
+def latencies(items: dict[str, dict], t0: float) -> dict:
+    """Percentiles (ms) over the tasks of a burst sent from `t0` on: from the burst's first send to the
+    task's terminal write (`UpdatedAt`), from its creation (`CreatedAt`) to that write, and from the send
+    to the creation (the submission queue and the Submitter). Host clocks on both sides (the runner and
+    this script run on the same machine)."""
+    sent = t0 * 1000
+    spans = {"send_to_end": [], "created_to_end": [], "send_to_created": []}
+    for item in items.values():
+        try:
+            created, updated = float(item["CreatedAt"]["N"]), float(item["UpdatedAt"]["N"])
+        except (KeyError, ValueError):
+            continue
+        spans["send_to_end"].append(updated - sent)
+        spans["created_to_end"].append(updated - created)
+        spans["send_to_created"].append(created - sent)
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+    return {k: {"p50": round(pct(v, 0.5)), "p90": round(pct(v, 0.9)), "max": round(max(v, default=0))}
+            for k, v in spans.items()}
 
 
 def sasctl_sweep(env: Env) -> dict:
@@ -606,13 +632,20 @@ def print_report(out: dict, env: Env):
     p("\n### Requests per task by operation\n")
     p(detail_table(results, env.queue_role, reply_queue, out["table"]))
     p("\n### Other figures per workload\n")
-    p("| workload | drained in s | invocations by role | replies received/task | failed conditional writes/task |")
-    p("|---|---:|---|---:|---:|")
+    p("| workload | drained in s | latency p50 / p90 (s) | created to end p50 (s) | send to created p50 (s) "
+      "| invocations by role | replies received/task | failed conditional writes/task |")
+    p("|---|---:|---:|---:|---:|---|---:|---:|")
     for r in results:
         per = r["summary"]["per_task"]
         inv = ", ".join(f"{k} {fmt(v)}" for k, v in per["invocations_by_role"].items())
-        p(f"| {r['name']} | {r['drain_secs']} | {inv} | {fmt(r['replies_received'] / r['tasks'])} | "
-          f"{fmt(r['summary']['totals']['failed_conditions'] / r['tasks'], 3)} |")
+        lat = r.get("latency") or {}
+        s = lambda k, q: f"{lat.get(k, {}).get(q, 0) / 1000:.1f}"  # noqa: E731
+        p(f"| {r['name']} | {r['drain_secs']} | {s('send_to_end', 'p50')} / {s('send_to_end', 'p90')} | "
+          f"{s('created_to_end', 'p50')} | {s('send_to_created', 'p50')} | {inv} | "
+          f"{fmt(r['replies_received'] / r['tasks'])} | {fmt(r['summary']['totals']['failed_conditions'] / r['tasks'], 3)} |")
+    p("- latency: from the burst's first send to each task's terminal write (`UpdatedAt`); created to end: "
+      "from `CreatedAt`; send to created: the submission queue and the Submitter. A burst: the later tasks "
+      "wait behind the earlier ones.")
     maps = [r for r in results if r["name"] in ELEMENTS]
     if maps:
         p("\n### Per map element\n")
