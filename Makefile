@@ -89,7 +89,7 @@ test-python: ## the project's Python unit tests with pytest (Lambda executor, la
 sam-build: ## sam build for x86_64, samconfig.toml's default (arm64 needs rustup's aarch64 target: infra/sam-build.sh arm64)
 	infra/sam-build.sh x86_64
 
-sam-deploy-local: ## SAM's own deploy of sam build's output to LocalStack (functions on), sas-dev smoke to Processed, samlocal delete
+sam-deploy-local: ## SAM's own deploy of sam build's output to LocalStack (functions on), sasctl smoke to Processed, samlocal delete
 	infra/sam-deploy-local.sh
 
 sam-local-invoke: ## sam local invoke of all five functions (sam build's output) in Docker against LocalStack, each fed a real message, checked (root: own dockerd)

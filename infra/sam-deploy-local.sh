@@ -3,7 +3,7 @@
 # CLI with LocalStack's endpoint) packages `sam build`'s output (.aws-sam/build; built here with
 # infra/sam-build.sh x86_64 when missing), uploads it to S3 and creates the stack through a change
 # set, with the five functions on (LocalStack runs them as host processes). Then the post-deploy
-# smoke check the book gives for AWS (`sas-dev --stack NAME smoke`: one sim-order task to
+# smoke check the book gives for AWS (`sasctl --stack NAME smoke`: one sim-order task to
 # Processed, its timeline), the first-hour tutorial's blocks as written (a task sent from an
 # application, its statuses read from its own reply queue), then the documented way to change a parameter of the deployed stack
 # (`sam deploy --parameter-overrides LogLevel=DEBUG`), checking that every other parameter kept its
@@ -20,7 +20,7 @@ STACK="${SAM_DEPLOY_STACK:-sas-samdeploy}"
 log() { printf '[sam-deploy-local] %s\n' "$*" >&2; }
 
 infra/sam-build.sh --if-missing x86_64
-cargo build -q --workspace --bins # sasctl, sas-dev; --workspace as every build of the scripts (one feature set)
+cargo build -q --workspace --bins # sasctl; --workspace as every build of the scripts (one feature set)
 if ! infra/localstack.sh healthy; then
   trap 'infra/localstack.sh stop' EXIT
 fi
@@ -62,12 +62,12 @@ fi
 echo "  PASS samlocal deploy of .aws-sam/build, functions on, in $((SECONDS - start)) s"
 
 rc=0
-log "\$ sas-dev --stack $STACK smoke"
-if target/debug/sas-dev --stack "$STACK" smoke --timeout-secs 180; then
-  echo "  PASS sas-dev --stack $STACK smoke: a sim-order task ran to Processed through the deployed functions"
+log "\$ sasctl --stack $STACK smoke"
+if target/debug/sasctl --stack "$STACK" smoke --timeout-secs 180; then
+  echo "  PASS sasctl --stack $STACK smoke: a sim-order task ran to Processed through the deployed functions"
 else
   rc=1
-  echo "  FAIL sas-dev --stack $STACK smoke"
+  echo "  FAIL sasctl --stack $STACK smoke"
 fi
 
 # The first-hour tutorial's own blocks, as the page gives them (docs/run-tutorial.py runs the ones

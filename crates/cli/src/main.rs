@@ -2,8 +2,8 @@
 //!
 //! This file is the dispatcher: the top-level parser, the global options and one `match` that
 //! calls each command's `run`. Each command (its arguments and its `run`) is a module of
-//! `sas_cli::commands` (`crates/cli/src/commands/`). The developer's commands (demo, load, smoke)
-//! are another binary's, sas-dev (`crates/dev`): the demo links the order service, sasctl does not.
+//! `sas_cli::commands` (`crates/cli/src/commands/`). The developer's commands (demo, load) are
+//! another binary's, sas-dev (`crates/dev`): the demo links the order service, sasctl does not.
 //!
 //! Errors are printed here, one line with their causes (`error: ...: ...`), and end the process
 //! with exit code 1: an operator's refusal is not a crash, so no backtrace even with
@@ -48,6 +48,7 @@ enum Cmd {
     Heartbeat(commands::heartbeat::Args),
     Approve(commands::approve::Args),
     Reject(commands::reject::Args),
+    Smoke(commands::smoke::Args),
 }
 
 impl Cmd {
@@ -107,6 +108,7 @@ async fn run(cli: &Cli) -> Result<i32> {
         Cmd::Heartbeat(a) => commands::heartbeat::run(a, g).await,
         Cmd::Approve(a) => commands::approve::run(a, g).await,
         Cmd::Reject(a) => commands::reject::run(a, g).await,
+        Cmd::Smoke(a) => commands::smoke::run(a, g).await,
     }
 }
 

@@ -1,4 +1,4 @@
-//! `sas-dev smoke`'s work: after a deploy, one task through the stack, and what happened to it.
+//! `sasctl smoke`: after a deploy, one task through the stack, and what happened to it.
 //!
 //! It sends a submission of a workflow that needs no remote service (`sim-order` by default) to
 //! the stack's submission queue, reads the task until it ends or the time is up, and reports its

@@ -1,8 +1,8 @@
 //! sas-dev: the developer's commands, apart from sasctl (the operator's tool): `demo` (the main
-//! job: the order service and sample orders on a stack of LocalStack), `load` (the load
-//! benchmark) and `smoke` (one task through a deployed stack). `demo` links the order service,
-//! which sasctl does not; all three read the stack as sasctl does (the same global options,
-//! `sas_cli::commands::Global`) and print their errors as it does: one line, exit status 1.
+//! job: the order service and sample orders on a stack of LocalStack) and `load` (the load
+//! benchmark). `demo` links the order service, which sasctl does not; both read the stack as
+//! sasctl does (the same global options, `sas_cli::commands::Global`) and print their errors as it
+//! does: one line, exit status 1.
 #![allow(clippy::print_stderr)]
 
 use std::path::PathBuf;
@@ -14,13 +14,12 @@ use sas_cli::commands::Global;
 
 mod demo;
 mod load;
-mod smoke;
 
 #[derive(Parser)]
 #[command(
     name = "sas-dev",
     version,
-    about = "Scheduler-Agent-Supervisor, the developer's commands: the demo, the load benchmark, the smoke check"
+    about = "Scheduler-Agent-Supervisor, the developer's commands: the demo, the load benchmark"
 )]
 struct Cli {
     #[command(flatten)]
@@ -32,7 +31,6 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     Demo(DemoArgs),
-    Smoke(smoke::Args),
     Load(load::Args),
 }
 
@@ -82,7 +80,6 @@ async fn run(cli: &Cli) -> Result<i32> {
             };
             Ok(i32::from(!ok))
         }
-        Cmd::Smoke(a) => smoke::run(a, g).await,
         Cmd::Load(a) => load::run(a, g).await,
     }
 }

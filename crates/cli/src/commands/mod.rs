@@ -35,6 +35,7 @@ pub mod reject;
 pub mod resubmit;
 pub mod run;
 pub mod schema;
+pub mod smoke;
 pub mod status;
 pub mod submit;
 pub mod sweep;

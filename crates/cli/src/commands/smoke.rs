@@ -1,15 +1,16 @@
-//! `sas-dev smoke`: after a deploy, one task through the stack ([`sas_cli::smoke`]), its report
+//! `sasctl smoke`: after a deploy, one task through the stack ([`crate::smoke`]), its report
 //! printed.
 #![allow(clippy::print_stdout)]
 
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use sas_cli::commands::{Global, POLL};
+
+use super::{Global, POLL};
 
 /// After a deploy: send one task of a workflow that needs no remote service through the stack
 /// and report its steps and history on a time axis. Exits 1 unless it ends Processed in time.
-/// Against AWS: `sas-dev --stack NAME smoke` (reads the stack's outputs).
+/// Against AWS: `sasctl --stack NAME smoke` (reads the stack's outputs).
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[arg(long, default_value = "sim-order")]
@@ -24,9 +25,9 @@ pub struct Args {
 
 /// The command: one task through the stack, its report printed.
 pub async fn run(args: &Args, global: &Global) -> Result<i32> {
-    let sdk = sas_cli::commands::sdk().await;
+    let sdk = super::sdk().await;
     let deps = global.deps(&sdk).await?;
-    let report = sas_cli::smoke::run(
+    let report = crate::smoke::run(
         deps.store.as_ref(),
         &sas_core::aws::sqs_client(&sdk),
         &deps.resources.submission_queue_url,
