@@ -23,9 +23,9 @@ use aws_lambda_events::event::lambda_function_urls::{LambdaFunctionUrlRequest, L
 use aws_lambda_events::event::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
 use sas_core::agent::AgentRuntime;
 use sas_core::deps::{Deps, HandlerError};
-use sas_core::messages::{CallbackMessage, CallbackReply};
 use sas_core::role::{handle_group, process_batch, Record, Role};
 use sas_core::supervisor::{self, SweepReport};
+use sas_protocol::messages::{CallbackMessage, CallbackReply};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -114,7 +114,7 @@ pub fn records(event: SqsEvent) -> Vec<Record> {
         .map(|m| Record {
             receive_count: m.attributes.get("ApproximateReceiveCount").and_then(|n| n.parse().ok()).unwrap_or(1),
             trace_header: m.attributes.get("AWSTraceHeader").cloned(),
-            sent_at: m.attributes.get("SentTimestamp").and_then(|n| n.parse().ok()).map(sas_core::ids::Millis),
+            sent_at: m.attributes.get("SentTimestamp").and_then(|n| n.parse().ok()).map(sas_protocol::ids::Millis),
             message_id: m.message_id.unwrap_or_default(),
             body: m.body.unwrap_or_default(),
         })

@@ -20,8 +20,8 @@
 use aws_lambda_events::event::lambda_function_urls::{LambdaFunctionUrlRequest, LambdaFunctionUrlResponse};
 use base64::Engine as _;
 use sas_core::deps::{Deps, HandlerError};
-use sas_core::ids::clip;
-use sas_core::messages::{CallbackReply, CallbackResult, SQS_MAX_MESSAGE_BYTES, VERSION};
+use sas_protocol::ids::clip;
+use sas_protocol::messages::{CallbackReply, CallbackResult, SQS_MAX_MESSAGE_BYTES, VERSION};
 use serde_json::json;
 use tracing::{error, info, warn};
 

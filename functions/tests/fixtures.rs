@@ -4,11 +4,11 @@ use std::path::PathBuf;
 
 use sas_core::agent::{AgentRuntime, BUILT_IN_AGENTS};
 use sas_core::config::Settings;
-use sas_core::ids::{AttemptToken, Millis, TaskId};
-use sas_core::protocol::{self, Ctx, Policy, ProcessState};
 use sas_core::role::Role;
-use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use sas_functions::{handle_event, parse_event, EventError, Invocation};
+use sas_protocol::ids::{AttemptToken, Millis, TaskId};
+use sas_protocol::protocol::{self, Ctx, Policy, ProcessState};
+use sas_protocol::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use sas_testkit::twins::Twins;
 use serde_json::{json, Value};
 

@@ -18,10 +18,10 @@ use futures::stream::{self, StreamExt};
 use sas_cli::table::TableReader;
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
-use sas_core::ids::{Millis, TaskId};
-use sas_core::protocol::{submit, Ctx, Policy, ProcessState};
 use sas_core::store::{DynamoStore, TaskWriter as _};
-use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::protocol::{submit, Ctx, Policy, ProcessState};
+use sas_protocol::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 
 #[derive(Parser)]
 struct Args {

@@ -9,8 +9,8 @@
 
 use std::fmt::Write as _;
 
-use sas_core::ids::CallbackToken;
-use sas_core::messages::{CallbackAnswer, CallbackMessage, CallbackReply, CallbackResult, VERSION};
+use sas_protocol::ids::CallbackToken;
+use sas_protocol::messages::{CallbackAnswer, CallbackMessage, CallbackReply, CallbackResult, VERSION};
 use serde_json::{json, Value};
 
 /// One answer an operator gives.
@@ -168,8 +168,8 @@ pub async fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sas_core::ids::{AttemptToken, TaskId};
-    use sas_core::state::ProcessState;
+    use sas_protocol::ids::{AttemptToken, TaskId};
+    use sas_protocol::state::ProcessState;
 
     fn token() -> CallbackToken {
         CallbackToken::new(
@@ -208,7 +208,7 @@ mod tests {
     #[test]
     fn the_reply_reads_as_one_line_without_the_token() {
         let mut reply = CallbackReply::new(CallbackResult::Alive, Some(ProcessState::Processing), "heartbeat taken");
-        reply.complete_by = Some(sas_core::ids::Millis(1_000));
+        reply.complete_by = Some(sas_protocol::ids::Millis(1_000));
         let line = describe(&Answer::Heartbeat { details: None }, &token(), &reply);
         assert_eq!(
             line,

@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use aws_credential_types::provider::ProvideCredentials;
 use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
 use aws_sigv4::sign::v4;
-use sas_core::messages::{CallbackMessage, CallbackReply};
+use sas_protocol::messages::{CallbackMessage, CallbackReply};
 
 /// What the URL answered (a 403 `{"Message": …}` comes from Lambda itself: no such URL, or the
 /// signature or the caller's grant was refused).

@@ -53,7 +53,7 @@ pub struct Kind {
 }
 
 pub const WORKFLOWS: Kind =
-    Kind { env: "SAS_WORKFLOWS_FILE", file: "workflows.json", built_in: sas_core::workflow::BUILT_IN_WORKFLOWS };
+    Kind { env: "SAS_WORKFLOWS_FILE", file: "workflows.json", built_in: sas_protocol::workflow::BUILT_IN_WORKFLOWS };
 pub const AGENTS: Kind =
     Kind { env: "SAS_AGENTS_FILE", file: "agents.json", built_in: sas_core::agent::BUILT_IN_AGENTS };
 

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use sas_core::workflow::{StepDef, StepKind, Tolerance, WaitTime, WorkflowDef};
+use sas_protocol::workflow::{StepDef, StepKind, Tolerance, WaitTime, WorkflowDef};
 
 /// The flowchart of `def` (a valid definition; one whose graph cannot be built draws its steps
 /// in the listing's order).
@@ -74,7 +74,7 @@ pub fn facts(s: &StepDef) -> Vec<String> {
         StepKind::Workflow(w) => lines.push(format!("workflow {} v{}", w.workflow, w.version)),
     }
     if let Some(w) = &s.when {
-        lines.push(format!("when {}", sas_core::ids::clip(&w.to_string(), 80)));
+        lines.push(format!("when {}", sas_protocol::ids::clip(&w.to_string(), 80)));
     }
     if !s.on_failure.is_fail() {
         lines.push("its failure continues the task".to_owned());
@@ -115,7 +115,7 @@ fn text(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+    use sas_protocol::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 
     #[test]
     fn the_order_workflow_is_a_chain_with_its_compensations_dashed() {

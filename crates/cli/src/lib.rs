@@ -44,7 +44,7 @@ mod schema_files {
         let schema = sas_core::schema::workflows();
         let step = &schema["$defs"]["StepDef"]["properties"];
         let workflow = &schema["$defs"]["WorkflowDef"]["properties"];
-        let file: serde_json::Value = serde_json::from_str(sas_core::workflow::BUILT_IN_WORKFLOWS).unwrap();
+        let file: serde_json::Value = serde_json::from_str(sas_protocol::workflow::BUILT_IN_WORKFLOWS).unwrap();
         for w in file["workflows"].as_array().unwrap() {
             for k in w.as_object().unwrap().keys() {
                 assert!(workflow.get(k).is_some(), "workflow field {k} not in the schema");
@@ -61,7 +61,7 @@ mod schema_files {
 /// The book's page of the shipped workflows, drawn (`docs/reference/shipped-workflows.md`).
 pub fn shipped_workflows_page() -> String {
     use std::fmt::Write as _;
-    let all = sas_core::workflow::WorkflowRegistry::from_json(sas_core::workflow::BUILT_IN_WORKFLOWS)
+    let all = sas_protocol::workflow::WorkflowRegistry::from_json(sas_protocol::workflow::BUILT_IN_WORKFLOWS)
         .expect("the built-in workflows are valid");
     let mut page = String::from(
         "# The shipped workflows\n\n\

@@ -15,9 +15,9 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Result};
 use aws_sdk_dynamodb::types::AttributeValue;
-use sas_core::ids::{Millis, TaskId};
-use sas_core::protocol::{ProcessState, Task};
 use sas_core::store::{ended_row, TaskSummary, BY_COMPLETE_BY, BY_END};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::protocol::{ProcessState, Task};
 
 use crate::table::TableReader;
 

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use futures::stream::{self, StreamExt};
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{Submission, VERSION};
-use sas_core::protocol::Task;
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{Submission, VERSION};
+use sas_protocol::protocol::Task;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -403,8 +403,8 @@ impl fmt::Display for LoadReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sas_core::protocol::{self, Ctx, Event, Policy, ProcessState};
-    use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+    use sas_protocol::protocol::{self, Ctx, Event, Policy, ProcessState};
+    use sas_protocol::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 
     #[test]
     fn percentiles_are_nearest_rank() {

@@ -2,7 +2,7 @@
 //! Scheduler acts on (it decides, with a conditional write, whether the action still applies).
 //!
 //! `sasctl` does not send blind: it reads the task first and asks the protocol itself
-//! ([`check`], through [`sas_core::protocol::apply`]) whether the command would change anything,
+//! ([`check`], through [`sas_protocol::protocol::apply`]) whether the command would change anything,
 //! so that a no-op is refused at once, naming the state and why ([`Refusal`]). Otherwise it sends
 //! the command and waits until the task's `Rev` moves ([`wait_applied`]), then tells what the
 //! command led to ([`describe_change`]).
@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use aws_sdk_sqs::Client;
 use sas_core::bus::{encode, Outgoing};
 use sas_core::deps::Deps;
-use sas_core::ids::{AttemptToken, TaskId};
-use sas_core::messages::{CancelMessage, ResubmitMessage, SchedulerMessage, Submission, VERSION};
-use sas_core::protocol::{self, Ctx, EndCause, Event, Policy, ProcessState, Stage, Stale, Task};
-use sas_core::workflow::StepKind;
+use sas_protocol::ids::{AttemptToken, TaskId};
+use sas_protocol::messages::{CancelMessage, ResubmitMessage, SchedulerMessage, Submission, VERSION};
+use sas_protocol::protocol::{self, Ctx, EndCause, Event, Policy, ProcessState, Stage, Stale, Task};
+use sas_protocol::workflow::StepKind;
 
 use crate::table::{ReadCost, TableReader};
 
@@ -175,7 +175,7 @@ fn doing(t: &Task) -> Option<String> {
         (true, _) => format!("compensating {step} ({unit})"),
         (false, ProcessState::Processing) if let StepKind::Workflow(w) = kind => format!(
             "waiting for {step}'s child task {} (workflow {})",
-            sas_core::ids::TaskId::child(&t.task_id, t.unit_step(), 0),
+            sas_protocol::ids::TaskId::child(&t.task_id, t.unit_step(), 0),
             w.workflow
         ),
         (false, ProcessState::Processing) if running => match kind {
@@ -576,8 +576,8 @@ pub async fn resubmit_state_error(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sas_core::ids::Millis;
-    use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+    use sas_protocol::ids::Millis;
+    use sas_protocol::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
     use serde_json::json;
 
     fn ctx(now: u64) -> Ctx {
@@ -604,9 +604,10 @@ mod tests {
     #[test]
     fn an_operator_is_told_what_a_waiting_step_waits_for() {
         let mut t = new_task();
-        t.workflow.steps[0].kind = sas_core::workflow::StepKind::Callback { agent: "sim".into(), heartbeat_ms: None };
+        t.workflow.steps[0].kind =
+            sas_protocol::workflow::StepKind::Callback { agent: "sim".into(), heartbeat_ms: None };
         assert_eq!(doing(&t).as_deref(), Some("waiting for the answer to reserve (callback step)"));
-        t.workflow.steps[0] = sas_core::workflow::StepDef::wait("reserve", 5_000);
+        t.workflow.steps[0] = sas_protocol::workflow::StepDef::wait("reserve", 5_000);
         assert_eq!(
             doing(&t).as_deref(),
             Some(format!("waiting in reserve until {}", t.complete_by.unwrap().0).as_str())

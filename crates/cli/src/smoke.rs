@@ -10,10 +10,10 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use anyhow::Result;
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{Submission, VERSION};
-use sas_core::protocol::Task;
 use sas_core::store::StateStore;
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{Submission, VERSION};
+use sas_protocol::protocol::Task;
 use serde_json::Value;
 
 /// What `smoke` found.
@@ -34,7 +34,7 @@ pub struct SmokeReport {
 impl SmokeReport {
     /// The task ended `Processed`.
     pub fn passed(&self) -> bool {
-        self.task.as_ref().is_some_and(|t| t.process_state == sas_core::state::ProcessState::Processed)
+        self.task.as_ref().is_some_and(|t| t.process_state == sas_protocol::state::ProcessState::Processed)
     }
 
     /// The report for a person: the verdict, each step, the history on a time axis.
@@ -137,9 +137,9 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sas_core::protocol::{self, Ctx};
     use sas_core::store::MemoryStore;
-    use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+    use sas_protocol::protocol::{self, Ctx};
+    use sas_protocol::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
     use serde_json::json;
 
     fn submitted(at: Millis) -> Task {

@@ -16,9 +16,9 @@ use anyhow::{Context, Result};
 use aws_sdk_dynamodb::types::{AttributeValue, KeysAndAttributes, ReturnConsumedCapacity};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use sas_core::config::Resources;
-use sas_core::ids::TaskId;
-use sas_core::protocol::{ProcessState, Task};
 use sas_core::store::{item_size, DynamoStore, StateStore};
+use sas_protocol::ids::TaskId;
+use sas_protocol::protocol::{ProcessState, Task};
 use serde::Serialize;
 
 /// DynamoDB's largest `BatchGetItem`.

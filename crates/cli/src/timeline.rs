@@ -19,8 +19,8 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use sas_core::ids::Millis;
-use sas_core::protocol::{CompensationStatus, HistoryEntry, ProcessState, StepStatus, Task};
+use sas_protocol::ids::Millis;
+use sas_protocol::protocol::{CompensationStatus, HistoryEntry, ProcessState, StepStatus, Task};
 
 /// Columns of the time axis.
 pub const BAR_WIDTH: usize = 40;
@@ -124,7 +124,7 @@ fn clipped(s: &str, max: usize) -> String {
     if s.len() <= max {
         s.to_owned()
     } else {
-        format!("{}…", sas_core::ids::clip(s, max.saturating_sub(1)))
+        format!("{}…", sas_protocol::ids::clip(s, max.saturating_sub(1)))
     }
 }
 
@@ -167,7 +167,7 @@ fn recorded_attempts(task: &Task, unit: Unit) -> u32 {
 }
 
 /// Whether history entry `i` starts a wait (rather than an attempt), as the entry says
-/// ([`sas_core::protocol::HistoryEntry::waiting`]); a `Pending` entry always waits (entries written
+/// ([`sas_protocol::protocol::HistoryEntry::waiting`]); a `Pending` entry always waits (entries written
 /// before the flag existed lack it).
 fn is_wait(task: &Task, i: usize) -> bool {
     let e = &task.history[i];
@@ -612,7 +612,7 @@ pub fn map_summary(task: &Task, i: usize) -> Option<String> {
         let _ = write!(text, ", {} not started", p.n - p.started);
     }
     if let Some(cause) = p.stopping {
-        let why = if cause == sas_core::protocol::EndCause::Cancelled { "cancelled" } else { "failed" };
+        let why = if cause == sas_protocol::protocol::EndCause::Cancelled { "cancelled" } else { "failed" };
         let _ = write!(text, "; stopping ({why}): the running ones are cancelled");
     }
     if p.joining {
@@ -646,7 +646,12 @@ pub fn skipped_branch(task: &Task, i: usize) -> Option<&str> {
 
 /// A parallel region's branches, by name: where each is, and which task runs it (a skipped
 /// branch: why, and no task).
-fn region_summary(task: &Task, head: usize, r: &std::ops::Range<usize>, p: &sas_core::protocol::MapProgress) -> String {
+fn region_summary(
+    task: &Task,
+    head: usize,
+    r: &std::ops::Range<usize>,
+    p: &sas_protocol::protocol::MapProgress,
+) -> String {
     let names: Vec<&str> = task.workflow.steps[r.clone()].iter().map(|s| s.name.as_str()).collect();
     let mut text = format!("parallel branches {}:", names.join(", "));
     for (e, name) in (0u32..).zip(&names) {
@@ -672,7 +677,7 @@ fn region_summary(task: &Task, head: usize, r: &std::ops::Range<usize>, p: &sas_
     }
     text.pop();
     if let Some(cause) = p.stopping {
-        let why = if cause == sas_core::protocol::EndCause::Cancelled { "cancelled" } else { "failed" };
+        let why = if cause == sas_protocol::protocol::EndCause::Cancelled { "cancelled" } else { "failed" };
         let _ = write!(text, "; stopping ({why}): the running ones are cancelled");
     }
     text
@@ -920,9 +925,9 @@ mod tests {
     //! Recorded histories: each task is driven through the protocol (the one place history is
     //! written), at chosen instants, as the functions would drive it.
     use super::*;
-    use sas_core::ids::{AttemptToken, TaskId};
-    use sas_core::protocol::{self, apply, Ctx, Event, Policy};
-    use sas_core::workflow::{OnFailure, WorkflowDef, WorkflowRegistry, BUILT_IN_WORKFLOWS};
+    use sas_protocol::ids::{AttemptToken, TaskId};
+    use sas_protocol::protocol::{self, apply, Ctx, Event, Policy};
+    use sas_protocol::workflow::{OnFailure, WorkflowDef, WorkflowRegistry, BUILT_IN_WORKFLOWS};
     use serde_json::json;
 
     /// 2026-11-21T22:26:40Z: far enough from 0 that the reasons' epoch milliseconds are made relative.
@@ -1283,7 +1288,7 @@ mod tests {
         assert!(sleep[0].contains('▒'), "{text}");
         assert!(text.contains("now: waiting for ship (attempt 1 running) until CompleteBy +10.600s (6.000s from now); heartbeats cannot move it past +37.600s"), "{text}");
         let attempt = d.attempt();
-        let answer = sas_core::messages::CallbackAnswer::Succeeded { output: json!({"tracking": "Z1"}) };
+        let answer = sas_protocol::messages::CallbackAnswer::Succeeded { output: json!({"tracking": "Z1"}) };
         let d = d.go(7_000, &Event::Callback { attempt, unit: "ship".into(), answer });
         let text = d.render(60_000);
         let ship = lines(&text, "attempt 1").into_iter().find(|l| l.contains("+2.600s")).unwrap();
@@ -1295,7 +1300,7 @@ mod tests {
         let late =
             Drive::of(workflow("order-async")).ok(300, json!({})).ok(600, json!({})).expire(2_600).expire(12_600);
         let first = late.0.steps[3].issued[0].clone();
-        let ok = sas_core::messages::CallbackAnswer::Succeeded { output: json!({}) };
+        let ok = sas_protocol::messages::CallbackAnswer::Succeeded { output: json!({}) };
         let late = late
             .claim(14_600)
             .expire(26_600)
@@ -1532,10 +1537,10 @@ mod tests {
     #[test]
     fn a_map_step_says_where_its_elements_are() {
         let mut wf = workflow("order");
-        wf.steps[0].map = Some(sas_core::workflow::MapSpec {
+        wf.steps[0].map = Some(sas_protocol::workflow::MapSpec {
             items: "/input/lines".into(),
             max_concurrency: 2,
-            tolerated_failures: sas_core::workflow::Tolerance::None,
+            tolerated_failures: sas_protocol::workflow::Tolerance::None,
             timeout_ms: None,
         });
         let tr = protocol::submit(

@@ -13,9 +13,9 @@
 
 use std::fmt::Write as _;
 
-use sas_core::ids::{Millis, TaskId};
-use sas_core::protocol::{ProcessState, Task};
 use sas_core::store::{Limiter, PageKey, StateStore, StoreError};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::protocol::{ProcessState, Task};
 
 use crate::timeline::{duration, utc};
 
@@ -299,10 +299,10 @@ mod limit_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sas_core::ids::AttemptToken;
-    use sas_core::protocol::{self, apply, Ctx, Event, Policy};
     use sas_core::store::{MemoryStore, TaskWriter};
-    use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+    use sas_protocol::ids::AttemptToken;
+    use sas_protocol::protocol::{self, apply, Ctx, Event, Policy};
+    use sas_protocol::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
     use serde_json::json;
 
     const T0: u64 = 1_795_300_000_000;

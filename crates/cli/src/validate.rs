@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 
 use sas_core::agent::{self, AgentSurvey};
-use sas_core::config_file::parse_value;
-use sas_core::workflow::{StepDef, WorkflowDef, WorkflowRegistry};
+use sas_protocol::config_file::parse_value;
+use sas_protocol::workflow::{StepDef, WorkflowDef, WorkflowRegistry};
 
 /// What is wrong (the functions would fail on it) or worth a look.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -145,7 +145,7 @@ fn read_workflows(json: &str, problems: &mut Vec<String>) -> Result<WorkflowRegi
             let at = format!("workflows[{i}]");
             let mut w = w.clone();
             let mut found = false;
-            if let Err(e) = sas_core::workflow::apply_defaults(&mut w, &at) {
+            if let Err(e) = sas_protocol::workflow::apply_defaults(&mut w, &at) {
                 problems.push(format!("workflows: {e}"));
                 found = true;
             }
@@ -419,7 +419,7 @@ mod grant_tests {
 mod tests {
     use super::*;
     use sas_core::agent::BUILT_IN_AGENTS;
-    use sas_core::workflow::BUILT_IN_WORKFLOWS;
+    use sas_protocol::workflow::BUILT_IN_WORKFLOWS;
 
     fn deployed(k: &str) -> Option<String> {
         // what the template sets for the Agent function

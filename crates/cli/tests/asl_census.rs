@@ -117,7 +117,7 @@ fn the_collection_is_translated_or_refused_with_reasons() {
         match sas_asl::import(&name, &def) {
             Ok(i) => {
                 let wf = serde_json::json!({"workflows": i.workflows()}).to_string();
-                sas_core::workflow::WorkflowRegistry::from_json(&wf)
+                sas_protocol::workflow::WorkflowRegistry::from_json(&wf)
                     .unwrap_or_else(|e| panic!("{}: the translation does not load: {e}\n{wf}", f.display()));
                 // each ${Variable} of a definition given a value of its kind, every grant given
                 let mut agents = i.agents.clone();

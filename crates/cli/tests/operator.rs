@@ -15,9 +15,9 @@ mod common;
 
 use common::Stack;
 use sas_core::agent::AgentRuntime;
-use sas_core::ids::{AttemptToken, CallbackToken, TaskId};
-use sas_core::protocol::{ProcessState, Task};
 use sas_core::runner::{Runner, RunnerOptions};
+use sas_protocol::ids::{AttemptToken, CallbackToken, TaskId};
+use sas_protocol::protocol::{ProcessState, Task};
 use serde_json::json;
 
 fn text(b: &[u8]) -> String {
@@ -222,7 +222,7 @@ async fn the_operator_and_application_policies_allow_exactly_their_calls() {
     for _ in 0..120 {
         let t = s.wait_for(&stuck, "read", |_| true).await;
         match t.complete_by {
-            Some(cb) if sas_core::ids::Millis::now() > cb => {
+            Some(cb) if sas_protocol::ids::Millis::now() > cb => {
                 top = sasctl(&["top"]);
                 if top.contains(&stuck) {
                     break;

@@ -12,9 +12,9 @@ mod common;
 
 use common::Stack;
 use sas_core::agent::AgentRuntime;
-use sas_core::ids::TaskId;
-use sas_core::protocol::ProcessState;
 use sas_core::runner::{Runner, RunnerOptions};
+use sas_protocol::ids::TaskId;
+use sas_protocol::protocol::ProcessState;
 
 /// Run PAGE's marked blocks against stack `s`; its output, or a panic with it.
 fn run_page(s: &Stack, page: &str) -> String {

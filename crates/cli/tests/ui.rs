@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use common::{Killed, Stack};
 use fantoccini::{Client, ClientBuilder, Locator};
 use sas_core::agent::AgentRuntime;
-use sas_core::protocol::ProcessState;
 use sas_core::runner::{Runner, RunnerOptions};
+use sas_protocol::protocol::ProcessState;
 use serde_json::json;
 
 fn free_port() -> u16 {

@@ -11,10 +11,10 @@ use axum::http::{Request, StatusCode};
 use sas_cli::table::TableReader;
 use sas_cli::ui::{router, Console};
 use sas_core::config::Settings;
-use sas_core::ids::{Millis, TaskId};
-use sas_core::protocol::{apply, submit, Ctx, Event, Policy, ProcessState, Task};
-use sas_core::workflow::WorkflowDef;
-use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::protocol::{apply, submit, Ctx, Event, Policy, ProcessState, Task};
+use sas_protocol::workflow::WorkflowDef;
+use sas_protocol::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use sas_testkit::twins::Twins;
 use tower::ServiceExt as _;
 

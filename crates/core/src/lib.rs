@@ -1,8 +1,9 @@
 //! sas-core: the Scheduler-Agent-Supervisor pattern on AWS serverless.
 //!
 //! The pattern, one place each:
-//! - [`protocol`]: the pure state machine (no I/O) that every role drives, with [`messages`],
-//!   [`workflow`], [`ids`] and [`state`]: the crate sas-protocol, re-exported under these paths;
+//! - `sas_protocol::protocol`: the pure state machine (no I/O) that every role drives, with the
+//!   contracts (`messages`), definitions (`workflow`), `ids` and `state`: the crate sas-protocol,
+//!   which callers import themselves (this crate does not re-export it);
 //! - [`submitter`], [`scheduler`], [`agent`], [`supervisor`]: the four roles' handlers;
 //! - [`transition`]: the one module that writes tasks (decide, conditional write, create);
 //! - [`envelope`]: a queue record read once, for its role;
@@ -14,8 +15,7 @@
 //! - [`clock`]: the time ([`clock::SystemClock`]; [`clock::ManualClock`]);
 //! - [`entropy`]: attempt tokens and jitter ([`entropy::OsEntropy`]; [`entropy::SeededEntropy`]).
 //!
-//! Around them: [`messages`] (the JSON contracts), [`state`] (`ProcessState`), [`workflow`]
-//! (definitions), [`ids`], [`config`], [`reply`] (which `reply_to` queues the stack may answer on),
+//! Around them: [`config`], [`reply`] (which `reply_to` queues the stack may answer on),
 //! [`deps`] (the composition root), [`role`] (the role enum and dispatch), [`runner`] (the local
 //! runner that polls queues as Lambda does), [`aws`] (SDK clients), [`aws_calls`] (the record
 //! of AWS calls for the least-privilege check), [`telemetry`] (logs and the metrics recorder),
@@ -25,9 +25,10 @@
 //! crate sas-testkit (`crates/testkit`, not published), which the tests depend on and the
 //! functions, sasctl and the order service do not.
 
-// The contracts, definitions and the pure protocol live in sas-protocol (no I/O); they keep their
-// paths here.
-pub use sas_protocol::{condition, config_file, graph, ids, intrinsic, messages, protocol, state, template, workflow};
+// The contracts, definitions and the pure protocol live in sas-protocol (no I/O): this crate's
+// modules name them `crate::protocol`, ...; other crates import them from sas-protocol itself, so
+// every import shows which side of the crate line it is on.
+use sas_protocol::{config_file, ids, messages, protocol, state, workflow};
 
 pub mod agent;
 pub mod aws;

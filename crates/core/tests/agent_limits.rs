@@ -6,10 +6,10 @@ use serde_json::json;
 
 use sas_core::agent::{self, AgentRuntime};
 use sas_core::config::Settings;
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{AgentRequest, Outcome, SchedulerMessage};
 use sas_core::store::{Acquire, TaskWriter};
-use sas_core::workflow::WorkflowRegistry;
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{AgentRequest, Outcome, SchedulerMessage};
+use sas_protocol::workflow::WorkflowRegistry;
 use sas_testkit::twins::Twins;
 
 fn twins() -> Twins {
@@ -84,13 +84,13 @@ async fn a_copy_of_a_request_whose_task_moved_on_starts_nothing() {
     let task_id = TaskId::try_from("moved-on").unwrap();
     let req = |attempt: &str| {
         AgentRequest::first_attempt(task_id.clone(), "charge", "counted", json!({}), now.plus_ms(60_000))
-            .with_attempt(sas_core::ids::AttemptToken::from(attempt))
+            .with_attempt(sas_protocol::ids::AttemptToken::from(attempt))
     };
     let body = |r: &AgentRequest| serde_json::to_string(r).unwrap();
     // no such task
     assert!(!agent::handle_sent(&tw.deps, &rt, &body(&req("a1")), Some(now)).await.unwrap());
     // the task is held by a later attempt (a retry): the copy of the first is stale
-    let task = tw.hold(&task_id, "charge", "counted", &sas_core::ids::AttemptToken::from("a2")).await;
+    let task = tw.hold(&task_id, "charge", "counted", &sas_protocol::ids::AttemptToken::from("a2")).await;
     assert!(!agent::handle_sent(&tw.deps, &rt, &body(&req("a1")), Some(now)).await.unwrap());
     // held by no attempt (cancelled, given up, ended)
     let mut unlocked = task.clone();
@@ -109,7 +109,7 @@ async fn a_copy_of_a_request_whose_task_moved_on_starts_nothing() {
     assert!(tw.deps.limiter.leases("counted").await.unwrap().is_empty(), "every slot taken was given back");
     // the attempt the task waits for runs
     let mut held = unlocked.clone();
-    held.lock.locked_by = Some(sas_core::ids::AttemptToken::from("a3"));
+    held.lock.locked_by = Some(sas_protocol::ids::AttemptToken::from("a3"));
     held.rev += 1;
     tw.store.save(&held, &unlocked).await.unwrap();
     assert!(agent::handle_sent(&tw.deps, &rt, &body(&req("a3")), Some(now)).await.unwrap());
@@ -129,11 +129,11 @@ async fn a_fresh_request_starts_unread_and_a_late_copy_reads_first() {
     rt.register_arc("counted", counting.clone());
     let now = tw.deps.now();
     let task_id = TaskId::try_from("fresh").unwrap();
-    let held_by = sas_core::ids::AttemptToken::from("a2");
+    let held_by = sas_protocol::ids::AttemptToken::from("a2");
     tw.hold(&task_id, "charge", "counted", &held_by).await;
     let copy = |unchecked_until: Option<Millis>| {
         let mut r = AgentRequest::first_attempt(task_id.clone(), "charge", "counted", json!({}), now.plus_ms(60_000))
-            .with_attempt(sas_core::ids::AttemptToken::from("a1"));
+            .with_attempt(sas_protocol::ids::AttemptToken::from("a1"));
         r.unchecked_until = unchecked_until;
         serde_json::to_string(&r).unwrap()
     };

@@ -5,12 +5,12 @@
 use sas_core::agent::{self, AgentRuntime};
 use sas_core::callback;
 use sas_core::config::Settings;
-use sas_core::ids::{CallbackToken, Millis, TaskId};
-use sas_core::messages::{AgentRequest, CallbackAnswer, CallbackMessage, CallbackResult};
-use sas_core::protocol::{Policy, ProcessState, Task};
 use sas_core::submitter::{self, Submitted};
 use sas_core::supervisor;
-use sas_core::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
+use sas_protocol::ids::{CallbackToken, Millis, TaskId};
+use sas_protocol::messages::{AgentRequest, CallbackAnswer, CallbackMessage, CallbackResult};
+use sas_protocol::protocol::{Policy, ProcessState, Task};
+use sas_protocol::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef, WorkflowRegistry};
 use sas_testkit::twins::Twins;
 use serde_json::{json, Value};
 

@@ -6,13 +6,13 @@
 use sas_core::agent::AgentRuntime;
 use sas_core::config::Settings;
 use sas_core::deps::HandlerError;
-use sas_core::ids::Millis;
-use sas_core::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage};
-use sas_core::protocol::{Policy, ProcessState, Task};
 use sas_core::role::{self, Record, Role};
 use sas_core::store::{StoreError, StoreOp};
-use sas_core::workflow::{MapSpec, OnFailure, StepDef, Tolerance, WorkflowDef, WorkflowRegistry};
 use sas_core::{scheduler, submitter};
+use sas_protocol::ids::Millis;
+use sas_protocol::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage};
+use sas_protocol::protocol::{Policy, ProcessState, Task};
+use sas_protocol::workflow::{MapSpec, OnFailure, StepDef, Tolerance, WorkflowDef, WorkflowRegistry};
 use sas_testkit::twins::Twins;
 use serde_json::json;
 
@@ -117,7 +117,7 @@ async fn the_ends_of_one_batch_are_one_write_on_their_parent() {
     let map = p.steps[0].map.as_ref().unwrap();
     assert_eq!((map.ended.count(), map.ok.count(), map.failed), (LINES, LINES, 0));
     assert!(map.joining, "the last end joins the map");
-    assert_eq!(p.last_message.as_deref(), Some(sas_core::ids::message_mark(&format!("m-{}", LINES - 1)).as_str()));
+    assert_eq!(p.last_message.as_deref(), Some(sas_protocol::ids::message_mark(&format!("m-{}", LINES - 1)).as_str()));
     let join: Vec<String> = tw.bus.take(&tw.deps.resources.scheduler_queue_url);
     assert_eq!(join.len(), 1, "the join is sent once: {join:?}");
 

@@ -6,11 +6,11 @@
 
 use sas_core::agent::AgentRuntime;
 use sas_core::config::Settings;
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage};
-use sas_core::protocol::Policy;
 use sas_core::role::{self, Record, Role};
-use sas_core::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage};
+use sas_protocol::protocol::Policy;
+use sas_protocol::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use sas_testkit::twins::Twins;
 use serde_json::json;
 

@@ -12,12 +12,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use sas_core::agent::AgentRuntime;
 use sas_core::config::Settings;
-use sas_core::ids::Millis;
 use sas_core::metrics::{self, check_emf, CATALOGUE};
-use sas_core::protocol::Policy;
 use sas_core::role::{self, Record, Role};
-use sas_core::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use sas_core::{submitter, supervisor, telemetry};
+use sas_protocol::ids::Millis;
+use sas_protocol::protocol::Policy;
+use sas_protocol::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use sas_testkit::sim::{self, Faults, SimConfig};
 use sas_testkit::twins::Twins;
 use serde_json::json;

@@ -8,16 +8,16 @@ use sas_core::agent::{self, AgentRuntime};
 use sas_core::bus::{Bus, Outgoing};
 use sas_core::config::Settings;
 use sas_core::deps::HandlerError;
-use sas_core::ids::{AttemptToken, Millis, TaskId};
-use sas_core::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage, StatusMessage, TimerMessage};
-use sas_core::protocol::{Policy, ProcessState, Stale, Task};
 use sas_core::role::{self, Record, Role};
 use sas_core::runner::{Runner, RunnerOptions};
 use sas_core::store::{StoreError, StoreOp};
 use sas_core::submitter::Submitted;
 use sas_core::transition::{self, Applied, MAX_CONFLICTS};
-use sas_core::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use sas_core::{effects, scheduler, submitter, supervisor};
+use sas_protocol::ids::{AttemptToken, Millis, TaskId};
+use sas_protocol::messages::{AgentRequest, AgentResult, Outcome, SchedulerMessage, StatusMessage, TimerMessage};
+use sas_protocol::protocol::{Policy, ProcessState, Stale, Task};
+use sas_protocol::workflow::{Backoff, OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use sas_testkit::twins::Twins;
 use serde_json::{json, Value};
 
@@ -427,7 +427,7 @@ async fn a_lost_conditional_write_re_decides_on_the_current_item() {
     queue(&tw, "agent");
     let (saves, gets) = (tw.store.calls("save"), tw.store.calls("get"));
     // this one still holds the old read: its write loses and it re-decides on what is there now
-    let claim = sas_core::protocol::Event::Claim { rev: read.claim.rev };
+    let claim = sas_protocol::protocol::Event::Claim { rev: read.claim.rev };
     let (applied, commit) = transition::commit(&tw.deps, read, &claim, None).await.unwrap();
     assert_eq!(applied, Applied::Stale(Stale::AlreadyClaimed));
     assert!(matches!(commit, transition::Commit::Unchanged(_)));

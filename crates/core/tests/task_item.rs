@@ -15,13 +15,13 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use futures::executor::block_on;
-use sas_core::ids::{AttemptToken, Millis, TaskId};
-use sas_core::protocol::{
+use sas_core::store::DynamoStore;
+use sas_protocol::ids::{AttemptToken, Millis, TaskId};
+use sas_protocol::protocol::{
     Bits, ClaimWait, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, LateResults, Lock, MapProgress,
     ProcessState, Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
 };
-use sas_core::store::DynamoStore;
-use sas_core::workflow::{OnFailure, StepDef, WorkflowDef};
+use sas_protocol::workflow::{OnFailure, StepDef, WorkflowDef};
 use serde_json::{json, Map, Value};
 
 type Item = HashMap<String, AttributeValue>;
@@ -148,7 +148,7 @@ fn full() -> Task {
             },
         ],
         status_seq: 7,
-        last_message: Some(sas_core::ids::message_mark("5fea7756-0ea4-451a-a703-a558b933e274")),
+        last_message: Some(sas_protocol::ids::message_mark("5fea7756-0ea4-451a-a703-a558b933e274")),
         undelivered: UndeliveredReplies {
             count: u32::MAX - 1,
             error: Some("AWS.SimpleQueueService.NonExistentQueue".into()),

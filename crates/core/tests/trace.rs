@@ -7,9 +7,9 @@ use std::time::Duration;
 use sas_core::agent::AgentRuntime;
 use sas_core::bus::{Bus, Received};
 use sas_core::config::Settings;
-use sas_core::ids::Millis;
 use sas_core::role::{self, Record, Role};
-use sas_core::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
+use sas_protocol::ids::Millis;
+use sas_protocol::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use sas_testkit::twins::Twins;
 use serde_json::json;
 

@@ -24,11 +24,11 @@ use sas_cli::timeline;
 use sas_core::agent::{AgentRuntime, BUILT_IN_AGENTS};
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{Submission, VERSION};
-use sas_core::protocol::{ProcessState, Task};
 use sas_core::runner::{Runner, RunnerHandle, RunnerOptions};
-use sas_core::workflow::WorkflowRegistry;
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{Submission, VERSION};
+use sas_protocol::protocol::{ProcessState, Task};
+use sas_protocol::workflow::WorkflowRegistry;
 use serde_json::{json, Value};
 
 struct Order {
@@ -250,7 +250,7 @@ const DECIDED: &[&str] = &["reserve", "screen", "charge", "ship"];
 /// The path a task took: the steps that ran (a failure its step handled, and a child workflow's
 /// end, said so) and those skipped.
 fn path_of(t: &Task) -> String {
-    use sas_core::protocol::StepStatus;
+    use sas_protocol::protocol::StepStatus;
     let mut ran = Vec::new();
     let mut skipped = Vec::new();
     for (s, def) in t.steps.iter().zip(&t.workflow.steps) {
@@ -859,9 +859,9 @@ impl Emf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sas_core::protocol::{self, Ctx, HistoryEntry};
-    use sas_core::workflow::BUILT_IN_WORKFLOWS;
     use sas_order_service::LedgerEntry;
+    use sas_protocol::protocol::{self, Ctx, HistoryEntry};
+    use sas_protocol::workflow::BUILT_IN_WORKFLOWS;
 
     /// A run in which every order ended as it was set up to, with the ledger that goes with it.
     fn ended(run: &str) -> (Vec<Order>, BTreeMap<String, Task>, Vec<LedgerEntry>) {
@@ -941,7 +941,7 @@ mod tests {
 
     /// An `order-decide` task's steps as its order's run leaves them.
     fn decided(t: &mut Task, o: &Order) {
-        use sas_core::protocol::StepStatus::{Failed, Pending, Skipped, Succeeded};
+        use sas_protocol::protocol::StepStatus::{Failed, Pending, Skipped, Succeeded};
         let risky = o.extra.get("risk").is_some();
         let gift = o.extra.get("gift").is_some();
         let no_paper = o.id.ends_with("-no-paper");

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use sas_cli::commands::Global;
 use sas_cli::load::LoadOptions;
 use sas_cli::table::TableReader;
-use sas_core::ids::TaskId;
+use sas_protocol::ids::TaskId;
 
 /// Benchmark: send a burst of tasks to the stack, poll until every one is terminal, and report
 /// drain time, throughput, latency percentiles, attempts per step and final states.

@@ -2,7 +2,7 @@
 //! engine logs every written transition once (`sas_core::transition`: `"transition"`, with the
 //! fields `from` and `event`); [`Recorder`] is a `tracing` subscriber that keeps those pairs, so
 //! a test can run scenarios under it ([`record`]) and compare what they reached with
-//! [`sas_core::protocol::TRANSITIONS`], as temporal's sdk-core measures its state machines'.
+//! [`sas_protocol::protocol::TRANSITIONS`], as temporal's sdk-core measures its state machines'.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;

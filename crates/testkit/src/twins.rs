@@ -9,10 +9,10 @@ use sas_core::clock::{Clock, ManualClock};
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
 use sas_core::entropy::SeededEntropy;
-use sas_core::ids::{AttemptToken, Millis, TaskId};
-use sas_core::protocol::{self, Ctx, Task};
 use sas_core::store::MemoryStore;
-use sas_core::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
+use sas_protocol::ids::{AttemptToken, Millis, TaskId};
+use sas_protocol::protocol::{self, Ctx, Task};
+use sas_protocol::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 
 /// The stack's resources, named as SQS would name them (the queues live in memory).
 pub fn resources(shards: u32) -> Resources {

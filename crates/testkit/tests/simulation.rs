@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 
-use sas_core::protocol::TRANSITIONS;
+use sas_protocol::protocol::TRANSITIONS;
 use sas_testkit::sim::{self, Faults, SimConfig};
 
 fn faults() -> Faults {

@@ -560,7 +560,7 @@ async fn a_callback_request_is_accepted_at_once_then_heartbeats_and_confirms_onc
     let ledger = api.ledger_for("o1");
     assert_eq!(ledger.len(), 1);
     let output = match &sent.sent().last().unwrap().1.answer {
-        sas_core::messages::CallbackAnswer::Succeeded { output } => output.clone(),
+        sas_protocol::messages::CallbackAnswer::Succeeded { output } => output.clone(),
         other => panic!("{other:?}"),
     };
     assert_eq!(output["shipment_id"], ledger[0].detail["shipment_id"], "the confirmation carries the effect");

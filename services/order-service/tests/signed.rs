@@ -3,10 +3,10 @@
 //! a permanent failure of the step).
 
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{AgentRequest, Outcome};
 use sas_order_service::sigv4::Verifier;
 use sas_order_service::{spawn_service, OrderService};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{AgentRequest, Outcome};
 use serde_json::json;
 
 fn aws(key_id: &str, secret: &str, session_token: Option<&str>) -> AwsConfigCell {

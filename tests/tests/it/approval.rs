@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use sas_core::agent::{AgentRuntime, ApprovalAgent, CallRetry, CallbackEndpoints};
-use sas_core::ids::{AttemptToken, Millis, TaskId};
-use sas_core::messages::{AgentRequest, Outcome};
+use sas_protocol::ids::{AttemptToken, Millis, TaskId};
+use sas_protocol::messages::{AgentRequest, Outcome};
 use serde_json::json;
 
 fn request(task: &str, attempt: &AttemptToken) -> AgentRequest {

@@ -48,9 +48,9 @@ use std::time::{Duration, Instant};
 use aws_sdk_sfn::types::ExecutionStatus;
 use futures::StreamExt;
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
-use sas_core::ids::{Millis, TaskId};
-use sas_core::protocol::{ProcessState, StepStatus, Task};
-use sas_core::workflow::WorkflowRegistry;
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::protocol::{ProcessState, StepStatus, Task};
+use sas_protocol::workflow::WorkflowRegistry;
 use serde_json::{json, Map, Value};
 
 use crate::common::{settings, stack_with_settings, Stack};
@@ -1382,7 +1382,7 @@ async fn on_this_project_within(
 }
 
 /// The steps of a task that ran (neither pending nor skipped). The steps of a parallel region run
-/// as branches, each a task of its own (`{task}~{head}~{k}`, see `sas_core::graph`): the region's
+/// as branches, each a task of its own (`{task}~{head}~{k}`, see `sas_protocol::graph`): the region's
 /// record (on its first step) says which branches started, and each branch's task which of its
 /// steps ran.
 fn steps_that_ran<'a>(s: &'a Stack, t: &'a Task, out: &'a mut BTreeSet<String>) -> futures::future::BoxFuture<'a, ()> {

@@ -8,10 +8,10 @@ use aws_sdk_sqs::types::QueueAttributeName;
 use sas_core::agent::AgentRuntime;
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
-use sas_core::ids::{Millis, TaskId};
-use sas_core::protocol::{Policy, ProcessState, Task};
 use sas_core::runner::{Runner, RunnerHandle, RunnerOptions};
-use sas_core::workflow::{Backoff, StepDef, WorkflowDef, WorkflowRegistry};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::protocol::{Policy, ProcessState, Task};
+use sas_protocol::workflow::{Backoff, StepDef, WorkflowDef, WorkflowRegistry};
 use serde_json::Value;
 
 pub struct Stack {
@@ -43,7 +43,7 @@ pub fn workflows() -> WorkflowRegistry {
         name: name.into(),
         version: 1,
         description: "test workflow".into(),
-        on_failure: sas_core::workflow::OnFailure::Compensate,
+        on_failure: sas_protocol::workflow::OnFailure::Compensate,
         steps: vec![step("a", ms, Some("undo_a")), step("b", ms, Some("undo_b")), step("c", ms, None)],
     };
     WorkflowRegistry::new([three("three", 3_000), three("three-slow", 60_000)]).expect("valid test workflows")

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
-use sas_core::ids::{AttemptToken, Millis, TaskId};
-use sas_core::messages::{AgentRequest, Outcome};
-use sas_core::protocol::{ProcessState, StepStatus};
-use sas_core::workflow::WorkflowRegistry;
+use sas_protocol::ids::{AttemptToken, Millis, TaskId};
+use sas_protocol::messages::{AgentRequest, Outcome};
+use sas_protocol::protocol::{ProcessState, StepStatus};
+use sas_protocol::workflow::WorkflowRegistry;
 use serde_json::{json, Value};
 
 use crate::common::stack_with;
@@ -131,7 +131,7 @@ fn attr<'a>(m: &'a aws_sdk_sqs::types::Message, name: &str) -> Option<&'a str> {
     m.message_attributes.as_ref()?.get(name)?.string_value()
 }
 
-fn assert_refused(out: Option<sas_core::messages::AgentResult>, says: &str) {
+fn assert_refused(out: Option<sas_protocol::messages::AgentResult>, says: &str) {
     let out = out.expect("a refusal is reported");
     assert!(matches!(&out.outcome, Outcome::Failed { retryable: false, error } if error.contains(says)), "{out:?}");
 }

@@ -5,10 +5,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use sas_core::ids::{AttemptToken, Millis, TaskId};
-use sas_core::messages::{Alert, AlertKind};
-use sas_core::protocol::{self, Policy, ProcessState};
 use sas_core::store::{DynamoStore, StateStore, StoreError, TaskWriter, BY_COMPLETE_BY};
+use sas_protocol::ids::{AttemptToken, Millis, TaskId};
+use sas_protocol::messages::{Alert, AlertKind};
+use sas_protocol::protocol::{self, Policy, ProcessState};
 
 use crate::common::stack;
 

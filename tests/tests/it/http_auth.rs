@@ -6,10 +6,10 @@
 
 use aws_credential_types::provider::ProvideCredentials;
 use sas_core::agent::{survey, AgentRuntime, AwsConfigCell, Grant};
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{AgentRequest, Outcome};
 use sas_order_service::sigv4::Verifier;
 use sas_order_service::{spawn_service, OrderService};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{AgentRequest, Outcome};
 use serde_json::json;
 
 fn request(agent: &str, order: &str) -> AgentRequest {

@@ -24,10 +24,10 @@ use std::time::{Duration, Instant};
 use aws_sdk_sqs::types::{QueueAttributeName, SendMessageBatchRequestEntry};
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
-use sas_core::ids::{AttemptToken, CallbackToken, Millis, TaskId};
-use sas_core::messages::{CallbackResult, RunMessage, SchedulerMessage, StatusMessage, VERSION};
-use sas_core::protocol::{self, CompensationStatus, Ctx, Effect, Event, Policy, ProcessState, StepStatus, Task};
-use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+use sas_protocol::ids::{AttemptToken, CallbackToken, Millis, TaskId};
+use sas_protocol::messages::{CallbackResult, RunMessage, SchedulerMessage, StatusMessage, VERSION};
+use sas_protocol::protocol::{self, CompensationStatus, Ctx, Effect, Event, Policy, ProcessState, StepStatus, Task};
+use sas_protocol::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use serde_json::{json, Value};
 
 use crate::common::Stack;
@@ -197,7 +197,7 @@ impl Fns {
             v: VERSION,
             task_id: tr.task.task_id.clone(),
             rev,
-            reason: sas_core::messages::RunReason::Retry,
+            reason: sas_protocol::messages::RunReason::Retry,
         });
         (tr.task, serde_json::to_string(&run).unwrap())
     }
@@ -1279,7 +1279,7 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let approving = f.callback_token("cb-approval", 1, None).await;
     let asked = f.s.drain(&approvals, 1, Duration::from_mins(2)).await;
     assert!(!asked.is_empty(), "the approval request was published");
-    let cancel = SchedulerMessage::Cancel(sas_core::messages::CancelMessage {
+    let cancel = SchedulerMessage::Cancel(sas_protocol::messages::CancelMessage {
         v: VERSION,
         task_id: approving.task_id().clone(),
         reason: "approval not needed".into(),

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_lambda::types::{Architecture, Environment, FunctionCode, Runtime, State};
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{AgentRequest, Outcome};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{AgentRequest, Outcome};
 use serde_json::{json, Value};
 
 /// Deploy the tests' function under a fresh name; its name.

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
-use sas_core::ids::Millis;
-use sas_core::protocol::ProcessState;
 use sas_core::store::Acquire;
-use sas_core::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use sas_order_service::{spawn_service, FaultRule, OrderService};
+use sas_protocol::ids::Millis;
+use sas_protocol::protocol::ProcessState;
+use sas_protocol::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use serde_json::json;
 
 use crate::common::{stack, stack_with};

@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
-use sas_core::ids::TaskId;
-use sas_core::protocol::ProcessState;
-use sas_core::workflow::{MapSpec, OnFailure, StepDef, Tolerance, WorkflowDef, WorkflowRegistry};
 use sas_order_service::{spawn_service, FaultRule, OrderService};
+use sas_protocol::ids::TaskId;
+use sas_protocol::protocol::ProcessState;
+use sas_protocol::workflow::{MapSpec, OnFailure, StepDef, Tolerance, WorkflowDef, WorkflowRegistry};
 use serde_json::{json, Value};
 
 use crate::common::{stack_with, Stack};

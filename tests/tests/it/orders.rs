@@ -6,11 +6,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use sas_core::agent::{AgentRuntime, BUILT_IN_AGENTS};
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{AgentRequest, Outcome};
-use sas_core::protocol::ProcessState;
-use sas_core::workflow::{OnFailure, WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use sas_order_service::{spawn_local, FaultRule, OrderService};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{AgentRequest, Outcome};
+use sas_protocol::protocol::ProcessState;
+use sas_protocol::workflow::{OnFailure, WorkflowRegistry, BUILT_IN_WORKFLOWS};
 use serde_json::{json, Value};
 
 use crate::common::{assert_timed_out_by_the_agent, stack_with, stack_with_settings, Stack};
@@ -244,7 +244,7 @@ async fn a_cancel_during_a_slow_charge_leaves_no_effect_that_is_not_undone() {
 /// report would be found only at its CompleteBy + grace, five minutes after its claim.
 async fn order_stack_with_defaults(label: &str) -> (Stack, OrderService, sas_core::runner::RunnerHandle) {
     let settings =
-        sas_core::config::Settings { policy: sas_core::protocol::Policy::default(), ..crate::common::settings() };
+        sas_core::config::Settings { policy: sas_protocol::protocol::Policy::default(), ..crate::common::settings() };
     let s = stack_with_settings(label, order_workflows(), settings).await;
     let (base, svc) = spawn_local().await.unwrap();
     let runner = s.runner_with(agents(&base));

@@ -3,12 +3,12 @@
 use sas_core::store::TaskWriter as _;
 use std::time::{Duration, Instant};
 
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{AgentResult, Outcome, SchedulerMessage, StatusMessage};
-use sas_core::protocol::{CompensationStatus, ProcessState, Stale, StepStatus};
 use sas_core::submitter::Submitted;
 use sas_core::transition::Applied;
 use sas_core::{agent, scheduler, submitter, supervisor};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{AgentResult, Outcome, SchedulerMessage, StatusMessage};
+use sas_protocol::protocol::{CompensationStatus, ProcessState, Stale, StepStatus};
 use serde_json::{json, Value};
 
 use crate::common::{stack, Stack};
@@ -229,7 +229,7 @@ async fn take_dispatch(s: &Stack) -> String {
 /// Returns that run message.
 async fn waiting(s: &Stack, body: &str) -> String {
     submitter::submit(&s.deps, body).await.unwrap();
-    let req: sas_core::messages::AgentRequest = serde_json::from_str(&take_dispatch(s).await).unwrap();
+    let req: sas_protocol::messages::AgentRequest = serde_json::from_str(&take_dispatch(s).await).unwrap();
     let failed = SchedulerMessage::Result(AgentResult {
         v: 1,
         task_id: req.task_id,
@@ -571,12 +571,12 @@ async fn the_supervisor_reads_only_expired_tasks_page_by_page() {
     let policy = s.deps.settings.policy.clone();
     let now = Millis::now();
     let make = |id: String, created: u64, done: bool| {
-        let mut t = sas_core::protocol::submit(
+        let mut t = sas_protocol::protocol::submit(
             TaskId::try_from(id).unwrap(),
             wf.clone(),
             json!({}),
             None,
-            &sas_core::protocol::Ctx::at(Millis(created)),
+            &sas_protocol::protocol::Ctx::at(Millis(created)),
             &policy,
         )
         .task;
@@ -640,7 +640,7 @@ async fn an_unreadable_item_in_the_index_is_skipped_and_reported_not_blocking_it
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_entries_a_write_drops_are_archived_in_the_table_and_read_back() {
-    use sas_core::protocol::{self as proto, Ctx, HistoryEntry};
+    use sas_protocol::protocol::{self as proto, Ctx, HistoryEntry};
     let s = stack("history").await;
     let def = crate::common::workflows().resolve("three-slow", None).unwrap().clone();
     let id = TaskId::try_from("hist-1").unwrap();

@@ -2,7 +2,7 @@
 #![allow(clippy::print_stdout)]
 
 use anyhow::Result;
-use sas_core::ids::TaskId;
+use sas_protocol::ids::TaskId;
 
 use super::{Global, WaitArgs, POLL};
 use crate::ops::Command;

@@ -2,7 +2,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use anyhow::Result;
-use sas_core::protocol::ProcessState;
+use sas_protocol::protocol::ProcessState;
 
 use super::Global;
 use crate::table::TableReader;

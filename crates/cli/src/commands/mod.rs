@@ -16,8 +16,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
-use sas_core::ids::CallbackToken;
-use sas_core::workflow::WorkflowRegistry;
+use sas_protocol::ids::CallbackToken;
+use sas_protocol::workflow::WorkflowRegistry;
 
 use crate::answer::Answer;
 

@@ -3,8 +3,8 @@
 #![allow(clippy::print_stdout)]
 
 use anyhow::{bail, Result};
-use sas_core::ids::TaskId;
-use sas_core::protocol::ProcessState;
+use sas_protocol::ids::TaskId;
+use sas_protocol::protocol::ProcessState;
 
 use super::{Global, WaitArgs, POLL};
 use crate::ops::Command;

@@ -4,7 +4,7 @@
 use std::io::IsTerminal;
 
 use anyhow::{bail, Result};
-use sas_core::ids::{Millis, TaskId};
+use sas_protocol::ids::{Millis, TaskId};
 
 use super::Global;
 use crate::timeline;

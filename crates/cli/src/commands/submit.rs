@@ -8,9 +8,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use sas_core::config::Resources;
 use sas_core::deps::Deps;
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{Submission, VERSION};
-use sas_core::protocol::ProcessState;
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{Submission, VERSION};
+use sas_protocol::protocol::ProcessState;
 
 use super::{Global, POLL};
 use crate::ops::{Until, Waited};

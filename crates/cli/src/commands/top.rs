@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use sas_core::deps::Deps;
-use sas_core::ids::Millis;
+use sas_protocol::ids::Millis;
 
 use super::Global;
 use crate::table::TableReader;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use sas_core::workflow::WorkflowRegistry;
+use sas_protocol::workflow::WorkflowRegistry;
 
 use super::Global;
 use crate::table::TableReader;

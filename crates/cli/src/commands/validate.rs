@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use sas_core::workflow::WorkflowRegistry;
+use sas_protocol::workflow::WorkflowRegistry;
 
 use super::key_values;
 

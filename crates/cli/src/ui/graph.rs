@@ -7,8 +7,8 @@
 //! Every text goes through maud, so what a workflow or a task says is escaped wherever it is shown.
 
 use maud::{html, Markup};
-use sas_core::protocol::{CompensationStatus, StepStatus, Task};
-use sas_core::workflow::WorkflowDef;
+use sas_protocol::protocol::{CompensationStatus, StepStatus, Task};
+use sas_protocol::workflow::WorkflowDef;
 
 /// A box's width, the line height, the gaps between boxes (pixels).
 const BOX_W: u32 = 250;
@@ -146,7 +146,7 @@ pub fn svg(def: &WorkflowDef, task: Option<&Task>, id: &str) -> Markup {
     let widest = rows.iter().map(Vec::len).max().unwrap_or(1).max(1);
     // the end: Processed, or, for a task that ended otherwise, how it ended
     let (end_class, end_label) = match task.map(|t| t.process_state) {
-        Some(sas_core::protocol::ProcessState::Processed) => ("end reached", "Processed".to_owned()),
+        Some(sas_protocol::protocol::ProcessState::Processed) => ("end reached", "Processed".to_owned()),
         Some(s) if s.is_terminal() => ("end other", format!("ended {s}, not Processed")),
         _ => ("end", "Processed".to_owned()),
     };
@@ -174,7 +174,7 @@ pub fn svg(def: &WorkflowDef, task: Option<&Task>, id: &str) -> Markup {
     let (start_y, end_y) = (MARGIN + R, y + R);
     let waited_for: Vec<bool> = (0..n).map(|i| parents.iter().any(|ps| ps.contains(&i))).collect();
     let ran = |i: usize| states[i].as_ref().is_some_and(|s| !matches!(s.class, "pending" | "skipped"));
-    let ended_processed = task.is_some_and(|t| t.process_state == sas_core::protocol::ProcessState::Processed);
+    let ended_processed = task.is_some_and(|t| t.process_state == sas_protocol::protocol::ProcessState::Processed);
     let mut edges: Vec<(u32, u32, u32, u32, bool)> = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
         let Some(node) = node else { continue };
@@ -243,7 +243,7 @@ fn box_height(lines: &[(&'static str, String)]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+    use sas_protocol::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 
     #[test]
     fn every_built_in_workflow_is_drawn_with_a_box_per_step_and_an_edge_per_wait() {

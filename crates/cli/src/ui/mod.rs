@@ -35,8 +35,8 @@ use axum::routing::get;
 use axum::Router;
 use maud::Markup;
 use sas_core::deps::Deps;
-use sas_core::ids::{CallbackToken, Millis, TaskId};
-use sas_core::protocol::ProcessState;
+use sas_protocol::ids::{CallbackToken, Millis, TaskId};
+use sas_protocol::protocol::ProcessState;
 
 use crate::answer::Answer;
 use crate::listing;
@@ -267,7 +267,7 @@ impl Action {
 
 /// The token of the callback step `task` waits for now, if it waits for one (the console holds
 /// the operator's credentials, which read the task and with it the attempt).
-pub fn waiting_token(t: &sas_core::protocol::Task) -> Option<CallbackToken> {
+pub fn waiting_token(t: &sas_protocol::protocol::Task) -> Option<CallbackToken> {
     let attempt = t.lock.locked_by.as_ref()?;
     if t.process_state.is_terminal() || t.is_compensating() {
         return None;

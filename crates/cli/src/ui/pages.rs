@@ -2,8 +2,8 @@
 //! errors and reasons come from tasks and are shown as text, never as markup.
 
 use maud::{html, Markup, DOCTYPE};
-use sas_core::ids::{Millis, TaskId};
-use sas_core::protocol::{ProcessState, Task};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::protocol::{ProcessState, Task};
 use serde_json::Value;
 
 use super::graph;
@@ -455,7 +455,7 @@ pub fn confirm(c: &Console, t: &Task, action: Action, secret: &str) -> Markup {
 }
 
 /// What an action did.
-pub fn outcome(c: &Console, id: &sas_core::ids::TaskId, action: Action, result: &Result<String, String>) -> Markup {
+pub fn outcome(c: &Console, id: &sas_protocol::ids::TaskId, action: Action, result: &Result<String, String>) -> Markup {
     layout(
         c,
         &format!("{} {id}", action.verb()),

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use sas_core::config::{Resources, Settings};
 use sas_core::deps::Deps;
-use sas_core::ids::TaskId;
-use sas_core::messages::{Submission, VERSION};
-use sas_core::protocol::Task;
-use sas_core::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
+use sas_protocol::ids::TaskId;
+use sas_protocol::messages::{Submission, VERSION};
+use sas_protocol::protocol::Task;
+use sas_protocol::workflow::{WorkflowRegistry, BUILT_IN_WORKFLOWS};
 
 /// A child process killed when dropped.
 pub struct Killed(pub Child);

@@ -9,12 +9,12 @@ use futures::executor::block_on;
 use futures::future::join_all;
 use sas_core::agent::AgentRuntime;
 use sas_core::bus::{Bus, Outgoing, Received};
-use sas_core::ids::{Millis, TaskId};
-use sas_core::messages::{Outcome, Phase, ResubmitMessage, SchedulerMessage, TimerMessage, VERSION};
-use sas_core::protocol::ProcessState;
 use sas_core::role::{Record, Role};
 use sas_core::store::{Ambiguity, StoreOp};
 use sas_core::{callback, role, supervisor};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{Outcome, Phase, ResubmitMessage, SchedulerMessage, TimerMessage, VERSION};
+use sas_protocol::protocol::ProcessState;
 
 use super::fixtures::cancel;
 use super::{Action, Episode, Sim, Turn, LIMITED_AGENT};
@@ -159,7 +159,7 @@ impl Sim {
                 let answered = block_on(callback::answer(&self.deps, &msg, None));
                 self.bus.clear_send_failures();
                 if let Ok(reply) = answered {
-                    if reply.result == sas_core::messages::CallbackResult::Duplicate {
+                    if reply.result == sas_protocol::messages::CallbackResult::Duplicate {
                         *self.repeated_answers.entry(msg.token.task_id().to_string()).or_default() += 1;
                     }
                     self.count_callback(reply.result);

@@ -1,11 +1,11 @@
 //! The simulated stack's workflows: an order in its variants (compensated, parked in Error, with a
 //! wait and a callback step, with a map and a parallel region).
 
-use sas_core::condition::Condition;
-use sas_core::ids::TaskId;
-use sas_core::messages::{CancelMessage, SchedulerMessage, VERSION};
-use sas_core::template::TaskTemplate;
-use sas_core::workflow::{
+use sas_protocol::condition::Condition;
+use sas_protocol::ids::TaskId;
+use sas_protocol::messages::{CancelMessage, SchedulerMessage, VERSION};
+use sas_protocol::template::TaskTemplate;
+use sas_protocol::workflow::{
     Backoff, ChildWorkflow, MapSpec, OnFailure, StepDef, StepFailure, StepKind, Tolerance, WaitTime, WorkflowDef,
     WorkflowRegistry,
 };
@@ -149,10 +149,10 @@ pub fn workflows() -> WorkflowRegistry {
     children_order.steps = vec![
         step("charge", Some("refund")),
         StepDef {
-            map: Some(sas_core::workflow::MapSpec {
+            map: Some(sas_protocol::workflow::MapSpec {
                 items: "/input/lines".into(),
                 max_concurrency: 2,
-                tolerated_failures: sas_core::workflow::Tolerance::None,
+                tolerated_failures: sas_protocol::workflow::Tolerance::None,
                 timeout_ms: None,
             }),
             ..shipping_step(serde_json::json!({"sku.$": "$.input.sku", "line.$": "$.input.item"}))

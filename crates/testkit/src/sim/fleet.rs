@@ -4,9 +4,9 @@
 use futures::executor::block_on;
 use sas_core::agent::runtime::{execution_deadline, report, CallsEnded};
 use sas_core::bus::{Bus, Received};
-use sas_core::ids::{CallbackToken, Millis};
-use sas_core::messages::{AgentRequest, AgentResult, CallbackAnswer, CallbackMessage, Outcome, Phase, VERSION};
 use sas_core::{agent, callback};
+use sas_protocol::ids::{CallbackToken, Millis};
+use sas_protocol::messages::{AgentRequest, AgentResult, CallbackAnswer, CallbackMessage, Outcome, Phase, VERSION};
 use serde_json::json;
 
 use super::fixtures::CALLBACK_TIMEOUT_MS;
@@ -302,7 +302,7 @@ impl Sim {
         self.at(first, Action::Worker(Box::new(w)));
     }
 
-    pub(super) fn count_callback(&mut self, result: sas_core::messages::CallbackResult) {
+    pub(super) fn count_callback(&mut self, result: sas_protocol::messages::CallbackResult) {
         let name = serde_json::to_value(result).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
         *self.report.callbacks.entry(name).or_default() += 1;
     }

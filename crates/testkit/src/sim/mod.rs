@@ -133,10 +133,10 @@ use sas_core::clock::{Clock, ManualClock};
 use sas_core::config::Settings;
 use sas_core::deps::Deps;
 use sas_core::entropy::SeededEntropy;
-use sas_core::ids::{CallbackToken, Millis};
-use sas_core::messages::{AgentRequest, AgentResult, CallbackMessage, Phase, SchedulerMessage, VERSION};
-use sas_core::protocol::{Policy, ProcessState};
 use sas_core::store::MemoryStore;
+use sas_protocol::ids::{CallbackToken, Millis};
+use sas_protocol::messages::{AgentRequest, AgentResult, CallbackMessage, Phase, SchedulerMessage, VERSION};
+use sas_protocol::protocol::{Policy, ProcessState};
 use serde_json::json;
 
 use crate::twins;

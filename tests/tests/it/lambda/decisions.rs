@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use sas_core::ids::TaskId;
-use sas_core::messages::StatusMessage;
-use sas_core::protocol::{CompensationStatus, ProcessState, StepStatus, Task};
-use sas_core::workflow::BUILT_IN_WORKFLOWS;
+use sas_protocol::ids::TaskId;
+use sas_protocol::messages::StatusMessage;
+use sas_protocol::protocol::{CompensationStatus, ProcessState, StepStatus, Task};
+use sas_protocol::workflow::BUILT_IN_WORKFLOWS;
 use serde_json::{json, Value};
 
 use super::{config_dir, lambda_stack_with};

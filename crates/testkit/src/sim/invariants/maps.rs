@@ -4,15 +4,15 @@
 
 use std::collections::BTreeMap;
 
-use sas_core::ids::{Millis, TaskId};
-use sas_core::protocol::{ProcessState, StepStatus};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::protocol::{ProcessState, StepStatus};
 
 use crate::sim::{Sim, MAP_CONCURRENCY};
 
 impl Sim {
     /// Map elements running at once, per parent (not counting the undo of one that succeeded),
     /// and each map step's joins.
-    pub(super) fn observe_maps(&mut self, tasks: &[sas_core::protocol::Task]) {
+    pub(super) fn observe_maps(&mut self, tasks: &[sas_protocol::protocol::Task]) {
         let mut running: BTreeMap<String, u32> = BTreeMap::new();
         for t in tasks {
             if let Some((parent, _, _)) = t.task_id.parent_of() {
@@ -46,13 +46,14 @@ impl Sim {
     /// Every map's elements: none lost (a Processed map has every element Processed, its output
     /// one entry per element), each succeeded element undone when its task compensates, each join
     /// made once.
-    pub(super) fn check_maps(&self, tasks: &[sas_core::protocol::Task], v: &mut Vec<String>) {
-        let by_id: BTreeMap<&str, &sas_core::protocol::Task> = tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
+    pub(super) fn check_maps(&self, tasks: &[sas_protocol::protocol::Task], v: &mut Vec<String>) {
+        let by_id: BTreeMap<&str, &sas_protocol::protocol::Task> =
+            tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
         for t in tasks {
             for (i, s) in t.steps.iter().enumerate() {
                 let Some(p) = &s.map else { continue };
                 let key = format!("{}#{i}", t.task_id);
-                let elements: Vec<Option<&&sas_core::protocol::Task>> =
+                let elements: Vec<Option<&&sas_protocol::protocol::Task>> =
                     (0..p.n).map(|e| by_id.get(TaskId::child(&t.task_id, i, e).as_str())).collect();
                 let existing = elements.iter().filter(|e| e.is_some()).count();
                 if existing != p.started as usize {
@@ -105,8 +106,9 @@ impl Sim {
     /// or its task is compensating or cancelling it). A task in `Error` is in an operator's hands,
     /// and so is its child in `Error`: an operator may cancel the child on its own (its compensation
     /// resumes while the parent stays parked).
-    pub(super) fn observe_children(&mut self, tasks: &[sas_core::protocol::Task]) {
-        let by_id: BTreeMap<&str, &sas_core::protocol::Task> = tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
+    pub(super) fn observe_children(&mut self, tasks: &[sas_protocol::protocol::Task]) {
+        let by_id: BTreeMap<&str, &sas_protocol::protocol::Task> =
+            tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
         for t in tasks {
             for (i, s) in t.steps.iter().enumerate().filter(|(i, _)| t.workflow.steps[*i].kind.starts_a_workflow()) {
                 // a map of a workflow step has a child per element
@@ -132,10 +134,10 @@ impl Sim {
     /// after the branches that come after it (`branch-order`).
     pub(super) fn check_region(
         &self,
-        t: &sas_core::protocol::Task,
+        t: &sas_protocol::protocol::Task,
         head: usize,
         r: &std::ops::Range<usize>,
-        branches: &[Option<&&sas_core::protocol::Task>],
+        branches: &[Option<&&sas_protocol::protocol::Task>],
         v: &mut Vec<String>,
     ) {
         let key = format!("{}#{head}", t.task_id);
@@ -205,9 +207,9 @@ impl Sim {
 /// compensated or was cancelled has no child left Processed (the child undid its own steps: the
 /// ledger's `undone` checks each of them).
 fn check_child(
-    task: &sas_core::protocol::Task,
+    task: &sas_protocol::protocol::Task,
     step: usize,
-    child: Option<&sas_core::protocol::Task>,
+    child: Option<&sas_protocol::protocol::Task>,
     out: &mut Vec<String>,
 ) {
     let record = &task.steps[step];

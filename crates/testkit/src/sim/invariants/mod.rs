@@ -11,10 +11,10 @@
 use std::collections::BTreeSet;
 
 use sas_core::bus::MemoryBus;
-use sas_core::ids::Millis;
-use sas_core::messages::Phase;
-use sas_core::protocol::{CompensationStatus, EndCause, ProcessState, Stage, StepStatus};
-use sas_core::workflow::StepDef;
+use sas_protocol::ids::Millis;
+use sas_protocol::messages::Phase;
+use sas_protocol::protocol::{CompensationStatus, EndCause, ProcessState, Stage, StepStatus};
+use sas_protocol::workflow::StepDef;
 
 use super::{Applied, Claim, Episode, Sim, LIMIT, LIMITED_AGENT};
 
@@ -164,7 +164,7 @@ impl Sim {
     /// `skipped`: a step the protocol skipped (its guard was false, or every step it waits for
     /// was) was never claimed, never run as a branch, never applied and never undone, under any
     /// key. Returns the steps skipped and the failures handled (`on_failure: continue`).
-    fn check_skips(&self, tasks: &[sas_core::protocol::Task], v: &mut Vec<String>) -> (u64, u64) {
+    fn check_skips(&self, tasks: &[sas_protocol::protocol::Task], v: &mut Vec<String>) -> (u64, u64) {
         let (mut skipped, mut handled) = (0, 0);
         let all: BTreeSet<String> = tasks.iter().map(|t| t.task_id.to_string()).collect();
         for t in tasks {
@@ -181,7 +181,7 @@ impl Sim {
                 let undone = def.compensation.as_ref().is_some_and(|c| !self.applied_all(&id, &c.name).is_empty());
                 let spawned = regions.iter().find(|r| r.contains(&j)).is_some_and(|r| {
                     let e = u32::try_from(j - r.start).unwrap_or(u32::MAX);
-                    all.contains(&sas_core::ids::TaskId::child(&t.task_id, r.start, e).to_string())
+                    all.contains(&sas_protocol::ids::TaskId::child(&t.task_id, r.start, e).to_string())
                 });
                 if claimed || applied || undone || spawned {
                     v.push(format!(
@@ -215,7 +215,7 @@ impl Sim {
         self.check_maps(&tasks, &mut v);
         for q in self.queues() {
             for body in self.bus.bodies(&MemoryBus::dlq_of(&q)) {
-                v.push(format!("dlq: dead-lettered from {q}: {}", sas_core::ids::clip(&body, 200)));
+                v.push(format!("dlq: dead-lettered from {q}: {}", sas_protocol::ids::clip(&body, 200)));
             }
         }
         let alerts: BTreeSet<String> = self

@@ -3,14 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use sas_core::messages::StatusMessage;
-use sas_core::protocol::ProcessState;
+use sas_protocol::messages::StatusMessage;
+use sas_protocol::protocol::ProcessState;
 
 use crate::sim::{Sim, MAX_TERMINAL_REPLIES, REPLY_QUEUE};
 
 impl Sim {
     /// Every task's final status reached the reply queue, and no terminal status too often.
-    pub(super) fn check_replies(&self, tasks: &[sas_core::protocol::Task], v: &mut Vec<String>) {
+    pub(super) fn check_replies(&self, tasks: &[sas_protocol::protocol::Task], v: &mut Vec<String>) {
         let mut delivered: BTreeMap<(String, u64), (ProcessState, usize)> = BTreeMap::new();
         for body in self.bus.bodies(REPLY_QUEUE) {
             match serde_json::from_str::<StatusMessage>(&body) {
