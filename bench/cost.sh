@@ -44,7 +44,8 @@ BENCH_AGENTS="$SAS_LOCAL_DIR/bench-agents.json"
 ASL_INFO="$SAS_LOCAL_DIR/bench-asl.json"
 ASL_LOG="$SAS_LOCAL_DIR/bench-asl.log"
 UPSTREAM="http://127.0.0.1:$LOCALSTACK_PORT"
-SASCTL="${CARGO_TARGET_DIR:-$SAS_ROOT/target}/debug/sasctl"
+# SASCTL_BIN: measure that sasctl (e.g. a copy of another build) instead of building this checkout's
+SASCTL="${SASCTL_BIN:-${CARGO_TARGET_DIR:-$SAS_ROOT/target}/debug/sasctl}"
 PYTHON="${PYTHON:-python3}"
 mkdir -p -- "$SAS_LOCAL_DIR"
 
@@ -91,8 +92,12 @@ if ! infra/localstack.sh healthy; then
   infra/localstack.sh ensure
   started_ls=1
 fi
-log "building sasctl"
-cargo build -q -p sas-cli --bin sasctl
+if [ -n "${SASCTL_BIN:-}" ]; then
+  log "measuring $SASCTL_BIN (SASCTL_BIN: not built)"
+else
+  log "building sasctl"
+  cargo build -q -p sas-cli --bin sasctl
+fi
 
 # A fresh stack: an earlier run may have left tasks (or 100,000 of them) in its table.
 "$SASCTL" --outputs "$OUTPUTS" delete-local --name "$STACK" >/dev/null 2>&1 || true
