@@ -91,6 +91,8 @@ catalogue! {
         "start-to-close: how long the agent's call (with its own retries) took, for steps whose agent answers (a callback step's hand-off is not counted)";
     AGENT_AT_LIMIT = "AgentAtLimit", "Count", BY_AGENT, "Agent",
         "requests that found their agent at its max_in_flight and were put back to wait (a delay, not a failure)";
+    STARTED_UNREAD = "StartedUnread", "Count", BY_AGENT, "Agent",
+        "agent requests started without reading their task's LockedBy: they came within unchecked_until of their claim (the others cost one read unit each)";
     STALE_REQUESTS = "StaleRequests", "Count", BY_AGENT, "Agent",
         "agent requests not started because their task no longer waits for their attempt (a copy that came after a retry, a cancel or the task's end)";
     LATE_RESULTS = "LateResults", "Count", TASK, "Scheduler, Callback",

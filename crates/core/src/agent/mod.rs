@@ -99,6 +99,7 @@ pub async fn handle_request(
         let started = deps.now();
         let current = if starts_unchecked(&req, started) {
             debug!("started without reading the task: within unchecked_until of its claim");
+            metrics::count(&metrics::STARTED_UNREAD, &[&req.agent], 1);
             Ok(true)
         } else {
             still_current(deps, &req).await
