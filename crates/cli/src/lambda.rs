@@ -427,6 +427,7 @@ pub const FUNCTION_ENVIRONMENT: &[(&str, Option<&str>)] = &[
     ("QUEUE_BUDGET_MS", None),
     ("RESULT_GRACE_MS", None),
     ("SETTLE_MS", None),
+    ("UNCHECKED_START_MS", None),
     ("MAX_INPUT_BYTES", None),
     ("SEND_LINGER_MS", None),
     ("SWEEP_LAG_MS", None),
