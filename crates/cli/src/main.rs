@@ -5,11 +5,10 @@
 //! `sas_cli::commands` (`crates/cli/src/commands/`). The developer's commands (demo, load) are
 //! another binary's, sas-dev (`crates/dev`): the demo links the order service, sasctl does not.
 //!
-//! Errors are printed here, one line with their causes (`error: ...: ...`), and end the process
-//! with exit code 1: an operator's refusal is not a crash, so no backtrace even with
-//! `RUST_BACKTRACE=1`. A command's other exit statuses are its `run`'s (`import-asl`, `submit
-//! --wait`).
-#![allow(clippy::print_stderr)]
+//! Errors end the process through `commands::exit_with` (as sas-dev's do): one line with their
+//! causes (`error: ...: ...`) and exit code 1, since an operator's refusal is not a crash (no
+//! backtrace even with `RUST_BACKTRACE=1`). A command's other exit statuses are its `run`'s
+//! (`import-asl`, `submit --wait`).
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -74,14 +73,7 @@ async fn main() {
     let cli = Cli::parse();
     sas_core::telemetry::init_with_default(if cli.cmd.quiet() { "error" } else { "info" });
     // boxed: run holds every command's future, too large for the stack of main's own
-    match Box::pin(run(&cli)).await {
-        Ok(0) => {}
-        Ok(status) => std::process::exit(status),
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::exit(1);
-        }
-    }
+    commands::exit_with(Box::pin(run(&cli)).await);
 }
 
 /// The command's `run`, and its exit status.

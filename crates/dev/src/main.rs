@@ -3,7 +3,6 @@
 //! benchmark). `demo` links the order service, which sasctl does not; both read the stack as
 //! sasctl does (the same global options, `sas_cli::commands::Global`) and print their errors as it
 //! does: one line, exit status 1.
-#![allow(clippy::print_stderr)]
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -57,14 +56,7 @@ async fn main() {
     let cli = Cli::parse();
     sas_core::telemetry::init_with_default("info");
     // boxed: run holds every command's future, too large for the stack of main's own
-    match Box::pin(run(&cli)).await {
-        Ok(0) => {}
-        Ok(status) => std::process::exit(status),
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::exit(1);
-        }
-    }
+    sas_cli::commands::exit_with(Box::pin(run(&cli)).await);
 }
 
 /// The command's `run`, and its exit status.

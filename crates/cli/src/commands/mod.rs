@@ -99,6 +99,21 @@ pub fn deps_from(
 }
 
 /// The SDK's configuration (endpoint, region, credentials) with the tools' timeouts.
+/// A command's outcome, as sasctl and sas-dev both end with it: status 0 returns (main ends
+/// normally); another status ends the process with it; an error is printed on one line with its
+/// causes (`error: ...: ...`) and ends it with status 1. An operator's refusal is not a crash: no
+/// backtrace, even with `RUST_BACKTRACE=1`.
+pub fn exit_with(outcome: Result<i32>) {
+    match outcome {
+        Ok(0) => {}
+        Ok(status) => std::process::exit(status),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}
+
 pub async fn sdk() -> aws_config::SdkConfig {
     sas_core::aws::load_sdk_config().await
 }
