@@ -256,6 +256,33 @@ async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Resul
     Ok(sent?)
 }
 
+/// What [`start`] did with a new task.
+#[allow(clippy::large_enum_variant)] // a return value, once per start, never stored
+pub enum Started {
+    /// It was created (its first unit claimed in that write) and its effects were sent: the task
+    /// as written, and what the sends did (a failed `work` send fails the caller's message, so
+    /// the start is sent again).
+    New { task: Box<Task>, sent: Sent },
+    /// A task of that id exists and is not this one: nothing was written or sent.
+    Exists(Box<Task>),
+}
+
+/// Start a new task: one conditional create of `tr.task` ([`transition::create`]), then its
+/// effects (the first unit's dispatch and timer, or its run message; its first statuses). The one
+/// way a task comes into being: a submission, and each element, branch or child task a parent
+/// spawns. `TooLarge`, `Refused` and `AlreadyExists` (it existed and expired) come back as they
+/// are, for the caller to decide what they mean.
+pub async fn start(deps: &Deps, tr: protocol::Transition, now: Millis) -> Result<Started, StoreError> {
+    match transition::create(deps, &tr.task).await? {
+        Created::Exists(t) => Ok(Started::Exists(t)),
+        Created::New => {
+            let committed = Committed { task: tr.task, effects: tr.effects, now };
+            let sent = send(deps, &committed).await;
+            Ok(Started::New { task: Box::new(committed.task), sent })
+        }
+    }
+}
+
 /// How many map elements one handler creates at once.
 const SPAWN_CONCURRENCY: usize = 16;
 
@@ -300,22 +327,22 @@ fn spawn_one<'a>(
             None => protocol::element_task(parent, step, element, item, &ctx, policy),
             Some(why) => protocol::element_tombstone(parent, step, element, why, &ctx, policy),
         };
-        let failed =
-            |e: HandlerError| EffectError::Element { element: tr.task.task_id.to_string(), source: Box::new(e) };
-        let sent = match transition::create(deps, &tr.task).await {
-            Ok(Created::New) => {
-                if tr.task.called {
-                    let workflow = &tr.task.workflow.name;
-                    info!(task_id = %tr.task.task_id, parent = %parent.task_id, workflow, "child workflow task created");
-                } else if tr.task.upstream.is_some() {
-                    let step = tr.task.steps.first().map_or("", |s| s.name.as_str());
-                    info!(task_id = %tr.task.task_id, parent = %parent.task_id, branch = element, step, "parallel branch created");
+        let task_id = tr.task.task_id.clone();
+        let failed = |e: HandlerError| EffectError::Element { element: task_id.to_string(), source: Box::new(e) };
+        let sent = match start(deps, tr, ctx.now).await {
+            Ok(Started::New { task, sent }) => {
+                if task.called {
+                    let workflow = &task.workflow.name;
+                    info!(%task_id, parent = %parent.task_id, workflow, "child workflow task created");
+                } else if task.upstream.is_some() {
+                    let step = task.steps.first().map_or("", |s| s.name.as_str());
+                    info!(%task_id, parent = %parent.task_id, branch = element, step, "parallel branch created");
                 } else {
-                    info!(task_id = %tr.task.task_id, parent = %parent.task_id, element, "map element created");
+                    info!(%task_id, parent = %parent.task_id, element, "map element created");
                 }
-                send(deps, &Committed { task: tr.task.clone(), effects: tr.effects.clone(), now: ctx.now }).await
+                sent
             }
-            Ok(Created::Exists(child)) => match protocol::existing_element(&child, cancel) {
+            Ok(Started::Exists(child)) => match protocol::existing_element(&child, cancel) {
                 protocol::ExistingElement::Send(effects) => {
                     send(deps, &Committed { task: *child, effects, now: ctx.now }).await
                 }

@@ -8,14 +8,13 @@ use tracing::{info, warn};
 
 use crate::bus::Record;
 use crate::deps::{Deps, HandlerError};
-use crate::effects;
+use crate::effects::{self, Started};
 use crate::ids::{clip, message_mark, IdError, TaskId};
 use crate::messages::{QueueUrl, StatusMessage, Submission, VERSION};
 use crate::protocol::{self, ProcessState, Task};
 use crate::reply::{self, ReplyToError};
 use crate::screen;
 use crate::store::{StoreError, MAX_ITEM_BYTES};
-use crate::transition::{self, Committed, Created};
 
 /// Why a submission was refused. The reason is sent to the caller and kept with the raw message.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -294,13 +293,14 @@ async fn submit_with(
     let mut tr = protocol::submit(task_id.clone(), def, sub.input, sub.reply_to, &ctx, &deps.settings.policy);
     let mark = message_id.map(message_mark);
     tr.task.last_message.clone_from(&mark);
+    let reply_to = tr.task.reply_to.clone();
     // A create that landed but whose answer was lost (the SDK sent it again) finds its own item:
     // that is a new task too, and its start is still to be sent.
-    match transition::create(deps, &tr.task).await {
-        Ok(Created::New) => {}
-        Ok(Created::Exists(t)) => {
+    let (task, sent) = match effects::start(deps, tr, now).await {
+        Ok(Started::New { task, sent }) => (task, sent),
+        Ok(Started::Exists(t)) => {
             info!(%task_id, "duplicate submission: the task exists, nothing created");
-            if let Some(q) = &tr.task.reply_to {
+            if let Some(q) = &reply_to {
                 tell_duplicate(deps, q, &t).await;
             }
             resend(deps, *t, mark.as_deref()).await?;
@@ -317,19 +317,17 @@ async fn submit_with(
             return reject(deps, raw, message_id, Rejection::Unstorable(e.to_string())).await
         }
         Err(e) => return Err(e.into()),
-    }
+    };
     info!(
-        %task_id, workflow = %tr.task.workflow.name, version = tr.task.workflow.version,
-        step = tr.task.current_step_name().unwrap_or("-"), "task created, first step claimed"
+        %task_id, workflow = %task.workflow.name, version = task.workflow.version,
+        step = task.current_step_name().unwrap_or("-"), "task created, first step claimed"
     );
-    crate::metrics::record_created(&tr.task);
-    let committed = Committed { task: tr.task, effects: tr.effects, now };
-    let sent = effects::send(deps, &committed).await;
+    crate::metrics::record_created(&task);
     // The start did not go out: fail the record, so the submission comes back and the start is
     // sent again (above), long before the Supervisor would find the attempt lost.
     if let Some(e) = sent.work {
         return Err(e.into());
     }
-    effects::record_undelivered(deps, &committed.task, &sent).await;
+    effects::record_undelivered(deps, &task, &sent).await;
     Ok(Submitted::Created(task_id))
 }
