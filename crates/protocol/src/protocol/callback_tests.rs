@@ -2,6 +2,8 @@
 //! late, lost, heartbeat timeout, hard timeout, cancel while waiting, cancel during a heartbeat).
 
 use super::*;
+use crate::ids::TaskId;
+use crate::messages::AlertKind;
 use crate::workflow::{Backoff, OnFailure, StepDef, StepKind, WaitTime, WorkflowDef};
 use serde_json::json;
 

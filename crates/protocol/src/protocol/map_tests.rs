@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use serde_json::{json, Value};
 
 use super::*;
-use crate::workflow::{MapSpec, Tolerance};
+use crate::ids::TaskId;
+use crate::messages::{AlertKind, Phase};
+use crate::workflow::{MapSpec, OnFailure, StepDef, Tolerance, WorkflowDef};
 
 fn call(name: &str, comp: Option<&str>) -> StepDef {
     StepDef {

@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::Ctx;
 use crate::ids::{AttemptToken, Millis, TaskId};
 use crate::messages::{Phase, StatusMessage};
 use crate::state::ProcessState;
@@ -768,6 +769,43 @@ pub struct LateResults {
 
 fn first_run() -> u32 {
     1
+}
+
+/// A task as it is before its first transition.
+pub(crate) fn new_task(
+    task_id: TaskId,
+    workflow: WorkflowDef,
+    input: Value,
+    reply_to: Option<String>,
+    ctx: &Ctx,
+) -> Task {
+    let steps = workflow.steps.iter().map(|s| StepRecord::new(&s.name)).collect();
+    Task {
+        task_id,
+        workflow,
+        input,
+        reply_to,
+        process_state: ProcessState::Pending,
+        stage: Stage::Forward,
+        step_index: 0,
+        steps,
+        failure_count: 0,
+        run: 1,
+        lock: Lock::default(),
+        complete_by: None,
+        claim: ClaimWait { rev: 1, not_before: None, restarts: 0 },
+        rev: 1,
+        reason: None,
+        created_at: ctx.now,
+        updated_at: ctx.now,
+        history: Vec::new(),
+        status_seq: 0,
+        last_message: None,
+        undelivered: UndeliveredReplies::default(),
+        late: LateResults::default(),
+        upstream: None,
+        called: false,
+    }
 }
 
 impl Task {

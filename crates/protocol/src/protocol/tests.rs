@@ -1,5 +1,7 @@
 use super::task::MAX_ISSUED;
 use super::*;
+use crate::ids::TaskId;
+use crate::messages::{AlertKind, Outcome, Phase};
 use crate::workflow::{Backoff, OnFailure, StepDef, StepKind, WorkflowDef};
 use proptest::prelude::*;
 use serde_json::json;

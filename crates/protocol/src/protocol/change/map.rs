@@ -22,14 +22,19 @@
 //! The map step's compensation sends an undo to each element that ended `Processed` and waits
 //! until every one of them has ended `Compensated` (an element whose compensation fails ends
 //! `Error`, and so does the task).
+//!
+//! Here: the units' start, their elements' tasks, and what the events share; the events are in
+//! `event/`: an element's end (`element_ended.rs`), the join (`joined.rs`), a parent's undo of
+//! an element (`undo.rs`), and a running map's share of a deadline (`deadline.rs`) and of a
+//! cancel (`cancel.rs`).
 
 use serde_json::{json, Value};
 
-use super::task::{MapProgress, StepStatus};
-use super::{new_task, Ctx, Policy};
-use super::{Change, Effect, EndCause, Stale, Task, Transition};
+use super::Change;
 use crate::ids::TaskId;
 use crate::messages::{CancelMessage, ElementEnded, JoinMessage, Phase, SchedulerMessage, UndoMessage, VERSION};
+use crate::protocol::task::{new_task, Bits, CompensationStatus, MapProgress, StepRecord, StepStatus};
+use crate::protocol::{Ctx, Effect, EndCause, Policy, Task, Transition};
 use crate::state::ProcessState;
 use crate::workflow::{FailureKind, MapSpec, OnFailure, WorkflowDef, MAX_MAP_ELEMENTS};
 
@@ -74,7 +79,7 @@ pub(crate) fn items(task: &Task, spec: &MapSpec) -> Result<Vec<Value>, String> {
 }
 
 /// Element `i` of a map's array, read in place (an element's end must not copy the whole array).
-fn item_at(task: &Task, spec: &MapSpec, i: u32) -> Value {
+pub(crate) fn item_at(task: &Task, spec: &MapSpec, i: u32) -> Value {
     source(task, &spec.items).and_then(|a| a.get(i as usize)).cloned().unwrap_or(Value::Null)
 }
 
@@ -92,7 +97,7 @@ pub(crate) fn undoable(task: &Task, regions: &[std::ops::Range<usize>], j: usize
 }
 
 /// Whether forward step `j`, done, has an effect the task's compensation must undo: a step that
-/// succeeded or handled a failure that may have applied ([`super::StepRecord::applied`]); a
+/// succeeded or handled a failure that may have applied ([`crate::protocol::StepRecord::applied`]); a
 /// parallel region (at its first step) of which some branch succeeded.
 pub(crate) fn applied(task: &Task, regions: &[std::ops::Range<usize>], j: usize) -> bool {
     match regions.iter().find(|r| r.contains(&j)) {
@@ -104,9 +109,13 @@ pub(crate) fn applied(task: &Task, regions: &[std::ops::Range<usize>], j: usize)
 
 /// Decide the branches of a parallel region whose waits are over (not started, every step they
 /// wait for ended: those before the region have, the region starts after them): each is to start,
-/// or is skipped (see [`super::skip_reason`]: marked ended in `p`, with why, and the branches
+/// or is skipped (see [`super::start::skip_reason`]: marked ended in `p`, with why, and the branches
 /// waiting for it are decided in turn). Returns those to start, and those skipped with why.
-fn ready(task: &Task, region: &std::ops::Range<usize>, p: &mut MapProgress) -> (Vec<u32>, Vec<(u32, String)>) {
+pub(crate) fn ready(
+    task: &Task,
+    region: &std::ops::Range<usize>,
+    p: &mut MapProgress,
+) -> (Vec<u32>, Vec<(u32, String)>) {
     let Ok(graph) = task.workflow.graph() else { return (Vec::new(), Vec::new()) };
     let at = |d: usize| u32::try_from(d - region.start).unwrap_or(u32::MAX);
     let (mut start, mut skipped) = (Vec::new(), Vec::new());
@@ -127,7 +136,7 @@ fn ready(task: &Task, region: &std::ops::Range<usize>, p: &mut MapProgress) -> (
                 Some(k) => p.skipped.get(u32::try_from(k).unwrap_or(u32::MAX)),
                 None => task.skipped(name),
             };
-            match super::skip_reason(task, s, &was_skipped) {
+            match super::start::skip_reason(task, s, &was_skipped) {
                 Some(why) => skipped.push((e, why)),
                 None => start.push(e),
             }
@@ -144,7 +153,7 @@ fn ready(task: &Task, region: &std::ops::Range<usize>, p: &mut MapProgress) -> (
 
 /// The region's branches whose undo may start now: a branch is undone after the branches that
 /// come after it (dependent compensations in reverse order; independent ones at once).
-fn undo_now(task: &Task, step: usize, p: &MapProgress) -> Vec<u32> {
+pub(crate) fn undo_now(task: &Task, step: usize, p: &MapProgress) -> Vec<u32> {
     let Some(region) = task.workflow.region_at(step) else { return p.to_undo().collect() };
     let Ok(graph) = task.workflow.graph() else { return Vec::new() };
     let pending: Vec<u32> = p.to_undo().collect();
@@ -296,7 +305,7 @@ pub fn element_tombstone(
 ) -> Transition {
     let mut t = element_task(parent, step, element, Value::Null, ctx, policy).task;
     let name = t.steps[0].name.clone();
-    t.steps[0] = super::task::StepRecord { status: StepStatus::Cancelled, ..super::task::StepRecord::new(&name) };
+    t.steps[0] = StepRecord { status: StepStatus::Cancelled, ..StepRecord::new(&name) };
     t.history.clear();
     t.status_seq = 0;
     t.reason = Some(format!("never started: {reason}"));
@@ -307,12 +316,12 @@ pub fn element_tombstone(
 
 /// A parallel region has no deadline of its own (each branch has its step's, and a branch starts
 /// only once those it waits for end): this is a bound far past any of them.
-const REGION_TIMEOUT_MS: u64 = 10 * crate::workflow::MAX_LONG_STEP_MS;
+pub(crate) const REGION_TIMEOUT_MS: u64 = 10 * crate::workflow::MAX_LONG_STEP_MS;
 
 /// How often the Supervisor looks at a running map (its `CompleteBy`): about one attempt of its
 /// step (schedule-to-start and timeout), at least a minute, at most an hour. Each look creates any
 /// element whose creation was lost and makes each element that ended say so again.
-fn watch_ms(def: &crate::workflow::StepDef, policy: &Policy) -> u64 {
+pub(crate) fn watch_ms(def: &crate::workflow::StepDef, policy: &Policy) -> u64 {
     (def.schedule_to_start_ms.unwrap_or(policy.queue_budget_ms) + def.timeout_ms).clamp(60_000, 3_600_000)
 }
 
@@ -356,9 +365,7 @@ pub(crate) fn map_running(task: &Task) -> bool {
     let step = &task.steps[i];
     match task.phase() {
         Phase::Forward => step.status == StepStatus::Running && step.map.is_some(),
-        Phase::Compensate => {
-            step.compensation.as_ref().is_some_and(|c| c.status == super::task::CompensationStatus::Running)
-        }
+        Phase::Compensate => step.compensation.as_ref().is_some_and(|c| c.status == CompensationStatus::Running),
     }
 }
 
@@ -371,7 +378,7 @@ fn cancel_message(task: &Task, step: usize, element: u32, reason: &str) -> Effec
     }))
 }
 
-fn undo_message(task: &Task, step: usize, element: u32) -> Effect {
+pub(crate) fn undo_message(task: &Task, step: usize, element: u32) -> Effect {
     let what = match task.workflow.region_at(step) {
         Some(r) => format!("its branch {}", task.workflow.steps[r.start + element as usize].name),
         None => format!("its map step {}", task.workflow.steps[step].name),
@@ -383,7 +390,7 @@ fn undo_message(task: &Task, step: usize, element: u32) -> Effect {
     }))
 }
 
-fn join_message(task: &Task, step: usize) -> Effect {
+pub(crate) fn join_message(task: &Task, step: usize) -> Effect {
     Effect::Send(SchedulerMessage::Join(JoinMessage { v: VERSION, task_id: task.task_id.clone(), step }))
 }
 
@@ -406,123 +413,9 @@ pub(crate) fn owed(task: &Task) -> Vec<Effect> {
     }
 }
 
-/// An element ended: count it once, then start the next, stop, or join. A parallel region's
-/// branch: its output is kept, the branches waiting for it start, and once all have succeeded the
-/// region has (no join: each branch brought its output back with its end).
-pub(crate) fn element_ended(
-    task: &Task,
-    step: usize,
-    element: u32,
-    state: ProcessState,
-    reason: Option<&str>,
-    output: Option<&Value>,
-    c: &mut Change,
-) -> Result<(), Stale> {
-    if !state.is_terminal() {
-        return Err(Stale::NotCurrentAttempt);
-    }
-    let Some(p) = task.steps.get(step).and_then(|s| s.map.as_ref()) else { return Err(Stale::NotCurrentAttempt) };
-    if element >= p.n || !map_running(task) || task.unit_step() != step {
-        return Err(Stale::NotCurrentAttempt);
-    }
-    let mut p = p.clone();
-    if task.phase() == Phase::Compensate {
-        return element_undone(task, step, element, state, p, c);
-    }
-    if !p.began(element) || !p.ended.set(element) {
-        return Err(Stale::Duplicate);
-    }
-    let region = task.workflow.region_at(step);
-    let def = &task.workflow.steps[step];
-    let spec = map_spec(task, step).cloned();
-    if state == ProcessState::Processed && def.kind.starts_a_workflow() && spec.is_none() {
-        // the child ended: the step succeeds with its result
-        p.ok.set(element);
-        c.t.steps[step].map = Some(p);
-        c.t.steps[step].output = Some(super::kept(def, output.unwrap_or(&Value::Null)));
-        c.t.unit_record().succeeded();
-        c.t.reason = None;
-        c.advance();
-        return Ok(());
-    }
-    if state == ProcessState::Processed {
-        p.ok.set(element);
-        if let Some(r) = &region {
-            c.t.steps[r.start + element as usize].output = Some(output.cloned().unwrap_or(Value::Null));
-        }
-    } else {
-        p.failed += 1;
-        c.t.failure_count += 1;
-        if state == ProcessState::Error {
-            p.errored.set(element);
-        }
-        let allowed = spec.as_ref().map_or(0, |s| s.tolerated_failures.allowed(p.n as usize));
-        if p.stopping.is_none() && p.failed as usize > allowed {
-            let why = match &region {
-                Some(r) => format!(
-                    "branch {} ended {state}{}",
-                    task.workflow.steps[r.start + element as usize].name,
-                    reason.map(|r| format!(" ({r})")).unwrap_or_default(),
-                ),
-                None if def.kind.starts_a_workflow() && spec.is_none() => format!(
-                    "workflow step {}: its child task {} ended {state}{}",
-                    def.name,
-                    TaskId::child(&task.task_id, step, element),
-                    reason.map(|r| format!(" ({r})")).unwrap_or_default(),
-                ),
-                None => format!(
-                    "map step {}: element {element} ended {state}{}; {} of {} elements failed for good, {allowed} tolerated",
-                    def.name,
-                    reason.map(|r| format!(" ({r})")).unwrap_or_default(),
-                    p.failed,
-                    p.n
-                ),
-            };
-            stop(&mut p, EndCause::Failed, &why, step, c);
-        }
-    }
-    if let Some(r) = region.filter(|_| p.stopping.is_none()) {
-        let (next, skipped) = ready(&c.t, &r, &mut p);
-        note_skips(c, &r, skipped);
-        if next.is_empty() && p.ended.count() == p.n {
-            c.t.steps[step].map = Some(p);
-            region_succeeded(c, &r);
-            return Ok(());
-        }
-        for e in &next {
-            if let Some(b) = p.branches.as_mut() {
-                b.set(*e);
-            }
-            p.started += 1;
-        }
-        if !next.is_empty() {
-            c.fx.push(Effect::Spawn {
-                step,
-                elements: next.into_iter().map(|e| (e, Value::Null)).collect(),
-                cancel: None,
-            });
-        }
-    } else if let (None, Some(spec)) = (p.stopping, spec.as_ref().filter(|_| p.started < p.n)) {
-        let next = p.started;
-        p.started += 1;
-        let item = item_at(&c.t, spec, next);
-        c.fx.push(Effect::Spawn { step, elements: vec![(next, item)], cancel: None });
-    } else if p.stopping.is_none() && p.ended.count() == p.n {
-        p.joining = true;
-        let fx = join_message(&c.t, step);
-        c.fx.push(fx);
-    }
-    let done_stopping = p.stopping.filter(|_| p.running().next().is_none());
-    c.t.steps[step].map = Some(p);
-    if let Some(cause) = done_stopping {
-        end_stopped(c, cause);
-    }
-    Ok(())
-}
-
 /// Record why each of these branches of region `r` was skipped (on its step's record; its
 /// status says so once the region ends).
-fn note_skips(c: &mut Change, r: &std::ops::Range<usize>, skipped: Vec<(u32, String)>) {
+pub(crate) fn note_skips(c: &mut Change, r: &std::ops::Range<usize>, skipped: Vec<(u32, String)>) {
     for (e, why) in skipped {
         c.t.steps[r.start + e as usize].skipped = Some(why);
     }
@@ -530,7 +423,7 @@ fn note_skips(c: &mut Change, r: &std::ops::Range<usize>, skipped: Vec<(u32, Str
 
 /// Every branch of the parallel region `r` succeeded: so did each of its steps, and the task goes
 /// on after the region.
-fn region_succeeded(c: &mut Change, r: &std::ops::Range<usize>) {
+pub(crate) fn region_succeeded(c: &mut Change, r: &std::ops::Range<usize>) {
     let skipped = c.t.steps[r.start].map.as_ref().map(|p| p.skipped.clone()).unwrap_or_default();
     c.t.unit_record().succeeded();
     for j in r.clone() {
@@ -543,7 +436,7 @@ fn region_succeeded(c: &mut Change, r: &std::ops::Range<usize>) {
 }
 
 /// Stop the map: no element starts any more, the running ones are cancelled.
-fn stop(p: &mut MapProgress, cause: EndCause, why: &str, step: usize, c: &mut Change) {
+pub(crate) fn stop(p: &mut MapProgress, cause: EndCause, why: &str, step: usize, c: &mut Change) {
     p.stopping = Some(cause);
     p.joining = false;
     c.t.reason = Some(why.to_owned());
@@ -554,7 +447,7 @@ fn stop(p: &mut MapProgress, cause: EndCause, why: &str, step: usize, c: &mut Ch
 /// Every started element of a stopping map has ended: the step gives up. Its succeeded elements
 /// are undone by its compensation; an element that could not undo itself (`Error`) leaves the
 /// task in `Error` for an operator.
-fn end_stopped(c: &mut Change, cause: EndCause) {
+pub(crate) fn end_stopped(c: &mut Change, cause: EndCause) {
     let i = c.t.step_index;
     let p = c.t.steps[i].map.clone().expect("a stopping map has its progress");
     c.t.steps[i].maybe_applied = p.to_undo().next().is_some();
@@ -584,118 +477,6 @@ fn end_stopped(c: &mut Change, cause: EndCause) {
     }
 }
 
-/// The map step's compensation: an element it asked to undo has ended.
-fn element_undone(
-    task: &Task,
-    step: usize,
-    element: u32,
-    state: ProcessState,
-    mut p: MapProgress,
-    c: &mut Change,
-) -> Result<(), Stale> {
-    if !(p.ok.get(element) || p.errored.get(element)) || p.undone.get(element) {
-        return Err(Stale::Duplicate);
-    }
-    match state {
-        // Cancelled: an operator resumed its failed undo with a cancel; undone either way
-        ProcessState::Compensated | ProcessState::Cancelled => {
-            let before = undo_now(task, step, &p);
-            p.undone.set(element);
-            let done = p.to_undo().next().is_none();
-            // a region's branches that waited for this one's undo (the branches after them) go now
-            let next: Vec<Effect> = undo_now(task, step, &p)
-                .into_iter()
-                .filter(|e| !before.contains(e))
-                .map(|e| undo_message(task, step, e))
-                .collect();
-            c.fx.extend(next);
-            c.t.steps[step].map = Some(p);
-            if done {
-                c.t.unit_record().succeeded();
-                c.advance();
-            }
-            Ok(())
-        }
-        ProcessState::Error => {
-            c.t.failure_count += 1;
-            let name = task.current_def().name.clone();
-            c.t.unit_record().refused(&format!("element {element} could not be undone"));
-            c.give_up(
-                format!(
-                    "compensation {name} failed: element {element} ({}) could not undo what it applied",
-                    TaskId::child(&task.task_id, step, element)
-                ),
-                FailureKind::Permanent,
-            );
-            Ok(())
-        }
-        // Processed: the element has not taken the undo yet (a notice from before it).
-        _ => Err(Stale::Duplicate),
-    }
-}
-
-/// All elements ended and their outputs were read: the step succeeds with them.
-pub(crate) fn joined(task: &Task, step: usize, output: &Value, c: &mut Change) -> Result<(), Stale> {
-    let joining = task.steps.get(step).and_then(|s| s.map.as_ref()).is_some_and(|p| p.joining);
-    if !joining || !map_running(task) || task.phase() != Phase::Forward || task.step_index != step {
-        return Err(Stale::NotCurrentAttempt);
-    }
-    if let Some(p) = c.t.steps[step].map.as_mut() {
-        p.joining = false;
-    }
-    c.t.unit_record().succeeded();
-    c.t.steps[step].output = Some(output.clone());
-    c.t.reason = None;
-    c.advance();
-    Ok(())
-}
-
-/// A running map's `CompleteBy`, its watch: what it sent is sent again (an element whose creation
-/// was lost is created, one that ended says so again, the join or the undos go out again). Past
-/// the map's own deadline, a map still running stops.
-pub(crate) fn deadline(task: &Task, c: &mut Change) {
-    let i = task.unit_step();
-    let def = &task.workflow.steps[i];
-    let timeout_ms = map_spec(task, i).map_or(REGION_TIMEOUT_MS, MapSpec::timeout_ms);
-    let p = task.steps[i].map.clone().expect("a running map has its progress");
-    let watch = c.ctx.now.plus_ms(watch_ms(def, c.policy));
-    let forward = task.phase() == Phase::Forward && !p.joining && p.stopping.is_none();
-    c.t.complete_by = Some(if forward { watch.min(p.deadline.max(c.ctx.now)) } else { watch });
-    if forward && c.ctx.now >= p.deadline {
-        c.t.complete_by = Some(watch);
-        let mut p = p;
-        let why = format!(
-            "map step {} did not end within {} ms ({} of {} elements ended)",
-            task.workflow.steps[i].name,
-            timeout_ms,
-            p.ended.count(),
-            p.n
-        );
-        stop(&mut p, EndCause::Failed, &why, i, c);
-        let idle = p.running().next().is_none();
-        c.t.steps[i].map = Some(p);
-        if idle {
-            end_stopped(c, EndCause::Failed);
-        }
-        return;
-    }
-    let again = owed(&c.t);
-    c.fx.extend(again);
-}
-
-/// A cancel while the map runs forward: it stops, and compensates once its elements have ended.
-pub(crate) fn cancel(task: &Task, reason: &str, c: &mut Change) {
-    let i = task.step_index;
-    let mut p = task.steps[i].map.clone().expect("a running map has its progress");
-    c.t.run += 1;
-    stop(&mut p, EndCause::Cancelled, &format!("cancelled: {reason}"), i, c);
-    let idle = p.running().next().is_none();
-    c.t.steps[i].map = Some(p);
-    if idle {
-        end_stopped(c, EndCause::Cancelled);
-    }
-}
-
 impl Change<'_> {
     /// Start a map step: read its array, create its first elements. Without a spec, start the
     /// parallel region that begins at the current step: create the branches that wait for no
@@ -710,7 +491,7 @@ impl Change<'_> {
             let Some(region) = self.t.workflow.region_at(i) else { return };
             let n = u32::try_from(region.len()).expect("a region has few steps");
             let mut p = MapProgress::new(n, self.ctx.now.plus_ms(REGION_TIMEOUT_MS));
-            p.branches = Some(super::task::Bits::new(n as usize));
+            p.branches = Some(Bits::new(n as usize));
             let (first, skipped) = ready(&self.t, &region, &mut p);
             note_skips(self, &region, skipped);
             for e in &first {
@@ -854,36 +635,4 @@ impl Change<'_> {
         self.note(ProcessState::Compensating);
         self.fx.extend(undos);
     }
-}
-
-/// Undo a map element that ended `Processed` (its parent's map is compensated): its steps with a
-/// compensation are undone, and it ends `Compensated`.
-pub(crate) fn undo(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stale> {
-    if !task.task_id.is_child() || !matches!(task.process_state, ProcessState::Processed | ProcessState::Error) {
-        return Err(Stale::Terminal(task.process_state));
-    }
-    c.t.run += 1;
-    c.t.reason = Some(format!("undone: {reason}"));
-    if task.process_state == ProcessState::Error {
-        // its compensation failed: resumed, as an operator's cancel resumes it
-        if task.is_compensating() {
-            c.unlock();
-            c.t.unit_record().reset();
-            c.wait_for_claim(c.ctx.now, crate::messages::RunReason::Retry);
-        } else {
-            c.begin_compensation(EndCause::Failed, format!("undone: {reason}"));
-        }
-        return Ok(());
-    }
-    let plan: Vec<usize> = (0..task.steps.len())
-        .rev()
-        .filter(|&j| task.steps[j].applied() && task.workflow.steps[j].compensation.is_some())
-        .collect();
-    if plan.is_empty() {
-        c.finish(ProcessState::Compensated);
-        return Ok(());
-    }
-    c.t.stage = super::task::Stage::Compensating { plan, pos: 0, cause: EndCause::Failed };
-    c.start_unit();
-    Ok(())
 }
