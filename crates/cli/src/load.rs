@@ -1,4 +1,4 @@
-//! `sasctl load`: a benchmark on a deployed stack, not a test. It sends a burst of tasks to the
+//! `sas-dev load` (`make load`): a benchmark on a deployed stack, not a test. It sends a burst of tasks to the
 //! submission queue as fast as `SendMessageBatch` allows, polls the table (`BatchGetItem`, 100 ids
 //! per request, eventually consistent) until every task is terminal or the time is up, and
 //! reports the drain time, the throughput, the latency from submission to the end, the attempts
