@@ -506,6 +506,12 @@ def run_workload(env: Env, a, reply_url: str, reply_queue: str, spec) -> dict:
     }
 
 
+def seconds(latency: dict, span: str) -> dict[str, str]:
+    """One span's percentiles of `latencies`, in seconds with one decimal, for the tables."""
+    figures = latency.get(span, {})
+    return {q: f"{figures.get(q, 0) / 1000:.1f}" for q in ("p50", "p90", "max")}
+
+
 def latencies(items: dict[str, dict], t0: float) -> dict:
     """Percentiles (ms) over the tasks of a burst sent from `t0` on: from the burst's first send to the
     task's terminal write (`UpdatedAt`), from its creation (`CreatedAt`) to that write, and from the send
@@ -639,10 +645,10 @@ def print_report(out: dict, env: Env):
         per = r["summary"]["per_task"]
         inv = ", ".join(f"{k} {fmt(v)}" for k, v in per["invocations_by_role"].items())
         lat = r.get("latency") or {}
-        s = lambda k, q: f"{lat.get(k, {}).get(q, 0) / 1000:.1f}"  # noqa: E731
-        p(f"| {r['name']} | {r['drain_secs']} | {s('send_to_end', 'p50')} / {s('send_to_end', 'p90')} | "
-          f"{s('created_to_end', 'p50')} | {s('send_to_created', 'p50')} | {inv} | "
-          f"{fmt(r['replies_received'] / r['tasks'])} | {fmt(r['summary']['totals']['failed_conditions'] / r['tasks'], 3)} |")
+        e2e, c2e, s2c = (seconds(lat, k) for k in ("send_to_end", "created_to_end", "send_to_created"))
+        conflicts = fmt(r["summary"]["totals"]["failed_conditions"] / r["tasks"], 3)
+        p(f"| {r['name']} | {r['drain_secs']} | {e2e['p50']} / {e2e['p90']} | {c2e['p50']} | {s2c['p50']} | {inv} | "
+          f"{fmt(r['replies_received'] / r['tasks'])} | {conflicts} |")
     p("- latency: from the burst's first send to each task's terminal write (`UpdatedAt`); created to end: "
       "from `CreatedAt`; send to created: the submission queue and the Submitter. A burst: the later tasks "
       "wait behind the earlier ones.")
