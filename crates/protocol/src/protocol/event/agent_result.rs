@@ -12,10 +12,10 @@
 //!   retry, or the unit given up after a definite "no"), or the awaited attempt's definite "no".
 //! - `agent_timed_out` acts in `Processing` and `Compensating`: the current attempt failed, its
 //!   effect unknown.
-//! - `agent_not_started` acts in `Processing` (the table's one pair): the unit is claimed again.
-//!   Its guard is the others' (the attempt that holds the task), so a compensation's attempt would
-//!   be claimed again in `Compensating` too; the simulation never reaches that pair, and the table
-//!   does not list it.
+//! - `agent_not_started` acts in `Processing`: the unit is claimed again. Its guard is the others'
+//!   (the attempt that holds the task), so a compensation's attempt is claimed again in
+//!   `Compensating` too; the table lists that pair among the rare ones (`table::RARE`: no seed of
+//!   the simulation has reached it).
 //!
 //! Stale: a report of an attempt that no longer counts (`NotCurrentAttempt`), and an ended task
 //! (`Terminal`, from `admit`).

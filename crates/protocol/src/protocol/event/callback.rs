@@ -6,11 +6,11 @@
 //!   awaited attempt) in `Processing`, `Compensating` and `Pending`; the success of an attempt that
 //!   no longer counts is a **late result**, recorded on the task (`LateResults`; an operator alert
 //!   unless the unit succeeded anyway) in any state, ended ones included: the table lists
-//!   `Processed`, `Compensated` and `Error` (the ended states the simulation reaches).
+//!   `Processed`, `Compensated`, `Error` and `Cancelled` (the last three rare, `table::RARE`).
 //! - `callback_failed` acts as an agent's failure would. The table's pair is `(Compensating,
 //!   callback_failed)`: the worker of the attempt a cancel waits for says it stopped. A failure of
 //!   the current attempt in `Processing` is taken the same way; the simulation's workers never send
-//!   one, so the table does not list that pair.
+//!   one, so that pair is among the table's rare ones (`table::RARE`).
 //! - `callback_heartbeat` acts in `Processing` (the attempt that holds the task): `CompleteBy`
 //!   moves on, once half the heartbeat window is used.
 //!
