@@ -1,16 +1,26 @@
 //! Transition coverage: which (state, event) pairs of the protocol's table a run reached. The
 //! engine logs every written transition once (`sas_core::transition`: `"transition"`, with the
 //! fields `from` and `event`); [`Recorder`] is a `tracing` subscriber that keeps those pairs, so
-//! a test can run scenarios under it ([`record`]) and compare what they reached with
+//! a test can run scenarios under it ([`record`], [`global`]) and compare what they reached with
 //! [`sas_protocol::protocol::TRANSITIONS`], as temporal's sdk-core measures its state machines'.
+//!
+//! A test binary whose tests run side by side on threads (`cargo test`, as `make sim` runs the
+//! simulation) records with [`global`], set before any test reaches the engine: `tracing` caches,
+//! for each log statement, which subscribers want it when the statement is first reached, and a
+//! statement first reached on another thread while a thread's own subscriber was being set may be
+//! cached as wanted by none. That happened once: a `make sim` whose coverage came out empty.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
+use tracing::subscriber::Interest;
 use tracing::{Event, Metadata, Subscriber};
+
+/// The module whose `"transition"` event is recorded: the only events a [`Recorder`] takes.
+const TARGET: &str = "sas_core::deps::transition";
 
 /// A (state before, event name) pair, as the engine logs it (`Processing`, `agent_failed`).
 pub type Pair = (String, String);
@@ -26,6 +36,18 @@ impl Recorder {
     pub fn pairs(&self) -> BTreeSet<Pair> {
         self.pairs.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
+}
+
+/// The process's recorder, the global subscriber from the first call on (every thread's
+/// transitions); `None` when another global subscriber was set first.
+pub fn global() -> Option<&'static Recorder> {
+    static GLOBAL: OnceLock<Option<Recorder>> = OnceLock::new();
+    GLOBAL
+        .get_or_init(|| {
+            let recorder = Recorder::default();
+            tracing::subscriber::set_global_default(recorder.clone()).ok().map(|()| recorder)
+        })
+        .as_ref()
 }
 
 /// `f` run with a [`Recorder`] as this thread's subscriber, and the pairs it reached. The
@@ -60,8 +82,16 @@ impl Visit for Fields {
 }
 
 impl Subscriber for Recorder {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
+    fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        if self.enabled(metadata) {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        metadata.is_event() && metadata.target() == TARGET
     }
 
     fn new_span(&self, _: &Attributes<'_>) -> Id {

@@ -26,12 +26,20 @@ fn seed_count() -> u64 {
     std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300)
 }
 
+/// Every test of this file first: when replaying one seed (`SIM_SEED`), the roles' logs on the
+/// terminal (RUST_LOG, default info); otherwise the transition recorder as the process's
+/// subscriber, before any test reaches the engine (see `sas_testkit::coverage`).
+fn setup() -> Option<&'static sas_testkit::coverage::Recorder> {
+    if std::env::var("SIM_SEED").is_ok() {
+        sas_core::telemetry::init();
+        return None;
+    }
+    sas_testkit::coverage::global()
+}
+
 #[test]
 fn every_seed_keeps_the_invariants() {
-    if std::env::var("SIM_SEED").is_ok() {
-        // replaying one seed: show the roles' logs (RUST_LOG, default info)
-        sas_core::telemetry::init();
-    }
+    let recorder = setup();
     let seeds = sim::seeds(1, seed_count());
     let started = std::time::Instant::now();
     let mut failed = Vec::new();
@@ -46,8 +54,7 @@ fn every_seed_keeps_the_invariants() {
     // every written transition's (state, event) pair, for the protocol's table (not when
     // replaying one seed: its logs go to the terminal)
     let replaying = std::env::var("SIM_SEED").is_ok();
-    let recorder = sas_testkit::coverage::Recorder::default();
-    let _recording = (!replaying).then(|| tracing::subscriber::set_default(recorder.clone()));
+    assert!(replaying || recorder.is_some(), "another global subscriber was set before the transition recorder");
     for &seed in &seeds {
         let r = sim::run(&SimConfig { faults: faults.clone(), ..SimConfig::for_seed(seed) });
         handled += r.handled;
@@ -98,7 +105,7 @@ fn every_seed_keeps_the_invariants() {
     for (kind, (n, first, text)) in &broken {
         eprintln!("  {kind}: {n} seeds, first seed {first}: {text}");
     }
-    let reached = recorder.pairs();
+    let reached = recorder.map(sas_testkit::coverage::Recorder::pairs).unwrap_or_default();
     let table: BTreeSet<(String, String)> =
         TRANSITIONS.iter().map(|(state, event)| (state.to_string(), (*event).to_owned())).collect();
     let outside: Vec<_> = reached.difference(&table).collect();
@@ -145,6 +152,7 @@ fn every_seed_keeps_the_invariants() {
 
 #[test]
 fn a_seed_replays_exactly() {
+    setup();
     let a = sim::run(&SimConfig::for_seed(42));
     let b = sim::run(&SimConfig::for_seed(42));
     assert_eq!(
@@ -157,6 +165,7 @@ fn a_seed_replays_exactly() {
 
 #[test]
 fn a_burst_far_beyond_capacity_drains_with_every_task_processed() {
+    setup();
     // 300 three-step tasks at once; the agents start 20 requests a second: 45 s of queue for
     // 5 s steps. No fault: every task must end Processed, at about one attempt per step.
     let cfg = SimConfig {
@@ -203,6 +212,7 @@ fn a_burst_far_beyond_capacity_drains_with_every_task_processed() {
 /// depending only on the order of the random draws).
 #[test]
 fn a_thousand_element_map_ends() {
+    setup();
     let infrastructure = Faults {
         transient: 0.0,
         permanent: 0.0,
