@@ -914,6 +914,19 @@ fn outputs(task: &Task, out: &mut String) {
         let size = if json.len() > CLIP { format!(" ({} bytes)", json.len()) } else { String::new() };
         let _ = writeln!(out, "  {:<w$}  {}{size}{note}", s.name, clipped(&json, CLIP));
     }
+    if !task.vars.is_empty() {
+        let size = serde_json::to_vec(&task.vars).map_or(0, |b| b.len());
+        let _ = writeln!(
+            out,
+            "\nvariables ($.vars, set by the steps' assign: {size} of {} bytes)",
+            sas_protocol::protocol::MAX_VARS_BYTES
+        );
+        let w = task.vars.keys().map(String::len).max().unwrap_or(0);
+        for (name, v) in &task.vars {
+            let json = serde_json::to_string(v).unwrap_or_default();
+            let _ = writeln!(out, "  {name:<w$}  {}", clipped(&json, CLIP));
+        }
+    }
     if let Some(r) = task.result() {
         let json = serde_json::to_string(&r).unwrap_or_default();
         let _ = writeln!(out, "\nresult (the workflow's, in its last status)\n  {}", clipped(&json, CLIP));
@@ -1051,6 +1064,13 @@ mod tests {
         assert!(text.contains("history: 4 entries kept") && !text.contains("not kept"), "{text}");
         assert!(lines(&text, "Processed").iter().any(|l| l.contains("+2.000s") && l.contains("+0.796s")), "{text}");
         assert!(text.contains(r#"charge   {"charge_id":"ch_1"}"#), "{text}");
+        assert!(!text.contains("variables"), "none set: {text}");
+        // the variables its steps set, by name, with what they take of their limit
+        let mut t = d.0.clone();
+        t.vars = serde_json::Map::from_iter([("next_token".to_owned(), json!("p-2")), ("n".to_owned(), json!(3))]);
+        let text = render(&t, t.updated_at, &Options::full(false));
+        assert!(text.contains("variables ($.vars, set by the steps' assign: 26 of 8192 bytes)"), "{text}");
+        assert!(text.contains("  n           3\n") && text.contains(r#"  next_token  "p-2""#), "{text}");
     }
 
     #[test]

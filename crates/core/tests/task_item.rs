@@ -160,6 +160,7 @@ fn full() -> Task {
         },
         upstream: Some(json!({"before": {"id": 7}})),
         called: true,
+        vars: serde_json::Map::from_iter([("next_token".to_owned(), json!("p-2")), ("pages".to_owned(), json!(3))]),
     }
 }
 
@@ -190,6 +191,7 @@ fn defaults() -> Task {
         late: LateResults::default(),
         upstream: None,
         called: false,
+        vars: serde_json::Map::new(),
     }
 }
 

@@ -12,7 +12,10 @@
 //! A path is an RFC 9535 JSONPath *singular query* (names and indexes only: `$.input.amount`,
 //! `$.outputs.fraud.score`, `$.input.lines[0]['unit price']`; no wildcards, slices, filters or
 //! `..`), rooted at the task's input (`$.input`) or at one step's output (`$.outputs.<step>`); and
-//! `$.task.id`, the task's id (a child task's own: `{task}~{step}~{i}`). A
+//! `$.task.id`, the task's id (a child task's own: `{task}~{step}~{i}`). Three more roots are read
+//! where a scope has them: `$.loop.index` and `$.loop.previous…` (a loop's iteration: its index from
+//! 0, and the previous iteration's output) and `$.vars.<name>…` (a variable a step before set with
+//! `assign`); the workflow loader says where each may be read. A
 //! comparison whose variable is missing, or of another type than the operator's, is false (the
 //! States Language raises an error there; a guard that tests for something absent says
 //! `is_present`).
@@ -37,12 +40,21 @@ enum Segment {
     Index(i64),
 }
 
-/// Where a path starts: the task's input, the output of a step, or the task itself (`$.task.id`).
+/// Where a path starts: the task's input, the output of a step, the task itself (`$.task.id`), a
+/// loop's iteration (`$.loop.index`, `$.loop.previous…`) or a variable (`$.vars.<name>…`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Root<'a> {
     Input,
     Output(&'a str),
     Task,
+    /// `$.loop.index`: in a loop's body, the iteration's index from 0; in the loop's guard, the
+    /// number of iterations ended (the next one's index).
+    LoopIndex,
+    /// `$.loop.previous…`: the previous iteration's output (after the loop's `result_selector`);
+    /// absent in the first.
+    LoopPrevious,
+    /// `$.vars.<name>…`: the value a step before set under that name (`assign`).
+    Var(&'a str),
 }
 
 /// What a path is read against: the task's input and the outputs of the steps that have them.
@@ -52,6 +64,18 @@ pub trait Scope {
     fn output(&self, step: &str) -> Option<&Value>;
     /// The task's id (`$.task.id`), when the scope is a task's.
     fn task_id(&self) -> Option<&str> {
+        None
+    }
+    /// `$.loop.index`, when the scope is a loop's iteration or its guard.
+    fn loop_index(&self) -> Option<u64> {
+        None
+    }
+    /// `$.loop.previous`, when the scope is a loop's iteration or its guard and an iteration ended.
+    fn loop_previous(&self) -> Option<&Value> {
+        None
+    }
+    /// `$.vars.<name>`, when a step set it.
+    fn var(&self, _name: &str) -> Option<&Value> {
         None
     }
 }
@@ -65,9 +89,19 @@ impl DataPath {
             [Segment::Name(r), Segment::Name(_), ..] if r == "outputs" => Ok(path),
             [Segment::Name(r), Segment::Name(f)] if r == "task" && f == "id" => Ok(path),
             [Segment::Name(r), ..] if r == "task" => Err(format!("{text:?}: of the task, $.task.id is read")),
+            [Segment::Name(r), Segment::Name(f)] if r == "loop" && f == "index" => Ok(path),
+            [Segment::Name(r), Segment::Name(f), ..] if r == "loop" && f == "previous" => Ok(path),
+            [Segment::Name(r), ..] if r == "loop" => {
+                Err(format!("{text:?}: of a loop, $.loop.index and $.loop.previous… are read"))
+            }
+            [Segment::Name(r), Segment::Name(_), ..] if r == "vars" => Ok(path),
+            [Segment::Name(r), ..] if r == "vars" => {
+                Err(format!("{text:?}: a variable is read by name, $.vars.<name>…"))
+            }
             _ => Err(format!(
                 "{text:?} must start at the task's input ($.input…), at a step's output ($.outputs.<step>…), \
-                 or be the task's id ($.task.id)"
+                 at a variable ($.vars.<name>…), at a loop's iteration ($.loop.index, $.loop.previous…), or \
+                 be the task's id ($.task.id)"
             )),
         }
     }
@@ -121,30 +155,37 @@ impl DataPath {
         }
     }
 
-    /// The input, the step whose output the path reads, or the task.
+    /// The input, the step whose output the path reads, the task, the loop's iteration or the
+    /// variable.
     pub fn root(&self) -> Root<'_> {
         match self.segments.as_slice() {
             [Segment::Name(r), Segment::Name(step), ..] if r == "outputs" => Root::Output(step),
             [Segment::Name(r), ..] if r == "task" => Root::Task,
+            [Segment::Name(r), Segment::Name(f), ..] if r == "loop" && f == "index" => Root::LoopIndex,
+            [Segment::Name(r), ..] if r == "loop" => Root::LoopPrevious,
+            [Segment::Name(r), Segment::Name(name), ..] if r == "vars" => Root::Var(name),
             _ => Root::Input,
         }
     }
 
-    /// The value the path names in `scope`, read in place (the task's id is not kept as a JSON
-    /// value: [`Self::value`] reads it).
+    /// The value the path names in `scope`, read in place (the task's id and a loop's index are
+    /// not kept as JSON values: [`Self::value`] reads them).
     pub fn resolve<'a>(&self, scope: &'a dyn Scope) -> Option<&'a Value> {
         let (start, rest) = match self.root() {
             Root::Input => (scope.input(), &self.segments[1..]),
             Root::Output(step) => (scope.output(step)?, &self.segments[2..]),
-            Root::Task => return None,
+            Root::LoopPrevious => (scope.loop_previous()?, &self.segments[2..]),
+            Root::Var(name) => (scope.var(name)?, &self.segments[2..]),
+            Root::Task | Root::LoopIndex => return None,
         };
         walk(start, rest)
     }
 
-    /// The value the path names in `scope`: read in place, or the task's id.
+    /// The value the path names in `scope`: read in place, the task's id, or the loop's index.
     pub fn value<'a>(&self, scope: &'a dyn Scope) -> Option<Cow<'a, Value>> {
         match self.root() {
             Root::Task => scope.task_id().map(|id| Cow::Owned(Value::String(id.to_owned()))),
+            Root::LoopIndex => scope.loop_index().map(|i| Cow::Owned(Value::from(i))),
             _ => self.resolve(scope).map(Cow::Borrowed),
         }
     }
@@ -586,7 +627,7 @@ impl schemars::JsonSchema for Condition {
         }
         operators.extend(["boolean_equals", "boolean_equals_path", "string_matches"].map(String::from));
         operators.extend(IS.iter().map(|(_, n)| (*n).to_owned()));
-        let path = serde_json::json!({"type": "string", "pattern": "^\\$\\.(input|outputs)"});
+        let path = serde_json::json!({"type": "string", "pattern": "^\\$\\.(input|outputs|task\\.id$|vars|loop)"});
         let mut rule = Map::new();
         rule.insert("variable".into(), path);
         for o in &operators {
@@ -665,9 +706,55 @@ mod tests {
             "$",
             "$.task",
             "$.task.name",
+            "$.loop",
+            "$.loop.count",
+            "$.loop.index.x",
+            "$.vars",
         ] {
             assert!(DataPath::parse(bad).is_err(), "{bad} was taken");
         }
+    }
+
+    /// A loop's iteration and the variables: read where a scope has them, absent elsewhere.
+    #[test]
+    fn loop_and_variable_paths_read_what_their_scope_has_and_nothing_elsewhere() {
+        struct Iteration(Value, Value);
+        impl Scope for Iteration {
+            fn input(&self) -> &Value {
+                &self.0
+            }
+            fn output(&self, _: &str) -> Option<&Value> {
+                None
+            }
+            fn loop_index(&self) -> Option<u64> {
+                Some(3)
+            }
+            fn loop_previous(&self) -> Option<&Value> {
+                Some(&self.1)
+            }
+            fn var(&self, name: &str) -> Option<&Value> {
+                self.0.get("vars")?.get(name)
+            }
+        }
+        let it = Iteration(json!({"vars": {"token": "p-4", "seen": [1, 2]}}), json!({"next": "p-3"}));
+        let read = |p: &str, scope: &dyn Scope| DataPath::parse(p).unwrap().value(scope).map(Cow::into_owned);
+        assert_eq!(DataPath::parse("$.loop.index").unwrap().root(), Root::LoopIndex);
+        assert_eq!(DataPath::parse("$.loop.previous.next").unwrap().root(), Root::LoopPrevious);
+        assert_eq!(DataPath::parse("$.vars.token").unwrap().root(), Root::Var("token"));
+        assert_eq!(read("$.loop.index", &it), Some(json!(3)));
+        assert_eq!(read("$.loop.previous", &it), Some(json!({"next": "p-3"})));
+        assert_eq!(read("$.loop.previous.next", &it), Some(json!("p-3")));
+        assert_eq!(read("$.vars.token", &it), Some(json!("p-4")));
+        assert_eq!(read("$.vars.seen[-1]", &it), Some(json!(2)));
+        assert_eq!(read("$.vars.other", &it), None);
+        let until = json!({"variable": "$.loop.index", "numeric_greater_than_equals": 3});
+        assert!(Condition::from_json(&until).unwrap().holds(&it));
+        // a scope without them: the task's, today
+        let d = data();
+        for p in ["$.loop.index", "$.loop.previous.next", "$.vars.token"] {
+            assert_eq!(read(p, &d), None, "{p} outside a loop, with no variables");
+        }
+        assert!(!Condition::from_json(&until).unwrap().holds(&d));
     }
 
     #[test]

@@ -274,6 +274,22 @@ fn render(n: &Node, look: &dyn Fn(&DataPath) -> Option<Value>, scope: Option<&dy
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskTemplate(pub Template);
 
+impl TaskTemplate {
+    /// The names it sets at its top level, as a step's `assign`: `None` when the template is not an object
+    /// of named members (a `*` or `*.$` value, a `*.choose`).
+    pub fn top_level_names(&self) -> Option<Vec<&str>> {
+        match &self.0.root {
+            Node::Object(members) => Some(members.iter().map(|(k, _)| k.as_str()).collect()),
+            _ => None,
+        }
+    }
+
+    /// Whether, as a step's `assign`, it sets variable `name`.
+    pub fn sets(&self, name: &str) -> bool {
+        self.top_level_names().is_some_and(|names| names.contains(&name))
+    }
+}
+
 /// A template read over a step's answer (`result_selector`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AnswerTemplate(pub Template);

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::condition::{Condition, Root};
+use crate::condition::{Condition, DataPath, Root};
 use crate::graph::StepGraph;
 use crate::ids::{check_name, IdError};
 use crate::template::{AnswerTemplate, TaskTemplate};
@@ -316,6 +316,8 @@ pub struct StepDef {
     pub parameters: Option<TaskTemplate>,
     /// What of the agent's answer the step keeps as its output.
     pub result_selector: Option<AnswerTemplate>,
+    /// Variables the step sets when it succeeds (see [`Task::vars`](crate::protocol::Task::vars)).
+    pub assign: Option<TaskTemplate>,
 }
 
 /// A step as a workflow file (and a task's pinned definition) writes it: the fields of every
@@ -393,6 +395,16 @@ pub struct StepFile {
     /// (`{"charge_id.$": "$.id"}`). Absent: the whole answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result_selector: Option<AnswerTemplate>,
+    /// Variables the step sets when it succeeds: a template whose top-level names are the
+    /// variables (`{"token.$": "$.outputs.list.next_token", "pages": 1}`), filled over the task's
+    /// data once the step's output is kept (so it reads `$.outputs.<this step>`), and read by later
+    /// steps as `$.vars.<name>` in `when`, `parameters`, compensations' `parameters` and the
+    /// workflow's `result`. A name keeps its last value; together they take at most 8 KiB as JSON,
+    /// beyond which the step fails for good (and is undone: its effect happened). Not on a step of a
+    /// parallel region (a branch is a task of its own: what it sets would not come back), nor on a
+    /// compensation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assign: Option<TaskTemplate>,
     /// Workflow steps: the workflow the child task runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workflow: Option<String>,
@@ -488,6 +500,7 @@ impl TryFrom<StepFile> for StepDef {
             on_failure: f.on_failure,
             parameters: f.parameters,
             result_selector: f.result_selector,
+            assign: f.assign,
         })
     }
 }
@@ -513,6 +526,7 @@ impl From<StepDef> for StepFile {
             on_failure: s.on_failure,
             parameters: s.parameters,
             result_selector: s.result_selector,
+            assign: s.assign,
             workflow: None,
             version: None,
             child: None,
@@ -818,6 +832,9 @@ pub enum WorkflowError {
     DuplicateStep { workflow: String, step: String },
     #[error("workflow {workflow}, step {step}: {problem}")]
     Step { workflow: String, step: String, problem: String },
+    /// A problem of the workflow as a whole (its result).
+    #[error("workflow {workflow}: {problem}")]
+    Workflow { workflow: String, problem: String },
     #[error("workflow {name} version {version} is defined twice")]
     DuplicateVersion { name: String, version: u32 },
     /// Not JSON, or JSON that does not fit the file's format (the error names where).
@@ -832,6 +849,17 @@ pub enum WorkflowError {
         #[source]
         source: Box<WorkflowError>,
     },
+}
+
+/// Why `what` cannot read `path`, whose root is a loop's iteration or a variable: no step sets a
+/// variable yet (`assign`), and no step runs in a loop's body.
+fn unset_path(what: &str, path: &DataPath, root: Root<'_>) -> String {
+    match root {
+        Root::Var(name) => {
+            format!("{what} reads {path}, and no step before it sets {name} (assign): it can never resolve")
+        }
+        _ => format!("{what} reads {path}, and it is not in a loop's body: $.loop is read by a loop's steps and guard"),
+    }
 }
 
 impl StepDef {
@@ -861,6 +889,7 @@ impl StepDef {
             on_failure: StepFailure::Fail,
             parameters: None,
             result_selector: None,
+            assign: None,
         }
     }
 
@@ -933,6 +962,25 @@ impl StepDef {
             |p: String| WorkflowError::Step { workflow: workflow.to_owned(), step: self.name.clone(), problem: p };
         check_name("step name", &self.name).map_err(|e| problem(e.to_string()))?;
         self.validate_kind().map_err(problem)?;
+        if let Some(assign) = &self.assign {
+            let names = assign.top_level_names().ok_or_else(|| {
+                problem(
+                    "assign names each variable it sets ({\"token.$\": \"$.outputs.list.next\"}): a * or *.choose \
+                     at its top is not taken"
+                        .into(),
+                )
+            })?;
+            for name in names {
+                check_name("variable name", name).map_err(|e| problem(format!("assign: {e}")))?;
+            }
+            let literal = serde_json::to_vec(&assign.0.to_json()).map_or(0, |b| b.len());
+            if assign.0.paths().is_empty() && literal > crate::protocol::MAX_VARS_BYTES {
+                return Err(problem(format!(
+                    "assign sets {literal} bytes; a task's variables take at most {}",
+                    crate::protocol::MAX_VARS_BYTES
+                )));
+            }
+        }
         if self.schedule_to_start_ms.is_some_and(|b| b > MAX_QUEUE_BUDGET_MS) {
             return Err(problem(format!("schedule_to_start_ms is over {MAX_QUEUE_BUDGET_MS}")));
         }
@@ -997,6 +1045,11 @@ impl StepDef {
                         .into(),
                 ));
             }
+            if c.assign.is_some() {
+                return Err(problem(
+                    "a compensation takes no assign: the task reads no variable once it undoes".into(),
+                ));
+            }
             c.validate(workflow)?;
         }
         Ok(())
@@ -1049,6 +1102,17 @@ impl WorkflowDef {
             }
         };
         self.guard_problems(&graph, &mut out);
+        for region in graph.regions() {
+            for s in self.steps[region.clone()].iter().filter(|s| s.assign.is_some()) {
+                out.push(WorkflowError::Step {
+                    workflow: self.name.clone(),
+                    step: s.name.clone(),
+                    problem: "a step that runs beside others takes no assign: it runs as a task of its own (a \
+                              branch), and its variables would not come back"
+                        .into(),
+                });
+            }
+        }
         if self.on_failure == OnFailure::Error {
             for region in graph.regions() {
                 out.push(WorkflowError::Step {
@@ -1077,8 +1141,24 @@ impl WorkflowDef {
             // a compensation reads the outputs of its step and of those before it
             let undo = s.compensation.iter().flat_map(|c| c.parameters.iter()).flat_map(|t| t.0.paths());
             let undo = undo.map(|p| ("its compensation's parameters", p, true));
-            for (what, path, own) in guard.chain(sent).chain(undo) {
-                let Root::Output(name) = path.root() else { continue };
+            // assign is filled once the step's output is kept: it reads that output too
+            let assigned = s.assign.iter().flat_map(|t| t.0.paths()).map(|p| ("assign", p, true));
+            for (what, path, own) in guard.chain(sent).chain(undo).chain(assigned) {
+                let name = match path.root() {
+                    Root::Output(name) => name,
+                    Root::Input | Root::Task => continue,
+                    Root::Var(var) => {
+                        let sets = |j: usize| self.steps[j].assign.as_ref().is_some_and(|t| t.sets(var));
+                        if !(0..self.steps.len()).any(|j| sets(j) && (graph.comes_before(j, i) || (own && j == i))) {
+                            out.push(problem(&s.name, unset_path(what, &path, Root::Var(var))));
+                        }
+                        continue;
+                    }
+                    other => {
+                        out.push(problem(&s.name, unset_path(what, &path, other)));
+                        continue;
+                    }
+                };
                 match self.steps.iter().position(|d| d.name == name) {
                     None => out.push(problem(
                         &s.name,
@@ -1097,10 +1177,16 @@ impl WorkflowDef {
             }
         }
         for path in self.result.iter().flat_map(|t| t.0.paths()) {
-            if let Root::Output(name) = path.root() {
-                if !self.steps.iter().any(|d| d.name == name) {
+            match path.root() {
+                Root::Output(name) if !self.steps.iter().any(|d| d.name == name) => {
                     out.push(problem(name, format!("the workflow's result reads {path}, and there is no such step")));
                 }
+                Root::Input | Root::Task | Root::Output(_) => {}
+                Root::Var(var) if self.steps.iter().any(|d| d.assign.as_ref().is_some_and(|t| t.sets(var))) => {}
+                other => out.push(WorkflowError::Workflow {
+                    workflow: self.name.clone(),
+                    problem: unset_path("the workflow's result", &path, other),
+                }),
             }
         }
     }

@@ -22,3 +22,4 @@ mod limits;
 mod maps;
 mod orders;
 mod protocol;
+mod variables;

@@ -358,6 +358,11 @@ pub fn task(c: &Console, t: &Task, now: Millis) -> Markup {
             }
             h2 { "Input" }
             pre id="input" { (json(&t.input)) }
+            @if !t.vars.is_empty() {
+                h2 { "Variables" }
+                p.note { "$.vars, set by the steps' assign" }
+                pre id="vars" { (json(&serde_json::Value::Object(t.vars.clone()))) }
+            }
             @if let Some(r) = t.result() { h2 { "Result" } pre id="result" { (json(&r)) } }
             h2 { "History" }
             table.history id="history" {

@@ -1008,3 +1008,4 @@ fn a_map_runs_as_a_branch_beside_the_charge_and_is_undone_element_by_element() {
 }
 
 mod decisions;
+mod variables;

@@ -71,7 +71,7 @@ pub use sends::{
 pub use table::TRANSITIONS;
 pub use task::{
     Bits, ClaimWait, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, LateResults, Lock, MapProgress,
-    Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
+    Stage, StepRecord, StepStatus, Task, UndeliveredReplies, MAX_VARS_BYTES,
 };
 
 /// Tunables of the protocol that are not per step.

@@ -8,7 +8,7 @@
 //! [`UnitRecord`] view; only what success and giving up lead to differs.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::Ctx;
 use crate::ids::{AttemptToken, Millis, TaskId};
@@ -362,6 +362,10 @@ impl crate::condition::Scope for Task {
             _ => self.upstream.as_ref()?.get(step),
         }
     }
+
+    fn var(&self, name: &str) -> Option<&Value> {
+        self.vars.get(name)
+    }
 }
 
 /// How many attempt tokens a callback unit remembers.
@@ -692,7 +696,17 @@ pub struct Task {
     /// The child task of a parent's workflow step: its end tells the parent its result.
     #[serde(default, skip_serializing_if = "is_false")]
     pub called: bool,
+    /// The variables its steps set (`assign`), read as `$.vars.<name>`: a name keeps its last
+    /// value, so the attribute does not grow with the steps that set it; at most
+    /// [`MAX_VARS_BYTES`] as JSON. A branch of a parallel region reads a copy of its parent's.
+    /// Absent while empty.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub vars: Map<String, Value>,
 }
+
+/// The most a task's variables ([`Task::vars`]) may take, as JSON: the item is rewritten at every
+/// write, so what it keeps is paid for at every step.
+pub const MAX_VARS_BYTES: usize = 8 * 1024;
 
 /// The fence of the current unit's attempts ([`Task::lock`]): the attempt that holds the task,
 /// its hard deadline, and the earlier attempts whose answers are still taken. Attributes
@@ -805,6 +819,7 @@ pub(crate) fn new_task(
         late: LateResults::default(),
         upstream: None,
         called: false,
+        vars: Map::new(),
     }
 }
 

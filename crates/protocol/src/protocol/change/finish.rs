@@ -3,14 +3,19 @@
 //! are spent), giving up on a unit (the workflow says: compensate, or park the task in `Error`; a
 //! step's `on_failure` may continue instead), and the end of the task in a terminal state.
 
+use serde_json::Value;
+
 use super::{map, Change};
 use crate::messages::{AlertKind, Phase, RunReason};
-use crate::protocol::{Effect, EndCause, ProcessState, Stage};
+use crate::protocol::{Effect, EndCause, ProcessState, Stage, StepStatus, MAX_VARS_BYTES};
 use crate::workflow::{FailureKind, OnFailure};
 
 impl Change<'_> {
     /// The current unit is done: start the next one, or end the task.
     pub(crate) fn advance(&mut self) {
+        if self.t.phase() == Phase::Forward && !self.assign() {
+            return;
+        }
         self.t.lock.outstanding.clear();
         match &mut self.t.stage {
             Stage::Forward if self.t.step_index + 1 < self.t.steps.len() => {
@@ -27,6 +32,36 @@ impl Change<'_> {
                 self.finish(end);
             }
         }
+    }
+
+    /// The current forward step succeeded: its `assign` sets the task's variables, filled over
+    /// the task's data (its output kept). False when they would take more than
+    /// [`MAX_VARS_BYTES`]: the step then fails for good, as a definite "no" would (it is undone if
+    /// it has a compensation: its effect happened), and nothing is set.
+    fn assign(&mut self) -> bool {
+        let i = self.t.step_index;
+        if self.t.steps[i].status != StepStatus::Succeeded {
+            return true; // skipped, or a failure its on_failure continues
+        }
+        let Some(template) = &self.t.workflow.steps[i].assign else { return true };
+        let Value::Object(set) = template.0.fill(&self.t) else { return true };
+        let mut vars = self.t.vars.clone();
+        vars.extend(set);
+        let size = serde_json::to_vec(&vars).map_or(usize::MAX, |b| b.len());
+        if size <= MAX_VARS_BYTES {
+            self.t.vars = vars;
+            return true;
+        }
+        let name = self.t.workflow.steps[i].name.clone();
+        let why = format!(
+            "its assign makes the task's variables {size} bytes, and they take at most {MAX_VARS_BYTES}: set fewer or \
+             smaller values"
+        );
+        self.t.failure_count += 1;
+        self.t.steps[i].maybe_applied = true;
+        self.t.unit_record().refused(&why);
+        self.give_up(format!("step {name} failed permanently: {why}"), FailureKind::Permanent);
+        false
     }
 
     /// One attempt failed without a definite "no" (timeout or a retryable error): its effect is

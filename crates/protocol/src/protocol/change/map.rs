@@ -187,6 +187,7 @@ pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: 
     }
     def.after = None;
     def.when = None; // decided by the parent, once
+    def.assign = None; // a map step's, set in the parent once the map has joined
     let workflow = WorkflowDef {
         result: None,
         name: parent.workflow.name.clone(),
@@ -205,6 +206,7 @@ pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: 
     let mut t = new_task(id, workflow, input, None, ctx);
     if let Some(s) = branch {
         t.upstream = Some(upstream(parent, s));
+        t.vars = parent.vars.clone(); // read only: a branch's step sets none
     }
     let mut c = Change { t, fx: Vec::new(), ctx, policy };
     c.wait_for_claim(ctx.now, crate::messages::RunReason::Start);
