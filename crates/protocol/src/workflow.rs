@@ -1150,12 +1150,12 @@ impl WorkflowDef {
                     Root::Var(var) => {
                         let sets = |j: usize| self.steps[j].assign.as_ref().is_some_and(|t| t.sets(var));
                         if !(0..self.steps.len()).any(|j| sets(j) && (graph.comes_before(j, i) || (own && j == i))) {
-                            out.push(problem(&s.name, unset_path(what, &path, Root::Var(var))));
+                            out.push(problem(&s.name, unset_path(what, path, Root::Var(var))));
                         }
                         continue;
                     }
                     other => {
-                        out.push(problem(&s.name, unset_path(what, &path, other)));
+                        out.push(problem(&s.name, unset_path(what, path, other)));
                         continue;
                     }
                 };
@@ -1185,7 +1185,7 @@ impl WorkflowDef {
                 Root::Var(var) if self.steps.iter().any(|d| d.assign.as_ref().is_some_and(|t| t.sets(var))) => {}
                 other => out.push(WorkflowError::Workflow {
                     workflow: self.name.clone(),
-                    problem: unset_path("the workflow's result", &path, other),
+                    problem: unset_path("the workflow's result", path, other),
                 }),
             }
         }

@@ -206,7 +206,7 @@ pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: 
     let mut t = new_task(id, workflow, input, None, ctx);
     if let Some(s) = branch {
         t.upstream = Some(upstream(parent, s));
-        t.vars = parent.vars.clone(); // read only: a branch's step sets none
+        t.vars.clone_from(&parent.vars); // read only: a branch's step sets none
     }
     let mut c = Change { t, fx: Vec::new(), ctx, policy };
     c.wait_for_claim(ctx.now, crate::messages::RunReason::Start);

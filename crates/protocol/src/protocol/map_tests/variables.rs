@@ -15,7 +15,7 @@ fn assign(step: StepDef, t: Value) -> StepDef {
     StepDef { assign: Some(serde_json::from_value::<TaskTemplate>(t).unwrap()), ..step }
 }
 
-#[allow(clippy::needless_pass_by_value)]
+#[allow(clippy::needless_pass_by_value, clippy::unnecessary_wraps)]
 fn template(t: Value) -> Option<TaskTemplate> {
     Some(serde_json::from_value(t).unwrap())
 }
