@@ -316,7 +316,7 @@ pub struct StepDef {
     pub parameters: Option<TaskTemplate>,
     /// What of the agent's answer the step keeps as its output.
     pub result_selector: Option<AnswerTemplate>,
-    /// Variables the step sets when it succeeds (see [`Task::vars`](crate::protocol::Task::vars)).
+    /// Variables the step sets when it succeeds (see [`StepFile::assign`]).
     pub assign: Option<TaskTemplate>,
 }
 
@@ -549,6 +549,10 @@ impl From<StepDef> for StepFile {
         f
     }
 }
+
+/// The most a task's variables (what its steps' `assign` set) may take, as JSON: the item is
+/// rewritten at every write, so what it keeps is paid for at every step.
+pub const MAX_VARS_BYTES: usize = 8 * 1024;
 
 /// The deepest workflows may call workflows (a task, its child, its grandchild…).
 pub const MAX_WORKFLOW_DEPTH: usize = 4;
@@ -974,10 +978,9 @@ impl StepDef {
                 check_name("variable name", name).map_err(|e| problem(format!("assign: {e}")))?;
             }
             let literal = serde_json::to_vec(&assign.0.to_json()).map_or(0, |b| b.len());
-            if assign.0.paths().is_empty() && literal > crate::protocol::MAX_VARS_BYTES {
+            if assign.0.paths().is_empty() && literal > MAX_VARS_BYTES {
                 return Err(problem(format!(
-                    "assign sets {literal} bytes; a task's variables take at most {}",
-                    crate::protocol::MAX_VARS_BYTES
+                    "assign sets {literal} bytes; a task's variables take at most {MAX_VARS_BYTES}"
                 )));
             }
         }

@@ -48,6 +48,7 @@ pub mod table;
 pub mod task;
 
 pub use crate::state::{ProcessState, UnknownState};
+pub use crate::workflow::MAX_VARS_BYTES;
 pub use change::map::{element_task, element_tombstone};
 use change::Change;
 pub use event::callback::late_notice;
@@ -71,7 +72,7 @@ pub use sends::{
 pub use table::TRANSITIONS;
 pub use task::{
     Bits, ClaimWait, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, LateResults, Lock, MapProgress,
-    Stage, StepRecord, StepStatus, Task, UndeliveredReplies, MAX_VARS_BYTES,
+    Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
 };
 
 /// Tunables of the protocol that are not per step.

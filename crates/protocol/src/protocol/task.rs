@@ -698,15 +698,11 @@ pub struct Task {
     pub called: bool,
     /// The variables its steps set (`assign`), read as `$.vars.<name>`: a name keeps its last
     /// value, so the attribute does not grow with the steps that set it; at most
-    /// [`MAX_VARS_BYTES`] as JSON. A branch of a parallel region reads a copy of its parent's.
-    /// Absent while empty.
+    /// [`MAX_VARS_BYTES`](crate::workflow::MAX_VARS_BYTES) as JSON. A branch of a parallel
+    /// region reads a copy of its parent's. Absent while empty.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub vars: Map<String, Value>,
 }
-
-/// The most a task's variables ([`Task::vars`]) may take, as JSON: the item is rewritten at every
-/// write, so what it keeps is paid for at every step.
-pub const MAX_VARS_BYTES: usize = 8 * 1024;
 
 /// The fence of the current unit's attempts ([`Task::lock`]): the attempt that holds the task,
 /// its hard deadline, and the earlier attempts whose answers are still taken. Attributes

@@ -14,7 +14,7 @@ fn when(step: StepDef, c: Value) -> StepDef {
     StepDef { when: Some(Condition::from_json(&c).unwrap()), ..step }
 }
 
-fn wf(steps: Vec<StepDef>) -> WorkflowDef {
+pub(super) fn wf(steps: Vec<StepDef>) -> WorkflowDef {
     WorkflowDef {
         result: None,
         name: "order".into(),

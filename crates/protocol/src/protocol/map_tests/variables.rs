@@ -4,11 +4,12 @@
 
 use serde_json::{json, Value};
 
+use super::decisions::wf;
 use super::{after, call, World, ORDERS};
 use crate::condition::Condition;
 use crate::protocol::{ProcessState, StepStatus, MAX_VARS_BYTES};
 use crate::template::TaskTemplate;
-use crate::workflow::{OnFailure, StepDef, StepFailure, WorkflowDef};
+use crate::workflow::{StepDef, StepFailure, WorkflowDef};
 
 #[allow(clippy::needless_pass_by_value)]
 fn assign(step: StepDef, t: Value) -> StepDef {
@@ -18,17 +19,6 @@ fn assign(step: StepDef, t: Value) -> StepDef {
 #[allow(clippy::needless_pass_by_value, clippy::unnecessary_wraps)]
 fn template(t: Value) -> Option<TaskTemplate> {
     Some(serde_json::from_value(t).unwrap())
-}
-
-fn wf(steps: Vec<StepDef>) -> WorkflowDef {
-    WorkflowDef {
-        result: None,
-        name: "order".into(),
-        version: 1,
-        description: String::new(),
-        on_failure: OnFailure::Compensate,
-        steps,
-    }
 }
 
 /// quote sets `quoted` and `n`; charge sets `n` again and `charge` (its own output); ship runs
