@@ -163,9 +163,11 @@ fn graph_workflow() -> WorkflowDef {
 async fn the_charge_and_a_fraud_check_run_at_once_after_the_map_and_ship_waits_for_both() {
     let s = stack_with("graph", WorkflowRegistry::new([graph_workflow()]).unwrap()).await;
     let svc = OrderService::new();
-    // each takes a moment, so that running at once shows at the service
+    // each is open for 5 s (of its 10 s timeout), so that running at once shows at the service
+    // even when the two branches start seconds apart on a loaded machine (1 s was not enough for
+    // one CI run beside the CPU burners, on 2026-11-28)
     for endpoint in ["/payment/charge", "/fraud/screen"] {
-        svc.add_fault(FaultRule { endpoint: Some(endpoint.into()), latency_ms: 1_000, ..FaultRule::default() });
+        svc.add_fault(FaultRule { endpoint: Some(endpoint.into()), latency_ms: 5_000, ..FaultRule::default() });
     }
     let runner = order_service_and_runner(&s, &svc).await;
     let items: Vec<Value> = (0..12).map(|i| json!({"sku": format!("sku-{i}")})).collect();
