@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use sas_protocol::workflow::{StepDef, StepKind, Tolerance, WaitTime, WorkflowDef};
+use sas_protocol::workflow::{LoopGuard, OnBound, StepDef, StepKind, Tolerance, WaitTime, WorkflowDef};
 
 /// The flowchart of `def` (a valid definition; one whose graph cannot be built draws its steps
 /// in the listing's order).
@@ -72,6 +72,27 @@ pub fn facts(s: &StepDef) -> Vec<String> {
         StepKind::Wait(WaitTime::Until(at)) => lines.push(format!("wait until {at}")),
         StepKind::Wait(WaitTime::SecondsAt(secs)) => lines.push(format!("wait the seconds at {secs}")),
         StepKind::Workflow(w) => lines.push(format!("workflow {} v{}", w.workflow, w.version)),
+        StepKind::Loop(l) => {
+            let (word, guard) = match &l.guard {
+                LoopGuard::While(c) => ("while", c),
+                LoopGuard::Until(c) => ("until", c),
+            };
+            let body = if l.inline {
+                let names: Vec<&str> =
+                    l.body.child.iter().flat_map(|b| b.steps.iter().map(|s| s.name.as_str())).collect();
+                format!("loop over {}", names.join(" → "))
+            } else {
+                format!("loop over workflow {} v{}", l.body.workflow, l.body.version)
+            };
+            lines.push(body);
+            lines.push(format!("{word} {}", sas_protocol::ids::clip(&guard.to_string(), 80)));
+            let wait = l.wait_ms.map(|w| format!(" · {} apart", duration(w))).unwrap_or_default();
+            let bound = match l.on_bound {
+                OnBound::Fail => "fails",
+                OnBound::Succeed => "ends",
+            };
+            lines.push(format!("at most {} iterations ({bound} there){wait}", l.max_iterations));
+        }
     }
     if let Some(w) = &s.when {
         lines.push(format!("when {}", sas_protocol::ids::clip(&w.to_string(), 80)));

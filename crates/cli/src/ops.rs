@@ -182,7 +182,19 @@ fn doing(t: &Task) -> Option<String> {
             StepKind::Call { .. } | StepKind::Workflow(_) => format!("running {step}"),
             StepKind::Callback { .. } => format!("waiting for the answer to {step} (callback step)"),
             StepKind::Wait(_) => format!("waiting in {step} until {}", t.complete_by.map_or(0, |m| m.0)),
+            StepKind::Loop(_) => format!(
+                "waiting in loop {step} until {}, then its iteration {}",
+                t.complete_by.map_or(0, |m| m.0),
+                t.steps[t.unit_step()].map.as_ref().map_or(0, |p| p.started)
+            ),
         },
+        (false, ProcessState::Processing) if let StepKind::Loop(_) = kind => {
+            let i = t.steps[t.unit_step()].map.as_ref().map_or(0, |p| p.started.saturating_sub(1));
+            format!(
+                "running {step}'s iteration {i}, child task {}",
+                sas_protocol::ids::TaskId::child(&t.task_id, t.unit_step(), i)
+            )
+        }
         (false, ProcessState::Processing) => format!("running {step}"),
         (false, _) => format!("next: {step}"),
     })

@@ -1484,6 +1484,7 @@ mod tests {
                 state: ProcessState::Processed,
                 reason: None,
                 output: Some(json!({"verdict": "clear"})),
+                vars: None,
             },
         );
         let text = render(&d.0, Millis(T0 + 2_000), &Options::full(false));
@@ -1528,6 +1529,7 @@ mod tests {
                     state: ProcessState::Processed,
                     reason: None,
                     output: None,
+                    vars: None,
                 },
             )
             .render(2_000);
@@ -1573,7 +1575,14 @@ mod tests {
         );
         let d = Drive(tr.task).go(
             1_000,
-            &Event::ElementEnded { step: 0, element: 1, state: ProcessState::Processed, reason: None, output: None },
+            &Event::ElementEnded {
+                step: 0,
+                element: 1,
+                state: ProcessState::Processed,
+                reason: None,
+                output: None,
+                vars: None,
+            },
         );
         let text = render(&d.0, Millis(T0 + 2_000), &Options::full(false));
         assert!(

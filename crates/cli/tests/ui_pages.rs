@@ -159,6 +159,7 @@ async fn a_one_of_three_task_shows_its_skipped_branches_as_skipped_with_no_task(
                 state: ProcessState::Processed,
                 reason: None,
                 output: Some(serde_json::json!({})),
+                vars: None,
             };
             t = go(&t, end);
         }

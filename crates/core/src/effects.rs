@@ -331,7 +331,10 @@ fn spawn_one<'a>(
         let failed = |e: HandlerError| EffectError::Element { element: task_id.to_string(), source: Box::new(e) };
         let sent = match start(deps, tr, ctx.now).await {
             Ok(Started::New { task, sent }) => {
-                if task.called {
+                if let Some(i) = &task.iteration {
+                    let workflow = &task.workflow.name;
+                    info!(%task_id, parent = %parent.task_id, iteration = i.index, workflow, "loop iteration created");
+                } else if task.called {
                     let workflow = &task.workflow.name;
                     info!(%task_id, parent = %parent.task_id, workflow, "child workflow task created");
                 } else if task.upstream.is_some() {

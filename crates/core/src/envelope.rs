@@ -162,6 +162,7 @@ pub fn scheduled(msg: SchedulerMessage) -> Result<Scheduled, HandlerError> {
             state: m.state,
             reason: m.reason.as_deref().map(|r| crate::ids::clip(r, MAX_ERROR_BYTES).to_owned()),
             output: m.output,
+            vars: m.vars,
         },
         SchedulerMessage::Undo(m) => Event::Undo { reason: crate::ids::clip(&m.reason, MAX_ERROR_BYTES).to_owned() },
         // The outputs are read once the task is (see `join_output`).

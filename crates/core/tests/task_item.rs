@@ -18,8 +18,8 @@ use futures::executor::block_on;
 use sas_core::store::DynamoStore;
 use sas_protocol::ids::{AttemptToken, Millis, TaskId};
 use sas_protocol::protocol::{
-    Bits, ClaimWait, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, LateResults, Lock, MapProgress,
-    ProcessState, Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
+    Bits, ClaimWait, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, Iteration, LateResults, Lock,
+    MapProgress, ProcessState, Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
 };
 use sas_protocol::workflow::{OnFailure, StepDef, WorkflowDef};
 use serde_json::{json, Map, Value};
@@ -161,6 +161,7 @@ fn full() -> Task {
         upstream: Some(json!({"before": {"id": 7}})),
         called: true,
         vars: serde_json::Map::from_iter([("next_token".to_owned(), json!("p-2")), ("pages".to_owned(), json!(3))]),
+        iteration: Some(Iteration { index: 7, previous: Some(json!({"next_token": "p-2"})), shares_vars: true }),
     }
 }
 
@@ -192,6 +193,7 @@ fn defaults() -> Task {
         upstream: None,
         called: false,
         vars: serde_json::Map::new(),
+        iteration: None,
     }
 }
 

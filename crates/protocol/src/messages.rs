@@ -135,6 +135,10 @@ pub struct ElementEnded {
     /// the region read it). Absent for a map's elements, whose outputs the join reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<serde_json::Value>,
+    /// A loop's iteration whose body is the loop's inline steps, ended `Processed`: the task's
+    /// variables as its steps left them (the loop's task takes them whole).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vars: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Scheduler queue, from a parent to one of its map elements that ended `Processed`: undo it (run

@@ -101,6 +101,76 @@ pub enum StepKind {
     /// ends `Processed`. The child is cancelled with its parent and undoes its own steps when its
     /// parent compensates.
     Workflow(ChildWorkflow),
+    /// No agent: the step runs its body (a child workflow, inline or named) once per iteration,
+    /// each iteration a child task of its own, while or until its guard holds, at most
+    /// `max_iterations` times, with an optional timer between iterations (see [`LoopSpec`]).
+    Loop(LoopSpec),
+}
+
+/// The most iterations one loop step may run.
+pub const MAX_LOOP_ITERATIONS: u32 = 10_000;
+/// The most a loop keeps of its last iteration's output (after its `result_selector`): the
+/// parent's item holds it at every write.
+pub const MAX_LOOP_OUTPUT_BYTES: usize = 16 * 1024;
+/// How deep tasks nest: a task, its child (a map's element, a branch, a workflow step's child,
+/// a loop's iteration), and that child's child. A child's id holds its place in its parent
+/// (`{task}~{step}~{i}`), and an id takes at most two such parts.
+pub const MAX_CHILD_LEVELS: usize = 2;
+
+/// A loop step: its body, guard, bound and wait.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoopSpec {
+    /// What one iteration runs: a workflow (named, pinned at its version), or the `body` of the
+    /// file compiled into one (`inline`), named `{step}` at version 0 here (an iteration's task
+    /// names it `{workflow}.{step}` at its parent's version).
+    pub body: ChildWorkflow,
+    /// The body was given inline (`body`), and is written back so.
+    pub inline: bool,
+    /// When another iteration runs.
+    pub guard: LoopGuard,
+    /// The most iterations (1 to [`MAX_LOOP_ITERATIONS`]).
+    pub max_iterations: u32,
+    /// What reaching `max_iterations` with the guard still asking for more means.
+    pub on_bound: OnBound,
+    /// The timer between two iterations (none before the first).
+    pub wait_ms: Option<u64>,
+}
+
+/// A loop's guard, in the condition language, decided over the task's data, the loop's output so
+/// far (`$.outputs.<loop>`: the last iteration's) and `$.loop.index` (the iterations ended).
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoopGuard {
+    /// `while`: decided before each iteration, the first included (the body may never run).
+    While(Condition),
+    /// `until`: decided after each iteration (the body runs at least once).
+    Until(Condition),
+}
+
+impl LoopGuard {
+    /// The condition, whichever way it is read.
+    pub fn condition(&self) -> &Condition {
+        match self {
+            LoopGuard::While(c) | LoopGuard::Until(c) => c,
+        }
+    }
+}
+
+/// What a loop that reaches `max_iterations` with its guard still asking for more does.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnBound {
+    /// The step fails for good (`permanent`): its `on_failure` applies.
+    #[default]
+    Fail,
+    /// The step succeeds with the last iteration's output (a counted loop).
+    Succeed,
+}
+
+impl OnBound {
+    fn is_fail(self) -> bool {
+        matches!(self, OnBound::Fail)
+    }
 }
 
 /// How long a wait step waits: exactly one of a file's `wait_ms`, `wait_until` and `wait_for`.
@@ -157,6 +227,10 @@ pub enum KindName {
     /// with the child's result when the child ends `Processed`. The child is cancelled with its
     /// parent and undoes its own steps when its parent compensates.
     Workflow,
+    /// No agent: the step runs its `body` (inline steps) or `workflow` (at `version`) once per
+    /// iteration, `while` or `until` a guard holds, at most `max_iterations` times (`on_bound`
+    /// says whether reaching it fails the step), `wait_ms` apart.
+    Loop,
 }
 
 impl KindName {
@@ -167,6 +241,7 @@ impl KindName {
             KindName::Callback => "callback",
             KindName::Wait => "wait",
             KindName::Workflow => "workflow",
+            KindName::Loop => "loop",
         }
     }
 
@@ -187,6 +262,7 @@ impl StepKind {
             StepKind::Callback { .. } => KindName::Callback,
             StepKind::Wait(_) => KindName::Wait,
             StepKind::Workflow(_) => KindName::Workflow,
+            StepKind::Loop(_) => KindName::Loop,
         }
     }
 
@@ -201,7 +277,7 @@ impl StepKind {
     pub fn agent(&self) -> Option<&str> {
         match self {
             StepKind::Call { agent } | StepKind::Callback { agent, .. } => Some(agent),
-            StepKind::Wait(_) | StepKind::Workflow(_) => None,
+            StepKind::Wait(_) | StepKind::Workflow(_) | StepKind::Loop(_) => None,
         }
     }
 
@@ -209,7 +285,7 @@ impl StepKind {
     pub const fn uses_agent(&self) -> bool {
         match self {
             StepKind::Call { .. } | StepKind::Callback { .. } => true,
-            StepKind::Wait(_) | StepKind::Workflow(_) => false,
+            StepKind::Wait(_) | StepKind::Workflow(_) | StepKind::Loop(_) => false,
         }
     }
 
@@ -218,7 +294,7 @@ impl StepKind {
     pub const fn is_timer(&self) -> bool {
         match self {
             StepKind::Wait(_) => true,
-            StepKind::Call { .. } | StepKind::Callback { .. } | StepKind::Workflow(_) => false,
+            StepKind::Call { .. } | StepKind::Callback { .. } | StepKind::Workflow(_) | StepKind::Loop(_) => false,
         }
     }
 
@@ -227,7 +303,7 @@ impl StepKind {
     pub const fn answers_by_token(&self) -> bool {
         match self {
             StepKind::Callback { .. } => true,
-            StepKind::Call { .. } | StepKind::Wait(_) | StepKind::Workflow(_) => false,
+            StepKind::Call { .. } | StepKind::Wait(_) | StepKind::Workflow(_) | StepKind::Loop(_) => false,
         }
     }
 
@@ -236,7 +312,7 @@ impl StepKind {
     pub const fn agent_bounds_the_effect(&self) -> bool {
         match self {
             StepKind::Call { .. } => true,
-            StepKind::Callback { .. } | StepKind::Wait(_) | StepKind::Workflow(_) => false,
+            StepKind::Callback { .. } | StepKind::Wait(_) | StepKind::Workflow(_) | StepKind::Loop(_) => false,
         }
     }
 
@@ -245,7 +321,7 @@ impl StepKind {
     pub const fn may_map(&self) -> bool {
         match self {
             StepKind::Call { .. } | StepKind::Callback { .. } | StepKind::Workflow(_) => true,
-            StepKind::Wait(_) => false,
+            StepKind::Wait(_) | StepKind::Loop(_) => false,
         }
     }
 
@@ -253,7 +329,7 @@ impl StepKind {
     pub const fn may_compensate(&self) -> bool {
         match self {
             StepKind::Call { .. } | StepKind::Callback { .. } => true,
-            StepKind::Wait(_) | StepKind::Workflow(_) => false,
+            StepKind::Wait(_) | StepKind::Workflow(_) | StepKind::Loop(_) => false,
         }
     }
 
@@ -261,6 +337,23 @@ impl StepKind {
     pub const fn child_workflow(&self) -> Option<&ChildWorkflow> {
         match self {
             StepKind::Workflow(w) => Some(w),
+            StepKind::Call { .. } | StepKind::Callback { .. } | StepKind::Wait(_) | StepKind::Loop(_) => None,
+        }
+    }
+
+    /// A loop step's body, guard, bound and wait.
+    pub const fn loop_spec(&self) -> Option<&LoopSpec> {
+        match self {
+            StepKind::Loop(l) => Some(l),
+            StepKind::Call { .. } | StepKind::Callback { .. } | StepKind::Wait(_) | StepKind::Workflow(_) => None,
+        }
+    }
+
+    /// The workflow each of its child tasks runs: a workflow step's child, a loop's body.
+    pub const fn child_def(&self) -> Option<&ChildWorkflow> {
+        match self {
+            StepKind::Workflow(w) => Some(w),
+            StepKind::Loop(l) => Some(&l.body),
             StepKind::Call { .. } | StepKind::Callback { .. } | StepKind::Wait(_) => None,
         }
     }
@@ -274,7 +367,7 @@ impl StepKind {
     pub const fn heartbeat_ms(&self) -> Option<u64> {
         match self {
             StepKind::Callback { heartbeat_ms, .. } => *heartbeat_ms,
-            StepKind::Call { .. } | StepKind::Wait(_) | StepKind::Workflow(_) => None,
+            StepKind::Call { .. } | StepKind::Wait(_) | StepKind::Workflow(_) | StepKind::Loop(_) => None,
         }
     }
 }
@@ -417,6 +510,29 @@ pub struct StepFile {
     #[cfg_attr(feature = "schema", schemars(skip))]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<Box<WorkflowDef>>,
+    /// Loop steps: the steps one iteration runs, a workflow of their own (a sequence, or a graph
+    /// with `after`), which read `$.loop.index` (this iteration's, from 0) and `$.loop.previous`
+    /// (the previous iteration's output, absent in the first). Exactly one of `body` and
+    /// `workflow` + `version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body: Option<Vec<StepDef>>,
+    /// Loop steps: the next iteration runs while this holds, decided before each one (the first
+    /// included). Exactly one of `while` and `until`.
+    #[serde(default, rename = "while", skip_serializing_if = "Option::is_none")]
+    pub while_: Option<Condition>,
+    /// Loop steps: the iterations end once this holds, decided after each one (the body runs at
+    /// least once). It reads the loop's output so far (`$.outputs.<loop>`, the last iteration's),
+    /// `$.loop.index` (how many iterations ended) and the task's variables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Condition>,
+    /// Loop steps: the most iterations, 1 to 10000. Required: a loop always has a bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_iterations: Option<u32>,
+    /// Loop steps: what reaching max_iterations with the guard still asking for more does: `fail`
+    /// (the default: the step fails for good, and its on_failure applies) or `succeed` (a
+    /// counted loop).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_bound: Option<OnBound>,
 }
 
 impl TryFrom<StepFile> for StepDef {
@@ -426,12 +542,25 @@ impl TryFrom<StepFile> for StepDef {
     /// its kind needs missing. (Values are checked by [`WorkflowDef::problems`].)
     fn try_from(f: StepFile) -> Result<StepDef, String> {
         let step = &f.name;
+        let not_a_loop = || {
+            if f.body.is_some()
+                || f.while_.is_some()
+                || f.until.is_some()
+                || f.max_iterations.is_some()
+                || f.on_bound.is_some()
+            {
+                return Err(format!(
+                    "step {step}: body, while, until, max_iterations and on_bound belong to loop steps"
+                ));
+            }
+            Ok(())
+        };
         let waits = f.wait_ms.is_some() || f.wait_until.is_some() || f.wait_for.is_some();
         let not_a_child = || {
             if f.workflow.is_some() || f.version.is_some() || f.child.is_some() {
-                return Err(format!("step {step}: workflow and version belong to steps of kind workflow"));
+                return Err(format!("step {step}: workflow and version belong to steps of kind workflow and loop"));
             }
-            Ok(())
+            not_a_loop()
         };
         let agent = || {
             if f.agent.is_empty() {
@@ -467,8 +596,10 @@ impl TryFrom<StepFile> for StepDef {
                         "step {step}: a workflow step has no agent, heartbeat_ms, wait_ms, wait_until or wait_for"
                     ));
                 }
+                not_a_loop()?;
                 StepKind::Workflow(ChildWorkflow { workflow, version, child: f.child.clone() })
             }
+            KindName::Loop => StepKind::Loop(loop_of(&f)?),
             KindName::Wait => {
                 not_a_child()?;
                 if !f.agent.is_empty() || f.timeout_ms != 0 || f.heartbeat_ms.is_some() {
@@ -530,6 +661,11 @@ impl From<StepDef> for StepFile {
             workflow: None,
             version: None,
             child: None,
+            body: None,
+            while_: None,
+            until: None,
+            max_iterations: None,
+            on_bound: None,
         };
         match s.kind {
             StepKind::Call { agent } => f.agent = agent,
@@ -545,9 +681,79 @@ impl From<StepDef> for StepFile {
                 f.version = Some(w.version);
                 f.child = w.child;
             }
+            StepKind::Loop(l) => {
+                if l.inline {
+                    f.body = l.body.child.map(|c| c.steps);
+                } else {
+                    f.workflow = Some(l.body.workflow);
+                    f.version = Some(l.body.version);
+                    f.child = l.body.child;
+                }
+                match l.guard {
+                    LoopGuard::While(c) => f.while_ = Some(c),
+                    LoopGuard::Until(c) => f.until = Some(c),
+                }
+                f.max_iterations = Some(l.max_iterations);
+                f.on_bound = (!l.on_bound.is_fail()).then_some(l.on_bound);
+                f.wait_ms = l.wait_ms;
+            }
         }
         f
     }
+}
+
+/// A loop step of a file, or why its fields do not make one.
+fn loop_of(f: &StepFile) -> Result<LoopSpec, String> {
+    let step = &f.name;
+    if !f.agent.is_empty() || f.heartbeat_ms.is_some() || f.wait_until.is_some() || f.wait_for.is_some() {
+        return Err(format!(
+            "step {step}: a loop step has no agent, heartbeat_ms, wait_until or wait_for (wait_ms is the time between \
+             its iterations)"
+        ));
+    }
+    let body = match (&f.body, &f.workflow, f.version) {
+        (Some(steps), None, None) => ChildWorkflow {
+            workflow: step.clone(),
+            version: 0,
+            child: Some(Box::new(WorkflowDef {
+                name: step.clone(),
+                version: 0,
+                description: String::new(),
+                on_failure: OnFailure::Compensate,
+                steps: steps.clone(),
+                result: None,
+            })),
+        },
+        (None, Some(workflow), Some(version)) => {
+            ChildWorkflow { workflow: workflow.clone(), version, child: f.child.clone() }
+        }
+        _ => {
+            return Err(format!(
+                "step {step}: a loop step runs exactly one of body (its steps) and workflow + version (a workflow's)"
+            ))
+        }
+    };
+    let guard = match (&f.while_, &f.until) {
+        (Some(c), None) => LoopGuard::While(c.clone()),
+        (None, Some(c)) => LoopGuard::Until(c.clone()),
+        _ => {
+            return Err(format!(
+                "step {step}: a loop step needs exactly one of while (decided before each iteration) and until \
+                 (decided after each)"
+            ))
+        }
+    };
+    let Some(max_iterations) = f.max_iterations else {
+        return Err(format!("step {step}: a loop step needs max_iterations, its bound (1 to {MAX_LOOP_ITERATIONS})"));
+    };
+    Ok(LoopSpec {
+        inline: f.body.is_some(),
+        body,
+        guard,
+        max_iterations,
+        on_bound: f.on_bound.unwrap_or_default(),
+        wait_ms: f.wait_ms,
+    })
 }
 
 /// The most a task's variables (what its steps' `assign` set) may take, as JSON: the item is
@@ -855,6 +1061,27 @@ pub enum WorkflowError {
     },
 }
 
+/// Whether step `s` sets variable `var`: its `assign`, or a step of its loop's inline body (an
+/// inline body's variables come back to its workflow when each iteration ends).
+fn sets_var(s: &StepDef, var: &str) -> bool {
+    s.assign.as_ref().is_some_and(|t| t.sets(var))
+        || s.kind
+            .loop_spec()
+            .filter(|l| l.inline)
+            .and_then(|l| l.body.child.as_ref())
+            .is_some_and(|b| b.steps.iter().any(|x| sets_var(x, var)))
+}
+
+/// The variables step `s` sets (see [`sets_var`]).
+fn assigned_names(s: &StepDef) -> Vec<String> {
+    let mut names: Vec<String> =
+        s.assign.as_ref().and_then(TaskTemplate::top_level_names).into_iter().flatten().map(str::to_owned).collect();
+    if let Some(b) = s.kind.loop_spec().filter(|l| l.inline).and_then(|l| l.body.child.as_ref()) {
+        names.extend(b.steps.iter().flat_map(assigned_names));
+    }
+    names
+}
+
 /// Why `what` cannot read `path`, whose root is a loop's iteration or a variable: no step sets a
 /// variable yet (`assign`), and no step runs in a loop's body.
 fn unset_path(what: &str, path: &DataPath, root: Root<'_>) -> String {
@@ -936,6 +1163,37 @@ impl StepDef {
                                 and retries its own"
                             .into(),
                     );
+                }
+            }
+            StepKind::Loop(l) => {
+                if self.compensation.is_some() || self.max_attempts != 1 {
+                    return Err("a loop step takes no compensation and no retries: its iterations undo their own \
+                                steps, and its steps retry their own"
+                        .into());
+                }
+                if self.map.is_some() {
+                    return Err("a loop step cannot be a map (a map's element may be a workflow with a loop)".into());
+                }
+                if !(1..=MAX_LOOP_ITERATIONS).contains(&l.max_iterations) {
+                    return Err(format!(
+                        "max_iterations {} is outside 1..={MAX_LOOP_ITERATIONS}: a loop needs a bound",
+                        l.max_iterations
+                    ));
+                }
+                if timeout_ms > MAX_LONG_STEP_MS {
+                    return Err(format!("timeout_ms {timeout_ms} is over {MAX_LONG_STEP_MS} (366 days)"));
+                }
+                let timeout = if timeout_ms == 0 { DEFAULT_MAP_TIMEOUT_MS } else { timeout_ms };
+                if let Some(w) = l.wait_ms {
+                    let waits = w.saturating_mul(u64::from(l.max_iterations.saturating_sub(1)));
+                    if w == 0 || waits > timeout {
+                        return Err(format!(
+                            "wait_ms {w} between {} iterations waits {waits} ms in all, and the loop's timeout_ms is \
+                             {timeout}{}: raise timeout_ms (at most {MAX_LONG_STEP_MS}) or lower max_iterations",
+                            l.max_iterations,
+                            if timeout_ms == 0 { " (the default)" } else { "" }
+                        ));
+                    }
                 }
             }
             StepKind::Wait(time) => {
@@ -1070,6 +1328,12 @@ impl WorkflowDef {
     /// every name used twice, every path that can never resolve. Steps whose `after` lists cannot
     /// run are the last thing named: the checks that need the graph need it whole.
     pub fn problems(&self) -> Vec<WorkflowError> {
+        self.problems_in(None)
+    }
+
+    /// [`WorkflowDef::problems`] of a workflow, or of a loop's inline body (`in_loop`: the
+    /// variables its workflow may have set when the loop starts), whose steps may read `$.loop`.
+    fn problems_in(&self, in_loop: Option<&HashSet<String>>) -> Vec<WorkflowError> {
         let mut out = Vec::new();
         if let Err(source) = check_name("workflow name", &self.name) {
             out.push(WorkflowError::Name { workflow: self.name.clone(), source });
@@ -1090,6 +1354,13 @@ impl WorkflowDef {
                     problem: "a map step needs on_failure: compensate (an Error task cannot yet resume a map)".into(),
                 });
             }
+            if s.kind.loop_spec().is_some() && self.on_failure == OnFailure::Error {
+                out.push(WorkflowError::Step {
+                    workflow: self.name.clone(),
+                    step: s.name.clone(),
+                    problem: "a loop step needs on_failure: compensate (an Error task cannot yet resume a loop)".into(),
+                });
+            }
             let names = std::iter::once(&s.name).chain(s.compensation.as_ref().map(|c| &c.name));
             for n in names {
                 if !seen.insert(n.clone()) {
@@ -1104,9 +1375,10 @@ impl WorkflowDef {
                 return out;
             }
         };
-        self.guard_problems(&graph, &mut out);
+        self.guard_problems(&graph, in_loop, &mut out);
+        self.body_problems(&graph, in_loop, &mut out);
         for region in graph.regions() {
-            for s in self.steps[region.clone()].iter().filter(|s| s.assign.is_some()) {
+            for s in self.steps[region.clone()].iter().filter(|s| !assigned_names(s).is_empty()) {
                 out.push(WorkflowError::Step {
                     workflow: self.name.clone(),
                     step: s.name.clone(),
@@ -1132,15 +1404,28 @@ impl WorkflowDef {
 
     /// Every path a guard reads must be able to resolve when the guard is decided: the input, or
     /// the output of a step its step comes after. Each path that cannot is one problem.
-    fn guard_problems(&self, graph: &StepGraph, out: &mut Vec<WorkflowError>) {
+    fn guard_problems(&self, graph: &StepGraph, in_loop: Option<&HashSet<String>>, out: &mut Vec<WorkflowError>) {
         let problem = |step: &str, p: String| WorkflowError::Step {
             workflow: self.name.clone(),
             step: step.to_owned(),
             problem: p,
         };
+        // in a loop's body: the variables set before the loop, or by any of its steps (an
+        // iteration reads what the iterations before it set)
+        let outer = |var: &str| in_loop.is_some_and(|o| o.contains(var) || self.steps.iter().any(|x| sets_var(x, var)));
         for (i, s) in self.steps.iter().enumerate() {
+            if let Some(l) = s.kind.loop_spec() {
+                self.loop_guard_problems(graph, i, l, &outer, out);
+            }
             let guard = s.when.iter().flat_map(|w| w.paths()).map(|p| ("when", p, false));
-            let sent = s.parameters.iter().flat_map(|t| t.0.paths()).map(|p| ("parameters", p, false));
+            // a loop's parameters are filled for each iteration: they may read $.loop
+            let iterates = s.kind.loop_spec().is_some();
+            let sent = s
+                .parameters
+                .iter()
+                .flat_map(|t| t.0.paths())
+                .filter(|p| !(iterates && matches!(p.root(), Root::LoopIndex | Root::LoopPrevious)));
+            let sent = sent.map(|p| ("parameters", p, false));
             // a compensation reads the outputs of its step and of those before it
             let undo = s.compensation.iter().flat_map(|c| c.parameters.iter()).flat_map(|t| t.0.paths());
             let undo = undo.map(|p| ("its compensation's parameters", p, true));
@@ -1150,8 +1435,10 @@ impl WorkflowDef {
                 let name = match path.root() {
                     Root::Output(name) => name,
                     Root::Input | Root::Task => continue,
+                    Root::LoopIndex | Root::LoopPrevious if in_loop.is_some() => continue,
+                    Root::Var(var) if outer(var) => continue,
                     Root::Var(var) => {
-                        let sets = |j: usize| self.steps[j].assign.as_ref().is_some_and(|t| t.sets(var));
+                        let sets = |j: usize| sets_var(&self.steps[j], var);
                         if !(0..self.steps.len()).any(|j| sets(j) && (graph.comes_before(j, i) || (own && j == i))) {
                             out.push(problem(&s.name, unset_path(what, path, Root::Var(var))));
                         }
@@ -1185,13 +1472,108 @@ impl WorkflowDef {
                     out.push(problem(name, format!("the workflow's result reads {path}, and there is no such step")));
                 }
                 Root::Input | Root::Task | Root::Output(_) => {}
-                Root::Var(var) if self.steps.iter().any(|d| d.assign.as_ref().is_some_and(|t| t.sets(var))) => {}
+                Root::Var(var) if self.steps.iter().any(|d| sets_var(d, var)) => {}
                 other => out.push(WorkflowError::Workflow {
                     workflow: self.name.clone(),
                     problem: unset_path("the workflow's result", path, other),
                 }),
             }
         }
+    }
+
+    /// A loop's guard reads what it can: the task's input, the outputs of the steps before the
+    /// loop, its own output (`$.outputs.<loop>`, the last iteration's), `$.loop.*` and the
+    /// variables set before it or by its body. And at least one thing an iteration changes:
+    /// otherwise it decides the same every time, and the loop runs to its bound or not at all.
+    fn loop_guard_problems(
+        &self,
+        graph: &StepGraph,
+        i: usize,
+        l: &LoopSpec,
+        outer: &dyn Fn(&str) -> bool,
+        out: &mut Vec<WorkflowError>,
+    ) {
+        let s = &self.steps[i];
+        let problem = |p: String| WorkflowError::Step { workflow: self.name.clone(), step: s.name.clone(), problem: p };
+        let what = match l.guard {
+            LoopGuard::While(_) => "while",
+            LoopGuard::Until(_) => "until",
+        };
+        let body_sets =
+            |v: &str| l.inline && l.body.child.as_ref().is_some_and(|b| b.steps.iter().any(|x| sets_var(x, v)));
+        let mut changes = false;
+        for path in l.guard.condition().paths() {
+            match path.root() {
+                Root::LoopIndex | Root::LoopPrevious => changes = true,
+                Root::Output(name) if name == s.name => changes = true,
+                Root::Var(v) if body_sets(v) => changes = true,
+                Root::Input | Root::Task => {}
+                Root::Var(v) => {
+                    let before = (0..i).any(|j| sets_var(&self.steps[j], v) && graph.comes_before(j, i));
+                    if !before && !outer(v) {
+                        out.push(problem(unset_path(what, path, Root::Var(v))));
+                    }
+                }
+                Root::Output(name) => match self.steps.iter().position(|d| d.name == name) {
+                    Some(j) if graph.comes_before(j, i) => {}
+                    _ => out.push(problem(format!(
+                        "{what} reads {path}, and step {name} does not come before the loop: its output can never \
+                         be there when the guard is decided"
+                    ))),
+                },
+            }
+        }
+        if !changes {
+            out.push(problem(format!(
+                "{what} reads nothing an iteration changes ($.loop.index, $.outputs.{}…, or a variable its body \
+                 sets): it would decide the same every time",
+                s.name
+            )));
+        }
+    }
+
+    /// The problems of each loop's inline body, named as the loop step's (a named body is a
+    /// workflow of the file, checked as one).
+    fn body_problems(&self, graph: &StepGraph, in_loop: Option<&HashSet<String>>, out: &mut Vec<WorkflowError>) {
+        for (i, s) in self.steps.iter().enumerate() {
+            let Some(l) = s.kind.loop_spec().filter(|l| l.inline) else { continue };
+            let Some(body) = &l.body.child else { continue };
+            // the variables the body may find set: those of the steps before the loop
+            let mut vars: HashSet<String> = in_loop.cloned().unwrap_or_default();
+            for (j, d) in self.steps.iter().enumerate().filter(|(j, _)| graph.comes_before(*j, i)) {
+                let _ = j;
+                vars.extend(assigned_names(d));
+            }
+            for e in body.problems_in(Some(&vars)) {
+                let problem = match e {
+                    WorkflowError::Step { step, problem, .. } => format!("its body's step {step}: {problem}"),
+                    WorkflowError::DuplicateStep { step, .. } => format!("its body names step {step} twice"),
+                    WorkflowError::Workflow { problem, .. } => format!("its body: {problem}"),
+                    other => format!("its body: {other}"),
+                };
+                out.push(WorkflowError::Step { workflow: self.name.clone(), step: s.name.clone(), problem });
+            }
+        }
+    }
+
+    /// How many levels of child tasks a task of this workflow makes (see [`MAX_CHILD_LEVELS`]):
+    /// a map's elements, a region's branches, a workflow step's child and a loop's iterations are
+    /// one level each, plus what they make. Named children count once resolved.
+    pub fn child_levels(&self) -> usize {
+        let regions = self.regions();
+        self.steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let own = if s.map.is_some() || s.kind.child_def().is_some() {
+                    1 + s.kind.child_def().and_then(|c| c.child.as_ref()).map_or(0, |c| c.child_levels())
+                } else {
+                    0
+                };
+                own + usize::from(regions.iter().any(|r| r.contains(&i)))
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// The steps as a graph (see [`crate::graph`]), or why their `after` lists cannot run.
@@ -1240,10 +1622,44 @@ fn resolve_calls(
 ) -> Result<WorkflowDef, WorkflowError> {
     let mut def = all.get(name).and_then(|v| v.get(&version)).cloned().expect("called with a defined workflow");
     calling.push(format!("{name}@{version}"));
-    for s in &mut def.steps {
-        let StepKind::Workflow(call) = &mut s.kind else { continue };
+    resolve_steps(all, name, &mut def.steps, calling)?;
+    calling.pop();
+    Ok(def)
+}
+
+/// [`resolve_calls`] for the steps of workflow `name` (or of a loop's inline body in it): each
+/// workflow step's child and each loop's named body filled in, and an inline body's own calls.
+fn resolve_steps(
+    all: &HashMap<String, BTreeMap<u32, WorkflowDef>>,
+    name: &str,
+    steps: &mut [StepDef],
+    calling: &mut Vec<String>,
+) -> Result<(), WorkflowError> {
+    for s in steps {
+        let step = s.name.clone();
+        let problem = |p: String| WorkflowError::Step { workflow: name.to_owned(), step: step.clone(), problem: p };
+        let call = match &mut s.kind {
+            StepKind::Workflow(call) => call,
+            StepKind::Loop(l) if !l.inline => &mut l.body,
+            StepKind::Loop(l) => {
+                let body = l.body.child.as_mut().expect("an inline body is compiled as it is read");
+                if calling.len() >= MAX_WORKFLOW_DEPTH {
+                    return Err(problem(format!(
+                        "workflows and loops nest {} deep here ({} -> the body of loop {step}); at most \
+                         {MAX_WORKFLOW_DEPTH}",
+                        calling.len() + 1,
+                        calling.join(" -> ")
+                    )));
+                }
+                let body_name = format!("{name}.{step}");
+                calling.push(body_name.clone());
+                resolve_steps(all, &body_name, &mut body.steps, calling)?;
+                calling.pop();
+                continue;
+            }
+            StepKind::Call { .. } | StepKind::Callback { .. } | StepKind::Wait(_) => continue,
+        };
         let (child, v) = (call.workflow.clone(), call.version);
-        let problem = |p: String| WorkflowError::Step { workflow: name.to_owned(), step: s.name.clone(), problem: p };
         if all.get(&child).and_then(|vs| vs.get(&v)).is_none() {
             return Err(problem(format!("it runs workflow {child} version {v}, which is not defined")));
         }
@@ -1261,8 +1677,7 @@ fn resolve_calls(
         }
         call.child = Some(Box::new(resolve_calls(all, &child, v, calling)?));
     }
-    calling.pop();
-    Ok(def)
+    Ok(())
 }
 
 /// A workflow's `defaults`: values its steps take for the fields they do not set, so that a file
@@ -1318,10 +1733,16 @@ pub fn apply_defaults(workflow: &mut Value, at: &str) -> Result<(), crate::confi
             }
         }
     };
-    for step in obj.get_mut("steps").and_then(Value::as_array_mut).into_iter().flatten() {
+    // a loop's inline body takes its workflow's defaults too
+    let mut steps: Vec<&mut Value> = obj.get_mut("steps").and_then(Value::as_array_mut).into_iter().flatten().collect();
+    while let Some(step) = steps.pop() {
         fill(step, None);
+        let Some(step) = step.as_object_mut() else { continue };
         if let Some(c) = step.get_mut("compensation") {
             fill(c, Some(&for_compensation));
+        }
+        if let Some(Value::Array(body)) = step.get_mut("body") {
+            steps.extend(body.iter_mut());
         }
     }
     Ok(())
@@ -1357,6 +1778,18 @@ impl WorkflowRegistry {
         for (name, versions) in &by_name {
             for version in versions.keys() {
                 let def = resolve_calls(&by_name, name, *version, &mut Vec::new())?;
+                let levels = def.child_levels();
+                if levels > MAX_CHILD_LEVELS {
+                    return Err(WorkflowError::Workflow {
+                        workflow: name.clone(),
+                        problem: format!(
+                            "its tasks would nest {levels} levels deep (each map, parallel region, workflow step and \
+                             loop runs its work as child tasks, and theirs as grandchildren); at most \
+                             {MAX_CHILD_LEVELS}: call a workflow with a map or a loop from the top, not from inside \
+                             another"
+                        ),
+                    });
+                }
                 resolved.get_mut(name).expect("listed").insert(*version, def);
             }
         }

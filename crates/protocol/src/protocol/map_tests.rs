@@ -55,6 +55,7 @@ fn event_of(m: SchedulerMessage) -> (TaskId, Event) {
                 state: m.state,
                 reason: m.reason,
                 output: m.output,
+                vars: m.vars,
             },
         ),
         SchedulerMessage::Undo(m) => (m.task_id, Event::Undo { reason: m.reason }),
@@ -103,6 +104,13 @@ struct World {
     parent_writes: Vec<usize>,
     /// Skip counting the elements running at once (a scan of every task at each start).
     uncounted: bool,
+    /// What the service answers to a forward call that applies (else `{"step", "item"}`).
+    answer: Option<fn(&AgentRequest) -> Value>,
+    /// Timers of tasks that wait (a wait step, a loop between iterations) fire at their time (the
+    /// clock jumps there); others are not armed.
+    timers: bool,
+    /// The idempotency key of every request an agent took, with its task, in order.
+    keys: Vec<(TaskId, String)>,
 }
 
 impl World {
@@ -141,6 +149,9 @@ impl World {
             requests: Vec::new(),
             parent_writes: Vec::new(),
             uncounted: false,
+            answer: None,
+            timers: false,
+            keys: Vec::new(),
         };
         let id = tr.task.task_id.clone();
         w.tasks.insert(id.clone(), tr.task.clone());
@@ -162,6 +173,7 @@ impl World {
             match e {
                 Effect::Dispatch(r) => {
                     self.requests.push((r.task_id.clone(), r.step.clone(), r.input.clone()));
+                    self.keys.push((r.task_id.clone(), r.idempotency_key.to_string()));
                     let element = r.task_id.parent_of().map(|(_, _, e)| e);
                     let refused = match r.phase {
                         Phase::Forward => {
@@ -184,7 +196,10 @@ impl World {
                         };
                         *count += 1;
                         let item = r.input.pointer("/input/item").cloned().unwrap_or(Value::Null);
-                        let output = json!({"step": r.step, "item": item});
+                        let output = match (self.answer, r.phase) {
+                            (Some(answer), Phase::Forward) => answer(&r),
+                            _ => json!({"step": r.step, "item": item}),
+                        };
                         if r.callback.is_some() {
                             // a callback step: the remote side answers with the attempt's token later
                             let answer = crate::messages::CallbackAnswer::Succeeded { output };
@@ -238,6 +253,10 @@ impl World {
                     self.queue.push_back((id, event));
                 }
                 Effect::Alert(a) => self.alerts.push((a.task_id, a.kind)),
+                Effect::ArmTimer(m) if self.timers && in_wait(&self.tasks[from]) => {
+                    self.now = self.now.max(m.complete_by.0);
+                    self.queue.push_back((m.task_id, Event::DeadlineExpired));
+                }
                 Effect::Reply(_) | Effect::ArmTimer(_) => {}
             }
         }
@@ -1008,4 +1027,5 @@ fn a_map_runs_as_a_branch_beside_the_charge_and_is_undone_element_by_element() {
 }
 
 mod decisions;
+mod loops;
 mod variables;

@@ -50,7 +50,7 @@ pub mod task;
 pub use crate::state::{ProcessState, UnknownState};
 pub use crate::workflow::MAX_VARS_BYTES;
 pub use change::map::{element_task, element_tombstone};
-use change::Change;
+use change::{Change, Ended};
 pub use event::callback::late_notice;
 pub use event::deadline::{deadline_grace_ms, in_wait};
 pub use event::submit::submit;
@@ -71,8 +71,8 @@ pub use sends::{
 };
 pub use table::TRANSITIONS;
 pub use task::{
-    Bits, ClaimWait, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, LateResults, Lock, MapProgress,
-    Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
+    Bits, ClaimWait, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, Iteration, LateResults, Lock,
+    MapProgress, Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
 };
 
 /// Tunables of the protocol that are not per step.
@@ -191,6 +191,8 @@ pub enum Event {
         reason: Option<String>,
         /// A branch that succeeded: its step's output.
         output: Option<Value>,
+        /// A loop's iteration of an inline body: the task's variables as it left them.
+        vars: Option<serde_json::Map<String, Value>>,
     },
     /// A map element that ended `Processed` is undone (its parent compensates the map).
     Undo {
@@ -367,8 +369,9 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
         Event::DeadlineExpired => deadline_expired(task, &mut c)?,
         Event::Cancel { reason, .. } => cancel(task, reason, &mut c)?,
         Event::Resubmit { reason, .. } => resubmit(reason, &mut c),
-        Event::ElementEnded { step, element, state, reason, output } => {
-            element_ended(task, *step, *element, *state, reason.as_deref(), output.as_ref(), &mut c)?;
+        Event::ElementEnded { step, element, state, reason, output, vars } => {
+            let end = Ended { state: *state, reason: reason.as_deref(), output: output.as_ref(), vars: vars.as_ref() };
+            element_ended(task, *step, *element, &end, &mut c)?;
         }
         Event::Undo { reason } => undo(task, reason, &mut c)?,
         Event::Joined { step, output } => joined(task, *step, output, &mut c)?,

@@ -366,6 +366,14 @@ impl crate::condition::Scope for Task {
     fn var(&self, name: &str) -> Option<&Value> {
         self.vars.get(name)
     }
+
+    fn loop_index(&self) -> Option<u64> {
+        self.iteration.as_ref().map(|i| u64::from(i.index))
+    }
+
+    fn loop_previous(&self) -> Option<&Value> {
+        self.iteration.as_ref()?.previous.as_ref()
+    }
 }
 
 /// How many attempt tokens a callback unit remembers.
@@ -702,6 +710,26 @@ pub struct Task {
     /// region reads a copy of its parent's. Absent while empty.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub vars: Map<String, Value>,
+    /// A loop's iteration (`{task}~{step}~{i}`): its index and the previous iteration's output,
+    /// what its steps read as `$.loop.index` and `$.loop.previous`. Its end brings its output and,
+    /// for an inline body, its variables back to the loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iteration: Option<Iteration>,
+}
+
+/// What a loop's iteration knows of the loop (attribute `Iteration`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Iteration {
+    /// Its index, from 0.
+    pub index: u32,
+    /// The previous iteration's output (after the loop's `result_selector`); absent in the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<Value>,
+    /// Its body is the loop's inline steps: it shares the task's variables (a copy in, the copy
+    /// back when it ends).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub shares_vars: bool,
 }
 
 /// The fence of the current unit's attempts ([`Task::lock`]): the attempt that holds the task,
@@ -816,6 +844,7 @@ pub(crate) fn new_task(
         upstream: None,
         called: false,
         vars: Map::new(),
+        iteration: None,
     }
 }
 

@@ -31,6 +31,8 @@
 use serde_json::{json, Value};
 
 use super::Change;
+
+pub(crate) mod loops;
 use crate::ids::TaskId;
 use crate::messages::{CancelMessage, ElementEnded, JoinMessage, Phase, SchedulerMessage, UndoMessage, VERSION};
 use crate::protocol::task::{new_task, Bits, CompensationStatus, MapProgress, StepRecord, StepStatus};
@@ -91,9 +93,16 @@ pub(crate) fn undoable(task: &Task, regions: &[std::ops::Range<usize>], j: usize
     match regions.iter().find(|r| r.contains(&j)) {
         Some(r) if r.start == j => steps[r.clone()].iter().any(|s| s.compensation.is_some()),
         Some(_) => false,
-        // a child workflow undoes its own steps
-        None => steps[j].compensation.is_some() || steps[j].kind.starts_a_workflow(),
+        // a child workflow undoes its own steps, and a loop's iterations theirs
+        None => steps[j].compensation.is_some() || steps[j].kind.starts_a_workflow() || undoes_anything(&steps[j]),
     }
+}
+
+/// Whether a loop's iterations have anything to undo: some step of its body (or of what the body
+/// runs) has a compensation. A loop that only reads costs nothing to compensate.
+fn undoes_anything(s: &crate::workflow::StepDef) -> bool {
+    let Some(body) = s.kind.loop_spec().and_then(|l| l.body.child.as_deref()) else { return false };
+    body.steps.iter().any(|b| b.compensation.is_some() || b.kind.starts_a_workflow() || undoes_anything(b))
 }
 
 /// Whether forward step `j`, done, has an effect the task's compensation must undo: a step that
@@ -154,6 +163,10 @@ pub(crate) fn ready(
 /// The region's branches whose undo may start now: a branch is undone after the branches that
 /// come after it (dependent compensations in reverse order; independent ones at once).
 pub(crate) fn undo_now(task: &Task, step: usize, p: &MapProgress) -> Vec<u32> {
+    if loops::loop_at(task, step).is_some() {
+        // a loop's iterations one at a time, the newest first
+        return p.to_undo().last().into_iter().collect();
+    }
     let Some(region) = task.workflow.region_at(step) else { return p.to_undo().collect() };
     let Ok(graph) = task.workflow.graph() else { return Vec::new() };
     let pending: Vec<u32> = p.to_undo().collect();
@@ -176,6 +189,9 @@ pub(crate) fn undo_now(task: &Task, step: usize, p: &MapProgress) -> Vec<u32> {
 /// the region's step `step + element` (without its `after`), its input the parent's, and it gets
 /// the outputs of the parent's steps it comes after ([`Task::upstream`]).
 pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: &Ctx, policy: &Policy) -> Transition {
+    if loops::loop_at(parent, step).is_some() {
+        return loops::iteration_task(parent, step, element, ctx, policy);
+    }
     if parent.workflow.steps[step].kind.starts_a_workflow() {
         return child_task(parent, step, element, item, ctx, policy);
     }
@@ -350,6 +366,11 @@ pub(crate) fn ended_notice(task: &Task) -> Option<Effect> {
                 (task.called || task.upstream.is_some()).then(|| task.element_output())
             })
             .flatten(),
+        vars: task
+            .iteration
+            .as_ref()
+            .filter(|i| i.shares_vars && task.process_state == ProcessState::Processed && !task.vars.is_empty())
+            .map(|_| task.vars.clone()),
     })))
 }
 
@@ -361,7 +382,11 @@ pub(crate) fn map_running(task: &Task) -> bool {
     }
     let i = task.unit_step();
     let def = &task.workflow.steps[i];
-    if def.map.is_none() && task.workflow.region_at(i).is_none() && !def.kind.starts_a_workflow() {
+    if def.map.is_none()
+        && task.workflow.region_at(i).is_none()
+        && !def.kind.starts_a_workflow()
+        && def.kind.loop_spec().is_none()
+    {
         return false;
     }
     let step = &task.steps[i];
@@ -547,7 +572,7 @@ impl Change<'_> {
     /// The start every unit that runs as tasks of its own shares (a map, a region, a workflow
     /// step): no wait, no lock, an attempt counted. When it ran before (an operator resubmits the
     /// task after it stopped), it goes on stopping from where it was: `true`, nothing left to do.
-    fn begin_or_resume(&mut self, spec: Option<&MapSpec>) -> bool {
+    pub(super) fn begin_or_resume(&mut self, spec: Option<&MapSpec>) -> bool {
         let i = self.t.step_index;
         self.t.claim.not_before = None;
         self.t.claim.restarts = 0;

@@ -10,7 +10,8 @@
 //!   the end of the task;
 //! - `compensation.rs`: the plan of what to undo and when it may start, and its release when the
 //!   attempt it waits for answers;
-//! - `map.rs`: the units that run as tasks of their own (maps, parallel regions, workflow steps).
+//! - `map.rs`: the units that run as tasks of their own (maps, parallel regions, workflow steps);
+//!   among them loop steps (`map/loops.rs`), whose iterations are tasks of their own.
 //!
 //! Here: the struct, the lock's release, and whether a compensation waits for an attempt.
 
@@ -22,6 +23,17 @@ mod finish;
 pub(super) mod map;
 mod note;
 pub(super) mod start;
+
+/// How a child task ended, as its notice to its parent says.
+pub(crate) struct Ended<'a> {
+    pub(crate) state: crate::protocol::ProcessState,
+    /// Why it ended so, when it did not succeed.
+    pub(crate) reason: Option<&'a str>,
+    /// A branch's, a workflow step's child's or a loop iteration's output.
+    pub(crate) output: Option<&'a serde_json::Value>,
+    /// A loop iteration of an inline body: the task's variables as it left them.
+    pub(crate) vars: Option<&'a serde_json::Map<String, serde_json::Value>>,
+}
 
 /// A transition being built: the new task, its effects, and what the shell supplied.
 pub(crate) struct Change<'a> {

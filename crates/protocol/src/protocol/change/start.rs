@@ -74,6 +74,13 @@ impl Change<'_> {
             }
             return;
         }
+        if self.t.workflow.steps[i].kind.loop_spec().is_some() {
+            match self.t.phase() {
+                Phase::Forward => self.start_loop(),
+                Phase::Compensate => self.start_map_undo(),
+            }
+            return;
+        }
         if self.t.workflow.steps[i].kind.starts_a_workflow() {
             match self.t.phase() {
                 Phase::Forward => self.start_child(),

@@ -23,7 +23,9 @@ use crate::workflow::MapSpec;
 
 /// The task sleeps in a wait step: its deadline ends the step, succeeded.
 pub fn in_wait(task: &Task) -> bool {
-    !task.process_state.is_terminal() && task.lock.locked_by.is_some() && task.current_def().kind.is_timer()
+    let def = task.current_def();
+    let between_iterations = def.kind.loop_spec().is_some() && task.phase() == Phase::Forward;
+    !task.process_state.is_terminal() && task.lock.locked_by.is_some() && (def.kind.is_timer() || between_iterations)
 }
 
 /// How long after `CompleteBy` a deadline is decided: a wait wakes at its instant; an attempt's
@@ -54,7 +56,11 @@ pub(crate) fn deadline_expired(task: &Task, c: &mut Change) -> Result<(), Stale>
     if complete_by.plus_ms(deadline_grace_ms(task, c.policy)) > c.ctx.now {
         return Err(Stale::NotExpired { complete_by, now: c.ctx.now });
     }
-    if waiting {
+    if waiting && task.current_def().kind.loop_spec().is_some() {
+        // A loop's wait between iterations ends: the next one starts.
+        c.unlock();
+        c.next_iteration();
+    } else if waiting {
         // A wait ends by its deadline: the step is done.
         c.unlock();
         c.t.unit_record().succeeded();
@@ -93,13 +99,22 @@ fn map_deadline(task: &Task, c: &mut Change) {
     if forward && c.ctx.now >= p.deadline {
         c.t.complete_by = Some(watch);
         let mut p = p;
-        let why = format!(
-            "map step {} did not end within {} ms ({} of {} elements ended)",
-            task.workflow.steps[i].name,
-            timeout_ms,
-            p.ended.count(),
-            p.n
-        );
+        let why = if def.kind.loop_spec().is_some() {
+            format!(
+                "loop step {} did not end within {} ms ({} iterations ran)",
+                def.name,
+                if def.timeout_ms == 0 { crate::workflow::DEFAULT_MAP_TIMEOUT_MS } else { def.timeout_ms },
+                p.started
+            )
+        } else {
+            format!(
+                "map step {} did not end within {} ms ({} of {} elements ended)",
+                task.workflow.steps[i].name,
+                timeout_ms,
+                p.ended.count(),
+                p.n
+            )
+        };
         stop(&mut p, EndCause::Failed, &why, i, c);
         let idle = p.running().next().is_none();
         c.t.steps[i].map = Some(p);

@@ -16,27 +16,22 @@ use serde_json::Value;
 use super::agent_result::kept;
 use crate::ids::TaskId;
 use crate::messages::Phase;
+use crate::protocol::change::map::loops;
 use crate::protocol::change::map::{
     end_stopped, item_at, join_message, map_running, map_spec, note_skips, ready, region_succeeded, stop, undo_message,
     undo_now,
 };
-use crate::protocol::change::Change;
+use crate::protocol::change::{Change, Ended};
 use crate::protocol::task::MapProgress;
 use crate::protocol::{Effect, EndCause, ProcessState, Stale, Task};
 use crate::workflow::FailureKind;
 
 /// An element ended: count it once, then start the next, stop, or join. A parallel region's
 /// branch: its output is kept, the branches waiting for it start, and once all have succeeded the
-/// region has (no join: each branch brought its output back with its end).
-pub(crate) fn element_ended(
-    task: &Task,
-    step: usize,
-    element: u32,
-    state: ProcessState,
-    reason: Option<&str>,
-    output: Option<&Value>,
-    c: &mut Change,
-) -> Result<(), Stale> {
+/// region has (no join: each branch brought its output back with its end). A loop's iteration:
+/// see `change/loops.rs`.
+pub(crate) fn element_ended(task: &Task, step: usize, element: u32, end: &Ended, c: &mut Change) -> Result<(), Stale> {
+    let (state, reason, output) = (end.state, end.reason, end.output);
     if !state.is_terminal() {
         return Err(Stale::NotCurrentAttempt);
     }
@@ -50,6 +45,11 @@ pub(crate) fn element_ended(
     }
     if !p.began(element) || !p.ended.set(element) {
         return Err(Stale::Duplicate);
+    }
+    if let Some(def) = task.workflow.steps.get(step).filter(|d| d.kind.loop_spec().is_some()) {
+        let output = kept(def, output.unwrap_or(&Value::Null));
+        loops::iteration_ended(task, step, element, end, output, p, c);
+        return Ok(());
     }
     let region = task.workflow.region_at(step);
     let def = &task.workflow.steps[step];

@@ -8,7 +8,7 @@
 //!
 //! Stale: a task that is not a child, or in any other state (`Terminal`).
 
-use crate::protocol::change::Change;
+use crate::protocol::change::{map, Change};
 use crate::protocol::{EndCause, ProcessState, Stage, Stale, Task};
 
 /// Undo a map element that ended `Processed` (its parent's map is compensated): its steps with a
@@ -30,9 +30,12 @@ pub(crate) fn undo(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stal
         }
         return Ok(());
     }
+    // as a task compensates: a step with a compensation, and a map, region, workflow step or
+    // loop of its own that applied (its children undo themselves)
+    let regions = task.workflow.regions();
     let plan: Vec<usize> = (0..task.steps.len())
         .rev()
-        .filter(|&j| task.steps[j].applied() && task.workflow.steps[j].compensation.is_some())
+        .filter(|&j| map::applied(task, &regions, j) && map::undoable(task, &regions, j))
         .collect();
     if plan.is_empty() {
         c.finish(ProcessState::Compensated);
