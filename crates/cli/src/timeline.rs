@@ -514,13 +514,25 @@ fn current(task: &Task, now: Millis) -> String {
         map.filter(|_| matches!(task.process_state, ProcessState::Processing | ProcessState::Compensating))
     {
         let running = p.running().count();
-        let what = if p.branches.is_some() { "parallel branches" } else { "map elements" };
-        format!(
-            "{unit} (its {what}: {running} running, {} ended of {}; CompleteBy is the {}'s next look)",
-            p.ended.count(),
-            p.n,
-            if p.branches.is_some() { "region" } else { "map" }
-        )
+        if task.current_def().kind.loop_spec().is_some() {
+            format!(
+                "{unit} (its iteration {} running, {} ended, at most {}; CompleteBy is the loop's next look)",
+                p.started.saturating_sub(1),
+                p.ended.count(),
+                p.n
+            )
+        } else {
+            let what = if p.branches.is_some() { "parallel branches" } else { "map elements" };
+            format!(
+                "{unit} (its {what}: {running} running, {} ended of {}; CompleteBy is the {}'s next look)",
+                p.ended.count(),
+                p.n,
+                if p.branches.is_some() { "region" } else { "map" }
+            )
+        }
+    } else if task.lock.locked_by.is_some() && task.current_def().kind.loop_spec().is_some() {
+        let next = task.steps[task.unit_step()].map.as_ref().map_or(0, |p| p.started);
+        format!("{unit} (between iterations: iteration {next} starts at CompleteBy)")
     } else if task.lock.locked_by.is_some() {
         let n = unit_named(task, unit).map_or(0, |u| recorded_attempts(task, u));
         format!("{unit} (attempt {n} running)")
@@ -600,6 +612,9 @@ pub fn map_summary(task: &Task, i: usize) -> Option<String> {
     if let Some(r) = task.workflow.region_at(i) {
         return Some(region_summary(task, i, &r, p));
     }
+    if task.workflow.steps[i].kind.loop_spec().is_some() {
+        return Some(loop_summary(task, i, p));
+    }
     let mut text = format!(
         "map of {} elements: {} ended ({} succeeded, {} failed), {} running",
         p.n,
@@ -627,6 +642,51 @@ pub fn map_summary(task: &Task, i: usize) -> Option<String> {
     }
     let _ = write!(text, "; elements are tasks {}~{i}~0 to ~{}", task.task_id, p.n.saturating_sub(1));
     Some(text)
+}
+
+/// What a loop's iterations did, in words: counts, the last three one by one (the earlier ones
+/// collapsed into their counts), and which tasks they are.
+fn loop_summary(task: &Task, i: usize, p: &sas_protocol::protocol::MapProgress) -> String {
+    let state = |e: u32| {
+        if p.undone.get(e) {
+            "undone"
+        } else if p.errored.get(e) {
+            "in Error"
+        } else if p.ok.get(e) {
+            "succeeded"
+        } else if p.ended.get(e) {
+            "failed"
+        } else {
+            "running"
+        }
+    };
+    let n = p.started;
+    let mut text = format!(
+        "loop: {n} iteration{} ({} succeeded, {} failed, {} running; at most {})",
+        if n == 1 { "" } else { "s" },
+        p.ok.count(),
+        p.failed,
+        p.running().count(),
+        p.n
+    );
+    let shown = n.saturating_sub(3);
+    if shown > 0 {
+        let _ = write!(text, "; 0 to {} collapsed", shown - 1);
+    }
+    for e in shown..n {
+        let _ = write!(text, "; {e} {}", state(e));
+    }
+    if let Some(cause) = p.stopping {
+        let why = if cause == sas_protocol::protocol::EndCause::Cancelled { "cancelled" } else { "failed" };
+        let _ = write!(text, "; stopping ({why})");
+    }
+    if !p.undone.is_empty() {
+        let _ = write!(text, "; {} undone, the newest first", p.undone.count());
+    }
+    if n > 0 {
+        let _ = write!(text, "; iterations are tasks {}~{i}~0 to ~{}", task.task_id, n - 1);
+    }
+    text
 }
 
 /// Why a skipped step was skipped, when its record does not say.
@@ -702,6 +762,11 @@ pub fn render(task: &Task, now: Millis, opts: &Options) -> String {
             let _ = writeln!(
                 out,
                 "branch {element} of the parallel region at step index {step} of task {parent} (sasctl status {parent})"
+            );
+        } else if task.iteration.is_some() {
+            let _ = writeln!(
+                out,
+                "iteration {element} of the loop step at index {step} of task {parent} (sasctl status {parent})"
             );
         } else {
             let _ = writeln!(
@@ -1554,6 +1619,42 @@ mod tests {
                 assert!(text.contains(&row), "{when}: {text}");
             }
         }
+    }
+
+    #[test]
+    fn a_loop_step_says_how_many_iterations_ran_and_collapses_all_but_the_last_three() {
+        let mut wf = workflow("order");
+        wf.steps[0] = serde_json::from_value(json!({
+            "name": "poll", "kind": "loop", "max_iterations": 50,
+            "body": [{"name": "status", "agent": "sim", "timeout_ms": 1000}],
+            "until": {"variable": "$.loop.index", "numeric_greater_than_equals": 40}
+        }))
+        .unwrap();
+        let tr = protocol::submit(TaskId::try_from("order-9").unwrap(), wf, json!({}), None, &ctx(0), &policy());
+        let mut d = Drive(tr.task);
+        for e in 0..5 {
+            let end = Event::ElementEnded {
+                step: 0,
+                element: e,
+                state: ProcessState::Processed,
+                reason: None,
+                output: Some(json!({"status": {}})),
+                vars: None,
+            };
+            d = d.go(1_000 + u64::from(e), &end);
+        }
+        let text = render(&d.0, Millis(T0 + 2_000), &Options::full(false));
+        assert!(
+            text.contains(
+                "loop: 6 iterations (5 succeeded, 0 failed, 1 running; at most 50); 0 to 2 collapsed; 3 succeeded; \
+                 4 succeeded; 5 running; iterations are tasks order-9~0~0 to ~5"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("poll (its iteration 5 running, 5 ended, at most 50;"), "{text}");
+        let iteration = protocol::element_task(&d.0, 0, 5, json!(null), &ctx(1_000), &policy()).task;
+        let text = render(&iteration, Millis(T0 + 2_000), &Options::full(false));
+        assert!(text.contains("iteration 5 of the loop step at index 0 of task order-9"), "{text}");
     }
 
     #[test]

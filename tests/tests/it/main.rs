@@ -19,6 +19,7 @@ mod http_auth;
 mod lambda;
 mod lambda_agent;
 mod limits;
+mod loops;
 mod maps;
 mod orders;
 mod protocol;

@@ -26,6 +26,9 @@ fn step(name: &str, comp: Option<&str>) -> StepDef {
 pub const LIMITED_AGENT: &str = "sim.pay";
 pub const LIMIT: u32 = 2;
 
+/// The most iterations of `order-loop`'s loop (its guard ends it after 3).
+pub const LOOP_BOUND: u32 = 5;
+
 /// `order-map` reserves each of its lines in a map step, this many at once.
 pub const MAP_CONCURRENCY: u32 = 2;
 
@@ -48,7 +51,8 @@ fn lines_at_least(n: usize) -> serde_json::Value {
 /// for orders of four lines or more, a gift-wrap whose failure does not fail the order, an apology
 /// only when the gift-wrap failed, and a hold only after an apology (skipped with it); in
 /// `order-graph` the fraud check runs only for orders of two lines or more; `order-child` ships
-/// through the `shipping` workflow, a child task of its own.
+/// through the `shipping` workflow, a child task of its own; `order-loop` tracks its parcel in a
+/// loop.
 pub fn workflows() -> WorkflowRegistry {
     let wf = |name: &str, on_failure| WorkflowDef {
         result: None,
@@ -159,7 +163,31 @@ pub fn workflows() -> WorkflowRegistry {
         },
         step("notify", None),
     ];
+    // `order-loop`: reserve (which sets the variable `tracked` to 0), then a loop that tracks the
+    // parcel once per iteration, a second apart, until three iterations have run (at most
+    // [`LOOP_BOUND`]), each iteration counting itself into `tracked`; then ship, sent the count
+    let mut loop_order = wf("order-loop", OnFailure::Compensate);
+    loop_order.steps[0].assign = Some(template(serde_json::json!({"tracked": 0})));
+    // an inline body as a file writes it (its definition is the step's: the task's item holds it so)
+    let mut poll: StepDef = serde_json::from_value(serde_json::json!({
+        "name": "poll", "kind": "loop", "max_iterations": LOOP_BOUND, "wait_ms": 1_000,
+        "body": [step("track", Some("untrack"))],
+        "until": {"variable": "$.vars.tracked", "numeric_greater_than_equals": 3}
+    }))
+    .expect("a valid loop");
+    if let StepKind::Loop(l) = &mut poll.kind {
+        let track = &mut l.body.child.as_mut().expect("an inline body").steps[0];
+        track.parameters = Some(template(serde_json::json!({"poll.$": "$.loop.index"})));
+        track.assign = Some(template(serde_json::json!({"tracked.$": "States.MathAdd($.vars.tracked, 1)"})));
+    }
+    loop_order.steps[2] = poll;
+    loop_order.steps.push(StepDef {
+        parameters: Some(template(serde_json::json!({"tracked.$": "$.vars.tracked"}))),
+        ..step("ship", None)
+    });
+    loop_order.steps.remove(1); // no charge: the loop takes its place
     WorkflowRegistry::new([
+        loop_order,
         wf("order", OnFailure::Compensate),
         choice_order,
         shipping,

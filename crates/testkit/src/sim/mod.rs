@@ -444,6 +444,8 @@ impl Sim {
             "order-child"
         } else if roll < 0.94 {
             "order-children"
+        } else if roll < 0.97 {
+            "order-loop"
         } else {
             "order"
         };

@@ -33,6 +33,16 @@ impl Sim {
                 }
             }
         }
+        // `loop-sequential`: a loop's iterations run one after the other (their undos too)
+        let mut iterating: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+        for t in tasks.iter().filter(|t| t.iteration.is_some() && !t.process_state.is_terminal()) {
+            if let Some((parent, step, _)) = t.task_id.parent_of() {
+                iterating.entry(format!("{parent}#{step}")).or_default().push(t.task_id.as_str());
+            }
+        }
+        for (key, ids) in iterating.into_iter().filter(|(_, ids)| ids.len() > 1) {
+            self.report.violations.push(format!("loop-sequential: {key}: iterations {ids:?} run at once"));
+        }
         for (parent, n) in running {
             self.report.elements_max = self.report.elements_max.max(n);
             if n > MAP_CONCURRENCY {
@@ -61,6 +71,10 @@ impl Sim {
                 }
                 if let Some(r) = t.workflow.region_at(i) {
                     self.check_region(t, i, &r, &elements, v);
+                    continue;
+                }
+                if let Some(spec) = t.workflow.steps[i].kind.loop_spec() {
+                    self.check_loop(t, i, spec.max_iterations, &elements, v);
                     continue;
                 }
                 if t.workflow.steps[i].kind.starts_a_workflow() && t.workflow.steps[i].map.is_none() {
@@ -99,6 +113,71 @@ impl Sim {
                     v.push(format!("join-once: {key}: joined {n} times"));
                 }
             }
+        }
+    }
+
+    /// A loop's iterations, once its task has ended: `loop-bounded` (never more than
+    /// `max_iterations`), `loop-done` (a Processed task whose loop succeeded has every iteration
+    /// Processed), `loop-undone` (a compensated or cancelled one none left Processed, and each
+    /// iteration's undo done after the undos of the iterations after it: the newest first).
+    fn check_loop(
+        &self,
+        t: &sas_protocol::protocol::Task,
+        step: usize,
+        bound: u32,
+        iterations: &[Option<&&sas_protocol::protocol::Task>],
+        v: &mut Vec<String>,
+    ) {
+        let key = format!("{}#{step}", t.task_id);
+        let p = t.steps[step].map.as_ref().expect("a loop's progress");
+        if p.started > bound || p.n != bound {
+            v.push(format!("loop-bounded: {key}: {} iterations started, max_iterations {bound}", p.started));
+        }
+        if !t.process_state.is_terminal() {
+            return;
+        }
+        let ended: Vec<&sas_protocol::protocol::Task> = iterations.iter().flatten().map(|c| **c).collect();
+        match t.process_state {
+            ProcessState::Processed if t.steps[step].status == StepStatus::Succeeded => {
+                if let Some(c) = ended.iter().find(|c| c.process_state != ProcessState::Processed) {
+                    v.push(format!(
+                        "loop-done: {key}: Processed, but iteration {} ended {}",
+                        c.task_id, c.process_state
+                    ));
+                }
+            }
+            ProcessState::Compensated | ProcessState::Cancelled => {
+                if let Some(c) = ended.iter().find(|c| c.process_state == ProcessState::Processed) {
+                    v.push(format!(
+                        "loop-undone: {key}: ended {}, but iteration {} is Processed",
+                        t.process_state, c.task_id
+                    ));
+                }
+                // when each iteration's undos landed (the ledger's compensations of its id)
+                let undone_at = |c: &sas_protocol::protocol::Task| {
+                    let id = format!("{}:", c.task_id);
+                    self.ledger
+                        .applied
+                        .range(id.clone()..)
+                        .take_while(|(k, _)| k.starts_with(&id))
+                        .filter(|(k, _)| k.contains(":un"))
+                        .map(|(_, a)| a.at)
+                        .max()
+                };
+                let at: Vec<(u32, Millis)> =
+                    ended.iter().filter_map(|c| Some((c.iteration.as_ref()?.index, undone_at(c)?))).collect();
+                for (a, at_a) in &at {
+                    for (b, at_b) in &at {
+                        if a < b && at_a < at_b {
+                            v.push(format!(
+                                "loop-undone: {key}: iteration {a} was undone at {at_a}, before iteration {b} (newer) \
+                                 at {at_b}"
+                            ));
+                        }
+                    }
+                }
+            }
+            _ => {}
         }
     }
 

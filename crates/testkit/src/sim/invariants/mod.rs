@@ -68,7 +68,8 @@ impl Sim {
                         }
                     }
                 }
-                if let Some(token) = lock {
+                // a lock with no agent (a wait step, a loop between iterations) is a timer: no request
+                if let Some(token) = lock.filter(|_| t.current_def().kind.uses_agent()) {
                     self.claims.entry(token.clone()).or_insert_with(|| Claim {
                         task: id.clone(),
                         step: t.current_def().name.clone(),
