@@ -31,7 +31,7 @@ load: ## benchmark on make up's stack: N sim-order tasks (N=1000), drain time, t
 	N="$(or $(N),1000)" ARGS="$(ARGS)" infra/load.sh
 
 .PHONY: bench-cost bench-sweep
-bench-cost: ## cost benchmark on its own stack sas-bench: AWS requests, DynamoDB RCU/WCU (table and each index) and $ per million tasks, 11 workloads (BENCH_N=200; BENCH_ONLY=3,6 picks; 9-11 are three translated Step Functions state machines; SWEEP=1 adds bench-sweep); see bench/README.md
+bench-cost: ## cost benchmark on its own stack sas-bench: AWS requests, DynamoDB RCU/WCU (table and each index) and $ per million tasks, 12 workloads (BENCH_N=200; BENCH_ONLY=3,6 picks; 9-11 are three translated Step Functions state machines, 12 a loop of 100 iterations; SWEEP=1 adds bench-sweep); see bench/README.md
 	SWEEP="$(or $(SWEEP),0)" bench/cost.sh
 
 bench-sweep: ## the supervisor sweep's requests and read units with 100,000 finished tasks in the table and 0/10/100 expired ones (SWEEP_FINISHED)

@@ -130,10 +130,14 @@ WORKLOADS = [
     ("asl-orchestration (import-asl), buy", "asl-orchestration", {"ticker": "AMZN"}, 100,
      {"Check_Stock_Price": 1, "Generate_Buy_Sell_recommendation": 1, "Request_Human_Approval": 1,
       "Buy_or_Sell__no_choice_matched": 0, "Sell_Stock": 0, "Buy_Stock": 1, "Report_Result": 1}),
+    # a loop: reserve, then 100 iterations of a one-step body (each a child task), then ship: the
+    # figures per task are per loop; print_report adds them per iteration
+    ("sim-loop, 100 iterations", "sim-loop", {"polls": 100}, 5, {"reserve": 1, "poll": 1, "ship": 1}),
 ]
 
-# Workloads whose task is a map: how many elements it has (for the figures per element).
-ELEMENTS = {"sim-map, 1,000 elements": 1000}
+# Workloads whose task is a map or a loop: how many elements or iterations it has (for the figures per
+# element or iteration).
+ELEMENTS = {"sim-map, 1,000 elements": 1000, "sim-loop, 100 iterations": 100}
 
 # Workloads whose way through a Choice is checked too: the status of these steps on the task's record.
 STATUSES = {
@@ -654,9 +658,9 @@ def print_report(out: dict, env: Env):
       "wait behind the earlier ones.")
     maps = [r for r in results if r["name"] in ELEMENTS]
     if maps:
-        p("\n### Per map element\n")
+        p("\n### Per map element or loop iteration\n")
         p(
-            "| workload | elements | requests/element | WCU/element | RCU/element | $/M elements "
+            "| workload | elements or iterations | requests/each | WCU/each | RCU/each | $/M each "
             "| failed conditional writes/element | drained in s |"
         )
         p("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -668,7 +672,7 @@ def print_report(out: dict, env: Env):
               f"{fmt(tot['failed_conditions'] / k, 3)} | {r['drain_secs']} |")
         p("- The parent's own steps (charge) and its submission are spread over the elements; a map element "
           "is created, claimed, run and ended as a task of its own, and the ends one batch brings to the parent "
-          "are one write on it.")
+          "are one write on it. A loop's iteration likewise, one at a time, its end one write on the loop's task.")
     idle, sw = out["idle"], out["idle_sweep"]
     p("\n### Scheduled costs (not per task)\n")
     polled = len({r["resource"] for r in idle["rows"] if r["op"] == "ReceiveMessage"})

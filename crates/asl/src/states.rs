@@ -521,8 +521,9 @@ impl Cx {
                     &format!("{prefix}{at}"),
                     "Next",
                     format!(
-                        "a loop ({why}): a workflow here runs each step once, in a graph without cycles; \
-                         a retry loop is a Retry, a loop over items a Map, a polling loop a callback step"
+                        "a loop ({why}): the importer does not translate a Choice that leads back yet; write it \
+                         as a loop step (kind loop: its body, while or until, max_iterations; see \
+                         docs/concepts/loops.md), a retry loop as a Retry, a loop over items as a Map"
                     ),
                 );
             } else {

@@ -45,6 +45,9 @@ pub fn mermaid(def: &WorkflowDef) -> String {
         if s.compensation.is_some() {
             let _ = writeln!(out, "  s{i} -. undone by .-> c{i}");
         }
+        if s.kind.loop_spec().is_some() {
+            let _ = writeln!(out, "  s{i} -- next iteration --> s{i}");
+        }
     }
     out.push_str("  classDef undo stroke-dasharray: 5 5\n");
     out
@@ -168,10 +171,16 @@ mod tests {
             let g = def.graph().unwrap();
             let edges = (0..def.steps.len()).map(|i| g.after(i).len()).sum::<usize>();
             assert_eq!(
-                m.lines().filter(|l| l.starts_with("  s") && !l.starts_with("  start") && l.contains(" --> s")).count(),
+                m.lines()
+                    .filter(|l| l.starts_with("  s") && !l.starts_with("  start") && l.contains(" --> s"))
+                    .filter(|l| !l.contains("next iteration"))
+                    .count(),
                 edges,
                 "{m}"
             );
+            // a loop's box has an arrow back to itself
+            let loops = def.steps.iter().filter(|s| s.kind.loop_spec().is_some()).count();
+            assert_eq!(m.matches(" -- next iteration --> ").count(), loops, "{}: {m}", def.name);
             if def.steps.iter().any(|s| s.map.is_some()) {
                 assert!(m.contains("map over /"), "{}: {m}", def.name);
             }

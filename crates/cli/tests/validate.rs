@@ -107,3 +107,37 @@ fn validate_reads_the_checkout_s_config_as_edited_and_names_every_mistake() {
     assert!(ok && out.contains(": mine@1") && out.contains("valid: 1 workflow(s), 1 agent(s)"), "{out}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn validate_takes_a_bounded_loop_and_refuses_one_without_a_bound_or_with_a_guard_blind_to_its_iterations() {
+    let looped = |extra: Value| {
+        let mut poll = json!({"name": "poll", "kind": "loop", "max_iterations": 20, "wait_ms": 1000,
+            "body": [sim("status")],
+            "result_selector": {"state.$": "$.status.state"},
+            "until": {"variable": "$.outputs.poll.state", "string_equals": "done"}});
+        for (k, v) in extra.as_object().unwrap() {
+            if v.is_null() {
+                poll.as_object_mut().unwrap().remove(k);
+            } else {
+                poll[k] = v.clone();
+            }
+        }
+        json!([{"name": "report", "version": 1, "steps": [sim("start"), poll, sim("notify")]}])
+    };
+    let (ok, out) = validate(&looped(json!({})));
+    assert!(ok, "{out}");
+    assert!(out.contains("valid: 1 workflow(s)"), "{out}");
+    let (ok, out) = validate(&looped(json!({"max_iterations": null})));
+    assert!(!ok);
+    assert!(out.contains("step poll: a loop step needs max_iterations, its bound (1 to 10000)"), "{out}");
+    let (ok, out) = validate(&looped(json!({"until": {"variable": "$.input.done", "boolean_equals": true}})));
+    assert!(!ok);
+    assert!(out.contains("until reads nothing an iteration changes"), "{out}");
+    let inner = json!({"name": "inner", "kind": "loop", "max_iterations": 3,
+        "body": [{"name": "each", "agent": "sim", "timeout_ms": 1000, "map": {"items": "/input/lines"}}],
+        "until": {"variable": "$.loop.index", "numeric_greater_than_equals": 2}});
+    let (ok, out) = validate(&looped(json!({"body": [inner], "until": {"variable": "$.loop.index",
+        "numeric_greater_than_equals": 2}, "result_selector": null})));
+    assert!(!ok);
+    assert!(out.contains("its tasks would nest 3 levels deep"), "{out}");
+}
