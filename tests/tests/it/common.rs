@@ -197,6 +197,20 @@ impl Stack {
         self.deps.store.get(&TaskId::try_from(id).unwrap()).await.expect("GetItem")
     }
 
+    /// The task's item as DynamoDB holds it (a strongly consistent GetItem).
+    pub async fn item(&self, id: &str) -> HashMap<String, aws_sdk_dynamodb::types::AttributeValue> {
+        sas_core::aws::dynamodb_client(&self.sdk)
+            .get_item()
+            .table_name(&self.res.task_table)
+            .key("TaskId", aws_sdk_dynamodb::types::AttributeValue::S(id.into()))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("GetItem")
+            .item
+            .expect("the item")
+    }
+
     /// Poll the table until the task satisfies `pred`; panics with the task's state otherwise.
     pub async fn wait_for(&self, id: &str, wait: Duration, pred: impl Fn(&Task) -> bool) -> Task {
         let deadline = Instant::now() + wait;

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use aws_sdk_dynamodb::types::AttributeValue;
 use sas_protocol::ids::TaskId;
 use sas_protocol::protocol::{CompensationStatus, ProcessState, StepStatus};
 use sas_protocol::workflow::{WorkflowDef, WorkflowRegistry};
@@ -48,17 +47,7 @@ fn workflows() -> Vec<WorkflowDef> {
 
 /// The size in bytes of the task's item as DynamoDB holds it (its attributes' JSON).
 async fn item_bytes(s: &Stack, id: &str) -> usize {
-    let ddb = sas_core::aws::dynamodb_client(&s.sdk);
-    let item = ddb
-        .get_item()
-        .table_name(&s.res.task_table)
-        .key("TaskId", AttributeValue::S(id.into()))
-        .consistent_read(true)
-        .send()
-        .await
-        .expect("GetItem")
-        .item
-        .expect("the item");
+    let item = s.item(id).await;
     item.iter().map(|(k, v)| k.len() + format!("{v:?}").len()).sum()
 }
 

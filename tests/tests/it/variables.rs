@@ -40,17 +40,7 @@ async fn variables_are_kept_in_the_item_and_read_by_later_steps_and_an_oversized
     assert_eq!(t.vars["listed"], true);
     assert_eq!((t.steps[1].status, t.steps[2].status), (StepStatus::Succeeded, StepStatus::Skipped));
     // the item as DynamoDB keeps it: one map attribute
-    let ddb = sas_core::aws::dynamodb_client(&s.sdk);
-    let item = ddb
-        .get_item()
-        .table_name(&s.res.task_table)
-        .key("TaskId", AttributeValue::S("vars-1".into()))
-        .consistent_read(true)
-        .send()
-        .await
-        .expect("GetItem")
-        .item
-        .expect("the item");
+    let item = s.item("vars-1").await;
     let Some(AttributeValue::M(vars)) = item.get("Vars") else { panic!("no Vars map: {item:?}") };
     assert_eq!(vars.get("key"), Some(&AttributeValue::S("vars-1:list".into())));
     assert_eq!(vars.get("note"), Some(&AttributeValue::S("short".into())));

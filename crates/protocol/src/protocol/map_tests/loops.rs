@@ -50,6 +50,15 @@ fn iteration(i: u32) -> TaskId {
     TaskId::child(&TaskId::try_from("p").unwrap(), 1, i)
 }
 
+/// Iterations `newest` down to 0 undone by `unit`, then the steps before the loop (`release`).
+fn undone_newest_first(newest: u32, unit: &str) -> Vec<(String, String)> {
+    (0..=newest)
+        .rev()
+        .map(|i| (iteration(i).to_string(), unit.to_owned()))
+        .chain([("p".to_owned(), "release".to_owned())])
+        .collect()
+}
+
 /// The units (task, unit) that ran a compensation, in the order they were asked.
 fn undo_order(w: &World) -> Vec<(String, String)> {
     w.requests
@@ -138,11 +147,7 @@ fn a_loop_that_reaches_its_bound_fails_and_every_iteration_is_undone_newest_firs
         assert!(why.contains("loop step poll failed permanently: it ran max_iterations (4) with its until"), "{why}");
         assert_eq!(w.elements().len(), 4, "never more iterations than the bound");
         let order = undo_order(&w);
-        let expected: Vec<(String, String)> = (0..4)
-            .rev()
-            .map(|i| (iteration(i).to_string(), "unstatus".to_owned()))
-            .chain([("p".to_owned(), "release".to_owned())])
-            .collect();
+        let expected = undone_newest_first(3, "unstatus");
         assert_eq!(order, expected, "{seed:?}: each iteration undone once, the newest first, then the steps before");
         for i in 0..4 {
             assert_eq!(w.undos[&(iteration(i), "unstatus".to_owned())], 1, "{seed:?}: undone once");
@@ -192,12 +197,7 @@ fn a_failure_inside_an_iteration_undoes_it_then_the_iterations_before_then_the_s
         // iteration 2's tag was refused too (refuse applies to its every forward call): nothing of
         // it applied, so nothing of it is undone
         let order = undo_order(&w);
-        let expected: Vec<(String, String)> = [(iteration(1), "untag"), (iteration(0), "untag")]
-            .into_iter()
-            .map(|(t, s)| (t.to_string(), s.to_owned()))
-            .chain([("p".to_owned(), "release".to_owned())])
-            .collect();
-        assert_eq!(order, expected, "{seed:?}");
+        assert_eq!(order, undone_newest_first(1, "untag"), "{seed:?}");
         assert_eq!(w.tasks[&iteration(2)].process_state, ProcessState::Compensated);
         assert!(!w.requests.iter().any(|(_, s, _)| s == "notify"));
     }
@@ -272,14 +272,7 @@ fn a_loop_waits_between_iterations_on_a_timer_and_a_cancel_then_stops_it() {
     assert_eq!(p.process_state, ProcessState::Cancelled, "{:?}", p.reason);
     assert_eq!(w.elements().len(), 2, "no iteration after the cancel");
     let order = undo_order(&w);
-    assert_eq!(
-        order,
-        vec![
-            (iteration(1).to_string(), "unstatus".to_owned()),
-            (iteration(0).to_string(), "unstatus".to_owned()),
-            ("p".to_owned(), "release".to_owned())
-        ]
-    );
+    assert_eq!(order, undone_newest_first(1, "unstatus"));
 }
 
 #[test]
@@ -523,4 +516,23 @@ fn an_iteration_whose_body_calls_a_workflow_is_undone_through_its_child() {
         ],
         "each iteration undoes its workflow step's child, the newest first"
     );
+}
+
+#[test]
+fn a_failure_after_the_loop_undoes_every_iteration_newest_first_then_the_steps_before() {
+    for (seed, twice) in ORDERS {
+        let mut w = World::with(order(poll(10, json!({}))), json!({}));
+        w.answer = Some(done_at_3);
+        w.refuse_steps.insert("notify");
+        w.shuffle = seed;
+        w.twice = twice;
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
+        assert_eq!(p.steps[1].status, StepStatus::Succeeded, "the loop itself succeeded");
+        assert_eq!(undo_order(&w), undone_newest_first(3, "unstatus"), "{seed:?}");
+        for i in 0..4 {
+            assert_eq!(w.undos[&(iteration(i), "unstatus".to_owned())], 1, "{seed:?}: iteration {i} undone once");
+        }
+    }
 }
