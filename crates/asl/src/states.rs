@@ -445,6 +445,8 @@ impl Cx {
         scope: Scope,
     ) -> Option<Vec<Arrival>> {
         let refused_before = self.refusals.len();
+        let folded = self.fold_loops(prefix, states, start);
+        let states = folded.as_ref().unwrap_or(states);
         let order = self.order(prefix, states, start);
         let mut pending: HashMap<String, Vec<Arrival>> = HashMap::new();
         pending.insert(start.to_owned(), vec![entry]);
@@ -521,9 +523,10 @@ impl Cx {
                     &format!("{prefix}{at}"),
                     "Next",
                     format!(
-                        "a loop ({why}): the importer does not translate a Choice that leads back yet; write it \
-                         as a loop step (kind loop: its body, while or until, max_iterations; see \
-                         docs/concepts/loops.md), a retry loop as a Retry, a loop over items as a Map"
+                        "a loop ({why}) of a shape not translated: a loop here is translated when its check (a \
+                         Choice) comes last and leads back to its head, directly or through one Wait; write this \
+                         one as a loop step (kind loop; see docs/concepts/loops.md), a retry loop as a Retry, a \
+                         loop over items as a Map"
                     ),
                 );
             } else {
@@ -532,6 +535,309 @@ impl Cx {
         }
         out.reverse();
         out
+    }
+
+    /// The states with each loop that the project can run folded into one state of type
+    /// [`LOOP_TYPE`], under its head's name: a region entered only at its head `h`, whose only way
+    /// back to `h` is a `Choice` `c` (directly, or through one `Wait`), and whose only ways out are
+    /// `c`'s rules. `None` when there is no loop; a loop of another shape is left as it is, and
+    /// [`Cx::order`] refuses it naming its states; one of this shape that cannot be folded is
+    /// refused here, with why.
+    fn fold_loops(&mut self, prefix: &str, states: &Map<String, Value>, start: &str) -> Option<Map<String, Value>> {
+        let edges = |n: &str| states.get(n).and_then(Value::as_object).map(successors).unwrap_or_default();
+        // the back edges, from a depth-first walk (as `order` walks)
+        let mut back = Vec::new();
+        let (mut mark, mut stack): (HashMap<String, u8>, Vec<(String, usize)>) = (HashMap::new(), Vec::new());
+        mark.insert(start.to_owned(), 1);
+        stack.push((start.to_owned(), 0));
+        while let Some((n, i)) = stack.last().cloned() {
+            let next = edges(&n);
+            if i >= next.len() {
+                mark.insert(n, 2);
+                stack.pop();
+                continue;
+            }
+            stack.last_mut().expect("not empty").1 += 1;
+            let to = next[i].clone();
+            match mark.get(&to) {
+                Some(1) => back.push((n.clone(), to)),
+                Some(_) => {}
+                None if states.contains_key(&to) => {
+                    mark.insert(to.clone(), 1);
+                    stack.push((to, 0));
+                }
+                None => {}
+            }
+        }
+        if back.is_empty() {
+            return None;
+        }
+        let mut out = states.clone();
+        let mut folded = false;
+        for (from, head) in back {
+            if !out.contains_key(&head) || !out.contains_key(&from) {
+                continue; // inside a loop folded already: its body's import folds it
+            }
+            let ty = |n: &str| out.get(n).and_then(|s| s.get("Type")).and_then(Value::as_str).unwrap_or("").to_owned();
+            // the check: the Choice the back edge leaves, or the one before the Wait it leaves
+            let preds = |n: &str| -> Vec<String> {
+                out.iter()
+                    .filter(|(_, st)| st.as_object().is_some_and(|o| successors(o).iter().any(|x| x == n)))
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            };
+            let (check, wait) = match ty(&from).as_str() {
+                "Choice" => (from.clone(), None),
+                "Wait" => match preds(&from).as_slice() {
+                    [c] if ty(c) == "Choice" => (c.clone(), Some(from.clone())),
+                    _ => continue,
+                },
+                _ if ty(&head) == "Choice" => (head.clone(), None),
+                _ => continue,
+            };
+            if check == head {
+                let here = format!("{prefix}{check}");
+                self.refuse(
+                    &here,
+                    "Choices",
+                    format!(
+                        "a loop whose check comes first ({check} decides before each pass): not translated yet; write it \
+                         as a loop step with while (docs/concepts/loops.md)"
+                    ),
+                );
+                continue;
+            }
+            // the region: reachable from the head, and leading back to the check
+            let reach = |from: &str, forward: bool| -> HashSet<String> {
+                let mut seen = HashSet::from([from.to_owned()]);
+                let mut todo = vec![from.to_owned()];
+                while let Some(n) = todo.pop() {
+                    let next: Vec<String> = if forward {
+                        out.get(&n).and_then(Value::as_object).map(successors).unwrap_or_default()
+                    } else {
+                        preds(&n)
+                    };
+                    for x in next {
+                        if out.contains_key(&x) && seen.insert(x.clone()) {
+                            todo.push(x);
+                        }
+                    }
+                }
+                seen
+            };
+            let fwd = reach(&head, true);
+            let bwd = reach(&check, false);
+            let mut region: BTreeSet<String> = fwd.intersection(&bwd).cloned().collect();
+            if let Some(w) = &wait {
+                region.insert(w.clone());
+            }
+            let shown = region.iter().cloned().collect::<Vec<_>>().join(", ");
+            let here = format!("{prefix}{head}");
+            // one way in: the head
+            let entered: Vec<String> = region
+                .iter()
+                .filter(|n| **n != head)
+                .flat_map(|n| {
+                    preds(n).into_iter().filter(|p| !region.contains(p)).map(move |p| format!("{n} from {p}"))
+                })
+                .collect();
+            if !entered.is_empty() {
+                self.refuse(
+                    &here,
+                    "Next",
+                    format!(
+                        "a loop over {shown} entered elsewhere than at {head} ({}): a loop here has one way in",
+                        entered.join(", ")
+                    ),
+                );
+                continue;
+            }
+            // one way out: the check's rules (a Fail state is a way out too)
+            let leaves: Vec<String> = region
+                .iter()
+                .filter(|n| **n != check)
+                .flat_map(|n| {
+                    let o = out.get(n).and_then(Value::as_object).map(successors).unwrap_or_default();
+                    o.into_iter().filter(|x| !region.contains(x)).map(move |x| format!("{n} to {x}"))
+                })
+                .collect();
+            if !leaves.is_empty() {
+                self.refuse(
+                    &here,
+                    "Next",
+                    format!(
+                    "a loop over {shown} left elsewhere than at its check {check} ({}): a loop here is left by its \
+                     check's rules only (a Catch out of it: write it as a Retry)",
+                    leaves.join(", ")
+                ),
+                );
+                continue;
+            }
+            let Some(Value::Object(c)) = out.get(&check).cloned() else { continue };
+            let back_to = wait.clone().unwrap_or_else(|| head.clone());
+            let exits: Vec<Value> =
+                successors(&c).into_iter().filter(|x| *x != back_to && !region.contains(x)).map(Value::from).collect();
+            // the body: the region but its check and wait, what led to the check now its end
+            let mut body = Map::new();
+            let mut bad = Vec::new();
+            for n in region.iter().filter(|n| **n != check && Some(*n) != wait.as_ref()) {
+                let Some(Value::Object(mut st)) = out.get(n).cloned() else { continue };
+                if st.get("Next").and_then(Value::as_str) == Some(check.as_str()) {
+                    st.remove("Next");
+                    st.insert("End".into(), Value::Bool(true));
+                }
+                if successors(&st).iter().any(|x| *x == check) {
+                    bad.push(n.clone());
+                }
+                body.insert(n.clone(), Value::Object(st));
+            }
+            if !bad.is_empty() {
+                self.refuse(
+                    &here,
+                    "Next",
+                    format!(
+                        "a loop over {shown} where {} lead(s) to its check {check} by a Choice rule or a Catch: not \
+                     translated yet",
+                        bad.join(", ")
+                    ),
+                );
+                continue;
+            }
+            let mut node = Map::new();
+            node.insert("Type".into(), json!(LOOP_TYPE));
+            node.insert(LOOP_CHOICE.into(), Value::Object(c));
+            node.insert(LOOP_CHOICE_NAME.into(), json!(check));
+            node.insert(LOOP_BODY.into(), json!({"StartAt": head, "States": body}));
+            if let Some(w) = &wait {
+                node.insert(LOOP_WAIT.into(), json!([w, out.get(w).cloned().unwrap_or(Value::Null)]));
+            }
+            node.insert(LOOP_EXITS.into(), Value::Array(exits));
+            for n in &region {
+                out.remove(n);
+            }
+            out.insert(head.clone(), Value::Object(node));
+            folded = true;
+        }
+        folded.then_some(out)
+    }
+
+    /// A folded loop ([`Cx::fold_loops`]): a loop step whose body is the loop's states translated
+    /// as a workflow of their own (`<workflow>.<step>`, run once per iteration as a child task, its
+    /// result the data its check reads), repeated until its check leads out, at most
+    /// [`LOOP_BOUND`] times, the `Wait` between its check and its head as the wait between
+    /// iterations. The check's rules are then decided on the loop's output, to where they lead out.
+    fn loop_state(&mut self, here: &str, st: &Map<String, Value>, m: &Arrival) -> Result<Vec<(To, Arrival)>, Blocked> {
+        let check_name = st.get(LOOP_CHOICE_NAME).and_then(Value::as_str).unwrap_or("check").to_owned();
+        let check = st.get(LOOP_CHOICE).and_then(Value::as_object).cloned().unwrap_or_default();
+        let machine = st.get(LOOP_BODY).cloned().unwrap_or(Value::Null);
+        let head = machine["StartAt"].as_str().unwrap_or_default().to_owned();
+        let step = self.step_name(&check_name);
+        let keep = 64usize.saturating_sub(step.chars().count() + 1);
+        let child_name: String =
+            format!("{}.{step}", self.workflow.chars().take(keep).collect::<String>()).chars().take(64).collect();
+        let mut wait_ms = None;
+        let mut back_to = head.clone();
+        let mut back_doc = Sym::Ref("$.loop.previous".into());
+        back_doc = io(&check, &back_doc, "InputPath")?;
+        back_doc = io(&check, &back_doc, "OutputPath")?;
+        if let Some(Value::Array(w)) = st.get(LOOP_WAIT) {
+            let (name, wst) = (w[0].as_str().unwrap_or_default(), w[1].as_object().cloned().unwrap_or_default());
+            back_to = name.to_owned();
+            let Some(secs) = wst.get("Seconds").and_then(Value::as_u64) else {
+                return Err(Blocked::from((
+                    "Next".to_owned(),
+                    format!("a loop whose Wait {name} (between its check and its head) waits for other than Seconds: not translated yet"),
+                )));
+            };
+            wait_ms = Some(secs * 1000);
+            back_doc = io(&wst, &back_doc, "InputPath")?;
+            back_doc = io(&wst, &back_doc, "OutputPath")?;
+        }
+        let child = match import(&child_name, &machine) {
+            Ok(child) => child,
+            Err(refusals) => {
+                for r in refusals {
+                    let state = if r.state == "(state machine)" {
+                        here.to_owned()
+                    } else {
+                        format!("{}{}", here.trim_end_matches(&head), r.state)
+                    };
+                    self.refusals.push(Refusal { state, ..r });
+                }
+                return Err(Blocked::from((
+                    "Next".to_owned(),
+                    format!(
+                        "the loop {head} .. {check_name} waits on the refusals of its states (it is translated once \
+                         they are)"
+                    ),
+                )));
+            }
+        };
+        self.notes.push(format!(
+            "{check_name}: the loop {head} .. {check_name} is the loop step {step}; its states are the workflow \
+             {child_name}, run once per iteration as a child task (its own steps, retries and compensations)"
+        ));
+        self.notes.push(format!(
+            "{check_name}: Step Functions sets a loop no bound; here it fails after {LOOP_BOUND} iterations: raise \
+             max_iterations in the workflows file (up to {})",
+            sas_protocol::workflow::MAX_LOOP_ITERATIONS
+        ));
+        self.notes.extend(child.notes.into_iter().map(|n| format!("{child_name}: {n}")));
+        let mut renamed = HashMap::new();
+        for (k, v) in child.agents {
+            let n = self.agent_named(here, &k, &v);
+            if n != k {
+                renamed.insert(k, n);
+            }
+        }
+        for mut w in std::iter::once(child.workflow).chain(child.children) {
+            if let Some(Value::Array(steps)) = w.get_mut("steps") {
+                rename_agents(steps, &renamed);
+            }
+            self.children.push(w);
+        }
+        let entry = m.doc.template().map_err(|e| ("Parameters".to_owned(), format!("the loop's input: {e}")))?;
+        let again =
+            back_doc.template().map_err(|e| ("Parameters".to_owned(), format!("the loop's next input: {e}")))?;
+        let mut s = step_base(&step, m);
+        s["kind"] = json!("loop");
+        s["workflow"] = json!(child_name);
+        s["version"] = json!(1);
+        s["parameters"] = json!({"*.choose": [
+            {"when": {"variable": "$.loop.index", "numeric_equals": 0}, "value": entry},
+            {"value": again}
+        ]});
+        s["max_iterations"] = json!(LOOP_BOUND);
+        if let Some(w) = wait_ms {
+            s["wait_ms"] = json!(w);
+            let all = w.saturating_mul(u64::from(LOOP_BOUND));
+            if all > sas_protocol::workflow::DEFAULT_MAP_TIMEOUT_MS {
+                s["timeout_ms"] = json!(all.min(sas_protocol::workflow::MAX_LONG_STEP_MS));
+            }
+        }
+        let at = self.steps.len();
+        self.steps.push(s);
+        // the check, decided on the loop's output: the way back is the guard, the others lead on
+        let after = Arrival { doc: Sym::Ref(format!("$.outputs.{step}")), ..after_step(m, &step, Cond::True) };
+        let flows = self.choice(&format!("{}{check_name}", here.trim_end_matches(&head)), &check, &after)?;
+        let mut on = Vec::new();
+        let mut again_when = Cond::False;
+        for (to, a) in flows {
+            match &to {
+                To::State(n) if *n == back_to => again_when = again_when.or(a.local.clone()),
+                _ => on.push((to, a)),
+            }
+        }
+        match again_when.negated() {
+            Cond::When(until) => self.steps[at]["until"] = until,
+            _ => {
+                return Err(Blocked::from((
+                    "Choices".to_owned(),
+                    format!("a loop whose check {check_name} always or never leads back: not translated"),
+                )))
+            }
+        }
+        Ok(on)
     }
 
     /// One state reached several ways.
@@ -596,6 +902,7 @@ impl Cx {
             "Task" => self.task(here, name, st, &m, scope, next()),
             "Parallel" => self.parallel(here, st, m, scope).map(|a| vec![(next(), a)]),
             "Map" => self.map(here, name, st, &m, scope).map(|a| vec![(next(), a)]),
+            LOOP_TYPE => self.loop_state(here, st, &m),
             other => {
                 Err(Blocked::from(("Type".to_owned(), format!("{other:?} is not a state type of the States Language"))))
             }
@@ -1455,6 +1762,19 @@ impl Cx {
     }
 }
 
+/// The type of the state that stands for a loop once folded ([`Cx::fold_loops`]): a name no state
+/// machine's state type has.
+const LOOP_TYPE: &str = "(loop)";
+/// A folded loop's fields: its Choice (the check), that Choice's name, its states (the body), the
+/// Wait between its check and its head, that Wait's name, and the states its check leads out to.
+const LOOP_CHOICE: &str = "(choice)";
+const LOOP_CHOICE_NAME: &str = "(choice name)";
+const LOOP_BODY: &str = "(body)";
+const LOOP_WAIT: &str = "(wait)";
+const LOOP_EXITS: &str = "(exits)";
+/// The bound a translated loop gets (Step Functions sets none).
+pub const LOOP_BOUND: u32 = 1_000;
+
 /// The states a state leads to.
 fn successors(state: &Map<String, Value>) -> Vec<String> {
     let mut out = Vec::new();
@@ -1467,6 +1787,9 @@ fn successors(state: &Map<String, Value>) -> Vec<String> {
     };
     add(state.get("Next"));
     add(state.get("Default"));
+    for exit in state.get(LOOP_EXITS).and_then(Value::as_array).into_iter().flatten() {
+        add(Some(exit));
+    }
     for list in ["Choices", "Catch"] {
         for rule in state.get(list).and_then(Value::as_array).into_iter().flatten() {
             add(rule.get("Next"));
@@ -2233,15 +2556,72 @@ mod tests {
     }
 
     #[test]
+    fn a_polling_loop_becomes_a_loop_step_whose_body_is_a_workflow_and_whose_check_leads_on() {
+        // the book's poll.asl.json, with Lambda functions: wait, ask, and go back until done
+        let def = json!({"StartAt": "Start", "States": {
+            "Start": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:start", "ResultPath": "$.job", "Next": "Wait"},
+            "Wait": {"Type": "Wait", "Seconds": 30, "Next": "Status"},
+            "Status": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:status",
+                       "Parameters": {"id.$": "$.job.id"}, "ResultPath": "$.status", "Next": "Done?"},
+            "Done?": {"Type": "Choice", "Choices": [
+                {"Variable": "$.status.state", "StringEquals": "SUCCEEDED", "Next": "Store"},
+                {"Variable": "$.status.state", "StringEquals": "FAILED", "Next": "Failed"}], "Default": "Wait"},
+            "Failed": {"Type": "Fail", "Error": "JobFailed"},
+            "Store": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:store", "End": true}
+        }});
+        let i = import("poll", &def).unwrap_or_else(|r| panic!("{r:?}"));
+        let steps = steps(&i);
+        let l = &steps["Done_"];
+        assert_eq!(
+            (l["kind"].clone(), l["workflow"].clone(), l["max_iterations"].clone()),
+            (json!("loop"), json!("poll.Done_"), json!(LOOP_BOUND))
+        );
+        assert_eq!(l["after"], json!(["Start"]));
+        // the first iteration reads what arrives at the loop, the next ones the last one's output
+        assert_eq!(l["parameters"]["*.choose"][1]["value"], json!({"*.$": "$.loop.previous"}));
+        // it goes on while neither rule leading out holds
+        let until = l["until"].to_string();
+        assert!(
+            until.contains("SUCCEEDED") && until.contains("FAILED") && until.contains("$.outputs.Done_.status.state"),
+            "{until}"
+        );
+        // the body: the wait and the call, a workflow of its own whose result is the data the check reads
+        let body = &i.children[0];
+        let names: Vec<&str> = body["steps"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+        assert_eq!(names, ["Wait", "Status"]);
+        assert!(body["result"].to_string().contains("$.outputs.Status"), "{}", body["result"]);
+        // after the loop: Store when SUCCEEDED, the failure when FAILED, both read the loop's output
+        assert!(steps["Store"]["when"].to_string().contains("$.outputs.Done_.status.state"), "{}", steps["Store"]);
+        assert!(steps.contains_key("Failed"));
+        assert!(i.notes.iter().any(|n| n.contains("fails after 1000 iterations")), "{:?}", i.notes);
+        loads(&i);
+    }
+
+    #[test]
     fn what_cannot_be_translated_is_refused_with_its_state_and_field() {
         let refused = |states: Value| import("x", &json!({"StartAt": "A", "States": states})).unwrap_err();
-        let r = refused(json!({
-            "A": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "Parameters": {"FunctionName": "f"}, "Next": "Done?"},
+        // a loop entered in its middle (B, from Start) is refused, naming where
+        let r = import("x", &json!({"StartAt": "Start", "States": {
+            "Start": {"Type": "Choice", "Choices": [{"Variable": "$.skip", "BooleanEquals": true, "Next": "B"}], "Default": "A"},
+            "A": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "Parameters": {"FunctionName": "f"}, "Next": "B"},
+            "B": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "Parameters": {"FunctionName": "g"}, "Next": "Done?"},
             "Done?": {"Type": "Choice", "Choices": [{"Variable": "$.Payload.done", "BooleanEquals": false, "Next": "A"}], "Default": "End"},
             "End": {"Type": "Succeed"}
-        }));
+        }}))
+        .unwrap_err();
         assert_eq!((r[0].state.as_str(), r[0].field.as_str()), ("A", "Next"));
-        assert!(r[0].reason.contains("a loop (A -> Done? -> A)"), "{}", r[0].reason);
+        assert!(
+            r[0].reason.contains("a loop over A, B, Done? entered elsewhere than at A (B from Start)"),
+            "{}",
+            r[0].reason
+        );
+        // a loop whose check comes first: not yet
+        let r = refused(json!({
+            "A": {"Type": "Choice", "Choices": [{"Variable": "$.more", "BooleanEquals": true, "Next": "B"}], "Default": "End"},
+            "B": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "Parameters": {"FunctionName": "f"}, "OutputPath": "$.Payload", "Next": "A"},
+            "End": {"Type": "Succeed"}
+        }));
+        assert!(r[0].reason.contains("a loop whose check comes first (A decides before each pass)"), "{}", r[0].reason);
         let r =
             refused(json!({"A": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject", "End": true}}));
         assert_eq!(r[0].field, "Resource");
