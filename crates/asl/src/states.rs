@@ -557,16 +557,17 @@ impl Cx {
                 stack.pop();
                 continue;
             }
-            stack.last_mut().expect("not empty").1 += 1;
+            if let Some(top) = stack.last_mut() {
+                top.1 += 1;
+            }
             let to = next[i].clone();
             match mark.get(&to) {
                 Some(1) => back.push((n.clone(), to)),
-                Some(_) => {}
                 None if states.contains_key(&to) => {
                     mark.insert(to.clone(), 1);
                     stack.push((to, 0));
                 }
-                None => {}
+                _ => {}
             }
         }
         if back.is_empty() {
@@ -686,7 +687,7 @@ impl Cx {
                     st.remove("Next");
                     st.insert("End".into(), Value::Bool(true));
                 }
-                if successors(&st).iter().any(|x| *x == check) {
+                if successors(&st).contains(&check) {
                     bad.push(n.clone());
                 }
                 body.insert(n.clone(), Value::Object(st));
@@ -742,7 +743,7 @@ impl Cx {
         back_doc = io(&check, &back_doc, "OutputPath")?;
         if let Some(Value::Array(w)) = st.get(LOOP_WAIT) {
             let (name, wst) = (w[0].as_str().unwrap_or_default(), w[1].as_object().cloned().unwrap_or_default());
-            back_to = name.to_owned();
+            name.clone_into(&mut back_to);
             let Some(secs) = wst.get("Seconds").and_then(Value::as_u64) else {
                 return Err(Blocked::from((
                     "Next".to_owned(),
