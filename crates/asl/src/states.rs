@@ -783,20 +783,7 @@ impl Cx {
              max_iterations in the workflows file (up to {})",
             sas_protocol::workflow::MAX_LOOP_ITERATIONS
         ));
-        self.notes.extend(child.notes.into_iter().map(|n| format!("{child_name}: {n}")));
-        let mut renamed = HashMap::new();
-        for (k, v) in child.agents {
-            let n = self.agent_named(here, &k, &v);
-            if n != k {
-                renamed.insert(k, n);
-            }
-        }
-        for mut w in std::iter::once(child.workflow).chain(child.children) {
-            if let Some(Value::Array(steps)) = w.get_mut("steps") {
-                rename_agents(steps, &renamed);
-            }
-            self.children.push(w);
-        }
+        self.adopt(here, &child_name, child);
         let entry = m.doc.template().map_err(|e| ("Parameters".to_owned(), format!("the loop's input: {e}")))?;
         let again =
             back_doc.template().map_err(|e| ("Parameters".to_owned(), format!("the loop's next input: {e}")))?;
@@ -839,6 +826,26 @@ impl Cx {
             }
         }
         Ok(on)
+    }
+
+    /// A workflow translated for a part of this one (a Map's processor, a loop's states), made this
+    /// one's child: its notes, its agents among this one's (one that another would have the name
+    /// of is named apart), its workflows among the children.
+    fn adopt(&mut self, here: &str, child_name: &str, child: Imported) {
+        self.notes.extend(child.notes.into_iter().map(|n| format!("{child_name}: {n}")));
+        let mut renamed = HashMap::new();
+        for (k, v) in child.agents {
+            let n = self.agent_named(here, &k, &v);
+            if n != k {
+                renamed.insert(k, n);
+            }
+        }
+        for mut w in std::iter::once(child.workflow).chain(child.children) {
+            if let Some(Value::Array(steps)) = w.get_mut("steps") {
+                rename_agents(steps, &renamed);
+            }
+            self.children.push(w);
+        }
     }
 
     /// One state reached several ways.
@@ -1737,21 +1744,7 @@ impl Cx {
             "{here}: its processor is the workflow {child_name}, run once per element as a child task (its own steps, \
              retries and compensations; the map's output is their results in order)"
         ));
-        self.notes.extend(child.notes.into_iter().map(|n| format!("{child_name}: {n}")));
-        // the child's agents among the parent's: one that another would have the name of is named apart
-        let mut renamed = HashMap::new();
-        for (k, v) in child.agents {
-            let n = self.agent_named(here, &k, &v);
-            if n != k {
-                renamed.insert(k, n);
-            }
-        }
-        for mut w in std::iter::once(child.workflow).chain(child.children) {
-            if let Some(Value::Array(steps)) = w.get_mut("steps") {
-                rename_agents(steps, &renamed);
-            }
-            self.children.push(w);
-        }
+        self.adopt(here, &child_name, child);
         let mut s = step_base(&step, m);
         s["kind"] = json!("workflow");
         s["workflow"] = json!(child_name);
