@@ -214,31 +214,16 @@ async fn a_large_input_is_stored_once_apart_from_the_task() {
     next.failure_count += 1;
     writer.save(&next, &t).await.expect("saved");
 
-    let raw = |key: String| {
-        let ddb = ddb.clone();
-        let table = table.clone();
-        async move {
-            ddb.get_item()
-                .table_name(table)
-                .key("TaskId", AttributeValue::S(key))
-                .consistent_read(true)
-                .send()
-                .await
-                .expect("GetItem")
-                .item
-                .expect("the item")
-        }
-    };
-    let item = raw("big-1".into()).await;
+    let item = s.item("big-1").await;
     assert!(!item.contains_key("Input"), "the input is not in the task's item");
     let Some(AttributeValue::S(key)) = item.get("InputRef").cloned() else { panic!("no InputRef: {item:?}") };
     let bytes = sas_core::store::item_size(&item);
     assert!(bytes < 2048, "the task's item is {bytes} bytes");
-    assert!(!raw(key.clone()).await.contains_key("ExpiresAt"), "no expiry while the task runs");
+    assert!(!s.item(&key).await.contains_key("ExpiresAt"), "no expiry while the task runs");
     let dup_key = writer.to_item(&dup).unwrap()["InputRef"].as_s().unwrap().clone();
     assert_ne!(dup_key, key);
     let day = Millis::now().0 / 1000 + 86_400;
-    match raw(dup_key).await.get("ExpiresAt") {
+    match s.item(&dup_key).await.get("ExpiresAt") {
         Some(AttributeValue::N(n)) => assert!(n.parse::<u64>().unwrap().abs_diff(day) < 600, "{n}"),
         other => panic!("the duplicate's input does not expire: {other:?}"),
     }
@@ -265,12 +250,12 @@ async fn a_large_input_is_stored_once_apart_from_the_task() {
     done.lock.locked_by = None;
     done.complete_by = None;
     writer.save(&done, &next).await.expect("ended");
-    let item = raw("big-1".into()).await;
+    let item = s.item("big-1").await;
     let expiry = |i: &HashMap<String, AttributeValue>| match i.get("ExpiresAt") {
         Some(AttributeValue::N(n)) => n.parse::<u64>().unwrap(),
         other => panic!("no ExpiresAt: {other:?}"),
     };
-    assert_eq!(expiry(&raw(key).await), expiry(&item) + 30 * 86_400);
+    assert_eq!(expiry(&s.item(&key).await), expiry(&item) + 30 * 86_400);
     s.delete().await;
 }
 

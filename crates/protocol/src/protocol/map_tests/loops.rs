@@ -50,6 +50,17 @@ fn iteration(i: u32) -> TaskId {
     TaskId::child(&TaskId::try_from("p").unwrap(), 1, i)
 }
 
+/// `def` run on `input` to its end in one of the delivery orders, the world set by `set` first
+/// (the service's answers, what it refuses).
+fn ran(def: WorkflowDef, input: Value, (seed, twice): (Option<u64>, bool), set: impl FnOnce(&mut World)) -> World {
+    let mut w = World::with(def, input);
+    set(&mut w);
+    w.shuffle = seed;
+    w.twice = twice;
+    w.run();
+    w
+}
+
 /// Iterations `newest` down to 0 undone by `unit`, then the steps before the loop (`release`).
 fn undone_newest_first(newest: u32, unit: &str) -> Vec<(String, String)> {
     (0..=newest)
@@ -76,11 +87,9 @@ fn undo_order(w: &World) -> Vec<(String, String)> {
 #[test]
 fn a_loop_runs_its_body_as_one_task_per_iteration_until_its_guard_holds() {
     for (seed, twice) in ORDERS {
-        let mut w = World::with(order(poll(10, json!({}))), json!({"job": 7}));
-        w.answer = Some(done_at_3);
-        w.shuffle = seed;
-        w.twice = twice;
-        w.run();
+        let w = ran(order(poll(10, json!({}))), json!({"job": 7}), (seed, twice), |w| {
+            w.answer = Some(done_at_3);
+        });
         let p = w.parent().clone();
         assert_eq!(p.process_state, ProcessState::Processed, "{seed:?}: {:?}", p.reason);
         assert_eq!(p.outputs()["poll"], json!({"state": "done"}), "the loop's output is its last iteration's");
@@ -115,19 +124,14 @@ fn a_while_loop_decides_before_each_iteration_and_may_run_nothing() {
         )
     };
     for (seed, twice) in ORDERS {
-        let mut w = World::with(order(counted(0)), json!({}));
-        w.shuffle = seed;
-        w.twice = twice;
-        w.run();
+        let w = ran(order(counted(0)), json!({}), (seed, twice), |_| {});
         let p = w.parent().clone();
         assert_eq!(p.process_state, ProcessState::Processed, "{:?}", p.reason);
         assert_eq!(p.outputs()["poll"], Value::Null, "no iteration ran");
         assert!(w.elements().is_empty());
-        let mut w = World::with(order(counted(3)), json!({}));
-        w.answer = Some(never_done);
-        w.shuffle = seed;
-        w.twice = twice;
-        w.run();
+        let w = ran(order(counted(3)), json!({}), (seed, twice), |w| {
+            w.answer = Some(never_done);
+        });
         assert_eq!(w.parent().process_state, ProcessState::Processed, "{:?}", w.parent().reason);
         assert_eq!(w.elements().len(), 3, "{seed:?}: indexes 0, 1, 2");
     }
@@ -136,11 +140,9 @@ fn a_while_loop_decides_before_each_iteration_and_may_run_nothing() {
 #[test]
 fn a_loop_that_reaches_its_bound_fails_and_every_iteration_is_undone_newest_first() {
     for (seed, twice) in ORDERS {
-        let mut w = World::with(order(poll(4, json!({}))), json!({}));
-        w.answer = Some(never_done);
-        w.shuffle = seed;
-        w.twice = twice;
-        w.run();
+        let w = ran(order(poll(4, json!({}))), json!({}), (seed, twice), |w| {
+            w.answer = Some(never_done);
+        });
         let p = w.parent().clone();
         assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
         let why = p.reason.clone().unwrap();
@@ -183,12 +185,10 @@ fn refuse_check_2(r: &AgentRequest) -> Value {
 #[test]
 fn a_failure_inside_an_iteration_undoes_it_then_the_iterations_before_then_the_steps_before() {
     for (seed, twice) in ORDERS {
-        let mut w = World::with(order(tagging()), json!({}));
-        w.answer = Some(refuse_check_2);
-        w.refuse.insert(2); // the element index of the task's id: iteration 2's calls are refused
-        w.shuffle = seed;
-        w.twice = twice;
-        w.run();
+        let w = ran(order(tagging()), json!({}), (seed, twice), |w| {
+            w.answer = Some(refuse_check_2);
+            w.refuse.insert(2); // the element index of the task's id: iteration 2's calls are refused
+        });
         let p = w.parent().clone();
         assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
         let why = p.reason.clone().unwrap();
@@ -288,10 +288,7 @@ fn an_inline_body_reads_and_sets_the_task_s_variables_and_they_come_back() {
     let mut after = call("after", None);
     after.parameters = Some(serde_json::from_value(json!({"n.$": "$.vars.n"})).unwrap());
     for (seed, twice) in ORDERS {
-        let mut w = World::with(wf(vec![start.clone(), counter.clone(), after.clone()]), json!({}));
-        w.shuffle = seed;
-        w.twice = twice;
-        w.run();
+        let w = ran(wf(vec![start.clone(), counter.clone(), after.clone()]), json!({}), (seed, twice), |_| {});
         let p = w.parent().clone();
         assert_eq!(p.process_state, ProcessState::Processed, "{seed:?}: {:?}", p.reason);
         assert_eq!(p.vars["n"], 7, "1, then 3, 5, 7: three iterations");
@@ -521,12 +518,10 @@ fn an_iteration_whose_body_calls_a_workflow_is_undone_through_its_child() {
 #[test]
 fn a_failure_after_the_loop_undoes_every_iteration_newest_first_then_the_steps_before() {
     for (seed, twice) in ORDERS {
-        let mut w = World::with(order(poll(10, json!({}))), json!({}));
-        w.answer = Some(done_at_3);
-        w.refuse_steps.insert("notify");
-        w.shuffle = seed;
-        w.twice = twice;
-        w.run();
+        let w = ran(order(poll(10, json!({}))), json!({}), (seed, twice), |w| {
+            w.answer = Some(done_at_3);
+            w.refuse_steps.insert("notify");
+        });
         let p = w.parent().clone();
         assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
         assert_eq!(p.steps[1].status, StepStatus::Succeeded, "the loop itself succeeded");
