@@ -483,6 +483,14 @@ fn snake(name: &str) -> String {
 
 /// A Choice rule (without its `Next`) as a decision over the task, its variables read in `doc`.
 pub fn choice_rule(rule: &Map<String, Value>, doc: &Sym) -> Result<Cond, String> {
+    // a document that depends on the way the task came: the rule decided on each way's
+    if let Sym::Choose(ways) = doc {
+        let mut out = Cond::False;
+        for (c, v) in ways {
+            out = out.or(c.clone().and(choice_rule(rule, v)?));
+        }
+        return Ok(out);
+    }
     for (op, join) in [("And", true), ("Or", false)] {
         if let Some(list) = rule.get(op) {
             let Value::Array(list) = list else { return Err(format!("{op} takes a list of rules")) };

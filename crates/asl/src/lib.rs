@@ -18,7 +18,7 @@ pub mod data;
 mod saga;
 mod states;
 
-pub use states::{import, is_permanent_name, merge_agents, Imported, Refusal};
+pub use states::{import, import_with, is_permanent_name, merge_agents, Imported, Options, Refusal, LOOP_BOUND};
 
 /// A workflow's name for a definition file: its name without `.asl.json` (or `.json`), in the
 /// characters a workflow name may have.

@@ -63,9 +63,29 @@ const DEFAULT_CALL_TIMEOUT_MS: u64 = 60_000;
 /// A callback step's timeout when the state gives none.
 const DEFAULT_CALLBACK_TIMEOUT_MS: u64 = 365 * 24 * 60 * 60 * 1000;
 
-/// Translate one state machine definition into the workflow `name`, version 1.
+/// How a translation chooses what Step Functions does not say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// The `max_iterations` of every loop translated (Step Functions bounds none): 1 to
+    /// [`sas_protocol::workflow::MAX_LOOP_ITERATIONS`]; [`LOOP_BOUND`] unless said.
+    pub loop_bound: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { loop_bound: LOOP_BOUND }
+    }
+}
+
+/// Translate one state machine definition into the workflow `name`, version 1, with the default
+/// [`Options`].
 pub fn import(name: &str, def: &Value) -> Result<Imported, Vec<Refusal>> {
-    let mut cx = Cx { workflow: name.to_owned(), ..Cx::default() };
+    import_with(name, def, Options::default())
+}
+
+/// Translate one state machine definition into the workflow `name`, version 1.
+pub fn import_with(name: &str, def: &Value, options: Options) -> Result<Imported, Vec<Refusal>> {
+    let mut cx = Cx { workflow: name.to_owned(), options, ..Cx::default() };
     let refuse_top =
         |field: &str, reason: String| vec![Refusal { state: "(state machine)".into(), field: field.into(), reason }];
     let Value::Object(top) = def else { return Err(refuse_top("definition", "a state machine is an object".into())) };
@@ -274,6 +294,7 @@ enum Scope {
 struct Cx {
     /// The workflow's name (its children's start with it).
     workflow: String,
+    options: Options,
     /// The workflows made of Map processors.
     children: Vec<Value>,
     /// A recognised saga's undoing states: forward task → (its undoing state, that state).
@@ -523,10 +544,10 @@ impl Cx {
                     &format!("{prefix}{at}"),
                     "Next",
                     format!(
-                        "a loop ({why}) of a shape not translated: a loop here is translated when its check (a \
-                         Choice) comes last and leads back to its head, directly or through one Wait; write this \
-                         one as a loop step (kind loop; see docs/concepts/loops.md), a retry loop as a Retry, a \
-                         loop over items as a Map"
+                        "a loop ({why}) of a shape not translated: a loop here is translated when it is entered at \
+                         one state and left only by one Choice's rules (first, last or in its middle, leading back \
+                         directly or through one Wait); write this one as a loop step (kind loop; see \
+                         docs/concepts/loops.md), a retry loop as a Retry, a loop over items as a Map"
                     ),
                 );
             } else {
@@ -587,28 +608,7 @@ impl Cx {
                     .map(|(k, _)| k.clone())
                     .collect()
             };
-            let (check, wait) = match ty(&from).as_str() {
-                "Choice" => (from.clone(), None),
-                "Wait" => match preds(&from).as_slice() {
-                    [c] if ty(c) == "Choice" => (c.clone(), Some(from.clone())),
-                    _ => continue,
-                },
-                _ if ty(&head) == "Choice" => (head.clone(), None),
-                _ => continue,
-            };
-            if check == head {
-                let here = format!("{prefix}{check}");
-                self.refuse(
-                    &here,
-                    "Choices",
-                    format!(
-                        "a loop whose check comes first ({check} decides before each pass): not translated yet; write it \
-                         as a loop step with while (docs/concepts/loops.md)"
-                    ),
-                );
-                continue;
-            }
-            // the region: reachable from the head, and leading back to the check
+            // the loop's states: reachable from the head, and leading back along the back edge
             let reach = |from: &str, forward: bool| -> HashSet<String> {
                 let mut seen = HashSet::from([from.to_owned()]);
                 let mut todo = vec![from.to_owned()];
@@ -626,8 +626,38 @@ impl Cx {
                 }
                 seen
             };
+            // the check: the Choice the back edge leaves, or the one before the Wait it leaves (a
+            // loop that decides last); else the head, when it is a Choice (a loop that decides
+            // first); else the one state of the loop that leads out of it, when it is a Choice (a
+            // loop that decides in its middle: the states before it run once before the loop, and
+            // again at the end of each iteration, after those that follow it)
+            let mut middle = false;
+            let (check, wait) = match ty(&from).as_str() {
+                "Choice" => (from.clone(), None),
+                "Wait" if matches!(preds(&from).as_slice(), [c] if ty(c) == "Choice") => {
+                    (preds(&from)[0].clone(), Some(from.clone()))
+                }
+                _ if ty(&head) == "Choice" => (head.clone(), None),
+                _ => {
+                    let cycle: BTreeSet<String> =
+                        reach(&head, true).intersection(&reach(&from, false)).cloned().collect();
+                    let leads_out = |n: &&String| {
+                        out.get(*n)
+                            .and_then(Value::as_object)
+                            .is_some_and(|o| successors(o).iter().any(|x| !cycle.contains(x)))
+                    };
+                    match cycle.iter().filter(leads_out).collect::<Vec<_>>().as_slice() {
+                        [c] if ty(c) == "Choice" => {
+                            middle = true;
+                            ((*c).clone(), None)
+                        }
+                        _ => continue,
+                    }
+                }
+            };
+            let first = check == head || middle;
             let fwd = reach(&head, true);
-            let bwd = reach(&check, false);
+            let bwd = reach(if first { &from } else { &check }, false);
             let mut region: BTreeSet<String> = fwd.intersection(&bwd).cloned().collect();
             if let Some(w) = &wait {
                 region.insert(w.clone());
@@ -675,7 +705,65 @@ impl Cx {
                 continue;
             }
             let Some(Value::Object(c)) = out.get(&check).cloned() else { continue };
-            let back_to = wait.clone().unwrap_or_else(|| head.clone());
+            // where the body starts: the head, or, when the check comes first, the one state inside
+            // the loop its rules lead to
+            let start_at = if first {
+                let inside: BTreeSet<String> = successors(&c).into_iter().filter(|x| region.contains(x)).collect();
+                if inside.len() == 1 {
+                    inside.into_iter().next().unwrap_or_default()
+                } else {
+                    self.refuse(
+                        &here,
+                        "Choices",
+                        format!(
+                            "a loop over {shown} whose check {check} comes first and leads into it at several states \
+                             ({}): a loop here has one way in",
+                            inside.into_iter().collect::<Vec<_>>().join(", ")
+                        ),
+                    );
+                    continue;
+                }
+            } else {
+                head.clone()
+            };
+            // a check in the middle: the states before it (from the head, not through it) stay
+            // where they are, to run once before the loop, and run again at the end of each
+            // iteration, after the states that follow the check; those lead back to the head only
+            let before: BTreeSet<String> = if middle {
+                let mut seen = BTreeSet::from([head.clone()]);
+                let mut todo = vec![head.clone()];
+                while let Some(n) = todo.pop() {
+                    for x in out.get(&n).and_then(Value::as_object).map(successors).unwrap_or_default() {
+                        if x != check && region.contains(&x) && seen.insert(x.clone()) {
+                            todo.push(x);
+                        }
+                    }
+                }
+                seen
+            } else {
+                BTreeSet::new()
+            };
+            let around: Vec<String> = region
+                .iter()
+                .filter(|n| **n != check && !before.contains(*n))
+                .flat_map(|n| {
+                    let o = out.get(n).and_then(Value::as_object).map(successors).unwrap_or_default();
+                    o.into_iter().filter(|x| before.contains(x) && *x != head).map(move |x| format!("{n} to {x}"))
+                })
+                .collect();
+            if middle && (!around.is_empty() || before.contains(&start_at)) {
+                self.refuse(
+                    &here,
+                    "Next",
+                    format!(
+                        "a loop over {shown} whose check {check} is in its middle, with ways around it ({}): a loop \
+                         here is entered at its head and left at its check",
+                        if around.is_empty() { format!("{check} back to {start_at}") } else { around.join(", ") }
+                    ),
+                );
+                continue;
+            }
+            let back_to = if first { start_at.clone() } else { wait.clone().unwrap_or_else(|| head.clone()) };
             let exits: Vec<Value> =
                 successors(&c).into_iter().filter(|x| *x != back_to && !region.contains(x)).map(Value::from).collect();
             // the body: the region but its check and wait, what led to the check now its end
@@ -708,15 +796,18 @@ impl Cx {
             node.insert("Type".into(), json!(LOOP_TYPE));
             node.insert(LOOP_CHOICE.into(), Value::Object(c));
             node.insert(LOOP_CHOICE_NAME.into(), json!(check));
-            node.insert(LOOP_BODY.into(), json!({"StartAt": head, "States": body}));
+            node.insert(LOOP_BODY.into(), json!({"StartAt": start_at, "States": body}));
+            if first {
+                node.insert(LOOP_FIRST.into(), Value::Bool(true));
+            }
             if let Some(w) = &wait {
                 node.insert(LOOP_WAIT.into(), json!([w, out.get(w).cloned().unwrap_or(Value::Null)]));
             }
             node.insert(LOOP_EXITS.into(), Value::Array(exits));
-            for n in &region {
+            for n in region.iter().filter(|n| !before.contains(*n)) {
                 out.remove(n);
             }
-            out.insert(head.clone(), Value::Object(node));
+            out.insert(if first { check.clone() } else { head.clone() }, Value::Object(node));
             folded = true;
         }
         folded.then_some(out)
@@ -731,7 +822,14 @@ impl Cx {
         let check_name = st.get(LOOP_CHOICE_NAME).and_then(Value::as_str).unwrap_or("check").to_owned();
         let check = st.get(LOOP_CHOICE).and_then(Value::as_object).cloned().unwrap_or_default();
         let machine = st.get(LOOP_BODY).cloned().unwrap_or(Value::Null);
+        let first = st.get(LOOP_FIRST).is_some();
+        let bound = self.options.loop_bound;
         let head = machine["StartAt"].as_str().unwrap_or_default().to_owned();
+        // where the loop's states live: `here` is the folded state's path, under the loop's head
+        // (its check, when it comes first)
+        let prefix =
+            here.strip_suffix(if first { check_name.as_str() } else { head.as_str() }).unwrap_or(here).to_owned();
+        let check_at = format!("{prefix}{check_name}");
         let step = self.step_name(&check_name);
         let keep = 64usize.saturating_sub(step.chars().count() + 1);
         let child_name: String =
@@ -754,15 +852,12 @@ impl Cx {
             back_doc = io(&wst, &back_doc, "InputPath")?;
             back_doc = io(&wst, &back_doc, "OutputPath")?;
         }
-        let child = match import(&child_name, &machine) {
+        let child = match import_with(&child_name, &machine, self.options) {
             Ok(child) => child,
             Err(refusals) => {
                 for r in refusals {
-                    let state = if r.state == "(state machine)" {
-                        here.to_owned()
-                    } else {
-                        format!("{}{}", here.trim_end_matches(&head), r.state)
-                    };
+                    let state =
+                        if r.state == "(state machine)" { here.to_owned() } else { format!("{prefix}{}", r.state) };
                     self.refusals.push(Refusal { state, ..r });
                 }
                 return Err(Blocked::from((
@@ -774,17 +869,36 @@ impl Cx {
                 )));
             }
         };
+        let (from, to) = if first { (&check_name, &head) } else { (&head, &check_name) };
         self.notes.push(format!(
-            "{check_name}: the loop {head} .. {check_name} is the loop step {step}; its states are the workflow \
+            "{check_name}: the loop {from} .. {to} is the loop step {step}; its states are the workflow \
              {child_name}, run once per iteration as a child task (its own steps, retries and compensations)"
         ));
+        if first {
+            self.notes.push(format!(
+                "{check_name}: the check comes first: it decides before each iteration, the first included (the \
+                 loop step's while), on what arrives and then on the last iteration's output; a loop that ran no \
+                 iteration has the output null, and what follows it reads what arrived"
+            ));
+        }
         self.notes.push(format!(
-            "{check_name}: Step Functions sets a loop no bound; here it fails after {LOOP_BOUND} iterations: raise \
-             max_iterations in the workflows file (up to {})",
+            "{check_name}: Step Functions sets a loop no bound; here it fails after {bound} iterations: raise \
+             max_iterations in the workflows file (up to {}), or import with --loop-bound",
             sas_protocol::workflow::MAX_LOOP_ITERATIONS
         ));
         self.adopt(here, &child_name, child);
-        let entry = m.doc.template().map_err(|e| ("Parameters".to_owned(), format!("the loop's input: {e}")))?;
+        // a check that comes first decides before each pass, the first included (a `while`): over
+        // what arrives at the loop before the first, over the last iteration's output after
+        let first_pass = Cond::When(json!({"variable": "$.loop.index", "numeric_equals": 0}));
+        let output = Sym::Ref(format!("$.outputs.{step}"));
+        let mut entry = m.doc.clone();
+        let mut guard = None;
+        if first {
+            let seen = Sym::one_of(vec![(first_pass.clone(), m.doc.clone()), (first_pass.negated(), output.clone())]);
+            guard = Some(Self::leads_to(&check, &seen, &head)?);
+            entry = io(&check, &io(&check, &m.doc, "InputPath")?, "OutputPath")?;
+        }
+        let entry = entry.template().map_err(|e| ("Parameters".to_owned(), format!("the loop's input: {e}")))?;
         let again =
             back_doc.template().map_err(|e| ("Parameters".to_owned(), format!("the loop's next input: {e}")))?;
         let mut s = step_base(&step, m);
@@ -795,19 +909,30 @@ impl Cx {
             {"when": {"variable": "$.loop.index", "numeric_equals": 0}, "value": entry},
             {"value": again}
         ]});
-        s["max_iterations"] = json!(LOOP_BOUND);
+        s["max_iterations"] = json!(bound);
         if let Some(w) = wait_ms {
             s["wait_ms"] = json!(w);
-            let all = w.saturating_mul(u64::from(LOOP_BOUND));
+            let all = w.saturating_mul(u64::from(bound));
             if all > sas_protocol::workflow::DEFAULT_MAP_TIMEOUT_MS {
                 s["timeout_ms"] = json!(all.min(sas_protocol::workflow::MAX_LONG_STEP_MS));
             }
         }
         let at = self.steps.len();
         self.steps.push(s);
-        // the check, decided on the loop's output: the way back is the guard, the others lead on
-        let after = Arrival { doc: Sym::Ref(format!("$.outputs.{step}")), ..after_step(m, &step, Cond::True) };
-        let flows = self.choice(&format!("{}{check_name}", here.trim_end_matches(&head)), &check, &after)?;
+        // the check, decided on the loop's output: the way back is the guard, the others lead on;
+        // a loop whose check comes first may have run no iteration (its output null): the check
+        // then decided on what arrived
+        let doc = if first {
+            // no iteration: the step's output is null (or, as kept, absent)
+            let at = format!("$.outputs.{step}");
+            let none =
+                Cond::When(json!({"or": [{"variable": at, "is_present": false}, {"variable": at, "is_null": true}]}));
+            Sym::one_of(vec![(none.clone(), m.doc.clone()), (none.negated(), output)])
+        } else {
+            output
+        };
+        let after = Arrival { doc, ..after_step(m, &step, Cond::True) };
+        let flows = self.choice(&check_at, &check, &after)?;
         let mut on = Vec::new();
         let mut again_when = Cond::False;
         for (to, a) in flows {
@@ -816,14 +941,16 @@ impl Cx {
                 _ => on.push((to, a)),
             }
         }
-        match again_when.negated() {
-            Cond::When(until) => self.steps[at]["until"] = until,
-            _ => {
-                return Err(Blocked::from((
-                    "Choices".to_owned(),
-                    format!("a loop whose check {check_name} always or never leads back: not translated"),
-                )))
-            }
+        let never = || {
+            Blocked::from((
+                "Choices".to_owned(),
+                format!("a loop whose check {check_name} always or never leads back: not translated"),
+            ))
+        };
+        match (guard, again_when.negated()) {
+            (Some(Cond::When(w)), _) => self.steps[at]["while"] = w,
+            (None, Cond::When(until)) => self.steps[at]["until"] = until,
+            _ => return Err(never()),
         }
         Ok(on)
     }
@@ -947,13 +1074,14 @@ impl Cx {
         Ok(Arrival { doc: io(st, &doc, "OutputPath")?, ..m })
     }
 
-    fn choice(&mut self, here: &str, st: &Map<String, Value>, m: &Arrival) -> Result<Vec<(To, Arrival)>, Blocked> {
-        let input = io(st, &m.doc, "InputPath")?;
-        let out = io(st, &input, "OutputPath")?;
+    /// A Choice's rules decided over `doc` (what arrives): each rule's target with when it is the
+    /// one taken (no rule before it held), and when none holds.
+    fn choice_ways(st: &Map<String, Value>, doc: &Sym) -> Result<(Vec<(String, Cond)>, Cond), Blocked> {
+        let input = io(st, doc, "InputPath")?;
         let Some(Value::Array(rules)) = st.get("Choices") else {
             return Err(Blocked::from(("Choices".to_owned(), "a Choice state has a list of Choices".to_owned())));
         };
-        let mut flows = Vec::new();
+        let mut ways = Vec::new();
         let mut none_before = Cond::True;
         // every rule that cannot be translated is named
         let mut errs = Vec::new();
@@ -971,11 +1099,34 @@ impl Cx {
             };
             let taken = none_before.clone().and(c.clone());
             none_before = none_before.and(c.negated());
-            flows.push((To::State(next.to_owned()), edge(m, taken, out.clone())));
+            ways.push((next.to_owned(), taken));
         }
         if !errs.is_empty() {
             return Err(Blocked(errs));
         }
+        Ok((ways, none_before))
+    }
+
+    /// When a Choice, over `doc`, leads to `target` (by a rule, or by its `Default`).
+    fn leads_to(st: &Map<String, Value>, doc: &Sym, target: &str) -> Result<Cond, Blocked> {
+        let (ways, none) = Self::choice_ways(st, doc)?;
+        let mut c = Cond::False;
+        for (next, taken) in ways {
+            if next == target {
+                c = c.or(taken);
+            }
+        }
+        if st.get("Default").and_then(Value::as_str) == Some(target) {
+            c = c.or(none);
+        }
+        Ok(c)
+    }
+
+    fn choice(&mut self, here: &str, st: &Map<String, Value>, m: &Arrival) -> Result<Vec<(To, Arrival)>, Blocked> {
+        let out = io(st, &io(st, &m.doc, "InputPath")?, "OutputPath")?;
+        let (ways, none_before) = Self::choice_ways(st, &m.doc)?;
+        let mut flows: Vec<(To, Arrival)> =
+            ways.into_iter().map(|(next, taken)| (To::State(next), edge(m, taken, out.clone()))).collect();
         match st.get("Default").and_then(Value::as_str) {
             Some(d) => flows.push((To::State(d.to_owned()), edge(m, none_before, out))),
             None if none_before != Cond::False => {
@@ -1729,7 +1880,7 @@ impl Cx {
             "StartAt": processor.get("StartAt").cloned().unwrap_or(Value::Null),
             "States": processor.get("States").cloned().unwrap_or(Value::Null),
         });
-        let child = match import(&child_name, &machine) {
+        let child = match import_with(&child_name, &machine, self.options) {
             Ok(child) => child,
             Err(refusals) => {
                 for r in refusals {
@@ -1766,6 +1917,8 @@ const LOOP_CHOICE_NAME: &str = "(choice name)";
 const LOOP_BODY: &str = "(body)";
 const LOOP_WAIT: &str = "(wait)";
 const LOOP_EXITS: &str = "(exits)";
+/// Present when the check comes first (a `while`): it decides before the first pass too.
+const LOOP_FIRST: &str = "(check first)";
 /// The bound a translated loop gets (Step Functions sets none).
 pub const LOOP_BOUND: u32 = 1_000;
 
@@ -2592,6 +2745,93 @@ mod tests {
     }
 
     #[test]
+    fn a_loop_whose_check_comes_first_is_a_while_loop_that_may_run_no_iteration() {
+        // pagination: list, then fetch a page while there is a next one
+        let def = json!({"StartAt": "List", "States": {
+            "List": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:list", "Next": "More?"},
+            "More?": {"Type": "Choice", "Choices": [{"Variable": "$.next", "IsPresent": true, "Next": "Page"}], "Default": "Done"},
+            "Page": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:page",
+                     "Parameters": {"token.$": "$.next"}, "Next": "Pause"},
+            "Pause": {"Type": "Wait", "Seconds": 1, "Next": "More?"},
+            "Done": {"Type": "Pass", "Parameters": {"last.$": "$.count"}, "End": true}
+        }});
+        let i = import("pages", &def).unwrap_or_else(|r| panic!("{r:?}"));
+        let all = steps(&i);
+        let l = &all["More_"];
+        assert_eq!((l["kind"].clone(), l["workflow"].clone()), (json!("loop"), json!("pages.More_")));
+        assert_eq!(l["after"], json!(["List"]));
+        assert!(l.get("until").is_none() && l.get("when").is_none(), "{l}");
+        // decided before each iteration: on List's output first, on the last iteration's after
+        let w = l["while"].to_string();
+        assert!(
+            w.contains("$.loop.index") && w.contains("$.outputs.List.next") && w.contains("$.outputs.More_.next"),
+            "{w}"
+        );
+        assert_eq!(l["parameters"]["*.choose"][0]["value"], json!({"*.$": "$.outputs.List"}));
+        assert_eq!(l["parameters"]["*.choose"][1]["value"], json!({"*.$": "$.loop.previous"}));
+        // the body: the page and the pause, in that order, each iteration
+        let body = &i.children[0];
+        let names: Vec<&str> = body["steps"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+        assert_eq!(names, ["Page", "Pause"]);
+        // after no iteration (output null), what follows reads List's output; after some, the last
+        let result = i.workflow["result"].to_string();
+        assert!(
+            result.contains("is_null")
+                && result.contains("$.outputs.List.count")
+                && result.contains("$.outputs.More_.count"),
+            "{result}"
+        );
+        assert!(i.notes.iter().any(|n| n.contains("the check comes first")), "{:?}", i.notes);
+        loads(&i);
+        // a loop at the very start, without a Default: it reads the task's input first, and a
+        // check that matches no rule fails the task, before the loop or after it
+        let def = json!({"StartAt": "Again?", "States": {
+            "Again?": {"Type": "Choice", "Choices": [
+                {"Variable": "$.n", "NumericLessThan": 3, "Next": "Add"},
+                {"Variable": "$.n", "NumericGreaterThanEquals": 3, "Next": "Stop"}]},
+            "Add": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:add", "Next": "Again?"},
+            "Stop": {"Type": "Succeed"}
+        }});
+        let i = import("count", &def).unwrap_or_else(|r| panic!("{r:?}"));
+        let all = steps(&i);
+        let l = &all["Again_"];
+        assert_eq!(l["after"], json!([]));
+        assert!(l["while"].to_string().contains("$.input.n"), "{}", l["while"]);
+        assert_eq!(l["parameters"]["*.choose"][0]["value"], json!({"*.$": "$.input"}));
+        assert!(all.keys().any(|k| k.contains("no_choice_matched")), "{:?}", all.keys());
+        loads(&i);
+    }
+
+    #[test]
+    fn a_loop_whose_check_is_in_its_middle_runs_the_states_before_it_once_and_again_in_each_iteration() {
+        // process a page, then fetch the next one while there is one, and process it
+        let def = json!({"StartAt": "List", "States": {
+            "List": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:list", "ResultPath": "$.page", "Next": "Process"},
+            "Process": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:process",
+                        "Parameters": {"items.$": "$.page.items"}, "ResultPath": "$.done", "Next": "More?"},
+            "More?": {"Type": "Choice", "Choices": [{"Variable": "$.page.next", "IsPresent": true, "Next": "Next page"}],
+                      "Default": "Finish"},
+            "Next page": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:list",
+                          "Parameters": {"token.$": "$.page.next"}, "ResultPath": "$.page", "Next": "Process"},
+            "Finish": {"Type": "Succeed"}
+        }});
+        let i = import("pages", &def).unwrap_or_else(|r| panic!("{r:?}"));
+        let all = steps(&i);
+        let names: Vec<&str> =
+            i.workflow["steps"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+        assert_eq!(names, ["List", "Process", "More_"]);
+        let l = &all["More_"];
+        assert_eq!((l["kind"].clone(), l["after"].clone()), (json!("loop"), json!(["Process"])));
+        let w = l["while"].to_string();
+        assert!(w.contains("$.outputs.List.next") && w.contains("$.outputs.More_.page.next"), "{w}");
+        // each iteration: the next page, then the processing again
+        let body = &i.children[0];
+        let names: Vec<&str> = body["steps"].as_array().unwrap().iter().filter_map(|s| s["name"].as_str()).collect();
+        assert_eq!(names, ["Next_page", "Process"]);
+        loads(&i);
+    }
+
+    #[test]
     fn what_cannot_be_translated_is_refused_with_its_state_and_field() {
         let refused = |states: Value| import("x", &json!({"StartAt": "A", "States": states})).unwrap_err();
         // a loop entered in its middle (B, from Start) is refused, naming where
@@ -2609,13 +2849,19 @@ mod tests {
             "{}",
             r[0].reason
         );
-        // a loop whose check comes first: not yet
+        // a loop whose check comes first and leads into it at two states
         let r = refused(json!({
-            "A": {"Type": "Choice", "Choices": [{"Variable": "$.more", "BooleanEquals": true, "Next": "B"}], "Default": "End"},
-            "B": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "Parameters": {"FunctionName": "f"}, "OutputPath": "$.Payload", "Next": "A"},
+            "A": {"Type": "Choice", "Choices": [{"Variable": "$.more", "BooleanEquals": true, "Next": "B"},
+                                                {"Variable": "$.more", "StringEquals": "yes", "Next": "C"}], "Default": "End"},
+            "B": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "Parameters": {"FunctionName": "f"}, "OutputPath": "$.Payload", "Next": "C"},
+            "C": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "Parameters": {"FunctionName": "g"}, "OutputPath": "$.Payload", "Next": "A"},
             "End": {"Type": "Succeed"}
         }));
-        assert!(r[0].reason.contains("a loop whose check comes first (A decides before each pass)"), "{}", r[0].reason);
+        assert!(
+            r[0].reason.contains("whose check A comes first and leads into it at several states (B, C)"),
+            "{}",
+            r[0].reason
+        );
         let r =
             refused(json!({"A": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject", "End": true}}));
         assert_eq!(r[0].field, "Resource");

@@ -54,8 +54,15 @@ fn in_subset(def: &serde_json::Value) -> bool {
 /// A refusal's reason as the census counts it.
 fn class(r: &sas_asl::Refusal) -> String {
     let why = r.reason.as_str();
+    // (a reason that names where a path may start says "at a loop's index": not a loop's)
+    if why.starts_with("a loop") {
+        return "a loop of a shape not translated".to_owned();
+    }
     let pick = [
-        ("a loop", "a loop (Choice back to an earlier state)"),
+        (
+            "waits on the refusals of its states",
+            "a loop translated but for its states' own refusals (counted in their rows)",
+        ),
         (".sync", "a .sync integration"),
         ("AWS SDK integration", "an AWS SDK integration (aws-sdk:*)"),
         ("intrinsic function", "an intrinsic function"),

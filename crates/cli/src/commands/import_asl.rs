@@ -35,17 +35,30 @@ pub struct Args {
     /// must be granted by one).
     #[arg(long = "param")]
     pub params: Vec<String>,
+    /// The max_iterations of every loop translated (Step Functions bounds none; a loop that
+    /// reaches it fails its task): 1 to 10000.
+    #[arg(long, value_name = "N", default_value_t = sas_asl::LOOP_BOUND,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(sas_protocol::workflow::MAX_LOOP_ITERATIONS)))]
+    pub loop_bound: u32,
 }
 
 /// Translate each file, print what was translated, refused and noted, write the two files (even
 /// when some were refused, with the others), check them; the exit status (0 all translated and
 /// clean, 2 a file refused, 3 the check needs --var or --param not passed, 1 an error).
 pub fn run(args: &Args) -> Result<i32> {
-    let Args { files, workflows, agents, vars, params } = args;
-    import_asl(files, workflows, agents, vars, params)
+    let Args { files, workflows, agents, vars, params, loop_bound } = args;
+    let options = sas_asl::Options { loop_bound: *loop_bound };
+    import_asl(files, workflows, agents, vars, params, options)
 }
 
-fn import_asl(files: &[PathBuf], workflows: &Path, agents: &Path, vars: &[String], params: &[String]) -> Result<i32> {
+fn import_asl(
+    files: &[PathBuf],
+    workflows: &Path,
+    agents: &Path,
+    vars: &[String],
+    params: &[String],
+    options: sas_asl::Options,
+) -> Result<i32> {
     let mut wfs = Vec::new();
     let mut all_agents = serde_json::Map::new();
     let (mut refused, mut unread) = (0, 0);
@@ -62,7 +75,7 @@ fn import_asl(files: &[PathBuf], workflows: &Path, agents: &Path, vars: &[String
             }
         };
         let name = sas_asl::workflow_name(f);
-        match sas_asl::import(&name, &def) {
+        match sas_asl::import_with(&name, &def, options) {
             Ok(mut i) => {
                 let renamed = sas_asl::merge_agents(&mut all_agents, &mut i);
                 let steps = i.workflow["steps"].as_array().map_or(0, Vec::len);
