@@ -7,9 +7,10 @@
 //!   task's result (the workflow's `result` filled, what its `Processed` status carries);
 //! - an execution that FAILED is a task that ends `Compensated` (or `Error`), and the task's reason
 //!   names the execution's error (`CustomError`, `States.NoChoiceMatched`, a Fail state's `Error`);
-//! - the same states ran: the Task, Wait, Fail and Map states the execution entered (its history)
-//!   are the steps of the task that ran (neither pending nor skipped), which is what shows the way
-//!   a Choice or a Catch took when the output does not.
+//! - the same states ran, as many times each: the Task, Wait, Fail and Map states the execution
+//!   entered (its history) are the steps of the task that ran (neither pending nor skipped), which
+//!   is what shows the way a Choice or a Catch took when the output does not; a state of a loop's
+//!   body ran once per iteration on both sides (here each iteration is a task of its own).
 //!
 //! Compared modulo what the book lists as differences (docs/how-to/import-asl.md, "What
 //! differs"): a caught error's `Error` is the failure's kind here (`retryable`, `permanent`,
@@ -164,6 +165,40 @@ fn hand_written() -> Vec<Case> {
             "Store": {"Type": "Task", "Resource": "${ShapeFunctionArn}", "Parameters": {"polls.$": "$.job.polls"},
                       "ResultPath": "$.stored", "End": true}}}),
         &[json!({"give_up": false}), json!({"give_up": true})],
+    ));
+    c.push(case(
+        "loop-pages",
+        "a pagination loop whose check comes first (a while): while there is a page after the last one read, \
+         fetch it and move on; inputs that fetch three pages, one, and none (the check leads out at once)",
+        json!({"StartAt": "More?", "States": {
+            "More?": {"Type": "Choice", "Choices": [
+                {"And": [{"Variable": "$.pages", "IsPresent": true}, {"Variable": "$.page", "NumericLessThanPath": "$.pages"}],
+                 "Next": "Fetch"}], "Default": "Done"},
+            "Fetch": {"Type": "Task", "Resource": "${AddFunctionArn}", "Parameters": {"a.$": "$.page", "b": 1},
+                      "ResultSelector": {"n.$": "$.sum"}, "ResultPath": "$.last", "Next": "Advance"},
+            "Advance": {"Type": "Pass", "Parameters": {"page.$": "$.last.n", "pages.$": "$.pages", "tag.$": "$.tag"},
+                        "Next": "More?"},
+            "Done": {"Type": "Pass", "Parameters": {"read.$": "$.page", "of.$": "$.pages", "tag.$": "$.tag"}, "End": true}}}),
+        &[
+            json!({"page": 0, "pages": 3, "tag": "three"}),
+            json!({"page": 2, "pages": 3, "tag": "one"}),
+            json!({"page": 4, "pages": 3, "tag": "none"}),
+        ],
+    ));
+    c.push(case(
+        "loop-middle",
+        "a loop whose check is in its middle: add one, decide, and when below the limit note the count and \
+         add again (the states before the check run once before the loop and again in each iteration)",
+        json!({"StartAt": "Init", "States": {
+            "Init": {"Type": "Pass", "Result": {"i": 0}, "ResultPath": "$.c", "Next": "Step"},
+            "Step": {"Type": "Task", "Resource": "${AddFunctionArn}", "Parameters": {"a.$": "$.c.i", "b": 1},
+                     "ResultSelector": {"i.$": "$.sum"}, "ResultPath": "$.c", "Next": "Below?"},
+            "Below?": {"Type": "Choice", "Choices": [{"Variable": "$.c.i", "NumericLessThanPath": "$.limit", "Next": "Note"}],
+                       "Default": "Done"},
+            "Note": {"Type": "Task", "Resource": "${ShapeFunctionArn}", "Parameters": {"at.$": "$.c.i"},
+                     "ResultPath": "$.noted", "Next": "Step"},
+            "Done": {"Type": "Pass", "Parameters": {"count.$": "$.c.i", "noted.$": "$.noted", "limit.$": "$.limit"}, "End": true}}}),
+        &[json!({"limit": 3, "noted": null}), json!({"limit": 1, "noted": "never"})],
     ));
     let routes = |names: &[&str]| {
         let mut states = Map::new();
@@ -1196,11 +1231,12 @@ enum End {
     Other(String),
 }
 
-/// A run seen from outside: how it ended, and the states (steps) that ran.
+/// A run seen from outside: how it ended, and the states (steps) that ran, each with how many
+/// times (a state in a loop once per iteration).
 #[derive(Debug, Clone)]
 struct Observed {
     end: End,
-    ran: BTreeSet<String>,
+    ran: BTreeMap<String, usize>,
 }
 
 /// The value with the run's key put back as [`KEY`].
@@ -1345,7 +1381,7 @@ async fn execute_on_step_functions(sfn: &aws_sdk_sfn::Client, machine: &str, inp
             other => break End::Other(format!("{other:?}")),
         }
     };
-    let mut ran = BTreeSet::new();
+    let mut ran = BTreeMap::new();
     let mut token = None;
     loop {
         // asked again after an error (once in a run of both tests here, an error this test did
@@ -1369,7 +1405,7 @@ async fn execute_on_step_functions(sfn: &aws_sdk_sfn::Client, machine: &str, inp
         };
         for e in page.events() {
             if let Some(d) = e.state_entered_event_details() {
-                ran.insert(d.name().to_owned());
+                *ran.entry(d.name().to_owned()).or_insert(0) += 1;
             }
         }
         token = page.next_token;
@@ -1404,7 +1440,7 @@ async fn on_this_project_within(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let Some(t) = task else { return Observed { end: End::Other("no task".into()), ran: BTreeSet::new() } };
+    let Some(t) = task else { return Observed { end: End::Other("no task".into()), ran: BTreeMap::new() } };
     let reason = unkeyed(t.reason.as_deref().unwrap_or_default(), key);
     let end = match t.process_state {
         ProcessState::Processed => {
@@ -1419,7 +1455,7 @@ async fn on_this_project_within(
             End::Other(format!("{other:?} ({}): {reason}", timeline(&t)))
         }
     };
-    let mut ran = BTreeSet::new();
+    let mut ran = BTreeMap::new();
     steps_that_ran(s, &t, &mut ran).await;
     Observed { end, ran }
 }
@@ -1450,25 +1486,58 @@ fn timeline(t: &Task) -> String {
     )
 }
 
-/// The steps of a task that ran (neither pending nor skipped). The steps of a parallel region run
-/// as branches, each a task of its own (`{task}~{head}~{k}`, see `sas_protocol::graph`): the region's
-/// record (on its first step) says which branches started, and each branch's task which of its
-/// steps ran.
-fn steps_that_ran<'a>(s: &'a Stack, t: &'a Task, out: &'a mut BTreeSet<String>) -> futures::future::BoxFuture<'a, ()> {
+/// The steps of a task that ran (neither pending nor skipped), each with how many times. The steps
+/// of a parallel region run as branches, each a task of its own (`{task}~{head}~{k}`, see
+/// `sas_protocol::graph`): the region's record (on its first step) says which branches started,
+/// and each branch's task which of its steps ran (a step seen both in the task and in its branch
+/// ran once). A loop's iterations are tasks of their own too (`{task}~{step}~{i}`, from 0): each
+/// iteration's steps count once more.
+fn steps_that_ran<'a>(
+    s: &'a Stack,
+    t: &'a Task,
+    out: &'a mut BTreeMap<String, usize>,
+) -> futures::future::BoxFuture<'a, ()> {
+    Box::pin(async move {
+        let mut once = BTreeSet::new();
+        ran_once(s, t, &mut once, out).await;
+        for name in once {
+            *out.entry(name).or_insert(0) += 1;
+        }
+    })
+}
+
+/// [`steps_that_ran`] within one run of a task: the names of the steps of `t` and of its
+/// branches, into `once`; its loops' iterations counted into `out`.
+fn ran_once<'a>(
+    s: &'a Stack,
+    t: &'a Task,
+    once: &'a mut BTreeSet<String>,
+    out: &'a mut BTreeMap<String, usize>,
+) -> futures::future::BoxFuture<'a, ()> {
     Box::pin(async move {
         for (i, step) in t.steps.iter().enumerate() {
+            let is_loop = t.workflow.steps.get(i).is_some_and(|d| d.kind.loop_spec().is_some());
             match &step.map {
+                _ if is_loop && !matches!(step.status, StepStatus::Pending | StepStatus::Skipped) => {
+                    once.insert(step.name.clone());
+                    for k in 0..=sas_protocol::workflow::MAX_LOOP_ITERATIONS {
+                        match s.deps.store.get(&TaskId::child(&t.task_id, i, k)).await.expect("GetItem") {
+                            Some(iteration) => steps_that_ran(s, &iteration, out).await,
+                            None => break,
+                        }
+                    }
+                }
                 Some(region) if region.branches.is_some() => {
                     for k in 0..region.n {
                         if let Some(branch) = s.deps.store.get(&TaskId::child(&t.task_id, i, k)).await.expect("GetItem")
                         {
-                            steps_that_ran(s, &branch, out).await;
+                            ran_once(s, &branch, once, out).await;
                         }
                     }
                 }
                 _ if matches!(step.status, StepStatus::Pending | StepStatus::Skipped) => {}
                 _ => {
-                    out.insert(step.name.clone());
+                    once.insert(step.name.clone());
                 }
             }
         }
@@ -1611,10 +1680,10 @@ fn compare(def: &Value, steps: &BTreeSet<String>, sfn: &Observed, ours: &Observe
     }
     let mut states = BTreeSet::new();
     state_names(def, &mut states);
-    let a: BTreeSet<&String> = sfn.ran.iter().filter(|s| steps.contains(*s)).collect();
-    let b: BTreeSet<&String> = ours.ran.iter().filter(|s| states.contains(*s)).collect();
+    let a: BTreeMap<&String, &usize> = sfn.ran.iter().filter(|(s, _)| steps.contains(*s)).collect();
+    let b: BTreeMap<&String, &usize> = ours.ran.iter().filter(|(s, _)| states.contains(*s)).collect();
     if a != b {
-        return Err(format!("different states ran: Step Functions {a:?}, ours {b:?}"));
+        return Err(format!("different states ran (times each): Step Functions {a:?}, ours {b:?}"));
     }
     Ok(())
 }
@@ -1773,14 +1842,22 @@ async fn step_functions_and_the_imported_workflows_agree() {
                 }
             }
         }
-        steps.push(
-            imported.workflow["steps"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|s| s["name"].as_str().map(String::from))
-                .collect(),
-        );
+        // the workflow's steps, and those of its loops' bodies (each counted once per iteration)
+        let names = |w: &Value| -> Vec<String> {
+            w["steps"].as_array().into_iter().flatten().filter_map(|s| s["name"].as_str().map(String::from)).collect()
+        };
+        let bodies: BTreeSet<&str> = imported.workflow["steps"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["kind"] == "loop")
+            .filter_map(|s| s["workflow"].as_str())
+            .collect();
+        let mut compared: BTreeSet<String> = names(&imported.workflow).into_iter().collect();
+        for child in imported.children.iter().filter(|w| w["name"].as_str().is_some_and(|n| bodies.contains(n))) {
+            compared.extend(names(child));
+        }
+        steps.push(compared);
         workflows.extend(imported.workflows());
     }
     let registry = WorkflowRegistry::from_json(&json!({"workflows": workflows}).to_string()).expect("workflows");
