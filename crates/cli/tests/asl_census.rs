@@ -300,3 +300,36 @@ fn the_page_s_example_prints_what_the_page_shows_and_exits_as_it_says() {
     assert!(blocks >= 2, "the page shows the command ({blocks} block(s))");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn loop_bound_sets_every_translated_loop_s_max_iterations_and_refuses_a_bound_out_of_range() {
+    let dir = std::env::temp_dir().join(format!("asl-bound-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let def = serde_json::json!({"StartAt": "Step", "States": {
+        "Step": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:add", "Next": "More?"},
+        "More?": {"Type": "Choice", "Choices": [{"Variable": "$.n", "NumericLessThan": 3, "Next": "Step"}], "Default": "Done"},
+        "Done": {"Type": "Succeed"}}});
+    std::fs::write(dir.join("count.asl.json"), def.to_string()).expect("written");
+    let run = |bound: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sasctl"))
+            .current_dir(&dir)
+            .args(["import-asl", "count.asl.json", "--loop-bound", bound])
+            .output()
+            .expect("sasctl runs")
+    };
+    let out = run("25");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("here it fails after 25 iterations"), "{text}");
+    let wf: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("imported-workflows.json")).expect("written"))
+            .expect("JSON");
+    let bounds: Vec<&serde_json::Value> =
+        wf["workflows"][0]["steps"].as_array().expect("steps").iter().map(|s| &s["max_iterations"]).collect();
+    assert!(bounds.contains(&&serde_json::json!(25)), "{wf}");
+    for bad in ["0", "10001"] {
+        let out = run(bad);
+        assert_eq!(out.status.code(), Some(2), "clap refuses {bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--loop-bound"), "{out:?}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
