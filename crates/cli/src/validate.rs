@@ -221,6 +221,17 @@ fn with_agents(
     file
 }
 
+/// A workflow's steps and their compensations, with those of its loops' inline bodies (a body is
+/// no workflow of the file of its own: `{workflow} loop {step}`), each with the workflow it is in.
+fn steps_with_bodies<'a>(wf: &str, def: &'a WorkflowDef, out: &mut Vec<(String, &'a sas_protocol::workflow::StepDef)>) {
+    for step in &def.steps {
+        out.extend(std::iter::once(step).chain(step.compensation.as_deref()).map(|s| (wf.to_owned(), s)));
+        if let Some(body) = step.kind.loop_spec().filter(|l| l.inline).and_then(|l| l.body.child.as_deref()) {
+            steps_with_bodies(&format!("{wf} loop {}", step.name), body, out);
+        }
+    }
+}
+
 fn check_config(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Report {
     let mut r = Report::default();
     let registry = read_workflows(workflows_json, &mut r.problems);
@@ -242,22 +253,24 @@ fn check_config(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> 
     let mut used = BTreeSet::new();
     for def in &defs {
         r.workflows.push(format!("{}@{}", def.name, def.version));
-        for step in def.steps.iter().flat_map(|s| std::iter::once(s).chain(s.compensation.as_deref())) {
+        let mut steps = Vec::new();
+        steps_with_bodies(&format!("{}@{}", def.name, def.version), def, &mut steps);
+        for (wf, step) in steps {
             let Some(agent) = step.agent() else { continue };
             used.insert(agent.to_owned());
             match agents.iter().find(|a| a.name == agent) {
                 None => r.problems.push(format!(
-                    "workflow {}@{} step {}: agent {agent:?} is not defined in the agents file",
-                    def.name, def.version, step.name
+                    "workflow {wf} step {}: agent {agent:?} is not defined in the agents file",
+                    step.name
                 )),
                 Some(a) if a.callback_only && !step.kind.answers_by_token() => r.problems.push(format!(
-                    "workflow {}@{} step {}: agent {} ({}) only hands the work over, so the step must be kind \"callback\" (with timeout_ms)",
-                    def.name, def.version, step.name, a.name, a.kind
+                    "workflow {wf} step {}: agent {} ({}) only hands the work over, so the step must be kind \"callback\" (with timeout_ms)",
+                    step.name, a.name, a.kind
                 )),
                 Some(a) if a.max_in_flight.is_some() && step.schedule_to_start_ms.is_none() => r.warnings.push(format!(
-                    "workflow {}@{} step {}: agent {} takes at most {} calls at once; a request waiting for a slot \
+                    "workflow {wf} step {}: agent {} takes at most {} calls at once; a request waiting for a slot \
                      uses the queue budget (template parameter QueueBudgetMs): set schedule_to_start_ms to the longest wait you accept",
-                    def.name, def.version, step.name, a.name, a.max_in_flight.unwrap_or_default()
+                    step.name, a.name, a.max_in_flight.unwrap_or_default()
                 )),
                 Some(_) => {}
             }
@@ -456,6 +469,22 @@ mod tests {
         assert_eq!(r.warnings, vec!["agent spare is used by no workflow".to_owned()]);
         let fixed = check(wf, ag, &|k| (k == "SVC_URL").then(|| "http://svc".into()));
         assert_eq!(fixed.problems.len(), 2, "the variable set, its problem is gone");
+    }
+
+    #[test]
+    fn the_steps_of_a_loop_s_inline_body_are_checked_against_the_agents_as_any_step() {
+        let wf = r#"{"workflows": [{"name": "w", "version": 1, "steps": [
+            {"name": "poll", "kind": "loop", "max_iterations": 3, "timeout_ms": 60000,
+             "body": [{"name": "ask", "agent": "status", "timeout_ms": 1000},
+                      {"name": "note", "agent": "nope", "timeout_ms": 1000}],
+             "until": {"variable": "$.loop.index", "numeric_greater_than_equals": 2}}]}]}"#;
+        let ag = r#"{"agents": {"status": {"kind": "sim"}}}"#;
+        let r = check(wf, ag, &|_| None);
+        assert_eq!(
+            r.problems,
+            vec!["workflow w@1 loop poll step note: agent \"nope\" is not defined in the agents file".to_owned()]
+        );
+        assert!(r.warnings.is_empty(), "status is used, by the loop's body: {:?}", r.warnings);
     }
 
     #[test]
