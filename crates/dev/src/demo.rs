@@ -276,6 +276,24 @@ fn path_of(t: &Task) -> String {
     out
 }
 
+/// The order on `order-track`: shipped, then its shipment followed by a loop that asks for its
+/// status once a second until it is delivered (the order service's carrier delivers at the
+/// third check: [`sas_order_service::TRACKS_TO_DELIVERY`]), each check an iteration of its own.
+fn track_orders(run: &str) -> Vec<Order> {
+    const TRACKED: &[&str] = &["reserve", "charge", "ship", "track", "track", "track"];
+    vec![Order {
+        id: format!("{run}-track"),
+        what: "shipped, then tracked once a second until delivered (a loop)",
+        workflow: "order-track",
+        faults: json!({}),
+        expect: ProcessState::Processed,
+        min_failures: 0,
+        effects: TRACKED,
+        items: json!([{"sku": "book", "qty": 1}]),
+        extra: json!({}),
+    }]
+}
+
 /// Orders on `order-async`: shipping is a callback step (the service accepts at once, heartbeats,
 /// confirms on the callback queue); one answered on time, one late, one never.
 fn async_orders(run: &str) -> Vec<Order> {
@@ -593,6 +611,24 @@ fn summary(e: &Ends<'_>) -> (String, bool) {
         );
         ok &= late_ok && late_alert;
     }
+    let tracked: Vec<&Order> = e.orders.iter().filter(|o| o.workflow == "order-track").collect();
+    if !tracked.is_empty() {
+        let _ = writeln!(out, "\n  a loop (order-track), the shipment tracked once a second until delivered:");
+        for o in tracked {
+            let Some(t) = e.tasks.get(&o.id) else { continue };
+            let track = t.steps.iter().find(|s| s.name == "track").and_then(|s| s.output.clone()).unwrap_or_default();
+            let delivered = track["status"] == "delivered";
+            ok &= delivered;
+            let _ = writeln!(
+                out,
+                "    {} {:<26} {} at check {}",
+                if delivered { "ok  " } else { "FAIL" },
+                o.id,
+                track["status"].as_str().unwrap_or("-"),
+                track["checks"]
+            );
+        }
+    }
     let decided: Vec<&Order> = e.orders.iter().filter(|o| o.workflow == "order-decide").collect();
     if !decided.is_empty() {
         let _ = writeln!(out, "\n  decisions (order-decide), the path each took:");
@@ -695,6 +731,7 @@ async fn scenario(
     let mut orders = orders(&run);
     orders.extend(line_orders(&run));
     orders.extend(decide_orders(&run));
+    orders.extend(track_orders(&run));
     if with_async {
         orders.extend(async_orders(&run));
     }
@@ -869,6 +906,7 @@ mod tests {
         let mut orders = orders(run);
         orders.extend(line_orders(run));
         orders.extend(decide_orders(run));
+        orders.extend(track_orders(run));
         orders.extend(async_orders(run));
         let (mut tasks, mut ledger) = (BTreeMap::new(), Vec::new());
         let mut effect = |order: &str, op: &str, detail: Value| {
@@ -905,6 +943,10 @@ mod tests {
             }];
             if o.workflow == "order-decide" {
                 decided(&mut t, o);
+            }
+            if o.workflow == "order-track" {
+                let track = t.steps.iter_mut().find(|s| s.name == "track").expect("order-track's loop");
+                track.output = Some(json!({"status": "delivered", "checks": 3}));
             }
             if o.id.ends_with("-ship-late") {
                 t.late.count = 1;

@@ -35,10 +35,18 @@ pub(crate) enum Op {
     Screen,
     /// A gift-wrap: books the wrapping (nothing undoes it: paper is not unwrapped).
     Wrap,
+    /// A shipment's tracking: changes nothing, books the status it answered. A stand-in for a
+    /// carrier: an order's shipment is `in_transit` at its first [`TRACKS_TO_DELIVERY`] - 1
+    /// checks after it ships and `delivered` from then on (`not_shipped` before it ships).
+    Track,
 }
 
+/// The check of a shipment's tracking at which it is delivered (see [`Op::Track`]).
+pub const TRACKS_TO_DELIVERY: usize = 3;
+
 impl Op {
-    pub const ALL: [Op; 7] = [Op::Reserve, Op::Release, Op::Charge, Op::Refund, Op::Ship, Op::Screen, Op::Wrap];
+    pub const ALL: [Op; 8] =
+        [Op::Reserve, Op::Release, Op::Charge, Op::Refund, Op::Ship, Op::Screen, Op::Wrap, Op::Track];
 
     /// The ledger's name for the operation.
     pub fn name(self) -> &'static str {
@@ -50,6 +58,7 @@ impl Op {
             Op::Ship => "ship",
             Op::Screen => "screen",
             Op::Wrap => "wrap",
+            Op::Track => "track",
         }
     }
 
@@ -63,6 +72,7 @@ impl Op {
             Op::Ship => "/shipping/ship",
             Op::Screen => "/fraud/screen",
             Op::Wrap => "/gift/wrap",
+            Op::Track => "/shipping/track",
         }
     }
 }
@@ -188,6 +198,25 @@ impl Books {
             }
             Op::Wrap => {
                 let detail = json!({"wrapped": input.items.len(), "customer": input.customer});
+                self.append(order, op, key, detail.clone());
+                detail
+            }
+            Op::Track => {
+                // a loop's iteration (`{order}~{step}~{i}`) tracks its order's shipment
+                let parent = order.split_once('~').map_or(order, |(p, _)| p);
+                let entries = &self.entries;
+                let of_order = |name: &'static str| entries.iter().filter(move |e| e.order == parent && e.op == name);
+                let shipped = of_order("ship").next_back().map(|e| (e.seq, e.detail["shipment_id"].clone()));
+                // this check's number since the shipment
+                let checks =
+                    shipped.as_ref().map_or(0, |(at, _)| of_order("track").filter(|e| e.seq > *at).count() + 1);
+                let status = match checks {
+                    0 => "not_shipped",
+                    n if n >= TRACKS_TO_DELIVERY => "delivered",
+                    _ => "in_transit",
+                };
+                let shipment = shipped.map(|(_, id)| id);
+                let detail = json!({"shipment_id": shipment, "status": status, "checks": checks});
                 self.append(order, op, key, detail.clone());
                 detail
             }

@@ -45,7 +45,7 @@ use tracing::{info, warn, Instrument};
 
 pub use callback::{CallbackSender, MemorySender, SqsSender};
 pub use faults::{FaultEntry, FaultRule};
-pub use ledger::LedgerEntry;
+pub use ledger::{LedgerEntry, TRACKS_TO_DELIVERY};
 
 use callback::{CallbackReq, Job, Mode};
 use faults::{normalize_endpoint, Faults};
@@ -200,7 +200,8 @@ impl OrderService {
     ///
     /// * `POST /inventory/reserve`, `/inventory/release`, `/payment/charge`, `/payment/refund`,
     ///   `/shipping/ship`, `/fraud/screen` (a check: books its verdict and a score from the order's
-    ///   `risk`, changes nothing), `/gift/wrap`: the effects (header `Idempotency-Key` required); a request with a
+    ///   `risk`, changes nothing), `/gift/wrap`, `/shipping/track` (a check: the order's shipment
+    ///   `in_transit`, then `delivered` at its third check, [`TRACKS_TO_DELIVERY`]): the effects (header `Idempotency-Key` required); a request with a
     ///   `callback` object is accepted at once (202) and confirmed later through the callback
     ///   queue (see the `callback` module);
     /// * `GET /ledger[?order=ID]` → `{"entries": [...]}`;

@@ -659,3 +659,31 @@ async fn a_map_element_reserves_and_releases_its_own_line() {
         "booked on the order, line by line; line 0 stays reserved"
     );
 }
+
+#[tokio::test]
+async fn tracking_answers_in_transit_until_the_third_check_after_shipping_each_booked_on_its_order() {
+    let api = start().await;
+    // before the shipment: nothing to follow
+    let r = api.call("/shipping/track", "o7-track-early", "o7~3~0").await;
+    assert_eq!((r.status, r.body["status"].clone()), (StatusCode::OK, json!("not_shipped")));
+    let ship = api.call("/shipping/ship", "o7-ship", "o7").await;
+    let shipment = ship.body["shipment_id"].clone();
+    // a loop's iterations (`{order}~{step}~{i}`), each with a key of its own; a duplicate replays
+    let mut seen = Vec::new();
+    for i in 1..=4 {
+        let r = api.call("/shipping/track", &format!("o7-track-{i}"), &format!("o7~3~{i}")).await;
+        assert_eq!((r.status, r.body["shipment_id"].clone()), (StatusCode::OK, shipment.clone()));
+        seen.push((r.body["status"].as_str().unwrap_or("-").to_owned(), r.body["checks"].clone()));
+    }
+    let again = api.call("/shipping/track", "o7-track-1", "o7~3~1").await;
+    assert!(again.replayed() && again.body["checks"] == json!(1), "{:?}", again.body);
+    let want = |s: &str, n: usize| (s.to_owned(), json!(n));
+    assert_eq!(
+        seen,
+        [want("in_transit", 1), want("in_transit", 2), want("delivered", 3), want("delivered", 4)],
+        "delivered from check {}",
+        sas_order_service::TRACKS_TO_DELIVERY
+    );
+    let ops: Vec<String> = api.ledger_for("o7").into_iter().map(|e| e.op).collect();
+    assert_eq!(ops, ["track", "ship", "track", "track", "track", "track"]);
+}
