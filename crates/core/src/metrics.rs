@@ -79,6 +79,8 @@ catalogue! {
         "attempts that failed with an answer (retried or not)";
     STEPS_TIMED_OUT = "StepsTimedOut", "Count", UNIT, "Scheduler, Supervisor",
         "attempts that ran out of time (the agent said so, or CompleteBy passed)";
+    LOOP_ITERATIONS = "LoopIterations", "Count", UNIT, "Scheduler",
+        "iterations of a loop step that ended, however each ended (with the loop step's StepsSucceeded: how many iterations its loops take)";
     COMPENSATIONS_STARTED = "CompensationsStarted", "Count", UNIT, "Scheduler",
         "attempts of a compensation claimed";
     COMPENSATIONS_SUCCEEDED = "CompensationsSucceeded", "Count", UNIT, "Scheduler, Callback",
@@ -180,8 +182,12 @@ pub fn observe(before: &Task, after: &Task, event: &Event) -> Vec<Observation> {
         }
     };
     let timed_out = matches!(event, Event::AgentTimedOut { .. } | Event::DeadlineExpired);
-    for (b, a) in before.steps.iter().zip(&after.steps) {
+    for (i, (b, a)) in before.steps.iter().zip(&after.steps).enumerate() {
         let name = &a.name;
+        if after.workflow.steps.get(i).is_some_and(|d| d.kind.loop_spec().is_some()) {
+            let ended = |s: &sas_protocol::protocol::StepRecord| s.map.as_ref().map_or(0, |p| p.ended.count());
+            unit(&LOOP_ITERATIONS, name, u64::from(ended(a).saturating_sub(ended(b))));
+        }
         let started = u64::from(a.attempts.saturating_sub(b.attempts));
         unit(&STEPS_STARTED, name, started);
         // Retries: the attempts started now whose number is above 1.
