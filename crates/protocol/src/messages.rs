@@ -12,6 +12,12 @@ pub const VERSION: u32 = 1;
 /// SQS's limit on one message body.
 pub const SQS_MAX_MESSAGE_BYTES: usize = 256 * 1024;
 
+/// The largest output an [`ElementEnded`] carries back to its parent (a child workflow's result, a
+/// loop iteration's, a branch's), serialised: room left under [`SQS_MAX_MESSAGE_BYTES`] for the rest
+/// of the message. A `Processed` child whose output is larger ends with no output and a `reason`
+/// saying so, and its parent's step fails for good (the child's effects are undone with it).
+pub const MAX_ENDED_OUTPUT_BYTES: usize = 192 * 1024;
+
 /// What an application sends to the submission queue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

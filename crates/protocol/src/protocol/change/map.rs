@@ -34,7 +34,9 @@ use super::Change;
 
 pub(crate) mod loops;
 use crate::ids::TaskId;
-use crate::messages::{CancelMessage, ElementEnded, JoinMessage, Phase, SchedulerMessage, UndoMessage, VERSION};
+use crate::messages::{
+    CancelMessage, ElementEnded, JoinMessage, Phase, SchedulerMessage, UndoMessage, MAX_ENDED_OUTPUT_BYTES, VERSION,
+};
 use crate::protocol::task::{new_task, Bits, CompensationStatus, MapProgress, StepRecord, StepStatus};
 use crate::protocol::{Ctx, Effect, EndCause, Policy, Task, Transition};
 use crate::state::ProcessState;
@@ -349,23 +351,34 @@ pub(crate) fn ended_notice(task: &Task) -> Option<Effect> {
         return None;
     }
     let (parent, step, element) = task.task_id.parent_of()?;
+    let mut output = (task.process_state == ProcessState::Processed)
+        .then(|| {
+            // a map's element brings its output back with the join, not here
+            (task.called || task.upstream.is_some()).then(|| task.element_output())
+        })
+        .flatten();
+    let mut reason = task
+        .reason
+        .as_deref()
+        .filter(|_| task.process_state != ProcessState::Processed)
+        .map(|r| crate::ids::clip(r, 300).to_owned());
+    // an output too large for the notice: none, and why (its parent fails the step for good)
+    let size = output.as_ref().map_or(0, |o| serde_json::to_vec(o).map_or(usize::MAX, |b| b.len()));
+    if size > MAX_ENDED_OUTPUT_BYTES {
+        output = None;
+        reason = Some(format!(
+            "its output is {size} bytes, over the {MAX_ENDED_OUTPUT_BYTES} an end may carry back: narrow it (the \
+             workflow's result, or a loop body's steps' outputs)"
+        ));
+    }
     Some(Effect::Send(SchedulerMessage::ElementEnded(ElementEnded {
         v: VERSION,
         task_id: parent,
         step,
         element,
         state: task.process_state,
-        reason: task
-            .reason
-            .as_deref()
-            .filter(|_| task.process_state != ProcessState::Processed)
-            .map(|r| crate::ids::clip(r, 300).to_owned()),
-        output: (task.process_state == ProcessState::Processed)
-            .then(|| {
-                // a map's element brings its output back with the join, not here
-                (task.called || task.upstream.is_some()).then(|| task.element_output())
-            })
-            .flatten(),
+        reason,
+        output,
         vars: task
             .iteration
             .as_ref()

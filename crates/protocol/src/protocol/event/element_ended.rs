@@ -26,6 +26,28 @@ use crate::protocol::task::MapProgress;
 use crate::protocol::{Effect, EndCause, ProcessState, Stale, Task};
 use crate::workflow::FailureKind;
 
+/// A child that ended `Processed` without its output, too large to come back (its `reason` says
+/// so): it counts as applied, and its step (a loop, a workflow step, a region, a map of workflows)
+/// stops and fails for good, undone as any failed step is.
+fn too_large_to_come_back(task: &Task, step: usize, element: u32, why: &str, mut p: MapProgress, c: &mut Change) {
+    let def = &task.workflow.steps[step];
+    p.ok.set(element);
+    c.t.failure_count += 1;
+    if p.stopping.is_none() {
+        let what = format!(
+            "step {}: its task {} ended Processed, but {why}",
+            def.name,
+            TaskId::child(&task.task_id, step, element)
+        );
+        stop(&mut p, EndCause::Failed, &what, step, c);
+    }
+    let idle = p.running().next().is_none();
+    c.t.steps[step].map = Some(p);
+    if idle {
+        end_stopped(c, EndCause::Failed);
+    }
+}
+
 /// An element ended: count it once, then start the next, stop, or join. A parallel region's
 /// branch: its output is kept, the branches waiting for it start, and once all have succeeded the
 /// region has (no join: each branch brought its output back with its end). A loop's iteration:
@@ -45,6 +67,12 @@ pub(crate) fn element_ended(task: &Task, step: usize, element: u32, end: &Ended,
     }
     if !p.began(element) || !p.ended.set(element) {
         return Err(Stale::Duplicate);
+    }
+    if let (ProcessState::Processed, Some(r)) = (state, reason) {
+        // it succeeded, but its output could not come back (too large: see `ended_notice`): what it
+        // applied stays to be undone, and its step fails for good
+        too_large_to_come_back(task, step, element, r, p, c);
+        return Ok(());
     }
     if let Some(def) = task.workflow.steps.get(step).filter(|d| d.kind.loop_spec().is_some()) {
         let output = kept(def, output.unwrap_or(&Value::Null));

@@ -203,6 +203,36 @@ fn a_failure_inside_an_iteration_undoes_it_then_the_iterations_before_then_the_s
     }
 }
 
+/// Iteration 1's answer is larger than an end may carry back.
+fn too_large_at_1(r: &AgentRequest) -> Value {
+    let i = r.input.get("i").and_then(Value::as_u64).unwrap_or(0);
+    let blob = if i == 1 { "x".repeat(crate::messages::MAX_ENDED_OUTPUT_BYTES) } else { String::new() };
+    json!({"state": "running", "blob": blob})
+}
+
+#[test]
+fn an_iteration_whose_output_is_too_large_to_come_back_fails_the_loop_and_is_undone_with_the_others() {
+    for (seed, twice) in ORDERS {
+        let w = ran(order(poll(10, json!({}))), json!({}), (seed, twice), |w| {
+            w.answer = Some(too_large_at_1);
+        });
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
+        let why = p.reason.clone().unwrap();
+        assert!(
+            why.contains("step poll: its task p~1~1 ended Processed, but its output is")
+                && why.contains(&format!("over the {} an end may carry back", crate::messages::MAX_ENDED_OUTPUT_BYTES)),
+            "{why}"
+        );
+        // iteration 1 succeeded (its effect applied): undone with iteration 0, newest first, and
+        // its task then ends Compensated as theirs do
+        assert_eq!(w.tasks[&iteration(1)].process_state, ProcessState::Compensated);
+        assert_eq!(w.elements().len(), 2, "{seed:?}: no iteration after it");
+        assert_eq!(undo_order(&w), undone_newest_first(1, "unstatus"), "{seed:?}");
+        assert!(!w.requests.iter().any(|(_, s, _)| s == "notify"));
+    }
+}
+
 #[test]
 fn a_cancel_stops_the_running_iteration_which_undoes_itself_then_the_loop_is_undone_newest_first() {
     for (seed, twice) in ORDERS {
