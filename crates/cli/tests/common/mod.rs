@@ -88,14 +88,40 @@ impl Stack {
     }
 
     pub async fn wait_for(&self, id: &str, what: &str, pred: impl Fn(&Task) -> bool) -> Task {
-        let deadline = Instant::now() + Duration::from_secs(90);
+        self.wait_for_within(id, what, pred, Duration::from_secs(90)).await
+    }
+
+    /// [`Stack::wait_for`], for at most `wait`; a task that never gets there is shown with its
+    /// steps and history (each entry in ms after its creation), so that a failure says where it
+    /// stood.
+    pub async fn wait_for_within(&self, id: &str, what: &str, pred: impl Fn(&Task) -> bool, wait: Duration) -> Task {
+        let deadline = Instant::now() + wait;
         let id = TaskId::try_from(id).unwrap();
         loop {
             let t = self.deps.store.get(&id).await.expect("GetItem");
             if let Some(t) = t.as_ref().filter(|t| pred(t)) {
                 return t.clone();
             }
-            assert!(Instant::now() < deadline, "{id} never became {what}: {:?}", t.map(|t| t.process_state));
+            if Instant::now() >= deadline {
+                let seen = t.map(|t| {
+                    let steps: Vec<String> =
+                        t.steps.iter().map(|s| format!("{} {:?} attempts {}", s.name, s.status, s.attempts)).collect();
+                    let history: Vec<String> = t
+                        .history
+                        .iter()
+                        .map(|h| {
+                            format!(
+                                "+{} ms {:?} {}",
+                                h.at.0.saturating_sub(t.created_at.0),
+                                h.state,
+                                h.step.as_deref().unwrap_or("")
+                            )
+                        })
+                        .collect();
+                    format!("{:?}; steps {}; history {}", t.process_state, steps.join(", "), history.join(", "))
+                });
+                panic!("{id} never became {what} within {wait:?}: {seen:?}");
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
