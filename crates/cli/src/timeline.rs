@@ -980,7 +980,7 @@ fn outputs(task: &Task, out: &mut String) {
         let _ = writeln!(out, "  {:<w$}  {}{size}{note}", s.name, clipped(&json, CLIP));
     }
     if !task.vars.is_empty() {
-        let size = serde_json::to_vec(&task.vars).map_or(0, |b| b.len());
+        let size = sas_protocol::messages::json_len(&task.vars);
         let _ = writeln!(
             out,
             "\nvariables ($.vars, set by the steps' assign: {size} of {} bytes)",

@@ -32,7 +32,7 @@ fn screened(answer: &CallbackAnswer) -> CallbackAnswer {
         }
         CallbackAnswer::Heartbeat { details } => CallbackAnswer::Heartbeat {
             details: details.as_ref().map(|d| {
-                let size = serde_json::to_string(d).map_or(usize::MAX, |s| s.len());
+                let size = sas_protocol::messages::json_len(d);
                 if size <= MAX_DETAILS_BYTES {
                     d.clone()
                 } else {

@@ -158,7 +158,7 @@ async fn join_output(deps: &Deps, task: &Task, step: usize) -> Result<Value, Han
         .map(|e| found.get(&TaskId::child(&task.task_id, step, e)).map_or(Value::Null, Task::element_output))
         .collect();
     let output = Value::Array(outputs);
-    let bytes = serde_json::to_vec(&output).map_or(0, |b| b.len());
+    let bytes = sas_protocol::messages::json_len(&output);
     if bytes <= MAX_JOIN_BYTES {
         return Ok(output);
     }

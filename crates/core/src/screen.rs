@@ -139,7 +139,7 @@ pub fn unstorable_output(why: &str) -> Value {
 /// [`MAX_OUTPUT_DEPTH`], no empty key, numbers in range) and it is at most [`MAX_OUTPUT_BYTES`],
 /// else [`unstorable_output`] (logged).
 pub fn output(v: &Value) -> Value {
-    let bytes = serde_json::to_vec(v).map_or(0, |b| b.len());
+    let bytes = sas_protocol::messages::json_len(v);
     let why = if bytes > MAX_OUTPUT_BYTES {
         format!("output is {bytes} bytes; the limit is {MAX_OUTPUT_BYTES}")
     } else {

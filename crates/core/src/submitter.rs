@@ -89,7 +89,7 @@ fn validate(
         reply::check(&deps.resources, r)?;
     }
     screen::storable(&sub.input).map_err(Rejection::Unstorable)?;
-    let bytes = serde_json::to_vec(&sub.input).map_or(0, |b| b.len());
+    let bytes = sas_protocol::messages::json_len(&sub.input);
     if bytes > deps.settings.max_input_bytes {
         return Err(Rejection::TooLarge { bytes, limit: deps.settings.max_input_bytes });
     }

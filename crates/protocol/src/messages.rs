@@ -18,6 +18,24 @@ pub const SQS_MAX_MESSAGE_BYTES: usize = 256 * 1024;
 /// saying so, and its parent's step fails for good (the child's effects are undone with it).
 pub const MAX_ENDED_OUTPUT_BYTES: usize = 192 * 1024;
 
+/// How many bytes a value takes as JSON (what SQS, DynamoDB and the limits here count), counted
+/// without building the text; `usize::MAX` for a value that cannot be written (a map whose keys
+/// are not strings), so that it is over every limit.
+pub fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).map_or(usize::MAX, |()| count.0)
+}
+
 /// What an application sends to the submission queue.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -512,7 +530,7 @@ impl StatusMessage {
     /// over [`MAX_STATUS_OUTPUTS_BYTES`].
     #[must_use]
     pub fn with_outputs(mut self, outputs: Value) -> Self {
-        let bytes = serde_json::to_vec(&outputs).map_or(usize::MAX, |b| b.len());
+        let bytes = json_len(&outputs);
         if bytes <= MAX_STATUS_OUTPUTS_BYTES {
             self.outputs = Some(outputs);
         } else {
@@ -799,6 +817,17 @@ impl ArnPattern {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_len_counts_the_bytes_of_the_text_and_a_value_that_cannot_be_written_is_over_every_limit() {
+        for v in
+            [serde_json::json!({"a": [1, "é\u{0}", null], "b": {"c": 2.5}}), Value::Null, serde_json::json!("x\"y")]
+        {
+            assert_eq!(json_len(&v), serde_json::to_vec(&v).unwrap().len(), "{v}");
+        }
+        let bad: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        assert_eq!(json_len(&bad), usize::MAX);
+    }
 
     fn pattern(p: &str) -> ArnPattern {
         ArnPattern::parse(p).unwrap()

@@ -82,7 +82,7 @@ impl Template {
     /// Read a template whose paths are read `over` the task or an answer; the error names the
     /// key whose path is wrong.
     pub fn from_json(v: &Value, over: Over) -> Result<Template, String> {
-        if serde_json::to_vec(v).map_or(usize::MAX, |b| b.len()) > MAX_TEMPLATE_BYTES {
+        if crate::messages::json_len(v) > MAX_TEMPLATE_BYTES {
             return Err(format!("a template takes at most {MAX_TEMPLATE_BYTES} bytes"));
         }
         if !v.is_object() {

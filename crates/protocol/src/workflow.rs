@@ -1235,7 +1235,7 @@ impl StepDef {
             for name in names {
                 check_name("variable name", name).map_err(|e| problem(format!("assign: {e}")))?;
             }
-            let literal = serde_json::to_vec(&assign.0.to_json()).map_or(0, |b| b.len());
+            let literal = crate::messages::json_len(&assign.0.to_json());
             if assign.0.paths().is_empty() && literal > MAX_VARS_BYTES {
                 return Err(problem(format!(
                     "assign sets {literal} bytes; a task's variables take at most {MAX_VARS_BYTES}"

@@ -264,7 +264,7 @@ impl StoreError {
 
 /// Refuse a task that would not fit in one item.
 pub fn check_size(task: &Task) -> Result<(), StoreError> {
-    let bytes = serde_json::to_vec(task).map_or(0, |v| v.len());
+    let bytes = sas_protocol::messages::json_len(task);
     if bytes > MAX_ITEM_BYTES {
         return Err(StoreError::TooLarge { bytes });
     }

@@ -47,7 +47,7 @@ impl Change<'_> {
         let Value::Object(set) = template.0.fill(&self.t) else { return true };
         let mut vars = self.t.vars.clone();
         vars.extend(set);
-        let size = serde_json::to_vec(&vars).map_or(usize::MAX, |b| b.len());
+        let size = crate::messages::json_len(&vars);
         if size <= MAX_VARS_BYTES {
             self.t.vars = vars;
             return true;

@@ -363,7 +363,7 @@ pub(crate) fn ended_notice(task: &Task) -> Option<Effect> {
         .filter(|_| task.process_state != ProcessState::Processed)
         .map(|r| crate::ids::clip(r, 300).to_owned());
     // an output too large for the notice: none, and why (its parent fails the step for good)
-    let size = output.as_ref().map_or(0, |o| serde_json::to_vec(o).map_or(usize::MAX, |b| b.len()));
+    let size = output.as_ref().map_or(0, crate::messages::json_len);
     if size > MAX_ENDED_OUTPUT_BYTES {
         output = None;
         reason = Some(format!(

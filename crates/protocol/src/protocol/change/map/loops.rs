@@ -173,7 +173,7 @@ pub(crate) fn iteration_ended(
         return;
     }
     c.t.steps[step].map = Some(p);
-    let size = serde_json::to_vec(&output).map_or(usize::MAX, |b| b.len());
+    let size = crate::messages::json_len(&output);
     if size > MAX_LOOP_OUTPUT_BYTES {
         let why = format!(
             "its iteration {element}'s output is {size} bytes, and a loop keeps at most {MAX_LOOP_OUTPUT_BYTES}: \
