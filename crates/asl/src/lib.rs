@@ -15,6 +15,7 @@
 //! translated exactly is refused, and every difference that remains is said ([`Imported::notes`]).
 
 pub mod data;
+mod jsonata;
 mod saga;
 mod states;
 

@@ -88,19 +88,14 @@ pub fn import_with(name: &str, def: &Value, options: Options) -> Result<Imported
     let mut cx = Cx { workflow: name.to_owned(), options, ..Cx::default() };
     let refuse_top =
         |field: &str, reason: String| vec![Refusal { state: "(state machine)".into(), field: field.into(), reason }];
+    if !def.is_object() {
+        return Err(refuse_top("definition", "a state machine is an object".into()));
+    }
+    // JSONata states become their JSONPath equivalent (or are refused, each field named)
+    let (rewritten, notes) = super::jsonata::rewrite(def)?;
+    cx.notes.extend(notes);
+    let def = &rewritten;
     let Value::Object(top) = def else { return Err(refuse_top("definition", "a state machine is an object".into())) };
-    if top.get("QueryLanguage").and_then(Value::as_str) == Some("JSONata") {
-        return Err(refuse_top(
-            "QueryLanguage",
-            "JSONata is not translated yet: write the state machine with JSONPath (the default)".into(),
-        ));
-    }
-    if serde_json::to_string(def).is_ok_and(|s| s.contains("{%")) {
-        return Err(refuse_top(
-            "QueryLanguage",
-            "states written in JSONata ({% ... %}) are not translated yet: use JSONPath".into(),
-        ));
-    }
     let (Some(Value::Object(states)), Some(Value::String(start))) = (top.get("States"), top.get("StartAt")) else {
         return Err(refuse_top("States", "a state machine has StartAt and States".into()));
     };
@@ -2888,7 +2883,7 @@ mod tests {
         assert!(r[0].reason.contains("Distributed Map"), "{r:?}");
         let r = refused(json!({"A": {"Type": "Map", "ToleratedFailureCount": 1, "ItemProcessor": {}, "End": true}}));
         assert!(r[0].field == "ToleratedFailureCount" && r[0].reason.contains("Distributed Map"), "{r:?}");
-        let r = import("x", &json!({"QueryLanguage": "JSONata", "StartAt": "A", "States": {}})).unwrap_err();
+        let r = import("x", &json!({"QueryLanguage": "XPath", "StartAt": "A", "States": {}})).unwrap_err();
         assert_eq!(r[0].field, "QueryLanguage");
     }
 
