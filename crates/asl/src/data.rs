@@ -25,6 +25,11 @@ pub fn parse_path(text: &str) -> Result<Vec<Seg>, String> {
         return bad("the context object ($$) is not read here, only the state's input");
     }
     let Some(rest) = text.strip_prefix('$') else { return bad("a path starts with $") };
+    if rest.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+        return bad(
+            "a path that reads a variable ($name) is not translated: variables (Assign) are not translated yet",
+        );
+    }
     let chars: Vec<char> = rest.chars().collect();
     let mut out = Vec::new();
     let mut i = 0;

@@ -859,6 +859,12 @@ mod tests {
         assert!(r.iter().any(|x| x.field == "InputPath" && x.reason.contains("JSONPath")), "{r:#?}");
         let r = refused(&json!({"StartAt": "A", "States": {"A": {"Type": "Pass", "Assign": {"n": 1}, "End": true}}}));
         assert_eq!((r[0].state.as_str(), r[0].field.as_str()), ("A", "Assign"));
+        // and a JSONPath machine's read of a variable is refused as one
+        let r = crate::import("x", &json!({"StartAt": "A", "States": {"A": {"Type": "Task",
+            "Resource": "arn:aws:states:::lambda:invoke", "Parameters": {"FunctionName": "f", "Payload": {"n.$": "$count"}},
+            "End": true}}}))
+        .unwrap_err();
+        assert!(r[0].reason.contains("reads a variable ($name)"), "{r:#?}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! `sasctl import-asl`'s translation: a state machine of the Amazon States Language (its JSONPath
-//! flavour) translated into a workflow and the agents it calls, or refused with the state, the
+//! `sasctl import-asl`'s translation: a state machine of the Amazon States Language (JSONPath, or
+//! JSONata within the subset [`jsonata`] rewrites into JSONPath) translated into a workflow and the agents it calls, or refused with the state, the
 //! field and what to do instead. See the book's "Bring your Step Functions state machines".
 //!
 //! Pure: a definition (a [`serde_json::Value`]) in, the workflows, agents and notes
@@ -15,7 +15,7 @@
 //! translated exactly is refused, and every difference that remains is said ([`Imported::notes`]).
 
 pub mod data;
-mod jsonata;
+pub mod jsonata;
 mod saga;
 mod states;
 
