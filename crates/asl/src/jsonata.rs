@@ -21,7 +21,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::data::{path_text, Seg};
-use crate::states::Refusal;
+use crate::Refusal;
 
 /// Which document an expression's path starts from.
 #[derive(Debug, Clone, PartialEq)]

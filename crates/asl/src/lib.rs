@@ -19,7 +19,24 @@ pub mod jsonata;
 mod saga;
 mod states;
 
-pub use states::{import, import_with, is_permanent_name, merge_agents, Imported, Options, Refusal, LOOP_BOUND};
+pub use states::{import, import_with, is_permanent_name, merge_agents, Imported, Options, LOOP_BOUND};
+
+/// Why a state cannot be translated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The state (`Parallel/branch 1/Charge` inside others), or `(state machine)`.
+    pub state: String,
+    /// The field that cannot be (`Resource`, `Retry`, `Next`...).
+    pub field: String,
+    /// Why, and what to do instead.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "state {:?}, {}: {}", self.state, self.field, self.reason)
+    }
+}
 
 /// A workflow's name for a definition file: its name without `.asl.json` (or `.json`), in the
 /// characters a workflow name may have.

@@ -3,11 +3,11 @@
 //! comes after the states that lead to it.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::fmt;
 
 use serde_json::{json, Map, Value};
 
 use super::data::{choice_rule, parse_path, path_text, Cond, Seg, Sym};
+use super::Refusal;
 
 /// A state machine translated: one workflow, the agents its steps name, and what differs.
 #[derive(Debug, Clone)]
@@ -21,23 +21,6 @@ pub struct Imported {
     pub agents: Map<String, Value>,
     /// What the translation chose, and how the workflow differs from the state machine.
     pub notes: Vec<String>,
-}
-
-/// Why a state cannot be translated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    /// The state (`Parallel/branch 1/Charge` inside others), or `(state machine)`.
-    pub state: String,
-    /// The field that cannot be (`Resource`, `Retry`, `Next`...).
-    pub field: String,
-    /// Why, and what to do instead.
-    pub reason: String,
-}
-
-impl fmt::Display for Refusal {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "state {:?}, {}: {}", self.state, self.field, self.reason)
-    }
 }
 
 /// Why a state cannot be translated: each field that cannot be, and why.
