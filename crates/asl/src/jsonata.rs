@@ -189,8 +189,11 @@ impl Parser {
                 }
                 Ok(Ex::Lit(Value::String(out)))
             }
-            Some(c) if c.is_ascii_digit() => {
+            Some(c)
+                if c.is_ascii_digit() || (c == '-' && self.s.get(self.at + 1).is_some_and(char::is_ascii_digit)) =>
+            {
                 let start = self.at;
+                self.at += 1;
                 while self.s.get(self.at).is_some_and(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E')) {
                     self.at += 1;
                 }
@@ -377,7 +380,11 @@ fn rule(e: &Ex) -> Result<Value, String> {
                 Value::Bool(_) if matches!(op, "=" | "!=") => "Boolean",
                 Value::Null if matches!(op, "=" | "!=") => {
                     let r = json!({"Variable": path, "IsNull": true});
-                    return Ok(if op == "=" { r } else { json!({"Not": r}) });
+                    return Ok(if op == "=" {
+                        r
+                    } else {
+                        json!({"And": [{"Variable": path, "IsPresent": true}, {"Not": r}]})
+                    });
                 }
                 _ => return Err(format!("{op} with {lit} is not a comparison of the States Language")),
             };
@@ -390,10 +397,11 @@ fn rule(e: &Ex) -> Result<Value, String> {
                 _ => ("GreaterThanEquals", false),
             };
             let mut r = Map::new();
-            r.insert("Variable".into(), Value::String(path));
+            r.insert("Variable".into(), Value::String(path.clone()));
             r.insert(format!("{kind}{name}"), lit);
             if negate {
-                json!({"Not": r})
+                // JSONata's `!=` is false when the value is missing, as every comparison is
+                json!({"And": [{"Variable": path, "IsPresent": true}, {"Not": r}]})
             } else {
                 Value::Object(r)
             }
@@ -803,7 +811,8 @@ mod tests {
                 {"Condition": "{% $states.input.Status = 'Failed' %}", "Next": "F"},
                 {"Condition": "{% $states.input.n >= 10 and ($states.input.ok or $not($exists($states.input.x))) %}", "Next": "G"},
                 {"Condition": "{% 5 > $states.input.n %}", "Next": "H"},
-                {"Condition": "{% $states.input.s != null %}", "Next": "H"}],
+                {"Condition": "{% $states.input.s != null %}", "Next": "H"},
+                {"Condition": "{% $states.input.n != -2.5 %}", "Next": "H"}],
             "Default": "D"}}}));
         assert_eq!(
             out["States"]["C"]["Choices"],
@@ -813,7 +822,8 @@ mod tests {
                          {"Or": [{"Variable": "$.ok", "BooleanEquals": true},
                                  {"Not": {"Variable": "$.x", "IsPresent": true}}]}], "Next": "G"},
                 {"Variable": "$.n", "NumericLessThan": 5, "Next": "H"},
-                {"Not": {"Variable": "$.s", "IsNull": true}, "Next": "H"}])
+                {"And": [{"Variable": "$.s", "IsPresent": true}, {"Not": {"Variable": "$.s", "IsNull": true}}], "Next": "H"},
+                {"And": [{"Variable": "$.n", "IsPresent": true}, {"Not": {"Variable": "$.n", "NumericEquals": -2.5}}], "Next": "H"}])
         );
     }
 
