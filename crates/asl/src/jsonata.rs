@@ -14,9 +14,10 @@
 //! or `OutputPath` (or a Pass state's `Parameters`/`Result`), `Condition` a rule, `Items`
 //! `ItemsPath`, `Seconds`/`Timestamp` `SecondsPath`/`TimestampPath`, `Error`/`Cause`
 //! `ErrorPath`/`CausePath`. Anything else is refused naming the state, the field and the
-//! expression: other functions (the engine does not evaluate JSONata: see the book's
-//! "Bring your Step Functions state machines" for why), arithmetic, predicates, and variables
-//! (`Assign`, `$name`), which are not translated in JSONPath machines either.
+//! expression: other functions (the engine does not evaluate JSONata yet: the book's "Importing
+//! Step Functions state machines", JSONata, has the conformance of the Rust crates that could),
+//! arithmetic, predicates, and variables (`Assign`, `$name`), which are not translated in
+//! JSONPath machines either.
 
 use serde_json::{json, Map, Value};
 
