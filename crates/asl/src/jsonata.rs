@@ -450,7 +450,7 @@ fn template(v: &Value, reads: Reads) -> Result<Value, String> {
             Ok(Value::Object(out))
         }
         Value::Array(a) => {
-            if Value::Array(a.clone()).to_string().contains("{%") {
+            if a.iter().any(has_expression) {
                 return Err(
                     "a JSONata expression inside an array is not translated: build the array in the function called"
                         .into(),
@@ -510,19 +510,19 @@ pub fn rewrite(def: &Value) -> Result<(Value, Vec<String>), Vec<Refusal>> {
             }])
         }
     };
+    let mut seen = Seen::default();
     if let Some(Value::Object(states)) = top.get_mut("States") {
-        machine("", states, jsonata, &mut refusals);
+        machine("", states, jsonata, &mut refusals, &mut seen);
     }
     if refusals.is_empty() {
-        let text = out.to_string();
         let mut notes = Vec::new();
-        if jsonata || def.to_string().contains("\"JSONata\"") {
+        if seen.jsonata {
             notes.push(
                 "the JSONata expressions are translated into the paths, templates and Choice rules they stand for"
                     .to_owned(),
             );
         }
-        if text.contains("\"BooleanEquals\":true") && def.to_string().contains("{%") {
+        if seen.truthy {
             notes.push(
                 "a Condition that is a path alone holds here when the value is true (JSONata also takes a non-empty string, \
                  a non-zero number, a non-empty array or object as true)"
@@ -535,8 +535,27 @@ pub fn rewrite(def: &Value) -> Result<(Value, Vec<String>), Vec<Refusal>> {
     }
 }
 
+/// What the rewrite met, for the translation's notes.
+#[derive(Default)]
+struct Seen {
+    /// A JSONata state.
+    jsonata: bool,
+    /// A condition that is a path alone (its truth is JSONata's wider one).
+    truthy: bool,
+}
+
+/// Whether a condition holds a path alone where a comparison could be.
+fn truthy(e: &Ex) -> bool {
+    match e {
+        Ex::Path(..) => true,
+        Ex::And(a, b) | Ex::Or(a, b) => truthy(a) || truthy(b),
+        Ex::Not(a) => truthy(a),
+        _ => false,
+    }
+}
+
 /// Rewrite the states of one machine (the top, a branch, a map's processor).
-fn machine(prefix: &str, states: &mut Map<String, Value>, jsonata: bool, refusals: &mut Vec<Refusal>) {
+fn machine(prefix: &str, states: &mut Map<String, Value>, jsonata: bool, refusals: &mut Vec<Refusal>, seen: &mut Seen) {
     for (name, st) in states.iter_mut() {
         let here = format!("{prefix}{name}");
         let Value::Object(st) = st else {
@@ -580,17 +599,18 @@ fn machine(prefix: &str, states: &mut Map<String, Value>, jsonata: bool, refusal
         if let Some(Value::Array(branches)) = st.get_mut("Branches") {
             for (i, b) in branches.iter_mut().enumerate() {
                 if let Some(Value::Object(s)) = b.get_mut("States") {
-                    machine(&format!("{here}/branch {i}/"), s, lang, refusals);
+                    machine(&format!("{here}/branch {i}/"), s, lang, refusals, seen);
                 }
             }
         }
         for p in ["ItemProcessor", "Iterator"] {
             if let Some(Value::Object(s)) = st.get_mut(p).and_then(|p| p.get_mut("States")) {
-                machine(&format!("{here}/"), s, lang, refusals);
+                machine(&format!("{here}/"), s, lang, refusals, seen);
             }
         }
         if lang {
-            state(st, &mut errs);
+            seen.jsonata = true;
+            state(st, &mut errs, seen);
         } else {
             for f in ["Arguments", "Output"] {
                 if st.contains_key(f) {
@@ -603,7 +623,7 @@ fn machine(prefix: &str, states: &mut Map<String, Value>, jsonata: bool, refusal
 }
 
 /// One JSONata state rewritten in place; each field that cannot be added to `errs`.
-fn state(st: &mut Map<String, Value>, errs: &mut Vec<(String, String)>) {
+fn state(st: &mut Map<String, Value>, errs: &mut Vec<(String, String)>, seen: &mut Seen) {
     let ty = st.get("Type").and_then(Value::as_str).unwrap_or("").to_owned();
     for f in JSONPATH_FIELDS {
         if st.contains_key(*f) {
@@ -613,19 +633,11 @@ fn state(st: &mut Map<String, Value>, errs: &mut Vec<(String, String)>) {
             ));
         }
     }
-    let mut field = |st: &mut Map<String, Value>, f: &str, r: Result<(), String>| {
-        if let Err(why) = r {
-            errs.push((f.to_owned(), why));
-        }
-        let _ = st;
-    };
-    if let Some(a) = st.remove("Arguments") {
-        let r = arguments(st, &a);
-        field(st, "Arguments", r);
+    if let Some(Err(why)) = st.remove("Arguments").map(|a| arguments(st, &a)) {
+        errs.push(("Arguments".into(), why));
     }
-    if let Some(o) = st.remove("Output") {
-        let r = output(st, &ty, &o);
-        field(st, "Output", r);
+    if let Some(Err(why)) = st.remove("Output").map(|o| output(st, &ty, &o)) {
+        errs.push(("Output".into(), why));
     }
     if let Some(Value::Array(rules)) = st.get_mut("Choices") {
         let mut bad = Vec::new();
@@ -644,7 +656,10 @@ fn state(st: &mut Map<String, Value>, errs: &mut Vec<(String, String)>) {
                 continue;
             };
             let translated = match whole(&c) {
-                Some(e) => e.and_then(|e| rule(&e)),
+                Some(e) => e.and_then(|e| {
+                    seen.truthy |= truthy(&e);
+                    rule(&e)
+                }),
                 None => Err(format!("{c} is not an expression {{% … %}}")),
             };
             match translated {
