@@ -565,10 +565,15 @@ async fn a_lost_start_is_retried_by_the_supervisor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_supervisor_reads_only_expired_tasks_page_by_page() {
     let mut s = stack("bounded").await;
+    // the tasks are made with the short test budgets: their CompleteBy is derived from them
+    let policy = s.deps.settings.policy.clone();
     let deps = std::sync::Arc::get_mut(&mut s.deps).expect("not shared yet");
     deps.settings.sweep_page_size = 2;
+    // A recovered task's new CompleteBy is its backoff plus the start budget: long for the
+    // Supervisor, so that the last sweep holds however long the machine takes over the seven timers.
+    deps.settings.policy.start_timeout_ms = 600_000;
+    deps.settings.policy.queue_budget_ms = 600_000;
     let wf = s.deps.workflows.resolve("three", None).unwrap().clone();
-    let policy = s.deps.settings.policy.clone();
     let now = Millis::now();
     let make = |id: String, created: u64, done: bool| {
         let mut t = sas_protocol::protocol::submit(
@@ -603,8 +608,14 @@ async fn the_supervisor_reads_only_expired_tasks_page_by_page() {
     assert_eq!(report.errors, 0);
     let timers = s.drain(&s.res.supervisor_queue_url, 7, SECS).await;
     assert_eq!(timers.len(), 7, "one hand-over each");
+    let handled_from = Millis::now();
     for t in &timers {
         supervisor::timer(&s.deps, t.body().unwrap()).await.unwrap();
+    }
+    for i in 0..7 {
+        let t = s.task(&format!("expired-{i}")).await.unwrap();
+        assert_eq!((t.process_state, t.failure_count), (ProcessState::Pending, 1), "expired-{i} retried once");
+        assert!(t.complete_by.is_some_and(|c| c > handled_from), "expired-{i} carries a new CompleteBy: {t:?}");
     }
     assert_eq!(supervisor::sweep(&s.deps).await.expired, 0, "recovered tasks carry a new CompleteBy");
     s.delete().await;
