@@ -27,7 +27,8 @@ pub fn parse_path(text: &str) -> Result<Vec<Seg>, String> {
     let Some(rest) = text.strip_prefix('$') else { return bad("a path starts with $") };
     if rest.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
         return bad(
-            "a path that reads a variable ($name) is not translated: variables (Assign) are not translated yet",
+            "a variable ($name) is read here in Parameters, ResultSelector, ItemSelector, Assign, a Choice rule and \
+             an intrinsic function's arguments, not in a path field (InputPath, OutputPath, ItemsPath...)",
         );
     }
     let chars: Vec<char> = rest.chars().collect();
@@ -486,13 +487,43 @@ fn snake(name: &str) -> String {
     s
 }
 
-/// A Choice rule (without its `Next`) as a decision over the task, its variables read in `doc`.
-pub fn choice_rule(rule: &Map<String, Value>, doc: &Sym) -> Result<Cond, String> {
+/// The variables (`Assign`) set on the way to a state: what each holds, as the import knows it.
+pub type Vars = std::collections::BTreeMap<String, Sym>;
+
+/// The name of the variable a path reads (`$name`, `$name.a`, `$name[0]`), if it reads one.
+fn variable_of(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix('$')?;
+    if !rest.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+        return None;
+    }
+    let end = rest.find(['.', '[']).unwrap_or(rest.len());
+    Some((&rest[..end], &rest[end..]))
+}
+
+/// The value a path names: a part of the state's input (`$…`), or of a variable (`$name…`).
+pub fn lookup(path: &str, doc: &Sym, vars: &Vars) -> Result<Sym, String> {
+    match variable_of(path) {
+        Some((name, rest)) => {
+            let value = vars.get(name).ok_or_else(|| {
+                format!(
+                    "{path}: the variable ${name} is not set on every way to this state (by an Assign before it; a \
+                     Map's processor and a loop's states, workflows of their own here, read only the variables they set)"
+                )
+            })?;
+            value.get(&parse_path(&format!("${rest}"))?)
+        }
+        None => doc.get(&parse_path(path)?),
+    }
+}
+
+/// A Choice rule (without its `Next`) as a decision over the task, its variables read in `doc`
+/// (the state's input) and `vars`.
+pub fn choice_rule(rule: &Map<String, Value>, doc: &Sym, vars: &Vars) -> Result<Cond, String> {
     // a document that depends on the way the task came: the rule decided on each way's
     if let Sym::Choose(ways) = doc {
         let mut out = Cond::False;
         for (c, v) in ways {
-            out = out.or(c.clone().and(choice_rule(rule, v)?));
+            out = out.or(c.clone().and(choice_rule(rule, v, vars)?));
         }
         return Ok(out);
     }
@@ -502,7 +533,7 @@ pub fn choice_rule(rule: &Map<String, Value>, doc: &Sym) -> Result<Cond, String>
             let mut out = if join { Cond::True } else { Cond::False };
             for r in list {
                 let Value::Object(r) = r else { return Err(format!("{op} takes rules (objects)")) };
-                let c = choice_rule(r, doc)?;
+                let c = choice_rule(r, doc, vars)?;
                 out = if join { out.and(c) } else { out.or(c) };
             }
             return Ok(out);
@@ -510,13 +541,13 @@ pub fn choice_rule(rule: &Map<String, Value>, doc: &Sym) -> Result<Cond, String>
     }
     if let Some(r) = rule.get("Not") {
         let Value::Object(r) = r else { return Err("Not takes a rule (an object)".into()) };
-        return Ok(choice_rule(r, doc)?.negated());
+        return Ok(choice_rule(r, doc, vars)?.negated());
     }
     let Some(Value::String(variable)) = rule.get("Variable") else {
         return Err("a Choice rule needs Variable (or And, Or, Not)".into());
     };
     let ops: Vec<(&String, &Value)> =
-        rule.iter().filter(|(k, _)| !matches!(k.as_str(), "Variable" | "Next" | "Comment")).collect();
+        rule.iter().filter(|(k, _)| !matches!(k.as_str(), "Variable" | "Next" | "Comment" | "Assign")).collect();
     let [(op, operand)] = ops.as_slice() else {
         return Err(format!("a Choice rule takes one comparison, this one has {}", ops.len()));
     };
@@ -529,7 +560,7 @@ pub fn choice_rule(rule: &Map<String, Value>, doc: &Sym) -> Result<Cond, String>
     let mut key = snake(base);
     if by_path {
         let Value::String(p) = &operand else { return Err(format!("{op} takes a path")) };
-        match doc.get(&parse_path(p)?)? {
+        match lookup(p, doc, vars)? {
             Sym::Ref(p) => {
                 key.push_str("_path");
                 operand = Value::String(p);
@@ -538,7 +569,7 @@ pub fn choice_rule(rule: &Map<String, Value>, doc: &Sym) -> Result<Cond, String>
             _ => return Err(format!("{op} {p}: the value there is built by the state machine, not read")),
         }
     }
-    let var = doc.get(&parse_path(variable)?)?;
+    let var = lookup(variable, doc, vars)?;
     compare(variable, op, &key, &operand, var)
 }
 
@@ -651,7 +682,7 @@ mod tests {
     #[test]
     fn choice_rules_become_guards_and_constants_are_decided_at_once() {
         let doc = Sym::Over("$.input".into(), vec![("k".into(), Sym::Lit(json!(5)))]);
-        let rule = |v: Value| choice_rule(v.as_object().unwrap(), &doc).unwrap();
+        let rule = |v: Value| choice_rule(v.as_object().unwrap(), &doc, &Vars::new()).unwrap();
         assert_eq!(
             rule(json!({"Variable": "$.amount", "NumericGreaterThan": 10})),
             Cond::When(json!({"variable": "$.input.amount", "numeric_greater_than": 10}))
@@ -670,6 +701,8 @@ mod tests {
             rule(json!({"And": [{"Variable": "$.a", "IsPresent": true}, {"Variable": "$.k", "IsNumeric": true}]})),
             Cond::When(json!({"variable": "$.input.a", "is_present": true}))
         );
-        assert!(choice_rule(json!({"Variable": "$.a", "Whatever": 1}).as_object().unwrap(), &doc).is_err());
+        assert!(
+            choice_rule(json!({"Variable": "$.a", "Whatever": 1}).as_object().unwrap(), &doc, &Vars::new()).is_err()
+        );
     }
 }

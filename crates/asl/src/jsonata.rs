@@ -2,9 +2,9 @@
 //! into their JSONPath equivalent before they are translated, when every expression is one the
 //! JSONPath fields say exactly:
 //!
-//! - a path of the state's input, its result, its error or the context object
+//! - a path of the state's input, its result, its error, the context object or a variable
 //!   (`$states.input.order.id`, `$states.result.Payload`, `$states.errorOutput`,
-//!   `$states.context.Execution.Id`; `.name`, `` .`a name` `` and `[n]` steps);
+//!   `$states.context.Execution.Id`, `$total`; `.name`, `` .`a name` `` and `[n]` steps);
 //! - a literal (a string in `'…'` or `"…"`, a number, `true`, `false`, `null`);
 //! - strings joined with `&` (`States.Format`);
 //! - in a Choice rule's `Condition`: `=`, `!=`, `<`, `<=`, `>`, `>=` between a path and a literal,
@@ -13,11 +13,11 @@
 //! The fields: `Arguments` becomes `Parameters` (or `InputPath`), `Output` becomes `ResultSelector`
 //! or `OutputPath` (or a Pass state's `Parameters`/`Result`), `Condition` a rule, `Items`
 //! `ItemsPath`, `Seconds`/`Timestamp` `SecondsPath`/`TimestampPath`, `Error`/`Cause`
-//! `ErrorPath`/`CausePath`. Anything else is refused naming the state, the field and the
-//! expression: other functions (the engine does not evaluate JSONata yet: the book's "Importing
-//! Step Functions state machines", JSONata, has the conformance of the Rust crates that could),
-//! arithmetic, predicates, and variables (`Assign`, `$name`), which are not translated in
-//! JSONPath machines either.
+//! `ErrorPath`/`CausePath`, `Assign` the JSONPath `Assign` (over what its `$` is there: a task's
+//! result, a Pass state's, Choice's or Wait's input, a Catch's error). Anything else is refused
+//! naming the state, the field and the expression: other functions (the engine does not evaluate
+//! JSONata yet: the book's "Importing Step Functions state machines", JSONata, has the conformance
+//! of the Rust crates that could), arithmetic, predicates.
 
 use serde_json::{json, Map, Value};
 
@@ -31,6 +31,8 @@ enum Root {
     Result,
     ErrorOutput,
     Context,
+    /// A variable (`$name`), set by an `Assign` before.
+    Var(String),
 }
 
 /// An expression of the subset.
@@ -223,11 +225,7 @@ impl Parser {
                 match name.as_str() {
                     "states" => {}
                     "" => return Err("$ (the context value) is not translated: read $states.input".into()),
-                    v => {
-                        return Err(format!(
-                            "the variable ${v} is not translated: variables (Assign) are not translated yet"
-                        ))
-                    }
+                    v => return Ok(Ex::Path(Root::Var(v.to_owned()), self.steps()?)),
                 }
                 if !self.eat(".") {
                     return Err("$states is read through .input, .result, .errorOutput or .context".into());
@@ -308,20 +306,21 @@ struct Reads {
 
 const INPUT: Reads = Reads { input: Some("$"), result: None, error: None };
 
-fn root_text(root: &Root, reads: Reads) -> Result<&'static str, String> {
+fn root_text(root: &Root, reads: Reads) -> Result<String, String> {
     let (got, what) = match root {
         Root::Input => (reads.input, "$states.input"),
         Root::Result => (reads.result, "$states.result"),
         Root::ErrorOutput => (reads.error, "$states.errorOutput"),
-        Root::Context => return Ok("$$"),
+        Root::Context => return Ok("$$".into()),
+        Root::Var(name) => return Ok(format!("${name}")),
     };
-    got.ok_or_else(|| format!("{what} is not read in this field"))
+    got.map(str::to_owned).ok_or_else(|| format!("{what} is not read in this field"))
 }
 
 /// The JSONPath value of an expression.
 fn value(e: &Ex, reads: Reads) -> Result<Jp, String> {
     match e {
-        Ex::Path(root, segs) => Ok(Jp::Path(path_text(root_text(root, reads)?, segs))),
+        Ex::Path(root, segs) => Ok(Jp::Path(path_text(&root_text(root, reads)?, segs))),
         Ex::Lit(v) => Ok(Jp::Lit(v.clone())),
         Ex::Concat(parts) => {
             let mut format = String::new();
@@ -492,8 +491,7 @@ const JSONPATH_FIELDS: &[&str] = &[
 ];
 
 /// Rewrite the definition's JSONata states as JSONPath ones; every state whose fields are outside
-/// the subset refused (all of them named). A definition without JSONata comes back the same,
-/// save that a state's `Assign` is refused (variables are not translated yet).
+/// the subset refused (all of them named). A definition without JSONata comes back the same.
 pub fn rewrite(def: &Value) -> Result<(Value, Vec<String>), Vec<Refusal>> {
     let mut out = def.clone();
     let mut refusals = Vec::new();
@@ -589,12 +587,6 @@ fn machine(prefix: &str, states: &mut Map<String, Value>, jsonata: bool, refusal
                 jsonata
             }
         };
-        if st.contains_key("Assign") {
-            errs.push((
-                "Assign".into(),
-                "variables (Assign) are not translated yet: pass the values in the state's output (ResultPath), where later states read them".into(),
-            ));
-        }
         // a branch's or a map's own states
         if let Some(Value::Array(branches)) = st.get_mut("Branches") {
             for (i, b) in branches.iter_mut().enumerate() {
@@ -633,6 +625,24 @@ fn state(st: &mut Map<String, Value>, errs: &mut Vec<(String, String)>, seen: &m
             ));
         }
     }
+    // Assign reads what the JSONPath twin's Assign reads as `$`: a task's result, a Pass state's
+    // input (when it has no Output, which becomes the result its twin's Assign would read), the
+    // input of a Choice or a Wait
+    let assign_reads = match ty.as_str() {
+        "Task" | "Parallel" | "Map" => Some(Reads { input: None, result: Some("$"), error: None }),
+        "Pass" if st.contains_key("Output") => None,
+        _ => Some(INPUT),
+    };
+    if let Some(a) = st.get("Assign").cloned() {
+        match assign_reads
+            .map_or_else(|| assign(&a, Reads { input: None, result: None, error: None }), |r| assign(&a, r))
+        {
+            Ok(t) => {
+                st.insert("Assign".into(), t);
+            }
+            Err(why) => errs.push(("Assign".into(), why)),
+        }
+    }
     if let Some(Err(why)) = st.remove("Arguments").map(|a| arguments(st, &a)) {
         errs.push(("Arguments".into(), why));
     }
@@ -643,12 +653,18 @@ fn state(st: &mut Map<String, Value>, errs: &mut Vec<(String, String)>, seen: &m
         let mut bad = Vec::new();
         for (i, r) in rules.iter_mut().enumerate() {
             let Value::Object(r) = r else { continue };
-            for f in ["Output", "Assign"] {
-                if r.contains_key(f) {
-                    bad.push((
-                        format!("Choices[{i}]"),
-                        format!("a rule's {f} is not translated: shape the data in the state after it"),
-                    ));
+            if r.contains_key("Output") {
+                bad.push((
+                    format!("Choices[{i}]"),
+                    "a rule's Output is not translated: shape the data in the state after it".to_owned(),
+                ));
+            }
+            if let Some(a) = r.get("Assign").cloned() {
+                match assign(&a, INPUT) {
+                    Ok(t) => {
+                        r.insert("Assign".into(), t);
+                    }
+                    Err(why) => bad.push((format!("Choices[{i}]"), format!("Assign: {why}"))),
                 }
             }
             let Some(c) = r.remove("Condition") else {
@@ -709,8 +725,13 @@ fn state(st: &mut Map<String, Value>, errs: &mut Vec<(String, String)>, seen: &m
     if let Some(Value::Array(catches)) = st.get_mut("Catch") {
         for (i, c) in catches.iter_mut().enumerate() {
             let Value::Object(c) = c else { continue };
-            if c.contains_key("Assign") {
-                errs.push((format!("Catch[{i}]"), "variables (Assign) are not translated yet".into()));
+            if let Some(a) = c.get("Assign").cloned() {
+                match assign(&a, Reads { input: None, result: None, error: Some("$") }) {
+                    Ok(t) => {
+                        c.insert("Assign".into(), t);
+                    }
+                    Err(why) => errs.push((format!("Catch[{i}]"), format!("Assign: {why}"))),
+                }
             }
             match c.remove("Output") {
                 None => {}
@@ -732,6 +753,20 @@ fn state(st: &mut Map<String, Value>, errs: &mut Vec<(String, String)>, seen: &m
             errs.push((f.clone(), "a JSONata expression in this field is not translated: write its value".into()));
         }
     }
+}
+
+/// An `Assign` (an object of variables) as its JSONPath twin, its expressions reading `reads`.
+fn assign(a: &Value, reads: Reads) -> Result<Value, String> {
+    if !a.is_object() {
+        return Err(format!("{a} is not an object of variables"));
+    }
+    template(a, reads).map_err(|e| {
+        if e.contains("is not read in this field") {
+            format!("{e} (an Assign here reads a task's result, a Pass state's input when it has no Output, a Choice's or a Wait's input, a Catch's error)")
+        } else {
+            e
+        }
+    })
 }
 
 /// `Arguments` as `Parameters` (an object) or `InputPath` (one path of the input).
@@ -863,6 +898,51 @@ mod tests {
     }
 
     #[test]
+    fn a_jsonata_machine_s_variables_are_its_jsonpath_twin_s() {
+        let task = |f: &str| json!({"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "TimeoutSeconds": 5});
+        let mut get = task("get");
+        get["Arguments"] = json!({"FunctionName": "get", "Payload": "{% $states.input %}"});
+        get["Assign"] = json!({"total": "{% $states.result.Payload.sum %}", "tag": "t"});
+        get["Catch"] = json!([{"ErrorEquals": ["States.ALL"], "Assign": {"why": "{% $states.errorOutput.Cause %}"}, "Next": "Say"}]);
+        get["Next"] = json!("Big?");
+        let mut say = task("say");
+        say["Arguments"] = json!({"FunctionName": "say", "Payload": {"w": "{% $why %}"}});
+        say["End"] = json!(true);
+        let jsonata = json!({"QueryLanguage": "JSONata", "StartAt": "Get", "States": {
+            "Get": get,
+            "Big?": {"Type": "Choice", "Default": "Say", "Assign": {"why": "small"},
+                     "Choices": [{"Condition": "{% $total > 10 %}", "Assign": {"why": "{% 'big ' & $tag %}"}, "Next": "Say"}]},
+            "Say": say}});
+        let mut get = task("get");
+        get["Parameters"] = json!({"FunctionName": "get", "Payload.$": "$"});
+        get["Assign"] = json!({"total.$": "$.Payload.sum", "tag": "t"});
+        get["Catch"] = json!([{"ErrorEquals": ["States.ALL"], "Assign": {"why.$": "$.Cause"}, "Next": "Say"}]);
+        get["Next"] = json!("Big?");
+        let mut say = task("say");
+        say["Parameters"] = json!({"FunctionName": "say", "Payload": {"w.$": "$why"}});
+        say["End"] = json!(true);
+        let twin = json!({"StartAt": "Get", "States": {
+            "Get": get,
+            "Big?": {"Type": "Choice", "Default": "Say", "Assign": {"why": "small"},
+                     "Choices": [{"Variable": "$total", "NumericGreaterThan": 10,
+                                  "Assign": {"why.$": "States.Format('big {}', $tag)"}, "Next": "Say"}]},
+            "Say": say}});
+        assert_eq!(rw(&jsonata)["States"], twin["States"]);
+        let (a, b) = (crate::import("v", &jsonata).unwrap(), crate::import("v", &twin).unwrap());
+        assert_eq!(a.workflows(), b.workflows());
+        let say = a.workflows()[0]["steps"].as_array().unwrap().iter().find(|s| s["name"] == "Say").cloned().unwrap();
+        let w = say["parameters"]["w"].to_string();
+        for way in ["$.outputs.Get.error.message", "$.outputs.Get.sum", "small"] {
+            assert!(w.contains(way), "{way} in {w}");
+        }
+        // a task's Assign is set when it succeeds: on the way through its Catch, not set
+        let mut caught = jsonata.clone();
+        caught["States"]["Say"]["Arguments"]["Payload"]["g"] = json!("{% $tag %}");
+        let r = crate::import("v", &caught).unwrap_err();
+        assert!(r.iter().any(|x| x.state == "Say" && x.reason.contains("$tag is not set on every way")), "{r:#?}");
+    }
+
+    #[test]
     fn what_the_subset_does_not_say_is_refused_naming_state_field_and_expression() {
         let r = refused(&json!({"QueryLanguage": "JSONata", "StartAt": "A", "States": {
             "A": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "Next": "B",
@@ -875,7 +955,7 @@ mod tests {
             r.iter().any(|x| x.state == state && x.field == field && x.reason.contains(text))
         };
         assert!(has("A", "Arguments", "$uuid"), "{r:#?}");
-        assert!(has("A", "Assign", "variables"), "{r:#?}");
+        assert!(!r.iter().any(|x| x.field == "Assign"), "an Assign of the result is translated: {r:#?}");
         assert!(has("B", "Choices[0]", "two values read from the data"), "{r:#?}");
         assert!(has("C", "Output", "$count"), "{r:#?}");
         assert!(has("C", "Catch[0]", "$states.errorOutput"), "{r:#?}");
@@ -883,14 +963,17 @@ mod tests {
             "Output": "{% $states.input.n + 1 %}", "InputPath": "$.x", "End": true}}}));
         assert!(r.iter().any(|x| x.field == "Output" && x.reason.contains("arithmetic")), "{r:#?}");
         assert!(r.iter().any(|x| x.field == "InputPath" && x.reason.contains("JSONPath")), "{r:#?}");
-        let r = refused(&json!({"StartAt": "A", "States": {"A": {"Type": "Pass", "Assign": {"n": 1}, "End": true}}}));
-        assert_eq!((r[0].state.as_str(), r[0].field.as_str()), ("A", "Assign"));
-        // and a JSONPath machine's read of a variable is refused as one
+        // a task's Assign reads its result, not its input (its JSONPath twin's `$`)
+        let r = refused(&json!({"QueryLanguage": "JSONata", "StartAt": "A", "States": {"A": {"Type": "Task",
+            "Resource": "arn:aws:states:::lambda:invoke", "Arguments": {"FunctionName": "f"},
+            "Assign": {"n": "{% $states.input.n %}"}, "End": true}}}));
+        assert!(r.iter().any(|x| x.field == "Assign" && x.reason.contains("$states.input is not read")), "{r:#?}");
+        // and a JSONPath machine's read of a variable set nowhere is refused naming it
         let r = crate::import("x", &json!({"StartAt": "A", "States": {"A": {"Type": "Task",
             "Resource": "arn:aws:states:::lambda:invoke", "Parameters": {"FunctionName": "f", "Payload": {"n.$": "$count"}},
             "End": true}}}))
         .unwrap_err();
-        assert!(r[0].reason.contains("reads a variable ($name)"), "{r:#?}");
+        assert!(r[0].reason.contains("the variable $count is not set"), "{r:#?}");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde_json::{json, Map, Value};
 
-use super::data::{choice_rule, parse_path, path_text, Cond, Seg, Sym};
+use super::data::{choice_rule, lookup, parse_path, path_text, Cond, Seg, Sym, Vars};
 use super::Refusal;
 
 /// A state machine translated: one workflow, the agents its steps name, and what differs.
@@ -102,6 +102,7 @@ pub fn import_with(name: &str, def: &Value, options: Options) -> Result<Imported
         doc: Sym::Ref("$.input".into()),
         after: BTreeSet::new(),
         from_start: true,
+        vars: Vars::new(),
     };
     let saga_states;
     let states = match super::saga::recognise(states, start) {
@@ -259,6 +260,8 @@ struct Arrival {
     after: BTreeSet<String>,
     /// It is reached without any step before it.
     from_start: bool,
+    /// The variables set on the way (`Assign`), read as `$name`.
+    vars: Vars,
 }
 
 /// Where a block's paths are read: the task, or one map element (`$.input.item`).
@@ -873,7 +876,7 @@ impl Cx {
         let mut guard = None;
         if first {
             let seen = Sym::one_of(vec![(first_pass.clone(), m.doc.clone()), (first_pass.negated(), output.clone())]);
-            guard = Some(Self::leads_to(&check, &seen, &head)?);
+            guard = Some(Self::leads_to(&check, &seen, &m.vars, &head)?);
             entry = io(&check, &io(&check, &m.doc, "InputPath")?, "OutputPath")?;
         }
         let entry = entry.template().map_err(|e| ("Parameters".to_owned(), format!("the loop's input: {e}")))?;
@@ -963,11 +966,14 @@ impl Cx {
                 doc: Sym::Lit(Value::Null),
                 after: BTreeSet::new(),
                 from_start: false,
+                vars: Vars::new(),
             });
         };
         let mut ways = vec![(m.full.clone(), m.doc.clone())];
+        let mut var_ways = vec![(m.full.clone(), std::mem::take(&mut m.vars))];
         for a in it {
             ways.push((a.full.clone(), a.doc.clone()));
+            var_ways.push((a.full.clone(), a.vars));
             let same_parent = a.after == m.after && a.after.len() <= 1 && a.from_start == m.from_start;
             m.local = if same_parent { m.local.or(a.local) } else { m.full.clone().or(a.full.clone()) };
             m.full = m.full.or(a.full);
@@ -976,6 +982,15 @@ impl Cx {
         }
         // reached with different data: what it reads depends on the way the task came
         m.doc = Sym::one_of(ways);
+        // a variable set on every way in holds the value of the way taken; one set on some ways
+        // only is not read here (Step Functions would fail the execution on the others)
+        for name in var_ways[0].1.keys() {
+            let each: Option<Vec<(Cond, Sym)>> =
+                var_ways.iter().map(|(c, vars)| vars.get(name).map(|v| (c.clone(), v.clone()))).collect();
+            if let Some(each) = each {
+                m.vars.insert(name.clone(), Sym::one_of(each));
+            }
+        }
         if m.from_start && !m.after.is_empty() {
             self.refuse(
                 here,
@@ -1045,16 +1060,18 @@ impl Cx {
         let input = io(st, &m.doc, "InputPath")?;
         let result = match (st.get("Result"), st.get("Parameters")) {
             (Some(r), _) => Sym::Lit(r.clone()),
-            (None, Some(p)) => template(p, &input, Scope::Task).map_err(|e| ("Parameters".into(), e))?,
+            (None, Some(p)) => template(p, &input, &m.vars, Scope::Task).map_err(|e| ("Parameters".into(), e))?,
             (None, None) => input,
         };
+        // Assign reads the result, before ResultPath puts it in the input
+        let vars = assign(st.get("Assign"), &result, &m.vars)?;
         let doc = result_path(st, m.doc, result)?;
-        Ok(Arrival { doc: io(st, &doc, "OutputPath")?, ..m })
+        Ok(Arrival { doc: io(st, &doc, "OutputPath")?, vars, ..m })
     }
 
     /// A Choice's rules decided over `doc` (what arrives): each rule's target with when it is the
     /// one taken (no rule before it held), and when none holds.
-    fn choice_ways(st: &Map<String, Value>, doc: &Sym) -> Result<(Vec<(String, Cond)>, Cond), Blocked> {
+    fn choice_ways(st: &Map<String, Value>, doc: &Sym, vars: &Vars) -> Result<(Vec<(String, Cond)>, Cond), Blocked> {
         let input = io(st, doc, "InputPath")?;
         let Some(Value::Array(rules)) = st.get("Choices") else {
             return Err(Blocked::from(("Choices".to_owned(), "a Choice state has a list of Choices".to_owned())));
@@ -1072,7 +1089,8 @@ impl Cx {
                 errs.push((format!("Choices[{i}]"), "a rule names its Next".into()));
                 continue;
             };
-            let Some(c) = kept(choice_rule(rule, &input).map_err(|e| (format!("Choices[{i}]"), e)), &mut errs) else {
+            let Some(c) = kept(choice_rule(rule, &input, vars).map_err(|e| (format!("Choices[{i}]"), e)), &mut errs)
+            else {
                 continue;
             };
             let taken = none_before.clone().and(c.clone());
@@ -1086,8 +1104,8 @@ impl Cx {
     }
 
     /// When a Choice, over `doc`, leads to `target` (by a rule, or by its `Default`).
-    fn leads_to(st: &Map<String, Value>, doc: &Sym, target: &str) -> Result<Cond, Blocked> {
-        let (ways, none) = Self::choice_ways(st, doc)?;
+    fn leads_to(st: &Map<String, Value>, doc: &Sym, vars: &Vars, target: &str) -> Result<Cond, Blocked> {
+        let (ways, none) = Self::choice_ways(st, doc, vars)?;
         let mut c = Cond::False;
         for (next, taken) in ways {
             if next == target {
@@ -1101,12 +1119,22 @@ impl Cx {
     }
 
     fn choice(&mut self, here: &str, st: &Map<String, Value>, m: &Arrival) -> Result<Vec<(To, Arrival)>, Blocked> {
-        let out = io(st, &io(st, &m.doc, "InputPath")?, "OutputPath")?;
-        let (ways, none_before) = Self::choice_ways(st, &m.doc)?;
-        let mut flows: Vec<(To, Arrival)> =
-            ways.into_iter().map(|(next, taken)| (To::State(next), edge(m, taken, out.clone()))).collect();
+        let input = io(st, &m.doc, "InputPath")?;
+        let out = io(st, &input, "OutputPath")?;
+        let (ways, none_before) = Self::choice_ways(st, &m.doc, &m.vars)?;
+        // the rule taken sets its own Assign; the state's is set when the Default is taken
+        let rules = st.get("Choices").and_then(Value::as_array).cloned().unwrap_or_default();
+        let mut flows = Vec::new();
+        for (i, (next, taken)) in ways.into_iter().enumerate() {
+            let vars = assign(rules.get(i).and_then(|r| r.get("Assign")), &input, &m.vars)
+                .map_err(|(_, e)| (format!("Choices[{i}].Assign"), e))?;
+            flows.push((To::State(next), Arrival { vars, ..edge(m, taken, out.clone()) }));
+        }
         match st.get("Default").and_then(Value::as_str) {
-            Some(d) => flows.push((To::State(d.to_owned()), edge(m, none_before, out))),
+            Some(d) => {
+                let vars = assign(st.get("Assign"), &input, &m.vars)?;
+                flows.push((To::State(d.to_owned()), Arrival { vars, ..edge(m, none_before, out) }));
+            }
             None if none_before != Cond::False => {
                 // no rule matched: Step Functions fails the execution (States.NoChoiceMatched)
                 let step = self.step_name(&format!("{}-no-choice-matched", here.rsplit('/').next().unwrap_or(here)));
@@ -1151,7 +1179,8 @@ impl Cx {
             ));
         }
         self.steps.push(s);
-        Ok(Arrival { doc: io(st, &input, "OutputPath")?, ..after_step(m, &step, Cond::True) })
+        let vars = assign(st.get("Assign"), &input, &m.vars)?;
+        Ok(Arrival { doc: io(st, &input, "OutputPath")?, vars, ..after_step(m, &step, Cond::True) })
     }
 
     fn fail_agent(&mut self) {
@@ -1207,7 +1236,7 @@ impl Cx {
         let resource = st.get("Resource").and_then(Value::as_str).unwrap_or("");
         let input = kept(io(st, &m.doc, "InputPath"), &mut errs).unwrap_or_else(|| m.doc.clone());
         let (params, params_ok) = match st.get("Parameters") {
-            Some(p) => match template(p, &input, scope) {
+            Some(p) => match template(p, &input, &m.vars, scope) {
                 Ok(t) => (Some(t), true),
                 Err(e) => {
                     errs.push(("Parameters".into(), e));
@@ -1393,9 +1422,35 @@ impl Cx {
         }
         kept(self.retry(here, st, &mut s), &mut errs);
         // what of the answer is kept
+        let out = format!("$.outputs.{step}");
+        // Assign reads the answer as it comes, before ResultSelector (which keeps its part alone)
+        let vars = kept(assign(st.get("Assign"), &raw.rebased(&out), &m.vars), &mut errs);
+        if let Some(vars) = vars.as_ref().filter(|_| st.contains_key("ResultSelector")) {
+            let reads_answer = vars.iter().any(|(k, v)| {
+                m.vars.get(k) != Some(v) && v.paths().iter().any(|p| p == &out || p.starts_with(&format!("{out}.")))
+            });
+            if reads_answer {
+                errs.push((
+                    "Assign".into(),
+                    "an Assign that reads the task's answer beside a ResultSelector is not translated (the step keeps \
+                     the selected part alone): assign from the selected value in the next state, or select in the Assign"
+                        .into(),
+                ));
+            }
+        }
         let mut result = raw;
         if let Some(sel) = st.get("ResultSelector") {
-            let kept_sel = template(sel, &result, Scope::Task)
+            // a result selector here is applied to the answer alone, where no variable is
+            let kept_sel = template(sel, &result, &Vars::new(), Scope::Task)
+                .map_err(|e| {
+                    if e.contains("the variable $") {
+                        "a ResultSelector that reads a variable is not translated (it is applied to the answer \
+                         alone here): read the variable in the next state's Parameters"
+                            .to_owned()
+                    } else {
+                        e
+                    }
+                })
                 .and_then(|k| k.template())
                 .map_err(|e| ("ResultSelector".to_owned(), e));
             if let Some(t) = kept(kept_sel, &mut errs) {
@@ -1403,7 +1458,6 @@ impl Cx {
             }
             result = Sym::Ref("$".into());
         }
-        let out = format!("$.outputs.{step}");
         let result = result.rebased(&out);
         // handled failures
         let (ok, caught) = kept(self.catch(here, st, &step, &mut s), &mut errs).unwrap_or((Cond::True, Vec::new()));
@@ -1432,12 +1486,16 @@ impl Cx {
             return Err(Blocked(errs));
         }
         self.steps.push(s);
-        let mut flows = vec![(next, Arrival { doc, ..after_step(m, &step, ok) })];
-        for (to, cond, result_path_spec) in caught {
+        let vars = vars.unwrap_or_default();
+        let mut flows = vec![(next, Arrival { doc, vars, ..after_step(m, &step, ok) })];
+        for (i, (to, cond, result_path_spec, assigned)) in caught.into_iter().enumerate() {
             let error = Sym::Obj(vec![
                 ("Error".into(), Sym::Ref(format!("{out}.error.kind"))),
                 ("Cause".into(), Sym::Ref(format!("{out}.error.message"))),
             ]);
+            // a catcher's Assign reads the error output, before its ResultPath
+            let vars =
+                assign(assigned.as_ref(), &error, &m.vars).map_err(|(_, e)| (format!("Catch[{i}].Assign"), e))?;
             let doc = match result_path_spec {
                 Some(Value::Null) => m.doc.clone(),
                 Some(Value::String(p)) => m
@@ -1447,7 +1505,7 @@ impl Cx {
                     .map_err(|e| ("Catch".to_owned(), e))?,
                 _ => error,
             };
-            flows.push((To::State(to), Arrival { doc, ..after_step(m, &step, cond) }));
+            flows.push((To::State(to), Arrival { doc, vars, ..after_step(m, &step, cond) }));
         }
         Ok(flows)
     }
@@ -1551,7 +1609,7 @@ impl Cx {
         st: &Map<String, Value>,
         step: &str,
         s: &mut Value,
-    ) -> Result<(Cond, Vec<(String, Cond, Option<Value>)>), (String, String)> {
+    ) -> Result<(Cond, Vec<(String, Cond, Option<Value>, Option<Value>)>), (String, String)> {
         let Some(Value::Array(catchers)) = st.get("Catch") else { return Ok((Cond::True, Vec::new())) };
         let out = format!("$.outputs.{step}.error.kind");
         let failed = Cond::When(json!({"variable": out, "is_present": true}));
@@ -1597,7 +1655,7 @@ impl Cx {
                 // a kind names a failure: no need to say it failed
                 new.iter().fold(Cond::False, |acc, k| acc.or(kind_is(k)))
             };
-            ways.push((to.to_owned(), cond, c.get("ResultPath").cloned()));
+            ways.push((to.to_owned(), cond, c.get("ResultPath").cloned(), c.get("Assign").cloned()));
         }
         let all = covered.len() == 3;
         s["on_failure"] = if all { json!("continue") } else { json!({"continue": covered.iter().collect::<Vec<_>>()}) };
@@ -1622,9 +1680,8 @@ impl Cx {
         }
         let input = kept(io(st, &m.doc, "InputPath"), &mut errs).unwrap_or_else(|| m.doc.clone());
         let input = match st.get("Parameters") {
-            Some(p) => {
-                kept(template(p, &input, scope).map_err(|e| ("Parameters".to_owned(), e)), &mut errs).unwrap_or(input)
-            }
+            Some(p) => kept(template(p, &input, &m.vars, scope).map_err(|e| ("Parameters".to_owned(), e)), &mut errs)
+                .unwrap_or(input),
             None => input,
         };
         let Some(Value::Array(branches)) = st.get("Branches") else {
@@ -1662,13 +1719,16 @@ impl Cx {
             return Err(Blocked(errs));
         }
         let mut result = Sym::Arr(outputs);
+        // Assign reads the branches' outputs, before ResultSelector (a branch's own variables
+        // stay in it)
+        let vars = assign(st.get("Assign"), &result, &m.vars)?;
         if let Some(sel) = st.get("ResultSelector") {
-            result = template(sel, &result, scope).map_err(|e| ("ResultSelector".to_owned(), e))?;
+            result = template(sel, &result, &m.vars, scope).map_err(|e| ("ResultSelector".to_owned(), e))?;
         }
         let doc = result_path(st, m.doc.clone(), result)?;
         let doc = io(st, &doc, "OutputPath")?;
         let from_start = after.is_empty() && m.from_start;
-        Ok(Arrival { full: m.full.clone(), local: m.full, doc, after, from_start })
+        Ok(Arrival { full: m.full.clone(), local: m.full, doc, after, from_start, vars })
     }
 
     fn map(
@@ -1768,7 +1828,7 @@ impl Cx {
             ));
         };
         let element = match st.get("ItemSelector").or_else(|| st.get("Parameters")) {
-            Some(sel) => template(sel, &input, Scope::Element).map_err(|e| ("ItemSelector".into(), e))?,
+            Some(sel) => template(sel, &input, &m.vars, Scope::Element).map_err(|e| ("ItemSelector".into(), e))?,
             None => Sym::Ref("$.input.item".into()),
         };
         // a map of a call step fills its parameters in the element, from the item alone; reading
@@ -1785,8 +1845,15 @@ impl Cx {
         if !single {
             return self.map_of_a_workflow(here, name, st, m, processor, &element, spec);
         }
-        let entry =
-            Arrival { doc: element, after: BTreeSet::new(), from_start: true, full: Cond::True, local: Cond::True };
+        // the element's processor reads its item, not the variables around the map
+        let entry = Arrival {
+            doc: element,
+            after: BTreeSet::new(),
+            from_start: true,
+            full: Cond::True,
+            local: Cond::True,
+            vars: Vars::new(),
+        };
         let before = self.steps.len();
         let ends = self
             .block(&format!("{here}/"), &states, start, entry, Scope::Element)
@@ -1826,12 +1893,14 @@ impl Cx {
     /// step's output (the elements' outputs in order).
     fn map_output(st: &Map<String, Value>, m: &Arrival, step: &str) -> Result<Arrival, (String, String)> {
         let mut result = Sym::Ref(format!("$.outputs.{step}"));
+        // Assign reads the elements' outputs, before ResultSelector
+        let vars = assign(st.get("Assign"), &result, &m.vars)?;
         if let Some(sel) = st.get("ResultSelector") {
-            result = template(sel, &result, Scope::Task).map_err(|e| ("ResultSelector".into(), e))?;
+            result = template(sel, &result, &m.vars, Scope::Task).map_err(|e| ("ResultSelector".into(), e))?;
         }
         let doc = result_path(st, m.doc.clone(), result)?;
         let doc = io(st, &doc, "OutputPath")?;
-        Ok(Arrival { doc, ..after_step(m, step, Cond::True) })
+        Ok(Arrival { doc, vars, ..after_step(m, step, Cond::True) })
     }
 
     /// A Map whose processor is more than one task: the processor becomes a workflow of its own
@@ -1931,6 +2000,7 @@ fn edge(m: &Arrival, cond: Cond, doc: Sym) -> Arrival {
         doc,
         after: m.after.clone(),
         from_start: m.from_start,
+        vars: m.vars.clone(),
     }
 }
 
@@ -1942,6 +2012,7 @@ fn after_step(m: &Arrival, step: &str, cond: Cond) -> Arrival {
         doc: m.doc.clone(),
         after: BTreeSet::from([step.to_owned()]),
         from_start: false,
+        vars: m.vars.clone(),
     }
 }
 
@@ -1981,7 +2052,7 @@ fn result_path(st: &Map<String, Value>, doc: Sym, result: Sym) -> Result<Sym, (S
 }
 
 /// A `Parameters`-like template (keys ending `.$` take a path) over `doc`.
-fn template(t: &Value, doc: &Sym, scope: Scope) -> Result<Sym, String> {
+fn template(t: &Value, doc: &Sym, vars: &Vars, scope: Scope) -> Result<Sym, String> {
     Ok(match t {
         Value::Object(o) => {
             let mut out = Vec::new();
@@ -1989,15 +2060,15 @@ fn template(t: &Value, doc: &Sym, scope: Scope) -> Result<Sym, String> {
                 match k.strip_suffix(".$") {
                     Some(name) => {
                         let Value::String(p) = v else { return Err(format!("{k} takes a path, not {v}")) };
-                        out.push((name.to_owned(), reference(p, doc, scope).map_err(|e| format!("{k}: {e}"))?));
+                        out.push((name.to_owned(), reference(p, doc, vars, scope).map_err(|e| format!("{k}: {e}"))?));
                     }
-                    None => out.push((k.clone(), template(v, doc, scope)?)),
+                    None => out.push((k.clone(), template(v, doc, vars, scope)?)),
                 }
             }
             Sym::Obj(out)
         }
         Value::Array(a) => {
-            let parts = a.iter().map(|x| template(x, doc, scope)).collect::<Result<Vec<_>, _>>()?;
+            let parts = a.iter().map(|x| template(x, doc, vars, scope)).collect::<Result<Vec<_>, _>>()?;
             if parts.iter().all(|p| matches!(p, Sym::Lit(_))) {
                 Sym::Lit(Value::Array(
                     parts.into_iter().map(|p| if let Sym::Lit(v) = p { v } else { Value::Null }).collect(),
@@ -2011,9 +2082,9 @@ fn template(t: &Value, doc: &Sym, scope: Scope) -> Result<Sym, String> {
 }
 
 /// The value a `.$` key names: a path of the state's input, the context object, or an intrinsic.
-fn reference(p: &str, doc: &Sym, scope: Scope) -> Result<Sym, String> {
+fn reference(p: &str, doc: &Sym, vars: &Vars, scope: Scope) -> Result<Sym, String> {
     if sas_protocol::intrinsic::is_call(p) {
-        return intrinsic(p, doc, scope);
+        return intrinsic(p, doc, vars, scope);
     }
     if let Some(ctx) = p.strip_prefix("$$") {
         return match (ctx, scope) {
@@ -2033,15 +2104,39 @@ fn reference(p: &str, doc: &Sym, scope: Scope) -> Result<Sym, String> {
             )),
         };
     }
-    doc.get(&parse_path(p)?)
+    lookup(p, doc, vars)
+}
+
+/// A state's `Assign` (or a Choice rule's, or a catcher's) over `base`, what its paths read as
+/// `$`: the variables after it. Every value reads the variables as they were before it.
+fn assign(spec: Option<&Value>, base: &Sym, vars: &Vars) -> Result<Vars, (String, String)> {
+    let Some(spec) = spec else { return Ok(vars.clone()) };
+    let err = |e: String| ("Assign".to_owned(), e);
+    if !spec.is_object() {
+        return Err(err(format!("{spec} is not an object of variables")));
+    }
+    let Sym::Obj(set) = template(spec, base, vars, Scope::Task).map_err(err)? else {
+        return Err(err("an object of variables".into()));
+    };
+    let mut out = vars.clone();
+    for (name, value) in set {
+        let ok = name.starts_with(|c: char| c.is_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_alphanumeric() || c == '_')
+            && name != "states";
+        if !ok {
+            return Err(err(format!("{name:?} is not a variable's name (letters, digits and _, not $states)")));
+        }
+        out.insert(name, value);
+    }
+    Ok(out)
 }
 
 /// An intrinsic function's call, each of its paths read through `doc`: a path of the task, or a
 /// value known at import.
-fn intrinsic(text: &str, doc: &Sym, scope: Scope) -> Result<Sym, String> {
+fn intrinsic(text: &str, doc: &Sym, vars: &Vars, scope: Scope) -> Result<Sym, String> {
     use sas_protocol::intrinsic::{Arg, Call};
     let paths = std::cell::RefCell::new(Vec::new());
-    let call = Call::parse_with(text, &|p| match reference(p, doc, scope)? {
+    let call = Call::parse_with(text, &|p| match reference(p, doc, vars, scope)? {
         Sym::Ref(task_path) => {
             paths.borrow_mut().push(task_path.clone());
             sas_protocol::condition::DataPath::parse(&task_path).map(Arg::Path)
@@ -2678,6 +2773,81 @@ mod tests {
         assert_eq!(i.agents["sqs.approvals"]["kind"], "sqs");
         assert_eq!(i.agents["fn.PackFunctionArn"]["function"], "${PackFunctionArn}");
         assert!(i.notes.iter().any(|n| n.contains("SendTaskSuccess")), "{:?}", i.notes);
+    }
+
+    #[test]
+    fn variables_are_read_where_their_values_live_whatever_way_set_them() {
+        let lambda = |f: &str, payload: Value| {
+            json!({"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "TimeoutSeconds": 10,
+                   "Parameters": {"FunctionName": f, "Payload": payload}})
+        };
+        let mut get = lambda("get", json!({"id.$": "$.id"}));
+        // Assign reads the answer as it comes (its Payload: the step's output here)
+        get["ResultPath"] = json!("$.got");
+        get["Assign"] = json!({"raw.$": "$.Payload", "tag": "t1", "first.$": "$.Payload.n"});
+        get["Next"] = json!("Check");
+        let mut use_ = lambda(
+            "use",
+            json!({"size.$": "$size", "big.$": "$big", "tag.$": "$tag", "n.$": "$raw.n", "at.$": "$.id", "first.$": "$first"}),
+        );
+        use_["Catch"] = json!([{"ErrorEquals": ["States.ALL"], "Assign": {"why.$": "$.Cause"}, "Next": "Report"}]);
+        use_["End"] = json!(true);
+        let mut report = lambda("report", json!({"why.$": "$why", "tag.$": "$tag"}));
+        report["End"] = json!(true);
+        let def = json!({"StartAt": "Get", "States": {
+            "Get": get,
+            "Check": {"Type": "Choice", "Assign": {"big": false}, "Default": "Small", "Choices": [
+                {"Variable": "$raw.n", "NumericGreaterThan": 10, "Assign": {"big": true}, "Next": "Big"}]},
+            // every value of one Assign reads the variables as they were before it
+            "Big": {"Type": "Pass", "Parameters": {"m.$": "$.got.Payload.m"}, "ResultPath": "$.big", "Assign": {"size": "big", "first.$": "$.m", "tag.$": "$first"}, "Next": "Use"},
+            "Small": {"Type": "Pass", "Assign": {"size": "small"}, "Next": "Use"},
+            "Use": use_,
+            "Report": report
+        }});
+        let i = import("vars", &def).unwrap_or_else(|r| panic!("{r:#?}"));
+        let s = steps(&i);
+        assert_eq!(s["Use"]["after"], json!(["Get"]), "{:#}", s["Use"]);
+        let p = &s["Use"]["parameters"];
+        assert_eq!(p["n.$"], "$.outputs.Get.n", "a variable of the answer (a function's Payload): {p:#}");
+        let big = json!({"variable": "$.outputs.Get.n", "numeric_greater_than": 10});
+        let by_way = |on_big: Value, on_small: Value| json!({"*.choose": [{"value": on_big, "when": big}, {"value": on_small, "when": {"not": big}}]});
+        // set on each way: the value of the way taken
+        assert_eq!(p["size"], by_way(json!("big"), json!("small")), "{p:#}");
+        assert_eq!(p["big"], by_way(json!(true), json!(false)), "{p:#}");
+        // `first` reset on the big way only; `tag` there read the old `first`
+        assert_ne!(p["first"], Value::Null, "{p:#}");
+        let first = serde_json::to_string(&p["first"]).unwrap();
+        assert!(first.contains("$.outputs.Get.m") && first.contains("$.outputs.Get.n"), "{first}");
+        let tag = serde_json::to_string(&p["tag"]).unwrap();
+        assert!(tag.contains("$.outputs.Get.n") && tag.contains("t1"), "{tag}");
+        // a catcher's Assign reads the error
+        let r = &s["Report"]["parameters"];
+        assert_eq!(r["why.$"], "$.outputs.Use.error.message", "{r:#}");
+        // read where it was never set, or set on one way only: refused, naming it
+        let mut def2 = def.clone();
+        def2["States"]["Small"]["Assign"] = json!({"other": 1});
+        let r = import("vars", &def2).unwrap_err();
+        assert!(
+            r.iter().any(|x| x.state == "Use" && x.reason.contains("the variable $size is not set on every way")),
+            "{r:#?}"
+        );
+        // a ResultSelector applied to the answer alone reads no variable; beside it, the answer
+        // is not kept whole for an Assign to read
+        let mut def3 = def.clone();
+        def3["States"]["Get"]["ResultSelector"] = json!({"n.$": "$tag"});
+        let r = import("vars", &def3).unwrap_err();
+        assert!(r.iter().any(|x| x.state == "Get" && x.field == "ResultSelector"), "{r:#?}");
+        def3["States"]["Get"]["ResultSelector"] = json!({"n.$": "$.Payload.n"});
+        let r = import("vars", &def3).unwrap_err();
+        assert!(
+            r.iter().any(|x| x.state == "Get" && x.field == "Assign" && x.reason.contains("ResultSelector")),
+            "{r:#?}"
+        );
+        // not a variable's name
+        let mut def4 = def.clone();
+        def4["States"]["Small"]["Assign"] = json!({"size": "small", "states": 1});
+        let r = import("vars", &def4).unwrap_err();
+        assert!(r.iter().any(|x| x.state == "Small" && x.field == "Assign"), "{r:#?}");
     }
 
     #[test]

@@ -83,14 +83,15 @@ struct Case {
     what: String,
     def: Value,
     inputs: Vec<Value>,
-    /// What this project imports instead of `def`: the same machine written in JSONata (LocalStack
-    /// runs JSONata with a Java library it fetches from Maven Central, which these machines cannot
-    /// reach: Step Functions runs the JSONPath twin, `def`).
-    jsonata: Option<Value>,
+    /// What this project imports instead of `def`: the same machine written in JSONata, or with
+    /// variables (`Assign`). LocalStack evaluates both with a Java JSONata library it fetches from
+    /// Maven Central, which these machines cannot reach: Step Functions runs `def`, the twin
+    /// written without them.
+    ours: Option<Value>,
 }
 
 fn case(name: &str, what: &str, def: Value, inputs: &[Value]) -> Case {
-    Case { name: name.into(), what: what.into(), def, inputs: inputs.to_vec(), jsonata: None }
+    Case { name: name.into(), what: what.into(), def, inputs: inputs.to_vec(), ours: None }
 }
 
 /// The hand-written definitions, within the importer's subset.
@@ -170,8 +171,51 @@ fn hand_written() -> Vec<Case> {
                       "ResultPath": "$.stored", "End": true}}}),
         &[json!({"give_up": false}), json!({"give_up": true})],
     ));
+    // variables: set by a Task (its answer, before a ResultPath), a Choice's rule and its Default,
+    // a Pass (reading the old value of a variable it resets) and a Catch (the error), read by
+    // later Parameters, a Choice rule, an intrinsic function and the last state's output
+    let variables = json!({"StartAt": "Total", "States": {
+        "Total": {"Type": "Task", "Resource": "${AddFunctionArn}", "Parameters": {"values.$": "$.nums"},
+                  "Assign": {"total.$": "$.sum", "label": "first"}, "ResultPath": "$.added", "Next": "Big?"},
+        "Big?": {"Type": "Choice", "Assign": {"size": "small"}, "Default": "Note",
+                 "Choices": [{"Variable": "$total", "NumericGreaterThanEquals": 10, "Assign": {"size": "big"}, "Next": "Relabel"}]},
+        "Relabel": {"Type": "Pass", "Assign": {"label": "second", "was.$": "$label"}, "Next": "Note"},
+        "Note": {"Type": "Task", "Resource": "${EchoFunctionArn}",
+                 "Parameters": {"value": {"size.$": "$size", "total.$": "$total", "label.$": "$label",
+                                          "line.$": "States.Format('total {}', $total)"}},
+                 "ResultPath": "$.note", "Next": "Fail?"},
+        "Fail?": {"Type": "Choice", "Choices": [{"Variable": "$.fail", "BooleanEquals": true, "Next": "Boom"}], "Default": "Done"},
+        "Boom": {"Type": "Task", "Resource": "${FailFunctionArn}", "ResultPath": null, "Next": "Done",
+                 "Catch": [{"ErrorEquals": ["States.ALL"], "Assign": {"failed": true, "label": "caught"}, "ResultPath": null, "Next": "Done"}]},
+        "Done": {"Type": "Pass", "Parameters": {"note.$": "$.note", "total.$": "$total", "label.$": "$label"}, "End": true}}});
     c.push(Case {
-        jsonata: Some(json!({"QueryLanguage": "JSONata", "StartAt": "Total", "States": {
+        ours: Some(variables),
+        ..case(
+            "variables",
+            "variables (Assign) set by a Task, a Choice's rule and Default, a Pass and a Catch, read by \
+             Parameters, a Choice rule, States.Format and the output, imported here; Step Functions runs its \
+             twin without variables (the values carried in the data)",
+            json!({"StartAt": "Total", "States": {
+                "Total": {"Type": "Task", "Resource": "${AddFunctionArn}", "Parameters": {"values.$": "$.nums"},
+                          "ResultPath": "$.added", "Next": "Big?"},
+                "Big?": {"Type": "Choice", "Default": "Small",
+                         "Choices": [{"Variable": "$.added.sum", "NumericGreaterThanEquals": 10, "Next": "Relabel"}]},
+                "Relabel": {"Type": "Pass", "Result": {"label": "second", "size": "big"}, "ResultPath": "$.v", "Next": "Note"},
+                "Small": {"Type": "Pass", "Result": {"label": "first", "size": "small"}, "ResultPath": "$.v", "Next": "Note"},
+                "Note": {"Type": "Task", "Resource": "${EchoFunctionArn}",
+                         "Parameters": {"value": {"size.$": "$.v.size", "total.$": "$.added.sum", "label.$": "$.v.label",
+                                                  "line.$": "States.Format('total {}', $.added.sum)"}},
+                         "ResultPath": "$.note", "Next": "Fail?"},
+                "Fail?": {"Type": "Choice", "Choices": [{"Variable": "$.fail", "BooleanEquals": true, "Next": "Boom"}], "Default": "Done"},
+                "Boom": {"Type": "Task", "Resource": "${FailFunctionArn}", "ResultPath": null, "Next": "Done",
+                         "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": null, "Next": "Caught"}]},
+                "Caught": {"Type": "Pass", "Result": "caught", "ResultPath": "$.v.label", "Next": "Done"},
+                "Done": {"Type": "Pass", "Parameters": {"note.$": "$.note", "total.$": "$.added.sum", "label.$": "$.v.label"}, "End": true}}}),
+            &[json!({"nums": [4, 9]}), json!({"nums": [1, 2]}), json!({"nums": [5, 5], "fail": true})],
+        )
+    });
+    c.push(Case {
+        ours: Some(json!({"QueryLanguage": "JSONata", "StartAt": "Total", "States": {
             "Total": {"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke",
                       "Arguments": {"FunctionName": "${AddFunctionArn}", "Payload": {"values": "{% $states.input.nums %}"}},
                       "Output": "{% $states.result.Payload %}", "Next": "Big?"},
@@ -1747,7 +1791,7 @@ fn everything() -> Vec<(Case, Expect)> {
     all.extend(KNOWN_DIFFERENCES.iter().map(|k| ((k.case)(), Expect::Known(k.check, k.diagnosis))));
     for (c, _) in &mut all {
         recover_from_a_hung_call(&mut c.def);
-        if let Some(j) = &mut c.jsonata {
+        if let Some(j) = &mut c.ours {
             recover_from_a_hung_call(j);
         }
     }
@@ -1796,7 +1840,7 @@ fn recover_from_a_hung_call(def: &mut Value) {
 }
 
 fn import(c: &Case) -> sas_cli::asl::Imported {
-    sas_cli::asl::import(&c.name, c.jsonata.as_ref().unwrap_or(&c.def)).unwrap_or_else(|refused| {
+    sas_cli::asl::import(&c.name, c.ours.as_ref().unwrap_or(&c.def)).unwrap_or_else(|refused| {
         panic!(
             "{} is meant to be within the importer's subset, and was refused: {}\n{:#}",
             c.name,
@@ -1824,7 +1868,7 @@ fn every_definition_imports_and_the_generator_covers_its_range() {
     WorkflowRegistry::from_json(&json!({"workflows": workflows}).to_string()).expect("the imported workflows load");
     assert!(hand_written().len() >= 12);
     // a JSONata machine is translated as its JSONPath twin is (what Step Functions runs)
-    for (c, _) in all.iter().filter(|(c, _)| c.jsonata.is_some()) {
+    for (c, _) in all.iter().filter(|(c, _)| c.ours.as_ref().is_some_and(|o| o["QueryLanguage"] == "JSONata")) {
         let twin = sas_cli::asl::import(&c.name, &c.def).expect("the JSONPath twin translates");
         assert_eq!(import(c).workflows(), twin.workflows(), "{}", c.name);
     }
