@@ -899,13 +899,13 @@ mod tests {
 
     #[test]
     fn a_jsonata_machine_s_variables_are_its_jsonpath_twin_s() {
-        let task = |f: &str| json!({"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "TimeoutSeconds": 5});
-        let mut get = task("get");
+        let task = || json!({"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "TimeoutSeconds": 5});
+        let mut get = task();
         get["Arguments"] = json!({"FunctionName": "get", "Payload": "{% $states.input %}"});
         get["Assign"] = json!({"total": "{% $states.result.Payload.sum %}", "tag": "t"});
         get["Catch"] = json!([{"ErrorEquals": ["States.ALL"], "Assign": {"why": "{% $states.errorOutput.Cause %}"}, "Next": "Say"}]);
         get["Next"] = json!("Big?");
-        let mut say = task("say");
+        let mut say = task();
         say["Arguments"] = json!({"FunctionName": "say", "Payload": {"w": "{% $why %}"}});
         say["End"] = json!(true);
         let jsonata = json!({"QueryLanguage": "JSONata", "StartAt": "Get", "States": {
@@ -913,12 +913,12 @@ mod tests {
             "Big?": {"Type": "Choice", "Default": "Say", "Assign": {"why": "small"},
                      "Choices": [{"Condition": "{% $total > 10 %}", "Assign": {"why": "{% 'big ' & $tag %}"}, "Next": "Say"}]},
             "Say": say}});
-        let mut get = task("get");
+        let mut get = task();
         get["Parameters"] = json!({"FunctionName": "get", "Payload.$": "$"});
         get["Assign"] = json!({"total.$": "$.Payload.sum", "tag": "t"});
         get["Catch"] = json!([{"ErrorEquals": ["States.ALL"], "Assign": {"why.$": "$.Cause"}, "Next": "Say"}]);
         get["Next"] = json!("Big?");
-        let mut say = task("say");
+        let mut say = task();
         say["Parameters"] = json!({"FunctionName": "say", "Payload": {"w.$": "$why"}});
         say["End"] = json!(true);
         let twin = json!({"StartAt": "Get", "States": {
