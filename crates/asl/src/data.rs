@@ -402,6 +402,8 @@ impl Cond {
         match (self, other) {
             (Cond::False, _) | (_, Cond::False) => Cond::False,
             (Cond::True, x) | (x, Cond::True) => x,
+            // a decision and its opposite: never both
+            (Cond::When(a), Cond::When(b)) if opposite(&a, &b) => Cond::False,
             (Cond::When(a), Cond::When(b)) => Cond::When(joined("and", a, b)),
         }
     }
@@ -412,6 +414,8 @@ impl Cond {
             (Cond::True, _) | (_, Cond::True) => Cond::True,
             (Cond::False, x) | (x, Cond::False) => x,
             (Cond::When(a), Cond::When(b)) if a == b => Cond::When(a),
+            // a decision or its opposite: always (the ways out of a Choice joined again)
+            (Cond::When(a), Cond::When(b)) if opposite(&a, &b) => Cond::True,
             (Cond::When(a), Cond::When(b)) => Cond::When(joined("or", a, b)),
         }
     }
@@ -427,6 +431,13 @@ impl Cond {
             Cond::When(x) => Cond::When(serde_json::json!({"not": x})),
         }
     }
+}
+
+/// Whether one guard is the other's `not` (a guard holds or not: a missing value makes a
+/// comparison false, and its `not` true).
+fn opposite(a: &Value, b: &Value) -> bool {
+    let not_of = |x: &Value, y: &Value| x.as_object().is_some_and(|o| o.len() == 1 && o.get("not") == Some(y));
+    not_of(a, b) || not_of(b, a)
 }
 
 /// `a` and `b` joined by `and` or `or`, a join of the same kind flattened into the list.
@@ -677,6 +688,16 @@ mod tests {
         let arr = Sym::Arr(vec![Sym::Ref("$.outputs.a".into()), Sym::Lit(json!(2))]);
         assert_eq!(Sym::Obj(vec![("r".into(), arr)]).template().unwrap(), json!({"r": [{"*.$": "$.outputs.a"}, 2]}));
         assert_eq!(Sym::Ref("$".into()).rebased("$.outputs.s"), Sym::Ref("$.outputs.s".into()));
+    }
+
+    #[test]
+    fn a_decision_and_its_opposite_are_never_both_and_always_one() {
+        let c = Cond::When(json!({"variable": "$.input.n", "numeric_greater_than": 10}));
+        assert_eq!(c.clone().or(c.clone().negated()), Cond::True);
+        assert_eq!(c.clone().negated().or(c.clone()), Cond::True);
+        assert_eq!(c.clone().and(c.clone().negated()), Cond::False);
+        let d = Cond::When(json!({"variable": "$.input.m", "is_present": true}));
+        assert!(matches!(c.or(d.negated()), Cond::When(_)), "other decisions stay");
     }
 
     #[test]

@@ -2807,6 +2807,8 @@ mod tests {
         let i = import("vars", &def).unwrap_or_else(|r| panic!("{r:#?}"));
         let s = steps(&i);
         assert_eq!(s["Use"]["after"], json!(["Get"]), "{:#}", s["Use"]);
+        // reached on both ways out of the Choice: no guard (a decision or its opposite always holds)
+        assert!(s["Use"].get("when").is_none(), "{:#}", s["Use"]);
         let p = &s["Use"]["parameters"];
         assert_eq!(p["n.$"], "$.outputs.Get.n", "a variable of the answer (a function's Payload): {p:#}");
         let big = json!({"variable": "$.outputs.Get.n", "numeric_greater_than": 10});
