@@ -192,8 +192,9 @@ impl Sym {
                 "{} reads into the value of {text}, which is known only when the step runs",
                 path_text("$", segs)
             )),
+            // the part read on each way (the same part on every way: that part alone)
             (Sym::Choose(ways), _) => {
-                Ok(Sym::Choose(ways.iter().map(|(c, x)| Ok((c.clone(), x.get(segs)?))).collect::<Result<_, String>>()?))
+                Ok(Sym::one_of(ways.iter().map(|(c, x)| Ok((c.clone(), x.get(segs)?))).collect::<Result<_, String>>()?))
             }
             (Sym::Ref(p), _) => Ok(Sym::Ref(with(p, segs))),
             (Sym::Lit(v), _) => {

@@ -2777,6 +2777,7 @@ mod tests {
 
     #[test]
     fn variables_are_read_where_their_values_live_whatever_way_set_them() {
+        let p_of = |s: &Value| s["parameters"].clone();
         let lambda = |f: &str, payload: Value| {
             json!({"Type": "Task", "Resource": "arn:aws:states:::lambda:invoke", "TimeoutSeconds": 10,
                    "Parameters": {"FunctionName": f, "Payload": payload}})
@@ -2809,6 +2810,7 @@ mod tests {
         assert_eq!(s["Use"]["after"], json!(["Get"]), "{:#}", s["Use"]);
         // reached on both ways out of the Choice: no guard (a decision or its opposite always holds)
         assert!(s["Use"].get("when").is_none(), "{:#}", s["Use"]);
+        assert_eq!(p_of(&s["Use"])["at.$"], "$.input.id", "the same on both ways: one path");
         let p = &s["Use"]["parameters"];
         assert_eq!(p["n.$"], "$.outputs.Get.n", "a variable of the answer (a function's Payload): {p:#}");
         let big = json!({"variable": "$.outputs.Get.n", "numeric_greater_than": 10});
