@@ -2134,9 +2134,17 @@ fn assign(spec: Option<&Value>, base: &Sym, vars: &Vars) -> Result<Vars, (String
 /// An intrinsic function's call, each of its paths read through `doc`: a path of the task, or a
 /// value known at import.
 fn intrinsic(text: &str, doc: &Sym, vars: &Vars, scope: Scope) -> Result<Sym, String> {
+    intrinsic_over(text, &|p| reference(p, doc, vars, scope))
+}
+
+/// An intrinsic function's call, its paths read by `read`. An argument that depends on the way the
+/// task came (a variable set apart on two ways) makes the call a choose: on each way, the call
+/// over that way's value.
+fn intrinsic_over(text: &str, read: &dyn Fn(&str) -> Result<Sym, String>) -> Result<Sym, String> {
     use sas_protocol::intrinsic::{Arg, Call};
     let paths = std::cell::RefCell::new(Vec::new());
-    let call = Call::parse_with(text, &|p| match reference(p, doc, vars, scope)? {
+    let by_way = std::cell::RefCell::new(None);
+    let parsed = Call::parse_with(text, &|p| match read(p)? {
         Sym::Ref(task_path) => {
             paths.borrow_mut().push(task_path.clone());
             sas_protocol::condition::DataPath::parse(&task_path).map(Arg::Path)
@@ -2145,9 +2153,20 @@ fn intrinsic(text: &str, doc: &Sym, vars: &Vars, scope: Scope) -> Result<Sym, St
             Err("$$.Task.Token is not an argument here: the token is the request's".into())
         }
         Sym::Lit(v) => Ok(Arg::Value(v)),
+        Sym::Choose(ways) => {
+            by_way.borrow_mut().get_or_insert((p.to_owned(), ways));
+            Ok(Arg::Value(Value::Null))
+        }
         _ => Err(format!("{p} names a value the state machine builds, which an intrinsic function here cannot read")),
-    })
-    .map_err(|e| format!("{text}: {e}"))?;
+    });
+    if let Some((at, ways)) = by_way.into_inner() {
+        let ways = ways
+            .into_iter()
+            .map(|(c, v)| Ok((c, intrinsic_over(text, &|p| if p == at { Ok(v.clone()) } else { read(p) })?)))
+            .collect::<Result<Vec<_>, String>>()?;
+        return Ok(Sym::one_of(ways));
+    }
+    let call = parsed.map_err(|e| format!("{text}: {e}"))?;
     Ok(Sym::Call(call.to_text(), paths.into_inner()))
 }
 
@@ -2789,7 +2808,8 @@ mod tests {
         get["Next"] = json!("Check");
         let mut use_ = lambda(
             "use",
-            json!({"size.$": "$size", "big.$": "$big", "tag.$": "$tag", "n.$": "$raw.n", "at.$": "$.id", "first.$": "$first"}),
+            json!({"size.$": "$size", "big.$": "$big", "tag.$": "$tag", "n.$": "$raw.n", "at.$": "$.id", "first.$": "$first",
+                   "line.$": "States.Format('{} is {}', $raw.n, $size)"}),
         );
         use_["Catch"] = json!([{"ErrorEquals": ["States.ALL"], "Assign": {"why.$": "$.Cause"}, "Next": "Report"}]);
         use_["End"] = json!(true);
@@ -2818,6 +2838,9 @@ mod tests {
         // set on each way: the value of the way taken
         assert_eq!(p["size"], by_way(json!("big"), json!("small")), "{p:#}");
         assert_eq!(p["big"], by_way(json!(true), json!(false)), "{p:#}");
+        // an intrinsic function over a value that depends on the way: the call on each way
+        let call = |size: &str| json!({"*.$": format!("States.Format('{{}} is {{}}', $.outputs.Get.n, '{size}')")});
+        assert_eq!(p["line"], by_way(call("big"), call("small")), "{p:#}");
         // `first` reset on the big way only; `tag` there read the old `first`
         assert_ne!(p["first"], Value::Null, "{p:#}");
         let first = serde_json::to_string(&p["first"]).unwrap();
