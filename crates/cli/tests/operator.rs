@@ -169,8 +169,6 @@ async fn the_operator_and_application_policies_allow_exactly_their_calls() {
     s.wait_for(&err, "Error", is(ProcessState::Error)).await;
     sasctl(&["resubmit", &err, "--reason", "policy check"]);
     let hangs = format!("{run}-ui");
-    s.submit(&hangs, json!({"sim": {"reserve": {"hang_attempts": 3}}})).await;
-    s.wait_for(&hangs, "Processing", is(ProcessState::Processing)).await;
     // sasctl ui: its pages and a cancel from its form, with the same policy (approve and reject
     // answer in-process, as `sasctl approve` does: not the operator's; see docs/how-to/console.md)
     let (console, base) = s.console(Some(&calls));
@@ -189,6 +187,10 @@ async fn the_operator_and_application_policies_allow_exactly_their_calls() {
     let page = http.get(format!("{base}/workflows")).send().await.unwrap().text().await.unwrap();
     let from = page.split("id=\"workflows-from\"").nth(1).and_then(|r| r.split("</p>").next()).unwrap_or_default();
     assert!(from.contains("config/workflows.json"), "the workflows page's source: {from}");
+    // a task in flight to cancel, submitted once the pages are read: its three hung attempts end it
+    // by itself some 20 s later, which the cancel must come before on a slow machine too
+    s.submit(&hangs, json!({"sim": {"reserve": {"hang_attempts": 3}}})).await;
+    s.wait_for(&hangs, "Processing", is(ProcessState::Processing)).await;
     let form = http.get(format!("{base}/tasks/{hangs}/cancel")).send().await.unwrap().text().await.unwrap();
     let csrf = form.split("name=\"csrf\" value=\"").nth(1).and_then(|r| r.split('"').next()).expect("the form's token");
     let done = http

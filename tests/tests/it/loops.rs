@@ -25,9 +25,12 @@ fn workflows() -> Vec<WorkflowDef> {
     let looped = |name: &str, wait: Option<u64>| {
         let mut pages = json!({
             "name": "pages", "kind": "loop", "max_iterations": n + 10, "parameters": {"page.$": "$.loop.index"},
+            // a long start budget: a request that waits on a slow machine is not claimed again
+            // (an attempt more), so each undo is one attempt
             "body": [{"name": "list", "agent": "sim", "timeout_ms": 5000, "max_attempts": 3,
-                      "parameters": {"page.$": "$.input.page"},
-                      "compensation": {"name": "unlist", "agent": "sim", "timeout_ms": 5000}}],
+                      "schedule_to_start_ms": 60_000, "parameters": {"page.$": "$.input.page"},
+                      "compensation": {"name": "unlist", "agent": "sim", "timeout_ms": 5000,
+                                       "schedule_to_start_ms": 60_000}}],
             "result_selector": {"key.$": "$.list.idempotency_key"},
             "until": {"variable": "$.loop.index", "numeric_greater_than_equals": n}
         });

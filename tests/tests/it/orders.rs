@@ -165,7 +165,10 @@ async fn the_order_workflow_end_to_end_with_each_fault_kind() {
         assert_eq!(ops(&svc, id), *effects, "{id}: every effect applied exactly once, undone in reverse");
     }
     let t = s.wait_terminal("o-hung-once").await;
-    assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 1));
+    // timed out once at least (its retry may reach the service before the hang is lifted, on a
+    // slow machine): what matters is that each effect applied once
+    assert_eq!(t.process_state, ProcessState::Processed);
+    assert!(t.failure_count >= 1, "{t:?}");
     assert_eq!(ops(&svc, "o-hung-once"), vec!["reserve", "charge", "ship"]);
     runner.shutdown().await;
     s.delete().await;
@@ -179,6 +182,8 @@ async fn an_error_task_resubmitted_after_the_fault_is_lifted_completes() {
     let t = s.wait_for("r-1", Duration::from_secs(90), |t| t.process_state.is_terminal()).await;
     assert_eq!(t.process_state, ProcessState::Error, "{:?}", t.reason);
     assert_eq!(ops(&svc, "r-1"), vec!["reserve"]);
+    // reserve's attempts before the resubmit (2 if its first request waited past the start budget)
+    let reserved_in = t.steps[0].attempts;
     let listed = s.deps.store.list_by_state(ProcessState::Error, 10).await.unwrap();
     assert_eq!(listed.iter().map(|r| r.task_id.as_str()).collect::<Vec<_>>(), vec!["r-1"]);
 
@@ -187,7 +192,7 @@ async fn an_error_task_resubmitted_after_the_fault_is_lifted_completes() {
     assert_eq!(ids.len(), 1);
     let t = s.wait_for("r-1", Duration::from_mins(1), |t| t.run == 2 && t.process_state.is_terminal()).await;
     assert_eq!(t.process_state, ProcessState::Processed);
-    assert_eq!(t.steps[0].attempts, 1, "completed steps are not redone");
+    assert_eq!(t.steps[0].attempts, reserved_in, "completed steps are not redone");
     assert_eq!(ops(&svc, "r-1"), vec!["reserve", "charge", "ship"]);
     runner.shutdown().await;
     s.delete().await;
@@ -196,13 +201,14 @@ async fn an_error_task_resubmitted_after_the_fault_is_lifted_completes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cancel_stops_an_order_and_undoes_what_it_did() {
     let (s, svc, runner) = order_stack("cancel-order").await;
-    svc.add_fault(FaultRule { latency_ms: 2_500, ..rule("x-1", "/shipping/ship") });
+    // ship hangs: the cancel lands while it is in flight however slow the machine
+    svc.add_fault(FaultRule { hang: true, ..rule("x-1", "/shipping/ship") });
     s.send(&s.res.submission_queue_url, &order("x-1", "order", json!({}))).await;
     s.wait_for("x-1", Duration::from_secs(30), |t| t.current_step_name() == Some("ship")).await;
     sas_cli::ops::cancel(&s.deps, &TaskId::try_from("x-1").unwrap(), "customer cancelled").await.unwrap();
     let t = s.wait_terminal("x-1").await;
     assert_eq!(t.process_state, ProcessState::Cancelled);
-    // ship was in flight when cancelled: its late answer is dropped; charge and reserve are undone.
+    // ship was in flight when cancelled: nothing of it is kept; charge and reserve are undone.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let done = ops(&svc, "x-1");
     assert_eq!(&done[..2], ["reserve", "charge"]);
@@ -217,7 +223,7 @@ async fn a_cancel_during_a_slow_charge_leaves_no_effect_that_is_not_undone() {
     // cancel while the charge is slow: the refund waits for the charge, so the ledger never reads
     // reserve, release, charge (a charge landed after the cancel and never refunded).
     let (s, svc, runner) = order_stack("slow-charge").await;
-    svc.add_fault(FaultRule { latency_ms: 2_000, ..rule("sc-1", "/payment/charge") });
+    svc.add_fault(FaultRule { latency_ms: 4_000, ..rule("sc-1", "/payment/charge") });
     s.send(&s.res.submission_queue_url, &order("sc-1", "order", json!({}))).await;
     s.wait_for("sc-1", Duration::from_secs(30), |t| {
         t.current_step_name() == Some("charge") && t.process_state == ProcessState::Processing
