@@ -301,7 +301,8 @@ fn callback_workflows_file(stack_label: &str) -> PathBuf {
         "version": 1,
         "description": "Lambda-mode test: a map of callback steps, each answered through the callback queue",
         "steps": [
-            {"name": "ship", "kind": "callback", "agent": "sim", "timeout_ms": 120_000, "max_attempts": 1,
+            // ten minutes: the least-privilege test answers it after a chain of other waits
+            {"name": "ship", "kind": "callback", "agent": "sim", "timeout_ms": 600_000, "max_attempts": 1,
              "map": {"items": "/input/lines", "max_concurrency": 10}}
         ]
     }));

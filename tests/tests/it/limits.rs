@@ -82,14 +82,14 @@ async fn a_burst_on_an_agent_with_max_in_flight_never_has_more_calls_open_at_the
     let vars = |k: &str| (k == "BASE").then(|| base.clone());
     let rt = AgentRuntime::from_config_with(&agents, &vars, AwsConfigCell::with(s.sdk.clone())).unwrap();
     assert_eq!(rt.limit("pay"), Some(LIMIT));
-    let runner = s.runner_with(rt);
-
     let ids: Vec<String> = (0..TASKS).map(|i| format!("lim-{i}")).collect();
     for id in &ids {
         let body = json!({"v": 1, "task_id": id, "workflow": "limited",
                           "input": {"customer": "c-1", "amount_cents": 100}});
         s.send(&s.res.submission_queue_url, &body.to_string()).await;
     }
+    // started once every submission is queued: a burst however slowly the sends went
+    let runner = s.runner_with(rt);
     for id in &ids {
         let t = s.wait_for(id, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
         assert_eq!(t.process_state, ProcessState::Processed, "{id}: {:?}", t.reason);

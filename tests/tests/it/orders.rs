@@ -68,8 +68,9 @@ async fn http_agent_replays_are_applied_once() {
 async fn http_agent_cuts_a_hung_call_at_complete_by_and_sends_nothing() {
     let (base, svc) = spawn_local().await.unwrap();
     svc.add_fault(FaultRule { hang: true, ..rule("h-3", "/shipping/ship") });
+    let (rt, req) = (agents(&base), request("h-3", "shipping.ship", "ship", 800));
     let started = Instant::now();
-    let out = agents(&base).run(&request("h-3", "shipping.ship", "ship", 800)).await;
+    let out = rt.run(&req).await;
     assert!(out.is_none(), "nothing may be sent back after CompleteBy: {out:?}");
     assert!(started.elapsed() < Duration::from_secs(3), "cut at CompleteBy, not later ({:?})", started.elapsed());
     assert!(ops(&svc, "h-3").is_empty());
