@@ -247,13 +247,14 @@ async fn a_map_runs_as_a_branch_beside_the_charge_from_the_first_step() {
     wf.steps[0].after = Some(vec![]);
     wf.steps[1].after = Some(vec![]);
     wf.steps[2].after = Some(vec!["reserve".into(), "charge".into()]);
+    wf.steps[1].timeout_ms = 30_000;
     let s = stack_with("map-branch", WorkflowRegistry::new([wf]).unwrap()).await;
     let svc = OrderService::new();
     svc.add_fault(FaultRule { endpoint: Some("/inventory/reserve".into()), latency_ms: 200, ..FaultRule::default() });
-    // the charge is open for 5 s (of its 10 s timeout): long enough to still run when the map's
-    // elements call reserve. On a loaded machine the first reserve can come 2.2 s after the
-    // charge started (the branch claimed, 8 elements created and claimed).
-    svc.add_fault(FaultRule { endpoint: Some("/payment/charge".into()), latency_ms: 5_000, ..FaultRule::default() });
+    // the charge is open for 15 s (of its 30 s timeout): long enough to still run when the map's
+    // elements call reserve. On a loaded machine the first reserve came 2.2 s after the charge
+    // started (the branch claimed, 8 elements created and claimed); a slower one takes twice that.
+    svc.add_fault(FaultRule { endpoint: Some("/payment/charge".into()), latency_ms: 15_000, ..FaultRule::default() });
     let runner = order_service_and_runner(&s, &svc).await;
     let items: Vec<Value> = (0..8).map(|i| json!({"sku": format!("sku-{i}")})).collect();
     let body =
