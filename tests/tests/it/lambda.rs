@@ -586,8 +586,8 @@ impl Fns {
 }
 
 /// Workflows change without a rebuild. The stack is deployed with a configuration of the test's
-/// own (the built-in workflows plus `byow-pin`: a 60 s wait, then a
-/// sim step), a `byow-pin` task is submitted, then the stack is deployed again with the same
+/// own (the built-in workflows plus `byow-pin`: a 120 s wait, long enough for the update on a
+/// slow machine, then a sim step), a `byow-pin` task is submitted, then the stack is deployed again with the same
 /// binaries and another configuration: a new workflow `byow-sim`, and `byow-pin` at version 2
 /// only (other steps; version 1 is gone from the file). Only the layer changes (one zip uploaded,
 /// every function's code hash the same, a new layer version); a `byow-sim` task runs to
@@ -600,7 +600,7 @@ async fn lambda_workflows_change_without_a_rebuild_and_running_tasks_keep_theirs
     let built_in = built_in["workflows"].as_array().expect("a list").clone();
     let sim = |name: &str| json!({"name": name, "agent": "sim", "timeout_ms": 5000, "max_attempts": 2});
     let pin_v1 = json!({"name": "byow-pin", "version": 1, "description": "before the update",
-                        "steps": [{"name": "hold", "kind": "wait", "wait_ms": 60_000}, sim("after-hold")]});
+                        "steps": [{"name": "hold", "kind": "wait", "wait_ms": 120_000}, sim("after-hold")]});
     let pin_v2 = json!({"name": "byow-pin", "version": 2, "description": "after the update",
                         "steps": [sim("other")]});
     let first = config_dir("first", &[built_in.clone(), vec![pin_v1]].concat());
@@ -655,9 +655,9 @@ async fn lambda_workflows_change_without_a_rebuild_and_running_tasks_keep_theirs
     }
 
     f.s.send(&f.s.res.submission_queue_url, &sub("new-1", "byow-sim")).await;
-    let t = f.s.wait_terminal("new-1").await;
+    let t = f.s.wait_for("new-1", Duration::from_mins(3), |t| t.process_state.is_terminal()).await;
     assert_eq!(t.process_state, ProcessState::Processed, "{:#?}", t.history);
-    let t = f.s.wait_for("pin-1", Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
+    let t = f.s.wait_for("pin-1", Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
     assert_eq!(t.process_state, ProcessState::Processed, "{:#?}", t.history);
     let steps: Vec<&str> = t.workflow.steps.iter().map(|s| s.name.as_str()).collect();
     assert_eq!((t.workflow.version, steps), (1, vec!["hold", "after-hold"]), "its pinned definition");
