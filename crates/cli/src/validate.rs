@@ -80,13 +80,25 @@ fn grant_problems(
             continue;
         }
         let param = g.parameter;
-        let granted: Vec<String> = params(param)
-            .unwrap_or_default()
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect();
+        let list = |p: &str| -> Vec<String> {
+            params(p)
+                .unwrap_or_default()
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        let granted = list(param);
+        // an action the template does not fix is granted by a list of actions
+        if let Some(actions) = g.action_parameter {
+            if !list(actions).iter().any(|p| glob(&p.to_ascii_lowercase(), &g.action.to_ascii_lowercase())) {
+                out.push(format!(
+                    "agent {}: needs {}: add it to the template parameter {actions} (the Agent function's role only)",
+                    a.name, g.action
+                ));
+            }
+        }
         // a signed URL names no ARN: the parameter must grant something
         let url = g.resource.starts_with("http://") || g.resource.starts_with("https://");
         let ok = if url { !granted.is_empty() } else { granted.iter().any(|p| covers(p, &g.resource)) };
@@ -319,11 +331,13 @@ mod grant_tests {
             "q": {"kind": "sqs", "queue_url": "https://sqs.eu-west-1.amazonaws.com/123456789012/work"},
             "t": {"kind": "sns", "topic_arn": "arn:aws:sns:eu-west-1:123:work"},
             "b": {"kind": "eventbridge", "bus": "arn:aws:events:eu-west-1:123:event-bus/orders", "source": "s", "detail_type": "d"},
-            "ask": {"kind": "approval", "topic_arn": "arn:aws:sns:eu-west-1:123:approvals"}}}"#;
+            "ask": {"kind": "approval", "topic_arn": "arn:aws:sns:eu-west-1:123:approvals"},
+            "put": {"kind": "aws", "service": "dynamodb", "action": "putItem", "resources": ["arn:aws:dynamodb:*:*:table/t"]}}}"#;
         let survey = sas_core::agent::survey(ag, &|_| None).expect("valid agents");
         let grants: Vec<&sas_core::agent::Grant> = survey.iter().flat_map(|a| &a.grants).collect();
-        let params: BTreeSet<&str> = grants.iter().map(|g| g.parameter).collect();
-        assert_eq!(params.len(), 7, "{params:?}");
+        let params: BTreeSet<&str> =
+            grants.iter().map(|g| g.parameter).chain(grants.iter().filter_map(|g| g.action_parameter)).collect();
+        assert_eq!(params.len(), 9, "{params:?}");
         let template = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).unwrap();
         // the Parameters section: its lines up to the next top-level key
         let after = template.split("\nParameters:\n").nth(1).expect("a Parameters section");

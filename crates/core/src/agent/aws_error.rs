@@ -96,6 +96,10 @@ pub fn is_transient_code(code: &str) -> bool {
             | "ExpiredTokenException"
             | "RequestExpired"
             | "ConcurrentModificationException"
+            // DynamoDB's: over the table's capacity, a transaction in the way
+            | "ProvisionedThroughputExceededException"
+            | "TransactionConflictException"
+            | "TransactionInProgressException"
     )
 }
 

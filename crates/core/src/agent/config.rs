@@ -16,7 +16,7 @@ pub use super::kind::AgentConfigError;
 use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 use super::sim::SimAgent;
-use super::{approval, eventbridge, fail, http, lambda, sim, sns, sqs};
+use super::{approval, aws_api, eventbridge, fail, http, lambda, sim, sns, sqs};
 
 impl AgentRuntime {
     /// The runtime with only the simulated agent (`sim`).
@@ -288,6 +288,7 @@ pub(crate) enum AgentSpec {
     #[serde(rename = "eventbridge")]
     EventBridge(eventbridge::EventBridgeKind),
     Fail(fail::FailKind),
+    Aws(aws_api::AwsKind),
 }
 
 /// One arm per kind, the same call on each.
@@ -302,6 +303,7 @@ macro_rules! each_kind {
             AgentSpec::Sns($k) => $e,
             AgentSpec::EventBridge($k) => $e,
             AgentSpec::Fail($k) => $e,
+            AgentSpec::Aws($k) => $e,
         }
     };
 }

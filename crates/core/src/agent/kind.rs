@@ -5,6 +5,7 @@
 //! Adding a kind is a module with a spec struct implementing [`AgentKind`] and one variant in
 //! `config::AgentSpec`; no role and no protocol code changes.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use aws_config::SdkConfig;
@@ -34,7 +35,7 @@ pub struct BuildContext {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Grant {
     /// The IAM action, e.g. `lambda:InvokeFunction`.
-    pub action: &'static str,
+    pub action: Cow<'static, str>,
     /// The resource: an ARN, or a name when the configuration gives only a name.
     pub resource: String,
     /// The template parameter whose ARNs the Agent function's role is granted `action` on
@@ -43,12 +44,28 @@ pub struct Grant {
     /// The Agent function's variable that names a resource the template grants by itself (the
     /// stack's own approval topic): a grant on that very resource needs no parameter.
     pub stack_variable: Option<&'static str>,
+    /// The template parameter that lists the actions granted, when the action is not fixed by
+    /// the template (the `aws` kind's `AgentAwsActions`).
+    pub action_parameter: Option<&'static str>,
 }
 
 impl Grant {
     /// `action` on `resource`, granted by the template parameter `parameter`.
-    pub fn new(action: &'static str, resource: impl Into<String>, parameter: &'static str) -> Self {
-        Grant { action, resource: resource.into(), parameter, stack_variable: None }
+    pub fn new(action: impl Into<Cow<'static, str>>, resource: impl Into<String>, parameter: &'static str) -> Self {
+        Grant {
+            action: action.into(),
+            resource: resource.into(),
+            parameter,
+            stack_variable: None,
+            action_parameter: None,
+        }
+    }
+
+    /// The same, the action granted by the template parameter `parameter` (a list of actions).
+    #[must_use]
+    pub fn with_action_parameter(mut self, parameter: &'static str) -> Self {
+        self.action_parameter = Some(parameter);
+        self
     }
 
     /// The same, needing no parameter when `resource` is what the variable `variable` names.

@@ -8,6 +8,8 @@
 //! - [`approval`]: the approval agent (a person answers a callback step; the token goes to SNS);
 //! - [`sqs`], [`sns`], [`eventbridge`]: callback steps delivered to a queue, a topic or an event
 //!   bus of the user's ([`deliver`]: what they share; [`aws_error`]: how AWS errors are told apart);
+//! - [`aws_api`]: any action of an AWS service that speaks JSON, with the function's role (Step
+//!   Functions' `aws-sdk` integrations);
 //! - [`sim`]: the simulated agent for tests and demos; [`fail`]: a step that fails the task (a
 //!   `Fail` state);
 //! - [`kind`]: what each kind of agent provides (its configuration, how it is built, its IAM);
@@ -23,6 +25,7 @@ use crate::metrics;
 use crate::store::Acquire;
 
 pub mod approval;
+pub mod aws_api;
 pub mod aws_error;
 pub mod config;
 pub mod deliver;

@@ -18,7 +18,7 @@
 pub mod secrets;
 pub mod sign;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -298,7 +298,7 @@ fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
     v.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
-fn transport_error(e: &reqwest::Error) -> AgentError {
+pub(crate) fn transport_error(e: &reqwest::Error) -> AgentError {
     let kind = if e.is_timeout() {
         "timed out"
     } else if e.is_connect() {

@@ -30,16 +30,16 @@ async fn call(agent: &dyn Agent) -> Result<Value, AgentError> {
 
 /// One request as the server saw it.
 #[derive(Debug, Clone)]
-struct Seen {
-    path: String,
-    headers: HashMap<String, String>,
-    body: Vec<u8>,
+pub(crate) struct Seen {
+    pub path: String,
+    pub headers: HashMap<String, String>,
+    pub body: Vec<u8>,
 }
 
-type Answer = dyn Fn(&Seen) -> (u16, String) + Send + Sync;
+pub(crate) type Answer = dyn Fn(&Seen) -> (u16, String) + Send + Sync;
 
 /// A server on loopback that records every request and answers with `answer(request)`.
-async fn server(answer: Arc<Answer>) -> (String, Arc<Mutex<Vec<Seen>>>) {
+pub(crate) async fn server(answer: Arc<Answer>) -> (String, Arc<Mutex<Vec<Seen>>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
