@@ -2,8 +2,9 @@
 
 From botocore's published service models (the ones LocalStack's venv carries: `make
 localstack-install` first, or any botocore on PYTHONPATH): for every service, the name Step
-Functions' `aws-sdk:SERVICE:ACTION` resources give it (botocore's serviceId, lower case, without
-spaces and hyphens: `sfn`, `dynamodb`, `redshiftdata`), its protocol, and for the services that
+Functions' `aws-sdk:SERVICE:ACTION` resources give it (botocore's serviceId without a last
+" Service", lower case, without spaces and hyphens: `sfn`, `dynamodb`, `redshiftdata`, `config`;
+the agent also takes the model's name without hyphens: `lookoutvision`), its protocol, and for the services that
 speak JSON 1.0/1.1 (the ones the agent calls) the endpoint prefix, signing name, IAM prefix, target
 prefix, JSON version and every operation, with the member that takes a client token
 (`idempotencyToken` in the model) where it has one (`Op=Member`, or `Op=Member/N` when it takes at
@@ -34,7 +35,9 @@ SFN_NAME = {"pinpoint-sms-voice": None}
 def sfn_name(model_name: str, service_id: str) -> str | None:
     if model_name in SFN_NAME:
         return SFN_NAME[model_name]
-    return service_id.lower().replace(" ", "").replace("-", "")
+    # the AWS SDK for Java 2's client names, which Step Functions' are: "Config Service" is config
+    base = service_id[: -len(" Service")] if service_id.endswith(" Service") else service_id
+    return base.lower().replace(" ", "").replace("-", "")
 
 
 def main() -> int:

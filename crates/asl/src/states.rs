@@ -1316,6 +1316,32 @@ impl Cx {
                     ]);
                     (agent_name("bus", &bus), spec, detail, raw)
                 }
+                Service::Aws { service, action, params } => {
+                    let pinned = pinned_members(params.as_ref());
+                    let resources = aws_resources(&service, &pinned);
+                    let fixed: Map<String, Value> =
+                        pinned.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+                    let spec = json!({"kind": "aws", "service": service, "action": action,
+                                      "parameters": fixed, "resources": resources});
+                    // what the step sends: the members the agent does not fix
+                    let sent = match params {
+                        Some(Sym::Obj(members)) => Sym::Obj(members.into_iter().filter(|(k, _)| !fixed.contains_key(k)).collect()),
+                        Some(Sym::Lit(Value::Object(o))) => Sym::Lit(Value::Object(o.into_iter().filter(|(k, _)| !fixed.contains_key(k)).collect())),
+                        Some(other) => other,
+                        None => Sym::Lit(json!({})),
+                    };
+                    if resources == ["*"] {
+                        self.notes.push(format!(
+                            "{here}: the aws agent's resources are \"*\" (the definition names none): narrow them to what {service}:{action} reaches"
+                        ));
+                    }
+                    let what = pinned.first().map_or_else(|| format!("{service}.{action}"), |(_, v)| format!("{service}.{action}:{v}"));
+                    let base = match pinned.first() {
+                        Some(_) => agent_name(&format!("aws.{service}.{action}"), &what),
+                        None => format!("aws.{service}.{action}"),
+                    };
+                    (base, spec, sent, Sym::Ref("$".into()))
+                }
                 Service::Http { url, method, body } => {
                     let spec = json!({"kind": "http", "url": url, "method": method, "payload": "input"});
                     let raw = Sym::Obj(vec![
@@ -2334,6 +2360,65 @@ enum Service {
     Topic { topic_arn: String, message: Sym },
     Bus { bus: String, source: Option<String>, detail_type: Option<String>, detail: Sym },
     Http { url: String, method: String, body: Option<Sym> },
+    /// An action of an AWS service that speaks JSON (the `aws` kind): Step Functions' names.
+    Aws { service: String, action: String, params: Option<Sym> },
+}
+
+/// An `aws-sdk:SERVICE:ACTION` task, or an optimized integration that is the API's action with
+/// its answer (`dynamodb:putItem`, `states:startExecution`), as the `aws` kind calls it; the
+/// refusal names the protocol of a service the kind does not speak.
+fn aws_action(service: &str, action: &str, params: Option<&Sym>) -> Result<Service, String> {
+    let op = sas_protocol::aws_api::operation(service, action)?;
+    Ok(Service::Aws { service: op.service, action: op.name, params: params.cloned() })
+}
+
+/// The members of an `aws` task's parameters that name what it reaches, written in the
+/// definition: they go to the agent's own `parameters` (a step cannot change them), and name its
+/// resources.
+fn pinned_members(params: Option<&Sym>) -> Vec<(String, String)> {
+    let Some(Sym::Obj(members)) = params else {
+        return match params.and_then(Sym::constant) {
+            Some(Value::Object(o)) => o
+                .into_iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())).filter(|_| names_a_resource(&k)))
+                .collect(),
+            _ => Vec::new(),
+        };
+    };
+    members
+        .iter()
+        .filter(|(k, _)| names_a_resource(k))
+        .filter_map(|(k, v)| match v {
+            Sym::Lit(Value::String(x)) => Some((k.clone(), x.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn names_a_resource(key: &str) -> bool {
+    ["Name", "Arn", "ARN", "Url", "Id"].iter().any(|s| key.ends_with(s)) || key == "Bucket"
+}
+
+/// What an `aws` agent of `service` reaching `pinned` is granted on: the ARNs written, a table's
+/// ARN from its name, a queue's from its URL; `*` when nothing names one.
+fn aws_resources(service: &str, pinned: &[(String, String)]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (k, v) in pinned {
+        if v.starts_with("arn:") {
+            out.push(v.clone());
+        } else if service == "dynamodb" && k == "TableName" {
+            out.push(format!("arn:aws:dynamodb:*:*:table/{v}"));
+            out.push(format!("arn:aws:dynamodb:*:*:table/{v}/index/*"));
+        } else if service == "sqs" && k == "QueueUrl" {
+            if let Some(name) = v.trim_end_matches('/').rsplit('/').next() {
+                out.push(format!("arn:aws:sqs:*:*:{name}"));
+            }
+        }
+    }
+    if out.is_empty() {
+        out.push("*".into());
+    }
+    out
 }
 
 /// A query string's part, percent-encoded (RFC 3986 unreserved characters kept).
@@ -2369,6 +2454,14 @@ impl Service {
         let integration = resource.strip_prefix("arn:aws:states:::").or_else(|| {
             // arn:${AWS::Partition}:states:::... in SAM and CloudFormation definitions
             resource.strip_prefix("arn:").and_then(|r| r.split_once(":states:::")).map(|(_, rest)| rest)
+        });
+        // arn:aws:states:REGION:ACCOUNT:aws-sdk:..., which Step Functions takes too
+        let integration = integration.or_else(|| {
+            let parts: Vec<&str> = resource.splitn(6, ':').collect();
+            match parts.as_slice() {
+                ["arn", _, "states", _, _, rest] if rest.starts_with("aws-sdk:") => Some(*rest),
+                _ => None,
+            }
         });
         let Some(integration) = integration else {
             // the Lambda short form: the function's ARN (or a substitution that names one)
@@ -2478,12 +2571,31 @@ impl Service {
                 }
                 Ok(Service::Http { url, method, body: member(params, "RequestBody") })
             }
-            s if s.starts_with("aws-sdk:") => Err(format!(
-                "{resource}: an AWS SDK integration is not translated: call the service from a Lambda function (a lambda agent) or an agent of your own"
-            )),
+            s if s.starts_with("aws-sdk:") => {
+                let mut parts = s.splitn(3, ':').skip(1);
+                let (Some(svc), Some(action)) = (parts.next(), parts.next()) else {
+                    return Err(format!("{resource}: an aws-sdk resource is aws-sdk:SERVICE:ACTION"));
+                };
+                if callback {
+                    return Err(format!(
+                        "{resource}: an aws-sdk task that waits for a token is not translated: call the action in a step, then wait in a callback step"
+                    ));
+                }
+                aws_action(svc, action, params).map_err(|e| format!("{resource}: {e}"))
+            }
             s if s.starts_with("activity") => Err("an activity is not translated: its worker becomes a callback step's worker".into()),
+            // an optimized integration whose answer is the API's: the aws kind calls the action
+            other if !callback => {
+                let (svc, action) = other.split_once(':').unwrap_or((other, ""));
+                let svc = if svc == "states" { "sfn" } else { svc };
+                aws_action(svc, action, params).map_err(|e| {
+                    format!(
+                        "{resource}: the {svc} integration is not translated ({e})"
+                    )
+                })
+            }
             other => Err(format!(
-                "{resource}: the {} integration is not translated: call the service from a Lambda function (a lambda agent)",
+                "{resource}: the {} integration with a token is not translated: call the service from a Lambda function (a lambda agent)",
                 other.split(':').next().unwrap_or(other)
             )),
         }
@@ -3317,7 +3429,7 @@ mod tests {
                 {"StartAt": "Glue", "States": {"Glue": {"Type": "Task", "Resource": "arn:aws:states:::glue:startJobRun.sync", "End": true}}},
                 {"StartAt": "Ok", "States": {"Ok": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:ok", "End": true}}}]},
             "Each": {"Type": "Map", "ItemReader": {}, "ItemProcessor": {"StartAt": "Put", "States": {
-                "Put": {"Type": "Task", "Resource": "arn:aws:states:::dynamodb:putItem", "End": true}}}, "End": true}
+                "Put": {"Type": "Task", "Resource": "arn:aws:states:::batch:submitJob", "End": true}}}, "End": true}
         }}))
         .unwrap_err();
         let has = |state: &str, field: &str| r.iter().any(|x| x.state == state && x.field == field);
@@ -3326,5 +3438,42 @@ mod tests {
         assert!(has("Both", "Retry") && has("Both/branch 0/Glue", "Resource"), "{r:#?}");
         assert!(has("Each", "ItemReader") && has("Each/Put", "Resource"), "{r:#?}");
         assert!(!has("Both/branch 1/Ok", "Resource"), "{r:#?}");
+        // the protocol of a service the aws kind does not speak is named
+        assert!(r.iter().any(|x| x.state == "Each/Put" && x.reason.contains("rest-json")), "{r:#?}");
+    }
+
+    #[test]
+    fn an_aws_sdk_task_is_an_aws_agent_with_the_names_written_in_the_definition_fixed() {
+        let i = import("x", &json!({"StartAt": "Put", "States": {
+            "Put": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:dynamodb:putItem", "Next": "Start",
+                    "Parameters": {"TableName": "orders", "Item": {"id": {"S.$": "$.id"}}}, "ResultPath": "$.put"},
+            "Start": {"Type": "Task", "Resource": "arn:aws:states:::states:startExecution", "End": true,
+                      "Parameters": {"StateMachineArn": "arn:aws:states:us-east-1:1:stateMachine:child", "Input.$": "$.put"}}
+        }}))
+        .unwrap();
+        let s = steps(&i);
+        let put = &i.agents[s["Put"]["agent"].as_str().unwrap()];
+        assert_eq!(
+            put,
+            &json!({"kind": "aws", "service": "dynamodb", "action": "PutItem", "parameters": {"TableName": "orders"},
+                    "resources": ["arn:aws:dynamodb:*:*:table/orders", "arn:aws:dynamodb:*:*:table/orders/index/*"]})
+        );
+        // the step sends what the agent does not fix
+        assert_eq!(s["Put"]["parameters"], json!({"Item": {"id": {"S.$": "$.input.id"}}}));
+        let start = &i.agents[s["Start"]["agent"].as_str().unwrap()];
+        assert_eq!(start["service"], "sfn");
+        assert_eq!(start["action"], "StartExecution");
+        assert_eq!(start["resources"], json!(["arn:aws:states:us-east-1:1:stateMachine:child"]));
+        // the answer is the output, under ResultPath
+        assert_eq!(s["Start"]["parameters"]["Input.$"], "$.outputs.Put");
+        for (resource, says) in [
+            ("arn:aws:states:::aws-sdk:s3:getObject", "rest-xml"),
+            ("arn:aws:states:::aws-sdk:dynamodb:dropTable", "no action"),
+            ("arn:aws:states:::aws-sdk:dynamodb:putItem.waitForTaskToken", "waits for a token"),
+        ] {
+            let r = import("x", &json!({"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": resource, "End": true}}}))
+                .unwrap_err();
+            assert!(r.iter().any(|x| x.field == "Resource" && x.reason.contains(says)), "{resource}: {r:#?}");
+        }
     }
 }

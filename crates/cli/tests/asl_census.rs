@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The definitions the book says are translated (of 170): a change that translates fewer fails.
-const TRANSLATED_AT_LEAST: usize = 44;
+const TRANSLATED_AT_LEAST: usize = 63;
 
 /// Every task's `Resource` in a definition (inside Parallel branches and Map processors).
 fn resources(states: &serde_json::Value, out: &mut Vec<String>) {
@@ -64,7 +64,14 @@ fn class(r: &sas_asl::Refusal) -> String {
             "a loop translated but for its states' own refusals (counted in their rows)",
         ),
         (".sync", "a .sync integration"),
-        ("AWS SDK integration", "an AWS SDK integration (aws-sdk:*)"),
+        ("speaks the rest-xml protocol", "an AWS API that speaks REST-XML (S3): the aws kind speaks JSON"),
+        ("speaks the rest-json protocol", "an AWS API that speaks REST-JSON (Lambda, Batch, Polly...): the aws kind speaks JSON"),
+        ("speaks the query protocol", "an AWS API that speaks query or EC2 (SNS, EC2, RDS...): the aws kind speaks JSON"),
+        ("speaks the ec2 protocol", "an AWS API that speaks query or EC2 (SNS, EC2, RDS...): the aws kind speaks JSON"),
+        ("integration with a token is not translated", "another service integration with a token (.waitForTaskToken)"),
+        ("is not a service of AWS's models", "an AWS service no longer in AWS's models (Lookout for Vision)"),
+        ("has no action", "an AWS API action not in AWS's models"),
+        ("aws-sdk task that waits for a token", "an aws-sdk task with a token (.waitForTaskToken)"),
         ("intrinsic function", "an intrinsic function"),
         ("context object", "the context object ($$.Execution, $$.State...)"),
         ("Distributed Map", "a Distributed Map"),
@@ -91,7 +98,6 @@ fn class(r: &sas_asl::Refusal) -> String {
         ("no state calls anything", "no task at all"),
         ("call step may take", "a task over the 110 s call limit"),
         ("activity", "an activity"),
-        (":aws-sdk:", "an AWS SDK integration (aws-sdk:*)"),
         ("names no one value", "a path naming many values (a slice, a wildcard, a filter)"),
         ("would change each time", "States.UUID (a value that would change each time)"),
         ("must start at the task's input", "an intrinsic function over a task's answer (ResultSelector)"),
@@ -141,6 +147,16 @@ fn the_collection_is_translated_or_refused_with_reasons() {
                         Some("sqs") => ("queue_url", "https://sqs.us-east-1.amazonaws.com/000000000000/q"),
                         Some("sns") => ("topic_arn", "arn:aws:sns:us-east-1:000000000000:t"),
                         Some("eventbridge") => ("bus", "arn:aws:events:us-east-1:000000000000:event-bus/b"),
+                        // an aws agent's names and ARNs: each ${Variable} given a name
+                        Some("aws") => {
+                            let mut text = spec.to_string();
+                            while let Some(at) = text.find("${") {
+                                let end = text[at..].find('}').map_or(text.len(), |e| at + e + 1);
+                                text.replace_range(at..end, "given");
+                            }
+                            *spec = serde_json::from_str(&text).expect("the spec with names given");
+                            continue;
+                        }
                         _ => continue,
                     };
                     if spec[field].as_str().is_some_and(|v| v.contains("${")) {

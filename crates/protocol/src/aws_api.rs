@@ -90,7 +90,11 @@ pub struct Operation {
 /// The action `action` of `service` (Step Functions' names; the action's case is free), or why
 /// the agent cannot call it.
 pub fn operation(service: &str, action: &str) -> Result<Operation, String> {
-    let Some(model) = services().get(service) else {
+    // Step Functions' name, or the model's without hyphens (`lookoutvision` for "Lookout for Vision")
+    let found = services().get_key_value(service).or_else(|| {
+        services().iter().find(|(_, m)| m.model.replace('-', "") == service)
+    });
+    let Some((service, model)) = found else {
         let near: Vec<&str> = services()
             .keys()
             .filter(|k| k.contains(service) || service.contains(k.as_str()))
@@ -179,6 +183,11 @@ mod tests {
             ("states:StartExecution", "states", "Sfn")
         );
         assert_eq!(operation("secretsmanager", "GetSecretValue").unwrap().error_prefix, "SecretsManager");
+        // Step Functions' names are the Java SDK's: a last " Service" dropped, or the model's name
+        assert_eq!(operation("config", "listAggregateDiscoveredResources").unwrap().service, "config");
+        assert!(operation("iotdata", "publish").unwrap_err().contains("IoT Data Plane) speaks the rest-json"));
+        // a service AWS retired is no longer in the models
+        assert!(operation("lookoutvision", "detectAnomalies").unwrap_err().contains("not a service"));
         // CloudWatch signs as monitoring, its IAM actions are cloudwatch:
         let cw = operation("cloudwatch", "putMetricData").unwrap();
         assert_eq!((cw.signing.as_str(), cw.iam_action.as_str()), ("monitoring", "cloudwatch:PutMetricData"));
