@@ -8,7 +8,10 @@ the agent also takes the model's name without hyphens: `lookoutvision`), its pro
 speak JSON 1.0/1.1 (the ones the agent calls) the endpoint prefix, signing name, IAM prefix, target
 prefix, JSON version and every operation, with the member that takes a client token
 (`idempotencyToken` in the model) where it has one (`Op=Member`, or `Op=Member/N` when it takes at
-most N < 64 characters).
+most N < 64 characters), where its answer's keys are data (maps, documents: Step Functions renames
+the others) and which of its request's members take a JSON value as text (long strings, blobs).
+An operation is its name alone, or `{"n": name, "o": its answer's shape, "i": request's texts}`;
+a service's `maps` are the shapes that are or lead to maps and documents (`map_shapes`).
 
     .local/localstack/venv/bin/python infra/gen_aws_services.py
 
@@ -40,6 +43,68 @@ def sfn_name(model_name: str, service_id: str) -> str | None:
     return base.lower().replace(" ", "").replace("-", "")
 
 
+def map_shapes(shapes: dict) -> dict:
+    """Where an answer's keys are data, not members (Step Functions renames members only): every
+    shape that is or leads to a map or a document, as `{member: shape}` (a structure's members
+    that lead to one), `{"[]": shape}` (a list), `{"{}": shape of its values or 0}` (a map), or 1
+    (a document: left as it is)."""
+
+    def children(shape: dict) -> list[tuple[str, str]]:
+        if shape["type"] == "structure":
+            return [(m, r["shape"]) for m, r in shape.get("members", {}).items()]
+        if shape["type"] == "list":
+            return [("[]", shape["member"]["shape"])]
+        if shape["type"] == "map":
+            return [("{}", shape["value"]["shape"])]
+        return []
+
+    leads = {n for n, sh in shapes.items() if sh["type"] == "map" or sh.get("document")}
+    grown = True
+    while grown:
+        grown = False
+        for n, sh in shapes.items():
+            if n not in leads and any(c in leads for _, c in children(sh)):
+                leads.add(n)
+                grown = True
+    out: dict = {}
+    for n in sorted(leads):
+        sh = shapes[n]
+        if sh.get("document"):
+            out[n] = 1
+        elif sh["type"] == "map":
+            value = sh["value"]["shape"]
+            out[n] = {"{}": value if value in leads else 0}
+        else:
+            out[n] = {k: c for k, c in children(sh) if c in leads}
+    return out
+
+
+def texts(shapes: dict, name: str, depth: int, seen: tuple = ()) -> object:
+    """The request's members a definition may give a JSON value that Step Functions sends as its
+    text: long strings (`s`: 1 KiB or more, not an enum: a message, a document, an input) and blobs
+    (`b`), down to three structures deep; lists as `{"[]": tree}`; None where there is none."""
+    if name in seen or depth > 3:
+        return None
+    shape = shapes[name]
+    if shape["type"] == "list":
+        sub = texts(shapes, shape["member"]["shape"], depth, (*seen, name))
+        return {"[]": sub} if sub else None
+    if shape["type"] != "structure":
+        return None
+    members = {}
+    for member, ref in shape.get("members", {}).items():
+        child = shapes[ref["shape"]]
+        if child["type"] == "blob":
+            members[member] = "b"
+        elif child["type"] == "string" and "enum" not in child and child.get("max", 1 << 30) >= 1024:
+            members[member] = "s"
+        elif child["type"] in ("structure", "list"):
+            sub = texts(shapes, ref["shape"], depth + 1, (*seen, name))
+            if sub:
+                members[member] = sub
+    return members or None
+
+
 def main() -> int:
     session = botocore.session.get_session()
     loader = session.get_component("data_loader")
@@ -55,6 +120,7 @@ def main() -> int:
         entry: dict = {"id": meta["serviceId"], "model": model_name, "protocol": protocol}
         if protocol == "json":
             signing = meta.get("signingName") or meta["endpointPrefix"]
+            shape_maps = map_shapes(model["shapes"])
             ops = []
             for op_name, op in sorted(model["operations"].items()):
                 token = None
@@ -65,7 +131,18 @@ def main() -> int:
                             # the longest token the member takes, where under 64 characters
                             most = model["shapes"][ref["shape"]].get("max")
                             token = member if most is None or most >= 64 else f"{member}/{most}"
-                ops.append(f"{op_name}={token}" if token else op_name)
+                label = f"{op_name}={token}" if token else op_name
+                answer = op["output"]["shape"] if "output" in op and op["output"]["shape"] in shape_maps else None
+                request = texts(model["shapes"], shape, 0) if shape else None
+                if answer is None and request is None:
+                    ops.append(label)
+                else:
+                    full = {"n": label}
+                    if answer is not None:
+                        full["o"] = answer
+                    if request is not None:
+                        full["i"] = request
+                    ops.append(full)
             entry.update(
                 {
                     "endpoint": meta["endpointPrefix"],
@@ -74,6 +151,7 @@ def main() -> int:
                     "target": meta["targetPrefix"],
                     "json_version": meta.get("jsonVersion", "1.0"),
                     "ops": ops,
+                    "maps": shape_maps,
                 }
             )
         if name in services:

@@ -1325,8 +1325,12 @@ impl Cx {
                                       "parameters": fixed, "resources": resources});
                     // what the step sends: the members the agent does not fix
                     let sent = match params {
-                        Some(Sym::Obj(members)) => Sym::Obj(members.into_iter().filter(|(k, _)| !fixed.contains_key(k)).collect()),
-                        Some(Sym::Lit(Value::Object(o))) => Sym::Lit(Value::Object(o.into_iter().filter(|(k, _)| !fixed.contains_key(k)).collect())),
+                        Some(Sym::Obj(members)) => {
+                            Sym::Obj(members.into_iter().filter(|(k, _)| !fixed.contains_key(k)).collect())
+                        }
+                        Some(Sym::Lit(Value::Object(o))) => {
+                            Sym::Lit(Value::Object(o.into_iter().filter(|(k, _)| !fixed.contains_key(k)).collect()))
+                        }
                         Some(other) => other,
                         None => Sym::Lit(json!({})),
                     };
@@ -1335,7 +1339,9 @@ impl Cx {
                             "{here}: the aws agent's resources are \"*\" (the definition names none): narrow them to what {service}:{action} reaches"
                         ));
                     }
-                    let what = pinned.first().map_or_else(|| format!("{service}.{action}"), |(_, v)| format!("{service}.{action}:{v}"));
+                    let what = pinned
+                        .first()
+                        .map_or_else(|| format!("{service}.{action}"), |(_, v)| format!("{service}.{action}:{v}"));
                     let base = match pinned.first() {
                         Some(_) => agent_name(&format!("aws.{service}.{action}"), &what),
                         None => format!("aws.{service}.{action}"),
@@ -2355,13 +2361,37 @@ pub fn merge_agents(all: &mut Map<String, Value>, imported: &mut Imported) -> Ve
 
 /// What a Task state's `Resource` calls, and with what.
 enum Service {
-    Function { function: String, qualifier: Option<String>, payload: Option<Sym>, wrapped: bool },
-    Queue { queue_url: String, body: Sym },
-    Topic { topic_arn: String, message: Sym },
-    Bus { bus: String, source: Option<String>, detail_type: Option<String>, detail: Sym },
-    Http { url: String, method: String, body: Option<Sym> },
+    Function {
+        function: String,
+        qualifier: Option<String>,
+        payload: Option<Sym>,
+        wrapped: bool,
+    },
+    Queue {
+        queue_url: String,
+        body: Sym,
+    },
+    Topic {
+        topic_arn: String,
+        message: Sym,
+    },
+    Bus {
+        bus: String,
+        source: Option<String>,
+        detail_type: Option<String>,
+        detail: Sym,
+    },
+    Http {
+        url: String,
+        method: String,
+        body: Option<Sym>,
+    },
     /// An action of an AWS service that speaks JSON (the `aws` kind): Step Functions' names.
-    Aws { service: String, action: String, params: Option<Sym> },
+    Aws {
+        service: String,
+        action: String,
+        params: Option<Sym>,
+    },
 }
 
 /// An `aws-sdk:SERVICE:ACTION` task, or an optimized integration that is the API's action with
@@ -2409,7 +2439,7 @@ fn aws_resources(service: &str, pinned: &[(String, String)]) -> Vec<String> {
         } else if service == "dynamodb" && k == "TableName" {
             out.push(format!("arn:aws:dynamodb:*:*:table/{v}"));
             out.push(format!("arn:aws:dynamodb:*:*:table/{v}/index/*"));
-        } else if service == "sqs" && k == "QueueUrl" {
+        } else if service == "sqs" && k == "QueueUrl" && !v.contains("${") {
             if let Some(name) = v.trim_end_matches('/').rsplit('/').next() {
                 out.push(format!("arn:aws:sqs:*:*:{name}"));
             }
@@ -3471,8 +3501,11 @@ mod tests {
             ("arn:aws:states:::aws-sdk:dynamodb:dropTable", "no action"),
             ("arn:aws:states:::aws-sdk:dynamodb:putItem.waitForTaskToken", "waits for a token"),
         ] {
-            let r = import("x", &json!({"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": resource, "End": true}}}))
-                .unwrap_err();
+            let r = import(
+                "x",
+                &json!({"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": resource, "End": true}}}),
+            )
+            .unwrap_err();
             assert!(r.iter().any(|x| x.field == "Resource" && x.reason.contains(says)), "{resource}: {r:#?}");
         }
     }

@@ -65,8 +65,14 @@ fn class(r: &sas_asl::Refusal) -> String {
         ),
         (".sync", "a .sync integration"),
         ("speaks the rest-xml protocol", "an AWS API that speaks REST-XML (S3): the aws kind speaks JSON"),
-        ("speaks the rest-json protocol", "an AWS API that speaks REST-JSON (Lambda, Batch, Polly...): the aws kind speaks JSON"),
-        ("speaks the query protocol", "an AWS API that speaks query or EC2 (SNS, EC2, RDS...): the aws kind speaks JSON"),
+        (
+            "speaks the rest-json protocol",
+            "an AWS API that speaks REST-JSON (Lambda, Batch, Polly...): the aws kind speaks JSON",
+        ),
+        (
+            "speaks the query protocol",
+            "an AWS API that speaks query or EC2 (SNS, EC2, RDS...): the aws kind speaks JSON",
+        ),
         ("speaks the ec2 protocol", "an AWS API that speaks query or EC2 (SNS, EC2, RDS...): the aws kind speaks JSON"),
         ("integration with a token is not translated", "another service integration with a token (.waitForTaskToken)"),
         ("is not a service of AWS's models", "an AWS service no longer in AWS's models (Lookout for Vision)"),

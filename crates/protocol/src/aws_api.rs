@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use serde::Deserialize;
+use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 /// One service of the table.
@@ -36,9 +37,36 @@ pub struct ServiceModel {
     pub target: String,
     #[serde(default)]
     pub json_version: String,
-    /// The operations, `Name` or `Name=TokenMember` or `Name=TokenMember/MaxLen`.
+    /// The operations (JSON services only).
     #[serde(default)]
-    pub ops: Vec<String>,
+    pub ops: Vec<OpEntry>,
+    /// The shapes that are or lead to maps and documents, where an answer's keys are data
+    /// (`infra/gen_aws_services.py`'s `map_shapes`).
+    #[serde(default)]
+    pub maps: BTreeMap<String, Value>,
+}
+
+/// One operation of the table: `Name`, `Name=TokenMember` or `Name=TokenMember/MaxLen`, alone or
+/// with its answer's shape (where it leads to maps) and its request's members that take text.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OpEntry {
+    Name(String),
+    Full {
+        n: String,
+        #[serde(default)]
+        o: Option<String>,
+        #[serde(default)]
+        i: Option<Value>,
+    },
+}
+
+impl OpEntry {
+    fn label(&self) -> &str {
+        match self {
+            OpEntry::Name(n) | OpEntry::Full { n, .. } => n,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -85,15 +113,20 @@ pub struct Operation {
     pub target: String,
     /// `1.0` or `1.1`.
     pub json_version: String,
+    /// The answer's shape, where it leads to maps or documents.
+    pub answer: Option<String>,
+    /// The request's members that take text (`s`) or a blob (`b`).
+    pub texts: Option<Value>,
+    maps: &'static BTreeMap<String, Value>,
 }
 
 /// The action `action` of `service` (Step Functions' names; the action's case is free), or why
 /// the agent cannot call it.
 pub fn operation(service: &str, action: &str) -> Result<Operation, String> {
     // Step Functions' name, or the model's without hyphens (`lookoutvision` for "Lookout for Vision")
-    let found = services().get_key_value(service).or_else(|| {
-        services().iter().find(|(_, m)| m.model.replace('-', "") == service)
-    });
+    let found = services()
+        .get_key_value(service)
+        .or_else(|| services().iter().find(|(_, m)| m.model.replace('-', "") == service));
     let Some((service, model)) = found else {
         let near: Vec<&str> = services()
             .keys()
@@ -114,10 +147,11 @@ pub fn operation(service: &str, action: &str) -> Result<Operation, String> {
         ));
     }
     let found = model.ops.iter().find_map(|op| {
-        let (name, token) = op.split_once('=').map_or((op.as_str(), None), |(n, t)| (n, Some(t)));
-        name.eq_ignore_ascii_case(action).then_some((name, token))
+        let label = op.label();
+        let (name, token) = label.split_once('=').map_or((label, None), |(n, t)| (n, Some(t)));
+        name.eq_ignore_ascii_case(action).then_some((name, token, op))
     });
-    let Some((name, token)) = found else {
+    let Some((name, token, entry)) = found else {
         return Err(format!("{service} has no action {action:?} (botocore {})", models_version()));
     };
     let token = token.map(|t| match t.split_once('/') {
@@ -134,7 +168,119 @@ pub fn operation(service: &str, action: &str) -> Result<Operation, String> {
         signing: model.signing.clone(),
         target: model.target.clone(),
         json_version: model.json_version.clone(),
+        answer: match entry {
+            OpEntry::Full { o, .. } => o.clone(),
+            OpEntry::Name(_) => None,
+        },
+        texts: match entry {
+            OpEntry::Full { i, .. } => i.clone(),
+            OpEntry::Name(_) => None,
+        },
+        maps: &model.maps,
     })
+}
+
+/// A member's name as Step Functions gives it in an `aws-sdk` task's answer (the AWS SDK for
+/// Java's casing, as LocalStack reproduces it): to snake case and back, `MD5OfMessageBody` is
+/// `Md5OfMessageBody`, DynamoDB's `BOOL` is `Bool`.
+pub fn sfn_cased(key: &str) -> String {
+    let c: Vec<char> = key.chars().collect();
+    let mut snake = String::with_capacity(key.len() + 4);
+    for (i, &ch) in c.iter().enumerate() {
+        let after_lower = i > 0 && (c[i - 1].is_ascii_lowercase() || c[i - 1].is_ascii_digit());
+        let before_lower = i > 0 && c.get(i + 1).is_some_and(char::is_ascii_lowercase);
+        if ch.is_ascii_uppercase() && (after_lower || before_lower) {
+            snake.push('_');
+        }
+        snake.push(ch);
+    }
+    let snake = snake.replace("__", "_").to_lowercase();
+    let mut out = String::with_capacity(snake.len());
+    for part in snake.split('_') {
+        // Python's str.title(): a letter after a letter is lower case, any other upper case
+        let mut after_letter = false;
+        for ch in part.chars() {
+            if ch.is_alphabetic() {
+                if after_letter {
+                    out.extend(ch.to_lowercase());
+                } else {
+                    out.extend(ch.to_uppercase());
+                }
+                after_letter = true;
+            } else {
+                out.push(ch);
+                after_letter = false;
+            }
+        }
+    }
+    out
+}
+
+impl Operation {
+    /// The service's answer as Step Functions gives it: every member renamed by [`sfn_cased`],
+    /// the keys of maps (a DynamoDB item's attribute names) and documents kept.
+    pub fn answer_as_step_functions(&self, answer: Value) -> Value {
+        walk_answer(answer, self.answer.as_deref(), self.maps)
+    }
+
+    /// The request as the service takes it: a JSON value given to a member that takes text (a
+    /// message body, an execution's input) sent as its JSON text, and to a blob as its JSON text
+    /// in base64, as Step Functions sends them.
+    pub fn request_as_api(&self, body: &mut Map<String, Value>) {
+        if let Some(Value::Object(tree)) = &self.texts {
+            as_texts(body, tree);
+        }
+    }
+}
+
+fn walk_answer(v: Value, shape: Option<&str>, maps: &BTreeMap<String, Value>) -> Value {
+    let node = shape.and_then(|s| maps.get(s));
+    if node.is_some_and(Value::is_number) {
+        // a document: its keys are data
+        return v;
+    }
+    let child = |key: &str| node.and_then(|n| n.get(key)).and_then(Value::as_str);
+    match v {
+        Value::Object(o) => {
+            if node.is_some_and(|n| n.get("{}").is_some()) {
+                let values = child("{}");
+                return Value::Object(o.into_iter().map(|(k, x)| (k, walk_answer(x, values, maps))).collect());
+            }
+            Value::Object(o.into_iter().map(|(k, x)| (sfn_cased(&k), walk_answer(x, child(&k), maps))).collect())
+        }
+        Value::Array(a) => {
+            let items = child("[]");
+            Value::Array(a.into_iter().map(|x| walk_answer(x, items, maps)).collect())
+        }
+        other => other,
+    }
+}
+
+fn as_texts(body: &mut Map<String, Value>, tree: &Map<String, Value>) {
+    for (member, t) in tree {
+        let Some(x) = body.get_mut(member) else { continue };
+        as_text(x, t);
+    }
+}
+
+fn as_text(x: &mut Value, t: &Value) {
+    match (t, &mut *x) {
+        (Value::String(k), Value::String(_)) if k == "s" => {}
+        (Value::String(k), _) if k == "s" => *x = Value::String(x.to_string()),
+        (Value::String(k), _) if k == "b" => {
+            let text = x.to_string();
+            *x = Value::String(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, text));
+        }
+        (Value::Object(sub), Value::Object(o)) if !sub.contains_key("[]") => as_texts(o, sub),
+        (Value::Object(sub), Value::Array(items)) => {
+            if let Some(each) = sub.get("[]") {
+                for item in items {
+                    as_text(item, each);
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The service part of an error's name, as Step Functions gives it: the service id without
@@ -206,6 +352,61 @@ mod tests {
             let e = operation(s, a).unwrap_err();
             assert!(e.contains(says), "{s}:{a}: {e}");
         }
+    }
+
+    #[test]
+    fn answers_are_cased_as_step_functions_gives_them_but_the_keys_of_maps() {
+        for (api, sfn) in [
+            ("MD5OfMessageBody", "Md5OfMessageBody"),
+            ("MessageId", "MessageId"),
+            ("BOOL", "Bool"),
+            ("NULL", "Null"),
+            ("SS", "Ss"),
+            ("S", "S"),
+            ("SSEKMSKeyId", "SsekmsKeyId"),
+            ("executionArn", "ExecutionArn"),
+            ("ARN", "Arn"),
+            ("Ec2InstanceId", "Ec2InstanceId"),
+            ("DBInstanceIdentifier", "DbInstanceIdentifier"),
+        ] {
+            assert_eq!(sfn_cased(api), sfn, "{api}");
+        }
+        let get = operation("dynamodb", "getItem").unwrap();
+        let answer = serde_json::json!({"Item": {"myAttr": {"BOOL": true}, "nested": {"M": {"innerKey": {"SS": ["a"]}}},
+                                                  "list": {"L": [{"M": {"deepKey": {"NULL": true}}}]}},
+                                        "ConsumedCapacity": {"TableName": "t", "CapacityUnits": 0.5}});
+        assert_eq!(
+            get.answer_as_step_functions(answer),
+            serde_json::json!({"Item": {"myAttr": {"Bool": true}, "nested": {"M": {"innerKey": {"Ss": ["a"]}}},
+                                        "list": {"L": [{"M": {"deepKey": {"Null": true}}}]}},
+                               "ConsumedCapacity": {"TableName": "t", "CapacityUnits": 0.5}})
+        );
+        let send = operation("sqs", "sendMessage").unwrap();
+        assert_eq!(
+            send.answer_as_step_functions(serde_json::json!({"MD5OfMessageBody": "x", "MessageId": "m"})),
+            serde_json::json!({"Md5OfMessageBody": "x", "MessageId": "m"})
+        );
+        // a message attribute's name is data
+        let receive = operation("sqs", "receiveMessage").unwrap();
+        let out = receive.answer_as_step_functions(serde_json::json!({"Messages": [{"MessageAttributes": {"myKey": {"StringValue": "v", "DataType": "String"}}}]}));
+        assert_eq!(
+            out,
+            serde_json::json!({"Messages": [{"MessageAttributes": {"myKey": {"StringValue": "v", "DataType": "String"}}}]})
+        );
+    }
+
+    #[test]
+    fn a_json_value_given_to_a_text_member_is_sent_as_its_text() {
+        let mut body = serde_json::json!({"QueueUrl": "q", "MessageBody": {"order": 1}}).as_object().unwrap().clone();
+        operation("sqs", "sendMessage").unwrap().request_as_api(&mut body);
+        assert_eq!(body["MessageBody"], serde_json::json!(r#"{"order":1}"#));
+        let mut body = serde_json::json!({"stateMachineArn": "a", "input": [1, "x"]}).as_object().unwrap().clone();
+        operation("sfn", "startExecution").unwrap().request_as_api(&mut body);
+        assert_eq!(body["input"], serde_json::json!(r#"[1,"x"]"#));
+        // a string is sent as it is
+        let mut body = serde_json::json!({"QueueUrl": "q", "MessageBody": "hello"}).as_object().unwrap().clone();
+        operation("sqs", "sendMessage").unwrap().request_as_api(&mut body);
+        assert_eq!(body["MessageBody"], "hello");
     }
 
     #[test]

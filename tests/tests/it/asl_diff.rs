@@ -814,7 +814,80 @@ fn hand_written() -> Vec<Case> {
         // (a non-ASCII character fails the execution); AWS and this project take UTF-8
         &[json!({"s": "abc", "e": "RGF0YSB0byBlbmNvZGU="}), json!({"s": "Data to encode, 42!", "e": "YWJj"})],
     ));
+    c.push(case(
+        "aws-sdk",
+        "aws-sdk tasks (the aws kind here) on LocalStack's DynamoDB and SQS: putItem, updateItem's ALL_NEW \
+         answer under a ResultSelector, getItem of an item and of none, a conditional putItem refused \
+         (DynamoDb.ConditionalCheckFailedException, caught), sendMessage's MD5",
+        json!({"StartAt": "Put", "States": {
+            "Put": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:dynamodb:putItem", "ResultPath": "$.put", "Next": "Add",
+                    "Parameters": {"TableName": "${ItemsTable}", "Item": {"id": {"S.$": "$.key"}, "n": {"N.$": "States.Format('{}', $.n)"}}}},
+            "Add": {"Type": "Task", "Resource": "arn:aws:states:::dynamodb:updateItem", "Next": "Get",
+                    "Parameters": {"TableName": "${ItemsTable}", "Key": {"id": {"S.$": "$.key"}},
+                                   "UpdateExpression": "SET n = n + :one", "ExpressionAttributeValues": {":one": {"N": "1"}},
+                                   "ReturnValues": "ALL_NEW"},
+                    "ResultSelector": {"n.$": "$.Attributes.n.N"}, "ResultPath": "$.added"},
+            "Get": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:dynamodb:getItem", "ResultPath": "$.got", "Next": "None",
+                    "Parameters": {"TableName": "${ItemsTable}", "Key": {"id": {"S.$": "$.key"}}, "ConsistentRead": true}},
+            "None": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:dynamodb:getItem", "ResultPath": "$.none", "Next": "Again",
+                     "Parameters": {"TableName": "${ItemsTable}", "Key": {"id": {"S.$": "States.Format('no-{}', $.key)"}}}},
+            "Again": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:dynamodb:putItem", "ResultPath": "$.again", "Next": "Send",
+                      "Parameters": {"TableName": "${ItemsTable}", "Item": {"id": {"S.$": "$.key"}},
+                                     "ConditionExpression": "attribute_not_exists(id)"},
+                      "Catch": [{"ErrorEquals": ["DynamoDb.ConditionalCheckFailedException"], "ResultPath": null, "Next": "Exists"}]},
+            "Exists": {"Type": "Pass", "Result": true, "ResultPath": "$.existed", "Next": "Send"},
+            "Send": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:sqs:sendMessage", "End": true,
+                     "Parameters": {"QueueUrl": "${DiffQueueUrl}", "MessageBody.$": "States.Format('item {}', $.added.n)"},
+                     "ResultSelector": {"md5.$": "$.Md5OfMessageBody"}, "ResultPath": "$.sent"}}}),
+        &[json!({"key": KEY, "n": 41}), json!({"key": KEY, "n": -3})],
+    ));
     c
+}
+
+/// The table and queue the aws-sdk case calls (made once, kept: their items are keyed by run),
+/// by the variable the definition names them with.
+async fn aws_sdk_resources(sdk: &aws_config::SdkConfig) -> Vec<(String, String)> {
+    let table = "sas-asl-diff-items";
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    let made = ddb
+        .create_table()
+        .table_name(table)
+        .billing_mode(aws_sdk_dynamodb::types::BillingMode::PayPerRequest)
+        .attribute_definitions(
+            aws_sdk_dynamodb::types::AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(aws_sdk_dynamodb::types::ScalarAttributeType::S)
+                .build()
+                .expect("an attribute"),
+        )
+        .key_schema(
+            aws_sdk_dynamodb::types::KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(aws_sdk_dynamodb::types::KeyType::Hash)
+                .build()
+                .expect("a key"),
+        )
+        .send()
+        .await;
+    if let Err(e) = made {
+        let exists = e
+            .as_service_error()
+            .is_some_and(aws_sdk_dynamodb::operation::create_table::CreateTableError::is_resource_in_use_exception);
+        assert!(exists, "creating {table}: {}", aws_sdk_dynamodb::error::DisplayErrorContext(&e));
+    }
+    for _ in 0..120 {
+        let d = ddb.describe_table().table_name(table).send().await.expect("describing the table");
+        if d.table().and_then(|t| t.table_status()) == Some(&aws_sdk_dynamodb::types::TableStatus::Active) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let sqs = aws_sdk_sqs::Client::new(sdk);
+    let queue = sqs.create_queue().queue_name("sas-asl-diff-queue").send().await.expect("creating the queue");
+    vec![
+        ("ItemsTable".to_owned(), table.to_owned()),
+        ("DiffQueueUrl".to_owned(), queue.queue_url().expect("a queue URL").to_owned()),
+    ]
 }
 
 /// Definitions where the book says how this project differs (import-asl.md, "What differs": "a
@@ -1957,7 +2030,14 @@ async fn step_functions_and_the_imported_workflows_agree() {
     }
     let registry = WorkflowRegistry::from_json(&json!({"workflows": workflows}).to_string()).expect("workflows");
     let sdk = sas_core::aws::load_sdk_config().await;
-    let (s, arns) = tokio::join!(stack_with_settings("asl-diff", registry, relaxed()), deploy_functions(&sdk));
+    let (s, mut arns, resources) = tokio::join!(
+        stack_with_settings("asl-diff", registry, relaxed()),
+        deploy_functions(&sdk),
+        aws_sdk_resources(&sdk)
+    );
+    // the functions' ARNs are deleted at the end; the table and the queue are kept
+    let functions: Vec<String> = arns.values().cloned().collect();
+    arns.extend(resources);
     let agents_file = sas_cli::asl::agents_file(&agents).to_string();
     let vars = |k: &str| arns.get(k).cloned();
     let rt = AgentRuntime::from_config_with(&agents_file, &vars, AwsConfigCell::with(s.sdk.clone())).expect("agents");
@@ -2065,7 +2145,7 @@ async fn step_functions_and_the_imported_workflows_agree() {
         let _ = sfn.delete_state_machine().state_machine_arn(m).send().await;
     }
     let lambda = aws_sdk_lambda::Client::new(&sdk);
-    for arn in arns.values() {
+    for arn in &functions {
         let _ = lambda.delete_function().function_name(arn).send().await;
     }
     s.delete().await;

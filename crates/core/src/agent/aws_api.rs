@@ -21,6 +21,10 @@
 //!   end (`DynamoDb.ConditionalCheckFailedException`), the cause as its `(Service: ..., Status
 //!   Code: ..., Request ID: ...)`; throttling, server errors and the services' retryable codes are
 //!   transient, the rest of 4xx permanent ([`super::aws_error`]).
+//! - **Shapes as Step Functions gives them**: the answer's members are cased as Step Functions'
+//!   `aws-sdk` tasks give them (the AWS SDK for Java's: `Md5OfMessageBody`, DynamoDB's `Bool`),
+//!   the keys of maps (a DynamoDB item's attribute names) kept; a JSON value given to a member that
+//!   takes text (a message body, an execution's input) is sent as its JSON text.
 //! - **Idempotency**: an action with a client token (`ClientToken`, `ClientRequestToken`... marked
 //!   in the model) gets one derived from the step's idempotency key when the request has none, so
 //!   a retried call applies once. Other actions apply again when retried (a `putItem` writes the
@@ -173,6 +177,7 @@ impl AwsApiAgent {
         if let Some((member, most)) = &self.op.token {
             body.entry(member.clone()).or_insert_with(|| Value::String(client_token(idempotency_key, *most)));
         }
+        self.op.request_as_api(&mut body);
         Ok(body)
     }
 
@@ -252,8 +257,9 @@ impl AwsApiAgent {
             if buf.iter().all(u8::is_ascii_whitespace) {
                 return Ok(Value::Object(Map::new()));
             }
-            return serde_json::from_slice(&buf)
-                .map_err(|e| permanent(format!("{}:{}: the answer is not JSON: {e}", self.op.service, self.op.name)));
+            let answer: Value = serde_json::from_slice(&buf)
+                .map_err(|e| permanent(format!("{}:{}: the answer is not JSON: {e}", self.op.service, self.op.name)))?;
+            return Ok(self.op.answer_as_step_functions(answer));
         }
         let body: Value = serde_json::from_slice(&buf).unwrap_or(Value::Null);
         let code = error_code(&headers, &body);
