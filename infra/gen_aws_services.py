@@ -1,4 +1,4 @@
-"""Writes crates/protocol/src/aws_services.json, the table the `aws` agent kind calls AWS APIs by.
+"""Writes crates/protocol/src/service_models.json, the table the `aws` agent kind calls AWS APIs by.
 
 From botocore's published service models (the ones LocalStack's venv carries: `make
 localstack-install` first, or any botocore on PYTHONPATH): for every service, the name Step
@@ -27,7 +27,7 @@ from pathlib import Path
 import botocore
 import botocore.session
 
-OUT = Path(__file__).resolve().parent.parent / "crates/protocol/src/aws_services.json"
+OUT = Path(__file__).resolve().parent.parent / "crates/protocol/src/service_models.json"
 
 # IAM action prefixes that are neither the signing name nor the endpoint prefix.
 IAM_PREFIX = {"monitoring": "cloudwatch"}

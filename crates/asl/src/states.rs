@@ -2398,7 +2398,7 @@ enum Service {
 /// its answer (`dynamodb:putItem`, `states:startExecution`), as the `aws` kind calls it; the
 /// refusal names the protocol of a service the kind does not speak.
 fn aws_action(service: &str, action: &str, params: Option<&Sym>) -> Result<Service, String> {
-    let op = sas_protocol::aws_api::operation(service, action)?;
+    let op = sas_protocol::service_models::operation(service, action)?;
     Ok(Service::Aws { service: op.service, action: op.name, params: params.cloned() })
 }
 

@@ -308,6 +308,11 @@ impl CallRecorder {
         &self.path
     }
 
+    /// Appends a call this process's function made outside the SDK (the `aws` agent's).
+    pub fn record_call(&self, action: String, region: Option<String>, target: Target) -> std::io::Result<()> {
+        self.record(&AwsCall { function: self.function.clone(), action, region, target })
+    }
+
     /// Appends one call (one `write` of the whole line).
     pub fn record(&self, call: &AwsCall) -> std::io::Result<()> {
         let mut line = serde_json::to_vec(call).map_err(std::io::Error::other)?;

@@ -1168,12 +1168,50 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let file = callback_workflows_file("iam");
     let file_param = file.to_string_lossy().into_owned();
     // the workspace's agents and one that takes one call at a time
-    let wfs: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).expect("the workflows file");
+    let mut wfs: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).expect("the workflows file");
+    // one step of an aws agent (DynamoDB's PutItem), its item named by the task
+    wfs["workflows"].as_array_mut().expect("a list").push(json!({
+        "name": "aws-put",
+        "version": 1,
+        "description": "Lambda-mode test: an item written by the aws agent",
+        "steps": [{"name": "put", "agent": "aws.put", "timeout_ms": 20_000, "max_attempts": 3,
+                   "backoff": {"base_ms": 200, "max_ms": 500},
+                   "parameters": {"Item": {"id": {"S.$": "$.task.id"}, "note": {"S.$": "$.input.note"}}}}]
+    }));
+    std::fs::write(&file, wfs.to_string()).unwrap();
     let config = config_dir("iam", wfs["workflows"].as_array().expect("a list"));
     let mut agents: Value =
         serde_json::from_str(&std::fs::read_to_string(config.join("agents.json")).unwrap()).expect("agents.json");
     agents["agents"]["sim.serial"] = json!({"kind": "sim", "max_in_flight": 1});
+    // an aws agent: DynamoDB's PutItem on a table of the test's own, granted by AgentAwsActions and
+    // AgentAwsResources (the call recorded as the SDK's are, and checked against the role)
+    let items = format!("l-iam-items-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let items_arn = format!("arn:aws:dynamodb:*:*:table/{items}");
+    agents["agents"]["aws.put"] = json!({"kind": "aws", "service": "dynamodb", "action": "putItem",
+                                         "parameters": {"TableName": items}, "resources": [items_arn]});
     std::fs::write(config.join("agents.json"), agents.to_string()).unwrap();
+    let sdk = sas_core::aws::load_sdk_config().await;
+    let ddb = aws_sdk_dynamodb::Client::new(&sdk);
+    ddb.create_table()
+        .table_name(&items)
+        .billing_mode(aws_sdk_dynamodb::types::BillingMode::PayPerRequest)
+        .attribute_definitions(
+            aws_sdk_dynamodb::types::AttributeDefinition::builder()
+                .attribute_name("id")
+                .attribute_type(aws_sdk_dynamodb::types::ScalarAttributeType::S)
+                .build()
+                .expect("an attribute"),
+        )
+        .key_schema(
+            aws_sdk_dynamodb::types::KeySchemaElement::builder()
+                .attribute_name("id")
+                .key_type(aws_sdk_dynamodb::types::KeyType::Hash)
+                .build()
+                .expect("a key"),
+        )
+        .send()
+        .await
+        .expect("the items table");
     let f = lambda_stack_with(
         "iam",
         &config,
@@ -1189,6 +1227,8 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
             ("SettleMs", "500"),
             ("MaxInputBytes", "262144"),
             ("ReplyQueueArnPattern", "arn:aws:sqs:*:*:l-iam-*-replies*"),
+            ("AgentAwsActions", "dynamodb:PutItem"),
+            ("AgentAwsResources", &items_arn),
         ],
     )
     .await;
@@ -1242,8 +1282,11 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
                           "input": {"lines": [{"sku": "h0", "sim": {"reserve": {"hang_attempts": 1}}}]}});
     let cb_map =
         json!({"v": 1, "task_id": "cb-map", "workflow": "sim-callback-map", "input": {"lines": [{"sku": "c0"}]}});
-    for body in
-        [&hung, &flaky, &declined, &declined, &big, &refused, &cb_ok, &cb_late, &cb_approval, &map, &map_hung, &cb_map]
+    // a step that writes an item with the aws agent
+    let put = json!({"v": 1, "task_id": "aws-put", "workflow": "aws-put", "input": {"note": "written by the aws agent"}});
+    for body in [
+        &hung, &flaky, &declined, &declined, &big, &refused, &cb_ok, &cb_late, &cb_approval, &map, &map_hung, &cb_map, &put,
+    ]
             .into_iter()
             .chain(&serial)
     {
@@ -1305,10 +1348,23 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
         let t = f.s.wait_for(id, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
         assert_ne!(t.process_state, ProcessState::Processed, "{id}: its element hung: {:?}", t.history);
     }
-    for id in ["serial-1", "serial-2", "serial-3", "map-1", "cb-map"] {
+    for id in ["serial-1", "serial-2", "serial-3", "map-1", "cb-map", "aws-put"] {
         let t = f.s.wait_for(id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
         assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{id}: {:?}", t.history);
     }
+    let item = ddb
+        .get_item()
+        .table_name(&items)
+        .key("id", aws_sdk_dynamodb::types::AttributeValue::S("aws-put".into()))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("reading the item back");
+    assert_eq!(
+        item.item().and_then(|i| i.get("note")).and_then(|n| n.as_s().ok()).map(String::as_str),
+        Some("written by the aws agent"),
+        "the aws agent wrote the item: {item:?}"
+    );
     let held = f.s.deps.limiter.leases("sim.serial").await.unwrap();
     assert!(held.is_empty(), "every lease of sim.serial was given back: {held:?}");
     for (dlq, want) in [
@@ -1349,6 +1405,7 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
         .collect();
     let _ = std::fs::remove_file(&file);
     f.delete().await;
+    let _ = ddb.delete_table().table_name(&items).send().await;
     assert!(unused.is_empty(), "grants no call used (drop them, or reach the path that needs them): {unused:#?}");
 }
 

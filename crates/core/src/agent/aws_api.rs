@@ -11,7 +11,7 @@
 //!   published models, DynamoDB, SQS, Step Functions, EventBridge, Kinesis, Firehose, SSM,
 //!   Secrets Manager, CloudWatch and its Logs, ECS, Glue, Athena, CodeBuild, Rekognition,
 //!   Textract, Transcribe... among them). The table of services and their actions
-//!   (`aws_services.json`) is generated from botocore's models by `infra/gen_aws_services.py`;
+//!   (`sas_protocol`'s `service_models.json`) is generated from botocore's models by `infra/gen_aws_services.py`;
 //!   no SDK crate per service is linked. A service of another protocol (S3's REST-XML, Lambda's
 //!   REST-JSON, SNS's query) is refused when the agent is built, naming its protocol.
 //! - **Signed** with SigV4 by `aws-sigv4` (the SDK's signer) with the function's credentials;
@@ -40,8 +40,8 @@ use serde_json::{Map, Value};
 use super::http::sign::Signer;
 use super::kind::{AgentConfigError, AgentKind, AwsConfigCell, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, Call};
-use crate::aws_calls::{AwsCall, CallRecorder};
-pub use sas_protocol::aws_api::{
+use crate::aws_calls::CallRecorder;
+pub use sas_protocol::service_models::{
     client_token, error_name, models_version, operation, services, Operation, ServiceModel,
 };
 
@@ -213,15 +213,9 @@ impl AwsApiAgent {
             .map_err(|e| permanent(format!("{what}: {e}")))?;
         self.signer.sign(&mut req).await?;
         if let Some(rec) = &self.recorder {
-            let logged = AwsCall {
-                function: String::new(),
-                action: self.op.iam_action.clone(),
-                region: Some(region),
-                target: crate::aws_calls::target_of(&bytes),
-            };
-            if let Err(e) = rec.record(&logged) {
-                tracing::warn!(error = %e, "cannot record the AWS call");
-            }
+            // loud on purpose, as the SDK's recorder: a call missing from the log would pass the check
+            rec.record_call(self.op.iam_action.clone(), Some(region), crate::aws_calls::target_of(&bytes))
+                .map_err(|e| permanent(format!("{what}: AWS call log {}: {e}", rec.path().display())))?;
         }
         let resp = self.http.execute(req).await.map_err(|e| match crate::agent::http::transport_error(&e) {
             AgentError::Transient { message, retry_after } => {
