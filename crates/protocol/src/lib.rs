@@ -12,7 +12,6 @@
 //! It depends on serde and nothing that does I/O: no async runtime, no AWS SDK (the order
 //! service and outside callers can depend on it for the wire types alone).
 
-pub mod service_models;
 pub mod condition;
 pub mod config_file;
 pub mod graph;
@@ -20,6 +19,7 @@ pub mod ids;
 pub mod intrinsic;
 pub mod messages;
 pub mod protocol;
+pub mod service_models;
 pub mod state;
 pub mod template;
 pub mod workflow;

@@ -78,7 +78,8 @@ struct Table {
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {
-        serde_json::from_str(include_str!("service_models.json")).expect("service_models.json is the generator's output")
+        serde_json::from_str(include_str!("service_models.json"))
+            .expect("service_models.json is the generator's output")
     })
 }
 

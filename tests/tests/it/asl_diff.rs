@@ -848,40 +848,7 @@ fn hand_written() -> Vec<Case> {
 /// by the variable the definition names them with.
 async fn aws_sdk_resources(sdk: &aws_config::SdkConfig) -> Vec<(String, String)> {
     let table = "sas-asl-diff-items";
-    let ddb = aws_sdk_dynamodb::Client::new(sdk);
-    let made = ddb
-        .create_table()
-        .table_name(table)
-        .billing_mode(aws_sdk_dynamodb::types::BillingMode::PayPerRequest)
-        .attribute_definitions(
-            aws_sdk_dynamodb::types::AttributeDefinition::builder()
-                .attribute_name("id")
-                .attribute_type(aws_sdk_dynamodb::types::ScalarAttributeType::S)
-                .build()
-                .expect("an attribute"),
-        )
-        .key_schema(
-            aws_sdk_dynamodb::types::KeySchemaElement::builder()
-                .attribute_name("id")
-                .key_type(aws_sdk_dynamodb::types::KeyType::Hash)
-                .build()
-                .expect("a key"),
-        )
-        .send()
-        .await;
-    if let Err(e) = made {
-        let exists = e
-            .as_service_error()
-            .is_some_and(aws_sdk_dynamodb::operation::create_table::CreateTableError::is_resource_in_use_exception);
-        assert!(exists, "creating {table}: {}", aws_sdk_dynamodb::error::DisplayErrorContext(&e));
-    }
-    for _ in 0..120 {
-        let d = ddb.describe_table().table_name(table).send().await.expect("describing the table");
-        if d.table().and_then(|t| t.table_status()) == Some(&aws_sdk_dynamodb::types::TableStatus::Active) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    crate::common::items_table(sdk, table).await;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let queue = sqs.create_queue().queue_name("sas-asl-diff-queue").send().await.expect("creating the queue");
     vec![

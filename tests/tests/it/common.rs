@@ -327,3 +327,38 @@ pub fn attempts_of(task: &Task, step: &str) -> Vec<(Millis, Millis, String)> {
         .filter_map(|(i, e)| h.get(i + 1).map(|next| (e.at, next.at, next.reason.clone().unwrap_or_default())))
         .collect()
 }
+
+/// A DynamoDB table of a test's own, keyed by `id` (a string), on demand, ready when this returns:
+/// made if it does not exist (one kept across runs is taken as it is).
+pub async fn items_table(sdk: &aws_config::SdkConfig, table: &str) {
+    use aws_sdk_dynamodb::types::{AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType};
+    let ddb = aws_sdk_dynamodb::Client::new(sdk);
+    let id = AttributeDefinition::builder()
+        .attribute_name("id")
+        .attribute_type(ScalarAttributeType::S)
+        .build()
+        .expect("an attribute");
+    let key = KeySchemaElement::builder().attribute_name("id").key_type(KeyType::Hash).build().expect("a key");
+    let made = ddb
+        .create_table()
+        .table_name(table)
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(id)
+        .key_schema(key)
+        .send()
+        .await;
+    if let Err(e) = made {
+        let exists = e
+            .as_service_error()
+            .is_some_and(aws_sdk_dynamodb::operation::create_table::CreateTableError::is_resource_in_use_exception);
+        assert!(exists, "creating {table}: {}", aws_sdk_dynamodb::error::DisplayErrorContext(&e));
+    }
+    for _ in 0..240 {
+        let d = ddb.describe_table().table_name(table).send().await.expect("describing the table");
+        if d.table().and_then(|t| t.table_status()) == Some(&aws_sdk_dynamodb::types::TableStatus::Active) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("table {table} is not ACTIVE after 120 s");
+}

@@ -1192,26 +1192,7 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     std::fs::write(config.join("agents.json"), agents.to_string()).unwrap();
     let sdk = sas_core::aws::load_sdk_config().await;
     let ddb = aws_sdk_dynamodb::Client::new(&sdk);
-    ddb.create_table()
-        .table_name(&items)
-        .billing_mode(aws_sdk_dynamodb::types::BillingMode::PayPerRequest)
-        .attribute_definitions(
-            aws_sdk_dynamodb::types::AttributeDefinition::builder()
-                .attribute_name("id")
-                .attribute_type(aws_sdk_dynamodb::types::ScalarAttributeType::S)
-                .build()
-                .expect("an attribute"),
-        )
-        .key_schema(
-            aws_sdk_dynamodb::types::KeySchemaElement::builder()
-                .attribute_name("id")
-                .key_type(aws_sdk_dynamodb::types::KeyType::Hash)
-                .build()
-                .expect("a key"),
-        )
-        .send()
-        .await
-        .expect("the items table");
+    crate::common::items_table(&sdk, &items).await;
     let f = lambda_stack_with(
         "iam",
         &config,
@@ -1283,12 +1264,25 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let cb_map =
         json!({"v": 1, "task_id": "cb-map", "workflow": "sim-callback-map", "input": {"lines": [{"sku": "c0"}]}});
     // a step that writes an item with the aws agent
-    let put = json!({"v": 1, "task_id": "aws-put", "workflow": "aws-put", "input": {"note": "written by the aws agent"}});
+    let put =
+        json!({"v": 1, "task_id": "aws-put", "workflow": "aws-put", "input": {"note": "written by the aws agent"}});
     for body in [
-        &hung, &flaky, &declined, &declined, &big, &refused, &cb_ok, &cb_late, &cb_approval, &map, &map_hung, &cb_map, &put,
+        &hung,
+        &flaky,
+        &declined,
+        &declined,
+        &big,
+        &refused,
+        &cb_ok,
+        &cb_late,
+        &cb_approval,
+        &map,
+        &map_hung,
+        &cb_map,
+        &put,
     ]
-            .into_iter()
-            .chain(&serial)
+    .into_iter()
+    .chain(&serial)
     {
         f.s.send(&f.s.res.submission_queue_url, &body.to_string()).await;
     }
