@@ -31,6 +31,19 @@ OUT = Path(__file__).resolve().parent.parent / "crates/protocol/src/service_mode
 
 # IAM action prefixes that are neither the signing name nor the endpoint prefix.
 IAM_PREFIX = {"monitoring": "cloudwatch"}
+# The REST-JSON services whose operations the table carries (each operation's HTTP binding is
+# larger than a JSON service's name: all 240 would be 2.8 MB): the ones workflows call.
+REST_JSON = {
+    "batch",
+    "bedrock",
+    "bedrock-agent",
+    "bedrock-agent-runtime",
+    "bedrock-runtime",
+    "emr-serverless",
+    "lambda",
+    "polly",
+    "scheduler",
+}
 # Names Step Functions gives where the serviceId rule gives another.
 SFN_NAME = {"pinpoint-sms-voice": None}
 
@@ -105,6 +118,59 @@ def texts(shapes: dict, name: str, depth: int, seen: tuple = ()) -> object:
     return members or None
 
 
+def rest_op(model: dict, op_name: str, op: dict, shape_maps: dict) -> dict:
+    """A REST-JSON operation: `h` its method and URI template, `l` where its request's members go
+    (`u` the path, `q:NAME` the query, `q` a map of query parameters, `h:NAME` a header, `hs:PREFIX`
+    a map of headers), `p` the member that is the body (`NAME:TYPE`), `r` where its answer's
+    members come from (`h:NAME:TYPE` a header, `s` the status code), `rp` the member the body is;
+    with the JSON services' `n`, `o` and `i`."""
+    shapes = model["shapes"]
+    token = None
+    full: dict = {"h": f"{op['http']['method']} {op['http']['requestUri']}"}
+    shape = op.get("input", {}).get("shape")
+    if shape:
+        located = {}
+        for member, ref in shapes[shape].get("members", {}).items():
+            if ref.get("idempotencyToken"):
+                most = shapes[ref["shape"]].get("max")
+                token = member if most is None or most >= 64 else f"{member}/{most}"
+            where = ref.get("location")
+            if where == "uri":
+                located[member] = "u"
+            elif where == "querystring":
+                located[member] = f"q:{ref['locationName']}" if "locationName" in ref else "q"
+            elif where == "header":
+                located[member] = f"h:{ref['locationName']}"
+            elif where == "headers":
+                located[member] = f"hs:{ref.get('locationName', '')}"
+        if located:
+            full["l"] = located
+        payload = shapes[shape].get("payload")
+        if payload:
+            full["p"] = f"{payload}:{shapes[shapes[shape]['members'][payload]['shape']]['type']}"
+        request = texts(shapes, shape, 0)
+        if request is not None:
+            full["i"] = request
+    out = op.get("output", {}).get("shape")
+    if out:
+        located = {}
+        for member, ref in shapes[out].get("members", {}).items():
+            where = ref.get("location")
+            if where == "header":
+                located[member] = f"h:{ref['locationName']}:{shapes[ref['shape']]['type']}"
+            elif where == "statusCode":
+                located[member] = "s"
+        if located:
+            full["r"] = located
+        payload = shapes[out].get("payload")
+        if payload:
+            full["rp"] = f"{payload}:{shapes[shapes[out]['members'][payload]['shape']]['type']}"
+        if out in shape_maps:
+            full["o"] = out
+    full["n"] = f"{op_name}={token}" if token else op_name
+    return full
+
+
 def main() -> int:
     session = botocore.session.get_session()
     loader = session.get_component("data_loader")
@@ -118,6 +184,19 @@ def main() -> int:
         protocols = meta.get("protocols") or [meta["protocol"]]
         protocol = "json" if "json" in protocols else meta["protocol"]
         entry: dict = {"id": meta["serviceId"], "model": model_name, "protocol": protocol}
+        if protocol == "rest-json" and model_name in REST_JSON:
+            signing = meta.get("signingName") or meta["endpointPrefix"]
+            shape_maps = map_shapes(model["shapes"])
+            ops = [rest_op(model, name_, op, shape_maps) for name_, op in sorted(model["operations"].items())]
+            entry.update(
+                {
+                    "endpoint": meta["endpointPrefix"],
+                    "signing": signing,
+                    "iam": IAM_PREFIX.get(signing, signing),
+                    "ops": ops,
+                    "maps": shape_maps,
+                }
+            )
         if protocol == "json":
             signing = meta.get("signingName") or meta["endpointPrefix"]
             shape_maps = map_shapes(model["shapes"])
@@ -162,9 +241,10 @@ def main() -> int:
     lines = [f"{json.dumps(k)}: {json.dumps(v, sort_keys=True)}" for k, v in sorted(services.items())]
     body = ",\n".join(lines)
     OUT.write_text(f'{{"botocore": {json.dumps(botocore.__version__)}, "services": {{\n{body}\n}}}}\n')
-    json_ones = sum(1 for s in services.values() if s["protocol"] == "json")
+    json_ones = sum(1 for s in services.values() if "ops" in s)
     ops = sum(len(s.get("ops", [])) for s in services.values())
-    print(f"{OUT}: {len(services)} services, {json_ones} speaking JSON, {ops} of their operations")
+    called = f"{json_ones} called (JSON, and REST-JSON's {len(REST_JSON)})"
+    print(f"{OUT}: {len(services)} services, {called}, {ops} of their operations")
     return 0
 
 

@@ -2617,7 +2617,13 @@ impl Service {
             // an optimized integration whose answer is the API's: the aws kind calls the action
             other if !callback => {
                 let (svc, action) = other.split_once(':').unwrap_or((other, ""));
-                let svc = if svc == "states" { "sfn" } else { svc };
+                // the integrations' names that are not the API's service: Step Functions' own, and
+                // Bedrock's model calls (Bedrock Runtime's)
+                let svc = match (svc, action) {
+                    ("states", _) => "sfn",
+                    ("bedrock", "invokeModel") => "bedrockruntime",
+                    (s, _) => s,
+                };
                 aws_action(svc, action, params).map_err(|e| {
                     format!(
                         "{resource}: the {svc} integration is not translated ({e})"

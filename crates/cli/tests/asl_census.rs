@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The definitions the book says are translated (of 170): a change that translates fewer fails.
-const TRANSLATED_AT_LEAST: usize = 63;
+const TRANSLATED_AT_LEAST: usize = 66;
 
 /// Every task's `Resource` in a definition (inside Parallel branches and Map processors).
 fn resources(states: &serde_json::Value, out: &mut Vec<String>) {
@@ -64,16 +64,13 @@ fn class(r: &sas_asl::Refusal) -> String {
             "a loop translated but for its states' own refusals (counted in their rows)",
         ),
         (".sync", "a .sync integration"),
-        ("speaks the rest-xml protocol", "an AWS API that speaks REST-XML (S3): the aws kind speaks JSON"),
+        ("speaks the rest-xml protocol", "an AWS API that speaks REST-XML (S3)"),
         (
             "speaks the rest-json protocol",
-            "an AWS API that speaks REST-JSON (Lambda, Batch, Polly...): the aws kind speaks JSON",
+            "a REST-JSON API the aws kind does not carry (API Gateway, IoT Analytics...)",
         ),
-        (
-            "speaks the query protocol",
-            "an AWS API that speaks query or EC2 (SNS, EC2, RDS...): the aws kind speaks JSON",
-        ),
-        ("speaks the ec2 protocol", "an AWS API that speaks query or EC2 (SNS, EC2, RDS...): the aws kind speaks JSON"),
+        ("speaks the query protocol", "an AWS API that speaks query or EC2's protocol (SNS, EC2, RDS...)"),
+        ("speaks the ec2 protocol", "an AWS API that speaks query or EC2's protocol (SNS, EC2, RDS...)"),
         ("integration with a token is not translated", "another service integration with a token (.waitForTaskToken)"),
         ("is not a service of AWS's models", "an AWS service no longer in AWS's models (Lookout for Vision)"),
         ("has no action", "an AWS API action not in AWS's models"),

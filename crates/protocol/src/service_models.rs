@@ -58,6 +58,18 @@ pub enum OpEntry {
         o: Option<String>,
         #[serde(default)]
         i: Option<Value>,
+        /// REST-JSON: the method and URI template, where the request's members go, the member
+        /// that is the body, where the answer's members come from, the member the body is.
+        #[serde(default)]
+        h: Option<String>,
+        #[serde(default)]
+        l: BTreeMap<String, String>,
+        #[serde(default)]
+        p: Option<String>,
+        #[serde(default)]
+        r: BTreeMap<String, String>,
+        #[serde(default)]
+        rp: Option<String>,
     },
 }
 
@@ -118,7 +130,55 @@ pub struct Operation {
     pub answer: Option<String>,
     /// The request's members that take text (`s`) or a blob (`b`).
     pub texts: Option<Value>,
+    /// How a REST-JSON action is sent (`None`: JSON 1.0/1.1, one POST with `X-Amz-Target`).
+    pub rest: Option<Rest>,
     maps: &'static BTreeMap<String, Value>,
+}
+
+/// A REST-JSON action's HTTP binding, from the service's model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rest {
+    pub method: String,
+    /// The URI template (`/2015-03-31/functions/{FunctionName}/invocations`), perhaps with a query.
+    pub uri: String,
+    /// Where each request member goes: `u` the path, `q:NAME` / `q` the query, `h:NAME` a header,
+    /// `hs:PREFIX` headers; the others go in the body.
+    pub request: BTreeMap<String, String>,
+    /// The member that is the whole body, and its type (`Payload`, `blob`).
+    pub payload: Option<(String, String)>,
+    /// Where answer members come from: `h:NAME:TYPE` a header, `s` the status code.
+    pub answer: BTreeMap<String, String>,
+    /// The member the answer's body is, and its type.
+    pub answer_payload: Option<(String, String)>,
+}
+
+/// An HTTP request of a REST-JSON action: what the agent sends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestRequest {
+    pub method: String,
+    /// The path and query, percent-encoded.
+    pub path_and_query: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// What a URI's path segment and query keep (RFC 3986's unreserved characters), and a greedy
+/// label (`{Key+}`) keeps `/` too.
+const SEGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+const GREEDY: &percent_encoding::AsciiSet = &SEGMENT.remove(b'/');
+
+/// A URI path segment's or query's value percent-encoded.
+fn uri_escape(s: &str, greedy: bool) -> String {
+    percent_encoding::utf8_percent_encode(s, if greedy { GREEDY } else { SEGMENT }).to_string()
+}
+
+/// A scalar as a path, query or header value.
+fn scalar_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// The action `action` of `service` (Step Functions' names; the action's case is free), or why
@@ -140,10 +200,10 @@ pub fn operation(service: &str, action: &str) -> Result<Operation, String> {
             if near.is_empty() { String::new() } else { format!("; did you mean {}?", near.join(", ")) }
         ));
     };
-    if model.protocol != "json" {
+    if model.protocol != "json" && model.ops.is_empty() {
         return Err(format!(
-            "{service} ({}) speaks the {} protocol: the aws kind calls the services that speak JSON 1.0/1.1 only; \
-             call it from a Lambda function (a lambda agent)",
+            "{service} ({}) speaks the {} protocol: the aws kind calls the services that speak JSON 1.0/1.1, and \
+             of REST-JSON Lambda, Batch, Polly, Bedrock and EventBridge Scheduler; call it from a Lambda function (a lambda agent)",
             model.id, model.protocol
         ));
     }
@@ -163,7 +223,7 @@ pub fn operation(service: &str, action: &str) -> Result<Operation, String> {
         service: service.to_owned(),
         name: name.to_owned(),
         token,
-        iam_action: format!("{}:{name}", model.iam),
+        iam_action: iam_action(&model.iam, name),
         error_prefix: error_prefix(service, &model.id),
         endpoint: model.endpoint.clone(),
         signing: model.signing.clone(),
@@ -176,6 +236,26 @@ pub fn operation(service: &str, action: &str) -> Result<Operation, String> {
         texts: match entry {
             OpEntry::Full { i, .. } => i.clone(),
             OpEntry::Name(_) => None,
+        },
+        rest: match entry {
+            OpEntry::Full { h: Some(h), l, p, r, rp, .. } => {
+                let (method, uri) = h.split_once(' ').unwrap_or(("POST", h));
+                let typed = |x: &Option<String>| {
+                    x.as_ref().map(|x| {
+                        let (m, t) = x.split_once(':').unwrap_or((x, "structure"));
+                        (m.to_owned(), t.to_owned())
+                    })
+                };
+                Some(Rest {
+                    method: method.to_owned(),
+                    uri: uri.to_owned(),
+                    request: l.clone(),
+                    payload: typed(p),
+                    answer: r.clone(),
+                    answer_payload: typed(rp),
+                })
+            }
+            _ => None,
         },
         maps: &model.maps,
     })
@@ -218,6 +298,57 @@ pub fn sfn_cased(key: &str) -> String {
 }
 
 impl Operation {
+    /// A REST-JSON action's request from its parameters (`None` for a JSON 1.0/1.1 action): the
+    /// path's members put in the URI, the query's and the headers' where the model says, the body
+    /// the payload member (a blob or a string as its text, a structure as JSON) or the other
+    /// members as a JSON object. A path member missing is the request's fault.
+    pub fn rest_request(&self, body: &Map<String, Value>) -> Option<Result<RestRequest, String>> {
+        let rest = self.rest.as_ref()?;
+        Some(rest_request(rest, body))
+    }
+
+    /// A REST-JSON action's answer as Step Functions gives it: the body's members (or the payload
+    /// member: a structure as JSON, a blob as its text), the members bound to headers and to the
+    /// status code, cased as [`Operation::answer_as_step_functions`].
+    pub fn rest_answer(&self, status: u16, header: &dyn Fn(&str) -> Option<String>, body: &[u8]) -> Value {
+        let Some(rest) = &self.rest else { return Value::Null };
+        let mut out = match &rest.answer_payload {
+            Some((member, kind)) => {
+                let mut m = Map::new();
+                if !body.is_empty() {
+                    let v = match kind.as_str() {
+                        "structure" => serde_json::from_slice(body).unwrap_or(Value::Null),
+                        // a blob (Lambda's Payload): its text, as Step Functions gives it
+                        _ => Value::String(String::from_utf8_lossy(body).into_owned()),
+                    };
+                    m.insert(member.clone(), v);
+                }
+                m
+            }
+            None if body.iter().all(u8::is_ascii_whitespace) => Map::new(),
+            None => match serde_json::from_slice(body) {
+                Ok(Value::Object(o)) => o,
+                _ => Map::new(),
+            },
+        };
+        for (member, from) in &rest.answer {
+            if from == "s" {
+                out.insert(member.clone(), Value::from(status));
+            } else if let Some(spec) = from.strip_prefix("h:") {
+                let (name, kind) = spec.rsplit_once(':').unwrap_or((spec, "string"));
+                if let Some(v) = header(name) {
+                    let typed = match kind {
+                        "integer" | "long" => v.parse::<i64>().map_or(Value::String(v.clone()), Value::from),
+                        "boolean" => Value::Bool(v == "true"),
+                        _ => Value::String(v),
+                    };
+                    out.insert(member.clone(), typed);
+                }
+            }
+        }
+        self.answer_as_step_functions(Value::Object(out))
+    }
+
     /// The service's answer as Step Functions gives it: every member renamed by [`sfn_cased`],
     /// the keys of maps (a DynamoDB item's attribute names) and documents kept.
     pub fn answer_as_step_functions(&self, answer: Value) -> Value {
@@ -229,9 +360,78 @@ impl Operation {
     /// in base64, as Step Functions sends them.
     pub fn request_as_api(&self, body: &mut Map<String, Value>) {
         if let Some(Value::Object(tree)) = &self.texts {
-            as_texts(body, tree);
+            // a REST-JSON blob is the body's bytes themselves, not base64 in JSON
+            as_texts(body, tree, self.rest.is_none());
         }
     }
+}
+
+fn rest_request(rest: &Rest, body: &Map<String, Value>) -> Result<RestRequest, String> {
+    let (path_t, query_t) = rest.uri.split_once('?').map_or((rest.uri.as_str(), None), |(p, q)| (p, Some(q)));
+    let mut path = String::new();
+    let mut rest_of = path_t;
+    while let Some(open) = rest_of.find('{') {
+        path.push_str(&rest_of[..open]);
+        let close = rest_of[open..].find('}').map_or(rest_of.len(), |c| open + c);
+        let label = &rest_of[open + 1..close];
+        let (name, greedy) = label.strip_suffix('+').map_or((label, false), |n| (n, true));
+        let v = body.get(name).ok_or_else(|| format!("{name} is required (it is part of the request's path)"))?;
+        path.push_str(&uri_escape(&scalar_text(v), greedy));
+        rest_of = &rest_of[(close + 1).min(rest_of.len())..];
+    }
+    path.push_str(rest_of);
+    let mut query: Vec<String> =
+        query_t.into_iter().flat_map(|q| q.split('&')).filter(|q| !q.is_empty()).map(str::to_owned).collect();
+    let mut headers = Vec::new();
+    let mut rest_members = Map::new();
+    for (k, v) in body {
+        match rest.request.get(k).map(String::as_str) {
+            Some("u") => {}
+            Some("q") => {
+                if let Value::Object(m) = v {
+                    for (qk, qv) in m {
+                        query.push(format!("{}={}", uri_escape(qk, false), uri_escape(&scalar_text(qv), false)));
+                    }
+                }
+            }
+            Some(w) if w.starts_with("q:") => {
+                let items: Vec<&Value> = match v {
+                    Value::Array(a) => a.iter().collect(),
+                    other => vec![other],
+                };
+                for item in items {
+                    query.push(format!("{}={}", uri_escape(&w[2..], false), uri_escape(&scalar_text(item), false)));
+                }
+            }
+            Some(w) if w.starts_with("hs:") => {
+                if let Value::Object(m) = v {
+                    for (hk, hv) in m {
+                        headers.push((format!("{}{hk}", &w[3..]), scalar_text(hv)));
+                    }
+                }
+            }
+            Some(w) if w.starts_with("h:") => headers.push((w[2..].to_owned(), scalar_text(v))),
+            _ => {
+                rest_members.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let body = match &rest.payload {
+        Some((member, kind)) => match rest_members.get(member) {
+            None => Vec::new(),
+            Some(v) if kind == "structure" => v.to_string().into_bytes(),
+            // a blob or a string: its text (Lambda's Payload given as JSON: that JSON)
+            Some(Value::String(s)) if kind == "string" => s.clone().into_bytes(),
+            Some(v) => match v {
+                Value::String(s) => s.clone().into_bytes(),
+                other => other.to_string().into_bytes(),
+            },
+        },
+        None if rest_members.is_empty() && matches!(rest.method.as_str(), "GET" | "DELETE" | "HEAD") => Vec::new(),
+        None => Value::Object(rest_members).to_string().into_bytes(),
+    };
+    let path_and_query = if query.is_empty() { path } else { format!("{path}?{}", query.join("&")) };
+    Ok(RestRequest { method: rest.method.clone(), path_and_query, headers, body })
 }
 
 fn walk_answer(v: Value, shape: Option<&str>, maps: &BTreeMap<String, Value>) -> Value {
@@ -257,31 +457,40 @@ fn walk_answer(v: Value, shape: Option<&str>, maps: &BTreeMap<String, Value>) ->
     }
 }
 
-fn as_texts(body: &mut Map<String, Value>, tree: &Map<String, Value>) {
+fn as_texts(body: &mut Map<String, Value>, tree: &Map<String, Value>, blobs: bool) {
     for (member, t) in tree {
         let Some(x) = body.get_mut(member) else { continue };
-        as_text(x, t);
+        as_text(x, t, blobs);
     }
 }
 
-fn as_text(x: &mut Value, t: &Value) {
+fn as_text(x: &mut Value, t: &Value, blobs: bool) {
     match (t, &mut *x) {
         (Value::String(k), Value::String(_)) if k == "s" => {}
         (Value::String(k), _) if k == "s" => *x = Value::String(x.to_string()),
-        (Value::String(k), _) if k == "b" => {
+        (Value::String(k), _) if k == "b" && blobs => {
             let text = x.to_string();
             *x = Value::String(base64::Engine::encode(&base64::engine::general_purpose::STANDARD, text));
         }
-        (Value::Object(sub), Value::Object(o)) if !sub.contains_key("[]") => as_texts(o, sub),
+        (Value::Object(sub), Value::Object(o)) if !sub.contains_key("[]") => as_texts(o, sub, blobs),
         (Value::Object(sub), Value::Array(items)) => {
             if let Some(each) = sub.get("[]") {
                 for item in items {
-                    as_text(item, each);
+                    as_text(item, each, blobs);
                 }
             }
         }
         _ => {}
     }
+}
+
+/// The IAM action an API action needs: its name, but where IAM names it otherwise.
+fn iam_action(prefix: &str, op: &str) -> String {
+    let action = match (prefix, op) {
+        ("lambda", "Invoke" | "InvokeWithResponseStream") => "InvokeFunction",
+        (_, op) => op,
+    };
+    format!("{prefix}:{action}")
 }
 
 /// The service part of an error's name, as Step Functions gives it: the service id without
@@ -345,7 +554,7 @@ mod tests {
         assert!(operation("athena", "startQueryExecution").unwrap().token.is_some());
         for (s, a, says) in [
             ("s3", "getObject", "rest-xml"),
-            ("lambda", "invoke", "rest-json"),
+            ("apigateway", "getRestApis", "rest-json"),
             ("sns", "publish", "query"),
             ("dynamodb", "dropTable", "no action"),
             ("dynamo", "putItem", "did you mean dynamodb"),
@@ -408,6 +617,38 @@ mod tests {
         let mut body = serde_json::json!({"QueueUrl": "q", "MessageBody": "hello"}).as_object().unwrap().clone();
         operation("sqs", "sendMessage").unwrap().request_as_api(&mut body);
         assert_eq!(body["MessageBody"], "hello");
+    }
+
+    #[test]
+    fn a_rest_json_action_puts_its_members_where_the_model_says() {
+        let invoke = operation("lambda", "invoke").unwrap();
+        assert_eq!(invoke.iam_action, "lambda:InvokeFunction");
+        let body = serde_json::json!({"FunctionName": "arn:aws:lambda:us-east-1:1:function:f", "Qualifier": "live",
+                                      "InvocationType": "RequestResponse", "Payload": {"n": 1}});
+        let req = invoke.rest_request(body.as_object().unwrap()).unwrap().unwrap();
+        assert_eq!(req.method, "POST");
+        assert_eq!(
+            req.path_and_query,
+            "/2015-03-31/functions/arn%3Aaws%3Alambda%3Aus-east-1%3A1%3Afunction%3Af/invocations?Qualifier=live"
+        );
+        assert_eq!(req.headers, vec![("X-Amz-Invocation-Type".to_owned(), "RequestResponse".to_owned())]);
+        assert_eq!(req.body, br#"{"n":1}"#.to_vec());
+        let header = |n: &str| (n == "X-Amz-Executed-Version").then(|| "$LATEST".to_owned());
+        assert_eq!(
+            invoke.rest_answer(200, &header, br#"{"ok": true}"#),
+            serde_json::json!({"Payload": "{\"ok\": true}", "StatusCode": 200, "ExecutedVersion": "$LATEST"})
+        );
+        // a GET: query members, no body; a path member missing is the request's fault
+        let list = operation("lambda", "listFunctions").unwrap();
+        let req = list.rest_request(serde_json::json!({"MaxItems": 5}).as_object().unwrap()).unwrap().unwrap();
+        assert_eq!(
+            (req.method.as_str(), req.path_and_query.as_str(), req.body.len()),
+            ("GET", "/2015-03-31/functions?MaxItems=5", 0)
+        );
+        let get = operation("lambda", "getFunction").unwrap();
+        assert!(get.rest_request(&Map::new()).unwrap().unwrap_err().contains("FunctionName is required"));
+        // a JSON 1.x action has no REST binding
+        assert!(operation("dynamodb", "putItem").unwrap().rest_request(&Map::new()).is_none());
     }
 
     #[test]

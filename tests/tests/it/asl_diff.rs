@@ -841,6 +841,21 @@ fn hand_written() -> Vec<Case> {
                      "ResultSelector": {"md5.$": "$.Md5OfMessageBody"}, "ResultPath": "$.sent"}}}),
         &[json!({"key": KEY, "n": 41}), json!({"key": KEY, "n": -3})],
     ));
+    c.push(case(
+        "aws-sdk-rest",
+        "aws-sdk tasks of a REST-JSON service (Lambda): invoke with a JSON Payload (its answer's Payload \
+         the function's text, StatusCode from the HTTP status, ExecutedVersion from a header), and \
+         getFunction of a function that does not exist (Lambda.ResourceNotFoundException, caught)",
+        json!({"StartAt": "Invoke", "States": {
+            "Invoke": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:lambda:invoke", "ResultPath": "$.called", "Next": "Missing",
+                       "Parameters": {"FunctionName": "${EchoFunctionArn}", "Payload": {"value.$": "$.x"}},
+                       "ResultSelector": {"status.$": "$.StatusCode", "version.$": "$.ExecutedVersion", "payload.$": "$.Payload"}},
+            "Missing": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:lambda:getFunction", "ResultPath": "$.found", "End": true,
+                        "Parameters": {"FunctionName": "sas-no-such-function"},
+                        "Catch": [{"ErrorEquals": ["Lambda.ResourceNotFoundException"], "ResultPath": null, "Next": "Gone"}]},
+            "Gone": {"Type": "Pass", "Result": "no such function", "ResultPath": "$.found", "End": true}}}),
+        &[json!({"x": {"a": [1, 2]}}), json!({"x": "text"})],
+    ));
     c
 }
 

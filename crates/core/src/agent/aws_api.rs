@@ -10,10 +10,13 @@
 //! - **Which services**: every service whose API speaks JSON 1.0 or 1.1 (151 of the 414 in AWS's
 //!   published models, DynamoDB, SQS, Step Functions, EventBridge, Kinesis, Firehose, SSM,
 //!   Secrets Manager, CloudWatch and its Logs, ECS, Glue, Athena, CodeBuild, Rekognition,
-//!   Textract, Transcribe... among them). The table of services and their actions
-//!   (`sas_protocol`'s `service_models.json`) is generated from botocore's models by `infra/gen_aws_services.py`;
-//!   no SDK crate per service is linked. A service of another protocol (S3's REST-XML, Lambda's
-//!   REST-JSON, SNS's query) is refused when the agent is built, naming its protocol.
+//!   Textract, Transcribe... among them), and 9 that speak REST-JSON (Lambda, Batch, Polly,
+//!   Bedrock and its runtimes, EMR Serverless, EventBridge Scheduler: each member put in the path,
+//!   the query, a header or the body as the model says). The table of services and their actions
+//!   (`sas_protocol`'s `service_models.json`) is generated from botocore's models by
+//!   `infra/gen_aws_services.py`; no SDK crate per service is linked. A service of another
+//!   protocol (S3's REST-XML, SNS's query, another REST-JSON service) is refused when the agent
+//!   is built, naming its protocol.
 //! - **Signed** with SigV4 by `aws-sigv4` (the SDK's signer) with the function's credentials;
 //!   sent to the SDK configuration's endpoint (`AWS_ENDPOINT_URL`: LocalStack) or the service's
 //!   regional one.
@@ -203,14 +206,30 @@ impl AwsApiAgent {
         let bytes = serde_json::to_vec(&body).map_err(|e| permanent(format!("the request: {e}")))?;
         let (url, region) = self.endpoint().await?;
         let what = format!("{}:{}", self.op.service, self.op.name);
-        let mut req = self
-            .http
-            .post(&url)
-            .header(reqwest::header::CONTENT_TYPE, format!("application/x-amz-json-{}", self.op.json_version))
-            .header("x-amz-target", format!("{}.{}", self.op.target, self.op.name))
-            .body(bytes.clone())
-            .build()
-            .map_err(|e| permanent(format!("{what}: {e}")))?;
+        let mut req = match self.op.rest_request(&body) {
+            // REST-JSON: the model's method and path, members in the path, query and headers
+            Some(rest) => {
+                let rest = rest.map_err(|e| permanent(format!("{what}: {e}")))?;
+                let method = reqwest::Method::from_bytes(rest.method.as_bytes())
+                    .map_err(|e| permanent(format!("{what}: method {}: {e}", rest.method)))?;
+                let mut b = self
+                    .http
+                    .request(method, format!("{}{}", url.trim_end_matches('/'), rest.path_and_query))
+                    .header(reqwest::header::CONTENT_TYPE, "application/json");
+                for (k, v) in &rest.headers {
+                    b = b.header(k.as_str(), v.as_str());
+                }
+                b.body(rest.body).build().map_err(|e| permanent(format!("{what}: {e}")))?
+            }
+            None => self
+                .http
+                .post(&url)
+                .header(reqwest::header::CONTENT_TYPE, format!("application/x-amz-json-{}", self.op.json_version))
+                .header("x-amz-target", format!("{}.{}", self.op.target, self.op.name))
+                .body(bytes.clone())
+                .build()
+                .map_err(|e| permanent(format!("{what}: {e}")))?,
+        };
         self.signer.sign(&mut req).await?;
         if let Some(rec) = &self.recorder {
             // loud on purpose, as the SDK's recorder: a call missing from the log would pass the check
@@ -248,6 +267,10 @@ impl AwsApiAgent {
             }
         }
         if status.is_success() {
+            if self.op.rest.is_some() {
+                let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+                return Ok(self.op.rest_answer(status.as_u16(), &header, &buf));
+            }
             if buf.iter().all(u8::is_ascii_whitespace) {
                 return Ok(Value::Object(Map::new()));
             }
