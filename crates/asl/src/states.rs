@@ -3465,7 +3465,7 @@ mod tests {
                 {"StartAt": "Glue", "States": {"Glue": {"Type": "Task", "Resource": "arn:aws:states:::glue:startJobRun.sync", "End": true}}},
                 {"StartAt": "Ok", "States": {"Ok": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:ok", "End": true}}}]},
             "Each": {"Type": "Map", "ItemReader": {}, "ItemProcessor": {"StartAt": "Put", "States": {
-                "Put": {"Type": "Task", "Resource": "arn:aws:states:::batch:submitJob", "End": true}}}, "End": true}
+                "Put": {"Type": "Task", "Resource": "arn:aws:states:::apigateway:invoke", "End": true}}}, "End": true}
         }}))
         .unwrap_err();
         let has = |state: &str, field: &str| r.iter().any(|x| x.state == state && x.field == field);
