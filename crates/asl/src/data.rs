@@ -25,7 +25,7 @@ pub fn parse_path(text: &str) -> Result<Vec<Seg>, String> {
         return bad("the context object ($$) is not read here, only the state's input");
     }
     let Some(rest) = text.strip_prefix('$') else { return bad("a path starts with $") };
-    if rest.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+    if variable_of(text).is_some() {
         return bad(
             "a variable ($name) is read here in Parameters, ResultSelector, ItemSelector, Assign, a Choice rule and \
              an intrinsic function's arguments, not in a path field (InputPath, OutputPath, ItemsPath...)",
