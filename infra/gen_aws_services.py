@@ -10,7 +10,8 @@ prefix, JSON version and every operation, with the member that takes a client to
 (`idempotencyToken` in the model) where it has one (`Op=Member`, or `Op=Member/N` when it takes at
 most N < 64 characters), where its answer's keys are data (maps, documents: Step Functions renames
 the others) and which of its request's members take a JSON value as text (long strings, blobs).
-An operation is its name alone, or `{"n": name, "o": its answer's shape, "i": request's texts}`;
+An operation is its name alone, or `{"n": name, "o": its answer's shape, "i": request's texts,
+"m": the request's members Step Functions names otherwise (camelCase APIs: `names`)}`;
 a service's `maps` are the shapes that are or lead to maps and documents (`map_shapes`).
 
     .local/localstack/venv/bin/python infra/gen_aws_services.py
@@ -118,12 +119,37 @@ def texts(shapes: dict, name: str, depth: int, seen: tuple = ()) -> object:
     return members or None
 
 
+def names(shapes: dict, name: str, depth: int, seen: tuple = ()) -> object:
+    """The request's members whose names Step Functions writes otherwise (its parameters are
+    PascalCase, `StateMachineArn`; the API's member is `stateMachineArn`), by the API's name: `0`
+    for one renamed, its structure's tree where members below it are, down to six structures deep;
+    lists as `{"[]": tree}`, maps left alone (their keys are data); None where there is none."""
+    if name in seen or depth > 6:
+        return None
+    shape = shapes[name]
+    if shape["type"] == "list":
+        sub = names(shapes, shape["member"]["shape"], depth, (*seen, name))
+        return {"[]": sub} if sub else None
+    if shape["type"] != "structure":
+        return None
+    members = {}
+    for member, ref in shape.get("members", {}).items():
+        sub = None
+        if shapes[ref["shape"]]["type"] in ("structure", "list"):
+            sub = names(shapes, ref["shape"], depth + 1, (*seen, name))
+        if sub:
+            members[member] = sub
+        elif member[:1].islower():
+            members[member] = 0
+    return members or None
+
+
 def rest_op(model: dict, op_name: str, op: dict, shape_maps: dict) -> dict:
     """A REST-JSON operation: `h` its method and URI template, `l` where its request's members go
     (`u` the path, `q:NAME` the query, `q` a map of query parameters, `h:NAME` a header, `hs:PREFIX`
     a map of headers), `p` the member that is the body (`NAME:TYPE`), `r` where its answer's
     members come from (`h:NAME:TYPE` a header, `s` the status code), `rp` the member the body is;
-    with the JSON services' `n`, `o` and `i`."""
+    with the JSON services' `n`, `o`, `i` and `m`."""
     shapes = model["shapes"]
     token = None
     full: dict = {"h": f"{op['http']['method']} {op['http']['requestUri']}"}
@@ -151,6 +177,9 @@ def rest_op(model: dict, op_name: str, op: dict, shape_maps: dict) -> dict:
         request = texts(shapes, shape, 0)
         if request is not None:
             full["i"] = request
+        renamed = names(shapes, shape, 0)
+        if renamed is not None:
+            full["m"] = renamed
     out = op.get("output", {}).get("shape")
     if out:
         located = {}
@@ -213,7 +242,8 @@ def main() -> int:
                 label = f"{op_name}={token}" if token else op_name
                 answer = op["output"]["shape"] if "output" in op and op["output"]["shape"] in shape_maps else None
                 request = texts(model["shapes"], shape, 0) if shape else None
-                if answer is None and request is None:
+                renamed = names(model["shapes"], shape, 0) if shape else None
+                if answer is None and request is None and renamed is None:
                     ops.append(label)
                 else:
                     full = {"n": label}
@@ -221,6 +251,8 @@ def main() -> int:
                         full["o"] = answer
                     if request is not None:
                         full["i"] = request
+                    if renamed is not None:
+                        full["m"] = renamed
                     ops.append(full)
             entry.update(
                 {

@@ -31,7 +31,9 @@ impl Needs {
                 .and_then(|(agent, v)| Some((agent, v.strip_suffix(" is not set (every call would fail)")?)));
             let grant = rest.split_once(": needs ").and_then(|(agent, g)| {
                 let (what, param) = g.rsplit_once(": add it to the template parameter ")?;
-                let (action, resource) = what.split_once(" on ")?;
+                // an action granted by a parameter of actions (AgentAwsActions) names no resource:
+                // the action is the parameter's value
+                let (action, resource) = what.split_once(" on ").unwrap_or((what, what));
                 Some((agent, action, resource, param.split(' ').next()?))
             });
             match (var, grant) {
@@ -66,7 +68,14 @@ impl Needs {
         for (p, grants) in &self.params {
             let mut resources: Vec<String> = grants
                 .iter()
-                .map(|(r, _)| if r.starts_with("arn:") { r.clone() } else { format!("<ARN of {r}>") })
+                .map(|(r, _)| {
+                    // an ARN, `*`, an action (`states:DescribeExecution`) as written; a name as its ARN
+                    if r.starts_with("arn:") || r == "*" || r.contains(':') {
+                        r.clone()
+                    } else {
+                        format!("<ARN of {r}>")
+                    }
+                })
                 .collect();
             resources.dedup();
             let why: Vec<&str> = grants.iter().map(|(_, w)| w.as_str()).collect();
@@ -91,6 +100,12 @@ mod tests {
             "agent bus.orders.send: needs events:PutEvents on orders: add it to the template parameter \
              AgentEventBusArns (the Agent function's role only)"
                 .to_owned(),
+            "agent aws.sfn.StopExecution: needs states:StopExecution: add it to the template parameter \
+             AgentAwsActions (the Agent function's role only)"
+                .to_owned(),
+            "agent aws.sfn.StopExecution: needs states:StopExecution on *: add it to the template parameter \
+             AgentAwsResources (the Agent function's role only)"
+                .to_owned(),
         ];
         let needs = Needs::of(&problems).expect("only what was not passed");
         assert_eq!(needs.vars["QuoteFunctionArn"], ["fn.quote", "fn.price"]);
@@ -98,6 +113,8 @@ mod tests {
             needs.flags(),
             [
                 "--var QuoteFunctionArn=VALUE  (read by fn.quote, fn.price; or in --param AgentVariables)",
+                "--param AgentAwsActions=states:StopExecution  (states:StopExecution for aws.sfn.StopExecution)",
+                "--param AgentAwsResources=*  (states:StopExecution for aws.sfn.StopExecution)",
                 "--param AgentEventBusArns=<ARN of orders>  (events:PutEvents for bus.orders.send)",
                 "--param AgentTopicArns=arn:aws:sns:eu-west-1:1:alerts  (sns:Publish for sns.alerts.send)",
             ]

@@ -50,6 +50,9 @@ pub struct ServiceModel {
 /// with its answer's shape (where it leads to maps) and its request's members that take text.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
+// the table is read once per process, 6,961 entries: boxing the larger one would save ~1 MB of
+// a table that is itself kept whole, at the cost of an allocation each
+#[allow(clippy::large_enum_variant)]
 pub enum OpEntry {
     Name(String),
     Full {
@@ -58,6 +61,10 @@ pub enum OpEntry {
         o: Option<String>,
         #[serde(default)]
         i: Option<Value>,
+        /// The request's members Step Functions names otherwise (`stateMachineArn`), by the API's
+        /// name: `0`, or the tree of a structure (`{"[]": tree}` a list's).
+        #[serde(default)]
+        m: Option<Value>,
         /// REST-JSON: the method and URI template, where the request's members go, the member
         /// that is the body, where the answer's members come from, the member the body is.
         #[serde(default)]
@@ -130,6 +137,8 @@ pub struct Operation {
     pub answer: Option<String>,
     /// The request's members that take text (`s`) or a blob (`b`).
     pub texts: Option<Value>,
+    /// The request's members whose API name is not Step Functions' (camelCase APIs).
+    pub names: Option<Value>,
     /// How a REST-JSON action is sent (`None`: JSON 1.0/1.1, one POST with `X-Amz-Target`).
     pub rest: Option<Rest>,
     maps: &'static BTreeMap<String, Value>,
@@ -235,6 +244,10 @@ pub fn operation(service: &str, action: &str) -> Result<Operation, String> {
         },
         texts: match entry {
             OpEntry::Full { i, .. } => i.clone(),
+            OpEntry::Name(_) => None,
+        },
+        names: match entry {
+            OpEntry::Full { m, .. } => m.clone(),
             OpEntry::Name(_) => None,
         },
         rest: match entry {
@@ -359,6 +372,9 @@ impl Operation {
     /// message body, an execution's input) sent as its JSON text, and to a blob as its JSON text
     /// in base64, as Step Functions sends them.
     pub fn request_as_api(&self, body: &mut Map<String, Value>) {
+        if let Some(Value::Object(tree)) = &self.names {
+            renamed(body, tree);
+        }
         if let Some(Value::Object(tree)) = &self.texts {
             // a REST-JSON blob is the body's bytes themselves, not base64 in JSON
             as_texts(body, tree, self.rest.is_none());
@@ -454,6 +470,32 @@ fn walk_answer(v: Value, shape: Option<&str>, maps: &BTreeMap<String, Value>) ->
             Value::Array(a.into_iter().map(|x| walk_answer(x, items, maps)).collect())
         }
         other => other,
+    }
+}
+
+/// The members of `body` named as Step Functions names them (`StateMachineArn`) given the API's
+/// name (`stateMachineArn`), as LocalStack's Step Functions matches them: the same once
+/// [`sfn_cased`]; down the structures and lists of `tree`, not into maps.
+fn renamed(body: &mut Map<String, Value>, tree: &Map<String, Value>) {
+    let keys: Vec<String> = body.keys().cloned().collect();
+    for k in keys {
+        let cased = sfn_cased(&k);
+        let Some((api, sub)) = tree.iter().find(|(api, _)| **api == k || sfn_cased(api) == cased) else { continue };
+        let Some(mut v) = body.remove(&k) else { continue };
+        rename_value(&mut v, sub);
+        body.insert(api.clone(), v);
+    }
+}
+
+fn rename_value(v: &mut Value, sub: &Value) {
+    match (sub, v) {
+        (Value::Object(t), Value::Array(items)) if t.contains_key("[]") => {
+            for item in items {
+                rename_value(item, &t["[]"]);
+            }
+        }
+        (Value::Object(t), Value::Object(o)) => renamed(o, t),
+        _ => {}
     }
 }
 
@@ -562,6 +604,42 @@ mod tests {
             let e = operation(s, a).unwrap_err();
             assert!(e.contains(says), "{s}:{a}: {e}");
         }
+    }
+
+    #[test]
+    fn members_named_as_step_functions_names_them_are_sent_by_the_api_s_names_but_the_keys_of_maps() {
+        let sent = |service: &str, action: &str, body: serde_json::Value| {
+            let mut body = body.as_object().cloned().unwrap();
+            operation(service, action).unwrap().request_as_api(&mut body);
+            Value::Object(body)
+        };
+        // a camelCase API: each member renamed, a JSON value sent as text
+        assert_eq!(
+            sent(
+                "sfn",
+                "startExecution",
+                serde_json::json!({"StateMachineArn": "arn:m", "Input": {"n": 1}, "name": "x"})
+            ),
+            serde_json::json!({"stateMachineArn": "arn:m", "input": "{\"n\":1}", "name": "x"})
+        );
+        // down structures and lists
+        let ecs = sent(
+            "ecs",
+            "runTask",
+            serde_json::json!({"Cluster": "c", "NetworkConfiguration": {"AwsvpcConfiguration": {"Subnets": ["s"]}},
+                               "Overrides": {"ContainerOverrides": [{"Name": "app", "Environment": [{"Name": "K", "Value": "v"}]}]}}),
+        );
+        assert_eq!(
+            ecs,
+            serde_json::json!({"cluster": "c", "networkConfiguration": {"awsvpcConfiguration": {"subnets": ["s"]}},
+                               "overrides": {"containerOverrides": [{"name": "app", "environment": [{"name": "K", "value": "v"}]}]}})
+        );
+        // a PascalCase API is sent as written, and a map's keys (an item's attributes) are data
+        let item = serde_json::json!({"TableName": "t", "Item": {"stateMachineArn": {"S": "a"}, "id": {"S": "1"}}});
+        assert_eq!(sent("dynamodb", "putItem", item.clone()), item);
+        let logs =
+            sent("cloudwatchlogs", "createLogGroup", serde_json::json!({"LogGroupName": "g", "Tags": {"Team": "a"}}));
+        assert_eq!(logs, serde_json::json!({"logGroupName": "g", "tags": {"Team": "a"}}));
     }
 
     #[test]
