@@ -43,6 +43,8 @@ fn kept<T>(r: Result<T, (String, String)>, errs: &mut Vec<(String, String)>) -> 
 const CALL_LIMIT_S: u64 = sas_protocol::workflow::MAX_STEP_TIMEOUT_MS / 1000;
 /// A call step's timeout when the state gives none (Step Functions has none by default).
 const DEFAULT_CALL_TIMEOUT_MS: u64 = 60_000;
+/// How often a job run to completion is asked for its status (more when its timeout is long).
+const JOB_POLL_MS: u64 = 10_000;
 /// A callback step's timeout when the state gives none.
 const DEFAULT_CALLBACK_TIMEOUT_MS: u64 = 365 * 24 * 60 * 60 * 1000;
 
@@ -1264,142 +1266,15 @@ impl Cx {
         let callback = resource.ends_with(".waitForTaskToken");
         // what the task's answer is, to the paths that read it
         let mut raw = Sym::Ref("$".into());
-        if let Some(service) = service {
-            let (agent, spec, sent, answer) = match service {
-                Service::Function { function, qualifier, payload, wrapped } => {
-                    let sent = payload.unwrap_or(input.clone());
-                    // the payload alone for a call; a callback's function always gets the request (the token)
-                    let mut spec = json!({"kind": "lambda", "function": function, "payload": "input"});
-                    // one agent per function and qualifier
-                    let name = match &qualifier {
-                        Some(q) => agent_name("fn", &format!("{function}.{}", q.trim_start_matches('$'))),
-                        None => agent_name("fn", &function),
-                    };
-                    if let Some(q) = qualifier {
-                        spec["qualifier"] = json!(q);
-                    }
-                    let raw = if wrapped {
-                        Sym::Obj(vec![
-                            ("Payload".into(), Sym::Ref("$".into())),
-                            ("StatusCode".into(), Sym::Lit(json!(200))),
-                            ("ExecutedVersion".into(), Sym::Lit(json!("$LATEST"))),
-                        ])
-                    } else {
-                        Sym::Ref("$".into())
-                    };
-                    (name, spec, sent, raw)
+        let job = match service {
+            Some(Service::Job { job, two, params }) => Some((job, two, params)),
+            other => {
+                if let Some(service) = other {
+                    self.agent_task(here, service, callback, &input, &mut raw, &mut s, &mut errs);
                 }
-                Service::Queue { queue_url, body } => {
-                    let spec = json!({"kind": "sqs", "queue_url": queue_url});
-                    let raw = Sym::Obj(vec![("MessageId".into(), Sym::Ref("$.message_id".into()))]);
-                    (agent_name("sqs", &queue_url), spec, body, raw)
-                }
-                Service::Topic { topic_arn, message } => {
-                    let spec = json!({"kind": "sns", "topic_arn": topic_arn});
-                    let raw = Sym::Obj(vec![("MessageId".into(), Sym::Ref("$.message_id".into()))]);
-                    (agent_name("sns", &topic_arn), spec, message, raw)
-                }
-                Service::Bus { bus, source, detail_type, detail } => {
-                    let mut spec = json!({"kind": "eventbridge", "bus": bus});
-                    if let Some(x) = &source {
-                        spec["source"] = json!(x);
-                    }
-                    if let Some(x) = &detail_type {
-                        spec["detail_type"] = json!(x);
-                    }
-                    let raw = Sym::Obj(vec![
-                        (
-                            "Entries".into(),
-                            Sym::Arr(vec![Sym::Obj(vec![("EventId".into(), Sym::Ref("$.event_id".into()))])]),
-                        ),
-                        ("FailedEntryCount".into(), Sym::Lit(json!(0))),
-                    ]);
-                    (agent_name("bus", &bus), spec, detail, raw)
-                }
-                Service::Aws { service, action, params } => {
-                    let pinned = pinned_members(params.as_ref());
-                    let resources = aws_resources(&service, &pinned);
-                    let fixed: Map<String, Value> =
-                        pinned.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
-                    let spec = json!({"kind": "aws", "service": service, "action": action,
-                                      "parameters": fixed, "resources": resources});
-                    // what the step sends: the members the agent does not fix
-                    let sent = match params {
-                        Some(Sym::Obj(members)) => {
-                            Sym::Obj(members.into_iter().filter(|(k, _)| !fixed.contains_key(k)).collect())
-                        }
-                        Some(Sym::Lit(Value::Object(o))) => {
-                            Sym::Lit(Value::Object(o.into_iter().filter(|(k, _)| !fixed.contains_key(k)).collect()))
-                        }
-                        Some(other) => other,
-                        None => Sym::Lit(json!({})),
-                    };
-                    if resources == ["*"] {
-                        self.notes.push(format!(
-                            "{here}: the aws agent's resources are \"*\" (the definition names none): narrow them to what {service}:{action} reaches"
-                        ));
-                    }
-                    let what = pinned
-                        .first()
-                        .map_or_else(|| format!("{service}.{action}"), |(_, v)| format!("{service}.{action}:{v}"));
-                    let base = match pinned.first() {
-                        Some(_) => agent_name(&format!("aws.{service}.{action}"), &what),
-                        None => format!("aws.{service}.{action}"),
-                    };
-                    (base, spec, sent, Sym::Ref("$".into()))
-                }
-                Service::Http { url, method, body } => {
-                    let spec = json!({"kind": "http", "url": url, "method": method, "payload": "input"});
-                    let raw = Sym::Obj(vec![
-                        ("ResponseBody".into(), Sym::Ref("$".into())),
-                        ("StatusCode".into(), Sym::Lit(json!(200))),
-                        ("StatusText".into(), Sym::Lit(json!("OK"))),
-                    ]);
-                    self.notes.push(format!(
-                        "{here}: the HTTP task's connection (Authentication) is not translated: give the agent its headers from \
-                         Secrets Manager or SSM, or sign it (see the http kind); a 2xx answer is StatusCode 200 here"
-                    ));
-                    (
-                        agent_name("http", url.split('?').next().unwrap_or(&url)),
-                        spec,
-                        body.unwrap_or(Sym::Lit(json!({}))),
-                        raw,
-                    )
-                }
-            };
-            // a message sent and not waited for: a call step sending the message alone; a callback's
-            // answer is the worker's output
-            let (agent, spec, answer) = match (spec["kind"].as_str(), callback) {
-                (Some("sqs" | "sns" | "eventbridge"), false) => {
-                    let mut spec = spec;
-                    spec["payload"] = json!("input");
-                    (format!("{agent}.send"), spec, answer)
-                }
-                (Some("sqs" | "sns" | "eventbridge"), true) => (agent, spec, Sym::Ref("$".into())),
-                _ => (agent, spec, answer),
-            };
-            raw = answer;
-            let agent = self.agent_named(here, &agent, &spec);
-            if callback {
-                s["kind"] = json!("callback");
-                self.notes.push(format!(
-                    "{here}: a worker answers with the token of the project's callback (the request's callback.token, \
-                     answered on the callback queue or URL, or with sasctl), not with SendTaskSuccess"
-                ));
+                None
             }
-            let (sent, dropped) = without_token(sent);
-            if dropped && callback {
-                self.notes.push(format!(
-                    "{here}: $$.Task.Token is left out of what is sent: the token is the request's callback.token"
-                ));
-            } else if dropped {
-                errs.push(("Parameters".into(), "$$.Task.Token belongs to a .waitForTaskToken task".into()));
-            }
-            if let Some(t) = kept(sent.template().map_err(|e| ("Parameters".to_owned(), e)), &mut errs) {
-                s["parameters"] = t;
-            }
-            s["agent"] = json!(agent);
-        }
+        };
         // time bounds
         let timeout = match (st.get("TimeoutSeconds"), st.get("TimeoutSecondsPath")) {
             (_, Some(_)) => {
@@ -1415,7 +1290,12 @@ impl Cx {
             (None, None) => None,
         };
         let timed = st.contains_key("TimeoutSeconds") || st.contains_key("TimeoutSecondsPath");
-        if callback {
+        if let Some((job, two, params)) = job {
+            match self.job_loop(here, &step, st, &mut s, job, two, params, timeout) {
+                Ok(answer) => raw = answer,
+                Err(e) => errs.extend(e),
+            }
+        } else if callback {
             s["timeout_ms"] = json!(timeout.map_or(DEFAULT_CALLBACK_TIMEOUT_MS, |t| t * 1000));
             if !timed {
                 self.notes.push(format!("{here}: no TimeoutSeconds; the callback step waits at most 365 days"));
@@ -1452,12 +1332,15 @@ impl Cx {
                     .push(format!("{here}: HeartbeatSeconds has no meaning for a call step, bounded by its timeout"));
             }
         }
-        kept(self.retry(here, st, &mut s), &mut errs);
+        let is_job = s["kind"] == "loop";
+        if !is_job {
+            kept(self.retry(here, st, &mut s), &mut errs);
+        }
         // what of the answer is kept
         let out = format!("$.outputs.{step}");
         // Assign reads the answer as it comes, before ResultSelector (which keeps its part alone)
         let vars = kept(assign(st.get("Assign"), &raw.rebased(&out), &m.vars), &mut errs);
-        if let Some(vars) = vars.as_ref().filter(|_| st.contains_key("ResultSelector")) {
+        if let Some(vars) = vars.as_ref().filter(|_| st.contains_key("ResultSelector") && !is_job) {
             let reads_answer = vars.iter().any(|(k, v)| {
                 m.vars.get(k) != Some(v) && v.paths().iter().any(|p| p == &out || p.starts_with(&format!("{out}.")))
             });
@@ -1485,17 +1368,32 @@ impl Cx {
                 })
                 .and_then(|k| k.template())
                 .map_err(|e| ("ResultSelector".to_owned(), e));
-            if let Some(t) = kept(kept_sel, &mut errs) {
-                s["result_selector"] = t;
+            if is_job {
+                // a loop's selector would apply to every poll: the job's answer is selected where
+                // it is read (the loop keeps the last poll's answer whole)
+                let sel =
+                    template(sel, &result, &Vars::new(), Scope::Task).map_err(|e| ("ResultSelector".to_owned(), e));
+                if let Some(t) = kept(sel, &mut errs) {
+                    result = t;
+                }
+            } else {
+                if let Some(t) = kept(kept_sel, &mut errs) {
+                    s["result_selector"] = t;
+                }
+                result = Sym::Ref("$".into());
             }
-            result = Sym::Ref("$".into());
         }
         let result = result.rebased(&out);
         // handled failures
         let (ok, caught) = kept(self.catch(here, st, &step, &mut s), &mut errs).unwrap_or((Cond::True, Vec::new()));
         let doc = kept(result_path(st, m.doc.clone(), result.clone()), &mut errs).unwrap_or(result);
         let doc = kept(io(st, &doc, "OutputPath"), &mut errs).unwrap_or(doc);
-        if let Some((undoing, state)) = self.undo.remove(name) {
+        if let Some((undoing, _)) = self.undo.get(name).filter(|_| is_job) {
+            errs.push((
+                "Resource".into(),
+                format!("a job run to completion undone by {undoing} is not translated: the job's start is undone by stopping it here"),
+            ));
+        } else if let Some((undoing, state)) = self.undo.remove(name) {
             // the undoing task reads the data as it was when this step succeeded
             let at = Arrival { doc: doc.clone(), ..after_step(m, &step, Cond::True) };
             match self.task(&undoing, &undoing, &state, &at, scope, To::End) {
@@ -1540,6 +1438,375 @@ impl Cx {
             flows.push((To::State(to), Arrival { doc, vars, ..after_step(m, &step, cond) }));
         }
         Ok(flows)
+    }
+
+    /// An `aws` agent's name (before it is made unique) and its configuration: `pinned` fixed in
+    /// its parameters, granted on `resources`.
+    fn aws_spec(
+        &mut self,
+        here: &str,
+        service: &str,
+        action: &str,
+        pinned: &[(String, String)],
+        resources: &[String],
+    ) -> (String, Value) {
+        let fixed: Map<String, Value> = pinned.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+        if resources == ["*"] {
+            self.notes.push(format!(
+                "{here}: the aws agent's resources are \"*\" (the definition names none): narrow them to what {service}:{action} reaches"
+            ));
+        }
+        let spec = json!({"kind": "aws", "service": service, "action": action,
+                          "parameters": fixed, "resources": resources});
+        let what =
+            pinned.first().map_or_else(|| format!("{service}.{action}"), |(_, v)| format!("{service}.{action}:{v}"));
+        let base = match pinned.first() {
+            Some(_) => agent_name(&format!("aws.{service}.{action}"), &what),
+            None => format!("aws.{service}.{action}"),
+        };
+        (base, spec)
+    }
+
+    /// A job run to completion (`.sync`) as a loop step whose body is a workflow of its own: its
+    /// first iteration starts the job (the start's compensation stops it), each later one asks for
+    /// its status, `JOB_POLL_MS` apart, until a status ends it; a status that ends it badly fails
+    /// the iteration (`States.TaskFailed`), so the step. The answer is the last poll's, as the job
+    /// table says (`.sync:2`: the execution's input and output parsed by the describe agent).
+    #[allow(clippy::too_many_arguments, clippy::too_many_lines)]
+    fn job_loop(
+        &mut self,
+        here: &str,
+        step: &str,
+        st: &Map<String, Value>,
+        s: &mut Value,
+        job: &'static sas_protocol::jobs::Job,
+        two: bool,
+        params: Option<Sym>,
+        job_timeout: Option<u64>,
+    ) -> Result<Sym, Vec<(String, String)>> {
+        use sas_protocol::jobs::From;
+        let mut errs = Vec::new();
+        let svc = job.service;
+        let pinned = pinned_members(params.as_ref());
+        let resources = aws_resources(svc, &pinned);
+        // an execution's describe and stop reach the executions of the machine started
+        let polled: Vec<String> = resources
+            .iter()
+            .map(|r| match r.split_once(":stateMachine:") {
+                Some((head, name)) if svc == "sfn" => {
+                    format!("{head}:execution:{}:*", name.split(':').next().unwrap_or(name))
+                }
+                _ => r.clone(),
+            })
+            .collect();
+        let sent = unpinned(params, &pinned);
+        // the describe and stop requests: the id read from the answer before; a name from the
+        // start's request (the agent fixes it when the definition writes it)
+        let fixed_of = |members: &[sas_protocol::jobs::Member]| -> Vec<(String, String)> {
+            members
+                .iter()
+                .filter_map(|m| match m.from {
+                    From::Request(r) => {
+                        pinned.iter().find(|(k, _)| k == r).map(|(_, v)| (m.name.to_owned(), v.clone()))
+                    }
+                    From::Answer { .. } => None,
+                })
+                .collect()
+        };
+        let request = |members: &[sas_protocol::jobs::Member], answer: &dyn Fn(&str, &str) -> String, req: &str| {
+            let mut o = Map::new();
+            for m in members {
+                let path = match m.from {
+                    From::Answer { start, describe } => answer(start, describe),
+                    From::Request(r) if pinned.iter().any(|(k, _)| k == r) => continue,
+                    From::Request(r) => format!("{req}.{r}"),
+                };
+                let value = json!({"*.$": path});
+                if m.list {
+                    o.insert(m.name.to_owned(), json!([value]));
+                } else {
+                    o.insert(format!("{}.$", m.name), json!(path));
+                }
+            }
+            Value::Object(o)
+        };
+        let (start_base, start_spec) = self.aws_spec(here, svc, job.start, &pinned, &resources);
+        let start_agent = self.agent_named(here, &start_base, &start_spec);
+        let describe_fixed = fixed_of(job.request);
+        let (base, mut spec) = self.aws_spec(here, svc, job.describe, &describe_fixed, &polled);
+        if two {
+            // .sync:2: the execution's input and output as JSON
+            spec["parse_json"] = json!(job.json_members);
+        }
+        let describe_agent = self.agent_named(here, &base, &spec);
+        let stop_fixed = fixed_of(job.stop_request);
+        let (base, spec) = self.aws_spec(here, svc, job.stop, &stop_fixed, &polled);
+        let stop_agent = self.agent_named(here, &base, &spec);
+        // the members a poll needs from the start's request are sent the same each time
+        let from_request: Vec<(String, Sym)> = job
+            .request
+            .iter()
+            .filter_map(|m| match m.from {
+                From::Request(r) if !pinned.iter().any(|(k, _)| k == r) => Some(r),
+                _ => None,
+            })
+            .map(|r| match sent.get(&[Seg::Name(r.into())]) {
+                Ok(v) => Ok((r.to_owned(), v)),
+                Err(_) => Err((
+                    "Parameters".to_owned(),
+                    format!("{svc}:{} needs Parameters.{r} (its job is polled by it)", job.start),
+                )),
+            })
+            .filter_map(|r| kept(r, &mut errs))
+            .collect();
+        let sent_t = kept(sent.template().map_err(|e| ("Parameters".to_owned(), e)), &mut errs);
+        let mut carried = Map::new();
+        for (k, v) in &from_request {
+            if let Some(t) = kept(v.template().map_err(|e| ("Parameters".to_owned(), e)), &mut errs) {
+                carried.insert(k.clone(), t);
+            }
+        }
+        if !errs.is_empty() {
+            return Err(errs);
+        }
+        let poll = |answer: &dyn Fn(&str, &str) -> String| {
+            let mut r = request(job.request, answer, "$.input.carried");
+            // a member from the start's request: carried in the iteration's input
+            if let Value::Object(o) = &mut r {
+                for k in carried.keys() {
+                    o.insert(format!("{k}.$"), json!(format!("$.input.carried.{k}")));
+                }
+            }
+            r
+        };
+        let after_start = poll(&|start, _| format!("$.loop.previous.start.{start}"));
+        let after_poll = poll(&|_, describe| format!("$.loop.previous.describe.{describe}"));
+        let carried = Value::Object(carried);
+        let parameters = json!({"*.choose": [
+            {"when": {"variable": "$.loop.index", "numeric_equals": 0}, "value": {"start": sent_t}},
+            {"when": {"variable": "$.loop.index", "numeric_equals": 1}, "value": {"poll": after_start, "carried": carried}},
+            {"value": {"poll": after_poll, "carried": carried}}
+        ]});
+        let mut stop_params =
+            request(job.stop_request, &|start, _| format!("$.outputs.start.{start}"), "$.input.start");
+        for (k, v) in job.stop_constants {
+            stop_params[*k] = json!(v);
+        }
+        let mut start_step = json!({
+            "name": "start", "agent": start_agent, "timeout_ms": DEFAULT_CALL_TIMEOUT_MS,
+            "when": {"variable": "$.input.start", "is_present": true},
+            "parameters": {"*.$": "$.input.start"},
+            "compensation": {"name": "stop", "agent": stop_agent, "timeout_ms": DEFAULT_CALL_TIMEOUT_MS,
+                             "max_attempts": 3, "parameters": stop_params}
+        });
+        if let Err(e) = self.retry(here, st, &mut start_step) {
+            return Err(vec![e]);
+        }
+        let status = format!("$.outputs.describe.{}", job.status);
+        let is = |at: &str, list: &[&str]| -> Value {
+            let each: Vec<Value> = list.iter().map(|v| json!({"variable": at, "string_equals": v})).collect();
+            if each.len() == 1 {
+                each[0].clone()
+            } else {
+                json!({"or": each})
+            }
+        };
+        let output_at = match job.output.0 {
+            "" => "$.outputs.describe".to_owned(),
+            p => format!("$.outputs.describe.{p}"),
+        };
+        let mut body = vec![
+            start_step,
+            json!({"name": "describe", "agent": describe_agent, "timeout_ms": DEFAULT_CALL_TIMEOUT_MS,
+                   "max_attempts": 3, "backoff": {"base_ms": 1000, "max_ms": 20_000, "multiplier": 2.0},
+                   "when": {"variable": "$.input.poll", "is_present": true}, "parameters": {"*.$": "$.input.poll"}}),
+        ];
+        if !job.failed.is_empty() {
+            self.fail_agent();
+            body.push(json!({"name": "failed", "agent": "asl.fail", "timeout_ms": 10_000,
+                             "when": is(&status, job.failed),
+                             "parameters": {"error": "States.TaskFailed",
+                                            "cause.$": format!("States.JsonToString({output_at})")}}));
+        }
+        let keep = 64usize.saturating_sub(step.chars().count() + 1);
+        let child_name: String =
+            format!("{}.{step}", self.workflow.chars().take(keep).collect::<String>()).chars().take(64).collect();
+        self.children.push(json!({
+            "name": child_name, "version": 1,
+            "description": format!("one poll of the job {} starts ({}:{}), imported", step, svc, job.start),
+            "steps": body,
+        }));
+        // how long, how often
+        let most = sas_protocol::workflow::MAX_LONG_STEP_MS;
+        let timeout_ms =
+            job_timeout.map_or(sas_protocol::workflow::DEFAULT_MAP_TIMEOUT_MS, |t| t.saturating_mul(1000).min(most));
+        let iterations = u64::from(sas_protocol::workflow::MAX_LOOP_ITERATIONS);
+        let wait_ms = JOB_POLL_MS.max(timeout_ms.div_ceil(iterations - 1));
+        let max_iterations = (timeout_ms / wait_ms + 1).min(iterations);
+        s["kind"] = json!("loop");
+        s["workflow"] = json!(child_name);
+        s["version"] = json!(1);
+        s["parameters"] = parameters;
+        s["max_iterations"] = json!(max_iterations);
+        s["wait_ms"] = json!(wait_ms);
+        s["timeout_ms"] = json!(timeout_ms);
+        s["until"] = is(&format!("$.outputs.{step}.describe.{}", job.status), job.succeeded);
+        self.notes.push(format!(
+            "{here}: the job ({svc}:{}) runs to completion as the loop step {step}: its workflow {child_name} starts it \
+             in the first iteration, then asks {} for its status every {} s (at most {max_iterations} times, {} s in all{}); \
+             the job is stopped ({}) when the task compensates or is cancelled after it started",
+            job.start,
+            job.describe,
+            wait_ms / 1000,
+            timeout_ms / 1000,
+            if job_timeout.is_some() { ", its TimeoutSeconds" } else { ": no TimeoutSeconds, a day" },
+            job.stop,
+        ));
+        if st.contains_key("Retry") {
+            self.notes.push(format!(
+                "{here}: Retry retries the job's start here; a job that ends badly is not started again"
+            ));
+        }
+        if st.contains_key("HeartbeatSeconds") {
+            self.notes.push(format!("{here}: HeartbeatSeconds has no meaning for a job polled by its status"));
+        }
+        // the answer: the last poll's, as Step Functions gives it
+        let at = match job.output.0 {
+            "" => "$.describe".to_owned(),
+            p => format!("$.describe.{p}"),
+        };
+        let mut answer = Sym::Ref(at);
+        if let Some(wrap) = job.output.1 {
+            answer = Sym::Obj(vec![(wrap.to_owned(), answer)]);
+        }
+        Ok(answer)
+    }
+
+    /// A task that calls an agent once (or waits for its token): the step's agent and parameters,
+    /// and the answer as the paths that read it see it.
+    #[allow(clippy::too_many_arguments, clippy::too_many_lines)]
+    fn agent_task(
+        &mut self,
+        here: &str,
+        service: Service,
+        callback: bool,
+        input: &Sym,
+        raw: &mut Sym,
+        s: &mut Value,
+        errs: &mut Vec<(String, String)>,
+    ) {
+        let (agent, spec, sent, answer) = match service {
+            Service::Function { function, qualifier, payload, wrapped } => {
+                let sent = payload.unwrap_or(input.clone());
+                // the payload alone for a call; a callback's function always gets the request (the token)
+                let mut spec = json!({"kind": "lambda", "function": function, "payload": "input"});
+                // one agent per function and qualifier
+                let name = match &qualifier {
+                    Some(q) => agent_name("fn", &format!("{function}.{}", q.trim_start_matches('$'))),
+                    None => agent_name("fn", &function),
+                };
+                if let Some(q) = qualifier {
+                    spec["qualifier"] = json!(q);
+                }
+                let raw = if wrapped {
+                    Sym::Obj(vec![
+                        ("Payload".into(), Sym::Ref("$".into())),
+                        ("StatusCode".into(), Sym::Lit(json!(200))),
+                        ("ExecutedVersion".into(), Sym::Lit(json!("$LATEST"))),
+                    ])
+                } else {
+                    Sym::Ref("$".into())
+                };
+                (name, spec, sent, raw)
+            }
+            Service::Queue { queue_url, body } => {
+                let spec = json!({"kind": "sqs", "queue_url": queue_url});
+                let raw = Sym::Obj(vec![("MessageId".into(), Sym::Ref("$.message_id".into()))]);
+                (agent_name("sqs", &queue_url), spec, body, raw)
+            }
+            Service::Topic { topic_arn, message } => {
+                let spec = json!({"kind": "sns", "topic_arn": topic_arn});
+                let raw = Sym::Obj(vec![("MessageId".into(), Sym::Ref("$.message_id".into()))]);
+                (agent_name("sns", &topic_arn), spec, message, raw)
+            }
+            Service::Bus { bus, source, detail_type, detail } => {
+                let mut spec = json!({"kind": "eventbridge", "bus": bus});
+                if let Some(x) = &source {
+                    spec["source"] = json!(x);
+                }
+                if let Some(x) = &detail_type {
+                    spec["detail_type"] = json!(x);
+                }
+                let raw = Sym::Obj(vec![
+                    (
+                        "Entries".into(),
+                        Sym::Arr(vec![Sym::Obj(vec![("EventId".into(), Sym::Ref("$.event_id".into()))])]),
+                    ),
+                    ("FailedEntryCount".into(), Sym::Lit(json!(0))),
+                ]);
+                (agent_name("bus", &bus), spec, detail, raw)
+            }
+            Service::Aws { service, action, params } => {
+                let pinned = pinned_members(params.as_ref());
+                let resources = aws_resources(&service, &pinned);
+                let (base, spec) = self.aws_spec(here, &service, &action, &pinned, &resources);
+                (base, spec, unpinned(params, &pinned), Sym::Ref("$".into()))
+            }
+            Service::Job { .. } => {
+                errs.push(("Resource".into(), "a job run to completion is a loop step".into()));
+                return;
+            }
+            Service::Http { url, method, body } => {
+                let spec = json!({"kind": "http", "url": url, "method": method, "payload": "input"});
+                let raw = Sym::Obj(vec![
+                    ("ResponseBody".into(), Sym::Ref("$".into())),
+                    ("StatusCode".into(), Sym::Lit(json!(200))),
+                    ("StatusText".into(), Sym::Lit(json!("OK"))),
+                ]);
+                self.notes.push(format!(
+                        "{here}: the HTTP task's connection (Authentication) is not translated: give the agent its headers from \
+                         Secrets Manager or SSM, or sign it (see the http kind); a 2xx answer is StatusCode 200 here"
+                    ));
+                (
+                    agent_name("http", url.split('?').next().unwrap_or(&url)),
+                    spec,
+                    body.unwrap_or(Sym::Lit(json!({}))),
+                    raw,
+                )
+            }
+        };
+        // a message sent and not waited for: a call step sending the message alone; a callback's
+        // answer is the worker's output
+        let (agent, spec, answer) = match (spec["kind"].as_str(), callback) {
+            (Some("sqs" | "sns" | "eventbridge"), false) => {
+                let mut spec = spec;
+                spec["payload"] = json!("input");
+                (format!("{agent}.send"), spec, answer)
+            }
+            (Some("sqs" | "sns" | "eventbridge"), true) => (agent, spec, Sym::Ref("$".into())),
+            _ => (agent, spec, answer),
+        };
+        *raw = answer;
+        let agent = self.agent_named(here, &agent, &spec);
+        if callback {
+            s["kind"] = json!("callback");
+            self.notes.push(format!(
+                "{here}: a worker answers with the token of the project's callback (the request's callback.token, \
+                     answered on the callback queue or URL, or with sasctl), not with SendTaskSuccess"
+            ));
+        }
+        let (sent, dropped) = without_token(sent);
+        if dropped && callback {
+            self.notes.push(format!(
+                "{here}: $$.Task.Token is left out of what is sent: the token is the request's callback.token"
+            ));
+        } else if dropped {
+            errs.push(("Parameters".into(), "$$.Task.Token belongs to a .waitForTaskToken task".into()));
+        }
+        if let Some(t) = kept(sent.template().map_err(|e| ("Parameters".to_owned(), e)), errs) {
+            s["parameters"] = t;
+        }
+        s["agent"] = json!(agent);
     }
 
     /// `Retry` as the step's attempts and backoff: `max_attempts` is 1 + `MaxAttempts`,
@@ -2392,6 +2659,37 @@ enum Service {
         action: String,
         params: Option<Sym>,
     },
+    /// A job run to completion (`.sync`, `.sync:2` when `two`): started, then polled until its
+    /// status ends it.
+    Job {
+        job: &'static sas_protocol::jobs::Job,
+        two: bool,
+        params: Option<Sym>,
+    },
+}
+
+/// A `.sync` integration (`states:startExecution.sync:2`, `batch:submitJob.sync`): a job of the
+/// job table, its action one the `aws` kind calls.
+fn job_action(resource: &str, integration: &str, two: bool, params: Option<&Sym>) -> Result<Service, String> {
+    let (svc, action) = integration.split_once(':').unwrap_or((integration, ""));
+    if svc == "aws-sdk" {
+        return Err(format!(
+            "{resource}: an aws-sdk task runs no job to completion (.sync is for the optimized integrations)"
+        ));
+    }
+    let svc = if svc == "states" { "sfn" } else { svc };
+    let op = sas_protocol::service_models::operation(svc, action)
+        .map_err(|e| format!("{resource}: the {svc} integration is not translated ({e})"))?;
+    let Some(job) = sas_protocol::jobs::job(&op.service, &op.name) else {
+        return Err(format!(
+            "{resource}: a .sync job of {svc}:{action} is not translated (the jobs run to completion here: {})",
+            sas_protocol::jobs::known()
+        ));
+    };
+    if two && job.json_members.is_empty() {
+        return Err(format!("{resource}: .sync:2 is Step Functions' own (an execution's input and output as JSON)"));
+    }
+    Ok(Service::Job { job, two, params: params.cloned() })
 }
 
 /// An `aws-sdk:SERVICE:ACTION` task, or an optimized integration that is the API's action with
@@ -2427,6 +2725,17 @@ fn pinned_members(params: Option<&Sym>) -> Vec<(String, String)> {
 
 fn names_a_resource(key: &str) -> bool {
     ["Name", "Arn", "ARN", "Url", "Id"].iter().any(|s| key.ends_with(s)) || key == "Bucket"
+}
+
+/// What an `aws` step sends: its parameters but the members its agent fixes.
+fn unpinned(params: Option<Sym>, pinned: &[(String, String)]) -> Sym {
+    let fixed = |k: &String| pinned.iter().any(|(p, _)| p == k);
+    match params {
+        Some(Sym::Obj(members)) => Sym::Obj(members.into_iter().filter(|(k, _)| !fixed(k)).collect()),
+        Some(Sym::Lit(Value::Object(o))) => Sym::Lit(Value::Object(o.into_iter().filter(|(k, _)| !fixed(k)).collect())),
+        Some(other) => other,
+        None => Sym::Lit(json!({})),
+    }
 }
 
 /// What an `aws` agent of `service` reaching `pinned` is granted on: the ARNs written, a table's
@@ -2519,11 +2828,7 @@ impl Service {
         };
         match flavour {
             None | Some("waitForTaskToken") => {}
-            Some("sync" | "sync:2") => {
-                return Err(format!(
-                    "{resource}: a .sync integration (run a job and wait for it) is not translated: a Lambda function can start the job and a callback step wait for its end"
-                ));
-            }
+            Some(f @ ("sync" | "sync:2")) => return job_action(resource, service, f == "sync:2", params),
             Some(other) => {
                 return Err(format!("{resource}: the .{other} flavour is not an integration pattern translated here"))
             }
@@ -3190,7 +3495,7 @@ mod tests {
         assert_eq!(r[0].field, "Resource");
         assert!(r[0].reason.contains("Lambda function"), "says what to do instead: {}", r[0].reason);
         let r =
-            refused(json!({"A": {"Type": "Task", "Resource": "arn:aws:states:::glue:startJobRun.sync", "End": true}}));
+            refused(json!({"A": {"Type": "Task", "Resource": "arn:aws:states:::dynamodb:putItem.sync", "End": true}}));
         assert!(r[0].reason.contains(".sync"), "{}", r[0].reason);
         let r = refused(
             json!({"A": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f", "TimeoutSeconds": 300, "End": true}}),
@@ -3462,7 +3767,7 @@ mod tests {
             "Check": {"Type": "Choice", "Choices": [{"Variable": "$.done", "BooleanEquals": false, "Next": "Get"}],
                       "Default": "Both"},
             "Both": {"Type": "Parallel", "Retry": [{"ErrorEquals": ["States.ALL"]}], "Next": "Each", "Branches": [
-                {"StartAt": "Glue", "States": {"Glue": {"Type": "Task", "Resource": "arn:aws:states:::glue:startJobRun.sync", "End": true}}},
+                {"StartAt": "Glue", "States": {"Glue": {"Type": "Task", "Resource": "arn:aws:states:::dynamodb:putItem.sync", "End": true}}},
                 {"StartAt": "Ok", "States": {"Ok": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:ok", "End": true}}}]},
             "Each": {"Type": "Map", "ItemReader": {}, "ItemProcessor": {"StartAt": "Put", "States": {
                 "Put": {"Type": "Task", "Resource": "arn:aws:states:::apigateway:invoke", "End": true}}}, "End": true}
@@ -3506,6 +3811,101 @@ mod tests {
             ("arn:aws:states:::aws-sdk:s3:getObject", "rest-xml"),
             ("arn:aws:states:::aws-sdk:dynamodb:dropTable", "no action"),
             ("arn:aws:states:::aws-sdk:dynamodb:putItem.waitForTaskToken", "waits for a token"),
+        ] {
+            let r = import(
+                "x",
+                &json!({"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": resource, "End": true}}}),
+            )
+            .unwrap_err();
+            assert!(r.iter().any(|x| x.field == "Resource" && x.reason.contains(says)), "{resource}: {r:#?}");
+        }
+    }
+
+    #[test]
+    fn a_sync_job_is_a_loop_that_starts_it_then_polls_its_status_and_stops_it_when_undone() {
+        let i = import("x", &json!({"StartAt": "Child", "States": {
+            "Child": {"Type": "Task", "Resource": "arn:aws:states:::states:startExecution.sync:2", "Next": "Use",
+                      "Parameters": {"StateMachineArn": "arn:aws:states:us-east-1:1:stateMachine:child", "Input.$": "$.order"},
+                      "ResultSelector": {"result.$": "$.Output.total", "status.$": "$.Status"}, "ResultPath": "$.child",
+                      "TimeoutSeconds": 600, "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 2}],
+                      "Catch": [{"ErrorEquals": ["States.ALL"], "Next": "Failed"}]},
+            "Use": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:use", "End": true,
+                    "Parameters": {"total.$": "$.child.result", "status.$": "$.child.status"}},
+            "Failed": {"Type": "Fail", "Error": "ChildFailed"}
+        }}))
+        .unwrap();
+        loads(&i);
+        let s = steps(&i);
+        let job = &s["Child"];
+        assert_eq!(job["kind"], "loop");
+        assert_eq!(job["timeout_ms"], 600_000);
+        assert_eq!(job["wait_ms"], JOB_POLL_MS);
+        assert_eq!(job["max_iterations"], 61, "600 s, polled every 10 s, and the start");
+        assert_eq!(job["until"], json!({"variable": "$.outputs.Child.describe.Status", "string_equals": "SUCCEEDED"}));
+        assert_eq!(job["on_failure"], "continue", "Catch States.ALL");
+        assert!(job.get("result_selector").is_none(), "a selector would apply to every poll");
+        // the first iteration starts the job with the task's data; the next ones poll with its id
+        let choices = job["parameters"]["*.choose"].as_array().unwrap();
+        assert_eq!(choices[0]["value"]["start"]["Input.$"], "$.input.order");
+        assert_eq!(choices[1]["value"]["poll"]["ExecutionArn.$"], "$.loop.previous.start.ExecutionArn");
+        assert_eq!(choices[2]["value"]["poll"]["ExecutionArn.$"], "$.loop.previous.describe.ExecutionArn");
+        // what reads the job's answer reads the last poll's, selected, with its output parsed
+        assert_eq!(s["Use"]["parameters"]["status.$"], "$.outputs.Child.describe.Status");
+        assert_eq!(s["Use"]["parameters"]["total.$"], "$.outputs.Child.describe.Output.total");
+        let body = i.children.iter().find(|w| w["name"] == job["workflow"]).expect("the poll's workflow");
+        let body: HashMap<String, Value> = body["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| (x["name"].as_str().unwrap().to_owned(), x.clone()))
+            .collect();
+        assert_eq!(body["start"]["max_attempts"], 3, "Retry retries the start");
+        let stop = &body["start"]["compensation"];
+        assert_eq!(i.agents[stop["agent"].as_str().unwrap()]["action"], "StopExecution");
+        assert_eq!(stop["parameters"]["ExecutionArn.$"], "$.outputs.start.ExecutionArn");
+        let describe = &i.agents[body["describe"]["agent"].as_str().unwrap()];
+        assert_eq!(describe["action"], "DescribeExecution");
+        assert_eq!(describe["resources"], json!(["arn:aws:states:us-east-1:1:execution:child:*"]));
+        assert_eq!(body["failed"]["parameters"]["error"], "States.TaskFailed");
+        assert_eq!(body["failed"]["when"]["or"].as_array().map(Vec::len), Some(3));
+
+        // a Batch job: the id in a list, the answer the job itself
+        let i = import(
+            "x",
+            &json!({"StartAt": "Run", "States": {
+                "Run": {"Type": "Task", "Resource": "arn:aws:states:::batch:submitJob.sync", "End": true,
+                        "Parameters": {"JobName": "nightly", "JobQueue": "arn:aws:batch:us-east-1:1:job-queue/q",
+                                       "JobDefinition": "arn:aws:batch:us-east-1:1:job-definition/d:1"}}
+            }}),
+        )
+        .unwrap();
+        loads(&i);
+        let s = steps(&i);
+        let choices = s["Run"]["parameters"]["*.choose"].as_array().unwrap().clone();
+        assert_eq!(choices[1]["value"]["poll"]["Jobs"], json!([{"*.$": "$.loop.previous.start.JobId"}]));
+        assert_eq!(i.workflow["result"], json!({"*.$": "$.outputs.Run.describe.Jobs[0]"}));
+
+        // a Glue job's name, read from the data, is sent again with each poll
+        let i = import(
+            "x",
+            &json!({"StartAt": "Etl", "States": {
+                "Etl": {"Type": "Task", "Resource": "arn:aws:states:::glue:startJobRun.sync", "End": true,
+                        "Parameters": {"JobName.$": "$.job"}}
+            }}),
+        )
+        .unwrap();
+        loads(&i);
+        let choices = steps(&i)["Etl"]["parameters"]["*.choose"].as_array().unwrap().clone();
+        assert_eq!(choices[2]["value"]["carried"]["JobName"], json!({"*.$": "$.input.job"}));
+        assert_eq!(choices[2]["value"]["poll"]["JobName.$"], "$.input.carried.JobName");
+
+        for (resource, says) in [
+            (
+                "arn:aws:states:::dynamodb:putItem.sync",
+                "is not translated (the jobs run to completion here: sfn:StartExecution",
+            ),
+            ("arn:aws:states:::aws-sdk:sfn:startExecution.sync", "runs no job to completion"),
+            ("arn:aws:states:::batch:submitJob.sync:2", ".sync:2 is Step Functions' own"),
         ] {
             let r = import(
                 "x",

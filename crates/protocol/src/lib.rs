@@ -17,6 +17,7 @@ pub mod config_file;
 pub mod graph;
 pub mod ids;
 pub mod intrinsic;
+pub mod jobs;
 pub mod messages;
 pub mod protocol;
 pub mod service_models;

@@ -856,19 +856,52 @@ fn hand_written() -> Vec<Case> {
             "Gone": {"Type": "Pass", "Result": "no such function", "ResultPath": "$.found", "End": true}}}),
         &[json!({"x": {"a": [1, 2]}}), json!({"x": "text"})],
     ));
+    c.push(case(
+        "sync-child",
+        "a child execution run to completion on LocalStack's Step Functions (the job loop here: start, then \
+         DescribeExecution until it ends): .sync:2's output parsed, .sync's as text, a child that fails \
+         (States.TaskFailed, caught)",
+        json!({"StartAt": "Run", "States": {
+            "Run": {"Type": "Task", "Resource": "arn:aws:states:::states:startExecution.sync:2", "Next": "Text",
+                    "Parameters": {"StateMachineArn": "${ChildMachineArn}", "Input": {"n.$": "$.n", "fail.$": "$.fail"}},
+                    "ResultSelector": {"out.$": "$.Output", "status.$": "$.Status", "sent.$": "$.Input.n"},
+                    "ResultPath": "$.child",
+                    "Catch": [{"ErrorEquals": ["States.TaskFailed"], "ResultPath": null, "Next": "Caught"}]},
+            "Text": {"Type": "Task", "Resource": "arn:aws:states:::states:startExecution.sync", "End": true,
+                     "Parameters": {"StateMachineArn": "${ChildMachineArn}", "Input": {"n.$": "$.n", "fail": false}},
+                     "ResultSelector": {"out.$": "$.Output", "status.$": "$.Status"}, "ResultPath": "$.text"},
+            "Caught": {"Type": "Pass", "Result": "the child failed", "ResultPath": "$.caught", "End": true}}}),
+        &[json!({"n": 2, "fail": false}), json!({"n": 5, "fail": true})],
+    ));
     c
 }
 
+/// The child machine the sync-child case runs: it echoes `n`, or fails when asked to.
+const CHILD_MACHINE: &str = r#"{"StartAt": "Check", "States": {
+    "Check": {"Type": "Choice", "Choices": [{"Variable": "$.fail", "BooleanEquals": true, "Next": "No"}], "Default": "Yes"},
+    "Yes": {"Type": "Pass", "Parameters": {"got.$": "$.n", "by": "child"}, "End": true},
+    "No": {"Type": "Fail", "Error": "ChildFailed", "Cause": "asked to"}}}"#;
+
 /// The table and queue the aws-sdk case calls (made once, kept: their items are keyed by run),
-/// by the variable the definition names them with.
+/// and the child machine the sync-child case runs, by the variable the definition names them with.
 async fn aws_sdk_resources(sdk: &aws_config::SdkConfig) -> Vec<(String, String)> {
     let table = "sas-asl-diff-items";
     crate::common::items_table(sdk, table).await;
     let sqs = aws_sdk_sqs::Client::new(sdk);
     let queue = sqs.create_queue().queue_name("sas-asl-diff-queue").send().await.expect("creating the queue");
+    let child = aws_sdk_sfn::Client::new(sdk)
+        .create_state_machine()
+        .name(format!("sas-asl-diff-child-{}", &uuid::Uuid::new_v4().simple().to_string()[..6]))
+        .definition(CHILD_MACHINE)
+        .role_arn("arn:aws:iam::000000000000:role/asl-diff")
+        .send()
+        .await
+        .expect("creating the child machine")
+        .state_machine_arn;
     vec![
         ("ItemsTable".to_owned(), table.to_owned()),
         ("DiffQueueUrl".to_owned(), queue.queue_url().expect("a queue URL").to_owned()),
+        ("ChildMachineArn".to_owned(), child),
     ]
 }
 

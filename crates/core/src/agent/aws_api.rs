@@ -75,6 +75,10 @@ pub struct AwsKind {
     /// The region called; default: the function's.
     #[serde(default)]
     pub region: Option<String>,
+    /// Members of the answer that are JSON text, given parsed (as Step Functions' `.sync:2` gives
+    /// an execution's `Input` and `Output`); one absent, or not JSON, is left as it is.
+    #[serde(default)]
+    pub parse_json: Vec<String>,
 }
 
 /// An error's code from a JSON protocol's answer: the query-compatible header (SQS), the
@@ -109,6 +113,7 @@ impl AgentKind for AwsKind {
             http: cx.http.clone(),
             max_response_bytes: cx.max_response_bytes,
             recorder: CallRecorder::from_env(),
+            parse_json: self.parse_json,
         }))
     }
 
@@ -146,6 +151,19 @@ pub struct AwsApiAgent {
     http: reqwest::Client,
     max_response_bytes: usize,
     recorder: Option<CallRecorder>,
+    parse_json: Vec<String>,
+}
+
+/// `answer` with its members `members` that are JSON text parsed.
+fn parse_members(mut answer: Value, members: &[String]) -> Value {
+    for m in members {
+        if let Some(v) = answer.get_mut(m) {
+            if let Some(parsed) = v.as_str().and_then(|t| serde_json::from_str::<Value>(t).ok()) {
+                *v = parsed;
+            }
+        }
+    }
+    answer
 }
 
 impl std::fmt::Debug for AwsApiAgent {
@@ -307,7 +325,7 @@ impl AwsApiAgent {
 
 impl Agent for AwsApiAgent {
     fn call<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, AgentError>> {
-        Box::pin(self.call_once(call))
+        Box::pin(async move { self.call_once(call).await.map(|a| parse_members(a, &self.parse_json)) })
     }
 }
 
@@ -316,6 +334,13 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn members_named_to_parse_are_given_as_json_and_others_left_as_they_are() {
+        let answer = json!({"Status": "SUCCEEDED", "Output": "{\"total\":3}", "Input": "not json", "Name": "{}"});
+        let parsed = parse_members(answer, &["Output".into(), "Input".into(), "Missing".into()]);
+        assert_eq!(parsed, json!({"Status": "SUCCEEDED", "Output": {"total": 3}, "Input": "not json", "Name": "{}"}));
+    }
 
     #[test]
     fn errors_are_named_as_step_functions_names_them() {
