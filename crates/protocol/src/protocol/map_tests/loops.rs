@@ -561,3 +561,36 @@ fn a_failure_after_the_loop_undoes_every_iteration_newest_first_then_the_steps_b
         }
     }
 }
+
+/// The job of Step Functions' `.sync`, as `sasctl import-asl` writes it: the first iteration
+/// starts it, the next ones poll it, each step of the body guarded by what the iteration is for.
+#[test]
+fn an_iteration_decides_its_first_step_s_guard_so_a_start_runs_once_and_polls_after_it() {
+    let inline = step(json!({
+        "name": "job", "kind": "loop", "max_iterations": 10,
+        "parameters": {"*.choose": [
+            {"when": {"variable": "$.loop.index", "numeric_equals": 0}, "value": {"start": {"n": 1}}},
+            {"value": {"poll": {"i.$": "$.loop.index"}}}]},
+        "body": [{"name": "start", "agent": "sim", "timeout_ms": 1000,
+                  "when": {"variable": "$.input.start", "is_present": true}},
+                 {"name": "status", "agent": "sim", "timeout_ms": 1000, "parameters": {"i.$": "$.input.poll.i"},
+                  "when": {"variable": "$.input.poll", "is_present": true}}],
+        "result_selector": {"state.$": "$.status.state"},
+        "until": {"variable": "$.outputs.job.state", "string_equals": "done"}
+    }));
+    for (seed, twice) in ORDERS {
+        let w = ran(order(inline.clone()), json!({}), (seed, twice), |w| w.answer = Some(done_at_3));
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Processed, "{seed:?}: {:?}", p.reason);
+        let ran_in = |unit: &str| -> Vec<TaskId> {
+            let mut v: Vec<TaskId> =
+                w.requests.iter().filter(|(_, s, _)| s == unit).map(|(t, _, _)| t.clone()).collect();
+            v.dedup();
+            v
+        };
+        assert_eq!(ran_in("start"), [iteration(0)], "{seed:?}: the start, in the first iteration only");
+        assert_eq!(ran_in("status"), (1..=3).map(iteration).collect::<Vec<_>>(), "{seed:?}");
+        assert_eq!(w.tasks[&iteration(0)].steps[1].status, StepStatus::Skipped, "{seed:?}");
+        assert_eq!(w.tasks[&iteration(2)].steps[0].status, StepStatus::Skipped, "{seed:?}");
+    }
+}
