@@ -16,6 +16,7 @@ mod common;
 mod deliver;
 mod ground;
 mod http_auth;
+mod jobs;
 mod lambda;
 mod lambda_agent;
 mod limits;
