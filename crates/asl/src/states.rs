@@ -1353,37 +1353,43 @@ impl Cx {
                 ));
             }
         }
-        let mut result = raw;
+        let mut result = raw.rebased(&out);
         if let Some(sel) = st.get("ResultSelector") {
             // a result selector here is applied to the answer alone, where no variable is
-            let kept_sel = template(sel, &result, &Vars::new(), Scope::Task)
-                .map_err(|e| {
-                    if e.contains("the variable $") {
-                        "a ResultSelector that reads a variable is not translated (it is applied to the answer \
-                         alone here): read the variable in the next state's Parameters"
-                            .to_owned()
-                    } else {
-                        e
-                    }
-                })
-                .and_then(|k| k.template())
-                .map_err(|e| ("ResultSelector".to_owned(), e));
-            if is_job {
-                // a loop's selector would apply to every poll: the job's answer is selected where
-                // it is read (the loop keeps the last poll's answer whole)
-                let sel =
-                    template(sel, &result, &Vars::new(), Scope::Task).map_err(|e| ("ResultSelector".to_owned(), e));
-                if let Some(t) = kept(sel, &mut errs) {
-                    result = t;
-                }
-            } else {
-                if let Some(t) = kept(kept_sel, &mut errs) {
+            let said = |e: String| {
+                let e = if e.contains("the variable $") {
+                    "a ResultSelector that reads a variable is not translated (it is applied to the answer alone \
+                     here): read the variable in the next state's Parameters"
+                        .to_owned()
+                } else {
+                    e
+                };
+                ("ResultSelector".to_owned(), e)
+            };
+            // the step keeps the selected part alone where the selector is a template of the
+            // project's over the answer; a job's (a loop's selector would apply to every poll),
+            // or one that calls an intrinsic function over the answer, is applied where the value
+            // is read, over the whole answer the step keeps
+            let as_step = template(sel, &raw, &Vars::new(), Scope::Task).and_then(|k| k.template());
+            match as_step {
+                Ok(t) if !is_job => {
                     s["result_selector"] = t;
+                    result = Sym::Ref(out.clone());
                 }
-                result = Sym::Ref("$".into());
+                _ => match template(sel, &result, &Vars::new(), Scope::Task) {
+                    Ok(t) => {
+                        if !is_job {
+                            self.notes.push(format!(
+                                "{here}: its ResultSelector calls an intrinsic function over the answer: the step \
+                                 keeps the whole answer, and what reads the selection reads it there"
+                            ));
+                        }
+                        result = t;
+                    }
+                    Err(e) => errs.push(said(e)),
+                },
             }
         }
-        let result = result.rebased(&out);
         // handled failures
         let (ok, caught) = kept(self.catch(here, st, &step, &mut s), &mut errs).unwrap_or((Cond::True, Vec::new()));
         let doc = kept(result_path(st, m.doc.clone(), result.clone()), &mut errs).unwrap_or(result);
@@ -3807,6 +3813,24 @@ mod tests {
         assert_eq!(start["resources"], json!(["arn:aws:states:us-east-1:1:stateMachine:child"]));
         // the answer is the output, under ResultPath
         assert_eq!(s["Start"]["parameters"]["Input.$"], "$.outputs.Put");
+        // a ResultSelector calling an intrinsic over the answer: the step keeps the answer, and
+        // what reads the selection reads the call over it
+        let i = import(
+            "x",
+            &json!({"StartAt": "Get", "States": {
+                "Get": {"Type": "Task", "Resource": "arn:aws:states:::dynamodb:getItem", "Next": "Use",
+                        "Parameters": {"TableName": "locks", "Key": {"id": {"S.$": "$.id"}}},
+                        "ResultSelector": {"text.$": "States.JsonToString($.Item)", "id.$": "$.Item.id.S"}},
+                "Use": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:use", "End": true,
+                        "Parameters": {"text.$": "$.text", "id.$": "$.id"}}
+            }}),
+        )
+        .unwrap();
+        loads(&i);
+        let s = steps(&i);
+        assert!(s["Get"].get("result_selector").is_none(), "the step keeps the whole answer");
+        assert_eq!(s["Use"]["parameters"]["text.$"], "States.JsonToString($.outputs.Get.Item)");
+        assert_eq!(s["Use"]["parameters"]["id.$"], "$.outputs.Get.Item.id.S");
         for (resource, says) in [
             ("arn:aws:states:::aws-sdk:s3:getObject", "rest-xml"),
             ("arn:aws:states:::aws-sdk:dynamodb:dropTable", "no action"),

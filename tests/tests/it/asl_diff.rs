@@ -817,7 +817,8 @@ fn hand_written() -> Vec<Case> {
     c.push(case(
         "aws-sdk",
         "aws-sdk tasks (the aws kind here) on LocalStack's DynamoDB and SQS: putItem, updateItem's ALL_NEW \
-         answer under a ResultSelector, getItem of an item and of none, a conditional putItem refused \
+         answer under a ResultSelector, getItem of an item (a ResultSelector calling States.StringToJson over \
+         the answer) and of none, a conditional putItem refused \
          (DynamoDb.ConditionalCheckFailedException, caught), sendMessage's MD5",
         json!({"StartAt": "Put", "States": {
             "Put": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:dynamodb:putItem", "ResultPath": "$.put", "Next": "Add",
@@ -828,7 +829,8 @@ fn hand_written() -> Vec<Case> {
                                    "ReturnValues": "ALL_NEW"},
                     "ResultSelector": {"n.$": "$.Attributes.n.N"}, "ResultPath": "$.added"},
             "Get": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:dynamodb:getItem", "ResultPath": "$.got", "Next": "None",
-                    "Parameters": {"TableName": "${ItemsTable}", "Key": {"id": {"S.$": "$.key"}}, "ConsistentRead": true}},
+                    "Parameters": {"TableName": "${ItemsTable}", "Key": {"id": {"S.$": "$.key"}}, "ConsistentRead": true},
+                    "ResultSelector": {"n.$": "States.StringToJson($.Item.n.N)", "id.$": "$.Item.id.S"}},
             "None": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:dynamodb:getItem", "ResultPath": "$.none", "Next": "Again",
                      "Parameters": {"TableName": "${ItemsTable}", "Key": {"id": {"S.$": "States.Format('no-{}', $.key)"}}}},
             "Again": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:dynamodb:putItem", "ResultPath": "$.again", "Next": "Send",
