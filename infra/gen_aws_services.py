@@ -45,6 +45,9 @@ REST_JSON = {
     "polly",
     "scheduler",
 }
+# The REST-XML services the table carries, with the shapes their answers are read by (S3: the
+# service workflows read and write objects in; the others would add their shapes).
+REST_XML = {"s3"}
 # Names Step Functions gives where the serviceId rule gives another.
 SFN_NAME = {"pinpoint-sms-voice": None}
 
@@ -144,6 +147,55 @@ def names(shapes: dict, name: str, depth: int, seen: tuple = ()) -> object:
     return members or None
 
 
+def xml_shapes(shapes: dict, roots: list) -> dict:
+    """The shapes a REST-XML answer is read by, from `roots`: a structure as `{"S": {member:
+    shape, or [shape, element name]}}` (its members in the body only), a list as `{"L": shape,
+    "n": item element name, "f": 1 when flattened}`, a map as `{"M": [key, value]}`, a scalar as
+    its type's letter (`s` string, `i` integer, `f` float, `b` boolean, `t` timestamp, `B` blob)."""
+    scalars = {
+        "string": "s",
+        "integer": "i",
+        "long": "i",
+        "float": "f",
+        "double": "f",
+        "boolean": "b",
+        "timestamp": "t",
+        "blob": "B",
+    }
+    out: dict = {}
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        shape = shapes[name]
+        t = shape["type"]
+        if t == "structure":
+            members = {}
+            for m, ref in shape.get("members", {}).items():
+                if ref.get("location"):
+                    continue
+                element = ref.get("locationName")
+                members[m] = [ref["shape"], element] if element and element != m else ref["shape"]
+                todo.append(ref["shape"])
+            out[name] = {"S": members}
+        elif t == "list":
+            entry = {"L": shape["member"]["shape"]}
+            item = shape["member"].get("locationName")
+            if item and item != "member":
+                entry["n"] = item
+            if shape.get("flattened"):
+                entry["f"] = 1
+            out[name] = entry
+            todo.append(shape["member"]["shape"])
+        elif t == "map":
+            out[name] = {"M": [shape["key"]["shape"], shape["value"]["shape"]]}
+            todo.extend([shape["key"]["shape"], shape["value"]["shape"]])
+        else:
+            out[name] = scalars.get(t, "s")
+    return out
+
+
 def rest_op(model: dict, op_name: str, op: dict, shape_maps: dict) -> dict:
     """A REST-JSON operation: `h` its method and URI template, `l` where its request's members go
     (`u` the path, `q:NAME` the query, `q` a map of query parameters, `h:NAME` a header, `hs:PREFIX`
@@ -189,6 +241,8 @@ def rest_op(model: dict, op_name: str, op: dict, shape_maps: dict) -> dict:
                 located[member] = f"h:{ref['locationName']}:{shapes[ref['shape']]['type']}"
             elif where == "statusCode":
                 located[member] = "s"
+            elif where == "headers":
+                located[member] = f"hs:{ref.get('locationName', '')}"
         if located:
             full["r"] = located
         payload = shapes[out].get("payload")
@@ -196,6 +250,16 @@ def rest_op(model: dict, op_name: str, op: dict, shape_maps: dict) -> dict:
             full["rp"] = f"{payload}:{shapes[shapes[out]['members'][payload]['shape']]['type']}"
         if out in shape_maps:
             full["o"] = out
+    if model["metadata"]["protocol"] == "rest-xml":
+        payload = shapes[shape].get("payload") if shape else None
+        if payload and full["p"].endswith(":structure") and payload in shapes[shape].get("required", []):
+            full["xi"] = 1  # a request whose body is always XML: not sent yet
+        if out:
+            payload = shapes[out].get("payload")
+            if payload and shapes[shapes[out]["members"][payload]["shape"]]["type"] == "structure":
+                full["x"] = shapes[out]["members"][payload]["shape"]
+            elif not payload and any(not r.get("location") for r in shapes[out].get("members", {}).values()):
+                full["x"] = out
     full["n"] = f"{op_name}={token}" if token else op_name
     return full
 
@@ -213,6 +277,20 @@ def main() -> int:
         protocols = meta.get("protocols") or [meta["protocol"]]
         protocol = "json" if "json" in protocols else meta["protocol"]
         entry: dict = {"id": meta["serviceId"], "model": model_name, "protocol": protocol}
+        if protocol == "rest-xml" and model_name in REST_XML:
+            signing = meta.get("signingName") or meta["endpointPrefix"]
+            shape_maps = map_shapes(model["shapes"])
+            ops = [rest_op(model, name_, op, shape_maps) for name_, op in sorted(model["operations"].items())]
+            entry.update(
+                {
+                    "endpoint": meta["endpointPrefix"],
+                    "signing": signing,
+                    "iam": IAM_PREFIX.get(signing, signing),
+                    "ops": ops,
+                    "maps": shape_maps,
+                    "xml": xml_shapes(model["shapes"], [o["x"] for o in ops if "x" in o]),
+                }
+            )
         if protocol == "rest-json" and model_name in REST_JSON:
             signing = meta.get("signingName") or meta["endpointPrefix"]
             shape_maps = map_shapes(model["shapes"])
@@ -275,7 +353,7 @@ def main() -> int:
     OUT.write_text(f'{{"botocore": {json.dumps(botocore.__version__)}, "services": {{\n{body}\n}}}}\n')
     json_ones = sum(1 for s in services.values() if "ops" in s)
     ops = sum(len(s.get("ops", [])) for s in services.values())
-    called = f"{json_ones} called (JSON, and REST-JSON's {len(REST_JSON)})"
+    called = f"{json_ones} called (JSON, REST-JSON's {len(REST_JSON)}, REST-XML's {len(REST_XML)})"
     print(f"{OUT}: {len(services)} services, {called}, {ops} of their operations")
     return 0
 

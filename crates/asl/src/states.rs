@@ -1266,11 +1266,17 @@ impl Cx {
         let callback = resource.ends_with(".waitForTaskToken");
         // what the task's answer is, to the paths that read it
         let mut raw = Sym::Ref("$".into());
+        // an aws agent parses the answer's members its ResultSelector parses (`States.StringToJson(
+        // $.Body)`), so that what follows may read into them
+        let (parsed, selector) = match (&service, st.get("ResultSelector")) {
+            (Some(Service::Aws { .. }), Some(sel)) => parsed_in_selector(sel),
+            (_, sel) => (Vec::new(), sel.cloned()),
+        };
         let job = match service {
             Some(Service::Job { job, two, params }) => Some((job, two, params)),
             other => {
                 if let Some(service) = other {
-                    self.agent_task(here, service, callback, &input, &mut raw, &mut s, &mut errs);
+                    self.agent_task(here, service, callback, &input, &parsed, &mut raw, &mut s, &mut errs);
                 }
                 None
             }
@@ -1354,7 +1360,7 @@ impl Cx {
             }
         }
         let mut result = raw.rebased(&out);
-        if let Some(sel) = st.get("ResultSelector") {
+        if let Some(sel) = selector.as_ref() {
             // a result selector here is applied to the answer alone, where no variable is
             let said = |e: String| {
                 let e = if e.contains("the variable $") {
@@ -1697,6 +1703,7 @@ impl Cx {
         service: Service,
         callback: bool,
         input: &Sym,
+        parsed: &[String],
         raw: &mut Sym,
         s: &mut Value,
         errs: &mut Vec<(String, String)>,
@@ -1755,7 +1762,14 @@ impl Cx {
             Service::Aws { service, action, params } => {
                 let pinned = pinned_members(params.as_ref());
                 let resources = aws_resources(&service, &pinned);
-                let (base, spec) = self.aws_spec(here, &service, &action, &pinned, &resources);
+                let (base, mut spec) = self.aws_spec(here, &service, &action, &pinned, &resources);
+                if !parsed.is_empty() {
+                    spec["parse_json"] = json!(parsed);
+                    self.notes.push(format!(
+                        "{here}: the answer's {} parsed by the agent (its parse_json), as the ResultSelector's States.StringToJson does",
+                        parsed.join(", ")
+                    ));
+                }
                 (base, spec, unpinned(params, &pinned), Sym::Ref("$".into()))
             }
             Service::Job { .. } => {
@@ -2733,6 +2747,53 @@ fn names_a_resource(key: &str) -> bool {
     ["Name", "Arn", "ARN", "Url", "Id"].iter().any(|s| key.ends_with(s)) || key == "Bucket"
 }
 
+/// The answer's members a `ResultSelector` reads only through `States.StringToJson($.a.b)` (a
+/// path of names), and the selector reading them as paths: an `aws` agent parses them itself
+/// (`parse_json`), so that what follows reads into their values.
+fn parsed_in_selector(sel: &Value) -> (Vec<String>, Option<Value>) {
+    fn calls(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(o) => {
+                for (k, x) in o {
+                    match (k.ends_with(".$"), x) {
+                        (true, Value::String(t)) => {
+                            let inner = t.strip_prefix("States.StringToJson($.").and_then(|r| r.strip_suffix(')'));
+                            if let Some(p) = inner.filter(|p| {
+                                !p.is_empty()
+                                    && p.split('.')
+                                        .all(|n| !n.is_empty() && n.chars().all(|c| c.is_alphanumeric() || c == '_'))
+                            }) {
+                                out.push(p.to_owned());
+                            }
+                        }
+                        _ => calls(x, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| calls(x, out)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    calls(sel, &mut found);
+    let text = sel.to_string();
+    // a member read otherwise too (as its text) is left to the selector
+    found.retain(|p| {
+        let call = format!("States.StringToJson($.{p})");
+        text.matches(&format!("$.{p}")).count() == text.matches(&call).count()
+    });
+    found.sort();
+    found.dedup();
+    if found.is_empty() {
+        return (found, Some(sel.clone()));
+    }
+    let mut rewritten = text;
+    for p in &found {
+        rewritten = rewritten.replace(&format!("States.StringToJson($.{p})"), &format!("$.{p}"));
+    }
+    (found, serde_json::from_str(&rewritten).ok().or_else(|| Some(sel.clone())))
+}
+
 /// What an `aws` step sends: its parameters but the members its agent fixes.
 fn unpinned(params: Option<Sym>, pinned: &[(String, String)]) -> Sym {
     let fixed = |k: &String| pinned.iter().any(|(p, _)| p == k);
@@ -2754,6 +2815,10 @@ fn aws_resources(service: &str, pinned: &[(String, String)]) -> Vec<String> {
         } else if service == "dynamodb" && k == "TableName" {
             out.push(format!("arn:aws:dynamodb:*:*:table/{v}"));
             out.push(format!("arn:aws:dynamodb:*:*:table/{v}/index/*"));
+        } else if service == "s3" && k == "Bucket" {
+            // the bucket (a listing) and its objects
+            out.push(format!("arn:aws:s3:::{v}"));
+            out.push(format!("arn:aws:s3:::{v}/*"));
         } else if service == "sqs" && k == "QueueUrl" && !v.contains("${") {
             if let Some(name) = v.trim_end_matches('/').rsplit('/').next() {
                 out.push(format!("arn:aws:sqs:*:*:{name}"));
@@ -3169,7 +3234,7 @@ mod tests {
             "States": {
                 "Lines": {"Type": "Map", "ItemProcessor": {"StartAt": "A", "States": {
                     "A": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:a", "Next": "B"},
-                    "B": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject", "End": true}}},
+                    "B": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:route53:listHostedZones", "End": true}}},
                     "End": true}
             }
         });
@@ -3496,8 +3561,9 @@ mod tests {
             "{}",
             r[0].reason
         );
-        let r =
-            refused(json!({"A": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject", "End": true}}));
+        let r = refused(
+            json!({"A": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:route53:listHostedZones", "End": true}}),
+        );
         assert_eq!(r[0].field, "Resource");
         assert!(r[0].reason.contains("Lambda function"), "says what to do instead: {}", r[0].reason);
         let r =
@@ -3768,7 +3834,7 @@ mod tests {
     #[test]
     fn a_refusal_names_every_blocker_of_the_definition() {
         let r = import("x", &json!({"StartAt": "Get", "States": {
-            "Get": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject",
+            "Get": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:route53:getHostedZone",
                     "TimeoutSecondsPath": "$.t", "Parameters": {"id.$": "States.UUID()"}, "Next": "Check"},
             "Check": {"Type": "Choice", "Choices": [{"Variable": "$.done", "BooleanEquals": false, "Next": "Get"}],
                       "Default": "Both"},
@@ -3831,8 +3897,30 @@ mod tests {
         assert!(s["Get"].get("result_selector").is_none(), "the step keeps the whole answer");
         assert_eq!(s["Use"]["parameters"]["text.$"], "States.JsonToString($.outputs.Get.Item)");
         assert_eq!(s["Use"]["parameters"]["id.$"], "$.outputs.Get.Item.id.S");
+        // an S3 object's body parsed by the selector: the agent parses it, what follows reads into it
+        let i = import(
+            "x",
+            &json!({"StartAt": "Get", "States": {
+                "Get": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject", "Next": "Use",
+                        "Parameters": {"Bucket": "reports", "Key.$": "$.key"},
+                        "ResultSelector": {"doc.$": "States.StringToJson($.Body)", "type.$": "$.ContentType"}},
+                "Use": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:use", "End": true,
+                        "Parameters": {"first.$": "$.doc.items[0]"}}
+            }}),
+        )
+        .unwrap();
+        loads(&i);
+        let s = steps(&i);
+        let get = &i.agents[s["Get"]["agent"].as_str().unwrap()];
+        assert_eq!(get["parse_json"], json!(["Body"]));
+        assert_eq!(get["resources"], json!(["arn:aws:s3:::reports", "arn:aws:s3:::reports/*"]));
+        assert_eq!(s["Get"]["result_selector"], json!({"doc.$": "$.Body", "type.$": "$.ContentType"}));
+        assert_eq!(s["Use"]["parameters"]["first.$"], "$.outputs.Get.doc.items[0]");
+        // read as text too: left to the selector
+        let (parsed, _) = parsed_in_selector(&json!({"a.$": "States.StringToJson($.Body)", "raw.$": "$.Body"}));
+        assert!(parsed.is_empty());
         for (resource, says) in [
-            ("arn:aws:states:::aws-sdk:s3:getObject", "rest-xml"),
+            ("arn:aws:states:::aws-sdk:route53:listHostedZones", "rest-xml"),
             ("arn:aws:states:::aws-sdk:dynamodb:dropTable", "no action"),
             ("arn:aws:states:::aws-sdk:dynamodb:putItem.waitForTaskToken", "waits for a token"),
         ] {

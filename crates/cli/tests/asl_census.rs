@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The definitions the book says are translated (of 170): a change that translates fewer fails.
-const TRANSLATED_AT_LEAST: usize = 80;
+const TRANSLATED_AT_LEAST: usize = 91;
 
 /// Every task's `Resource` in a definition (inside Parallel branches and Map processors).
 fn resources(states: &serde_json::Value, out: &mut Vec<String>) {
@@ -64,7 +64,8 @@ fn class(r: &sas_asl::Refusal) -> String {
             "a loop translated but for its states' own refusals (counted in their rows)",
         ),
         (".sync", "a .sync integration"),
-        ("speaks the rest-xml protocol", "an AWS API that speaks REST-XML (S3)"),
+        ("speaks the rest-xml protocol", "an AWS API that speaks REST-XML (CloudFront, Route 53...)"),
+        ("request is an XML document", "an S3 action whose request is an XML document (PutObjectTagging...)"),
         (
             "speaks the rest-json protocol",
             "a REST-JSON API the aws kind does not carry (API Gateway, IoT Analytics...)",

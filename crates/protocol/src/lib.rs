@@ -24,3 +24,4 @@ pub mod service_models;
 pub mod state;
 pub mod template;
 pub mod workflow;
+pub mod xml_answer;

@@ -44,6 +44,9 @@ pub struct ServiceModel {
     /// (`infra/gen_aws_services.py`'s `map_shapes`).
     #[serde(default)]
     pub maps: BTreeMap<String, Value>,
+    /// A REST-XML service's shapes its answers are read by (`xml_shapes` of the generator).
+    #[serde(default)]
+    pub xml: BTreeMap<String, Value>,
 }
 
 /// One operation of the table: `Name`, `Name=TokenMember` or `Name=TokenMember/MaxLen`, alone or
@@ -77,6 +80,12 @@ pub enum OpEntry {
         r: BTreeMap<String, String>,
         #[serde(default)]
         rp: Option<String>,
+        /// REST-XML: the shape the answer's XML body is read as.
+        #[serde(default)]
+        x: Option<String>,
+        /// REST-XML: the request's body is an XML structure (not sent yet).
+        #[serde(default)]
+        xi: Option<u8>,
     },
 }
 
@@ -159,6 +168,9 @@ pub struct Rest {
     pub answer: BTreeMap<String, String>,
     /// The member the answer's body is, and its type.
     pub answer_payload: Option<(String, String)>,
+    /// REST-XML: the shape the answer's body is read as (and the service's shapes); `None` for
+    /// REST-JSON.
+    pub xml: Option<(Option<String>, &'static BTreeMap<String, Value>)>,
 }
 
 /// An HTTP request of a REST-JSON action: what the agent sends.
@@ -224,6 +236,13 @@ pub fn operation(service: &str, action: &str) -> Result<Operation, String> {
     let Some((name, token, entry)) = found else {
         return Err(format!("{service} has no action {action:?} (botocore {})", models_version()));
     };
+    if let OpEntry::Full { xi: Some(_), p, .. } = entry {
+        return Err(format!(
+            "{service}:{name}'s request is an XML document ({}): the aws kind does not write XML requests yet; \
+             call it from a Lambda function (a lambda agent)",
+            p.as_deref().and_then(|p| p.split(':').next()).unwrap_or("its body")
+        ));
+    }
     let token = token.map(|t| match t.split_once('/') {
         Some((member, most)) => (member.to_owned(), most.parse().unwrap_or(64)),
         None => (t.to_owned(), 64),
@@ -266,6 +285,10 @@ pub fn operation(service: &str, action: &str) -> Result<Operation, String> {
                     payload: typed(p),
                     answer: r.clone(),
                     answer_payload: typed(rp),
+                    xml: (model.protocol == "rest-xml").then(|| match entry {
+                        OpEntry::Full { x, .. } => (x.clone(), &model.xml),
+                        OpEntry::Name(_) => (None, &model.xml),
+                    }),
                 })
             }
             _ => None,
@@ -323,14 +346,19 @@ impl Operation {
     /// A REST-JSON action's answer as Step Functions gives it: the body's members (or the payload
     /// member: a structure as JSON, a blob as its text), the members bound to headers and to the
     /// status code, cased as [`Operation::answer_as_step_functions`].
-    pub fn rest_answer(&self, status: u16, header: &dyn Fn(&str) -> Option<String>, body: &[u8]) -> Value {
+    pub fn rest_answer(&self, status: u16, headers: &[(String, String)], body: &[u8]) -> Value {
+        let header = |n: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(n)).map(|(_, v)| v.clone());
         let Some(rest) = &self.rest else { return Value::Null };
+        let xml = |shape: &str, shapes: &BTreeMap<String, Value>| {
+            std::str::from_utf8(body).ok().and_then(|text| crate::xml_answer::read(text, shape, shapes).ok())
+        };
         let mut out = match &rest.answer_payload {
             Some((member, kind)) => {
                 let mut m = Map::new();
                 if !body.is_empty() {
-                    let v = match kind.as_str() {
-                        "structure" => serde_json::from_slice(body).unwrap_or(Value::Null),
+                    let v = match (kind.as_str(), &rest.xml) {
+                        ("structure", Some((Some(shape), shapes))) => xml(shape, shapes).unwrap_or(Value::Null),
+                        ("structure", _) => serde_json::from_slice(body).unwrap_or(Value::Null),
                         // a blob (Lambda's Payload): its text, as Step Functions gives it
                         _ => Value::String(String::from_utf8_lossy(body).into_owned()),
                     };
@@ -339,6 +367,13 @@ impl Operation {
                 m
             }
             None if body.iter().all(u8::is_ascii_whitespace) => Map::new(),
+            None if rest.xml.is_some() => match &rest.xml {
+                Some((Some(shape), shapes)) => match xml(shape, shapes) {
+                    Some(Value::Object(o)) => o,
+                    _ => Map::new(),
+                },
+                _ => Map::new(),
+            },
             None => match serde_json::from_slice(body) {
                 Ok(Value::Object(o)) => o,
                 _ => Map::new(),
@@ -347,11 +382,22 @@ impl Operation {
         for (member, from) in &rest.answer {
             if from == "s" {
                 out.insert(member.clone(), Value::from(status));
+            } else if let Some(prefix) = from.strip_prefix("hs:") {
+                // headers by a prefix (S3's x-amz-meta-): a map of the rest of their names
+                let m: Map<String, Value> = headers
+                    .iter()
+                    .filter(|(k, _)| k.len() > prefix.len() && k[..prefix.len()].eq_ignore_ascii_case(prefix))
+                    .map(|(k, v)| (k[prefix.len()..].to_owned(), Value::String(v.clone())))
+                    .collect();
+                if !m.is_empty() {
+                    out.insert(member.clone(), Value::Object(m));
+                }
             } else if let Some(spec) = from.strip_prefix("h:") {
                 let (name, kind) = spec.rsplit_once(':').unwrap_or((spec, "string"));
                 if let Some(v) = header(name) {
                     let typed = match kind {
                         "integer" | "long" => v.parse::<i64>().map_or(Value::String(v.clone()), Value::from),
+                        "float" | "double" => v.parse::<f64>().map_or(Value::String(v.clone()), Value::from),
                         "boolean" => Value::Bool(v == "true"),
                         _ => Value::String(v),
                     };
@@ -433,6 +479,9 @@ fn rest_request(rest: &Rest, body: &Map<String, Value>) -> Result<RestRequest, S
         }
     }
     let body = match &rest.payload {
+        Some((member, kind)) if kind == "structure" && rest.xml.is_some() && rest_members.contains_key(member) => {
+            return Err(format!("{member} is an XML document: the aws kind does not write XML requests yet"));
+        }
         Some((member, kind)) => match rest_members.get(member) {
             None => Vec::new(),
             Some(v) if kind == "structure" => v.to_string().into_bytes(),
@@ -443,6 +492,7 @@ fn rest_request(rest: &Rest, body: &Map<String, Value>) -> Result<RestRequest, S
                 other => other.to_string().into_bytes(),
             },
         },
+        None if rest.xml.is_some() => Vec::new(),
         None if rest_members.is_empty() && matches!(rest.method.as_str(), "GET" | "DELETE" | "HEAD") => Vec::new(),
         None => Value::Object(rest_members).to_string().into_bytes(),
     };
@@ -530,6 +580,15 @@ fn as_text(x: &mut Value, t: &Value, blobs: bool) {
 fn iam_action(prefix: &str, op: &str) -> String {
     let action = match (prefix, op) {
         ("lambda", "Invoke" | "InvokeWithResponseStream") => "InvokeFunction",
+        // S3's IAM actions are named for what they reach: a listing is the bucket's, a HEAD the
+        // object's read, a copy the destination's write (and the source's read: granted apart)
+        ("s3", "ListObjects" | "ListObjectsV2" | "HeadBucket") => "ListBucket",
+        ("s3", "ListObjectVersions") => "ListBucketVersions",
+        ("s3", "ListMultipartUploads") => "ListBucketMultipartUploads",
+        ("s3", "ListParts") => "ListMultipartUploadParts",
+        ("s3", "HeadObject") => "GetObject",
+        ("s3", "CopyObject") => "PutObject",
+        ("s3", "DeleteObjects") => "DeleteObject",
         (_, op) => op,
     };
     format!("{prefix}:{action}")
@@ -595,7 +654,8 @@ mod tests {
         assert_eq!(operation("dynamodb", "putItem").unwrap().token, None);
         assert!(operation("athena", "startQueryExecution").unwrap().token.is_some());
         for (s, a, says) in [
-            ("s3", "getObject", "rest-xml"),
+            ("route53", "listHostedZones", "rest-xml"),
+            ("s3", "putObjectTagging", "request is an XML document (Tagging)"),
             ("apigateway", "getRestApis", "rest-json"),
             ("sns", "publish", "query"),
             ("dynamodb", "dropTable", "no action"),
@@ -640,6 +700,66 @@ mod tests {
         let logs =
             sent("cloudwatchlogs", "createLogGroup", serde_json::json!({"LogGroupName": "g", "Tags": {"Team": "a"}}));
         assert_eq!(logs, serde_json::json!({"logGroupName": "g", "tags": {"Team": "a"}}));
+    }
+
+    #[test]
+    fn s3_objects_are_put_and_read_over_rest_xml_as_step_functions_gives_them() {
+        let put = operation("s3", "putObject").unwrap();
+        assert_eq!((put.iam_action.as_str(), put.error_prefix.as_str()), ("s3:PutObject", "S3"));
+        let body = serde_json::json!({"Bucket": "orders", "Key": "in/a b.json", "Body": {"n": 1},
+                                      "ContentType": "application/json", "Metadata": {"run": "7"}});
+        let mut body = body.as_object().cloned().unwrap();
+        put.request_as_api(&mut body);
+        let req = put.rest_request(&body).unwrap().unwrap();
+        assert_eq!((req.method.as_str(), req.path_and_query.as_str()), ("PUT", "/orders/in/a%20b.json"));
+        assert_eq!(req.body, br#"{"n":1}"#.to_vec(), "a JSON value is its text");
+        assert!(req.headers.contains(&("Content-Type".to_owned(), "application/json".to_owned())), "{:?}", req.headers);
+        assert!(req.headers.contains(&("x-amz-meta-run".to_owned(), "7".to_owned())), "{:?}", req.headers);
+        // the object: its body as text, the headers' members typed, its metadata a map
+        let get = operation("s3", "getObject").unwrap();
+        let req = get
+            .rest_request(serde_json::json!({"Bucket": "orders", "Key": "k"}).as_object().unwrap())
+            .unwrap()
+            .unwrap();
+        assert_eq!((req.method.as_str(), req.path_and_query.as_str(), req.body.len()), ("GET", "/orders/k", 0));
+        let headers = [
+            ("content-type".to_owned(), "application/json".to_owned()),
+            ("content-length".to_owned(), "7".to_owned()),
+            ("etag".to_owned(), "\"e1\"".to_owned()),
+            ("x-amz-meta-Run".to_owned(), "7".to_owned()),
+        ];
+        assert_eq!(
+            get.rest_answer(200, &headers, br#"{"n":1}"#),
+            serde_json::json!({"Body": "{\"n\":1}", "ContentType": "application/json", "ContentLength": 7,
+                               "ETag": "\"e1\"", "Metadata": {"Run": "7"}})
+        );
+        // a listing's XML, read by its shape; the bucket's IAM action
+        let list = operation("s3", "listObjectsV2").unwrap();
+        assert_eq!(list.iam_action, "s3:ListBucket");
+        let req = list
+            .rest_request(serde_json::json!({"Bucket": "orders", "Prefix": "in/"}).as_object().unwrap())
+            .unwrap()
+            .unwrap();
+        assert_eq!(req.path_and_query, "/orders?list-type=2&prefix=in%2F");
+        let xml = b"<ListBucketResult><Name>orders</Name><KeyCount>1</KeyCount><Contents><Key>in/a</Key><Size>3</Size></Contents></ListBucketResult>";
+        assert_eq!(
+            list.rest_answer(200, &[], xml),
+            serde_json::json!({"Name": "orders", "KeyCount": 1, "Contents": [{"Key": "in/a", "Size": 3}]})
+        );
+        // a copy's answer is its payload structure
+        let copy = operation("s3", "copyObject").unwrap();
+        let xml = b"<CopyObjectResult><ETag>\"e2\"</ETag><LastModified>2026-11-29T02:00:00.000Z</LastModified></CopyObjectResult>";
+        assert_eq!(
+            copy.rest_answer(200, &[], xml),
+            serde_json::json!({"CopyObjectResult": {"ETag": "\"e2\"", "LastModified": "2026-11-29T02:00:00.000Z"}})
+        );
+        assert_eq!(operation("s3", "headObject").unwrap().iam_action, "s3:GetObject");
+        // a bucket made without a configuration; with one (an XML document), refused
+        let create = operation("s3", "createBucket").unwrap();
+        let req = create.rest_request(serde_json::json!({"Bucket": "b"}).as_object().unwrap()).unwrap().unwrap();
+        assert_eq!((req.method.as_str(), req.path_and_query.as_str(), req.body.len()), ("PUT", "/b", 0));
+        let with = serde_json::json!({"Bucket": "b", "CreateBucketConfiguration": {"LocationConstraint": "eu-west-1"}});
+        assert!(create.rest_request(with.as_object().unwrap()).unwrap().unwrap_err().contains("XML document"));
     }
 
     #[test]
@@ -711,9 +831,9 @@ mod tests {
         );
         assert_eq!(req.headers, vec![("X-Amz-Invocation-Type".to_owned(), "RequestResponse".to_owned())]);
         assert_eq!(req.body, br#"{"n":1}"#.to_vec());
-        let header = |n: &str| (n == "X-Amz-Executed-Version").then(|| "$LATEST".to_owned());
+        let headers = [("x-amz-executed-version".to_owned(), "$LATEST".to_owned())];
         assert_eq!(
-            invoke.rest_answer(200, &header, br#"{"ok": true}"#),
+            invoke.rest_answer(200, &headers, br#"{"ok": true}"#),
             serde_json::json!({"Payload": "{\"ok\": true}", "StatusCode": 200, "ExecutedVersion": "$LATEST"})
         );
         // a GET: query members, no body; a path member missing is the request's fault

@@ -859,6 +859,38 @@ fn hand_written() -> Vec<Case> {
         &[json!({"x": {"a": [1, 2]}}), json!({"x": "text"})],
     ));
     c.push(case(
+        "aws-sdk-s3",
+        "aws-sdk tasks of S3 (REST-XML) on LocalStack's S3: createBucket, putObject of a JSON body with a \
+         content type and metadata, getObject (its Body parsed by the ResultSelector's States.StringToJson, \
+         read into after), listObjectsV2 under a prefix (its XML), headObject, and getObject of a missing key \
+         (S3.NoSuchKeyException, caught)",
+        json!({"StartAt": "Bucket", "States": {
+            "Bucket": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:createBucket", "ResultPath": null, "Next": "Put",
+                       "Parameters": {"Bucket": "sas-asl-diff-objects"}},
+            "Put": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:putObject", "ResultPath": "$.put", "Next": "Get",
+                    "Parameters": {"Bucket": "sas-asl-diff-objects", "Key.$": "States.Format('{}/{}.json', $.key, $.name)",
+                                   "Body.$": "$.doc", "ContentType": "application/json", "Metadata": {"run.$": "$.name"}},
+                    "ResultSelector": {"etag.$": "$.ETag"}},
+            "Get": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject", "ResultPath": "$.got", "Next": "Use",
+                    "Parameters": {"Bucket": "sas-asl-diff-objects", "Key.$": "States.Format('{}/{}.json', $.key, $.name)"},
+                    "ResultSelector": {"doc.$": "States.StringToJson($.Body)", "type.$": "$.ContentType",
+                                       "length.$": "$.ContentLength", "meta.$": "$.Metadata"}},
+            "Use": {"Type": "Pass", "Parameters": {"first.$": "$.got.doc.items[0]", "key.$": "$.key", "name.$": "$.name"},
+                    "ResultPath": "$.used", "Next": "List"},
+            "List": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:listObjectsV2", "ResultPath": "$.listed", "Next": "Head",
+                     "Parameters": {"Bucket": "sas-asl-diff-objects", "Prefix.$": "States.Format('{}/', $.key)"},
+                     "ResultSelector": {"count.$": "$.KeyCount", "first.$": "$.Contents[0].Key", "size.$": "$.Contents[0].Size"}},
+            "Head": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:headObject", "ResultPath": "$.head", "Next": "Missing",
+                     "Parameters": {"Bucket": "sas-asl-diff-objects", "Key.$": "States.Format('{}/{}.json', $.key, $.name)"},
+                     "ResultSelector": {"length.$": "$.ContentLength", "type.$": "$.ContentType"}},
+            "Missing": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject", "ResultPath": "$.missing", "End": true,
+                        "Parameters": {"Bucket": "sas-asl-diff-objects", "Key.$": "States.Format('{}/missing', $.key)"},
+                        "Catch": [{"ErrorEquals": ["S3.NoSuchKeyException"], "ResultPath": null, "Next": "Gone"}]},
+            "Gone": {"Type": "Pass", "Result": "no such key", "ResultPath": "$.missing", "End": true}}}),
+        &[json!({"key": KEY, "name": "a", "doc": {"items": [1, 2], "ok": true}}),
+          json!({"key": KEY, "name": "b", "doc": {"items": ["x"]}})],
+    ));
+    c.push(case(
         "sync-child",
         "a child execution run to completion on LocalStack's Step Functions (the job loop here: start, then \
          DescribeExecution until it ends): .sync:2's output parsed, .sync's as text, a child that fails \

@@ -76,7 +76,8 @@ pub struct AwsKind {
     #[serde(default)]
     pub region: Option<String>,
     /// Members of the answer that are JSON text, given parsed (as Step Functions' `.sync:2` gives
-    /// an execution's `Input` and `Output`); one absent, or not JSON, is left as it is.
+    /// an execution's `Input` and `Output`): names, or paths of names (`Item.stock.N`); one absent,
+    /// or not JSON, is left as it is.
     #[serde(default)]
     pub parse_json: Vec<String>,
 }
@@ -154,10 +155,12 @@ pub struct AwsApiAgent {
     parse_json: Vec<String>,
 }
 
-/// `answer` with its members `members` that are JSON text parsed.
+/// `answer` with its members `members` (names, or paths of names: `Item.stock.N`) that are JSON
+/// text parsed.
 fn parse_members(mut answer: Value, members: &[String]) -> Value {
     for m in members {
-        if let Some(v) = answer.get_mut(m) {
+        let at = m.split('.').try_fold(&mut answer, |v, name| v.get_mut(name));
+        if let Some(v) = at {
             if let Some(parsed) = v.as_str().and_then(|t| serde_json::from_str::<Value>(t).ok()) {
                 *v = parsed;
             }
@@ -286,8 +289,11 @@ impl AwsApiAgent {
         }
         if status.is_success() {
             if self.op.rest.is_some() {
-                let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
-                return Ok(self.op.rest_answer(status.as_u16(), &header, &buf));
+                let pairs: Vec<(String, String)> = headers
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+                    .collect();
+                return Ok(self.op.rest_answer(status.as_u16(), &pairs, &buf));
             }
             if buf.iter().all(u8::is_ascii_whitespace) {
                 return Ok(Value::Object(Map::new()));
@@ -297,11 +303,19 @@ impl AwsApiAgent {
             return Ok(self.op.answer_as_step_functions(answer));
         }
         let body: Value = serde_json::from_slice(&buf).unwrap_or(Value::Null);
-        let code = error_code(&headers, &body);
+        // a REST-XML service's error is XML (`<Error><Code>NoSuchKey</Code>...`); one without a
+        // body (a HEAD's) is the service's own, as the AWS SDK names an error its model does not
+        // (`S3.S3Exception`), its status the message
+        let xml = std::str::from_utf8(&buf).ok().and_then(sas_protocol::xml_answer::error);
+        let code = error_code(&headers, &body)
+            .or_else(|| xml.as_ref().map(|(c, _)| c.clone()))
+            .or_else(|| (buf.is_empty() && status.is_client_error()).then(|| self.op.error_prefix.clone()));
         let said = ["message", "Message", "errorMessage"]
             .iter()
-            .find_map(|k| body.get(*k).and_then(Value::as_str))
-            .map_or_else(|| crate::ids::clip(String::from_utf8_lossy(&buf).trim(), 300).to_owned(), str::to_owned);
+            .find_map(|k| body.get(*k).and_then(Value::as_str).map(str::to_owned))
+            .or_else(|| xml.and_then(|(_, m)| m))
+            .or_else(|| buf.is_empty().then(|| status.canonical_reason().unwrap_or("no body").to_owned()))
+            .unwrap_or_else(|| crate::ids::clip(String::from_utf8_lossy(&buf).trim(), 300).to_owned());
         let request_id = headers
             .get("x-amzn-requestid")
             .or_else(|| headers.get("x-amz-request-id"))
@@ -340,6 +354,9 @@ mod tests {
         let answer = json!({"Status": "SUCCEEDED", "Output": "{\"total\":3}", "Input": "not json", "Name": "{}"});
         let parsed = parse_members(answer, &["Output".into(), "Input".into(), "Missing".into()]);
         assert_eq!(parsed, json!({"Status": "SUCCEEDED", "Output": {"total": 3}, "Input": "not json", "Name": "{}"}));
+        let item = json!({"Item": {"stock": {"N": "12"}, "doc": {"S": "[1,2]"}}});
+        let parsed = parse_members(item, &["Item.stock.N".into(), "Item.doc.S".into(), "Item.none.S".into()]);
+        assert_eq!(parsed, json!({"Item": {"stock": {"N": 12}, "doc": {"S": [1, 2]}}}));
     }
 
     #[test]
@@ -372,7 +389,7 @@ mod tests {
                 .with_action_parameter(ACTIONS_PARAMETER)]
         );
         for (spec, says) in [
-            (r#"{"kind": "aws", "service": "s3", "action": "getObject", "resources": ["*"]}"#, "rest-xml"),
+            (r#"{"kind": "aws", "service": "route53", "action": "listHostedZones", "resources": ["*"]}"#, "rest-xml"),
             (r#"{"kind": "aws", "service": "dynamodb", "action": "putItem", "resources": []}"#, "resources"),
             (
                 r#"{"kind": "aws", "service": "dynamodb", "action": "putItem", "resources": ["orders"]}"#,

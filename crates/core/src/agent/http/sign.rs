@@ -36,6 +36,18 @@ pub struct Signer {
     aws: AwsConfigCell,
 }
 
+/// S3 signs its paths as sent (not normalised, encoded once) over the body's hash in
+/// `x-amz-content-sha256`; every other service the default way.
+fn settings(service: &str) -> SigningSettings {
+    let mut s = SigningSettings::default();
+    if service == "s3" {
+        s.percent_encoding_mode = aws_sigv4::http_request::PercentEncodingMode::Single;
+        s.payload_checksum_kind = aws_sigv4::http_request::PayloadChecksumKind::XAmzSha256;
+        s.uri_path_normalization_mode = aws_sigv4::http_request::UriPathNormalizationMode::Disabled;
+    }
+    s
+}
+
 fn permanent(message: String) -> AgentError {
     AgentError::Permanent { message }
 }
@@ -79,7 +91,7 @@ impl Signer {
             .region(&region)
             .name(&self.service)
             .time(SystemTime::now())
-            .settings(SigningSettings::default())
+            .settings(settings(&self.service))
             .build()
             .map_err(|e| permanent(format!("signing for {}: {e}", self.service)))?
             .into();
