@@ -277,21 +277,7 @@ def main() -> int:
         protocols = meta.get("protocols") or [meta["protocol"]]
         protocol = "json" if "json" in protocols else meta["protocol"]
         entry: dict = {"id": meta["serviceId"], "model": model_name, "protocol": protocol}
-        if protocol == "rest-xml" and model_name in REST_XML:
-            signing = meta.get("signingName") or meta["endpointPrefix"]
-            shape_maps = map_shapes(model["shapes"])
-            ops = [rest_op(model, name_, op, shape_maps) for name_, op in sorted(model["operations"].items())]
-            entry.update(
-                {
-                    "endpoint": meta["endpointPrefix"],
-                    "signing": signing,
-                    "iam": IAM_PREFIX.get(signing, signing),
-                    "ops": ops,
-                    "maps": shape_maps,
-                    "xml": xml_shapes(model["shapes"], [o["x"] for o in ops if "x" in o]),
-                }
-            )
-        if protocol == "rest-json" and model_name in REST_JSON:
+        if (protocol, model_name) in {("rest-xml", m) for m in REST_XML} | {("rest-json", m) for m in REST_JSON}:
             signing = meta.get("signingName") or meta["endpointPrefix"]
             shape_maps = map_shapes(model["shapes"])
             ops = [rest_op(model, name_, op, shape_maps) for name_, op in sorted(model["operations"].items())]
@@ -304,6 +290,8 @@ def main() -> int:
                     "maps": shape_maps,
                 }
             )
+            if protocol == "rest-xml":
+                entry["xml"] = xml_shapes(model["shapes"], [o["x"] for o in ops if "x" in o])
         if protocol == "json":
             signing = meta.get("signingName") or meta["endpointPrefix"]
             shape_maps = map_shapes(model["shapes"])
