@@ -1581,18 +1581,10 @@ impl Cx {
         if !errs.is_empty() {
             return Err(errs);
         }
-        let poll = |answer: &dyn Fn(&str, &str) -> String| {
-            let mut r = request(job.request, answer, "$.input.carried");
-            // a member from the start's request: carried in the iteration's input
-            if let Value::Object(o) = &mut r {
-                for k in carried.keys() {
-                    o.insert(format!("{k}.$"), json!(format!("$.input.carried.{k}")));
-                }
-            }
-            r
-        };
-        let after_start = poll(&|start, _| format!("$.loop.previous.start.{start}"));
-        let after_poll = poll(&|_, describe| format!("$.loop.previous.describe.{describe}"));
+        // a member from the start's request is read from what the iteration's input carries
+        let after_start = request(job.request, &|start, _| format!("$.loop.previous.start.{start}"), "$.input.carried");
+        let after_poll =
+            request(job.request, &|_, describe| format!("$.loop.previous.describe.{describe}"), "$.input.carried");
         let carried = Value::Object(carried);
         let parameters = json!({"*.choose": [
             {"when": {"variable": "$.loop.index", "numeric_equals": 0}, "value": {"start": sent_t}},
