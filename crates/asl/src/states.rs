@@ -79,12 +79,21 @@ pub fn import_with(name: &str, def: &Value, options: Options) -> Result<Imported
     // JSONata states become their JSONPath equivalent (or are refused, each field named)
     let (rewritten, notes) = super::jsonata::rewrite(def)?;
     cx.notes.extend(notes);
-    let def = &rewritten;
+    let text = rewritten.to_string();
+    // a States.UUID() is named by the task and its place
+    let named = name_uuids(&rewritten);
+    if named != rewritten {
+        cx.notes.push(
+            "States.UUID() is a UUID named by the task's id and the state (States.UUID($.task.id, '<state>#<n>')): \
+             the same on every attempt and every read, another in every task, loop iteration and map element"
+                .into(),
+        );
+    }
+    let def = &named;
     let Value::Object(top) = def else { return Err(refuse_top("definition", "a state machine is an object".into())) };
     let (Some(Value::Object(states)), Some(Value::String(start))) = (top.get("States"), top.get("StartAt")) else {
         return Err(refuse_top("States", "a state machine has StartAt and States".into()));
     };
-    let text = def.to_string();
     for field in ["Id", "Name"] {
         if text.contains(&format!("$$.Execution.{field}")) {
             cx.notes.push(format!(
@@ -1755,6 +1764,21 @@ impl Cx {
                 let pinned = pinned_members(params.as_ref());
                 let resources = aws_resources(&service, &pinned);
                 let (base, mut spec) = self.aws_spec(here, &service, &action, &pinned, &resources);
+                if callback {
+                    let at = params.as_ref().map(token_paths).unwrap_or_default();
+                    if at.is_empty() {
+                        errs.push((
+                            "Parameters".into(),
+                            "a .waitForTaskToken task hands its token over: put $$.Task.Token in its Parameters".into(),
+                        ));
+                    }
+                    self.notes.push(format!(
+                        "{here}: the callback step's token goes in {} (the agent's task_token); the remote side answers \
+                         with it on the project's callback queue or URL, or with sasctl complete, not with SendTaskSuccess",
+                        at.join(", ")
+                    ));
+                    spec["task_token"] = json!(at);
+                }
                 if !parsed.is_empty() {
                     spec["parse_json"] = json!(parsed);
                     self.notes.push(format!(
@@ -1768,17 +1792,30 @@ impl Cx {
                 errs.push(("Resource".into(), "a job run to completion is a loop step".into()));
                 return;
             }
-            Service::Http { url, method, body } => {
-                let spec = json!({"kind": "http", "url": url, "method": method, "payload": "input"});
+            Service::Http { url, method, body, api } => {
+                let mut spec = json!({"kind": "http", "url": url, "method": method, "payload": "input"});
                 let raw = Sym::Obj(vec![
                     ("ResponseBody".into(), Sym::Ref("$".into())),
                     ("StatusCode".into(), Sym::Lit(json!(200))),
                     ("StatusText".into(), Sym::Lit(json!("OK"))),
                 ]);
-                self.notes.push(format!(
+                self.notes.push(match api {
+                    None => format!(
                         "{here}: the HTTP task's connection (Authentication) is not translated: give the agent its headers from \
                          Secrets Manager or SSM, or sign it (see the http kind); a 2xx answer is StatusCode 200 here"
-                    ));
+                    ),
+                    Some(ApiAuth::Signed) => {
+                        spec["sign"] = json!({"service": "execute-api"});
+                        format!(
+                            "{here}: the API is called signed for execute-api by the Agent function's role (the task's \
+                             Credentials are not assumed): grant it with the template parameter AgentSignedApiArns; \
+                             a 2xx answer is StatusCode 200 here, without its Headers"
+                        )
+                    }
+                    Some(ApiAuth::Open) => {
+                        format!("{here}: a 2xx answer is StatusCode 200 here, without its Headers")
+                    }
+                });
                 (
                     agent_name("http", url.split('?').next().unwrap_or(&url)),
                     spec,
@@ -1800,20 +1837,26 @@ impl Cx {
         };
         *raw = answer;
         let agent = self.agent_named(here, &agent, &spec);
+        // an aws agent puts the token in the request itself (its task_token, noted above)
+        let in_request = spec["kind"] == "aws";
         if callback {
             s["kind"] = json!("callback");
-            self.notes.push(format!(
-                "{here}: a worker answers with the token of the project's callback (the request's callback.token, \
+            if !in_request {
+                self.notes.push(format!(
+                    "{here}: a worker answers with the token of the project's callback (the request's callback.token, \
                      answered on the callback queue or URL, or with sasctl), not with SendTaskSuccess"
-            ));
+                ));
+            }
         }
         let (sent, dropped) = without_token(sent);
-        if dropped && callback {
-            self.notes.push(format!(
+        match (dropped, callback) {
+            (true, true) if !in_request => self.notes.push(format!(
                 "{here}: $$.Task.Token is left out of what is sent: the token is the request's callback.token"
-            ));
-        } else if dropped {
-            errs.push(("Parameters".into(), "$$.Task.Token belongs to a .waitForTaskToken task".into()));
+            )),
+            (true, false) => {
+                errs.push(("Parameters".into(), "$$.Task.Token belongs to a .waitForTaskToken task".into()));
+            }
+            _ => {}
         }
         if let Some(t) = kept(sent.template().map_err(|e| ("Parameters".to_owned(), e)), errs) {
             s["parameters"] = t;
@@ -1995,6 +2038,15 @@ impl Cx {
                 .unwrap_or(input),
             None => input,
         };
+        // each branch is a task of its own here: a UUID named by the task would be another in each
+        if format!("{input:?}{:?}", m.vars).contains("States.UUID($.task.id") {
+            errs.push((
+                "Branches".into(),
+                "a States.UUID() made before this Parallel reaches its branches: each branch is a task of its own \
+                 here, and would name another UUID; make the UUID in a Task before it"
+                    .into(),
+            ));
+        }
         let Some(Value::Array(branches)) = st.get("Branches") else {
             errs.push(("Branches".into(), "a Parallel state has Branches".into()));
             return Err(Blocked(errs));
@@ -2442,6 +2494,59 @@ fn assign(spec: Option<&Value>, base: &Sym, vars: &Vars) -> Result<Vars, (String
     Ok(out)
 }
 
+/// The definition with each `States.UUID()` in a `.$` value (a call a step would make again on each
+/// attempt) written `States.UUID($$.Execution.Id, '<state>#<n>')`: a UUID named by the task and
+/// the place that calls it, so that a retry, a second read and the state after it see the same.
+fn name_uuids(def: &Value) -> Value {
+    fn in_state(v: &Value, state: &str, n: &mut usize, dotted: bool) -> Value {
+        match v {
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(k, x)| {
+                        let x = match k.as_str() {
+                            "States" => states(x),
+                            _ => in_state(x, state, n, k.ends_with(".$")),
+                        };
+                        (k.clone(), x)
+                    })
+                    .collect(),
+            ),
+            Value::Array(a) => Value::Array(a.iter().map(|x| in_state(x, state, n, false)).collect()),
+            Value::String(t) if dotted && t.contains("States.UUID()") => {
+                let place: String =
+                    state.chars().map(|c| if c.is_alphanumeric() || " -_".contains(c) { c } else { '_' }).collect();
+                let parts: Vec<&str> = t.split("States.UUID()").collect();
+                let mut out = parts[0].to_owned();
+                for part in &parts[1..] {
+                    *n += 1;
+                    out = format!("{out}States.UUID($$.Execution.Id, '{place}#{n}'){part}");
+                }
+                Value::String(out)
+            }
+            other => other.clone(),
+        }
+    }
+    fn states(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(name, st)| {
+                        let mut n = 0;
+                        (name.clone(), in_state(st, name, &mut n, false))
+                    })
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+    match def {
+        Value::Object(m) => Value::Object(
+            m.iter().map(|(k, x)| (k.clone(), if k == "States" { states(x) } else { x.clone() })).collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 /// An intrinsic function's call, each of its paths read through `doc`: a path of the task, or a
 /// value known at import.
 fn intrinsic(text: &str, doc: &Sym, vars: &Vars, scope: Scope) -> Result<Sym, String> {
@@ -2464,6 +2569,11 @@ fn intrinsic_over(text: &str, read: &dyn Fn(&str) -> Result<Sym, String>) -> Res
             Err("$$.Task.Token is not an argument here: the token is the request's".into())
         }
         Sym::Lit(v) => Ok(Arg::Value(v)),
+        // a call the state machine made before (a Pass's States.UUID()): the call, made here
+        Sym::Call(call, read) => {
+            paths.borrow_mut().extend(read);
+            Call::parse(&call, &sas_protocol::condition::DataPath::parse).map(Arg::Call)
+        }
         Sym::Choose(ways) => {
             by_way.borrow_mut().get_or_insert((p.to_owned(), ways));
             Ok(Arg::Value(Value::Null))
@@ -2479,6 +2589,23 @@ fn intrinsic_over(text: &str, read: &dyn Fn(&str) -> Result<Sym, String>) -> Res
     }
     let call = parsed.map_err(|e| format!("{text}: {e}"))?;
     Ok(Sym::Call(call.to_text(), paths.into_inner()))
+}
+
+/// Where `$$.Task.Token` is in a task's parameters: paths of names (`Input.TaskToken`).
+fn token_paths(s: &Sym) -> Vec<String> {
+    match s {
+        Sym::Obj(m) => m
+            .iter()
+            .flat_map(|(k, v)| {
+                if *v == Sym::Lit(json!(TOKEN)) {
+                    vec![k.clone()]
+                } else {
+                    token_paths(v).into_iter().map(|p| format!("{k}.{p}")).collect()
+                }
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// What `$$.Task.Token` stands for while a template is built (left out of what is sent).
@@ -2664,6 +2791,9 @@ enum Service {
         url: String,
         method: String,
         body: Option<Sym>,
+        /// `apigateway:invoke` (an API Gateway API, signed for `execute-api` with IAM auth), not an
+        /// HTTP task through a connection
+        api: Option<ApiAuth>,
     },
     /// An action of an AWS service that speaks JSON (the `aws` kind): Step Functions' names.
     Aws {
@@ -2837,6 +2967,67 @@ fn query_escape(s: &str) -> String {
 }
 
 /// A member of a service's `Parameters` that must be written in the definition.
+/// How `apigateway:invoke` reaches its API: `AuthType` `NO_AUTH`, or `IAM_ROLE` and
+/// `RESOURCE_POLICY` (both SigV4-signed for `execute-api` here, by the Agent function's role).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ApiAuth {
+    Open,
+    Signed,
+}
+
+/// `apigateway:invoke`: an http agent calling `https://ApiEndpoint/Stage/Path`, signed when the
+/// API takes IAM auth; every part of the address written in the definition.
+fn api_gateway(params: Option<&Sym>) -> Result<Service, String> {
+    let fixed = |key: &str| {
+        literal(params, key)
+            .map_err(|e| format!("apigateway:invoke's {e}: an http agent calls one address, written in the definition"))
+    };
+    let host =
+        fixed("ApiEndpoint")?.ok_or("apigateway:invoke needs Parameters.ApiEndpoint, written in the definition")?;
+    let mut url = if host.contains("://") { host } else { format!("https://{host}") };
+    for part in [fixed("Stage")?, fixed("Path")?].into_iter().flatten() {
+        let part = part.trim_matches('/');
+        if !part.is_empty() {
+            url = format!("{}/{part}", url.trim_end_matches('/'));
+        }
+    }
+    let method = fixed("Method")?.unwrap_or_else(|| "GET".into()).to_ascii_uppercase();
+    if member(params, "Headers").is_some() {
+        return Err("apigateway:invoke's Headers are not translated: an http agent sends its own headers (from Secrets Manager or SSM: see the http kind)".into());
+    }
+    match member(params, "QueryParameters").map(|q| q.constant()) {
+        None => {}
+        // API Gateway's query parameters: each name with a list of values
+        Some(Some(Value::Object(q))) => {
+            let mut pairs = Vec::new();
+            for (k, v) in &q {
+                let values = match v {
+                    Value::Array(a) => a.clone(),
+                    other => vec![other.clone()],
+                };
+                for v in values {
+                    let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+                    pairs.push(format!("{}={}", query_escape(k), query_escape(&v)));
+                }
+            }
+            url.push(if url.contains('?') { '&' } else { '?' });
+            url.push_str(&pairs.join("&"));
+        }
+        Some(_) => return Err(
+            "apigateway:invoke's QueryParameters read from the data are not translated: write them in the definition"
+                .into(),
+        ),
+    }
+    let api = match fixed("AuthType")?.as_deref() {
+        None | Some("NO_AUTH") => ApiAuth::Open,
+        Some("IAM_ROLE" | "RESOURCE_POLICY") => ApiAuth::Signed,
+        Some(other) => {
+            return Err(format!("apigateway:invoke's AuthType {other} is not NO_AUTH, IAM_ROLE or RESOURCE_POLICY"))
+        }
+    };
+    Ok(Service::Http { url, method, body: member(params, "RequestBody"), api: Some(api) })
+}
+
 fn literal(params: Option<&Sym>, key: &str) -> Result<Option<String>, String> {
     let Some(p) = params else { return Ok(None) };
     match p.get(&[Seg::Name(key.into())]) {
@@ -2967,23 +3158,20 @@ impl Service {
                     }
                     Some(_) => return Err("http:invoke's QueryParameters read from the data are not translated: write them in the definition".into()),
                 }
-                Ok(Service::Http { url, method, body: member(params, "RequestBody") })
+                Ok(Service::Http { url, method, body: member(params, "RequestBody"), api: None })
             }
+            "apigateway:invoke" if !callback => api_gateway(params),
             s if s.starts_with("aws-sdk:") => {
                 let mut parts = s.splitn(3, ':').skip(1);
                 let (Some(svc), Some(action)) = (parts.next(), parts.next()) else {
                     return Err(format!("{resource}: an aws-sdk resource is aws-sdk:SERVICE:ACTION"));
                 };
-                if callback {
-                    return Err(format!(
-                        "{resource}: an aws-sdk task that waits for a token is not translated: call the action in a step, then wait in a callback step"
-                    ));
-                }
                 aws_action(svc, action, params).map_err(|e| format!("{resource}: {e}"))
             }
             s if s.starts_with("activity") => Err("an activity is not translated: its worker becomes a callback step's worker".into()),
             // an optimized integration whose answer is the API's: the aws kind calls the action
-            other if !callback => {
+            // (with a token: the action hands it over, and a callback step waits for the answer)
+            other if !other.starts_with("apigateway:") => {
                 let (svc, action) = other.split_once(':').unwrap_or((other, ""));
                 // the integrations' names that are not the API's service: Step Functions' own, and
                 // Bedrock's model calls (Bedrock Runtime's)
@@ -3566,7 +3754,7 @@ mod tests {
         );
         assert!(r[0].field == "TimeoutSeconds" && r[0].reason.contains("callback"), "{r:?}");
         let r = refused(json!({"A": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f",
-                                     "Parameters": {"x.$": "States.UUID()"}, "End": true}}));
+                                     "Parameters": {"x.$": "States.MathRandom(1, 9)"}, "End": true}}));
         assert!(r[0].field == "Parameters" && r[0].reason.contains("would change"), "{r:?}");
         // an intrinsic function it can call: its paths rewritten to where the data lives
         let i = import("x", &json!({"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f",
@@ -3582,6 +3770,29 @@ mod tests {
         assert!(r[0].field == "ToleratedFailureCount" && r[0].reason.contains("Distributed Map"), "{r:?}");
         let r = import("x", &json!({"QueryLanguage": "XPath", "StartAt": "A", "States": {}})).unwrap_err();
         assert_eq!(r[0].field, "QueryLanguage");
+    }
+
+    #[test]
+    fn a_uuid_is_named_by_the_task_and_the_state_that_makes_it_so_every_read_and_attempt_sees_one() {
+        let i = import("x", &json!({"StartAt": "Id", "States": {
+            "Id": {"Type": "Pass", "Parameters": {"id.$": "States.UUID()", "n.$": "$.n"}, "Next": "Put"},
+            "Put": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f",
+                    "Parameters": {"ticket.$": "States.Format('t-{}', $.id)", "again.$": "$.id", "other.$": "States.UUID()"},
+                    "End": true}}}))
+        .unwrap();
+        let made = "States.UUID($.task.id, 'Id#1')";
+        assert_eq!(
+            i.workflow["steps"][0]["parameters"],
+            json!({"ticket.$": format!("States.Format('t-{{}}', {made})"), "again.$": made,
+                   "other.$": "States.UUID($.task.id, 'Put#1')"})
+        );
+        assert!(i.notes.iter().any(|n| n.contains("States.UUID() is a UUID named by the task")), "{:?}", i.notes);
+        // made before a Parallel and read in its branches: each branch is a task of its own
+        let r = import("x", &json!({"StartAt": "Id", "States": {"Id": {"Type": "Pass", "Parameters": {"id.$": "States.UUID()"}, "Next": "Both"},
+            "Both": {"Type": "Parallel", "End": true, "Branches": [
+                {"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:a", "End": true}}}]}}}))
+        .unwrap_err();
+        assert!(r.iter().any(|x| x.state == "Both" && x.reason.contains("States.UUID()")), "{r:?}");
     }
 
     #[test]
@@ -3610,6 +3821,43 @@ mod tests {
             "Parameters": {"ApiEndpoint": "https://a/", "Headers": {"x": "1"}}, "End": true}}}),
         )
         .unwrap_err();
+        assert!(r[0].reason.contains("Headers"), "{r:?}");
+    }
+
+    #[test]
+    fn an_api_gateway_task_is_an_http_agent_signed_for_execute_api_at_its_stage_and_path() {
+        let call = |params: Value| {
+            import(
+                "x",
+                &json!({"StartAt": "Add", "States": {"Add": {"Type": "Task", "Resource": "arn:aws:states:::apigateway:invoke",
+                "Parameters": params, "ResultSelector": {"body.$": "$.ResponseBody", "code.$": "$.StatusCode"}, "End": true}}}),
+            )
+        };
+        let i = call(json!({"ApiEndpoint": "${APIID}.execute-api.${REGION}.amazonaws.com", "Method": "POST",
+            "Stage": "prod", "Path": "/pets", "QueryParameters": {"tag": ["a", "b c"]}, "RequestBody.$": "$.pet",
+            "AuthType": "IAM_ROLE"}))
+        .unwrap();
+        loads(&i);
+        let (name, agent) = i.agents.iter().next().unwrap();
+        assert_eq!(name, "http.pets");
+        assert_eq!(
+            agent,
+            &json!({"kind": "http", "url": "https://${APIID}.execute-api.${REGION}.amazonaws.com/prod/pets?tag=a&tag=b%20c",
+                    "method": "POST", "payload": "input", "sign": {"service": "execute-api"}})
+        );
+        let s = steps(&i);
+        assert_eq!(s["Add"]["parameters"], json!({"*.$": "$.input.pet"}));
+        assert_eq!(s["Add"]["result_selector"], json!({"body.$": "$", "code": 200}));
+        assert!(i.notes.iter().any(|n| n.contains("AgentSignedApiArns")), "{:?}", i.notes);
+        // without IAM auth: not signed; GET by default
+        let i = call(json!({"ApiEndpoint": "https://abc.execute-api.eu-west-1.amazonaws.com", "AuthType": "NO_AUTH"}))
+            .unwrap();
+        let agent = i.agents.values().next().unwrap();
+        assert!(agent.get("sign").is_none() && agent["method"] == "GET", "{agent}");
+        // an address read from the data, or headers: refused
+        let r = call(json!({"ApiEndpoint": "a.execute-api.r.amazonaws.com", "Path.$": "$.path"})).unwrap_err();
+        assert!(r[0].reason.contains("Path is read from the data"), "{r:?}");
+        let r = call(json!({"ApiEndpoint": "a", "Headers": {"x": ["1"]}})).unwrap_err();
         assert!(r[0].reason.contains("Headers"), "{r:?}");
     }
 
@@ -3827,14 +4075,14 @@ mod tests {
     fn a_refusal_names_every_blocker_of_the_definition() {
         let r = import("x", &json!({"StartAt": "Get", "States": {
             "Get": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:route53:getHostedZone",
-                    "TimeoutSecondsPath": "$.t", "Parameters": {"id.$": "States.UUID()"}, "Next": "Check"},
+                    "TimeoutSecondsPath": "$.t", "Parameters": {"id.$": "States.MathRandom(1, 9)"}, "Next": "Check"},
             "Check": {"Type": "Choice", "Choices": [{"Variable": "$.done", "BooleanEquals": false, "Next": "Get"}],
                       "Default": "Both"},
             "Both": {"Type": "Parallel", "Retry": [{"ErrorEquals": ["States.ALL"]}], "Next": "Each", "Branches": [
                 {"StartAt": "Glue", "States": {"Glue": {"Type": "Task", "Resource": "arn:aws:states:::dynamodb:putItem.sync", "End": true}}},
                 {"StartAt": "Ok", "States": {"Ok": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:ok", "End": true}}}]},
             "Each": {"Type": "Map", "ItemReader": {}, "ItemProcessor": {"StartAt": "Put", "States": {
-                "Put": {"Type": "Task", "Resource": "arn:aws:states:::apigateway:invoke", "End": true}}}, "End": true}
+                "Put": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:apigateway:getRestApis", "End": true}}}, "End": true}
         }}))
         .unwrap_err();
         let has = |state: &str, field: &str| r.iter().any(|x| x.state == state && x.field == field);

@@ -69,8 +69,11 @@ impl Needs {
             let mut resources: Vec<String> = grants
                 .iter()
                 .map(|(r, _)| {
-                    // an ARN, `*`, an action (`states:DescribeExecution`) as written; a name as its ARN
-                    if r.starts_with("arn:") || r == "*" || r.contains(':') {
+                    // a signed URL as its API's ARN (an IAM policy takes no URL); an ARN, `*`, an
+                    // action (`states:DescribeExecution`) as written; a name as its ARN
+                    if r.starts_with("https://") || r.starts_with("http://") {
+                        signed_url_arn(r)
+                    } else if r.starts_with("arn:") || r == "*" || r.contains(':') {
                         r.clone()
                     } else {
                         format!("<ARN of {r}>")
@@ -85,9 +88,42 @@ impl Needs {
     }
 }
 
+/// What grants a signed call to `url` in `AgentSignedApiArns`: for an API Gateway address
+/// (`https://API.execute-api.REGION.amazonaws.com/STAGE/PATH`) its ARN,
+/// `arn:aws:execute-api:REGION:*:API/STAGE/*/PATH` (any account, any method); for another address
+/// (a custom domain, a function URL), which names no ARN, what to look up.
+fn signed_url_arn(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    let parts: Vec<&str> = host.split('.').collect();
+    match parts.as_slice() {
+        [api, "execute-api", region, "amazonaws", "com"] => {
+            let (stage, resource) = path.split_once('/').unwrap_or((path, ""));
+            let stage = if stage.is_empty() { "*" } else { stage };
+            let resource = if resource.is_empty() { "*" } else { resource };
+            format!("arn:aws:execute-api:{region}:*:{api}/{stage}/*/{resource}")
+        }
+        _ => format!("<ARN of the API or function behind {url}>"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signed_url_is_granted_by_its_api_s_arn() {
+        assert_eq!(
+            signed_url_arn("https://a1b2.execute-api.us-east-2.amazonaws.com/prod/pets?x=1"),
+            "arn:aws:execute-api:us-east-2:*:a1b2/prod/*/pets"
+        );
+        assert_eq!(
+            signed_url_arn("https://a1b2.execute-api.us-east-2.amazonaws.com"),
+            "arn:aws:execute-api:us-east-2:*:a1b2/*/*/*"
+        );
+        assert!(signed_url_arn("https://abc.lambda-url.eu-west-1.on.aws/").starts_with("<ARN of the API or function"));
+    }
 
     #[test]
     fn a_check_s_problems_name_the_variables_and_parameters_to_pass() {

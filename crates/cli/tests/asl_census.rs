@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The definitions the book says are translated (of 170): a change that translates fewer fails.
-const TRANSLATED_AT_LEAST: usize = 91;
+const TRANSLATED_AT_LEAST: usize = 100;
 
 /// Every task's `Resource` in a definition (inside Parallel branches and Map processors).
 fn resources(states: &serde_json::Value, out: &mut Vec<String>) {
@@ -151,8 +151,8 @@ fn the_collection_is_translated_or_refused_with_reasons() {
                         Some("sqs") => ("queue_url", "https://sqs.us-east-1.amazonaws.com/000000000000/q"),
                         Some("sns") => ("topic_arn", "arn:aws:sns:us-east-1:000000000000:t"),
                         Some("eventbridge") => ("bus", "arn:aws:events:us-east-1:000000000000:event-bus/b"),
-                        // an aws agent's names and ARNs: each ${Variable} given a name
-                        Some("aws") => {
+                        // an aws agent's names and ARNs, an API's address: each ${Variable} given a name
+                        Some("aws" | "http") => {
                             let mut text = spec.to_string();
                             while let Some(at) = text.find("${") {
                                 let end = text[at..].find('}').map_or(text.len(), |e| at + e + 1);
@@ -190,7 +190,7 @@ fn the_collection_is_translated_or_refused_with_reasons() {
                 }
                 classes.sort();
                 classes.dedup();
-                if covered {
+                if covered || std::env::var_os("CENSUS_ALL").is_some() {
                     in_subset_refused.push(format!("{name}: {}", classes.join("; ")));
                 }
                 for c in classes {
@@ -215,7 +215,8 @@ fn the_collection_is_translated_or_refused_with_reasons() {
         println!("{count:4}  {why}");
     }
     println!("translated: {}", translated.join(", "));
-    println!("refused within the integrations covered:");
+    // CENSUS_ALL=1: every refused definition, with its reasons (what one feature would free)
+    println!("refused within the integrations covered (all with CENSUS_ALL=1):");
     for r in &in_subset_refused {
         println!("  {r}");
     }

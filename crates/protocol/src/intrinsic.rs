@@ -8,8 +8,12 @@
 //! `States.ArrayLength`, `States.ArrayUnique`, `States.JsonMerge` (shallow), `States.MathAdd`,
 //! `States.StringSplit`, `States.Hash` (`MD5`, `SHA-1`, `SHA-256`, `SHA-384`, `SHA-512`: lowercase
 //! hex), `States.Base64Encode` and `States.Base64Decode` (the standard alphabet, padded; a string
-//! of at most 10,000 characters, as Step Functions takes). Not: `States.UUID` and
-//! `States.MathRandom` (a value that would change each time a step's request is made).
+//! of at most 10,000 characters, as Step Functions takes), and `States.UUID` **with arguments**:
+//! `States.UUID($.task.id, 'ticket')` is a UUID (version 5) named by its arguments' JSON, so the
+//! same on every attempt of a step and every read of it, another in every task (a loop's iteration
+//! and a map's element are tasks of their own). Not: `States.UUID()` and `States.MathRandom`
+//! (a value that would change each time a step's request is made); `sasctl import-asl` writes a
+//! definition's `States.UUID()` as `States.UUID($.task.id, '<state>#<n>')`.
 //! A call that fails at run time (a wrong type, an index out of range) gives `null`; Step
 //! Functions fails the state there (`States.IntrinsicFailure`).
 
@@ -35,7 +39,11 @@ pub const FUNCTIONS: &[&str] = &[
     "States.Hash",
     "States.Base64Encode",
     "States.Base64Decode",
+    "States.UUID",
 ];
+
+/// The namespace of the UUIDs `States.UUID(args)` names (a version 4 UUID drawn once for it).
+const UUID_NAMESPACE: uuid::Uuid = uuid::uuid!("5d3c1c56-8a43-4f5e-9b7a-2f6a0e4c9d21");
 
 /// The most characters `States.Hash` and `States.Base64Encode`/`Decode` take (Step Functions').
 const MAX_ENCODED_CHARS: usize = 10_000;
@@ -212,7 +220,7 @@ impl Parser<'_> {
         let function = self.text(start);
         if !FUNCTIONS.contains(&function.as_str()) {
             return Err(match function.as_str() {
-                "States.UUID" | "States.MathRandom" => {
+                "States.MathRandom" => {
                     format!("{function} is not supported: its value would change each time the step's request is made")
                 }
                 f if f.starts_with("States.") => format!("{f} is not supported (yet)"),
@@ -241,6 +249,13 @@ impl Parser<'_> {
                 }
                 _ => return Err(format!("{function}: expected , or ) at {}", self.at)),
             }
+        }
+        if function == "States.UUID" && args.is_empty() {
+            return Err(
+                "States.UUID() is not supported: its value would change each time the step's request is made; \
+                 name the UUID by what makes it unique, States.UUID($.task.id, 'ticket') (the same on every attempt)"
+                    .into(),
+            );
         }
         Ok(Call { function, args })
     }
@@ -310,6 +325,9 @@ fn int(v: &Value) -> Option<i64> {
 
 fn apply(f: &str, a: &[Value]) -> Option<Value> {
     Some(match (f, a) {
+        ("States.UUID", args) if !args.is_empty() => Value::String(
+            uuid::Uuid::new_v5(&UUID_NAMESPACE, Value::Array(args.to_vec()).to_string().as_bytes()).to_string(),
+        ),
         ("States.StringToJson", [Value::String(s)]) => serde_json::from_str(s).ok()?,
         ("States.JsonToString", [v]) => Value::String(v.to_string()),
         ("States.Array", args) => Value::Array(args.to_vec()),
@@ -442,6 +460,13 @@ mod tests {
         );
         assert_eq!(eval("States.MathAdd($.input.n, -5)", &input), Some(json!(-2)));
         assert_eq!(eval("States.StringSplit('a,b, c', ', ')", &input), Some(json!(["a", "b", "c"])));
+        // a UUID named by its arguments: the same for the same names, another for others
+        let uuid = eval("States.UUID($.input.name, 'ticket')", &input).unwrap();
+        let text = uuid.as_str().unwrap();
+        assert!(text.len() == 36 && text.as_bytes()[14] == b'5', "a version 5 UUID: {text}");
+        assert_eq!(eval("States.UUID($.input.name, 'ticket')", &input), Some(uuid.clone()), "read again");
+        assert_ne!(eval("States.UUID($.input.name, 'order')", &input), Some(uuid.clone()));
+        assert_ne!(eval("States.UUID($.input.n, 'ticket')", &input), Some(uuid));
         // failures give nothing (the template gives null)
         assert_eq!(eval("States.ArrayGetItem($.input.list, 9)", &input), None);
         assert_eq!(eval("States.MathAdd($.input.name, 1)", &input), None);

@@ -80,6 +80,12 @@ pub struct AwsKind {
     /// or not JSON, is left as it is.
     #[serde(default)]
     pub parse_json: Vec<String>,
+    /// For a callback step: the members of the request that carry its token (names, or paths of
+    /// names: `Input.TaskToken`, `Item.token.S`), set to it in every call, as Step Functions'
+    /// `$$.Task.Token` in a `.waitForTaskToken` task. The remote side answers with it on the
+    /// callback queue, the callback URL or with `sasctl complete`.
+    #[serde(default)]
+    pub task_token: Vec<String>,
 }
 
 /// An error's code from a JSON protocol's answer: the query-compatible header (SQS), the
@@ -115,6 +121,7 @@ impl AgentKind for AwsKind {
             max_response_bytes: cx.max_response_bytes,
             recorder: CallRecorder::from_env(),
             parse_json: self.parse_json,
+            task_token: self.task_token,
         }))
     }
 
@@ -153,6 +160,7 @@ pub struct AwsApiAgent {
     max_response_bytes: usize,
     recorder: Option<CallRecorder>,
     parse_json: Vec<String>,
+    task_token: Vec<String>,
 }
 
 /// `answer` with its members `members` (names, or paths of names: `Item.stock.N`) that are JSON
@@ -169,6 +177,24 @@ fn parse_members(mut answer: Value, members: &[String]) -> Value {
     answer
 }
 
+/// `value` put at `path` (names joined by `.`) in `body`, the objects on the way made (a member
+/// on the way that is not an object is replaced by one).
+fn set_member(body: &mut Map<String, Value>, path: &str, value: Value) {
+    let mut names = path.split('.');
+    let Some(mut name) = names.next() else { return };
+    let mut at = body;
+    for next in names {
+        let slot = at.entry(name.to_owned()).or_insert_with(|| Value::Object(Map::new()));
+        if !slot.is_object() {
+            *slot = Value::Object(Map::new());
+        }
+        let Value::Object(inner) = slot else { return };
+        at = inner;
+        name = next;
+    }
+    at.insert(name.to_owned(), value);
+}
+
 impl std::fmt::Debug for AwsApiAgent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AwsApiAgent").field("op", &self.op).field("region", &self.region).finish_non_exhaustive()
@@ -180,9 +206,15 @@ fn permanent(message: String) -> AgentError {
 }
 
 impl AwsApiAgent {
-    /// The request's body: the input's members with the configuration's over them, and the client
-    /// token where the action takes one and the request gives none.
-    pub fn body(&self, input: &Value, idempotency_key: &str) -> Result<Map<String, Value>, AgentError> {
+    /// The request's body: the input's members with the configuration's over them, a callback
+    /// step's token at `task_token`, and the client token where the action takes one and the
+    /// request gives none.
+    pub fn body(
+        &self,
+        input: &Value,
+        idempotency_key: &str,
+        callback: Option<&str>,
+    ) -> Result<Map<String, Value>, AgentError> {
         let mut body = match input {
             Value::Object(o) => o.clone(),
             Value::Null => Map::new(),
@@ -197,6 +229,17 @@ impl AwsApiAgent {
         };
         for (k, v) in &self.parameters {
             body.insert(k.clone(), v.clone());
+        }
+        if !self.task_token.is_empty() {
+            let Some(token) = callback else {
+                return Err(permanent(format!(
+                    "{}:{}: task_token names where a callback step's token goes, and this step is not a callback step",
+                    self.op.service, self.op.name
+                )));
+            };
+            for path in &self.task_token {
+                set_member(&mut body, path, Value::String(token.to_owned()));
+            }
         }
         if let Some((member, most)) = &self.op.token {
             body.entry(member.clone()).or_insert_with(|| Value::String(client_token(idempotency_key, *most)));
@@ -223,7 +266,8 @@ impl AwsApiAgent {
     }
 
     async fn call_once(&self, call: Call<'_>) -> Result<Value, AgentError> {
-        let body = self.body(&call.request.input, call.request.idempotency_key.as_str())?;
+        let token = call.request.callback.as_ref().map(|c| c.token.expose());
+        let body = self.body(&call.request.input, call.request.idempotency_key.as_str(), token.as_deref())?;
         let bytes = serde_json::to_vec(&body).map_err(|e| permanent(format!("the request: {e}")))?;
         let (url, region) = self.endpoint().await?;
         let what = format!("{}:{}", self.op.service, self.op.name);
@@ -478,6 +522,42 @@ mod tests {
             serde_json::from_slice::<Value>(&seen.lock().unwrap()[2].body).unwrap()["ClientRequestToken"],
             "mine"
         );
+    }
+
+    #[tokio::test]
+    async fn a_callback_step_s_token_is_put_where_the_definition_put_its_task_token() {
+        use crate::agent::http::tests::{server, Seen};
+        let (url, seen) =
+            server(Arc::new(|_: &Seen| (200, r#"{"executionArn": "arn:x", "startDate": 1}"#.into()))).await;
+        let start = agent(
+            &json!({"service": "sfn", "action": "startExecution", "parameters": {"StateMachineArn": "arn:sm"},
+                    "task_token": ["Input.TaskToken", "Input.deep.token"], "resources": ["*"]}),
+            &url,
+        );
+        let task = crate::ids::TaskId::try_from("t-1").unwrap();
+        let r = crate::messages::AgentRequest::first_attempt(
+            task,
+            "child",
+            "a",
+            json!({}),
+            crate::ids::Millis::now().plus_ms(10_000),
+        )
+        .with_callback(None);
+        let r = crate::messages::AgentRequest { input: json!({"Input": {"order": 7, "deep": 1}}), ..r };
+        let token = r.callback.as_ref().unwrap().token.expose();
+        start.call(Call { request: &r, call_no: 1, deadline: r.complete_by }).await.unwrap();
+        let body: Value = serde_json::from_slice(&seen.lock().unwrap()[0].body).unwrap();
+        // the input is sent as its JSON text (a text member), the token inside it
+        let input: Value = serde_json::from_str(body["input"].as_str().unwrap()).unwrap();
+        assert_eq!(input, json!({"order": 7, "TaskToken": token, "deep": {"token": token}}));
+        assert_eq!(body["stateMachineArn"], "arn:sm");
+        // not a callback step: said, not sent without its token
+        let err = run(start.as_ref(), json!({"Input": {}})).await.unwrap_err();
+        assert!(
+            matches!(&err, AgentError::Permanent { message } if message.contains("not a callback step")),
+            "{err:?}"
+        );
+        assert_eq!(seen.lock().unwrap().len(), 1);
     }
 
     #[tokio::test]
