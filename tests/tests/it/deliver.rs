@@ -394,3 +394,67 @@ async fn a_callback_step_delivered_to_a_queue_is_answered_by_its_worker_and_the_
     runner.shutdown().await;
     s.delete().await;
 }
+
+/// Step Functions' `.waitForTaskToken` on an AWS action, imported: `aws-sdk:dynamodb:putItem`
+/// writing the task token into an item (as a job queue kept in a table would be), becomes a
+/// callback step whose `aws` agent puts this project's token where the definition put
+/// `$$.Task.Token`. On LocalStack: the item is written with the token; the test, as the worker that
+/// reads the table, answers with it through the callback queue; the task is Processed with the
+/// answer as the state's output, read by the state after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_aws_action_that_waits_for_a_token_writes_it_where_the_definition_says_and_the_answer_ends_the_step() {
+    let table = "sas-it-token-jobs";
+    let def = json!({"StartAt": "Hand", "States": {
+        "Hand": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:dynamodb:putItem.waitForTaskToken",
+                 "Parameters": {"TableName": table, "Item": {"id": {"S.$": "$.order"}, "token": {"S.$": "$$.Task.Token"}}},
+                 "ResultPath": "$.answer", "TimeoutSeconds": 600, "Next": "Done"},
+        "Done": {"Type": "Pass", "Parameters": {"order.$": "$.order", "tracking.$": "$.answer.tracking"}, "End": true}}});
+    let i = sas_cli::asl::import("handed_aws", &def).expect("the definition translates");
+    assert_eq!(i.agents.values().next().expect("one agent")["task_token"], json!(["Item.token.S"]), "{:?}", i.agents);
+    let workflows =
+        WorkflowRegistry::from_json(&json!({"workflows": i.workflows()}).to_string()).expect("the workflow loads");
+    let s = stack_with("deliver-aws", workflows).await;
+    crate::common::items_table(&s.sdk, table).await;
+    let callback_queue = s.res.callback_queue_url.clone().expect("the stack has a callback queue");
+    let agents = AgentRuntime::from_config_with(
+        &sas_cli::asl::agents_file(&i.agents).to_string(),
+        &|_| None,
+        AwsConfigCell::with(s.sdk.clone()),
+    )
+    .expect("the agents");
+    let runner = s.runner_with(agents);
+    let order = format!("o-{}", run_id());
+    let id = format!("handed-aws-{}", run_id());
+    let submission = json!({"v": 1, "task_id": id, "workflow": "handed_aws", "input": {"order": order}});
+    s.send(&s.res.submission_queue_url, &submission.to_string()).await;
+
+    // the worker: reads the item the step wrote, and answers with the token in it
+    let ddb = aws_sdk_dynamodb::Client::new(&s.sdk);
+    let started = Instant::now();
+    let token = loop {
+        let got = ddb
+            .get_item()
+            .table_name(table)
+            .key("id", aws_sdk_dynamodb::types::AttributeValue::S(order.clone()))
+            .consistent_read(true)
+            .send()
+            .await
+            .expect("reading the item");
+        if let Some(t) = got.item().and_then(|i| i.get("token")).and_then(|v| v.as_s().ok()) {
+            break t.clone();
+        }
+        assert!(started.elapsed() < Duration::from_mins(3), "the step wrote no item with its token");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let t = s.task(&id).await.expect("the task");
+    assert_eq!(t.process_state, ProcessState::Processing, "it waits for the answer: {:#?}", t.history);
+    assert!(token.contains(&id), "the project's callback token, naming the task: {token}");
+    let answer = json!({"v": 1, "token": token, "status": "succeeded", "output": {"tracking": "TRK-9"}});
+    s.send(&callback_queue, &answer.to_string()).await;
+
+    let t = s.wait_terminal(&id).await;
+    assert_eq!(t.process_state, ProcessState::Processed, "{:#?}", t.history);
+    assert_eq!(t.result(), Some(json!({"order": order, "tracking": "TRK-9"})));
+    runner.shutdown().await;
+    s.delete().await;
+}
