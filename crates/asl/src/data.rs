@@ -196,6 +196,12 @@ impl Sym {
             (Sym::Choose(ways), _) => {
                 Ok(Sym::one_of(ways.iter().map(|(c, x)| Ok((c.clone(), x.get(segs)?))).collect::<Result<_, String>>()?))
             }
+            // the array of the values a path names: read as a whole, not into (a path's next
+            // segment would apply to each value, not to the array)
+            (Sym::Ref(p), _) if split_many(p).is_some() => Err(format!(
+                "{} reads into the array of the values {p} names, which is not read here",
+                path_text("$", segs)
+            )),
             (Sym::Ref(p), _) => Ok(Sym::Ref(with(p, segs))),
             (Sym::Lit(v), _) => {
                 let mut at = v;
@@ -522,10 +528,77 @@ pub fn lookup(path: &str, doc: &Sym, vars: &Vars) -> Result<Sym, String> {
                      Map's processor and a loop's states, workflows of their own here, read only the variables they set)"
                 )
             })?;
-            value.get(&parse_path(&format!("${rest}"))?)
+            get(value, &format!("${rest}"))
         }
-        None => doc.get(&parse_path(path)?),
+        None => get(doc, path),
     }
+}
+
+/// What `path` names in `value`: one value, or, for a path that names many from a segment on (a
+/// wildcard, a slice, a filter, `..`: `$.Versions[*].Version`, `$.List[1:]`), their array, read
+/// where the value lives (a path of the task that names many: templates read it as Step Functions
+/// does) or worked out now (a constant).
+pub fn get(value: &Sym, path: &str) -> Result<Sym, String> {
+    let one = match parse_path(path) {
+        Ok(segs) => return value.get(&segs),
+        Err(e) => e,
+    };
+    let Some((head, rest)) = split_many(path) else { return Err(one) };
+    many(&value.get(&parse_path(head)?)?, rest).map_err(|e| format!("path {path:?}: {e}"))
+}
+
+/// The values `rest` (a path's part that names many: `[*].id`) names in `at`.
+fn many(at: &Sym, rest: &str) -> Result<Sym, String> {
+    match at {
+        Sym::Ref(p) => {
+            let text = format!("{p}{rest}");
+            // the query checked here (its root is the importer's)
+            sas_protocol::condition::DataPath::parse_relative_many(&text)?;
+            Ok(Sym::Ref(text))
+        }
+        Sym::Lit(v) => sas_protocol::condition::query_values(v, &format!("${rest}")).map(Sym::Lit),
+        Sym::Choose(ways) => {
+            Ok(Sym::Choose(ways.iter().map(|(c, x)| Ok((c.clone(), many(x, rest)?))).collect::<Result<_, String>>()?))
+        }
+        _ => Err(format!("{rest} names many values of a value the state machine builds, which is not read here")),
+    }
+}
+
+/// A path cut where it starts naming many values: the part before (names and indexes) and the
+/// rest (`$.a.b` and `[*].c` of `$.a.b[*].c`); none when every segment names one value.
+fn split_many(path: &str) -> Option<(&str, &str)> {
+    let b = path.as_bytes();
+    let mut i = 1;
+    while i < b.len() {
+        match b[i] {
+            b'.' if b.get(i + 1) == Some(&b'.') || b.get(i + 1) == Some(&b'*') => {
+                return Some((&path[..i], &path[i..]))
+            }
+            b'[' => {
+                // a quoted name is one value; [*], [?...], [1:], [0,1], [-1] name many
+                let inner = path[i + 1..].trim_start();
+                if inner.starts_with('\'') || inner.starts_with('"') {
+                    let q = inner.as_bytes()[0];
+                    let start = path.len() - inner.len() + 1;
+                    let mut j = start;
+                    while j < b.len() && b[j] != q {
+                        j += if b[j] == b'\\' { 2 } else { 1 };
+                    }
+                    i = j + 1;
+                    continue;
+                }
+                let end = path[i..].find(']').map_or(path.len(), |e| i + e);
+                let sel = path[i + 1..end].trim();
+                if sel.is_empty() || !sel.bytes().all(|c| c.is_ascii_digit()) {
+                    return Some((&path[..i], &path[i..]));
+                }
+                i = end;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
 }
 
 /// A Choice rule (without its `Next`) as a decision over the task, its variables read in `doc`

@@ -2145,6 +2145,19 @@ impl Cx {
                     .into(),
             ));
         }
+        // a processor of Pass states whose results are dropped (ResultPath null) does nothing a
+        // task could see: no step (the sample machines' placeholder "DoSomething")
+        let does_nothing = processor.get("States").and_then(Value::as_object).is_some_and(|states| {
+            states.values().all(|x| matches!(x.get("Type").and_then(Value::as_str), Some("Pass" | "Succeed")))
+        }) && st.get("ResultPath") == Some(&Value::Null)
+            && !st.contains_key("Assign");
+        if errs.is_empty() && does_nothing {
+            self.notes.push(format!(
+                "{here}: its processor only passes data and its result is dropped (ResultPath null): no step"
+            ));
+            let doc = io(st, &m.doc, "OutputPath").map_err(Blocked::from)?;
+            return Ok(Arrival { doc, ..m.clone() });
+        }
         if errs.is_empty() {
             return self.map_processor(here, name, st, m, processor).map_err(Blocked::from);
         }
@@ -2198,7 +2211,9 @@ impl Cx {
         // beside it, the processor becomes a workflow (whose parameters are filled from the task)
         let single =
             single && element.paths().iter().all(|p| p.starts_with("$.input.item") || p.starts_with("$.input.index"));
-        let mut spec = json!({"items": pointer(&items)});
+        // a path that names many values (Rows[1:]) is the map's items as it is
+        let items = if parse_path(&items).is_ok() { pointer(&items) } else { items };
+        let mut spec = json!({"items": items});
         let concurrency = st.get("MaxConcurrency").and_then(Value::as_u64).unwrap_or(0);
         let most = u64::from(sas_protocol::workflow::MAX_MAP_CONCURRENCY);
         spec["max_concurrency"] = json!(if concurrency == 0 { most } else { concurrency.min(most) });
@@ -2393,10 +2408,8 @@ fn io(st: &Map<String, Value>, doc: &Sym, field: &str) -> Result<Sym, (String, S
     match st.get(field) {
         None => Ok(doc.clone()),
         Some(Value::Null) => Ok(Sym::Lit(json!({}))),
-        Some(Value::String(p)) => {
-            let segs = parse_path(p).map_err(|e| (field.to_owned(), e))?;
-            doc.get(&segs).map_err(|e| (field.to_owned(), e))
-        }
+        // a path (InputPath, OutputPath) may name many values: their array
+        Some(Value::String(p)) => super::data::get(doc, p).map_err(|e| (field.to_owned(), e)),
         Some(other) => Err((field.into(), format!("{other} is not a path"))),
     }
 }
@@ -3825,6 +3838,35 @@ mod tests {
     }
 
     #[test]
+    fn a_path_that_names_many_values_is_read_as_their_array_where_the_data_lives() {
+        let i = import("x", &json!({"StartAt": "Consts", "States": {
+            "Consts": {"Type": "Pass", "Result": [1, 2, 3], "ResultPath": "$.consts", "Next": "List"},
+            "List": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:lambda:listVersionsByFunction",
+                     "Parameters": {"FunctionName": "f"}, "ResultSelector": {"versions.$": "$.Versions[*].Version"},
+                     "ResultPath": "$.listed", "Next": "Keep"},
+            "Keep": {"Type": "Pass", "Parameters": {"rest.$": "$.listed.versions[1:]", "first.$": "$.listed.versions[0]",
+                                                   "fixed.$": "$.consts[1:]"}, "ResultPath": "$.kept", "Next": "Use"},
+            "Use": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f",
+                    "Parameters": {"rest.$": "$.kept.rest", "rows.$": "$.rows[?(@.n > 1)].id", "fixed.$": "$.kept.fixed"}, "End": true}}}))
+        .unwrap_or_else(|r| panic!("{r:#?}"));
+        loads(&i);
+        let s = steps(&i);
+        assert_eq!(s["List"]["result_selector"], json!({"versions.$": "$.Versions[*].Version"}));
+        assert_eq!(
+            s["Use"]["parameters"],
+            json!({"rest.$": "$.outputs.List.versions[1:]", "rows.$": "$.input.rows[?(@.n > 1)].id", "fixed": [2, 3]})
+        );
+        // a filter Step Functions' own library reads but RFC 9535 does not (an unquoted string): said
+        let r = import(
+            "x",
+            &json!({"StartAt": "A", "States": {"A": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:f",
+            "Parameters": {"x.$": "$.labels[?(@.Name==Receipt)]"}, "End": true}}}),
+        )
+        .unwrap_err();
+        assert!(r[0].reason.contains("is not a JSONPath"), "{r:?}");
+    }
+
+    #[test]
     fn an_api_gateway_task_is_an_http_agent_signed_for_execute_api_at_its_stage_and_path() {
         let call = |params: Value| {
             import(
@@ -4162,7 +4204,6 @@ mod tests {
         for (resource, says) in [
             ("arn:aws:states:::aws-sdk:route53:listHostedZones", "rest-xml"),
             ("arn:aws:states:::aws-sdk:dynamodb:dropTable", "no action"),
-            ("arn:aws:states:::aws-sdk:dynamodb:putItem.waitForTaskToken", "waits for a token"),
         ] {
             let r = import(
                 "x",
@@ -4171,6 +4212,11 @@ mod tests {
             .unwrap_err();
             assert!(r.iter().any(|x| x.field == "Resource" && x.reason.contains(says)), "{resource}: {r:#?}");
         }
+        // a token to hand over, and none in the request
+        let r = import("x", &json!({"StartAt": "A", "States": {"A": {"Type": "Task", "End": true,
+            "Resource": "arn:aws:states:::aws-sdk:dynamodb:putItem.waitForTaskToken", "Parameters": {"TableName": "t"}}}}))
+        .unwrap_err();
+        assert!(r.iter().any(|x| x.field == "Parameters" && x.reason.contains("$$.Task.Token")), "{r:#?}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The definitions the book says are translated (of 170): a change that translates fewer fails.
-const TRANSLATED_AT_LEAST: usize = 100;
+const TRANSLATED_AT_LEAST: usize = 103;
 
 /// Every task's `Resource` in a definition (inside Parallel branches and Map processors).
 fn resources(states: &serde_json::Value, out: &mut Vec<String>) {
@@ -103,6 +103,7 @@ fn class(r: &sas_asl::Refusal) -> String {
         ("call step may take", "a task over the 110 s call limit"),
         ("activity", "an activity"),
         ("names no one value", "a path naming many values (a slice, a wildcard, a filter)"),
+        ("is not a JSONPath", "a path outside RFC 9535 (a filter's unquoted string)"),
         ("would change each time", "States.UUID (a value that would change each time)"),
         ("must start at the task's input", "an intrinsic function over a task's answer (ResultSelector)"),
         ("reached both before any task runs", "a state reached both at the start and after a task"),

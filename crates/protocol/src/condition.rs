@@ -26,11 +26,40 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// A path into a task's data, `$.input…` or `$.outputs.<step>…`: an RFC 9535 singular query.
+/// A path into a task's data, `$.input…` or `$.outputs.<step>…`: an RFC 9535 singular query; in
+/// a template, also one that names many values ([`DataPath::parse_many`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataPath {
     text: String,
+    /// The names and indexes from the root, up to the first segment that names many values.
     segments: Vec<Segment>,
+    /// The rest, from that segment on: a query over the value the segments name (boxed: most
+    /// paths have none).
+    many: Option<Box<Many>>,
+}
+
+/// The part of a path that names many values (`[*].sku`, `[1:]`, `[?@.n > 1]`, `..id`), as an RFC
+/// 9535 query over the value before it: the values it names, in document order, are an array.
+#[derive(Debug, Clone)]
+struct Many {
+    text: String,
+    query: serde_json_path::JsonPath,
+}
+
+impl PartialEq for Many {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl Eq for Many {}
+
+/// The values an RFC 9535 query `query` (`$[1:]`, `$[*].Version`) names in `value`, as an array
+/// (the States Language's meaning of a path that names many values).
+pub fn query_values(value: &Value, query: &str) -> Result<Value, String> {
+    let q =
+        serde_json_path::JsonPath::parse(query).map_err(|e| format!("{query:?} is not an RFC 9535 JSONPath: {e}"))?;
+    Ok(Value::Array(q.query(value).all().into_iter().cloned().collect()))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +112,51 @@ pub trait Scope {
 impl DataPath {
     /// Parse a path; the error says what is wrong with it.
     pub fn parse(text: &str) -> Result<DataPath, String> {
-        let path = DataPath { text: text.to_owned(), segments: Self::segments_of(text)? };
+        let path = DataPath { text: text.to_owned(), segments: Self::segments_of(text)?, many: None };
+        Self::rooted(path)
+    }
+
+    /// Parse a path of a template, which may name many values from a segment on (a wildcard, a
+    /// slice, a filter, `..`): their values, in document order, are an array, as a States
+    /// Language path gives them (`$.outputs.list.Versions[*].Version`, `$.input.rows[1:]`).
+    pub fn parse_many(text: &str) -> Result<DataPath, String> {
+        let (segments, many) = Self::split_many(text)?;
+        let path = DataPath { text: text.to_owned(), segments, many };
+        if path.many.is_some() && matches!(path.root(), Root::Task | Root::LoopIndex) {
+            return Err(format!("{text:?}: $.task.id and $.loop.index are one value each"));
+        }
+        let rooted = path.segments.len() >= if matches!(path.root(), Root::Input) { 1 } else { 2 };
+        if !rooted {
+            return Err(format!("{text:?}: a path names its root (its input, a step's output...) before many values"));
+        }
+        Self::rooted(path)
+    }
+
+    /// [`Self::parse_many`] over one value (a step's answer, for its `result_selector`).
+    pub fn parse_relative_many(text: &str) -> Result<DataPath, String> {
+        let (segments, many) = Self::split_many(text)?;
+        Ok(DataPath { text: text.to_owned(), segments, many })
+    }
+
+    /// The names and indexes up to the first segment that names many values, and the rest as a
+    /// query.
+    fn split_many(text: &str) -> Result<(Vec<Segment>, Option<Box<Many>>), String> {
+        let query = rsonpath_syntax::parse(text).map_err(|e| not_a_path(text, &e))?;
+        let all = query.segments();
+        let first =
+            all.iter().position(|s| !(s.is_child() && s.selectors().len() == 1 && one(Some(s.selectors().first()))));
+        let Some(first) = first else { return Ok((Self::segments_of(text)?, None)) };
+        let rest: String =
+            std::iter::once("$".to_owned()).chain(all[first..].iter().map(ToString::to_string)).collect();
+        let definite: String =
+            std::iter::once("$".to_owned()).chain(all[..first].iter().map(ToString::to_string)).collect();
+        let parsed = serde_json_path::JsonPath::parse(&rest).map_err(|e| format!("{text:?}: {rest}: {e}"))?;
+        Ok((Self::segments_of(&definite)?, Some(Box::new(Many { text: rest, query: parsed }))))
+    }
+
+    fn rooted(path: DataPath) -> Result<DataPath, String> {
+        let text = path.text.clone();
+        let text = text.as_str();
         match path.segments.as_slice() {
             [Segment::Name(r), ..] if r == "input" => Ok(path),
             [Segment::Name(r), Segment::Name(_), ..] if r == "outputs" => Ok(path),
@@ -107,7 +180,7 @@ impl DataPath {
     }
 
     fn segments_of(text: &str) -> Result<Vec<Segment>, String> {
-        let query = rsonpath_syntax::parse(text).map_err(|e| format!("{text:?} is not a JSONPath: {e}"))?;
+        let query = rsonpath_syntax::parse(text).map_err(|e| not_a_path(text, &e))?;
         let mut segments = Vec::new();
         for s in query.segments() {
             let selectors = s.selectors();
@@ -134,12 +207,30 @@ impl DataPath {
     /// Parse a path into one value (a step's answer, for its `result_selector`): `$` is the value
     /// itself, `$.id` a member of it.
     pub fn parse_relative(text: &str) -> Result<DataPath, String> {
-        Self::segments_of(text).map(|segments| DataPath { text: text.to_owned(), segments })
+        Self::segments_of(text).map(|segments| DataPath { text: text.to_owned(), segments, many: None })
     }
 
-    /// The value a relative path ([`Self::parse_relative`]) names in `value`.
+    /// The value a relative path ([`Self::parse_relative`]) names in `value` (none for a path that
+    /// names many values: [`Self::value_in`]).
     pub fn resolve_in<'a>(&self, value: &'a Value) -> Option<&'a Value> {
+        if self.many.is_some() {
+            return None;
+        }
         walk(value, &self.segments)
+    }
+
+    /// The value a relative path names in `value`; for one that names many values, their array.
+    pub fn value_in(&self, value: &Value) -> Option<Value> {
+        let at = walk(value, &self.segments)?;
+        Some(match &self.many {
+            Some(m) => Value::Array(m.query.query(at).all().into_iter().cloned().collect()),
+            None => at.clone(),
+        })
+    }
+
+    /// Whether the path names many values (read as their array).
+    pub fn names_many(&self) -> bool {
+        self.many.is_some()
     }
 
     pub fn as_str(&self) -> &str {
@@ -178,6 +269,9 @@ impl DataPath {
             Root::Var(name) => (scope.var(name)?, &self.segments[2..]),
             Root::Task | Root::LoopIndex => return None,
         };
+        if self.many.is_some() {
+            return None;
+        }
         walk(start, rest)
     }
 
@@ -186,9 +280,38 @@ impl DataPath {
         match self.root() {
             Root::Task => scope.task_id().map(|id| Cow::Owned(Value::String(id.to_owned()))),
             Root::LoopIndex => scope.loop_index().map(|i| Cow::Owned(Value::from(i))),
+            _ if self.many.is_some() => {
+                let (start, rest) = match self.root() {
+                    Root::Output(step) => (scope.output(step)?, &self.segments[2..]),
+                    Root::LoopPrevious => (scope.loop_previous()?, &self.segments[2..]),
+                    Root::Var(name) => (scope.var(name)?, &self.segments[2..]),
+                    _ => (scope.input(), &self.segments[1..]),
+                };
+                let at = walk(start, rest)?;
+                let many = self.many.as_ref()?;
+                Some(Cow::Owned(Value::Array(many.query.query(at).all().into_iter().cloned().collect())))
+            }
             _ => self.resolve(scope).map(Cow::Borrowed),
         }
     }
+}
+
+/// The parser's refusal on one line (its first: what is wrong; the others draw where).
+fn not_a_path(text: &str, e: &dyn fmt::Display) -> String {
+    let said = e.to_string();
+    let first = said
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_owned();
+    format!("{text:?} is not a JSONPath: {first}")
+}
+
+/// Whether a segment's one selector names one value (a name, an index).
+fn one(s: Option<&rsonpath_syntax::Selector>) -> bool {
+    matches!(s, Some(rsonpath_syntax::Selector::Name(_) | rsonpath_syntax::Selector::Index(_)))
 }
 
 fn walk<'a>(start: &'a Value, segments: &[Segment]) -> Option<&'a Value> {

@@ -878,7 +878,9 @@ pub const DEFAULT_MAP_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct MapSpec {
     /// A JSON pointer (RFC 6901) into the unit's input, `{"input": …, "outputs": {step: …}}`,
-    /// naming the array: `/input/items`, `/outputs/quote/lines`.
+    /// naming the array: `/input/items`, `/outputs/quote/lines`; or a path of a template, which
+    /// may name many values, their array the items: `$.outputs.query.Rows[1:]`,
+    /// `$.input.orders[?@.paid == true]`.
     pub items: String,
     /// Elements running at once (1 to [`MAX_MAP_CONCURRENCY`]); the next starts as one ends.
     #[serde(default = "default_concurrency")]
@@ -974,9 +976,14 @@ impl MapSpec {
     }
 
     fn validate(&self) -> Result<(), String> {
-        if !self.items.starts_with("/input") && !self.items.starts_with("/outputs/") {
+        if self.items.starts_with('$') {
+            let path = crate::condition::DataPath::parse_many(&self.items).map_err(|e| format!("map.items: {e}"))?;
+            if !matches!(path.root(), crate::condition::Root::Input | crate::condition::Root::Output(_)) {
+                return Err(format!("map.items {:?} reads the task's input or a step's output", self.items));
+            }
+        } else if !self.items.starts_with("/input") && !self.items.starts_with("/outputs/") {
             return Err(format!(
-                "map.items {:?} must be a JSON pointer into /input or /outputs/<step> (for example /input/items)",
+                "map.items {:?} must be a JSON pointer into /input or /outputs/<step> (for example /input/items), or a path ($.outputs.query.Rows[1:])",
                 self.items
             ));
         }

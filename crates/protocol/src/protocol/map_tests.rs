@@ -1029,3 +1029,26 @@ fn a_map_runs_as_a_branch_beside_the_charge_and_is_undone_element_by_element() {
 mod decisions;
 mod loops;
 mod variables;
+
+#[test]
+fn a_map_over_a_path_that_names_many_values_runs_one_element_per_value() {
+    // the header row left out, and only the paid rows' ids (a Step Functions machine's
+    // `ItemsPath: $.rows[1:]`, `$.orders[?@.paid == true].id`), in every delivery order
+    for (items, want) in
+        [("$.input.lines[1:]", vec!["s1", "s2", "s3"]), ("$.input.lines[?@.paid == true].sku", vec!["s0", "s2"])]
+    {
+        for seed in [None, Some(3)] {
+            let mut map = map_step(2, Tolerance::None);
+            map.map.as_mut().unwrap().items = items.into();
+            let lines: Vec<Value> = (0..4).map(|i| json!({"sku": format!("s{i}"), "paid": i % 2 == 0})).collect();
+            let mut w = World::with(workflow(map), json!({"lines": lines}));
+            w.shuffle = seed;
+            w.run();
+            let p = w.parent();
+            assert_eq!(p.process_state, ProcessState::Processed, "{items}: {:?}", p.reason);
+            let got: Vec<Value> = w.elements().iter().map(|t| t.input["item"].clone()).collect();
+            let got: Vec<&str> = got.iter().map(|i| i.as_str().or_else(|| i["sku"].as_str()).unwrap()).collect();
+            assert_eq!(got, want, "{items}");
+        }
+    }
+}

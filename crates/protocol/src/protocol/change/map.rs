@@ -68,9 +68,19 @@ fn source<'a>(task: &'a Task, pointer: &str) -> Option<&'a Value> {
     }
 }
 
+/// What a map's `items` names: a JSON pointer's value read in place, or a path's (which may name
+/// many values: their array).
+fn items_value<'a>(task: &'a Task, items: &str) -> Option<std::borrow::Cow<'a, Value>> {
+    if items.starts_with('$') {
+        crate::condition::DataPath::parse_many(items).ok()?.value(task)
+    } else {
+        source(task, items).map(std::borrow::Cow::Borrowed)
+    }
+}
+
 /// The array a map step runs over, read from the unit's input (`{"input", "outputs"}`).
 pub(crate) fn items(task: &Task, spec: &MapSpec) -> Result<Vec<Value>, String> {
-    match source(task, &spec.items) {
+    match items_value(task, &spec.items).as_deref() {
         None => Err(format!("map.items {} names nothing in the task", spec.items)),
         Some(Value::Array(a)) if a.len() > MAX_MAP_ELEMENTS => {
             Err(format!("map.items {} has {} elements; a map takes at most {MAX_MAP_ELEMENTS}", spec.items, a.len()))
@@ -84,7 +94,7 @@ pub(crate) fn items(task: &Task, spec: &MapSpec) -> Result<Vec<Value>, String> {
 
 /// Element `i` of a map's array, read in place (an element's end must not copy the whole array).
 pub(crate) fn item_at(task: &Task, spec: &MapSpec, i: u32) -> Value {
-    source(task, &spec.items).and_then(|a| a.get(i as usize)).cloned().unwrap_or(Value::Null)
+    items_value(task, &spec.items).and_then(|a| a.get(i as usize).cloned()).unwrap_or(Value::Null)
 }
 
 /// Whether step `j` is undone by a unit of its own when the task compensates: a step with a
