@@ -2192,9 +2192,7 @@ impl Cx {
             });
         let input = io(st, &m.doc, "InputPath")?;
         let items = match st.get("ItemsPath").and_then(Value::as_str) {
-            Some(p) => input
-                .get(&parse_path(p).map_err(|e| ("ItemsPath".to_owned(), e))?)
-                .map_err(|e| ("ItemsPath".to_owned(), e))?,
+            Some(p) => super::data::get(&input, p).map_err(|e| ("ItemsPath".to_owned(), e))?,
             None => input.clone(),
         };
         let Sym::Ref(items) = items else {
@@ -2576,7 +2574,7 @@ fn intrinsic_over(text: &str, read: &dyn Fn(&str) -> Result<Sym, String>) -> Res
     let parsed = Call::parse_with(text, &|p| match read(p)? {
         Sym::Ref(task_path) => {
             paths.borrow_mut().push(task_path.clone());
-            sas_protocol::condition::DataPath::parse(&task_path).map(Arg::Path)
+            sas_protocol::condition::DataPath::parse_many(&task_path).map(Arg::Path)
         }
         Sym::Lit(v) if v == json!(TOKEN) => {
             Err("$$.Task.Token is not an argument here: the token is the request's".into())
@@ -2585,7 +2583,7 @@ fn intrinsic_over(text: &str, read: &dyn Fn(&str) -> Result<Sym, String>) -> Res
         // a call the state machine made before (a Pass's States.UUID()): the call, made here
         Sym::Call(call, read) => {
             paths.borrow_mut().extend(read);
-            Call::parse(&call, &sas_protocol::condition::DataPath::parse).map(Arg::Call)
+            Call::parse(&call, &sas_protocol::condition::DataPath::parse_many).map(Arg::Call)
         }
         Sym::Choose(ways) => {
             by_way.borrow_mut().get_or_insert((p.to_owned(), ways));

@@ -222,13 +222,33 @@ impl DataPath {
     /// The value a relative path names in `value`; for one that names many values, their array.
     pub fn value_in(&self, value: &Value) -> Option<Value> {
         let at = walk(value, &self.segments)?;
-        Some(match &self.many {
-            Some(m) => Value::Array(m.query.query(at).all().into_iter().cloned().collect()),
-            None => at.clone(),
-        })
+        match &self.many {
+            Some(m) => self.many_values(m, at),
+            None => Some(at.clone()),
+        }
     }
 
-    /// Whether the path names many values (read as their array).
+    /// What the part that names many values gives over `at`, as Step Functions gives it (as
+    /// LocalStack reads AWS's behaviour, `asl/utils/json_path.py`): the array of the values, but
+    /// one value alone when exactly one matched and the path does not end at an array's element
+    /// (`$.rows[?(@.n > 1)].id` matching one row is its id), or ends with an index
+    /// (`$.a[*].b[0]`); nothing matched is `[]` for a path of one wildcard or slice followed by
+    /// names (`$.rows[1:]`, `$.items[*].sku`), and no value otherwise (a filter that matched
+    /// nothing: Step Functions fails the state, `States.Runtime`; here the template's `null`).
+    fn many_values(&self, m: &Many, at: &Value) -> Option<Value> {
+        let found = m.query.query_located(at);
+        let n = found.len();
+        let Some(first) = found.first() else {
+            return one_wildcard_or_slice(&self.text).then(|| Value::Array(Vec::new()));
+        };
+        let at_index = matches!(first.location().last(), Some(serde_json_path::PathElement::Index(_)));
+        if n == 1 && (!at_index || ends_with_index(&self.text)) {
+            return Some(first.node().clone());
+        }
+        Some(Value::Array(found.nodes().cloned().collect()))
+    }
+
+    /// Whether the path names many values.
     pub fn names_many(&self) -> bool {
         self.many.is_some()
     }
@@ -288,12 +308,30 @@ impl DataPath {
                     _ => (scope.input(), &self.segments[1..]),
                 };
                 let at = walk(start, rest)?;
-                let many = self.many.as_ref()?;
-                Some(Cow::Owned(Value::Array(many.query.query(at).all().into_iter().cloned().collect())))
+                self.many_values(self.many.as_ref()?, at).map(Cow::Owned)
             }
             _ => self.resolve(scope).map(Cow::Borrowed),
         }
     }
+}
+
+/// Whether a path ends with a literal index (`…[0]`).
+fn ends_with_index(path: &str) -> bool {
+    path.strip_suffix(']')
+        .and_then(|p| p.rsplit_once('['))
+        .is_some_and(|(_, i)| !i.is_empty() && i.bytes().all(|c| c.is_ascii_digit()))
+}
+
+/// Whether a path is names, then one wildcard or slice (`[*]`, `[1:]`, `[:3]`), then names only
+/// (`$.rows[1:]`, `$.items[*].sku`, `$[*]`): Step Functions gives `[]` when it matches nothing.
+fn one_wildcard_or_slice(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix('$') else { return false };
+    let Some((head, tail)) = rest.split_once('[') else { return false };
+    let Some((selector, after)) = tail.split_once(']') else { return false };
+    let head_ok = head.is_empty() && selector == "*" || head.starts_with('.') && head.len() > 1;
+    let selector_ok = selector == "*"
+        || selector.split_once(':').is_some_and(|(a, b)| a.bytes().chain(b.bytes()).all(|c| c.is_ascii_digit()));
+    head_ok && selector_ok && !after.contains('[') && (after.is_empty() || after.starts_with('.'))
 }
 
 /// The parser's refusal on one line (its first: what is wrong; the others draw where).

@@ -366,6 +366,15 @@ mod tests {
                    "receipt": [{"Name": "Receipt", "c": 9}], "none": [], "count": 2, "missing": null})
         );
         assert_eq!(tpl.to_json(), t, "written back as read");
+        // as Step Functions gives them: one value that is not an array's element is itself; a
+        // filter that matches nothing names nothing (null here; Step Functions fails the state)
+        let quirks = json!({"one.$": "$.input.rows[?@.n == 2].n", "whole.$": "$.input.rows[?@.n == 2]",
+                            "nothing.$": "$.input.rows[?@.n == 7].n", "first.$": "$.input.rows[*].n[0]"});
+        let data = Data(json!({"rows": [{"n": 1}, {"n": 2}, {"n": [5]}]}), json!({}));
+        assert_eq!(
+            Template::from_json(&quirks, Over::Task).unwrap().fill(&data),
+            json!({"one": 2, "whole": [{"n": 2}], "nothing": null, "first": 5})
+        );
         let sel =
             Template::from_json(&json!({"v.$": "$.Versions[*].Version", "first.$": "$.Versions[0]"}), Over::Answer)
                 .unwrap();

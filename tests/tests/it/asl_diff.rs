@@ -142,6 +142,29 @@ fn hand_written() -> Vec<Case> {
         &[json!({"n": 5}), json!({"n": -10, "other": true})],
     ));
     c.push(case(
+        "paths-many",
+        "paths that name many values: a slice, a wildcard, a filter (in a Pass's Parameters, an intrinsic \
+         function's argument, a ResultSelector over the answer), and a Map over ItemsPath $.rows[1:]; a row \
+         without the member a wildcard reads, one match alone (its value, not an array, as Step Functions \
+         gives it), and nothing after the header (an empty array, a Map over nothing)",
+        json!({"StartAt": "Pick", "States": {
+            "Pick": {"Type": "Pass", "Parameters": {"rest.$": "$.rows[1:]", "ids.$": "$.rows[*].id",
+                                                    "big.$": "$.rows[?(@.n > 0)].id", "count.$": "States.ArrayLength($.rows[1:])"},
+                     "ResultPath": "$.picked", "Next": "Echo"},
+            "Echo": {"Type": "Task", "Resource": "${EchoFunctionArn}",
+                     "Parameters": {"value": {"rest.$": "$.picked.rest", "ids.$": "$.picked.ids", "big.$": "$.picked.big"}},
+                     "ResultSelector": {"ns.$": "$.rest[*].n", "later.$": "$.rest[1:]"},
+                     "ResultPath": "$.echoed", "Next": "Each"},
+            "Each": {"Type": "Map", "ItemsPath": "$.rows[1:]", "ResultPath": "$.sums", "End": true,
+                     "ItemSelector": {"a.$": "$$.Map.Item.Value.n", "b": 1},
+                     "ItemProcessor": {"StartAt": "Add", "States": {"Add": {"Type": "Task", "Resource": "${AddFunctionArn}", "End": true}}}}}}),
+        &[
+            json!({"rows": [{"id": "h", "n": 0}, {"id": "a", "n": 1}, {"id": "b", "n": 2}, {"id": "c", "n": 3}]}),
+            json!({"rows": [{"id": "h", "n": 0}, {"n": 5}, {"id": "x", "n": 2}]}),
+            json!({"rows": [{"id": "h", "n": 1}]}),
+        ],
+    ));
+    c.push(case(
         "loop-counter",
         "a counter loop: a Pass sets the count, a Task adds one to it and a Choice leads back while it is \
          below the input's limit (a loop step, its body a workflow run once per iteration)",
