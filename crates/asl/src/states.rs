@@ -1439,9 +1439,9 @@ impl Cx {
         self.steps.push(s);
         let vars = vars.unwrap_or_default();
         let mut flows = vec![(next, Arrival { doc, vars, ..after_step(m, &step, ok) })];
-        for (i, (to, cond, result_path_spec, assigned)) in caught.into_iter().enumerate() {
+        for (i, (to, cond, result_path_spec, assigned, name)) in caught.into_iter().enumerate() {
             let error = Sym::Obj(vec![
-                ("Error".into(), Sym::Ref(format!("{out}.error.kind"))),
+                ("Error".into(), name.map_or_else(|| Sym::Ref(format!("{out}.error.kind")), |n| Sym::Lit(json!(n)))),
                 ("Cause".into(), Sym::Ref(format!("{out}.error.message"))),
             ]);
             // a catcher's Assign reads the error output, before its ResultPath
@@ -1954,8 +1954,9 @@ impl Cx {
         Ok(())
     }
 
-    /// `Catch` as a handled failure: the kinds the step continues on, the guard of its normal
-    /// path, and each catcher's way (its state, its guard, its `ResultPath`).
+    /// `Catch` as a handled failure: the kinds and error names the step continues on, the guard of
+    /// its normal path, and each catcher's way (its state, its guard, its `ResultPath`, its
+    /// `Assign`, and the error's name when it catches one name alone).
     #[allow(clippy::type_complexity)]
     fn catch(
         &mut self,
@@ -1963,12 +1964,17 @@ impl Cx {
         st: &Map<String, Value>,
         step: &str,
         s: &mut Value,
-    ) -> Result<(Cond, Vec<(String, Cond, Option<Value>, Option<Value>)>), (String, String)> {
+    ) -> Result<(Cond, Vec<Catcher>), (String, String)> {
         let Some(Value::Array(catchers)) = st.get("Catch") else { return Ok((Cond::True, Vec::new())) };
         let out = format!("$.outputs.{step}.error.kind");
+        let name_at = format!("$.outputs.{step}.error.name");
         let failed = Cond::When(json!({"variable": out, "is_present": true}));
         let kind_is = |k: &str| Cond::When(json!({"variable": out, "string_equals": k}));
-        let mut covered: BTreeSet<&'static str> = BTreeSet::new();
+        let name_is = |n: &str| Cond::When(json!({"variable": name_at, "string_equals": n}));
+        let mut kinds: BTreeSet<&'static str> = BTreeSet::new();
+        let mut names: Vec<String> = Vec::new();
+        // what the catchers before take: a later catcher takes what is left
+        let mut taken = Cond::False;
         let mut ways = Vec::new();
         for (i, c) in catchers.iter().enumerate() {
             let Some(c) = c.as_object() else { return Err((format!("Catch[{i}]"), "a catcher is an object".into())) };
@@ -1980,41 +1986,62 @@ impl Cx {
                 .and_then(Value::as_array)
                 .map(|a| a.iter().filter_map(Value::as_str).collect())
                 .unwrap_or_default();
-            let mut kinds: BTreeSet<&'static str> = BTreeSet::new();
+            let mut matches = Cond::False;
+            let mut new = false;
+            let mut its_names = Vec::new();
+            let mut by_kind = false;
             for e in &errors {
-                match *e {
-                    "States.ALL" => kinds.extend(["retryable", "permanent", "timed_out"]),
-                    "States.Timeout" | "States.HeartbeatTimeout" => {
-                        kinds.insert("timed_out");
-                    }
-                    "States.TaskFailed" => kinds.extend(["retryable", "permanent"]),
-                    other => {
-                        kinds.extend(["retryable", "permanent"]);
+                let of_kinds: &[&'static str] = match *e {
+                    "States.ALL" => &["retryable", "permanent", "timed_out"],
+                    "States.Timeout" | "States.HeartbeatTimeout" => &["timed_out"],
+                    "States.TaskFailed" => &["retryable", "permanent"],
+                    other if other.starts_with("States.") => {
                         self.notes.push(format!(
                             "{here}: the catcher for {other} cannot tell that error from another here: it catches every failure of the task's own"
                         ));
+                        &["retryable", "permanent"]
                     }
+                    // an error named as the agent names it (S3.NoSuchKeyException, a function's
+                    // CustomError): caught by its name
+                    other => {
+                        let all_taken = kinds.contains("retryable") && kinds.contains("permanent");
+                        if !all_taken && !names.iter().any(|n| n == other) {
+                            names.push(other.to_owned());
+                            new = true;
+                        }
+                        its_names.push(other.to_owned());
+                        matches = matches.or(name_is(other));
+                        continue;
+                    }
+                };
+                by_kind = true;
+                for k in of_kinds {
+                    new |= kinds.insert(k);
                 }
+                matches = matches.or(if of_kinds.len() == 3 {
+                    failed.clone()
+                } else {
+                    of_kinds.iter().fold(Cond::False, |acc, k| acc.or(kind_is(k)))
+                });
             }
-            let new: Vec<&'static str> = kinds.difference(&covered).copied().collect();
-            if new.is_empty() {
+            if !new {
                 self.notes
                     .push(format!("{here}: Catch[{i}] is never taken here (the catchers before it take its errors)"));
                 continue;
             }
-            covered.extend(new.iter().copied());
-            let cond = if new.len() == 3 {
-                failed.clone()
-            } else {
-                // a kind names a failure: no need to say it failed
-                new.iter().fold(Cond::False, |acc, k| acc.or(kind_is(k)))
+            let cond = matches.clone().and(taken.clone().negated());
+            taken = taken.or(matches);
+            let name = match (by_kind, its_names.as_slice()) {
+                (false, [one]) => Some(one.clone()),
+                _ => None,
             };
-            ways.push((to.to_owned(), cond, c.get("ResultPath").cloned(), c.get("Assign").cloned()));
+            ways.push((to.to_owned(), cond, c.get("ResultPath").cloned(), c.get("Assign").cloned(), name));
         }
-        let all = covered.len() == 3;
-        s["on_failure"] = if all { json!("continue") } else { json!({"continue": covered.iter().collect::<Vec<_>>()}) };
+        let handled: Vec<&str> = kinds.iter().copied().chain(names.iter().map(String::as_str)).collect();
+        s["on_failure"] = if kinds.len() == 3 { json!("continue") } else { json!({"continue": handled}) };
         self.notes.push(format!(
-            "{here}: a caught error's Error is the failure's kind here (retryable, permanent, timed_out), its Cause the message"
+            "{here}: a caught error's Error is its name when the catcher names one error (S3.NoSuchKeyException, a \
+             function's CustomError), else the failure's kind (retryable, permanent, timed_out); its Cause the message"
         ));
         // every guard that only a handled failure makes false
         let ok = Cond::When(json!({"variable": out, "is_present": true})).negated();
@@ -2978,6 +3005,10 @@ fn query_escape(s: &str) -> String {
 }
 
 /// A member of a service's `Parameters` that must be written in the definition.
+/// A catcher's way: its state, its guard, its `ResultPath`, its `Assign`, and the error's name when
+/// it catches one name alone.
+type Catcher = (String, Cond, Option<Value>, Option<Value>, Option<String>);
+
 /// How `apigateway:invoke` reaches its API: `AuthType` `NO_AUTH`, or `IAM_ROLE` and
 /// `RESOURCE_POLICY` (both SigV4-signed for `execute-api` here, by the Agent function's role).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -3833,6 +3864,28 @@ mod tests {
         )
         .unwrap_err();
         assert!(r[0].reason.contains("Headers"), "{r:?}");
+    }
+
+    #[test]
+    fn catchers_of_named_errors_continue_on_those_names_and_a_later_catcher_takes_the_rest() {
+        let i = import("x", &json!({"StartAt": "Get", "States": {
+            "Get": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject",
+                    "Parameters": {"Bucket": "b", "Key.$": "$.key"}, "ResultPath": "$.got", "Next": "Done",
+                    "Catch": [{"ErrorEquals": ["S3.NoSuchKeyException"], "ResultPath": "$.error", "Next": "Missing"},
+                              {"ErrorEquals": ["States.Timeout"], "Next": "Late"}]},
+            "Missing": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:m", "Parameters": {"e.$": "$.error.Error"}, "End": true},
+            "Late": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:l", "End": true},
+            "Done": {"Type": "Succeed"}}}))
+        .unwrap_or_else(|r| panic!("{r:#?}"));
+        loads(&i);
+        let s = steps(&i);
+        assert_eq!(s["Get"]["on_failure"], json!({"continue": ["timed_out", "S3.NoSuchKeyException"]}));
+        let missing = s["Missing"]["when"].to_string();
+        assert!(missing.contains("$.outputs.Get.error.name") && missing.contains("S3.NoSuchKeyException"), "{missing}");
+        let late = s["Late"]["when"].to_string();
+        assert!(late.contains("timed_out") && late.contains("\"not\""), "the name's way taken first: {late}");
+        // the catcher of one name gives that name as the Error
+        assert_eq!(s["Missing"]["parameters"], json!({"e": "S3.NoSuchKeyException"}));
     }
 
     #[test]

@@ -76,6 +76,30 @@ pub struct RunMessage {
     pub reason: RunReason,
 }
 
+/// The name of the error an agent's failure message gives, when it gives one: the message's
+/// first word before `: ` when it is a name (letters, digits, `.`, `_`, `-`: the `aws` agent's
+/// `DynamoDb.ConditionalCheckFailedException: ...`, as Step Functions names it), or the error type
+/// a Lambda function raised (the `lambda` agent's `function F failed (CustomError): ...`). A
+/// step's `on_failure` may continue on a name (`{"continue": ["S3.NoSuchKeyException"]}`).
+pub fn error_name(message: &str) -> Option<String> {
+    let is_name = |t: &str| {
+        !t.is_empty()
+            && t.len() <= 128
+            && t.chars().any(|c| c.is_ascii_alphabetic())
+            && t.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    };
+    let message = message.trim_start();
+    if let Some((head, _)) = message.split_once(": ") {
+        if is_name(head) {
+            return Some(head.to_owned());
+        }
+    }
+    let rest = message.strip_prefix("function ")?;
+    let (_, after) = rest.split_once(" failed (")?;
+    let (name, _) = after.split_once("): ")?;
+    is_name(name).then(|| name.to_owned())
+}
+
 /// What an agent reports for one attempt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
@@ -811,6 +835,31 @@ impl ArnPattern {
         };
         let arn = format!("arn:{partition}:sqs:{region}:{}:{}", q.account(), q.name());
         (arn, located && glob(&self.account, q.account()) && glob(&self.name, q.name()))
+    }
+}
+
+#[cfg(test)]
+mod error_names {
+    use super::error_name;
+
+    #[test]
+    fn an_agent_s_message_names_its_error_as_step_functions_does() {
+        let name = |m: &str| error_name(m);
+        assert_eq!(
+            name("S3.NoSuchKeyException: The specified key does not exist. (Service: S3, ...)").as_deref(),
+            Some("S3.NoSuchKeyException")
+        );
+        assert_eq!(
+            name("DynamoDb.ConditionalCheckFailedException: no (after 1 calls)").as_deref(),
+            Some("DynamoDb.ConditionalCheckFailedException")
+        );
+        assert_eq!(
+            name("function arn:aws:lambda:r:1:function:f failed (CustomError): boom").as_deref(),
+            Some("CustomError")
+        );
+        assert_eq!(name("HTTP 503 from https://x: busy"), None, "words are no name");
+        assert_eq!(name("out of stock"), None);
+        assert_eq!(name("503: busy").as_deref(), None, "a number is no name");
     }
 }
 

@@ -793,8 +793,26 @@ pub enum StepFailure {
     /// The workflow's `on_failure` applies (compensate, or park in `Error`).
     #[default]
     Fail,
-    /// The task goes on when the failure is of one of these kinds (all of them when empty).
-    Continue(Vec<FailureKind>),
+    /// The task goes on when the failure is of one of these kinds or has one of these names (all
+    /// of them when empty).
+    Continue(Vec<Handled>),
+}
+
+/// A failure a step's `on_failure` continues on: a kind, or the name of an error as its agent
+/// named it (`S3.NoSuchKeyException`, a function's `CustomError`: [`crate::messages::error_name`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    Kind(FailureKind),
+    Error(String),
+}
+
+impl Serialize for Handled {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Handled::Kind(k) => s.serialize_str(k.name()),
+            Handled::Error(e) => s.serialize_str(e),
+        }
+    }
 }
 
 impl StepFailure {
@@ -802,11 +820,18 @@ impl StepFailure {
         *self == StepFailure::Fail
     }
 
-    /// Whether a failure of `kind` is handled: the task goes on.
-    pub fn continues(&self, kind: FailureKind) -> bool {
+    /// Whether a failure of `kind`, its error named `name` when its agent named it, is handled:
+    /// the task goes on.
+    pub fn continues(&self, kind: FailureKind, name: Option<&str>) -> bool {
         match self {
             StepFailure::Fail => false,
-            StepFailure::Continue(kinds) => kinds.is_empty() || kinds.contains(&kind),
+            StepFailure::Continue(all) => {
+                all.is_empty()
+                    || all.iter().any(|h| match h {
+                        Handled::Kind(k) => *k == kind,
+                        Handled::Error(e) => name == Some(e.as_str()),
+                    })
+            }
         }
     }
 }
@@ -827,19 +852,33 @@ impl<'de> Deserialize<'de> for StepFailure {
         let v = Value::deserialize(d)?;
         let bad = || {
             D::Error::custom(format!(
-                "on_failure of a step is \"fail\", \"continue\" or {{\"continue\": [\"retryable\", \"permanent\", \"timed_out\"]}}, not {v}"
+                "on_failure of a step is \"fail\", \"continue\" or {{\"continue\": [kinds (\"retryable\", \"permanent\", \"timed_out\") or error names (\"S3.NoSuchKeyException\")]}}, not {v}"
             ))
         };
         match &v {
             Value::String(s) if s == "fail" => Ok(StepFailure::Fail),
             Value::String(s) if s == "continue" => Ok(StepFailure::Continue(Vec::new())),
             Value::Object(m) if m.len() == 1 => {
-                let kinds = m.get("continue").ok_or_else(bad)?;
-                let kinds: Vec<FailureKind> = serde_json::from_value(kinds.clone()).map_err(|_| bad())?;
-                if kinds.is_empty() {
+                let Some(Value::Array(list)) = m.get("continue") else { return Err(bad()) };
+                let mut all = Vec::with_capacity(list.len());
+                for entry in list {
+                    let Value::String(h) = entry else { return Err(bad()) };
+                    all.push(match serde_json::from_value::<FailureKind>(Value::String(h.clone())) {
+                        Ok(kind) => Handled::Kind(kind),
+                        // an error's name starts with a capital (CustomError, S3.NoSuchKeyException)
+                        Err(_)
+                            if h.starts_with(|c: char| c.is_ascii_uppercase())
+                                && crate::messages::error_name(&format!("{h}: -")).as_deref() == Some(h.as_str()) =>
+                        {
+                            Handled::Error(h.clone())
+                        }
+                        Err(_) => return Err(bad()),
+                    });
+                }
+                if all.is_empty() {
                     return Err(bad());
                 }
-                Ok(StepFailure::Continue(kinds))
+                Ok(StepFailure::Continue(all))
             }
             _ => Err(bad()),
         }
@@ -854,12 +893,14 @@ impl schemars::JsonSchema for StepFailure {
 
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
-            "description": "What the step's failure past its attempts does: fail (the workflow's on_failure), continue (the task goes on, the error is the step's output), or continue for some kinds only.",
+            "description": "What the step's failure past its attempts does: fail (the workflow's on_failure), continue (the task goes on, the error is the step's output), or continue for some kinds or error names only.",
             "oneOf": [
                 {"type": "string", "enum": ["fail", "continue"]},
                 {"type": "object", "required": ["continue"], "additionalProperties": false,
                  "properties": {"continue": {"type": "array", "minItems": 1, "uniqueItems": true,
-                   "items": {"type": "string", "enum": ["retryable", "permanent", "timed_out"]}}}}
+                   "items": {"anyOf": [{"type": "string", "enum": ["retryable", "permanent", "timed_out"]},
+                                       {"type": "string", "pattern": "^[A-Z][A-Za-z0-9._-]*$",
+                                        "description": "an error's name, as its agent names it: S3.NoSuchKeyException, a function's CustomError"}]}}}}
             ]
         })
     }

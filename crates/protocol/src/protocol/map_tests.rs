@@ -188,7 +188,11 @@ impl World {
                     let event = if flaky {
                         Event::AgentFailed { attempt: r.attempt, error: "503".into(), retryable: true }
                     } else if refused {
-                        Event::AgentFailed { attempt: r.attempt, error: "out of stock".into(), retryable: false }
+                        Event::AgentFailed {
+                            attempt: r.attempt,
+                            error: "Shop.OutOfStock: out of stock".into(),
+                            retryable: false,
+                        }
                     } else {
                         let count = match r.phase {
                             Phase::Forward => self.applied.entry(r.task_id.clone()).or_default(),
@@ -374,7 +378,7 @@ fn an_element_that_fails_past_the_tolerance_stops_the_map_and_every_applied_elem
         w.run();
         let p = w.parent().clone();
         assert_eq!(p.process_state, ProcessState::Compensated, "{seed:?}: {:?}", p.reason);
-        let why = "element 4 ended Compensated (step reserve failed permanently: out of stock)";
+        let why = "element 4 ended Compensated (step reserve failed permanently: Shop.OutOfStock: out of stock)";
         assert!(p.history.iter().any(|h| h.reason.as_deref().is_some_and(|r| r.contains(why))), "{:?}", p.history);
         let map = p.steps[1].map.as_ref().unwrap();
         if seed.is_none() {

@@ -357,7 +357,7 @@ pub fn apply(task: &Task, event: &Event, ctx: &Ctx, policy: &Policy) -> Result<T
     let mut t = task.clone();
     t.rev += 1;
     t.updated_at = ctx.now;
-    let mut c = Change { t, fx: Vec::new(), ctx, policy };
+    let mut c = Change { t, fx: Vec::new(), ctx, policy, error_name: None };
     match event {
         // a callback answer is fenced by its token alone (a late answer is recorded on an ended task)
         Event::Callback { attempt, unit, answer } => return callback(task, attempt, unit, answer, ctx, policy),

@@ -82,6 +82,9 @@ impl Change<'_> {
             return;
         }
         let gave_up = format!("{reason}; all {} attempts used", def.max_attempts);
+        if !timed_out {
+            self.error_name = crate::messages::error_name(reason);
+        }
         self.t.unit_record().exhausted(timed_out);
         let kind = if timed_out { FailureKind::TimedOut } else { FailureKind::Retryable };
         match self.t.phase() {
@@ -110,7 +113,7 @@ impl Change<'_> {
         self.t.phase() == Phase::Forward
             && w.steps[i].map.is_none()
             && w.region_at(i).is_none()
-            && w.steps[i].on_failure.continues(kind)
+            && w.steps[i].on_failure.continues(kind, self.error_name.as_deref())
     }
 
     /// The current unit failed for good. A forward step is compensated (with itself when some
@@ -120,8 +123,11 @@ impl Change<'_> {
         if self.handles(kind) {
             // the step's failure is a path: its error is its output, and the task goes on
             let i = self.t.step_index;
-            self.t.steps[i].output =
-                Some(serde_json::json!({"error": {"kind": kind.name(), "message": crate::ids::clip(&reason, 300)}}));
+            let mut error = serde_json::json!({"kind": kind.name(), "message": crate::ids::clip(&reason, 300)});
+            if let Some(name) = &self.error_name {
+                error["name"] = serde_json::json!(name);
+            }
+            self.t.steps[i].output = Some(serde_json::json!({ "error": error }));
             self.t.reason = Some(format!("{reason}; the step's on_failure continues the task"));
             self.unlock();
             self.advance();

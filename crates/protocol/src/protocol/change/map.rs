@@ -236,7 +236,7 @@ pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: 
         t.upstream = Some(upstream(parent, s));
         t.vars.clone_from(&parent.vars); // read only: a branch's step sets none
     }
-    let mut c = Change { t, fx: Vec::new(), ctx, policy };
+    let mut c = Change { t, fx: Vec::new(), ctx, policy, error_name: None };
     c.wait_for_claim(ctx.now, crate::messages::RunReason::Start);
     Transition { task: c.t, effects: c.fx, keeps_mark: false }
 }
@@ -280,7 +280,7 @@ fn child_task(parent: &Task, step: usize, element: u32, item: Value, ctx: &Ctx, 
         new_task(id, workflow, input, None, ctx)
     };
     t.called = true;
-    let mut c = Change { t, fx: Vec::new(), ctx, policy };
+    let mut c = Change { t, fx: Vec::new(), ctx, policy, error_name: None };
     c.wait_for_claim(ctx.now, crate::messages::RunReason::Start);
     Transition { task: c.t, effects: c.fx, keeps_mark: false }
 }
@@ -339,7 +339,7 @@ pub fn element_tombstone(
     t.history.clear();
     t.status_seq = 0;
     t.reason = Some(format!("never started: {reason}"));
-    let mut c = Change { t, fx: Vec::new(), ctx, policy };
+    let mut c = Change { t, fx: Vec::new(), ctx, policy, error_name: None };
     c.finish(ProcessState::Cancelled);
     Transition { task: c.t, effects: c.fx, keeps_mark: false }
 }

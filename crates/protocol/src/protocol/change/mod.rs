@@ -41,6 +41,9 @@ pub(crate) struct Change<'a> {
     pub(crate) fx: Vec<Effect>,
     pub(crate) ctx: &'a Ctx,
     pub(crate) policy: &'a Policy,
+    /// The name of the error the current unit failed with, as its agent named it
+    /// ([`crate::messages::error_name`]): what a step's `on_failure` may continue on.
+    pub(crate) error_name: Option<String>,
 }
 
 impl Change<'_> {

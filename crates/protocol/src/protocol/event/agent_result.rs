@@ -102,6 +102,7 @@ pub(crate) fn agent_failed(
         return Ok(());
     }
     c.t.failure_count += 1;
+    c.error_name = crate::messages::error_name(error);
     c.t.unit_record().refused(error);
     let reason = format!("{} {} failed permanently: {error}", noun(c.t.phase()), c.t.current_def().name);
     c.give_up(reason, FailureKind::Permanent);

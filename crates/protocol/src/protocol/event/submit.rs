@@ -27,7 +27,7 @@ pub fn submit(
     policy: &Policy,
 ) -> Transition {
     let task = new_task(task_id, workflow, input, reply_to, ctx);
-    let mut c = Change { t: task, fx: Vec::new(), ctx, policy };
+    let mut c = Change { t: task, fx: Vec::new(), ctx, policy, error_name: None };
     c.enter();
     Transition { task: c.t, effects: c.fx, keeps_mark: false }
 }

@@ -7,7 +7,7 @@ use super::{after, call, World, ORDERS};
 use crate::condition::Condition;
 use crate::ids::TaskId;
 use crate::protocol::{ProcessState, StepStatus, Task};
-use crate::workflow::{FailureKind, OnFailure, StepDef, StepFailure, WorkflowDef, WorkflowError};
+use crate::workflow::{FailureKind, Handled, OnFailure, StepDef, StepFailure, WorkflowDef, WorkflowError};
 
 #[allow(clippy::needless_pass_by_value)]
 fn when(step: StepDef, c: Value) -> StepDef {
@@ -219,7 +219,7 @@ fn a_handled_failure_is_a_path_its_error_is_its_output_and_what_applied_is_still
     }
     // failed retryably (it may have applied): the task goes on, and when it later fails, the
     // step is undone with the ones before it
-    let mut w = World::with(gift(StepFailure::Continue(vec![FailureKind::Retryable])), json!({}));
+    let mut w = World::with(gift(StepFailure::Continue(vec![Handled::Kind(FailureKind::Retryable)])), json!({}));
     w.flaky_steps.insert("giftwrap");
     w.refuse_steps.insert("ship");
     w.run();
@@ -227,8 +227,23 @@ fn a_handled_failure_is_a_path_its_error_is_its_output_and_what_applied_is_still
     assert_eq!(p.process_state, ProcessState::Compensated, "{:?}", p.reason);
     assert_eq!(p.outputs()["giftwrap"]["error"]["kind"], "retryable");
     assert_eq!((ran(&w, "unwrap"), ran(&w, "refund"), ran(&w, "unship")), (1, 1, 0), "{:?}", w.requests);
+    // an error named as its agent names it: the step continues on that name only
+    for (name, continues) in [("Shop.OutOfStock", true), ("Shop.Closed", false)] {
+        let handled = vec![Handled::Kind(FailureKind::TimedOut), Handled::Error(name.into())];
+        let mut w = World::with(gift(StepFailure::Continue(handled)), json!({}));
+        w.refuse_steps.insert("giftwrap");
+        w.run();
+        let p = w.parent().clone();
+        if continues {
+            assert_eq!(p.process_state, ProcessState::Processed, "{:?}", p.reason);
+            assert_eq!(p.outputs()["giftwrap"]["error"]["name"], "Shop.OutOfStock");
+            assert_eq!(p.outputs()["giftwrap"]["error"]["kind"], "permanent");
+        } else {
+            assert_eq!(p.process_state, ProcessState::Compensated, "another name: {:?}", p.reason);
+        }
+    }
     // a kind the step does not handle fails the task as before
-    let mut w = World::with(gift(StepFailure::Continue(vec![FailureKind::TimedOut])), json!({}));
+    let mut w = World::with(gift(StepFailure::Continue(vec![Handled::Kind(FailureKind::TimedOut)])), json!({}));
     w.refuse_steps.insert("giftwrap");
     w.run();
     let p = w.parent().clone();
@@ -277,11 +292,22 @@ fn guards_and_handled_failures_read_back_from_a_workflow_file() {
         {"name": "approve", "agent": "sim", "timeout_ms": 1000,
          "when": {"variable": "$.outputs.quote.total", "numeric_greater_than": 1000}},
         {"name": "giftwrap", "agent": "sim", "timeout_ms": 1000, "on_failure": {"continue": ["permanent", "timed_out"]}},
-        {"name": "ship", "agent": "sim", "timeout_ms": 1000, "on_failure": "continue"}
+        {"name": "ship", "agent": "sim", "timeout_ms": 1000, "on_failure": "continue"},
+        {"name": "fetch", "agent": "sim", "timeout_ms": 1000, "on_failure": {"continue": ["S3.NoSuchKeyException", "timed_out"]}}
     ]});
     let def: WorkflowDef = serde_json::from_value(file.clone()).unwrap();
     def.validate().unwrap();
-    assert_eq!(def.steps[2].on_failure, StepFailure::Continue(vec![FailureKind::Permanent, FailureKind::TimedOut]));
+    assert_eq!(
+        def.steps[2].on_failure,
+        StepFailure::Continue(vec![Handled::Kind(FailureKind::Permanent), Handled::Kind(FailureKind::TimedOut)])
+    );
+    assert_eq!(
+        def.steps[4].on_failure,
+        StepFailure::Continue(vec![
+            Handled::Error("S3.NoSuchKeyException".into()),
+            Handled::Kind(FailureKind::TimedOut)
+        ])
+    );
     let back = serde_json::to_value(&def).unwrap();
     assert_eq!(back["steps"][1]["when"], file["steps"][1]["when"]);
     assert_eq!(back["steps"][2]["on_failure"], file["steps"][2]["on_failure"]);

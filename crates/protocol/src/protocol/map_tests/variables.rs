@@ -99,7 +99,8 @@ fn variables_beyond_their_limit_fail_the_step_for_good_and_what_it_applied_is_un
     }
     // a step that continues on failure: its error is its output, and the task goes on
     let mut continues = def();
-    continues.steps[1].on_failure = StepFailure::Continue(vec![crate::workflow::FailureKind::Permanent]);
+    continues.steps[1].on_failure =
+        StepFailure::Continue(vec![crate::workflow::Handled::Kind(crate::workflow::FailureKind::Permanent)]);
     let mut w = World::with(continues, json!({"blob": big}));
     w.run();
     let p = w.parent().clone();

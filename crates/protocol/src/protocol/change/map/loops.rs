@@ -121,7 +121,7 @@ pub(crate) fn iteration_task(parent: &Task, step: usize, i: u32, ctx: &Ctx, poli
     if spec.inline {
         t.vars.clone_from(&parent.vars);
     }
-    let mut c = Change { t, fx: Vec::new(), ctx, policy };
+    let mut c = Change { t, fx: Vec::new(), ctx, policy, error_name: None };
     c.wait_for_claim(ctx.now, RunReason::Start);
     Transition { task: c.t, effects: c.fx, keeps_mark: false }
 }
