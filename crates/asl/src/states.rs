@@ -1933,14 +1933,42 @@ impl Cx {
                 parsed.len()
             ));
         }
-        // the errors: here every failure that may pass is retried, a timeout too
+        // the errors retried: the retriers' names and kinds (retry_on), unless one retries every
+        // failure that may pass
         let named: Vec<&str> = all.iter().copied().filter(|e| !e.starts_with("States.")).collect();
-        if !every && !named.is_empty() {
-            said.push(format!(
-                "{} cannot be told from other errors here: every failure that may pass is retried (a function's \
-                 error, Lambda's throttling or 5xx, a timeout)",
-                named.join(", ")
-            ));
+        let task_failed = all.contains(&"States.TaskFailed");
+        // Lambda's own errors the agent cannot always name (a connection, a 5xx): every failure
+        // that may pass
+        let lambda_own = named.iter().any(|e| {
+            matches!(*e, "Lambda.ServiceException" | "Lambda.AWSLambdaException" | "Lambda.SdkClientException")
+        });
+        if !every && !task_failed {
+            let mut on: Vec<String> = Vec::new();
+            if lambda_own {
+                on.push("retryable".into());
+                said.push(
+                    "Lambda's own errors (a 5xx, a connection) are every failure that may pass here: a function's \
+                     error is retried too"
+                        .into(),
+                );
+            }
+            if all.contains(&"States.Timeout") || all.contains(&"States.HeartbeatTimeout") {
+                on.push("timed_out".into());
+            }
+            for n in &named {
+                if sas_protocol::workflow::Handled::parse(n)
+                    .is_some_and(|h| matches!(h, sas_protocol::workflow::Handled::Error(_)))
+                {
+                    on.push((*n).to_owned());
+                }
+            }
+            s["retry_on"] = json!(on);
+            if !named.is_empty() && !lambda_own {
+                said.push(format!(
+                    "only {} retried (and timeouts when a retrier names States.Timeout)",
+                    named.join(", ")
+                ));
+            }
         } else if !every && !all.contains(&"States.Timeout") {
             said.push("a timeout is retried too (no retrier names States.Timeout)".into());
         }
@@ -4026,8 +4054,24 @@ mod tests {
         assert_eq!(s["Charge"]["max_attempts"], 7, "a throttle is retried 6 times, as Step Functions does");
         assert_eq!(s["Charge"]["backoff"], json!({"base_ms": 2000, "max_ms": 900_000, "multiplier": 2.0}));
         let note = i.notes.iter().find(|n| n.starts_with("Charge: Retry:")).expect("the retry's note");
-        assert!(note.contains("Lambda.TooManyRequestsException cannot be told from other errors"), "{note}");
+        assert!(note.contains("Lambda's own errors"), "{note}");
         assert!(note.contains("equal jitter"), "{note}");
+        assert_eq!(
+            s["Charge"]["retry_on"],
+            json!([
+                "retryable",
+                "Lambda.ServiceException",
+                "Lambda.AWSLambdaException",
+                "Lambda.SdkClientException",
+                "Lambda.TooManyRequestsException"
+            ])
+        );
+        // a retrier of a function's own error: that error only (and a timeout when named)
+        let i =
+            import("x", &lambda_task(&json!([{"ErrorEquals": ["CustomError", "States.Timeout"], "MaxAttempts": 2}])))
+                .unwrap();
+        loads(&i);
+        assert_eq!(steps(&i)["Charge"]["retry_on"], json!(["timed_out", "CustomError"]));
         // the agent makes one call per attempt: the step's attempts are the retries
         let file = crate::agents_file(&i.agents);
         assert_eq!(file["agents"]["fn.charge"]["retry"]["max_calls"], 1);
@@ -4045,7 +4089,7 @@ mod tests {
         assert_eq!(s["Charge"]["backoff"], json!({"base_ms": 3000, "max_ms": 10_000, "multiplier": 1.5}));
         let note = i.notes.iter().find(|n| n.starts_with("Charge: Retry:")).unwrap();
         assert!(note.contains("PermanentError") && note.contains("FULL"), "{note}");
-        assert!(!note.contains("cannot be told"), "{note}");
+        assert!(steps(&i)["Charge"].get("retry_on").is_none(), "States.ALL: every failure that may pass");
 
         // defaults (3 attempts, 1 s, ×2); a retrier of a timeout only says a timeout is retried
         let i = import("x", &lambda_task(&json!([{"ErrorEquals": ["States.TaskFailed"]}]))).unwrap();

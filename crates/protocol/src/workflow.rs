@@ -405,6 +405,9 @@ pub struct StepDef {
     pub when: Option<Condition>,
     /// What the step's failure, past its attempts, does to the task.
     pub on_failure: StepFailure,
+    /// The failures another attempt is made for (see [`StepFile::retry_on`]); all that may pass
+    /// when absent.
+    pub retry_on: Option<Vec<Handled>>,
     /// What the agent receives (see [`crate::template`]).
     pub parameters: Option<TaskTemplate>,
     /// What of the agent's answer the step keeps as its output.
@@ -479,6 +482,13 @@ pub struct StepFile {
     /// error, `{"error": {"kind", "message"}}`), or `{"continue": [kinds]}` for some kinds only.
     #[serde(default, skip_serializing_if = "StepFailure::is_fail")]
     pub on_failure: StepFailure,
+    /// The failures another attempt is made for, within `max_attempts`: kinds (`retryable`,
+    /// `timed_out`) and error names as the agent names them (`Lambda.TooManyRequestsException`, a
+    /// function's `CustomError`; see `on_failure`). A failure that may pass but is not listed
+    /// fails the step at once, as a Step Functions retrier that does not name its error. Absent:
+    /// every failure that may pass is retried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_on: Option<Vec<Handled>>,
     /// What the agent receives (see [`crate::template`]): a template over the task's input and
     /// the outputs of the steps before this one. Absent: the whole `{"input", "outputs"}`. The
     /// idempotency key does not depend on it.
@@ -629,6 +639,7 @@ impl TryFrom<StepFile> for StepDef {
             map: f.map,
             when: f.when,
             on_failure: f.on_failure,
+            retry_on: f.retry_on,
             parameters: f.parameters,
             result_selector: f.result_selector,
             assign: f.assign,
@@ -655,6 +666,7 @@ impl From<StepDef> for StepFile {
             map: s.map,
             when: s.when,
             on_failure: s.on_failure,
+            retry_on: s.retry_on,
             parameters: s.parameters,
             result_selector: s.result_selector,
             assign: s.assign,
@@ -806,6 +818,55 @@ pub enum Handled {
     Error(String),
 }
 
+impl Handled {
+    /// A kind by its name, or an error's name (it starts with a capital letter: `CustomError`,
+    /// `S3.NoSuchKeyException`).
+    pub fn parse(h: &str) -> Option<Handled> {
+        match serde_json::from_value::<FailureKind>(Value::String(h.to_owned())) {
+            Ok(kind) => Some(Handled::Kind(kind)),
+            Err(_)
+                if h.starts_with(|c: char| c.is_ascii_uppercase())
+                    && crate::messages::error_name(&format!("{h}: -")).as_deref() == Some(h) =>
+            {
+                Some(Handled::Error(h.to_owned()))
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Whether a failure of `kind`, named `name` by its agent, is this.
+    pub fn matches(&self, kind: FailureKind, name: Option<&str>) -> bool {
+        match self {
+            Handled::Kind(k) => *k == kind,
+            Handled::Error(e) => name == Some(e.as_str()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Handled {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let h = String::deserialize(d)?;
+        Handled::parse(&h).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "{h:?} is neither a failure's kind (retryable, permanent, timed_out) nor an error's name (S3.NoSuchKeyException)"
+            ))
+        })
+    }
+}
+
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Handled {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Handled".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"anyOf": [{"type": "string", "enum": ["retryable", "permanent", "timed_out"]},
+            {"type": "string", "pattern": "^[A-Z][A-Za-z0-9._-]*$",
+             "description": "an error's name, as its agent names it: S3.NoSuchKeyException, a function's CustomError"}]})
+    }
+}
+
 impl Serialize for Handled {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
@@ -825,13 +886,7 @@ impl StepFailure {
     pub fn continues(&self, kind: FailureKind, name: Option<&str>) -> bool {
         match self {
             StepFailure::Fail => false,
-            StepFailure::Continue(all) => {
-                all.is_empty()
-                    || all.iter().any(|h| match h {
-                        Handled::Kind(k) => *k == kind,
-                        Handled::Error(e) => name == Some(e.as_str()),
-                    })
-            }
+            StepFailure::Continue(all) => all.is_empty() || all.iter().any(|h| h.matches(kind, name)),
         }
     }
 }
@@ -863,17 +918,7 @@ impl<'de> Deserialize<'de> for StepFailure {
                 let mut all = Vec::with_capacity(list.len());
                 for entry in list {
                     let Value::String(h) = entry else { return Err(bad()) };
-                    all.push(match serde_json::from_value::<FailureKind>(Value::String(h.clone())) {
-                        Ok(kind) => Handled::Kind(kind),
-                        // an error's name starts with a capital (CustomError, S3.NoSuchKeyException)
-                        Err(_)
-                            if h.starts_with(|c: char| c.is_ascii_uppercase())
-                                && crate::messages::error_name(&format!("{h}: -")).as_deref() == Some(h.as_str()) =>
-                        {
-                            Handled::Error(h.clone())
-                        }
-                        Err(_) => return Err(bad()),
-                    });
+                    all.push(Handled::parse(h).ok_or_else(bad)?);
                 }
                 if all.is_empty() {
                     return Err(bad());
@@ -1166,6 +1211,7 @@ impl StepDef {
             map: None,
             when: None,
             on_failure: StepFailure::Fail,
+            retry_on: None,
             parameters: None,
             result_selector: None,
             assign: None,

@@ -231,7 +231,11 @@ pub fn invoke_error(
     message: &str,
     retry_after: Option<Duration>,
 ) -> AgentError {
-    let message = format!("invoking {function}: {}{message}", code.map(|c| format!("{c}: ")).unwrap_or_default());
+    // named as Step Functions names Lambda's errors (Lambda.TooManyRequestsException), first
+    let message = match code {
+        Some(c) => format!("Lambda.{c}: invoking {function}: {message}"),
+        None => format!("invoking {function}: {message}"),
+    };
     let permanent = match code {
         // a function being created or updated is ready soon
         Some("ResourceConflictException" | "ResourceNotReadyException") => false,

@@ -75,18 +75,23 @@ impl Change<'_> {
             self.t.steps[i].maybe_applied = true;
         }
         let failures = self.t.unit_record().attempt_failed(reason);
-        if failures < def.max_attempts {
+        let name = if timed_out { None } else { crate::messages::error_name(reason) };
+        let kind = if timed_out { FailureKind::TimedOut } else { FailureKind::Retryable };
+        // a failure the step's retry_on does not name is not retried
+        let retried = def.retry_on.as_ref().is_none_or(|on| on.iter().any(|h| h.matches(kind, name.as_deref())));
+        if failures < def.max_attempts && retried {
             let delay = def.backoff.delay_ms(failures, self.ctx.jitter);
             self.t.reason = Some(format!("{reason}; retry {}/{} in {delay} ms", failures + 1, def.max_attempts));
             self.wait_for_claim(self.ctx.now.plus_ms(delay), RunReason::Retry);
             return;
         }
-        let gave_up = format!("{reason}; all {} attempts used", def.max_attempts);
-        if !timed_out {
-            self.error_name = crate::messages::error_name(reason);
-        }
+        let gave_up = if retried {
+            format!("{reason}; all {} attempts used", def.max_attempts)
+        } else {
+            format!("{reason}; not retried (the step's retry_on does not name it)")
+        };
+        self.error_name = name;
         self.t.unit_record().exhausted(timed_out);
-        let kind = if timed_out { FailureKind::TimedOut } else { FailureKind::Retryable };
         match self.t.phase() {
             Phase::Forward => {
                 // A map element's parent speaks for it: one alert when its map stops, not one

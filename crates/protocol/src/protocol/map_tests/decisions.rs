@@ -691,3 +691,35 @@ fn a_child_of_a_map_that_fails_stops_the_map_and_the_others_undo_what_they_appli
         assert_eq!(ran(&w, "refund"), 1, "{seed:?}");
     }
 }
+
+#[test]
+fn a_step_retries_only_the_failures_its_retry_on_names() {
+    // a 503 (no name, may pass): retried within max_attempts unless retry_on leaves it out
+    for (retry_on, attempts) in [
+        (None, 2),
+        (Some(vec![Handled::Kind(FailureKind::Retryable)]), 2),
+        (Some(vec![Handled::Error("Shop.Busy".into()), Handled::Kind(FailureKind::TimedOut)]), 1),
+    ] {
+        let mut def = gift(StepFailure::Continue(Vec::new()));
+        def.steps[1].retry_on = retry_on.clone();
+        let mut w = World::with(def, json!({}));
+        w.flaky_steps.insert("giftwrap");
+        w.run();
+        let p = w.parent().clone();
+        assert_eq!(p.process_state, ProcessState::Processed, "{retry_on:?}: {:?}", p.reason);
+        assert_eq!(ran(&w, "giftwrap"), attempts, "{retry_on:?}");
+        assert_eq!(p.outputs()["giftwrap"]["error"]["kind"], "retryable");
+    }
+    // read from a workflow file, and refused when it names neither a kind nor an error
+    let step = |on: Value| {
+        json!({"name": "x", "version": 1, "steps": [
+        {"name": "a", "agent": "sim", "timeout_ms": 1000, "max_attempts": 3, "retry_on": on}]})
+    };
+    let def: WorkflowDef =
+        serde_json::from_value(step(json!(["Lambda.TooManyRequestsException", "timed_out"]))).unwrap();
+    assert_eq!(
+        def.steps[0].retry_on,
+        Some(vec![Handled::Error("Lambda.TooManyRequestsException".into()), Handled::Kind(FailureKind::TimedOut)])
+    );
+    assert!(serde_json::from_value::<WorkflowDef>(step(json!(["soon"]))).is_err());
+}
