@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The definitions the book says are translated (of 170): a change that translates fewer fails.
-const TRANSLATED_AT_LEAST: usize = 103;
+const TRANSLATED_AT_LEAST: usize = 105;
 
 /// Every task's `Resource` in a definition (inside Parallel branches and Map processors).
 fn resources(states: &serde_json::Value, out: &mut Vec<String>) {
@@ -70,8 +70,8 @@ fn class(r: &sas_asl::Refusal) -> String {
             "speaks the rest-json protocol",
             "a REST-JSON API the aws kind does not carry (API Gateway, IoT Analytics...)",
         ),
-        ("speaks the query protocol", "an AWS API that speaks query or EC2's protocol (SNS, EC2, RDS...)"),
-        ("speaks the ec2 protocol", "an AWS API that speaks query or EC2's protocol (SNS, EC2, RDS...)"),
+        ("speaks the query protocol", "an AWS API that speaks EC2's protocol or a query one not carried (EC2, RDS)"),
+        ("speaks the ec2 protocol", "an AWS API that speaks EC2's protocol or a query one not carried (EC2, RDS)"),
         ("integration with a token is not translated", "another service integration with a token (.waitForTaskToken)"),
         ("is not a service of AWS's models", "an AWS service no longer in AWS's models (Lookout for Vision)"),
         ("has no action", "an AWS API action not in AWS's models"),

@@ -44,9 +44,16 @@ pub struct ServiceModel {
     /// (`infra/gen_aws_services.py`'s `map_shapes`).
     #[serde(default)]
     pub maps: BTreeMap<String, Value>,
-    /// A REST-XML service's shapes its answers are read by (`xml_shapes` of the generator).
+    /// A REST-XML or query service's shapes its answers are read by (`xml_shapes` of the
+    /// generator).
     #[serde(default)]
     pub xml: BTreeMap<String, Value>,
+    /// A query service's API version (`Version=2010-03-31` in every request).
+    #[serde(default)]
+    pub version: String,
+    /// A query service's shapes its requests are written by (`query_shapes` of the generator).
+    #[serde(default)]
+    pub qs: BTreeMap<String, Value>,
 }
 
 /// One operation of the table: `Name`, `Name=TokenMember` or `Name=TokenMember/MaxLen`, alone or
@@ -86,6 +93,11 @@ pub enum OpEntry {
         /// REST-XML: the request's body is an XML structure (not sent yet).
         #[serde(default)]
         xi: Option<u8>,
+        /// Query: the request's shape, and the element the answer's result is in.
+        #[serde(default)]
+        qi: Option<String>,
+        #[serde(default)]
+        w: Option<String>,
     },
 }
 
@@ -150,7 +162,21 @@ pub struct Operation {
     pub names: Option<Value>,
     /// How a REST-JSON action is sent (`None`: JSON 1.0/1.1, one POST with `X-Amz-Target`).
     pub rest: Option<Rest>,
+    /// How a query action is sent (`Action=Publish&Version=...`, its answer XML).
+    pub query: Option<Query>,
     maps: &'static BTreeMap<String, Value>,
+}
+
+/// A query action (SNS, STS, CloudFormation, Auto Scaling): a form-encoded POST, the answer XML in
+/// `<ActionResponse><ActionResult>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Query {
+    pub version: String,
+    input: Option<String>,
+    wrapper: Option<String>,
+    output: Option<String>,
+    written_by: &'static BTreeMap<String, Value>,
+    read_by: &'static BTreeMap<String, Value>,
 }
 
 /// A REST-JSON action's HTTP binding, from the service's model.
@@ -223,8 +249,9 @@ pub fn operation(service: &str, action: &str) -> Result<Operation, String> {
     };
     if model.protocol != "json" && model.ops.is_empty() {
         return Err(format!(
-            "{service} ({}) speaks the {} protocol: the aws kind calls the services that speak JSON 1.0/1.1, and \
-             of REST-JSON Lambda, Batch, Polly, Bedrock and EventBridge Scheduler; call it from a Lambda function (a lambda agent)",
+            "{service} ({}) speaks the {} protocol: the aws kind calls the services that speak JSON 1.0/1.1, \
+             of REST-JSON Lambda, Batch, Polly, Bedrock and EventBridge Scheduler, S3's REST-XML, and of query \
+             SNS, STS, CloudFormation and Auto Scaling; call it from a Lambda function (a lambda agent)",
             model.id, model.protocol
         ));
     }
@@ -293,8 +320,113 @@ pub fn operation(service: &str, action: &str) -> Result<Operation, String> {
             }
             _ => None,
         },
+        query: match entry {
+            OpEntry::Full { qi, w, x, .. } if model.protocol == "query" => Some(Query {
+                version: model.version.clone(),
+                input: qi.clone(),
+                wrapper: w.clone(),
+                output: x.clone(),
+                written_by: &model.qs,
+                read_by: &model.xml,
+            }),
+            OpEntry::Name(_) if model.protocol == "query" => Some(Query {
+                version: model.version.clone(),
+                input: None,
+                wrapper: None,
+                output: None,
+                written_by: &model.qs,
+                read_by: &model.xml,
+            }),
+            _ => None,
+        },
         maps: &model.maps,
     })
+}
+
+/// Form-encoding (`application/x-www-form-urlencoded`): RFC 3986's unreserved characters kept.
+fn form_escape(s: &str) -> String {
+    uri_escape(s, false)
+}
+
+/// `value` written as the query protocol writes shape `shape` under `prefix`: a structure's
+/// members by their names (`Attributes.entry.1.key`), a list's items numbered from 1
+/// (`Tags.member.1`, flattened `Name.1`), a map's entries numbered from 1, scalars as text.
+fn query_pairs(
+    out: &mut Vec<(String, String)>,
+    prefix: &str,
+    value: &Value,
+    shape: &str,
+    shapes: &BTreeMap<String, Value>,
+    depth: usize,
+) -> Result<(), String> {
+    let at = |name: &str| if prefix.is_empty() { name.to_owned() } else { format!("{prefix}.{name}") };
+    if depth > 32 {
+        return Err(format!("{prefix}: nested too deep"));
+    }
+    match (shapes.get(shape), value) {
+        (_, Value::Null) => {}
+        (Some(Value::Object(def)), Value::Object(given)) if def.contains_key("S") => {
+            let members = def.get("S").and_then(Value::as_object).cloned().unwrap_or_default();
+            for (k, v) in given {
+                let found =
+                    members.get_key_value(k).or_else(|| members.iter().find(|(m, _)| sfn_cased(m) == sfn_cased(k)));
+                let Some((member, spec)) = found else {
+                    return Err(format!("{} is not a member of {shape}", at(k)));
+                };
+                // the model's member, sent by its query name where it has one
+                let (of, sent) = match spec {
+                    Value::Array(a) => (
+                        a.first().and_then(Value::as_str).unwrap_or_default(),
+                        a.get(1).and_then(Value::as_str).unwrap_or(member),
+                    ),
+                    Value::String(of) => (of.as_str(), member.as_str()),
+                    _ => continue,
+                };
+                query_pairs(out, &at(sent), v, of, shapes, depth + 1)?;
+            }
+        }
+        (Some(Value::Object(def)), Value::Array(items)) if def.contains_key("L") => {
+            let item = def.get("L").and_then(Value::as_str).unwrap_or_default();
+            if items.is_empty() {
+                out.push((prefix.to_owned(), String::new()));
+            }
+            let flattened = def.contains_key("f");
+            let base = match (flattened, def.get("n").and_then(Value::as_str)) {
+                (true, Some(n)) => match prefix.rsplit_once('.') {
+                    Some((head, _)) => format!("{head}.{n}"),
+                    None => n.to_owned(),
+                },
+                (true, None) => prefix.to_owned(),
+                (false, n) => at(n.unwrap_or("member")),
+            };
+            for (i, x) in items.iter().enumerate() {
+                query_pairs(out, &format!("{base}.{}", i + 1), x, item, shapes, depth + 1)?;
+            }
+        }
+        (Some(Value::Object(def)), Value::Object(entries)) if def.contains_key("M") => {
+            let kv = def.get("M").and_then(Value::as_array).cloned().unwrap_or_default();
+            let value_shape = kv.get(1).and_then(Value::as_str).unwrap_or_default();
+            let (kn, vn) = (
+                def.get("k").and_then(Value::as_str).unwrap_or("key"),
+                def.get("v").and_then(Value::as_str).unwrap_or("value"),
+            );
+            let base = if def.contains_key("f") { prefix.to_owned() } else { at("entry") };
+            for (i, (k, v)) in entries.iter().enumerate() {
+                out.push((format!("{base}.{}.{kn}", i + 1), k.clone()));
+                query_pairs(out, &format!("{base}.{}.{vn}", i + 1), v, value_shape, shapes, depth + 1)?;
+            }
+        }
+        (Some(Value::String(t)), v) if t == "B" => {
+            let text = scalar_text(v);
+            out.push((prefix.to_owned(), base64::Engine::encode(&base64::engine::general_purpose::STANDARD, text)));
+        }
+        (Some(Value::Object(_)), other) => {
+            return Err(format!("{prefix} is {}, not what {shape} is", crate::ids::clip(&other.to_string(), 40)));
+        }
+        // a scalar: its text (a JSON value given to a text member: its JSON text)
+        (_, v) => out.push((prefix.to_owned(), scalar_text(v))),
+    }
+    Ok(())
 }
 
 /// A member's name as Step Functions gives it in an `aws-sdk` task's answer (the AWS SDK for
@@ -417,6 +549,37 @@ impl Operation {
     /// The request as the service takes it: a JSON value given to a member that takes text (a
     /// message body, an execution's input) sent as its JSON text, and to a blob as its JSON text
     /// in base64, as Step Functions sends them.
+    /// A query action's request body (`Action=Publish&Version=2010-03-31&TopicArn=...`), form-
+    /// encoded; `None` for another protocol.
+    pub fn query_request(&self, body: &Map<String, Value>) -> Option<Result<String, String>> {
+        let q = self.query.as_ref()?;
+        let mut pairs = vec![("Action".to_owned(), self.name.clone()), ("Version".to_owned(), q.version.clone())];
+        if !body.is_empty() {
+            let Some(input) = &q.input else {
+                return Some(Err(format!("{}:{} takes no parameters", self.service, self.name)));
+            };
+            if let Err(e) = query_pairs(&mut pairs, "", &Value::Object(body.clone()), input, q.written_by, 0) {
+                return Some(Err(e));
+            }
+        }
+        Some(Ok(pairs
+            .iter()
+            .map(|(k, v)| format!("{}={}", form_escape(k), form_escape(v)))
+            .collect::<Vec<_>>()
+            .join("&")))
+    }
+
+    /// A query action's answer (`<PublishResponse><PublishResult>...`) read by its shape, cased as
+    /// Step Functions gives it.
+    pub fn query_answer(&self, body: &[u8]) -> Result<Value, String> {
+        let Some(q) = &self.query else { return Err("not a query action".into()) };
+        let Some(output) = &q.output else { return Ok(Value::Object(Map::new())) };
+        let text = std::str::from_utf8(body).map_err(|e| format!("the answer is not UTF-8: {e}"))?;
+        let path: Vec<&str> = q.wrapper.iter().map(String::as_str).collect();
+        let read = crate::xml_answer::read_in(text, &path, output, q.read_by)?;
+        Ok(self.answer_as_step_functions(read))
+    }
+
     pub fn request_as_api(&self, body: &mut Map<String, Value>) {
         if let Some(Value::Object(tree)) = &self.names {
             renamed(body, tree);
@@ -657,13 +820,55 @@ mod tests {
             ("route53", "listHostedZones", "rest-xml"),
             ("s3", "putObjectTagging", "request is an XML document (Tagging)"),
             ("apigateway", "getRestApis", "rest-json"),
-            ("sns", "publish", "query"),
+            ("ec2", "describeInstances", "speaks the ec2 protocol"),
+            ("rds", "describeDbInstances", "speaks the query protocol"),
             ("dynamodb", "dropTable", "no action"),
             ("dynamo", "putItem", "did you mean dynamodb"),
         ] {
             let e = operation(s, a).unwrap_err();
             assert!(e.contains(says), "{s}:{a}: {e}");
         }
+    }
+
+    #[test]
+    fn a_query_action_is_form_encoded_by_its_shapes_and_its_xml_answer_read_by_them() {
+        use serde_json::json;
+        let publish = operation("sns", "publish").unwrap();
+        assert_eq!((publish.iam_action.as_str(), publish.error_prefix.as_str()), ("sns:Publish", "SNS"));
+        let body = json!({"TopicArn": "arn:aws:sns:us-east-1:1:orders", "Message": {"order": 7},
+            "MessageAttributes": {"kind": {"DataType": "String", "StringValue": "new & paid"}}});
+        let form = publish.query_request(body.as_object().unwrap()).unwrap().unwrap();
+        assert_eq!(
+            form,
+            "Action=Publish&Version=2010-03-31&Message=%7B%22order%22%3A7%7D\
+             &MessageAttributes.entry.1.Name=kind&MessageAttributes.entry.1.Value.DataType=String\
+             &MessageAttributes.entry.1.Value.StringValue=new%20%26%20paid&TopicArn=arn%3Aaws%3Asns%3Aus-east-1%3A1%3Aorders"
+        );
+        let answer = br#"<PublishResponse xmlns="http://sns.amazonaws.com/doc/2010-03-31/">
+            <PublishResult><MessageId>94f2-1</MessageId></PublishResult>
+            <ResponseMetadata><RequestId>r-1</RequestId></ResponseMetadata></PublishResponse>"#;
+        assert_eq!(publish.query_answer(answer).unwrap(), json!({"MessageId": "94f2-1"}));
+        // a list of structures (member.N), a wrapped list in the answer
+        let tags = operation("sns", "tagResource").unwrap();
+        let form = tags
+            .query_request(json!({"ResourceArn": "a", "Tags": [{"Key": "k", "Value": "v"}]}).as_object().unwrap())
+            .unwrap()
+            .unwrap();
+        assert!(form.ends_with("&ResourceArn=a&Tags.member.1.Key=k&Tags.member.1.Value=v"), "{form}");
+        let list = operation("sns", "listTopics").unwrap();
+        let answer = br"<ListTopicsResponse><ListTopicsResult><Topics>
+            <member><TopicArn>arn:1</TopicArn></member><member><TopicArn>arn:2</TopicArn></member>
+            </Topics><NextToken>n</NextToken></ListTopicsResult></ListTopicsResponse>";
+        assert_eq!(
+            list.query_answer(answer).unwrap(),
+            json!({"Topics": [{"TopicArn": "arn:1"}, {"TopicArn": "arn:2"}], "NextToken": "n"})
+        );
+        // STS: no parameters; a member the action does not have is said, not sent
+        let who = operation("sts", "getCallerIdentity").unwrap();
+        assert_eq!(who.query_request(&Map::new()).unwrap().unwrap(), "Action=GetCallerIdentity&Version=2011-06-15");
+        let err = publish.query_request(json!({"Topic": "x"}).as_object().unwrap()).unwrap().unwrap_err();
+        assert!(err.contains("Topic is not a member of PublishInput"), "{err}");
+        assert!(operation("dynamodb", "putItem").unwrap().query_request(&Map::new()).is_none());
     }
 
     #[test]

@@ -98,11 +98,36 @@ pub fn read(text: &str, shape: &str, shapes: &BTreeMap<String, Value>) -> Result
     Ok(value(&root, shape, shapes, 0))
 }
 
+/// The answer `text` read as the shape `shape`, found under the root element through the child
+/// elements `path` (a query answer's `<PublishResponse><PublishResult>`); a missing element is an
+/// empty answer.
+pub fn read_in(text: &str, path: &[&str], shape: &str, shapes: &BTreeMap<String, Value>) -> Result<Value, String> {
+    let root = parse(text)?;
+    let mut at = &root;
+    for name in path {
+        match at.children.iter().find(|c| c.name == *name) {
+            Some(c) => at = c,
+            None => return Ok(Value::Object(Map::new())),
+        }
+    }
+    Ok(value(at, shape, shapes, 0))
+}
+
 /// The code and message of an XML error answer (`<Error><Code>NoSuchKey</Code><Message>…`, or
 /// inside `<ErrorResponse>`).
 pub fn error(text: &str) -> Option<(String, Option<String>)> {
     let root = parse(text).ok()?;
-    let error = if root.name == "Error" { Some(&root) } else { root.children.iter().find(|c| c.name == "Error") }?;
+    // `<Error>`, `<ErrorResponse><Error>`, or EC2's `<Response><Errors><Error>`
+    let error = if root.name == "Error" {
+        Some(&root)
+    } else {
+        root.children.iter().find(|c| c.name == "Error").or_else(|| {
+            root.children
+                .iter()
+                .find(|c| c.name == "Errors")
+                .and_then(|e| e.children.iter().find(|c| c.name == "Error"))
+        })
+    }?;
     let field = |n: &str| error.children.iter().find(|c| c.name == n).map(|c| c.text.trim().to_owned());
     Some((field("Code")?, field("Message")))
 }

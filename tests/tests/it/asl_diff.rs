@@ -959,6 +959,31 @@ fn hand_written() -> Vec<Case> {
           json!({"key": KEY, "name": "b", "doc": {"items": ["x"]}})],
     ));
     c.push(case(
+        "aws-sdk-query",
+        "aws-sdk tasks of the query protocol on LocalStack: SNS createTopic, publish with message attributes \
+         (a map, form-encoded as entries) and a JSON message, getTopicAttributes (its map read from XML), \
+         STS getCallerIdentity, and getTopicAttributes of a missing topic (SNS.NotFoundException, caught by \
+         its name)",
+        json!({"StartAt": "Topic", "States": {
+            "Topic": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:sns:createTopic", "ResultPath": "$.topic", "Next": "Publish",
+                      "Parameters": {"Name": "sas-asl-diff-topic", "Tags": [{"Key": "made-by", "Value": "asl-diff"}]}},
+            "Publish": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:sns:publish", "ResultPath": "$.published", "Next": "Attributes",
+                        "Parameters": {"TopicArn.$": "$.topic.TopicArn", "Message.$": "$.doc", "Subject": "asl-diff",
+                                       "MessageAttributes": {"kind": {"DataType": "String", "StringValue.$": "$.name"}}},
+                        "ResultSelector": {"sent.$": "States.ArrayLength(States.Array($.MessageId))"}},
+            "Attributes": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:sns:getTopicAttributes", "ResultPath": "$.attributes", "Next": "Who",
+                           "Parameters": {"TopicArn.$": "$.topic.TopicArn"},
+                           "ResultSelector": {"arn.$": "$.Attributes.TopicArn", "name.$": "$.Attributes.DisplayName"}},
+            "Who": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:sts:getCallerIdentity", "ResultPath": "$.who", "Next": "Missing",
+                    "ResultSelector": {"account.$": "$.Account"}},
+            "Missing": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:sns:getTopicAttributes", "ResultPath": "$.missing", "End": true,
+                        "Parameters": {"TopicArn": "arn:aws:sns:us-east-1:000000000000:sas-asl-diff-no-such-topic"},
+                        "Catch": [{"ErrorEquals": ["SNS.NotFoundException"], "ResultPath": "$.error", "Next": "Gone"}]},
+            "Gone": {"Type": "Pass", "Parameters": {"error.$": "$.error.Error", "who.$": "$.who", "sent.$": "$.published.sent",
+                                                    "topic.$": "$.topic", "attributes.$": "$.attributes"}, "End": true}}}),
+        &[json!({"name": "a", "doc": {"items": [1, 2], "ok": true}}), json!({"name": "b & c", "doc": "plain text"})],
+    ));
+    c.push(case(
         "sync-child",
         "a child execution run to completion on LocalStack's Step Functions (the job loop here: start, then \
          DescribeExecution until it ends): .sync:2's output parsed, .sync's as text, a child that fails \

@@ -272,6 +272,17 @@ impl AwsApiAgent {
         let (url, region) = self.endpoint().await?;
         let what = format!("{}:{}", self.op.service, self.op.name);
         let mut req = match self.op.rest_request(&body) {
+            // query (SNS, STS...): one form-encoded POST, Action and Version first
+            None if self.op.query.is_some() => {
+                let form = self.op.query_request(&body).unwrap_or_else(|| Ok(String::new()));
+                let form = form.map_err(|e| permanent(format!("{what}: {e}")))?;
+                self.http
+                    .post(&url)
+                    .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded; charset=utf-8")
+                    .body(form)
+                    .build()
+                    .map_err(|e| permanent(format!("{what}: {e}")))?
+            }
             // REST-JSON: the model's method and path, members in the path, query and headers
             Some(rest) => {
                 let rest = rest.map_err(|e| permanent(format!("{what}: {e}")))?;
@@ -338,6 +349,12 @@ impl AwsApiAgent {
                     .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
                     .collect();
                 return Ok(self.op.rest_answer(status.as_u16(), &pairs, &buf));
+            }
+            if self.op.query.is_some() {
+                return self
+                    .op
+                    .query_answer(&buf)
+                    .map_err(|e| permanent(format!("{}:{}: {e}", self.op.service, self.op.name)));
             }
             if buf.iter().all(u8::is_ascii_whitespace) {
                 return Ok(Value::Object(Map::new()));
