@@ -150,21 +150,25 @@ def names(shapes: dict, name: str, depth: int, seen: tuple = ()) -> object:
     return members or None
 
 
-def xml_shapes(shapes: dict, roots: list) -> dict:
-    """The shapes a REST-XML answer is read by, from `roots`: a structure as `{"S": {member:
-    shape, or [shape, element name]}}` (its members in the body only), a list as `{"L": shape,
-    "n": item element name, "f": 1 when flattened}`, a map as `{"M": [key, value]}`, a scalar as
-    its type's letter (`s` string, `i` integer, `f` float, `b` boolean, `t` timestamp, `B` blob)."""
-    scalars = {
-        "string": "s",
-        "integer": "i",
-        "long": "i",
-        "float": "f",
-        "double": "f",
-        "boolean": "b",
-        "timestamp": "t",
-        "blob": "B",
-    }
+SCALARS = {
+    "string": "s",
+    "integer": "i",
+    "long": "i",
+    "float": "f",
+    "double": "f",
+    "boolean": "b",
+    "timestamp": "t",
+    "blob": "B",
+}
+
+
+def wire_shapes(shapes: dict, roots: list, writing: str | None) -> dict:
+    """The shapes a REST-XML or query answer is read by (`writing` None), or a query request is
+    written by (`writing` "query" or "ec2"), from `roots`: a structure as `{"S": {member: shape, or
+    [shape, name on the wire]}}`, a list as `{"L": shape, "n": item name, "f": 1 when flattened}`, a
+    map as `{"M": [key, value]}` (and, written, `"k"`/`"v"` its key's and value's names, `"f"`), a
+    scalar as its type's letter (`s` string, `i` integer, `f` float, `b` boolean, `t` timestamp,
+    `B` blob). An answer's structure leaves out the members that come from elsewhere (headers)."""
     out: dict = {}
     todo = list(roots)
     while todo:
@@ -176,53 +180,15 @@ def xml_shapes(shapes: dict, roots: list) -> dict:
         if t == "structure":
             members = {}
             for m, ref in shape.get("members", {}).items():
-                if ref.get("location"):
+                if writing is None and ref.get("location"):
                     continue
-                element = ref.get("locationName")
-                members[m] = [ref["shape"], element] if element and element != m else ref["shape"]
-                todo.append(ref["shape"])
-            out[name] = {"S": members}
-        elif t == "list":
-            entry = {"L": shape["member"]["shape"]}
-            item = shape["member"].get("locationName")
-            if item and item != "member":
-                entry["n"] = item
-            if shape.get("flattened"):
-                entry["f"] = 1
-            out[name] = entry
-            todo.append(shape["member"]["shape"])
-        elif t == "map":
-            out[name] = {"M": [shape["key"]["shape"], shape["value"]["shape"]]}
-            todo.extend([shape["key"]["shape"], shape["value"]["shape"]])
-        else:
-            out[name] = scalars.get(t, "s")
-    return out
-
-
-def query_shapes(shapes: dict, roots: list, ec2: bool) -> dict:
-    """The shapes a query (or EC2) request is written by, from `roots`: a structure as `{"S":
-    {member: shape, or [shape, name sent]}}`, a list as `{"L": shape, "n": item name, "f": 1 when
-    flattened}`, a map as `{"M": [key, value], "k": key name, "v": value name, "f": 1 when
-    flattened}`, a scalar as its type's letter (as `xml_shapes`)."""
-    scalars = {"integer": "i", "long": "i", "float": "f", "double": "f", "boolean": "b", "timestamp": "t", "blob": "B"}
-    out: dict = {}
-    todo = list(roots)
-    while todo:
-        name = todo.pop()
-        if name in out:
-            continue
-        shape = shapes[name]
-        t = shape["type"]
-        if t == "structure":
-            members = {}
-            for m, ref in shape.get("members", {}).items():
-                if ec2:
-                    sent = ref.get("queryName") or (
+                if writing == "ec2":
+                    wire = ref.get("queryName") or (
                         ref["locationName"][:1].upper() + ref["locationName"][1:] if "locationName" in ref else m
                     )
                 else:
-                    sent = ref.get("locationName", m)
-                members[m] = [ref["shape"], sent] if sent != m else ref["shape"]
+                    wire = ref.get("locationName") or m
+                members[m] = [ref["shape"], wire] if wire != m else ref["shape"]
                 todo.append(ref["shape"])
             out[name] = {"S": members}
         elif t == "list":
@@ -236,16 +202,17 @@ def query_shapes(shapes: dict, roots: list, ec2: bool) -> dict:
             todo.append(shape["member"]["shape"])
         elif t == "map":
             entry = {"M": [shape["key"]["shape"], shape["value"]["shape"]]}
-            if shape["key"].get("locationName", "key") != "key":
-                entry["k"] = shape["key"]["locationName"]
-            if shape["value"].get("locationName", "value") != "value":
-                entry["v"] = shape["value"]["locationName"]
-            if shape.get("flattened"):
-                entry["f"] = 1
+            if writing is not None:
+                if shape["key"].get("locationName", "key") != "key":
+                    entry["k"] = shape["key"]["locationName"]
+                if shape["value"].get("locationName", "value") != "value":
+                    entry["v"] = shape["value"]["locationName"]
+                if shape.get("flattened"):
+                    entry["f"] = 1
             out[name] = entry
             todo.extend([shape["key"]["shape"], shape["value"]["shape"]])
         else:
-            out[name] = scalars.get(t, "s")
+            out[name] = SCALARS.get(t, "s")
     return out
 
 
@@ -366,7 +333,7 @@ def main() -> int:
                 }
             )
             if protocol == "rest-xml":
-                entry["xml"] = xml_shapes(model["shapes"], [o["x"] for o in ops if "x" in o])
+                entry["xml"] = wire_shapes(model["shapes"], [o["x"] for o in ops if "x" in o], None)
         if protocol in ("query", "ec2") and model_name in QUERY:
             signing = meta.get("signingName") or meta["endpointPrefix"]
             ops = [query_op(model, name_, op) for name_, op in sorted(model["operations"].items())]
@@ -378,8 +345,8 @@ def main() -> int:
                     "version": meta["apiVersion"],
                     "ops": ops,
                     "maps": map_shapes(model["shapes"]),
-                    "xml": xml_shapes(model["shapes"], [o["x"] for o in ops if "x" in o]),
-                    "qs": query_shapes(model["shapes"], [o["qi"] for o in ops if "qi" in o], protocol == "ec2"),
+                    "xml": wire_shapes(model["shapes"], [o["x"] for o in ops if "x" in o], None),
+                    "qs": wire_shapes(model["shapes"], [o["qi"] for o in ops if "qi" in o], protocol),
                 }
             )
         if protocol == "json":

@@ -44,14 +44,14 @@ pub struct ServiceModel {
     /// (`infra/gen_aws_services.py`'s `map_shapes`).
     #[serde(default)]
     pub maps: BTreeMap<String, Value>,
-    /// A REST-XML or query service's shapes its answers are read by (`xml_shapes` of the
+    /// A REST-XML or query service's shapes its answers are read by (`wire_shapes` of the
     /// generator).
     #[serde(default)]
     pub xml: BTreeMap<String, Value>,
     /// A query service's API version (`Version=2010-03-31` in every request).
     #[serde(default)]
     pub version: String,
-    /// A query service's shapes its requests are written by (`query_shapes` of the generator).
+    /// A query service's shapes its requests are written by (`wire_shapes` of the generator).
     #[serde(default)]
     pub qs: BTreeMap<String, Value>,
 }

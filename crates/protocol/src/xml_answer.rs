@@ -2,7 +2,7 @@
 //! it: a structure's members by name (an element named otherwise in the model read under its
 //! member's name), a list as an array (flattened, its items repeated in place; or wrapped, its
 //! items in one element), a map as an object, numbers and booleans typed, timestamps and the rest
-//! as their text. The shapes are the table's (`xml_shapes` of `infra/gen_aws_services.py`).
+//! as their text. The shapes are the table's (`wire_shapes` of `infra/gen_aws_services.py`).
 //!
 //! The XML is tokenized by `xmlparser` (the AWS SDK's own XML decoder's tokenizer) into a small
 //! tree; the tree is read once by the shape, what the shape does not name is left out.
