@@ -69,6 +69,12 @@ pub enum Target {
     EventBuses {
         names: Vec<String>,
     },
+    /// An S3 bucket, or an object in it (`Bucket`, `Key`: the `aws` agent's S3 actions).
+    Bucket {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+    },
     /// An operation that names no resource this module knows (its ARN is `*`).
     Unknown,
 }
@@ -129,6 +135,9 @@ pub fn target_of(body: &[u8]) -> Target {
         }
         if let Some(arn) = s("TopicArn") {
             return Target::Topic { arn };
+        }
+        if let Some(name) = s("Bucket") {
+            return Target::Bucket { name, key: s("Key") };
         }
         return Target::Unknown;
     }
@@ -243,6 +252,9 @@ impl AwsCall {
                     })
                     .collect()
             }
+            // S3's ARNs name no region or account
+            Target::Bucket { name, key: None } => vec![format!("arn:{}:s3:::{name}", partition(&region()?))],
+            Target::Bucket { name, key: Some(k) } => vec![format!("arn:{}:s3:::{name}/{k}", partition(&region()?))],
             Target::Unknown => vec!["*".to_owned()],
         })
     }
@@ -402,6 +414,10 @@ mod tests {
             Target::EventBuses { names: vec!["default".into(), "orders".into()] }
         );
         assert_eq!(target_of(b"{}"), Target::Unknown);
+        assert_eq!(
+            target_of(br#"{"Bucket": "reports", "Key": "2026/a.json", "Body": "{}"}"#),
+            Target::Bucket { name: "reports".into(), key: Some("2026/a.json".into()) }
+        );
     }
 
     #[test]
