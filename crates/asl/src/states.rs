@@ -97,7 +97,8 @@ pub fn import_with(name: &str, def: &Value, options: Options) -> Result<Imported
     for field in ["Id", "Name"] {
         if text.contains(&format!("$$.Execution.{field}")) {
             cx.notes.push(format!(
-                "$$.Execution.{field} is the task's id here ($.task.id){}",
+                "$$.Execution.{field} is the task's id here ($.task.root: the task submitted, in its loops' \
+                 iterations, maps' elements and branches too){}",
                 if field == "Id" { ", not an execution's ARN" } else { "" }
             ));
         }
@@ -2192,10 +2193,15 @@ impl Cx {
                 "a Distributed Map is not translated: a map here is inline, at most 10,000 elements".into(),
             ));
         }
-        if Value::Object(processor.clone()).to_string().contains("$$.Execution") {
+        // the execution's id and name are the task's ($.task.root), in an element too; its input is not
+        let text = Value::Object(processor.clone()).to_string();
+        let reads_execution = text
+            .match_indices("$$.Execution")
+            .any(|(at, m)| !(text[at + m.len()..].starts_with(".Id") || text[at + m.len()..].starts_with(".Name")));
+        if reads_execution {
             errs.push((
                 "ItemProcessor".into(),
-                "the processor reads $$.Execution (the execution's input or id); an element here reads its item and \
+                "the processor reads $$.Execution's input (or start time); an element here reads its item and \
                  what its ItemSelector gives it: pass what it needs through the ItemSelector"
                     .into(),
             ));
@@ -2521,7 +2527,11 @@ fn reference(p: &str, doc: &Sym, vars: &Vars, scope: Scope) -> Result<Sym, Strin
             (c, Scope::Task) if c.starts_with(".Execution.Input.") || c.starts_with(".Execution.Input[") => {
                 Ok(Sym::Ref(path_text("$.input", &parse_path(&format!("${}", &c[".Execution.Input".len()..]))?)))
             }
-            (".Execution.Id" | ".Execution.Name", Scope::Task) => Ok(Sym::Ref("$.task.id".into())),
+            // the execution: the task submitted, in its children too (a loop's iterations, a
+            // map's elements, a branch)
+            (".Execution.Id" | ".Execution.Name", _) => Ok(Sym::Ref("$.task.root".into())),
+            // the importer's own (States.UUID()'s name): the task or child task that makes it
+            (".sas.TaskId", _) => Ok(Sym::Ref("$.task.id".into())),
             (".Task.Token", _) => Ok(Sym::Lit(json!(TOKEN))),
             (".Map.Item.Value", Scope::Element) => Ok(Sym::Ref("$.input.item".into())),
             (c, Scope::Element) if c.starts_with(".Map.Item.Value.") || c.starts_with(".Map.Item.Value[") => {
@@ -2561,7 +2571,8 @@ fn assign(spec: Option<&Value>, base: &Sym, vars: &Vars) -> Result<Vars, (String
 }
 
 /// The definition with each `States.UUID()` in a `.$` value (a call a step would make again on each
-/// attempt) written `States.UUID($$.Execution.Id, '<state>#<n>')`: a UUID named by the task and
+/// attempt) written `States.UUID($$.sas.TaskId, '<state>#<n>')` (the importer's own context path,
+/// `$.task.id`): a UUID named by the (child) task and
 /// the place that calls it, so that a retry, a second read and the state after it see the same.
 fn name_uuids(def: &Value) -> Value {
     fn in_state(v: &Value, state: &str, n: &mut usize, dotted: bool) -> Value {
@@ -2585,7 +2596,7 @@ fn name_uuids(def: &Value) -> Value {
                 let mut out = parts[0].to_owned();
                 for part in &parts[1..] {
                     *n += 1;
-                    out = format!("{out}States.UUID($$.Execution.Id, '{place}#{n}'){part}");
+                    out = format!("{out}States.UUID($$.sas.TaskId, '{place}#{n}'){part}");
                 }
                 Value::String(out)
             }
@@ -3458,7 +3469,7 @@ mod tests {
     }
 
     #[test]
-    fn the_execution_s_id_and_name_are_the_task_s_id_but_not_inside_a_map() {
+    fn the_execution_s_id_and_name_are_the_submitted_task_s_id_in_a_map_too_but_not_its_input() {
         let def = json!({"StartAt": "Log", "States": {
             "Log": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:log",
                     "Parameters": {"execution.$": "$$.Execution.Id", "name.$": "$$.Execution.Name", "x.$": "$.x"}, "End": true}}});
@@ -3466,14 +3477,23 @@ mod tests {
         loads(&i);
         assert_eq!(
             steps(&i)["Log"]["parameters"],
-            json!({"execution.$": "$.task.id", "name.$": "$.task.id", "x.$": "$.input.x"})
+            json!({"execution.$": "$.task.root", "name.$": "$.task.root", "x.$": "$.input.x"})
         );
         assert!(i.notes.iter().any(|n| n.contains("$$.Execution.Id is the task's id here")), "{:?}", i.notes);
-        let in_map = json!({"StartAt": "Each", "States": {"Each": {"Type": "Map", "ItemsPath": "$.l", "End": true,
+        // in a map's processor (a workflow run per element): the submitted task's id too
+        let in_map = |read: &str| {
+            json!({"StartAt": "Each", "States": {"Each": {"Type": "Map", "ItemsPath": "$.l", "End": true,
             "ItemProcessor": {"StartAt": "A", "States": {
                 "A": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:a",
-                      "Parameters": {"run.$": "$$.Execution.Id"}, "End": true}}}}}});
-        let refused = import("audit", &in_map).expect_err("refused");
+                      "Parameters": {"run.$": read, "item.$": "$"}, "Next": "B"},
+                "B": {"Type": "Task", "Resource": "arn:aws:lambda:us-east-1:1:function:b", "End": true}}}}}})
+        };
+        let i = import("audit", &in_map("$$.Execution.Id")).unwrap_or_else(|r| panic!("{r:#?}"));
+        loads(&i);
+        let child = i.children.iter().find(|c| c["name"] == "audit.Each").expect("the processor's workflow");
+        assert_eq!(child["steps"][0]["parameters"]["run.$"], "$.task.root", "{child}");
+        // its input is the element's here, not the execution's: refused
+        let refused = import("audit", &in_map("$$.Execution.Input")).expect_err("refused");
         assert!(refused.iter().any(|r| r.state == "Each" && r.reason.contains("ItemSelector")), "{refused:?}");
     }
 

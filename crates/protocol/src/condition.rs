@@ -12,7 +12,8 @@
 //! A path is an RFC 9535 JSONPath *singular query* (names and indexes only: `$.input.amount`,
 //! `$.outputs.fraud.score`, `$.input.lines[0]['unit price']`; no wildcards, slices, filters or
 //! `..`), rooted at the task's input (`$.input`) or at one step's output (`$.outputs.<step>`); and
-//! `$.task.id`, the task's id (a child task's own: `{task}~{step}~{i}`). Three more roots are read
+//! `$.task.id`, the task's id (a child task's own: `{task}~{step}~{i}`), and `$.task.root`, the id
+//! of the task a caller submitted (a child's parent's, its parent's...: the id before its first `~`). Three more roots are read
 //! where a scope has them: `$.loop.index` and `$.loop.previous…` (a loop's iteration: its index from
 //! 0, and the previous iteration's output) and `$.vars.<name>…` (a variable a step before set with
 //! `assign`); the workflow loader says where each may be read. A
@@ -160,8 +161,10 @@ impl DataPath {
         match path.segments.as_slice() {
             [Segment::Name(r), ..] if r == "input" => Ok(path),
             [Segment::Name(r), Segment::Name(_), ..] if r == "outputs" => Ok(path),
-            [Segment::Name(r), Segment::Name(f)] if r == "task" && f == "id" => Ok(path),
-            [Segment::Name(r), ..] if r == "task" => Err(format!("{text:?}: of the task, $.task.id is read")),
+            [Segment::Name(r), Segment::Name(f)] if r == "task" && (f == "id" || f == "root") => Ok(path),
+            [Segment::Name(r), ..] if r == "task" => {
+                Err(format!("{text:?}: of the task, $.task.id and $.task.root are read"))
+            }
             [Segment::Name(r), Segment::Name(f)] if r == "loop" && f == "index" => Ok(path),
             [Segment::Name(r), Segment::Name(f), ..] if r == "loop" && f == "previous" => Ok(path),
             [Segment::Name(r), ..] if r == "loop" => {
@@ -298,6 +301,10 @@ impl DataPath {
     /// The value the path names in `scope`: read in place, the task's id, or the loop's index.
     pub fn value<'a>(&self, scope: &'a dyn Scope) -> Option<Cow<'a, Value>> {
         match self.root() {
+            // `$.task.root`: the task a caller submitted, whose child this one may be
+            Root::Task if matches!(self.segments.get(1), Some(Segment::Name(f)) if f == "root") => {
+                scope.task_id().map(|id| Cow::Owned(Value::String(id.split('~').next().unwrap_or(id).to_owned())))
+            }
             Root::Task => scope.task_id().map(|id| Cow::Owned(Value::String(id.to_owned()))),
             Root::LoopIndex => scope.loop_index().map(|i| Cow::Owned(Value::from(i))),
             _ if self.many.is_some() => {
@@ -857,6 +864,22 @@ mod tests {
         assert_eq!(id.root(), Root::Task);
         assert_eq!(id.value(&d).map(std::borrow::Cow::into_owned), Some(json!("order-42")), "the task's id");
         assert!(holds(json!({"variable": "$.task.id", "string_matches": "order-*"})));
+        // a child task's root: the task a caller submitted
+        struct Child;
+        impl Scope for Child {
+            fn input(&self) -> &Value {
+                &Value::Null
+            }
+            fn output(&self, _: &str) -> Option<&Value> {
+                None
+            }
+            fn task_id(&self) -> Option<&str> {
+                Some("order-42~1~7~0~3")
+            }
+        }
+        let root = DataPath::parse("$.task.root").unwrap();
+        assert_eq!(root.value(&Child).map(std::borrow::Cow::into_owned), Some(json!("order-42")));
+        assert_eq!(root.value(&d).map(std::borrow::Cow::into_owned), Some(json!("order-42")));
         for bad in [
             "$.input.lines[*]",
             "$..sku",
