@@ -835,6 +835,20 @@ mod tests {
         }
     }
 
+    /// A child task (a map's element of a loop's iteration).
+    struct Child;
+    impl Scope for Child {
+        fn input(&self) -> &Value {
+            &Value::Null
+        }
+        fn output(&self, _: &str) -> Option<&Value> {
+            None
+        }
+        fn task_id(&self) -> Option<&str> {
+            Some("order-42~1~7~0~3")
+        }
+    }
+
     fn data() -> Data {
         Data(
             json!({"amount": 1500, "currency": "EUR", "vip": false, "at": "2026-11-26T10:00:00Z",
@@ -865,18 +879,6 @@ mod tests {
         assert_eq!(id.value(&d).map(std::borrow::Cow::into_owned), Some(json!("order-42")), "the task's id");
         assert!(holds(json!({"variable": "$.task.id", "string_matches": "order-*"})));
         // a child task's root: the task a caller submitted
-        struct Child;
-        impl Scope for Child {
-            fn input(&self) -> &Value {
-                &Value::Null
-            }
-            fn output(&self, _: &str) -> Option<&Value> {
-                None
-            }
-            fn task_id(&self) -> Option<&str> {
-                Some("order-42~1~7~0~3")
-            }
-        }
         let root = DataPath::parse("$.task.root").unwrap();
         assert_eq!(root.value(&Child).map(std::borrow::Cow::into_owned), Some(json!("order-42")));
         assert_eq!(root.value(&d).map(std::borrow::Cow::into_owned), Some(json!("order-42")));
