@@ -55,12 +55,11 @@ impl PartialEq for Many {
 
 impl Eq for Many {}
 
-/// The values an RFC 9535 query `query` (`$[1:]`, `$[*].Version`) names in `value`, as an array
-/// (the States Language's meaning of a path that names many values).
+/// What a path relative to `value` that may name many values (`$[1:]`, `$[*].Version`) gives
+/// there, as a template's path gives it ([`DataPath::value_in`]: Step Functions' rules); `null`
+/// when it names nothing.
 pub fn query_values(value: &Value, query: &str) -> Result<Value, String> {
-    let q =
-        serde_json_path::JsonPath::parse(query).map_err(|e| format!("{query:?} is not an RFC 9535 JSONPath: {e}"))?;
-    Ok(Value::Array(q.query(value).all().into_iter().cloned().collect()))
+    Ok(DataPath::parse_relative_many(query)?.value_in(value).unwrap_or(Value::Null))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -251,11 +250,6 @@ impl DataPath {
         Some(Value::Array(found.nodes().cloned().collect()))
     }
 
-    /// Whether the path names many values.
-    pub fn names_many(&self) -> bool {
-        self.many.is_some()
-    }
-
     pub fn as_str(&self) -> &str {
         &self.text
     }
@@ -285,6 +279,14 @@ impl DataPath {
     /// The value the path names in `scope`, read in place (the task's id and a loop's index are
     /// not kept as JSON values: [`Self::value`] reads them).
     pub fn resolve<'a>(&self, scope: &'a dyn Scope) -> Option<&'a Value> {
+        if self.many.is_some() {
+            return None;
+        }
+        self.definite(scope)
+    }
+
+    /// The value the path's names and indexes reach in `scope` (before a part that names many).
+    fn definite<'a>(&self, scope: &'a dyn Scope) -> Option<&'a Value> {
         let (start, rest) = match self.root() {
             Root::Input => (scope.input(), &self.segments[1..]),
             Root::Output(step) => (scope.output(step)?, &self.segments[2..]),
@@ -292,9 +294,6 @@ impl DataPath {
             Root::Var(name) => (scope.var(name)?, &self.segments[2..]),
             Root::Task | Root::LoopIndex => return None,
         };
-        if self.many.is_some() {
-            return None;
-        }
         walk(start, rest)
     }
 
@@ -308,13 +307,7 @@ impl DataPath {
             Root::Task => scope.task_id().map(|id| Cow::Owned(Value::String(id.to_owned()))),
             Root::LoopIndex => scope.loop_index().map(|i| Cow::Owned(Value::from(i))),
             _ if self.many.is_some() => {
-                let (start, rest) = match self.root() {
-                    Root::Output(step) => (scope.output(step)?, &self.segments[2..]),
-                    Root::LoopPrevious => (scope.loop_previous()?, &self.segments[2..]),
-                    Root::Var(name) => (scope.var(name)?, &self.segments[2..]),
-                    _ => (scope.input(), &self.segments[1..]),
-                };
-                let at = walk(start, rest)?;
+                let at = self.definite(scope)?;
                 self.many_values(self.many.as_ref()?, at).map(Cow::Owned)
             }
             _ => self.resolve(scope).map(Cow::Borrowed),
@@ -878,6 +871,11 @@ mod tests {
         assert_eq!(id.root(), Root::Task);
         assert_eq!(id.value(&d).map(std::borrow::Cow::into_owned), Some(json!("order-42")), "the task's id");
         assert!(holds(json!({"variable": "$.task.id", "string_matches": "order-*"})));
+        // a constant read at import gives what the same path gives at run time
+        let rows = json!({"rows": [{"n": 1}, {"n": 2}]});
+        assert_eq!(query_values(&rows, "$.rows[?@.n == 2].n"), Ok(json!(2)), "one match alone");
+        assert_eq!(query_values(&rows, "$.rows[1:]"), Ok(json!([{"n": 2}])), "an array's element: an array");
+        assert_eq!(query_values(&rows, "$.rows[5:]"), Ok(json!([])));
         // a child task's root: the task a caller submitted
         let root = DataPath::parse("$.task.root").unwrap();
         assert_eq!(root.value(&Child).map(std::borrow::Cow::into_owned), Some(json!("order-42")));

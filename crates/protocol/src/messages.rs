@@ -82,12 +82,6 @@ pub struct RunMessage {
 /// a Lambda function raised (the `lambda` agent's `function F failed (CustomError): ...`). A
 /// step's `on_failure` may continue on a name (`{"continue": ["S3.NoSuchKeyException"]}`).
 pub fn error_name(message: &str) -> Option<String> {
-    let is_name = |t: &str| {
-        !t.is_empty()
-            && t.len() <= 128
-            && t.chars().any(|c| c.is_ascii_alphabetic())
-            && t.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-    };
     let message = message.trim_start();
     if let Some((head, _)) = message.split_once(": ") {
         if is_name(head) {
@@ -98,6 +92,15 @@ pub fn error_name(message: &str) -> Option<String> {
     let (_, after) = rest.split_once(" failed (")?;
     let (name, _) = after.split_once("): ")?;
     is_name(name).then(|| name.to_owned())
+}
+
+/// Whether `t` is an error's name as [`error_name`] reads one: letters, digits, `.`, `_`, `-`, a
+/// letter among them, at most 128 characters.
+pub fn is_name(t: &str) -> bool {
+    !t.is_empty()
+        && t.len() <= 128
+        && t.chars().any(|c| c.is_ascii_alphabetic())
+        && t.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// What an agent reports for one attempt.

@@ -824,10 +824,7 @@ impl Handled {
     pub fn parse(h: &str) -> Option<Handled> {
         match serde_json::from_value::<FailureKind>(Value::String(h.to_owned())) {
             Ok(kind) => Some(Handled::Kind(kind)),
-            Err(_)
-                if h.starts_with(|c: char| c.is_ascii_uppercase())
-                    && crate::messages::error_name(&format!("{h}: -")).as_deref() == Some(h) =>
-            {
+            Err(_) if h.starts_with(|c: char| c.is_ascii_uppercase()) && crate::messages::is_name(h) => {
                 Some(Handled::Error(h.to_owned()))
             }
             Err(_) => None,
