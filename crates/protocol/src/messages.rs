@@ -769,8 +769,9 @@ fn partition_of(region: &str) -> &'static str {
     }
 }
 
-/// `*` and `?` wildcard matching (greedy with backtracking to the last `*`).
-fn glob(pattern: &str, s: &str) -> bool {
+/// `*` and `?` wildcard matching (greedy with backtracking to the last `*`), as IAM matches
+/// ARNs.
+pub fn glob(pattern: &str, s: &str) -> bool {
     let (p, s) = (pattern.as_bytes(), s.as_bytes());
     let (mut pi, mut si) = (0, 0);
     let mut star: Option<(usize, usize)> = None;

@@ -206,6 +206,31 @@ fn permanent(message: String) -> AgentError {
 }
 
 impl AwsApiAgent {
+    /// The agent of `service:action` for another kind's own calls (the `s3_items` agent's reads
+    /// and writes): no parameters of the operator's, answers up to `max_response_bytes`.
+    pub(super) fn internal(
+        service: &str,
+        action: &str,
+        region: Option<String>,
+        cx: &BuildContext,
+        max_response_bytes: usize,
+    ) -> Result<Self, String> {
+        let op = operation(service, action)?;
+        let signer = Signer::new(op.signing.clone(), region.clone(), cx.aws.clone());
+        Ok(AwsApiAgent {
+            op,
+            parameters: Map::new(),
+            region,
+            aws: cx.aws.clone(),
+            signer,
+            http: cx.http.clone(),
+            max_response_bytes,
+            recorder: CallRecorder::from_env(),
+            parse_json: Vec::new(),
+            task_token: Vec::new(),
+        })
+    }
+
     /// The request's body: the input's members with the configuration's over them, a callback
     /// step's token at `task_token`, and the client token where the action takes one and the
     /// request gives none.
@@ -268,13 +293,19 @@ impl AwsApiAgent {
     async fn call_once(&self, call: Call<'_>) -> Result<Value, AgentError> {
         let token = call.request.callback.as_ref().map(|c| c.token.expose());
         let body = self.body(&call.request.input, call.request.idempotency_key.as_str(), token.as_deref())?;
-        let bytes = serde_json::to_vec(&body).map_err(|e| permanent(format!("the request: {e}")))?;
+        self.send(&body).await
+    }
+
+    /// The action called with `body` (the action's parameters, as the API names them): its
+    /// answer, or its error named and classified.
+    pub(super) async fn send(&self, body: &Map<String, Value>) -> Result<Value, AgentError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| permanent(format!("the request: {e}")))?;
         let (url, region) = self.endpoint().await?;
         let what = format!("{}:{}", self.op.service, self.op.name);
-        let mut req = match self.op.rest_request(&body) {
+        let mut req = match self.op.rest_request(body) {
             // query (SNS, STS...): one form-encoded POST, Action and Version first
             None if self.op.query.is_some() => {
-                let form = self.op.query_request(&body).unwrap_or_else(|| Ok(String::new()));
+                let form = self.op.query_request(body).unwrap_or_else(|| Ok(String::new()));
                 let form = form.map_err(|e| permanent(format!("{what}: {e}")))?;
                 self.http
                     .post(&url)

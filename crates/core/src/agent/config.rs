@@ -16,7 +16,7 @@ pub use super::kind::AgentConfigError;
 use super::kind::{AgentKind, AwsConfigCell, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, AgentRuntime, Call, CallRetry};
 use super::sim::SimAgent;
-use super::{approval, aws_api, eventbridge, fail, http, lambda, sim, sns, sqs};
+use super::{approval, aws_api, eventbridge, fail, http, lambda, s3_items, sim, sns, sqs};
 
 impl AgentRuntime {
     /// The runtime with only the simulated agent (`sim`).
@@ -289,6 +289,7 @@ pub(crate) enum AgentSpec {
     EventBridge(eventbridge::EventBridgeKind),
     Fail(fail::FailKind),
     Aws(aws_api::AwsKind),
+    S3Items(s3_items::S3ItemsKind),
 }
 
 /// One arm per kind, the same call on each.
@@ -304,6 +305,7 @@ macro_rules! each_kind {
             AgentSpec::EventBridge($k) => $e,
             AgentSpec::Fail($k) => $e,
             AgentSpec::Aws($k) => $e,
+            AgentSpec::S3Items($k) => $e,
         }
     };
 }

@@ -36,6 +36,7 @@ pub mod http;
 pub mod kind;
 pub mod lambda;
 pub mod runtime;
+pub mod s3_items;
 pub mod sim;
 pub mod sns;
 pub mod sqs;
