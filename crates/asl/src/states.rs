@@ -1793,6 +1793,23 @@ impl Cx {
                 errs.push(("Resource".into(), "a job run to completion is a loop step".into()));
                 return;
             }
+            Service::Items { params } => {
+                let bucket = literal(Some(&params), "Bucket").ok().flatten();
+                let listed = member(Some(&params), "Prefix").is_some() || member(Some(&params), "Key").is_none();
+                let sources = match &bucket {
+                    Some(b) if listed => vec![format!("arn:aws:s3:::{b}"), format!("arn:aws:s3:::{b}/*")],
+                    Some(b) => vec![format!("arn:aws:s3:::{b}/*")],
+                    None => {
+                        self.notes.push(format!(
+                            "{here}: the items' bucket is read from the data: the s3_items agent's sources are every \
+                             bucket (arn:aws:s3:::*): narrow them to the buckets the tasks name"
+                        ));
+                        vec!["arn:aws:s3:::*".to_owned(), "arn:aws:s3:::*/*".to_owned()]
+                    }
+                };
+                let spec = json!({"kind": "s3_items", "work_bucket": MAP_BUCKET, "sources": sources});
+                (agent_name("items", bucket.as_deref().unwrap_or("any")), spec, params, Sym::Ref("$".into()))
+            }
             Service::Http { url, method, body, api } => {
                 let mut spec = json!({"kind": "http", "url": url, "method": method, "payload": "input"});
                 let raw = Sym::Obj(vec![
@@ -2166,14 +2183,27 @@ impl Cx {
         }
         // every field that cannot be translated is named, and the processor is checked all the same
         let mut errs = Vec::new();
-        for f in ["ItemReader", "ResultWriter", "ItemBatcher", "ToleratedFailureCount", "ToleratedFailurePercentage"] {
+        for (f, why) in [
+            (
+                "ResultWriter",
+                "results written to S3 are not translated yet: the map's output is its elements' outputs (up to 64 KiB \
+                 kept on the task)",
+            ),
+            (
+                "ItemBatcher",
+                "batches of the task's own items are not translated yet (batches of items read from S3 are): each item \
+                 is an element of its own here",
+            ),
+        ] {
+            if st.contains_key(f) && !(f == "ItemBatcher" && st.contains_key("ItemReader")) {
+                errs.push((f.to_owned(), why.to_owned()));
+            }
+        }
+        for f in ["ToleratedFailureCountPath", "ToleratedFailurePercentagePath", "ItemsPointer"] {
             if st.contains_key(f) {
                 errs.push((
                     f.to_owned(),
-                    "a Distributed Map (items read from S3, results written there, batches, failure thresholds) is not \
-                     translated: a map here takes at most 10,000 elements from the task's data (its \
-                     map.tolerated_failures can be set by hand: an inline Map fails at its first failed element)"
-                        .to_owned(),
+                    "read from the data: not translated (write the value in the definition)".into(),
                 ));
             }
         }
@@ -2187,10 +2217,24 @@ impl Cx {
             errs.push(("ItemProcessor".into(), "a Map state has an ItemProcessor".into()));
             return Err(Blocked(errs));
         };
+        if let Some(reader) = st.get("ItemReader") {
+            let (steps, children) = (self.steps.len(), self.children.len());
+            let done = self.distributed(here, name, st, m, reader, processor);
+            if let (Ok(_), true) = (&done, errs.is_empty()) {
+                return done;
+            }
+            self.steps.truncate(steps);
+            self.children.truncate(children);
+            // the processor was checked unless the reader was refused first: then it is below
+            let reader_refused = done.as_ref().err().is_some_and(|e| e.0.iter().any(|(f, _)| f == "ItemReader"));
+            errs.extend(done.err().map(|e| e.0).unwrap_or_default());
+            if !reader_refused {
+                return Err(Blocked(errs));
+            }
+        }
         if processor.get("ProcessorConfig").and_then(|c| c.get("Mode")).and_then(Value::as_str) == Some("DISTRIBUTED") {
-            errs.push((
-                "ItemProcessor".into(),
-                "a Distributed Map is not translated: a map here is inline, at most 10,000 elements".into(),
+            self.notes.push(format!(
+                "{here}: a Distributed Map over the task's data is a map here: each element a child task, at most 10,000"
             ));
         }
         // the execution's id and name are the task's ($.task.root), in an element too; its input is not
@@ -2278,6 +2322,9 @@ impl Cx {
         spec["max_concurrency"] = json!(if concurrency == 0 { most } else { concurrency.min(most) });
         if concurrency == 0 || concurrency > most {
             self.notes.push(format!("{here}: MaxConcurrency {concurrency} is {most} here (a map's most at once)"));
+        }
+        if let Some(t) = tolerance(st)? {
+            spec["tolerated_failures"] = t;
         }
         if !single {
             return self.map_of_a_workflow(here, name, st, m, processor, &element, spec);
@@ -2388,6 +2435,214 @@ impl Cx {
         s["map"] = spec;
         self.steps.push(s);
         Self::map_output(st, m, &step)
+    }
+}
+
+/// The private `Resource` of the state that reads a Distributed Map's items (the `s3_items` kind).
+const ITEMS_RESOURCE: &str = "(sas:s3_items)";
+/// The bucket the `s3_items` agents write their pages to: a variable of the agents file
+/// (`AgentVariables`: `MAP_BUCKET=...`).
+const MAP_BUCKET: &str = "${MAP_BUCKET}";
+/// Items of one page run at once, and pages at once, for a Distributed Map's `MaxConcurrency`.
+const PAGE_CONCURRENCY: u64 = 10;
+
+/// `ToleratedFailureCount` or `ToleratedFailurePercentage` as a map's `tolerated_failures`.
+fn tolerance(st: &Map<String, Value>) -> Result<Option<Value>, (String, String)> {
+    match (st.get("ToleratedFailureCount"), st.get("ToleratedFailurePercentage")) {
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) => Err((
+            "ToleratedFailureCount".into(),
+            "a count and a percentage of tolerated failures together are not translated: give one".into(),
+        )),
+        (Some(c), None) => c
+            .as_u64()
+            .filter(|c| u32::try_from(*c).is_ok())
+            .map(|c| Some(json!(c)))
+            .ok_or(("ToleratedFailureCount".into(), format!("{c} is not a count"))),
+        (None, Some(p)) => p
+            .as_f64()
+            .filter(|p| (0.0..=100.0).contains(p))
+            // a share here is whole percents, rounded down (Step Functions takes a fraction)
+            .map(|p| Some(json!(format!("{}%", p.floor()))))
+            .ok_or(("ToleratedFailurePercentage".into(), format!("{p} is not a percentage"))),
+    }
+}
+
+impl Cx {
+    /// A Distributed Map whose items are read from S3 (`ItemReader`): a step of the `s3_items`
+    /// kind reads them once and writes them as pages to the work bucket, and the map runs one
+    /// child task per page (the workflow `<workflow>.<map>`), which reads its page and maps its
+    /// items over the processor. No task holds more than a page.
+    fn distributed(
+        &mut self,
+        here: &str,
+        name: &str,
+        st: &Map<String, Value>,
+        m: &Arrival,
+        reader: &Value,
+        processor: &Map<String, Value>,
+    ) -> Result<Arrival, Blocked> {
+        let refuse = |field: &str, why: String| Blocked(vec![(field.to_owned(), why)]);
+        let resource = reader.get("Resource").and_then(Value::as_str).unwrap_or("");
+        let action = resource.rsplit(":::").next().unwrap_or("");
+        let config = reader.get("ReaderConfig").cloned().unwrap_or(json!({}));
+        match (action, config.get("InputType").and_then(Value::as_str)) {
+            ("s3:getObject", None | Some("JSON" | "JSONL" | "CSV")) | ("s3:listObjectsV2", None) => {}
+            ("s3:getObject", Some(other)) => {
+                return Err(refuse("ItemReader", format!("InputType {other} is not read here (JSON, JSONL, CSV)")))
+            }
+            _ => {
+                return Err(refuse(
+                    "ItemReader",
+                    format!(
+                        "{resource:?}: items are read here from s3:getObject (JSON, JSONL, CSV) or s3:listObjectsV2"
+                    ),
+                ))
+            }
+        }
+        if config.get("MaxItemsPath").is_some() {
+            return Err(refuse("ItemReader", "MaxItemsPath is not translated: give MaxItems".into()));
+        }
+        // the processor's items and index are a page's: an index would be the item's in its page
+        let text = Value::Object(processor.clone()).to_string()
+            + &st.get("ItemSelector").or_else(|| st.get("Parameters")).map(Value::to_string).unwrap_or_default();
+        if text.contains("$$.Map.Item.Index") {
+            return Err(refuse(
+                "ItemSelector",
+                "$$.Map.Item.Index is not translated for items read from S3 (each page of items is mapped on its own)"
+                    .into(),
+            ));
+        }
+        let input = io(st, &m.doc, "InputPath").map_err(Blocked::from)?;
+        // 1. the items read once and written as pages (of batches, with an ItemBatcher)
+        let mut params = reader.get("Parameters").cloned().unwrap_or(json!({}));
+        if let Some(o) = params.as_object_mut() {
+            o.insert("ReaderConfig".into(), config.clone());
+        }
+        let mut selector = st.get("ItemSelector").or_else(|| st.get("Parameters")).cloned();
+        if let Some(batcher) = st.get("ItemBatcher").and_then(Value::as_object) {
+            if selector.is_some() {
+                return Err(refuse(
+                    "ItemSelector",
+                    "an ItemSelector with an ItemBatcher is not translated (it would apply to each item of a batch)"
+                        .into(),
+                ));
+            }
+            if let Some(f) = batcher.keys().find(|k| k.ends_with("Path")) {
+                return Err(refuse("ItemBatcher", format!("{f} is not translated: write the value in the definition")));
+            }
+            let sizes: Map<String, Value> = ["MaxItemsPerBatch", "MaxInputBytesPerBatch"]
+                .iter()
+                .filter_map(|k| batcher.get(*k).map(|v| ((*k).to_owned(), v.clone())))
+                .collect();
+            if let Some(o) = params.as_object_mut() {
+                o.insert("ItemBatcher".into(), Value::Object(sizes));
+            }
+            // what the processor gets: Step Functions' batch
+            let mut batch = json!({"Items.$": "$$.Map.Item.Value"});
+            if let Some(input) = batcher.get("BatchInput") {
+                batch["BatchInput"] = input.clone();
+            }
+            selector = Some(batch);
+        }
+        let read = json!({"Type": "Task", "Resource": ITEMS_RESOURCE, "Parameters": params, "ResultPath": null,
+            "TimeoutSeconds": CALL_LIMIT_S, "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 2}]});
+        let read_name = format!("{name} items");
+        let arrivals = self.task(
+            &format!("{here} items"),
+            &read_name,
+            read.as_object().expect("an object"),
+            m,
+            Scope::Task,
+            To::End,
+        )?;
+        let read_step = self.steps.last().and_then(|s| s["name"].as_str()).unwrap_or_default().to_owned();
+        let Some((_, after_read)) = arrivals.into_iter().next() else {
+            return Err(refuse("ItemReader", "(the reading step)".into()));
+        };
+        // 2. the page's workflow: its page read, its items mapped
+        let reads_input = selector.as_ref().is_some_and(|sel| {
+            let t = sel.to_string();
+            t.match_indices('$').any(|(at, _)| !t[at..].starts_with("$$.Map.Item") && !t[..at].ends_with('$'))
+        });
+        let page_at = if reads_input { "$.input.__page" } else { "$.__page" };
+        let concurrency = st.get("MaxConcurrency").and_then(Value::as_u64).filter(|c| *c > 0);
+        let per_page = concurrency.map_or(PAGE_CONCURRENCY, |c| c.min(PAGE_CONCURRENCY));
+        let most = u64::from(sas_protocol::workflow::MAX_MAP_CONCURRENCY);
+        let pages_at_once = (concurrency.unwrap_or(most).min(most) / per_page).max(1);
+        let mut inner = json!({"Type": "Map", "ItemsPath": "$.__page.items", "MaxConcurrency": per_page, "End": true,
+            "ItemProcessor": processor});
+        inner["ItemProcessor"]["ProcessorConfig"] = json!({"Mode": "INLINE"});
+        if reads_input {
+            inner["InputPath"] = json!("$.input");
+        }
+        if let Some(sel) = selector {
+            inner["ItemSelector"] = sel;
+        }
+        for f in ["ToleratedFailureCount", "ToleratedFailurePercentage"] {
+            if let Some(v) = st.get(f) {
+                inner[f] = v.clone();
+            }
+        }
+        let machine = json!({"StartAt": "Read page", "States": {
+            "Read page": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject",
+                "Parameters": {"Bucket": MAP_BUCKET, "Key.$": "States.Format('{}{}.json', $.prefix, $.page)"},
+                "ResultSelector": {"items.$": "States.StringToJson($.Body)"}, "ResultPath": page_at,
+                "TimeoutSeconds": 60, "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 3}], "Next": name},
+            name: inner,
+        }});
+        let step = self.step_name(name);
+        // `<workflow>.<step>_pages` (the processor's own workflow, if any, is `<that>.<step>`)
+        let keep = 64usize.saturating_sub(step.chars().count() + 7);
+        let child_name: String =
+            format!("{}.{step}_pages", self.workflow.chars().take(keep).collect::<String>()).chars().take(64).collect();
+        let child = match import_with(&child_name, &machine, self.options) {
+            Ok(child) => child,
+            Err(refusals) => {
+                for r in refusals {
+                    let state = match r.state.as_str() {
+                        "(state machine)" => here.to_owned(),
+                        s => format!("{here}/{}", s.strip_prefix(&format!("{name}/")).unwrap_or(s)),
+                    };
+                    self.refusals.push(Refusal { state, ..r });
+                }
+                return Err(refuse("ItemProcessor", "(see the refusals inside it)".into()));
+            }
+        };
+        self.adopt(here, &child_name, child);
+        // 3. the map over the pages
+        let mut element = vec![
+            ("page".to_owned(), Sym::Ref("$.input.item".into())),
+            ("prefix".to_owned(), Sym::Ref(format!("$.outputs.{read_step}.prefix"))),
+        ];
+        if reads_input {
+            element.push(("input".to_owned(), input));
+        }
+        let mut s = step_base(&step, &after_read);
+        s["kind"] = json!("workflow");
+        s["workflow"] = json!(child_name);
+        s["version"] = json!(1);
+        s["parameters"] = Sym::Obj(element).template().map_err(|e| refuse("ItemSelector", e))?;
+        s["map"] = json!({"items": format!("/outputs/{read_step}/pages"), "max_concurrency": pages_at_once});
+        self.steps.push(s);
+        self.notes.push(format!(
+            "{here}: its items are read from S3 by the s3_items agent {agent} (set MAP_BUCKET in AgentVariables: \
+             the bucket its pages are written to), then mapped a page at a time: the workflow {child_name}, one child \
+             task per page (about 2 KiB of items), up to {pages_at_once} pages and {per_page} items of each at once",
+            agent = self.steps.iter().find(|s| s["name"] == read_step).and_then(|s| s["agent"].as_str()).unwrap_or("-"),
+        ));
+        if st.contains_key("ToleratedFailureCount") {
+            self.notes.push(format!("{here}: ToleratedFailureCount is counted per page of items here"));
+        }
+        // the map's output: the pages' outputs, one array
+        let mut result = Sym::Ref(format!("$.outputs.{step}[*][*]"));
+        let vars = assign(st.get("Assign"), &result, &m.vars).map_err(Blocked::from)?;
+        if let Some(sel) = st.get("ResultSelector") {
+            result = template(sel, &result, &m.vars, Scope::Task).map_err(|e| refuse("ResultSelector", e))?;
+        }
+        let doc = result_path(st, m.doc.clone(), result).map_err(Blocked::from)?;
+        let doc = io(st, &doc, "OutputPath").map_err(Blocked::from)?;
+        Ok(Arrival { doc, vars, ..after_step(m, &step, Cond::True) })
     }
 }
 
@@ -2878,6 +3133,11 @@ enum Service {
         action: String,
         params: Option<Sym>,
     },
+    /// A Distributed Map's `ItemReader` (the `s3_items` kind): its items read from S3 and
+    /// written back as pages.
+    Items {
+        params: Sym,
+    },
     /// A job run to completion (`.sync`, `.sync:2` when `two`): started, then polled until its
     /// status ends it.
     Job {
@@ -3125,6 +3385,9 @@ fn member(params: Option<&Sym>, key: &str) -> Option<Sym> {
 
 impl Service {
     fn of(resource: &str, params: Option<&Sym>) -> Result<Service, String> {
+        if resource == ITEMS_RESOURCE {
+            return Ok(Service::Items { params: params.cloned().unwrap_or(Sym::Lit(json!({}))) });
+        }
         let integration = resource.strip_prefix("arn:aws:states:::").or_else(|| {
             // arn:${AWS::Partition}:states:::... in SAM and CloudFormation definitions
             resource.strip_prefix("arn:").and_then(|r| r.split_once(":states:::")).map(|(_, rest)| rest)
@@ -3178,6 +3441,12 @@ impl Service {
                     if t != "RequestResponse" {
                         return Err(format!("InvocationType {t} is not translated: an asynchronous invoke is a callback step (.waitForTaskToken)"));
                     }
+                }
+                if function.contains('<') {
+                    return Err(format!(
+                        "FunctionName {function:?} holds a placeholder to fill in (<...>): write the function's name or ARN, \
+                         or a ${{Variable}}"
+                    ));
                 }
                 let (function, mut qualifier) = split_qualifier(&function);
                 if let Some(q) = literal(params, "Qualifier")? {
@@ -3361,6 +3630,90 @@ mod tests {
     fn loads(i: &Imported) {
         let wf = json!({"workflows": i.workflows()}).to_string();
         sas_protocol::workflow::WorkflowRegistry::from_json(&wf).unwrap_or_else(|e| panic!("{e}\n{wf}"));
+    }
+
+    #[test]
+    fn a_distributed_map_reads_its_items_once_and_maps_them_a_page_at_a_time() {
+        let def = json!({"StartAt": "Rows", "States": {
+            "Rows": {"Type": "Map", "MaxConcurrency": 40, "ToleratedFailurePercentage": 12.5,
+                "ItemReader": {"Resource": "arn:aws:states:::s3:getObject",
+                    "ReaderConfig": {"InputType": "CSV", "CSVHeaderLocation": "FIRST_ROW", "MaxItems": 500},
+                    "Parameters": {"Bucket": "orders-in", "Key.$": "$.key"}},
+                "ItemSelector": {"row.$": "$$.Map.Item.Value", "batch.$": "$.batch"},
+                "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED"}, "StartAt": "Put", "States": {
+                    "Put": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:put", "End": true}}},
+                "ResultSelector": {"n.$": "States.ArrayLength($)"}, "ResultPath": "$.written", "Next": "Done"},
+            "Done": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:done", "End": true}}});
+        let i = import("rows", &def).unwrap();
+        loads(&i);
+        let s = steps(&i);
+        // 1. the items read once: the reader's parameters and its configuration, by the s3_items agent
+        let read = &s["Rows_items"];
+        assert_eq!(
+            read["parameters"],
+            json!({"Bucket": "orders-in", "Key.$": "$.input.key",
+                   "ReaderConfig": {"InputType": "CSV", "CSVHeaderLocation": "FIRST_ROW", "MaxItems": 500}})
+        );
+        let agent = &i.agents[read["agent"].as_str().unwrap()];
+        assert_eq!(
+            *agent,
+            json!({"kind": "s3_items", "work_bucket": "${MAP_BUCKET}", "sources": ["arn:aws:s3:::orders-in/*"]})
+        );
+        // 2. a child task per page, given the page and the prefix (and the map's input, which the
+        // selector reads), at most 40 items at once in all
+        let map = &s["Rows"];
+        assert_eq!(map["after"], json!(["Rows_items"]));
+        assert_eq!(map["map"], json!({"items": "/outputs/Rows_items/pages", "max_concurrency": 4}));
+        assert_eq!(
+            map["parameters"],
+            json!({"page.$": "$.input.item", "prefix.$": "$.outputs.Rows_items.prefix", "input.$": "$.input"})
+        );
+        let pages = i.children.iter().find(|c| c["name"] == "rows.Rows_pages").expect("the page's workflow");
+        let pages: HashMap<String, Value> = pages["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["name"].as_str().unwrap().to_owned(), s.clone()))
+            .collect();
+        let get = &i.agents[pages["Read_page"]["agent"].as_str().unwrap()];
+        assert_eq!((&get["service"], &get["parse_json"]), (&json!("s3"), &json!(["Body"])));
+        assert_eq!(get["parameters"], json!({"Bucket": "${MAP_BUCKET}"}));
+        assert_eq!(
+            pages["Read_page"]["parameters"]["Key.$"],
+            "States.Format('{}{}.json', $.input.prefix, $.input.page)"
+        );
+        // the page's items mapped over the processor, the share of failures kept per page
+        let each = &pages["Rows"];
+        assert_eq!(
+            each["map"],
+            json!({"items": "/outputs/Read_page/items", "max_concurrency": 10, "tolerated_failures": "12%"})
+        );
+        assert_eq!(each["parameters"], json!({"row.$": "$.input.item", "batch.$": "$.input.input.batch"}), "{each}");
+        // 3. the map's output is every page's outputs, one array
+        assert_eq!(
+            s["Done"]["parameters"]["written"]["n.$"], "States.ArrayLength($.outputs.Rows[*][*])",
+            "{:?}",
+            s["Done"]
+        );
+        assert!(i.notes.iter().any(|n| n.contains("set MAP_BUCKET in AgentVariables")), "{:?}", i.notes);
+        // what a page cannot keep is refused
+        let refused = |states: Value| import("x", &json!({"StartAt": "A", "States": states})).unwrap_err();
+        let r = refused(json!({"A": {"Type": "Map", "ItemReader": {"Resource": "arn:aws:states:::s3:getObject",
+            "Parameters": {"Bucket": "b", "Key": "k"}}, "ItemSelector": {"i.$": "$$.Map.Item.Index"},
+            "ItemProcessor": {"StartAt": "P", "States": {"P": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:p", "End": true}}},
+            "End": true}}));
+        assert!(r[0].reason.contains("Map.Item.Index"), "{r:?}");
+        let r = refused(json!({"A": {"Type": "Map", "ItemReader": {"Resource": "arn:aws:states:::s3:getObject",
+            "ReaderConfig": {"InputType": "MANIFEST"}, "Parameters": {"Bucket": "b", "Key": "k"}},
+            "ItemProcessor": {"StartAt": "P", "States": {"P": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:p", "End": true}}},
+            "End": true}}));
+        assert!(r[0].reason.contains("MANIFEST"), "{r:?}");
+        // a Distributed Map over the task's data is a map
+        let i = import("x", &json!({"StartAt": "A", "States": {"A": {"Type": "Map", "ItemsPath": "$.l",
+            "ToleratedFailureCount": 3, "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED"}, "StartAt": "P",
+            "States": {"P": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:p", "End": true}}}, "End": true}}}))
+        .unwrap();
+        assert_eq!(steps(&i)["A"]["map"]["tolerated_failures"], json!(3));
     }
 
     #[test]
@@ -3855,9 +4208,11 @@ mod tests {
             json!({"x.$": "States.Format('{} items', $.input.n)", "y.$": "States.ArrayLength($.input.l)"})
         );
         let r = refused(json!({"A": {"Type": "Map", "ItemReader": {}, "ItemProcessor": {}, "End": true}}));
-        assert!(r[0].reason.contains("Distributed Map"), "{r:?}");
-        let r = refused(json!({"A": {"Type": "Map", "ToleratedFailureCount": 1, "ItemProcessor": {}, "End": true}}));
-        assert!(r[0].field == "ToleratedFailureCount" && r[0].reason.contains("Distributed Map"), "{r:?}");
+        assert!(r[0].field == "ItemReader" && r[0].reason.contains("s3:listObjectsV2"), "{r:?}");
+        let r = refused(
+            json!({"A": {"Type": "Map", "ItemBatcher": {"MaxItemsPerBatch": 2}, "ItemProcessor": {}, "End": true}}),
+        );
+        assert!(r[0].field == "ItemBatcher" && r[0].reason.contains("batches"), "{r:?}");
         let r = import("x", &json!({"QueryLanguage": "XPath", "StartAt": "A", "States": {}})).unwrap_err();
         assert_eq!(r[0].field, "QueryLanguage");
     }

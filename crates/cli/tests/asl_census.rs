@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The definitions the book says are translated (of 170): a change that translates fewer fails.
-const TRANSLATED_AT_LEAST: usize = 106;
+const TRANSLATED_AT_LEAST: usize = 115;
 
 /// Every task's `Resource` in a definition (inside Parallel branches and Map processors).
 fn resources(states: &serde_json::Value, out: &mut Vec<String>) {
@@ -153,7 +153,7 @@ fn the_collection_is_translated_or_refused_with_reasons() {
                         Some("sns") => ("topic_arn", "arn:aws:sns:us-east-1:000000000000:t"),
                         Some("eventbridge") => ("bus", "arn:aws:events:us-east-1:000000000000:event-bus/b"),
                         // an aws agent's names and ARNs, an API's address: each ${Variable} given a name
-                        Some("aws" | "http") => {
+                        Some("aws" | "http" | "s3_items") => {
                             let mut text = spec.to_string();
                             while let Some(at) = text.find("${") {
                                 let end = text[at..].find('}').map_or(text.len(), |e| at + e + 1);

@@ -1356,11 +1356,16 @@ impl StepDef {
         }
         if let Some(m) = &self.map {
             // a workflow step's are filled as each child is created, from the task's data too
-            let reads_outputs = self.parameters.iter().flat_map(|t| t.0.paths()).find(|p| p.root() != Root::Input);
+            // (the element's own $.task: its id, and the root task's)
+            let reads_outputs = self
+                .parameters
+                .iter()
+                .flat_map(|t| t.0.paths())
+                .find(|p| !matches!(p.root(), Root::Input | Root::Task));
             if let Some(p) = reads_outputs.filter(|_| !self.kind.starts_a_workflow()) {
                 return Err(problem(format!(
-                    "a map step's parameters are filled for each element, from its $.input.item and $.input.index: \
-                     {p} is not there"
+                    "a map step's parameters are filled for each element, from its $.input.item and $.input.index \
+                     (and its $.task): {p} is not there"
                 )));
             }
             if !self.on_failure.is_fail() {
