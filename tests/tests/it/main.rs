@@ -24,4 +24,5 @@ mod loops;
 mod maps;
 mod orders;
 mod protocol;
+mod s3_maps;
 mod variables;

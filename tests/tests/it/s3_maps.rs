@@ -1,0 +1,117 @@
+//! A Distributed Map whose items are read from S3 (`ItemReader`), translated by `sasctl
+//! import-asl`, on LocalStack: the `s3_items` agent reads a CSV once and writes it as pages to the
+//! work bucket, one child task per page reads its page and maps its rows, each row a task of its
+//! own whose `aws` agent writes it to DynamoDB. Every row arrives once, no task holds more than a
+//! page, and the pages are where the reading step says.
+//!
+//! `SAS_IT_S3_ITEMS` sets how many rows (default 200); the book's 10,000 were run with it.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use sas_core::agent::{AgentRuntime, AwsConfigCell};
+use sas_protocol::protocol::ProcessState;
+use sas_protocol::workflow::WorkflowRegistry;
+use serde_json::{json, Value};
+
+use crate::common::stack_with;
+
+fn s3(sdk: &aws_config::SdkConfig) -> aws_sdk_s3::Client {
+    aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(sdk).force_path_style(true).build())
+}
+
+async fn bucket(s3: &aws_sdk_s3::Client, name: &str) {
+    if let Err(e) = s3.create_bucket().bucket(name).send().await {
+        let owned =
+            e.as_service_error().is_some_and(|e| e.is_bucket_already_owned_by_you() || e.is_bucket_already_exists());
+        assert!(owned, "creating bucket {name}: {}", aws_sdk_s3::error::DisplayErrorContext(&e));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_map_over_a_csv_in_s3_runs_every_row_once_a_page_at_a_time() {
+    let rows: usize = std::env::var("SAS_IT_S3_ITEMS").ok().and_then(|n| n.parse().ok()).unwrap_or(200);
+    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let (source, work, table) = ("sas-it-items-in", "sas-it-items-work", "sas-it-s3-map-rows");
+    let def = json!({"StartAt": "Rows", "States": {
+        "Rows": {"Type": "Map", "MaxConcurrency": 100, "ResultPath": null, "End": true,
+            "ItemReader": {"Resource": "arn:aws:states:::s3:getObject",
+                "ReaderConfig": {"InputType": "CSV", "CSVHeaderLocation": "FIRST_ROW"},
+                "Parameters": {"Bucket": source, "Key.$": "$.key"}},
+            "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"},
+                "StartAt": "Put", "States": {
+                "Put": {"Type": "Task", "Resource": "arn:aws:states:::dynamodb:putItem", "End": true,
+                    "Parameters": {"TableName": table, "Item": {"id": {"S.$": "$.id"}, "qty": {"N.$": "$.qty"}}},
+                    "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 3}]}}}}}});
+    let i = sas_cli::asl::import("s3_rows", &def).expect("the definition translates");
+    let workflows =
+        WorkflowRegistry::from_json(&json!({"workflows": i.workflows()}).to_string()).expect("the workflows load");
+    let s = stack_with("s3-map", workflows).await;
+    crate::common::items_table(&s.sdk, table).await;
+    let s3 = s3(&s.sdk);
+    bucket(&s3, source).await;
+    bucket(&s3, work).await;
+    // rows of about 40 bytes of JSON each: several pages
+    let key = format!("orders-{run}.csv");
+    let mut csv = String::from("id,qty,note\n");
+    for n in 0..rows {
+        writeln!(csv, "{run}-{n:05},{},\"a, quoted note\"", n % 7).expect("a row");
+    }
+    s3.put_object().bucket(source).key(&key).body(csv.into_bytes().into()).send().await.expect("the CSV");
+
+    let agents = AgentRuntime::from_config_with(
+        &sas_cli::asl::agents_file(&i.agents).to_string(),
+        &|v| (v == "MAP_BUCKET").then(|| work.to_owned()),
+        AwsConfigCell::with(s.sdk.clone()),
+    )
+    .expect("the agents");
+    let runner = s.runner_with(agents);
+    let id = format!("s3-rows-{run}");
+    let submission = json!({"v": 1, "task_id": id, "workflow": "s3_rows", "input": {"key": key}});
+    let started = Instant::now();
+    s.send(&s.res.submission_queue_url, &submission.to_string()).await;
+    let t = s.wait_for(&id, Duration::from_secs(600 + rows as u64 / 5), |t| t.process_state.is_terminal()).await;
+    let took = started.elapsed();
+    assert_eq!(t.process_state, ProcessState::Processed, "{:#?}", t.history);
+
+    // the reading step: every row counted, its pages where it says
+    let read = t.steps.iter().find(|x| x.name == "Rows_items").expect("the reading step");
+    let out: Value = read.output.clone().expect("its output");
+    assert_eq!(out["count"], json!(rows), "{out}");
+    let pages = out["pages"].as_array().expect("its pages").len();
+    assert!(pages >= rows * 40 / 2048 && pages < rows, "{rows} rows of about 40 bytes in {pages} pages of 2 KiB");
+    let prefix = out["prefix"].as_str().expect("its prefix");
+    assert!(prefix.starts_with(&format!("sas-maps/{id}/")), "{prefix}");
+    let listed = s3.list_objects_v2().bucket(work).prefix(prefix).send().await.expect("listing the pages");
+    assert_eq!(listed.key_count().and_then(|n| usize::try_from(n).ok()), Some(pages), "{listed:?}");
+    // no task holds the rows: the parent's item is small whatever their number
+    let parent = serde_json::to_string(&t).expect("the task").len();
+    assert!(parent < 16 * 1024 + pages * 8, "the parent's record is {parent} bytes");
+
+    // every row written once, as the CSV says (qty as a number)
+    let ddb = aws_sdk_dynamodb::Client::new(&s.sdk);
+    let mut seen = std::collections::BTreeMap::new();
+    let mut start: Option<std::collections::HashMap<String, aws_sdk_dynamodb::types::AttributeValue>> = None;
+    loop {
+        let page = ddb.scan().table_name(table).set_exclusive_start_key(start.take()).send().await.expect("scan");
+        for item in page.items() {
+            let id = item["id"].as_s().expect("id").clone();
+            if id.starts_with(&run) {
+                seen.insert(id, item["qty"].as_n().expect("qty").clone());
+            }
+        }
+        match page.last_evaluated_key() {
+            Some(k) if !k.is_empty() => start = Some(k.clone()),
+            _ => break,
+        }
+    }
+    assert_eq!(seen.len(), rows, "every row written");
+    assert_eq!(seen.get(&format!("{run}-00009")).map(String::as_str), Some("2"));
+    // the figure the book gives (with SAS_IT_S3_ITEMS=10000)
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("[s3-map] {rows} rows in {pages} pages: {:.1} s from submission to Processed", took.as_secs_f64());
+    }
+    runner.shutdown().await;
+    s.delete().await;
+}
