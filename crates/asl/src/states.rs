@@ -2185,11 +2185,6 @@ impl Cx {
         let mut errs = Vec::new();
         for (f, why) in [
             (
-                "ResultWriter",
-                "results written to S3 are not translated yet: the map's output is its elements' outputs (up to 64 KiB \
-                 kept on the task)",
-            ),
-            (
                 "ItemBatcher",
                 "batches of the task's own items are not translated yet (batches of items read from S3 are): each item \
                  is an element of its own here",
@@ -2370,21 +2365,97 @@ impl Cx {
         }
         s["map"] = spec;
         self.steps.push(s);
-        Self::map_output(st, m, &step)
+        self.map_output(here, name, st, m, &step)
     }
 
     /// What follows a Map state: its `ResultSelector`, `ResultPath` and `OutputPath` over the map
-    /// step's output (the elements' outputs in order).
-    fn map_output(st: &Map<String, Value>, m: &Arrival, step: &str) -> Result<Arrival, (String, String)> {
-        let mut result = Sym::Ref(format!("$.outputs.{step}"));
-        // Assign reads the elements' outputs, before ResultSelector
+    /// step's output (the elements' outputs in order); with a `ResultWriter`, the outputs written
+    /// to S3 first, and the map's output where they are.
+    fn map_output(
+        &mut self,
+        here: &str,
+        name: &str,
+        st: &Map<String, Value>,
+        m: &Arrival,
+        step: &str,
+    ) -> Result<Arrival, (String, String)> {
+        let first = |b: Blocked| b.0.into_iter().next().unwrap_or_default();
+        let (result, m) = match writer(st)? {
+            Some(w) => {
+                let all = Arrival { doc: Sym::Ref(format!("$.outputs.{step}")), ..after_step(m, step, Cond::True) };
+                let key = w.key("SUCCEEDED_0.json");
+                let write = json!({"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:putObject",
+                    "Parameters": {"Bucket": w.bucket, "Key.$": key, "Body.$": "$", "ContentType": "application/json"},
+                    "ResultPath": null, "TimeoutSeconds": 60, "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 3}]});
+                let at = self.synthetic(&format!("{here} results"), &format!("{name} results"), &write, &all).map_err(first)?;
+                let files = Sym::Arr(vec![template(&json!({"Key.$": key}), &at.doc, &at.vars, Scope::Task)
+                    .map_err(|e| ("ResultWriter".to_owned(), e))?]);
+                self.manifest(here, name, &w, files, &at, &m.doc).map_err(first)?
+            }
+            None => (Sym::Ref(format!("$.outputs.{step}")), after_step(m, step, Cond::True)),
+        };
+        Self::after_map(st, &m, result)
+    }
+
+    /// `ResultSelector`, `ResultPath` and `OutputPath` over what a map gives, `m` the arrival after
+    /// its last step (with the data before the map).
+    fn after_map(st: &Map<String, Value>, m: &Arrival, mut result: Sym) -> Result<Arrival, (String, String)> {
+        // Assign reads the map's output, before ResultSelector
         let vars = assign(st.get("Assign"), &result, &m.vars)?;
         if let Some(sel) = st.get("ResultSelector") {
             result = template(sel, &result, &m.vars, Scope::Task).map_err(|e| ("ResultSelector".into(), e))?;
         }
         let doc = result_path(st, m.doc.clone(), result)?;
         let doc = io(st, &doc, "OutputPath")?;
-        Ok(Arrival { doc, vars, ..after_step(m, step, Cond::True) })
+        Ok(Arrival { doc, vars, ..m.clone() })
+    }
+
+    /// A step of the importer's own, translated from the state `state` (a `Task`) arriving at
+    /// `m`: the arrival after it.
+    fn synthetic(&mut self, here: &str, name: &str, state: &Value, m: &Arrival) -> Result<Arrival, Blocked> {
+        let st = state.as_object().cloned().unwrap_or_default();
+        let arrivals = self.task(here, name, &st, m, Scope::Task, To::End)?;
+        arrivals.into_iter().next().map(|(_, a)| a).ok_or_else(|| Blocked::from((name.to_owned(), "(no way out)".to_owned())))
+    }
+
+    /// A `ResultWriter`'s manifest (`files`: the result files, `[{"Key": ...}]`) written after the
+    /// map, arriving at `m` with the map's output; what the map then gives, as Step Functions:
+    /// `{"MapRunArn", "ResultWriterDetails": {"Bucket", "Key"}}` (the run named by the task).
+    fn manifest(
+        &mut self,
+        here: &str,
+        name: &str,
+        w: &Writer,
+        files: Sym,
+        m: &Arrival,
+        before: &Sym,
+    ) -> Result<(Sym, Arrival), Blocked> {
+        let key = w.key("manifest.json");
+        let body = Sym::Obj(vec![
+            ("DestinationBucket".into(), Sym::Lit(json!(w.bucket))),
+            ("MapRunArn".into(), Sym::Ref("$.task.root".into())),
+            (
+                "ResultFiles".into(),
+                Sym::Obj(vec![
+                    ("FAILED".into(), Sym::Lit(json!([]))),
+                    ("PENDING".into(), Sym::Lit(json!([]))),
+                    ("SUCCEEDED".into(), files),
+                ]),
+            ),
+        ]);
+        let at = Arrival { doc: Sym::Obj(vec![("manifest".into(), body)]), ..m.clone() };
+        let write = json!({"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:putObject",
+            "Parameters": {"Bucket": w.bucket, "Key.$": key, "Body.$": "$.manifest", "ContentType": "application/json"},
+            "ResultPath": null, "TimeoutSeconds": 60, "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 3}]});
+        let after = self.synthetic(&format!("{here} manifest"), &format!("{name} manifest"), &write, &at)?;
+        let details = json!({"MapRunArn.$": "$$.Execution.Id", "ResultWriterDetails": {"Bucket": w.bucket, "Key.$": key}});
+        let result = template(&details, &m.doc, &m.vars, Scope::Task).map_err(|e| Blocked::from(("ResultWriter".to_owned(), e)))?;
+        self.notes.push(format!(
+            "{here}: its results are written to s3://{}/{}<task>/ with a manifest.json, as Step Functions' ResultWriter \
+             (each file an array of the elements' outputs, not of execution records)",
+            w.bucket, w.prefix
+        ));
+        Ok((result, Arrival { doc: before.clone(), ..after }))
     }
 
     /// A Map whose processor is more than one task: the processor becomes a workflow of its own
@@ -2434,7 +2505,7 @@ impl Cx {
         s["parameters"] = element.template().map_err(|e| ("ItemSelector".to_owned(), e))?;
         s["map"] = spec;
         self.steps.push(s);
-        Self::map_output(st, m, &step)
+        self.map_output(here, name, st, m, &step)
     }
 }
 
@@ -2445,6 +2516,47 @@ const ITEMS_RESOURCE: &str = "(sas:s3_items)";
 const MAP_BUCKET: &str = "${MAP_BUCKET}";
 /// Items of one page run at once, and pages at once, for a Distributed Map's `MaxConcurrency`.
 const PAGE_CONCURRENCY: u64 = 10;
+
+/// A Map's `ResultWriter`: the bucket and the prefix its results are written under.
+struct Writer {
+    bucket: String,
+    /// Empty, or ending in `/`.
+    prefix: String,
+}
+
+impl Writer {
+    /// The key of the file `file` of a task's results, as a `States.Format` of the task's id.
+    fn key(&self, file: &str) -> String {
+        format!("States.Format('{}{{}}/{file}', $$.Execution.Id)", self.prefix)
+    }
+}
+
+/// `ResultWriter` (`s3:putObject` to a bucket and prefix written in the definition), if any.
+fn writer(st: &Map<String, Value>) -> Result<Option<Writer>, (String, String)> {
+    let Some(w) = st.get("ResultWriter") else { return Ok(None) };
+    let refuse = |why: String| ("ResultWriter".to_owned(), why);
+    let resource = w.get("Resource").and_then(Value::as_str).unwrap_or("");
+    if !resource.ends_with(":::s3:putObject") {
+        return Err(refuse(format!("{resource:?}: results are written here with s3:putObject")));
+    }
+    if w.get("WriterConfig").is_some() {
+        return Err(refuse("WriterConfig (OutputType, Transformation) is not translated".into()));
+    }
+    let params = w.get("Parameters").and_then(Value::as_object).cloned().unwrap_or_default();
+    if let Some(k) = params.keys().find(|k| k.ends_with(".$")) {
+        return Err(refuse(format!("{k}: a bucket or prefix read from the data is not translated: write it")));
+    }
+    let text = |k: &str| params.get(k).and_then(Value::as_str).map(str::to_owned);
+    let bucket = text("Bucket").filter(|b| !b.is_empty()).ok_or_else(|| refuse("ResultWriter names its Bucket".into()))?;
+    let mut prefix = text("Prefix").unwrap_or_default();
+    if prefix.contains(['{', '}', '\'', '\\']) {
+        return Err(refuse(format!("the prefix {prefix:?} holds a character States.Format takes as its own")));
+    }
+    if !prefix.is_empty() && !prefix.ends_with('/') {
+        prefix.push('/');
+    }
+    Ok(Some(Writer { bucket, prefix }))
+}
 
 /// `ToleratedFailureCount` or `ToleratedFailurePercentage` as a map's `tolerated_failures`.
 fn tolerance(st: &Map<String, Value>) -> Result<Option<Value>, (String, String)> {
@@ -2570,6 +2682,7 @@ impl Cx {
         let per_page = concurrency.map_or(PAGE_CONCURRENCY, |c| c.min(PAGE_CONCURRENCY));
         let most = u64::from(sas_protocol::workflow::MAX_MAP_CONCURRENCY);
         let pages_at_once = (concurrency.unwrap_or(most).min(most) / per_page).max(1);
+        let writes = writer(st).map_err(Blocked::from)?;
         let mut inner = json!({"Type": "Map", "ItemsPath": "$.__page.items", "MaxConcurrency": per_page, "End": true,
             "ItemProcessor": processor});
         inner["ItemProcessor"]["ProcessorConfig"] = json!({"Mode": "INLINE"});
@@ -2584,13 +2697,25 @@ impl Cx {
                 inner[f] = v.clone();
             }
         }
-        let machine = json!({"StartAt": "Read page", "States": {
+        let mut machine = json!({"StartAt": "Read page", "States": {
             "Read page": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject",
                 "Parameters": {"Bucket": MAP_BUCKET, "Key.$": "States.Format('{}{}.json', $.prefix, $.page)"},
                 "ResultSelector": {"items.$": "States.StringToJson($.Body)"}, "ResultPath": page_at,
                 "TimeoutSeconds": 60, "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 3}], "Next": name},
-            name: inner,
         }});
+        // a ResultWriter: each page writes its items' outputs, and gives the file's key
+        if let Some(w) = &writes {
+            inner.as_object_mut().map(|o| o.remove("End"));
+            inner["ResultPath"] = json!("$.__results");
+            inner["Next"] = json!("Write results");
+            let key = format!("States.Format('{}{{}}/SUCCEEDED_{{}}.json', $$.Execution.Id, $.page)", w.prefix);
+            machine["States"]["Write results"] = json!({"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:putObject",
+                "Parameters": {"Bucket": w.bucket, "Key.$": key, "Body.$": "$.__results", "ContentType": "application/json"},
+                "ResultPath": null, "TimeoutSeconds": 60, "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 3}],
+                "Next": "Written"});
+            machine["States"]["Written"] = json!({"Type": "Pass", "Parameters": {"Key.$": key}, "End": true});
+        }
+        machine["States"][name] = inner;
         let step = self.step_name(name);
         // `<workflow>.<step>_pages` (the processor's own workflow, if any, is `<that>.<step>`)
         let keep = 64usize.saturating_sub(step.chars().count() + 7);
@@ -2634,15 +2759,16 @@ impl Cx {
         if st.contains_key("ToleratedFailureCount") {
             self.notes.push(format!("{here}: ToleratedFailureCount is counted per page of items here"));
         }
-        // the map's output: the pages' outputs, one array
-        let mut result = Sym::Ref(format!("$.outputs.{step}[*][*]"));
-        let vars = assign(st.get("Assign"), &result, &m.vars).map_err(Blocked::from)?;
-        if let Some(sel) = st.get("ResultSelector") {
-            result = template(sel, &result, &m.vars, Scope::Task).map_err(|e| refuse("ResultSelector", e))?;
-        }
-        let doc = result_path(st, m.doc.clone(), result).map_err(Blocked::from)?;
-        let doc = io(st, &doc, "OutputPath").map_err(Blocked::from)?;
-        Ok(Arrival { doc, vars, ..after_step(m, &step, Cond::True) })
+        // the map's output: the pages' outputs, one array; or where the pages wrote them
+        let after = after_step(m, &step, Cond::True);
+        let (result, after) = match &writes {
+            Some(w) => {
+                let files = Sym::Ref(format!("$.outputs.{step}"));
+                self.manifest(here, name, w, files, &after, &m.doc)?
+            }
+            None => (Sym::Ref(format!("$.outputs.{step}[*][*]")), after),
+        };
+        Self::after_map(st, &after, result).map_err(Blocked::from)
     }
 }
 
@@ -3708,6 +3834,45 @@ mod tests {
             "ItemProcessor": {"StartAt": "P", "States": {"P": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:p", "End": true}}},
             "End": true}}));
         assert!(r[0].reason.contains("MANIFEST"), "{r:?}");
+        // results written to S3: each page writes its items' outputs, the map a manifest of them
+        let mut written = def.clone();
+        written["States"]["Rows"]["ResultWriter"] =
+            json!({"Resource": "arn:aws:states:::s3:putObject", "Parameters": {"Bucket": "out", "Prefix": "runs"}});
+        written["States"]["Rows"].as_object_mut().unwrap().remove("ResultSelector");
+        let i = import("rows", &written).unwrap();
+        loads(&i);
+        let s = steps(&i);
+        let manifest = &s["Rows_manifest"];
+        assert_eq!(manifest["after"], json!(["Rows"]));
+        assert_eq!(manifest["parameters"]["Key.$"], "States.Format('runs/{}/manifest.json', $.task.root)");
+        assert_eq!(
+            manifest["parameters"]["Body"],
+            json!({"DestinationBucket": "out", "MapRunArn.$": "$.task.root",
+                   "ResultFiles": {"FAILED": [], "PENDING": [], "SUCCEEDED.$": "$.outputs.Rows"}})
+        );
+        assert_eq!(s["Done"]["after"], json!(["Rows_manifest"]));
+        let pages = i.children.iter().find(|c| c["name"] == "rows.Rows_pages").expect("the page's workflow");
+        assert_eq!(pages["result"], json!({"Key.$": "States.Format('runs/{}/SUCCEEDED_{}.json', $.task.root, $.input.page)"}));
+        let put = pages["steps"].as_array().unwrap().iter().find(|s| s["name"] == "Write_results").expect("the page's write");
+        assert_eq!(put["parameters"]["Body.$"], "$.outputs.Rows");
+        // an inline map's outputs written once, after it
+        let i = import("x", &json!({"StartAt": "A", "States": {"A": {"Type": "Map", "ItemsPath": "$.l", "End": true,
+            "ResultWriter": {"Resource": "arn:aws:states:::s3:putObject", "Parameters": {"Bucket": "out"}},
+            "ItemProcessor": {"StartAt": "P", "States": {"P": {"Type": "Task", "Resource": "arn:aws:lambda:r:1:function:p", "End": true}}}}}}))
+        .unwrap();
+        loads(&i);
+        let s = steps(&i);
+        assert_eq!(s["A_results"]["parameters"]["Body.$"], "$.outputs.A");
+        assert_eq!(s["A_results"]["parameters"]["Key.$"], "States.Format('{}/SUCCEEDED_0.json', $.task.root)");
+        assert_eq!(
+            s["A_manifest"]["parameters"]["Body"]["ResultFiles"]["SUCCEEDED"],
+            json!([{"Key.$": "States.Format('{}/SUCCEEDED_0.json', $.task.root)"}])
+        );
+        assert_eq!(
+            i.workflow["result"],
+            json!({"MapRunArn.$": "$.task.root",
+                   "ResultWriterDetails": {"Bucket": "out", "Key.$": "States.Format('{}/manifest.json', $.task.root)"}})
+        );
         // a Distributed Map over the task's data is a map
         let i = import("x", &json!({"StartAt": "A", "States": {"A": {"Type": "Map", "ItemsPath": "$.l",
             "ToleratedFailureCount": 3, "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED"}, "StartAt": "P",

@@ -1,8 +1,9 @@
 //! A Distributed Map whose items are read from S3 (`ItemReader`), translated by `sasctl
 //! import-asl`, on LocalStack: the `s3_items` agent reads a CSV once and writes it as pages to the
 //! work bucket, one child task per page reads its page and maps its rows, each row a task of its
-//! own whose `aws` agent writes it to DynamoDB. Every row arrives once, no task holds more than a
-//! page, and the pages are where the reading step says.
+//! own whose `aws` agent writes it to DynamoDB; each page writes its rows' outputs to S3, and the
+//! map a manifest of those files (`ResultWriter`). Every row arrives once, no task holds more than
+//! a page, and the pages and results are where the task says.
 //!
 //! `SAS_IT_S3_ITEMS` sets how many rows (default 200); the book's 10,000 were run with it.
 
@@ -34,7 +35,8 @@ async fn a_map_over_a_csv_in_s3_runs_every_row_once_a_page_at_a_time() {
     let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
     let (source, work, table) = ("sas-it-items-in", "sas-it-items-work", "sas-it-s3-map-rows");
     let def = json!({"StartAt": "Rows", "States": {
-        "Rows": {"Type": "Map", "MaxConcurrency": 100, "ResultPath": null, "End": true,
+        "Rows": {"Type": "Map", "MaxConcurrency": 100, "ResultPath": "$.written", "End": true,
+            "ResultWriter": {"Resource": "arn:aws:states:::s3:putObject", "Parameters": {"Bucket": work, "Prefix": "results"}},
             "ItemReader": {"Resource": "arn:aws:states:::s3:getObject",
                 "ReaderConfig": {"InputType": "CSV", "CSVHeaderLocation": "FIRST_ROW"},
                 "Parameters": {"Bucket": source, "Key.$": "$.key"}},
@@ -84,9 +86,33 @@ async fn a_map_over_a_csv_in_s3_runs_every_row_once_a_page_at_a_time() {
     assert!(prefix.starts_with(&format!("sas-maps/{id}/")), "{prefix}");
     let listed = s3.list_objects_v2().bucket(work).prefix(prefix).send().await.expect("listing the pages");
     assert_eq!(listed.key_count().and_then(|n| usize::try_from(n).ok()), Some(pages), "{listed:?}");
-    // no task holds the rows: the parent's item is small whatever their number
-    let parent = serde_json::to_string(&t).expect("the task").len();
-    assert!(parent < 16 * 1024 + pages * 8, "the parent's record is {parent} bytes");
+    // no task of the map holds the rows but the page's: not the parent, whatever their number
+    let parent = serde_json::to_string(&t).expect("the task");
+    assert!(!parent.contains(&format!("{run}-00")), "the parent holds rows: {parent}");
+
+    // the results: a manifest naming one file per page, each the outputs of its page's rows
+    let written = t.result().expect("the task's output")["written"].clone();
+    let manifest_key = format!("results/{id}/manifest.json");
+    assert_eq!(written, json!({"MapRunArn": id, "ResultWriterDetails": {"Bucket": work, "Key": manifest_key}}));
+    let read_json = |key: String| {
+        let s3 = s3.clone();
+        async move {
+            let o = s3.get_object().bucket(work).key(&key).send().await.unwrap_or_else(|e| panic!("{key}: {e:?}"));
+            let bytes = o.body.collect().await.expect("the body").into_bytes();
+            serde_json::from_slice::<Value>(&bytes).unwrap_or_else(|e| panic!("{key}: {e}"))
+        }
+    };
+    let manifest = read_json(manifest_key).await;
+    assert_eq!(manifest["DestinationBucket"], work, "{manifest}");
+    let files = manifest["ResultFiles"]["SUCCEEDED"].as_array().expect("the files").clone();
+    assert_eq!(files.len(), pages, "{manifest}");
+    let mut outputs = 0;
+    for f in &files {
+        let key = f["Key"].as_str().expect("a key");
+        assert!(key.starts_with(&format!("results/{id}/SUCCEEDED_")), "{key}");
+        outputs += read_json(key.to_owned()).await.as_array().expect("an array of outputs").len();
+    }
+    assert_eq!(outputs, rows, "one output per row");
 
     // every row written once, as the CSV says (qty as a number)
     let ddb = aws_sdk_dynamodb::Client::new(&s.sdk);
