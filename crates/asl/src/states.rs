@@ -2183,13 +2183,11 @@ impl Cx {
         }
         // every field that cannot be translated is named, and the processor is checked all the same
         let mut errs = Vec::new();
-        for (f, why) in [
-            (
-                "ItemBatcher",
-                "batches of the task's own items are not translated yet (batches of items read from S3 are): each item \
+        for (f, why) in [(
+            "ItemBatcher",
+            "batches of the task's own items are not translated yet (batches of items read from S3 are): each item \
                  is an element of its own here",
-            ),
-        ] {
+        )] {
             if st.contains_key(f) && !(f == "ItemBatcher" && st.contains_key("ItemReader")) {
                 errs.push((f.to_owned(), why.to_owned()));
             }
@@ -2387,7 +2385,9 @@ impl Cx {
                 let write = json!({"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:putObject",
                     "Parameters": {"Bucket": w.bucket, "Key.$": key, "Body.$": "$", "ContentType": "application/json"},
                     "ResultPath": null, "TimeoutSeconds": 60, "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 3}]});
-                let at = self.synthetic(&format!("{here} results"), &format!("{name} results"), &write, &all).map_err(first)?;
+                let at = self
+                    .synthetic(&format!("{here} results"), &format!("{name} results"), &write, &all)
+                    .map_err(first)?;
                 let files = Sym::Arr(vec![template(&json!({"Key.$": key}), &at.doc, &at.vars, Scope::Task)
                     .map_err(|e| ("ResultWriter".to_owned(), e))?]);
                 self.manifest(here, name, &w, files, &at, &m.doc).map_err(first)?
@@ -2415,7 +2415,11 @@ impl Cx {
     fn synthetic(&mut self, here: &str, name: &str, state: &Value, m: &Arrival) -> Result<Arrival, Blocked> {
         let st = state.as_object().cloned().unwrap_or_default();
         let arrivals = self.task(here, name, &st, m, Scope::Task, To::End)?;
-        arrivals.into_iter().next().map(|(_, a)| a).ok_or_else(|| Blocked::from((name.to_owned(), "(no way out)".to_owned())))
+        arrivals
+            .into_iter()
+            .next()
+            .map(|(_, a)| a)
+            .ok_or_else(|| Blocked::from((name.to_owned(), "(no way out)".to_owned())))
     }
 
     /// A `ResultWriter`'s manifest (`files`: the result files, `[{"Key": ...}]`) written after the
@@ -2448,8 +2452,10 @@ impl Cx {
             "Parameters": {"Bucket": w.bucket, "Key.$": key, "Body.$": "$.manifest", "ContentType": "application/json"},
             "ResultPath": null, "TimeoutSeconds": 60, "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 3}]});
         let after = self.synthetic(&format!("{here} manifest"), &format!("{name} manifest"), &write, &at)?;
-        let details = json!({"MapRunArn.$": "$$.Execution.Id", "ResultWriterDetails": {"Bucket": w.bucket, "Key.$": key}});
-        let result = template(&details, &m.doc, &m.vars, Scope::Task).map_err(|e| Blocked::from(("ResultWriter".to_owned(), e)))?;
+        let details =
+            json!({"MapRunArn.$": "$$.Execution.Id", "ResultWriterDetails": {"Bucket": w.bucket, "Key.$": key}});
+        let result = template(&details, &m.doc, &m.vars, Scope::Task)
+            .map_err(|e| Blocked::from(("ResultWriter".to_owned(), e)))?;
         self.notes.push(format!(
             "{here}: its results are written to s3://{}/{}<task>/ with a manifest.json, as Step Functions' ResultWriter \
              (each file an array of the elements' outputs, not of execution records)",
@@ -2547,7 +2553,8 @@ fn writer(st: &Map<String, Value>) -> Result<Option<Writer>, (String, String)> {
         return Err(refuse(format!("{k}: a bucket or prefix read from the data is not translated: write it")));
     }
     let text = |k: &str| params.get(k).and_then(Value::as_str).map(str::to_owned);
-    let bucket = text("Bucket").filter(|b| !b.is_empty()).ok_or_else(|| refuse("ResultWriter names its Bucket".into()))?;
+    let bucket =
+        text("Bucket").filter(|b| !b.is_empty()).ok_or_else(|| refuse("ResultWriter names its Bucket".into()))?;
     let mut prefix = text("Prefix").unwrap_or_default();
     if prefix.contains(['{', '}', '\'', '\\']) {
         return Err(refuse(format!("the prefix {prefix:?} holds a character States.Format takes as its own")));
@@ -2672,12 +2679,37 @@ impl Cx {
         let Some((_, after_read)) = arrivals.into_iter().next() else {
             return Err(refuse("ItemReader", "(the reading step)".into()));
         };
-        // 2. the page's workflow: its page read, its items mapped
-        let reads_input = selector.as_ref().is_some_and(|sel| {
-            let t = sel.to_string();
-            t.match_indices('$').any(|(at, _)| !t[at..].starts_with("$$.Map.Item") && !t[..at].ends_with('$'))
-        });
-        let page_at = if reads_input { "$.input.__page" } else { "$.__page" };
+        // 2. the page's workflow: its page read, its items mapped. What the selector reads beside
+        // the item (the map's input, the context) is read in the parent, as each page's child is
+        // made, and given to the page as its `ctx`; what reads the item is read in the page
+        let mut beside = Map::new();
+        if let Some(Value::Object(sel)) = selector.as_mut() {
+            for (k, v) in std::mem::take(sel) {
+                let text = v.to_string();
+                let reads_item = text.contains("$$.Map.Item");
+                let reads_beside = k.ends_with(".$")
+                    && text
+                        .match_indices('$')
+                        .any(|(at, _)| !text[at..].starts_with("$$.Map.Item") && !text[..at].ends_with('$'))
+                    || (v.is_object() && v.to_string().contains(".$\""));
+                match (reads_item, reads_beside) {
+                    (true, true) => {
+                        return Err(refuse(
+                            "ItemSelector",
+                            format!("{k}: a value that reads the item and the map's input together is not translated for items read from S3"),
+                        ))
+                    }
+                    (false, true) => {
+                        let name = k.trim_end_matches(".$").to_owned();
+                        sel.insert(format!("{name}.$"), json!(format!("$.ctx['{}']", name.replace('\'', "\\'"))));
+                        beside.insert(k, v);
+                    }
+                    _ => {
+                        sel.insert(k, v);
+                    }
+                }
+            }
+        }
         let concurrency = st.get("MaxConcurrency").and_then(Value::as_u64).filter(|c| *c > 0);
         let per_page = concurrency.map_or(PAGE_CONCURRENCY, |c| c.min(PAGE_CONCURRENCY));
         let most = u64::from(sas_protocol::workflow::MAX_MAP_CONCURRENCY);
@@ -2686,9 +2718,6 @@ impl Cx {
         let mut inner = json!({"Type": "Map", "ItemsPath": "$.__page.items", "MaxConcurrency": per_page, "End": true,
             "ItemProcessor": processor});
         inner["ItemProcessor"]["ProcessorConfig"] = json!({"Mode": "INLINE"});
-        if reads_input {
-            inner["InputPath"] = json!("$.input");
-        }
         if let Some(sel) = selector {
             inner["ItemSelector"] = sel;
         }
@@ -2700,7 +2729,7 @@ impl Cx {
         let mut machine = json!({"StartAt": "Read page", "States": {
             "Read page": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:getObject",
                 "Parameters": {"Bucket": MAP_BUCKET, "Key.$": "States.Format('{}{}.json', $.prefix, $.page)"},
-                "ResultSelector": {"items.$": "States.StringToJson($.Body)"}, "ResultPath": page_at,
+                "ResultSelector": {"items.$": "States.StringToJson($.Body)"}, "ResultPath": "$.__page",
                 "TimeoutSeconds": 60, "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 3}], "Next": name},
         }});
         // a ResultWriter: each page writes its items' outputs, and gives the file's key
@@ -2740,8 +2769,10 @@ impl Cx {
             ("page".to_owned(), Sym::Ref("$.input.item".into())),
             ("prefix".to_owned(), Sym::Ref(format!("$.outputs.{read_step}.prefix"))),
         ];
-        if reads_input {
-            element.push(("input".to_owned(), input));
+        if !beside.is_empty() {
+            let ctx = template(&Value::Object(beside), &input, &m.vars, Scope::Element)
+                .map_err(|e| refuse("ItemSelector", e))?;
+            element.push(("ctx".to_owned(), ctx));
         }
         let mut s = step_base(&step, &after_read);
         s["kind"] = json!("workflow");
@@ -2766,7 +2797,13 @@ impl Cx {
                 let files = Sym::Ref(format!("$.outputs.{step}"));
                 self.manifest(here, name, w, files, &after, &m.doc)?
             }
-            None => (Sym::Ref(format!("$.outputs.{step}[*][*]")), after),
+            // (no items: no page, and `[*][*]` would name nothing, which is null: the empty array)
+            None => {
+                let none = Cond::When(json!({"variable": format!("$.outputs.{read_step}.count"), "numeric_equals": 0}));
+                let all = Sym::Ref(format!("$.outputs.{step}[*][*]"));
+                let empty = Sym::Call("States.Array()".into(), Vec::new());
+                (Sym::one_of(vec![(none, empty), (Cond::True, all)]), after)
+            }
         };
         Self::after_map(st, &after, result).map_err(Blocked::from)
     }
@@ -3792,7 +3829,7 @@ mod tests {
         assert_eq!(map["map"], json!({"items": "/outputs/Rows_items/pages", "max_concurrency": 4}));
         assert_eq!(
             map["parameters"],
-            json!({"page.$": "$.input.item", "prefix.$": "$.outputs.Rows_items.prefix", "input.$": "$.input"})
+            json!({"page.$": "$.input.item", "prefix.$": "$.outputs.Rows_items.prefix", "ctx": {"batch.$": "$.input.batch"}})
         );
         let pages = i.children.iter().find(|c| c["name"] == "rows.Rows_pages").expect("the page's workflow");
         let pages: HashMap<String, Value> = pages["steps"]
@@ -3814,10 +3851,14 @@ mod tests {
             each["map"],
             json!({"items": "/outputs/Read_page/items", "max_concurrency": 10, "tolerated_failures": "12%"})
         );
-        assert_eq!(each["parameters"], json!({"row.$": "$.input.item", "batch.$": "$.input.input.batch"}), "{each}");
-        // 3. the map's output is every page's outputs, one array
+        // what the selector reads beside the item is read in the parent, and given to the page
+        assert_eq!(each["parameters"], json!({"row.$": "$.input.item", "batch.$": "$.input.ctx.batch"}), "{each}");
+        // 3. the map's output is every page's outputs, one array (an empty one when there is none)
         assert_eq!(
-            s["Done"]["parameters"]["written"]["n.$"], "States.ArrayLength($.outputs.Rows[*][*])",
+            s["Done"]["parameters"]["written"]["n"]["*.choose"],
+            json!([{"value": {"*.$": "States.ArrayLength(States.Array())"},
+                    "when": {"numeric_equals": 0, "variable": "$.outputs.Rows_items.count"}},
+                   {"value": {"*.$": "States.ArrayLength($.outputs.Rows[*][*])"}}]),
             "{:?}",
             s["Done"]
         );
@@ -3852,8 +3893,12 @@ mod tests {
         );
         assert_eq!(s["Done"]["after"], json!(["Rows_manifest"]));
         let pages = i.children.iter().find(|c| c["name"] == "rows.Rows_pages").expect("the page's workflow");
-        assert_eq!(pages["result"], json!({"Key.$": "States.Format('runs/{}/SUCCEEDED_{}.json', $.task.root, $.input.page)"}));
-        let put = pages["steps"].as_array().unwrap().iter().find(|s| s["name"] == "Write_results").expect("the page's write");
+        assert_eq!(
+            pages["result"],
+            json!({"Key.$": "States.Format('runs/{}/SUCCEEDED_{}.json', $.task.root, $.input.page)"})
+        );
+        let put =
+            pages["steps"].as_array().unwrap().iter().find(|s| s["name"] == "Write_results").expect("the page's write");
         assert_eq!(put["parameters"]["Body.$"], "$.outputs.Rows");
         // an inline map's outputs written once, after it
         let i = import("x", &json!({"StartAt": "A", "States": {"A": {"Type": "Map", "ItemsPath": "$.l", "End": true,

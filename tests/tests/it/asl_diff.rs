@@ -959,6 +959,31 @@ fn hand_written() -> Vec<Case> {
           json!({"key": KEY, "name": "b", "doc": {"items": ["x"]}})],
     ));
     c.push(case(
+        "distributed-map-s3",
+        "a Distributed Map over a JSON file in S3 (ItemReader; MaxItems 0, no limit), its ItemSelector \
+         reading the item, the map's input and the context, each item sent to a function; the file put \
+         there first by the machine (createBucket, putObject; a JSON file: LocalStack's Step Functions \
+         writes a string Body as JSON text, so a CSV cannot be put this way); an empty file. Here: the \
+         s3_items agent, a page's child task, the page's items mapped; the output every item's answer in \
+         order, [] when there is none",
+        json!({"StartAt": "Bucket", "States": {
+            "Bucket": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:createBucket", "ResultPath": null, "Next": "Put",
+                       "Parameters": {"Bucket": "sas-asl-diff-rows"}},
+            "Put": {"Type": "Task", "Resource": "arn:aws:states:::aws-sdk:s3:putObject", "ResultPath": null, "Next": "Rows",
+                    "Parameters": {"Bucket": "sas-asl-diff-rows", "Key.$": "States.Format('{}/{}.json', $.key, $.name)",
+                                   "Body.$": "$.rows"}},
+            "Rows": {"Type": "Map", "MaxConcurrency": 4, "ResultPath": "$.rows", "End": true,
+                     "ItemReader": {"Resource": "arn:aws:states:::s3:getObject",
+                                    "ReaderConfig": {"InputType": "JSON", "MaxItems": 0},
+                                    "Parameters": {"Bucket": "sas-asl-diff-rows", "Key.$": "States.Format('{}/{}.json', $.key, $.name)"}},
+                     "ItemSelector": {"row.$": "$$.Map.Item.Value", "file.$": "$.name", "fixed": "x"},
+                     "ItemProcessor": {"ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"},
+                                       "StartAt": "Shape", "States": {
+                                           "Shape": {"Type": "Task", "Resource": "${ShapeFunctionArn}", "End": true}}}}}}),
+        &[json!({"key": KEY, "name": "a", "rows": [{"id": 1, "qty": 3}, {"id": 2, "note": "a, b"}, "text", [1, 2]]}),
+          json!({"key": KEY, "name": "b", "rows": []})],
+    ));
+    c.push(case(
         "aws-sdk-query",
         "aws-sdk tasks of the query protocol on LocalStack: SNS createTopic, publish with message attributes \
          (a map, form-encoded as entries) and a JSON message, getTopicAttributes (its map read from XML), \
@@ -1025,7 +1050,16 @@ async fn aws_sdk_resources(sdk: &aws_config::SdkConfig) -> Vec<(String, String)>
         .await
         .expect("creating the child machine")
         .state_machine_arn;
+    // the bucket a map over S3 writes its pages to here (the s3_items agents' ${MAP_BUCKET})
+    let pages = "sas-asl-diff-pages";
+    let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(sdk).force_path_style(true).build());
+    if let Err(e) = s3.create_bucket().bucket(pages).send().await {
+        let owned =
+            e.as_service_error().is_some_and(|e| e.is_bucket_already_owned_by_you() || e.is_bucket_already_exists());
+        assert!(owned, "creating {pages}: {}", aws_sdk_s3::error::DisplayErrorContext(&e));
+    }
     vec![
+        ("MAP_BUCKET".to_owned(), pages.to_owned()),
         ("ItemsTable".to_owned(), table.to_owned()),
         ("DiffQueueUrl".to_owned(), queue.queue_url().expect("a queue URL").to_owned()),
         ("ChildMachineArn".to_owned(), child),

@@ -293,6 +293,9 @@ pub fn items(text: &str, format: &Format) -> Result<Vec<Value>, String> {
                     reader.headers().map_err(|e| format!("the CSV header: {e}"))?.iter().map(str::to_owned).collect()
                 }
             };
+            if let Some(twice) = names.iter().enumerate().find(|(i, n)| names[..*i].contains(n)).map(|(_, n)| n) {
+                return Err(format!("the CSV header names {twice:?} twice (a row is an object of its names)"));
+            }
             let mut out = Vec::new();
             for (i, row) in reader.records().enumerate() {
                 let row = row.map_err(|e| format!("CSV row {}: {e}", i + 1))?;
@@ -390,7 +393,8 @@ impl S3ItemsAgent {
     async fn run(&self, call: Call<'_>) -> Result<Value, AgentError> {
         let (source, most, batcher) = source(&call.request.input).map_err(permanent)?;
         let mut items = self.read(&source).await?;
-        if let Some(most) = most {
+        // (MaxItems 0 is no limit, as Step Functions reads it)
+        if let Some(most) = most.filter(|n| *n > 0) {
             items.truncate(most);
         }
         let count = items.len();
@@ -493,6 +497,9 @@ mod tests {
         let given = Format::Csv { header: Some(vec!["a".into()]), delimiter: b';' };
         assert_eq!(items("x\ny\n", &given).unwrap(), vec![json!({"a": "x"}), json!({"a": "y"})]);
         assert!(items("x;z\n", &given).unwrap_err().contains("row 1 has 2 fields"));
+        assert!(items("a,b,a\n1,2,3\n", &Format::Csv { header: None, delimiter: b',' })
+            .unwrap_err()
+            .contains("\"a\" twice"));
     }
 
     #[test]
