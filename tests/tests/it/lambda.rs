@@ -1185,6 +1185,29 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
                    "backoff": {"base_ms": 200, "max_ms": 500},
                    "parameters": {"Message.$": "$.input.note", "MessageAttributes": {"task": {"DataType": "String", "StringValue.$": "$.task.id"}}}}]
     }));
+    // a map over a CSV in S3: the s3_items agent reads it and writes its pages, a child per page
+    // reads its page with an aws agent (s3:getObject) and maps its rows
+    let timing = json!({"timeout_ms": 20_000, "max_attempts": 3, "backoff": {"base_ms": 200, "max_ms": 500}});
+    let with = |step: Value| {
+        let mut s = step;
+        for (k, v) in timing.as_object().expect("an object") {
+            s[k] = v.clone();
+        }
+        s
+    };
+    wfs["workflows"].as_array_mut().expect("a list").extend([
+        json!({"name": "s3-rows", "version": 1, "description": "Lambda-mode test: a map over a CSV in S3",
+               "steps": [with(json!({"name": "read", "agent": "items.read",
+                                     "parameters": {"Key": "rows/in.csv", "ReaderConfig": {"InputType": "CSV"}}})),
+                         {"name": "rows", "kind": "workflow", "workflow": "s3-rows-page", "version": 1,
+                          "map": {"items": "/outputs/read/pages", "max_concurrency": 2},
+                          "parameters": {"page.$": "$.input.item", "prefix.$": "$.outputs.read.prefix"}}]}),
+        json!({"name": "s3-rows-page", "version": 1, "description": "Lambda-mode test: a page of s3-rows",
+               "result": {"*.$": "$.outputs.row"},
+               "steps": [with(json!({"name": "page", "agent": "items.page",
+                                     "parameters": {"Key.$": "States.Format('{}{}.json', $.input.prefix, $.input.page)"}})),
+                         with(json!({"name": "row", "agent": "sim", "map": {"items": "/outputs/page/Body", "max_concurrency": 5}}))]}),
+    ]);
     std::fs::write(&file, wfs.to_string()).unwrap();
     let config = config_dir("iam", wfs["workflows"].as_array().expect("a list"));
     let mut agents: Value =
@@ -1210,6 +1233,21 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
                                             "parameters": {"Bucket": items}, "resources": [objects_arn]});
     agents["agents"]["aws.notify"] = json!({"kind": "aws", "service": "sns", "action": "publish",
                                             "parameters": {"TopicArn": topic_arn}, "resources": [topic_arn]});
+    // the map's agents: the CSV and the pages in the test's bucket (under rows/ and pages/)
+    let rows_arn = format!("arn:aws:s3:::{items}/rows/*");
+    let pages_arn = format!("arn:aws:s3:::{items}/pages/*");
+    agents["agents"]["items.read"] = json!({"kind": "s3_items", "bucket": items, "work_bucket": items,
+                                            "work_prefix": "pages/", "sources": [rows_arn]});
+    agents["agents"]["items.page"] = json!({"kind": "aws", "service": "s3", "action": "getObject", "parse_json": ["Body"],
+                                            "parameters": {"Bucket": items}, "resources": [pages_arn]});
+    let csv = "sku,qty\nA-1,2\nB-2,1\nC-3,7\n";
+    s3.put_object()
+        .bucket(&items)
+        .key("rows/in.csv")
+        .body(csv.as_bytes().to_vec().into())
+        .send()
+        .await
+        .expect("the CSV");
     std::fs::write(config.join("agents.json"), agents.to_string()).unwrap();
     let f = lambda_stack_with(
         "iam",
@@ -1226,7 +1264,7 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
             ("SettleMs", "500"),
             ("MaxInputBytes", "262144"),
             ("ReplyQueueArnPattern", "arn:aws:sqs:*:*:l-iam-*-replies*"),
-            ("AgentAwsActions", "dynamodb:PutItem,s3:PutObject,sns:Publish"),
+            ("AgentAwsActions", "dynamodb:PutItem,s3:PutObject,s3:GetObject,sns:Publish"),
             ("AgentAwsResources", &format!("{items_arn},{objects_arn},{topic_arn}")),
         ],
     )
@@ -1282,6 +1320,8 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
                           "input": {"lines": [{"sku": "h0", "sim": {"reserve": {"hang_attempts": 1}}}]}});
     let cb_map =
         json!({"v": 1, "task_id": "cb-map", "workflow": "sim-callback-map", "input": {"lines": [{"sku": "c0"}]}});
+    // a map over the rows of a CSV in S3
+    let rows = json!({"v": 1, "task_id": "s3-rows", "workflow": "s3-rows", "input": {}});
     // a step that writes an item with the aws agent
     let put =
         json!({"v": 1, "task_id": "aws-put", "workflow": "aws-put", "input": {"note": "written by the aws agent"}});
@@ -1299,6 +1339,7 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
         &map_hung,
         &cb_map,
         &put,
+        &rows,
     ]
     .into_iter()
     .chain(&serial)
@@ -1361,7 +1402,7 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
         let t = f.s.wait_for(id, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
         assert_ne!(t.process_state, ProcessState::Processed, "{id}: its element hung: {:?}", t.history);
     }
-    for id in ["serial-1", "serial-2", "serial-3", "map-1", "cb-map", "aws-put"] {
+    for id in ["serial-1", "serial-2", "serial-3", "map-1", "cb-map", "aws-put", "s3-rows"] {
         let t = f.s.wait_for(id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
         assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{id}: {:?}", t.history);
     }
@@ -1391,6 +1432,12 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
         published.iter().any(|m| m.body() == Some("written by the aws agent")),
         "the aws agent published the note: {published:?}"
     );
+    // every row of the CSV mapped, from the page the s3_items agent wrote
+    let t = f.s.task("s3-rows").await.expect("the map's task");
+    let pages = t.steps.iter().find(|s| s.name == "rows").and_then(|s| s.output.clone()).unwrap_or_default();
+    let rows: Vec<Value> = pages.as_array().cloned().unwrap_or_default();
+    let rows: Vec<Value> = rows.iter().flat_map(|page| page.as_array().cloned().unwrap_or_default()).collect();
+    assert_eq!(rows.len(), 3, "one output per row: {pages}");
     let held = f.s.deps.limiter.leases("sim.serial").await.unwrap();
     assert!(held.is_empty(), "every lease of sim.serial was given back: {held:?}");
     for (dlq, want) in [

@@ -47,6 +47,10 @@ const WRITES_AT_ONCE: usize = 16;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct S3ItemsKind {
+    /// The source's bucket when the request names none (a workflow's parameters cannot name a
+    /// variable; this may: `"${ORDERS_BUCKET}"`).
+    #[serde(default)]
+    pub bucket: Option<String>,
     /// The bucket the pages are written to (the map's page tasks read them back from there).
     pub work_bucket: String,
     /// Where in it (default `sas-maps/`): pages are `{work_prefix}{task}/{step}/{n}.json`. A
@@ -104,6 +108,7 @@ impl AgentKind for S3ItemsKind {
             get: op("getObject", max_source_bytes)?,
             list: op("listObjectsV2", 16 * 1024 * 1024)?,
             put: op("putObject", 64 * 1024)?,
+            bucket: self.bucket,
             work_bucket: self.work_bucket,
             work_prefix: self.work_prefix,
             sources: self.sources,
@@ -129,6 +134,7 @@ impl AgentKind for S3ItemsKind {
 
 /// Reads a source, writes its pages.
 pub struct S3ItemsAgent {
+    bucket: Option<String>,
     get: AwsApiAgent,
     list: AwsApiAgent,
     put: AwsApiAgent,
@@ -197,10 +203,14 @@ pub fn batches(items: Vec<Value>, b: Batcher) -> Vec<Value> {
     out
 }
 
-/// The request: what to read, at most how many items, and in batches or not.
-pub fn source(input: &Value) -> Result<(Source, Option<usize>, Option<Batcher>), String> {
+/// The request: what to read (in `bucket` when it names no `Bucket`), at most how many items,
+/// and in batches or not.
+pub fn source(input: &Value, bucket: Option<&str>) -> Result<(Source, Option<usize>, Option<Batcher>), String> {
     let text = |k: &str| input.get(k).and_then(Value::as_str).map(str::to_owned);
-    let bucket = text("Bucket").filter(|b| !b.is_empty()).ok_or("the source names its Bucket")?;
+    let bucket = text("Bucket")
+        .or_else(|| bucket.map(str::to_owned))
+        .filter(|b| !b.is_empty())
+        .ok_or("the source names its Bucket")?;
     let config = input.get("ReaderConfig").cloned().unwrap_or(json!({}));
     let conf = |k: &str| config.get(k).and_then(Value::as_str).map(str::to_owned);
     let most = match config.get("MaxItems") {
@@ -391,7 +401,7 @@ impl S3ItemsAgent {
     }
 
     async fn run(&self, call: Call<'_>) -> Result<Value, AgentError> {
-        let (source, most, batcher) = source(&call.request.input).map_err(permanent)?;
+        let (source, most, batcher) = source(&call.request.input, self.bucket.as_deref()).map_err(permanent)?;
         let mut items = self.read(&source).await?;
         // (MaxItems 0 is no limit, as Step Functions reads it)
         if let Some(most) = most.filter(|n| *n > 0) {
@@ -448,8 +458,11 @@ mod tests {
 
     #[test]
     fn sources_are_read_as_step_functions_item_readers_name_them() {
-        let (s, most, batcher) = source(&json!({"Bucket": "in", "Key": "a.csv", "ReaderConfig": {"InputType": "CSV",
-            "CSVHeaderLocation": "GIVEN", "CSVHeaders": ["id", "qty"], "CSVDelimiter": "PIPE", "MaxItems": 5}}))
+        let (s, most, batcher) = source(
+            &json!({"Bucket": "in", "Key": "a.csv", "ReaderConfig": {"InputType": "CSV",
+            "CSVHeaderLocation": "GIVEN", "CSVHeaders": ["id", "qty"], "CSVDelimiter": "PIPE", "MaxItems": 5}}),
+            None,
+        )
         .unwrap();
         let header = Some(vec!["id".to_owned(), "qty".to_owned()]);
         assert_eq!(
@@ -462,11 +475,14 @@ mod tests {
         );
         assert_eq!((most, batcher), (Some(5), None));
         let (s, _, batcher) =
-            source(&json!({"Bucket": "in", "Prefix": "raw/", "ItemBatcher": {"MaxItemsPerBatch": 3}})).unwrap();
+            source(&json!({"Bucket": "in", "Prefix": "raw/", "ItemBatcher": {"MaxItemsPerBatch": 3}}), None).unwrap();
         assert_eq!(batcher, Some(Batcher { max_items: Some(3), max_bytes: None }));
         assert_eq!(s, Source::Listing { bucket: "in".into(), prefix: "raw/".into() });
-        let (s, ..) = source(&json!({"Bucket": "in", "Key": "a.json"})).unwrap();
+        let (s, ..) = source(&json!({"Bucket": "in", "Key": "a.json"}), None).unwrap();
         assert_eq!(s, Source::Object { bucket: "in".into(), key: "a.json".into(), format: Format::Json });
+        // the agent's own bucket, when the request names none
+        let (s, ..) = source(&json!({"Key": "a.json"}), Some("mine")).unwrap();
+        assert_eq!(s, Source::Object { bucket: "mine".into(), key: "a.json".into(), format: Format::Json });
         for (bad, says) in [
             (json!({"Key": "a"}), "Bucket"),
             (json!({"Bucket": "in", "Key": "a", "ReaderConfig": {"InputType": "MANIFEST"}}), "MANIFEST"),
@@ -478,7 +494,7 @@ mod tests {
             (json!({"Bucket": "in", "Key": "a", "Prefix": "b"}), "not both"),
             (json!({"Bucket": "in", "Key": "a", "ItemBatcher": {"MaxItemsPerBatch": 0}}), "MaxItemsPerBatch"),
         ] {
-            let e = source(&bad).unwrap_err();
+            let e = source(&bad, None).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
         }
     }
