@@ -2183,14 +2183,13 @@ impl Cx {
         }
         // every field that cannot be translated is named, and the processor is checked all the same
         let mut errs = Vec::new();
-        for (f, why) in [(
-            "ItemBatcher",
-            "batches of the task's own items are not translated yet (batches of items read from S3 are): each item \
-                 is an element of its own here",
-        )] {
-            if st.contains_key(f) && !(f == "ItemBatcher" && st.contains_key("ItemReader")) {
-                errs.push((f.to_owned(), why.to_owned()));
-            }
+        if st.contains_key("ItemBatcher") && !st.contains_key("ItemReader") {
+            errs.push((
+                "ItemBatcher".to_owned(),
+                "batches of the task's own items are not translated yet (batches of items read from S3 are): each \
+                 item is an element of its own here"
+                    .to_owned(),
+            ));
         }
         for f in ["ToleratedFailureCountPath", "ToleratedFailurePercentagePath", "ItemsPointer"] {
             if st.contains_key(f) {
@@ -2666,19 +2665,8 @@ impl Cx {
         }
         let read = json!({"Type": "Task", "Resource": ITEMS_RESOURCE, "Parameters": params, "ResultPath": null,
             "TimeoutSeconds": CALL_LIMIT_S, "Retry": [{"ErrorEquals": ["States.ALL"], "MaxAttempts": 2}]});
-        let read_name = format!("{name} items");
-        let arrivals = self.task(
-            &format!("{here} items"),
-            &read_name,
-            read.as_object().expect("an object"),
-            m,
-            Scope::Task,
-            To::End,
-        )?;
+        let after_read = self.synthetic(&format!("{here} items"), &format!("{name} items"), &read, m)?;
         let read_step = self.steps.last().and_then(|s| s["name"].as_str()).unwrap_or_default().to_owned();
-        let Some((_, after_read)) = arrivals.into_iter().next() else {
-            return Err(refuse("ItemReader", "(the reading step)".into()));
-        };
         // 2. the page's workflow: its page read, its items mapped. What the selector reads beside
         // the item (the map's input, the context) is read in the parent, as each page's child is
         // made, and given to the page as its `ctx`; what reads the item is read in the page
@@ -2792,18 +2780,15 @@ impl Cx {
         }
         // the map's output: the pages' outputs, one array; or where the pages wrote them
         let after = after_step(m, &step, Cond::True);
-        let (result, after) = match &writes {
-            Some(w) => {
-                let files = Sym::Ref(format!("$.outputs.{step}"));
-                self.manifest(here, name, w, files, &after, &m.doc)?
-            }
+        let (result, after) = if let Some(w) = &writes {
+            let files = Sym::Ref(format!("$.outputs.{step}"));
+            self.manifest(here, name, w, files, &after, &m.doc)?
+        } else {
             // (no items: no page, and `[*][*]` would name nothing, which is null: the empty array)
-            None => {
-                let none = Cond::When(json!({"variable": format!("$.outputs.{read_step}.count"), "numeric_equals": 0}));
-                let all = Sym::Ref(format!("$.outputs.{step}[*][*]"));
-                let empty = Sym::Call("States.Array()".into(), Vec::new());
-                (Sym::one_of(vec![(none, empty), (Cond::True, all)]), after)
-            }
+            let none = Cond::When(json!({"variable": format!("$.outputs.{read_step}.count"), "numeric_equals": 0}));
+            let all = Sym::Ref(format!("$.outputs.{step}[*][*]"));
+            let empty = Sym::Call("States.Array()".into(), Vec::new());
+            (Sym::one_of(vec![(none, empty), (Cond::True, all)]), after)
         };
         Self::after_map(st, &after, result).map_err(Blocked::from)
     }
