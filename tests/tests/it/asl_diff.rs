@@ -1052,12 +1052,7 @@ async fn aws_sdk_resources(sdk: &aws_config::SdkConfig) -> Vec<(String, String)>
         .state_machine_arn;
     // the bucket a map over S3 writes its pages to here (the s3_items agents' ${MAP_BUCKET})
     let pages = "sas-asl-diff-pages";
-    let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(sdk).force_path_style(true).build());
-    if let Err(e) = s3.create_bucket().bucket(pages).send().await {
-        let owned =
-            e.as_service_error().is_some_and(|e| e.is_bucket_already_owned_by_you() || e.is_bucket_already_exists());
-        assert!(owned, "creating {pages}: {}", aws_sdk_s3::error::DisplayErrorContext(&e));
-    }
+    crate::common::bucket(&crate::common::s3(sdk), pages).await;
     vec![
         ("MAP_BUCKET".to_owned(), pages.to_owned()),
         ("ItemsTable".to_owned(), table.to_owned()),

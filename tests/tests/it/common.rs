@@ -362,3 +362,17 @@ pub async fn items_table(sdk: &aws_config::SdkConfig, table: &str) {
     }
     panic!("table {table} is not ACTIVE after 120 s");
 }
+
+/// An S3 client for LocalStack (path-style addressing).
+pub fn s3(sdk: &aws_config::SdkConfig) -> aws_sdk_s3::Client {
+    aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(sdk).force_path_style(true).build())
+}
+
+/// The bucket `name`, made if it is not there yet.
+pub async fn bucket(s3: &aws_sdk_s3::Client, name: &str) {
+    if let Err(e) = s3.create_bucket().bucket(name).send().await {
+        let owned =
+            e.as_service_error().is_some_and(|e| e.is_bucket_already_owned_by_you() || e.is_bucket_already_exists());
+        assert!(owned, "creating bucket {name}: {}", aws_sdk_s3::error::DisplayErrorContext(&e));
+    }
+}

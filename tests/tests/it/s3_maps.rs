@@ -15,19 +15,7 @@ use sas_protocol::protocol::ProcessState;
 use sas_protocol::workflow::WorkflowRegistry;
 use serde_json::{json, Value};
 
-use crate::common::stack_with;
-
-fn s3(sdk: &aws_config::SdkConfig) -> aws_sdk_s3::Client {
-    aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(sdk).force_path_style(true).build())
-}
-
-async fn bucket(s3: &aws_sdk_s3::Client, name: &str) {
-    if let Err(e) = s3.create_bucket().bucket(name).send().await {
-        let owned =
-            e.as_service_error().is_some_and(|e| e.is_bucket_already_owned_by_you() || e.is_bucket_already_exists());
-        assert!(owned, "creating bucket {name}: {}", aws_sdk_s3::error::DisplayErrorContext(&e));
-    }
-}
+use crate::common::{bucket, s3, stack_with};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_map_over_a_csv_in_s3_runs_every_row_once_a_page_at_a_time() {
