@@ -19,6 +19,10 @@ pub struct SimConfig {
     /// Every submission is an `order-map` with this many lines (else a mix of workflows, maps of
     /// 1 to 5 lines among them).
     pub map_lines: Option<usize>,
+    /// Every submission is an `order-pages`: a map over this many pages of this many items each
+    /// (a map over items read from S3, the shape `sasctl import-asl` gives it: a reading step
+    /// that answers the page numbers, a child per page that reads its page and maps its items).
+    pub pages: Option<(usize, usize)>,
 }
 
 #[derive(Debug, Clone)]
@@ -220,6 +224,7 @@ impl SimConfig {
             faults: Faults::all(),
             horizon_ms: 6 * 3_600_000,
             map_lines: None,
+            pages: None,
         }
     }
 }

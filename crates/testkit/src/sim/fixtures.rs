@@ -186,7 +186,51 @@ pub fn workflows() -> WorkflowRegistry {
         ..step("ship", None)
     });
     loop_order.steps.remove(1); // no charge: the loop takes its place
+                                // `order-pages`: a map over items in pages, as `sasctl import-asl` writes a Distributed Map
+                                // over S3: `read` answers the page numbers, a child `order-page` per page reads its page
+                                // (`page` answers its items) and reserves each item in a map of its own; then the charge
+    let mut page = wf("order-page", OnFailure::Compensate);
+    page.steps = vec![
+        StepDef {
+            parameters: Some(template(serde_json::json!({"page.$": "$.input.page", "per_page.$": "$.input.per_page"}))),
+            ..step("page", None)
+        },
+        StepDef {
+            map: Some(MapSpec {
+                items: "/outputs/page/items".into(),
+                max_concurrency: MAP_CONCURRENCY,
+                tolerated_failures: Tolerance::None,
+                timeout_ms: None,
+            }),
+            ..step("reserve", Some("release"))
+        },
+    ];
+    let mut pages_order = wf("order-pages", OnFailure::Compensate);
+    pages_order.steps = vec![
+        StepDef {
+            parameters: Some(template(
+                serde_json::json!({"pages.$": "$.input.pages", "per_page.$": "$.input.per_page"}),
+            )),
+            ..step("read", None)
+        },
+        StepDef {
+            kind: StepKind::Workflow(ChildWorkflow { workflow: "order-page".into(), version: 1, child: None }),
+            timeout_ms: 0,
+            max_attempts: 1,
+            map: Some(MapSpec {
+                items: "/outputs/read/pages".into(),
+                max_concurrency: MAP_CONCURRENCY,
+                tolerated_failures: Tolerance::None,
+                timeout_ms: None,
+            }),
+            parameters: Some(template(serde_json::json!({"page.$": "$.input.item", "per_page.$": "$.input.per_page"}))),
+            ..step("pages", None)
+        },
+        StepDef { kind: StepKind::Call { agent: LIMITED_AGENT.into() }, ..step("charge", Some("refund")) },
+    ];
     WorkflowRegistry::new([
+        page,
+        pages_order,
         loop_order,
         wf("order", OnFailure::Compensate),
         choice_order,

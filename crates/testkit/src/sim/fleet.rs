@@ -156,7 +156,11 @@ impl Sim {
         }
         if let Some(decided) = known.decided {
             let outcome = match decided {
-                Decided::Applies => Outcome::Succeeded { output: json!({"ok": true, "replayed": true}) },
+                Decided::Applies => {
+                    let mut output = output(req);
+                    output["replayed"] = json!(true);
+                    Outcome::Succeeded { output }
+                }
                 Decided::Declined => Outcome::Failed { error: "declined (replayed)".into(), retryable: false },
             };
             self.ends(req, start, deadline, now, &CallsEnded::Answered(outcome));
@@ -221,7 +225,7 @@ impl Sim {
             let lands = Millis(deadline.0 - 1);
             decided = Some(Decided::Applies);
             self.at(lands, apply(lands));
-            let ok = Outcome::Succeeded { output: json!({"ok": true}) };
+            let ok = Outcome::Succeeded { output: output(req) };
             self.ended_at(req, start, deadline, deadline, &CallsEnded::Answered(ok));
         } else if pick(f.effect_no_answer * k) {
             busy_until = done;
@@ -253,13 +257,7 @@ impl Sim {
             busy_until = done.min(deadline);
             decided = (done < deadline).then_some(Decided::Applies);
             self.at(done, apply(done));
-            self.ends(
-                req,
-                start,
-                deadline,
-                done,
-                &CallsEnded::Answered(Outcome::Succeeded { output: json!({"ok": true}) }),
-            );
+            self.ends(req, start, deadline, done, &CallsEnded::Answered(Outcome::Succeeded { output: output(req) }));
         }
         let held = self.ledger.keys.entry(key).or_default();
         held.until = held.until.max(busy_until);
@@ -436,4 +434,22 @@ pub(super) fn reply_to(req: &AgentRequest, outcome: Outcome) -> Action {
         attempt: req.attempt.clone(),
         outcome,
     }))
+}
+
+/// What the service answers to a call that applies: `{"ok": true}`, but for `order-pages`'s
+/// reading step, the page numbers (`{"pages": [0, 1, ...]}`, as the `s3_items` agent answers), and
+/// for a page's read, its items (`{"items": [...]}`, as the page's `s3:getObject`): what the maps
+/// after them run over, the same for every copy of the request.
+fn output(req: &AgentRequest) -> serde_json::Value {
+    let n = |k: &str| req.input.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    match (req.phase, req.step.as_str()) {
+        (Phase::Forward, "read") => {
+            json!({"pages": (0..n("pages")).collect::<Vec<_>>(), "count": n("pages") * n("per_page")})
+        }
+        (Phase::Forward, "page") => {
+            let page = n("page");
+            json!({"items": (0..n("per_page")).map(|i| json!({"sku": format!("p{page}-{i}")})).collect::<Vec<_>>()})
+        }
+        _ => json!({"ok": true}),
+    }
 }

@@ -428,7 +428,9 @@ impl Sim {
     /// A submission; one in five names no task id (the Submitter derives one from the message).
     fn submission(&self, id: &str) -> String {
         let roll = self.rng.unit();
-        let workflow = if self.cfg.map_lines.is_some() {
+        let workflow = if self.cfg.pages.is_some() {
+            "order-pages"
+        } else if self.cfg.map_lines.is_some() {
             "order-map"
         } else if roll < 0.2 {
             "order-parked"
@@ -452,6 +454,9 @@ impl Sim {
         let n = self.cfg.map_lines.unwrap_or_else(|| usize::try_from(self.between(1, 6)).unwrap_or(1));
         let lines: Vec<serde_json::Value> = (0..n).map(|i| json!({"sku": format!("s{i}"), "qty": 1})).collect();
         let mut input = json!({"sku": "a", "lines": lines, "cool_off_s": 2});
+        if let Some((pages, per_page)) = self.cfg.pages {
+            input = json!({"sku": "a", "pages": pages, "per_page": per_page});
+        }
         let mut body = if self.chance(0.2) {
             input["ref"] = json!(id);
             json!({"v": VERSION, "workflow": workflow, "input": input})
