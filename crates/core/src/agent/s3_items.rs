@@ -33,8 +33,9 @@ use super::kind::{AgentConfigError, AgentKind, BuildContext, Grant};
 use super::runtime::{Agent, AgentError, Call};
 use sas_protocol::workflow::MAX_MAP_ELEMENTS;
 
-/// The most bytes of one source object read, by default.
-pub const DEFAULT_MAX_SOURCE_BYTES: usize = 128 * 1024 * 1024;
+/// The most bytes of one source object read, by default: the object is read whole, and its items
+/// take about ten times its size in memory (the Agent function has 256 MB by default).
+pub const DEFAULT_MAX_SOURCE_BYTES: usize = 8 * 1024 * 1024;
 /// About how much JSON a page holds, by default: a page is what a page's child task holds while
 /// its items run (each of their ends rewrites it), so small pages keep those writes at a write
 /// unit or two.
@@ -63,7 +64,8 @@ pub struct S3ItemsKind {
     /// About how much JSON one page holds (default 2 KiB).
     #[serde(default)]
     pub page_bytes: Option<usize>,
-    /// The most bytes of one source object read (default 128 MiB).
+    /// The most bytes of one source object read (default 8 MiB; its items take about ten times
+    /// that in the function's memory).
     #[serde(default)]
     pub max_source_bytes: Option<usize>,
     /// The region called; default: the function's.
