@@ -38,7 +38,14 @@ MACHINES = {
     "asl-chain": "chain-of-responsibility_statemachine_atm_dispenser_chained.asl.json",
     "asl-saga": "saga-pattern-sam_statemachine_statemachine.asl.json",
     "asl-orchestration": "lambda-orchestration-sam_statemachine_statemachine.asl.json",
+    # a Distributed Map over a CSV in S3 (ItemReader), each row put to DynamoDB by a processor
+    # of one task (a workflow of its own per row: its ResultPath)
+    "asl-s3map": "distributed-map-csv-iterator-tf_statemachines_statemachine.asl.json",
 }
+# The bucket the s3_items agent writes its pages to (the agents' ${MAP_BUCKET}), and the one the
+# benchmark puts the CSV in; both made by cost_bench.py, the runner given MAP_BUCKET.
+MAP_BUCKET = "sas-bench-map-pages"
+SOURCE_BUCKET = "sas-bench-map-source"
 # lambda-orchestration: the step whose answer the Choice "Buy or Sell?" compares with "buy" and
 # "sell" (a sim agent answers an object: no rule would hold, the task would fail), and the
 # approval (sqs:sendMessage.waitForTaskToken: a sim agent would hand over to no one).
@@ -51,6 +58,11 @@ APPROVAL_STEP = ("asl-orchestration", "Request_Human_Approval")
 APPROVAL_TIMEOUT_S = 60
 # Kinds that call nothing outside the stack: kept as imported.
 OWN_KINDS = {"fail"}
+
+
+def reads_s3(spec: dict) -> bool:
+    """An agent of the map over S3 (its reader, its pages' reads): kept as imported, S3 counted."""
+    return spec.get("kind") == "s3_items" or (spec.get("kind") == "aws" and spec.get("service") == "s3")
 
 
 def log(msg: str):
@@ -125,7 +137,7 @@ def bench_agents(imported: dict, workflows: list[dict], stub_url: str, approval_
             out[name] = {"kind": "http", "url": f"{stub_url}/recommend", "payload": "input"}
         elif name == approval:
             out[name] = {**spec, "queue_url": approval_queue_url}
-        elif spec.get("kind") in OWN_KINDS:
+        elif spec.get("kind") in OWN_KINDS or reads_s3(spec):
             out[name] = spec
         else:
             out[name] = {"kind": "sim"}
@@ -160,7 +172,11 @@ def cmd_config(a) -> int:
     queue = info["approval_queue_url"].rstrip("/").rsplit("/", 1)[-1]
     check = subprocess.run(
         [a.sasctl, "validate", "--workflows", a.workflows, "--agents", a.agents,
-         "--param", f"AgentQueueArns=arn:aws:sqs:us-east-1:000000000000:{queue}"],
+         "--param", f"AgentQueueArns=arn:aws:sqs:us-east-1:000000000000:{queue}",
+         "--var", f"MAP_BUCKET={MAP_BUCKET}",
+         # the S3 map's reads and pages (the translation reads its source's bucket from the data)
+         "--param", "AgentAwsActions=s3:GetObject,s3:PutObject,s3:ListBucket",
+         "--param", "AgentAwsResources=arn:aws:s3:::*,arn:aws:s3:::*/*"],
         check=False, capture_output=True, text=True,
     )
     # The base configuration's own agents whose variables the runner lacks (ORDER_SERVICE_URL...)

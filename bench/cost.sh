@@ -137,6 +137,7 @@ done
 # Logs as the functions write them (JSON, RUST_LOG=BENCH_LOG_LEVEL, default the template's INFO),
 # with their EMF records: bench/cost_bench.py counts the bytes per task (what seeing costs).
 export BENCH_LOG_LEVEL="${BENCH_LOG_LEVEL:-info}"
+MAP_BUCKET="$("$PYTHON" -c 'import sys; sys.path.insert(0, "bench"); import asl_bench; print(asl_bench.MAP_BUCKET)')" \
 AWS_ENDPOINT_URL="$PROXY" SAS_OUTPUTS="$OUTPUTS" SAS_WORKFLOWS_FILE="$BENCH_WORKFLOWS" SAS_AGENTS_FILE="$BENCH_AGENTS" \
   QUEUE_BUDGET_MS="${BENCH_QUEUE_BUDGET_MS:-15000}" \
   SAS_LOG_FORMAT=json SAS_METRICS=on RUST_LOG="$BENCH_LOG_LEVEL" \

@@ -21,10 +21,14 @@ import urllib.request
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cost_proxy import Upstream, item_size
+import asl_bench
+from cost_proxy import FAKE_AUTH, Upstream, item_size
 
 # us-east-1 list prices, $ per million.
-PRICE = {"sqs": 0.40, "sqs_fifo": 0.50, "wcu": 0.625, "rcu": 0.125, "lambda": 0.20, "sns": 0.50}
+PRICE = {"sqs": 0.40, "sqs_fifo": 0.50, "wcu": 0.625, "rcu": 0.125, "lambda": 0.20, "sns": 0.50,
+         # S3 Standard: PUT, COPY, POST, LIST $0.005 per 1,000; GET and the others $0.0004 per 1,000
+         "s3_put": 5.0, "s3_get": 0.40}
+S3_PUT_CLASS = {"PutObject", "CreateBucket", "ListObjectsV2", "ListObjects", "PostObject"}
 # CloudWatch Logs ingestion (us-east-1, standard class): $0.50 per GB, counted here as each line's
 # bytes plus the 26 bytes PutLogEvents counts per event. EMF records are log lines: no PutMetricData.
 LOGS_USD_PER_GB = 0.50
@@ -133,11 +137,40 @@ WORKLOADS = [
     # a loop: reserve, then 100 iterations of a one-step body (each a child task), then ship: the
     # figures per task are per loop; print_report adds them per iteration
     ("sim-loop, 100 iterations", "sim-loop", {"polls": 100}, 5, {"reserve": 1, "poll": 1, "ship": 1}),
+    # a Distributed Map over a CSV of 10,000 rows in S3 (the collection's distributed-map-csv-iterator,
+    # translated): the s3_items agent reads it and writes its pages, a child task per page reads its
+    # page and maps its rows, each row a child workflow of one step (a sim agent for its putItem).
+    # The figures per task are per map; print_report adds them per row
+    ("asl-s3map (import-asl), 10,000 rows", "asl-s3map",
+     {"BucketName": asl_bench.SOURCE_BUCKET, "FileKey": "rows.csv"}, 1, {"Map_items": 1, "Map": 1}),
 ]
 
 # Workloads whose task is a map or a loop: how many elements or iterations it has (for the figures per
 # element or iteration).
-ELEMENTS = {"sim-map, 1,000 elements": 1000, "sim-loop, 100 iterations": 100}
+ELEMENTS = {"sim-map, 1,000 elements": 1000, "sim-loop, 100 iterations": 100,
+            "asl-s3map (import-asl), 10,000 rows": 10000}
+
+
+def s3_rows(env: Env, rows: int = 10000) -> None:
+    """The map's buckets and its CSV (straight to LocalStack: not counted)."""
+    auth = FAKE_AUTH.format(region="us-east-1", service="s3")
+    csv = "Content,VideoPublishTime,VideoTitle,Views\n" + "".join(
+        f"video-{i:05d},2024-01-{i % 28 + 1:02d},Title {i},{i * 7}\n" for i in range(rows)
+    )
+    for method, path, body in (
+        ("PUT", f"/{asl_bench.MAP_BUCKET}", b""),
+        ("PUT", f"/{asl_bench.SOURCE_BUCKET}", b""),
+        ("PUT", f"/{asl_bench.SOURCE_BUCKET}/rows.csv", csv.encode()),
+    ):
+        headers = [("Host", f"{env.direct.host}:{env.direct.port}"), ("Authorization", auth),
+                   ("X-Amz-Content-Sha256", "UNSIGNED-PAYLOAD"), ("Content-Length", str(len(body)))]
+        status, _, _, out = env.direct.request(method, path, headers, body)
+        if status >= 300 and b"BucketAlreadyOwnedByYou" not in out:
+            raise RuntimeError(f"S3 {method} {path}: HTTP {status}: {out[:300]!r}")
+
+
+# What a workload needs before its tasks are sent.
+SETUP = {"asl-s3map (import-asl), 10,000 rows": s3_rows}
 
 # Workloads whose way through a Choice is checked too: the status of these steps on the task's record.
 STATUSES = {
@@ -252,7 +285,7 @@ def summarize(rows: list[dict], tasks: int, env_roles: dict[str, str], reply_que
         "ddb_requests": 0, "rcu": 0.0, "wcu": {}, "invocations": {}, "empty_receives": 0,
         "reply_requests": 0, "reply_billed": 0, "alert_requests": 0, "alert_billed": 0,
         "other_requests": 0, "query_items": 0, "query_bytes": 0, "failed_conditions": 0, "errors": 0,
-        "fifo_billed": 0,
+        "fifo_billed": 0, "s3_put_requests": 0, "s3_get_requests": 0,
     }
     for r in rows:
         s["errors"] += r["errors"]
@@ -289,6 +322,8 @@ def summarize(rows: list[dict], tasks: int, env_roles: dict[str, str], reply_que
         elif r["service"] == "sns":
             s["alert_requests"] += r["requests"]
             s["alert_billed"] += r["billed"]
+        elif r["service"] == "s3":
+            s["s3_put_requests" if r["op"] in S3_PUT_CLASS else "s3_get_requests"] += r["requests"]
         else:
             s["other_requests"] += r["requests"]
     per = {}
@@ -296,7 +331,10 @@ def summarize(rows: list[dict], tasks: int, env_roles: dict[str, str], reply_que
     inv = sum(s["invocations"].values())
     wcu = sum(s["wcu"].values())
     sqs_billed = s["sqs_billed"] + s["submit_billed"]
-    per["requests"] = (s["sqs_requests"] + s["submit_requests"] + s["ddb_requests"]) / t
+    s3 = s["s3_put_requests"] + s["s3_get_requests"]
+    s3_usd = s["s3_put_requests"] * PRICE["s3_put"] + s["s3_get_requests"] * PRICE["s3_get"]
+    per["requests"] = (s["sqs_requests"] + s["submit_requests"] + s["ddb_requests"] + s3) / t
+    per["s3"] = s3 / t
     per["sqs"] = (s["sqs_requests"] + s["submit_requests"]) / t
     per["submit"] = s["submit_requests"] / t
     per["dynamodb"] = s["ddb_requests"] / t
@@ -306,13 +344,16 @@ def summarize(rows: list[dict], tasks: int, env_roles: dict[str, str], reply_que
     per["wcu"] = wcu / t
     per["wcu_by"] = {k: v / t for k, v in s["wcu"].items()}
     sqs_usd = sqs_billed * PRICE["sqs"] + s["fifo_billed"] * (PRICE["sqs_fifo"] - PRICE["sqs"])
-    per["usd_per_million"] = (sqs_usd + wcu * PRICE["wcu"] + s["rcu"] * PRICE["rcu"] + inv * PRICE["lambda"]) / t
+    per["usd_per_million"] = (
+        sqs_usd + wcu * PRICE["wcu"] + s["rcu"] * PRICE["rcu"] + inv * PRICE["lambda"] + s3_usd
+    ) / t
     per["fifo"] = s["fifo_billed"] / t
     per["usd_parts"] = {
         "sqs": sqs_usd / t,
         "dynamodb_write": wcu * PRICE["wcu"] / t,
         "dynamodb_read": s["rcu"] * PRICE["rcu"] / t,
         "lambda": inv * PRICE["lambda"] / t,
+        "s3": s3_usd / t,
     }
     per["replies"] = s["reply_requests"] / t
     per["replies_usd_per_million"] = s["reply_billed"] * PRICE["sqs"] / t
@@ -338,7 +379,8 @@ def index_names(results: list[dict]) -> list[str]:
 
 def main_table(results: list[dict]) -> str:
     ixs = index_names(results)
-    head = ["workload", "tasks", "requests", "SQS", "(submit)", "DynamoDB", "Lambda inv.", "RCU", "WCU", "WCU table"]
+    head = ["workload", "tasks", "requests", "SQS", "(submit)", "DynamoDB", "S3", "Lambda inv.", "RCU", "WCU",
+            "WCU table"]
     head += [f"WCU {i}" for i in ixs]
     head += ["$/M tasks", "replies", "$/M replies", "alerts", "$/M alerts"]
     rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"
@@ -346,7 +388,8 @@ def main_table(results: list[dict]) -> str:
     for r in results:
         p = r["summary"]["per_task"]
         cells = [r["name"], str(r["tasks"]), fmt(p["requests"]), fmt(p["sqs"]), fmt(p["submit"]), fmt(p["dynamodb"]),
-                 fmt(p["lambda"]), fmt(p["rcu"]), fmt(p["wcu"]), fmt(p["wcu_by"].get("table", 0))]
+                 fmt(p.get("s3", 0)), fmt(p["lambda"]), fmt(p["rcu"]), fmt(p["wcu"]),
+                 fmt(p["wcu_by"].get("table", 0))]
         cells += [fmt(p["wcu_by"].get(i, 0)) for i in ixs]
         cells += [f"{p['usd_per_million']:.2f}", fmt(p["replies"]), f"{p['replies_usd_per_million']:.2f}",
                   fmt(p["alerts"]), f"{p['alerts_usd_per_million']:.2f}"]
@@ -455,6 +498,8 @@ def run_workload(env: Env, a, reply_url: str, reply_queue: str, spec) -> dict:
     drain(env, reply_url)
     run = uuid.uuid4().hex[:6]
     ids = [f"bench-{run}-{i:05d}" for i in range(n)]
+    if name in SETUP:
+        SETUP[name](env)
     env.reset()
     log_start = file_size(a.runner_out)
     t0 = time.time()
@@ -476,8 +521,10 @@ def run_workload(env: Env, a, reply_url: str, reply_queue: str, spec) -> dict:
                     json.dump(live[0], f)
         if terminal == n:
             break
-        if time.time() - t0 > a.timeout:
-            raise RuntimeError(f"{name}: {n - terminal} of {n} tasks not terminal after {a.timeout} s")
+        # a map of 10,000 elements takes longer than the other workloads
+        limit = a.timeout * max(1, ELEMENTS.get(name, 0) // 2000)
+        if time.time() - t0 > limit:
+            raise RuntimeError(f"{name}: {n - terminal} of {n} tasks not terminal after {limit} s")
         if time.time() - last > 10:
             log(f"{name}: {terminal}/{n} terminal after {time.time() - t0:.0f} s")
             last = time.time()
@@ -613,7 +660,7 @@ def print_report(out: dict, env: Env):
 - RCU/WCU: DynamoDB read/write request units, from item sizes (see bench/README.md); WCU split into the
   base table and each global secondary index.
 - $/M tasks = SQS billed requests x $0.40 (x $0.50 on a FIFO queue: the ends queue) + WCU x $0.625 + RCU x
-  $0.125 + invocations x $0.20 (per million);
+  $0.125 + invocations x $0.20 + S3 PUT and LIST x $5 + S3 GET x $0.40 (per million);
   Lambda duration (GB-s) is NOT counted.
 - replies = sends to the caller's reply queue (SQS, $0.40/M); alerts = SNS publishes ($0.50/M); both
   priced separately from the task cost.
@@ -660,14 +707,16 @@ def print_report(out: dict, env: Env):
     if maps:
         p("\n### Per map element or loop iteration\n")
         p(
-            "| workload | elements or iterations | requests/each | WCU/each | RCU/each | $/M each "
-            "| failed conditional writes/element | drained in s |"
+            "| workload | elements or iterations | requests/each | S3/each | Lambda inv./each | WCU/each | RCU/each "
+            "| $/M each | failed conditional writes/element | drained in s |"
         )
-        p("|---|---:|---:|---:|---:|---:|---:|---:|")
+        p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in maps:
             k = ELEMENTS[r["name"]] * r["tasks"]
             per, tot = r["summary"]["per_task"], r["summary"]["totals"]
-            p(f"| {r['name']} | {k} | {fmt(per['requests'] * r['tasks'] / k)} | {fmt(per['wcu'] * r['tasks'] / k)} | "
+            s3 = fmt(per.get("s3", 0) * r["tasks"] / k, 3)
+            p(f"| {r['name']} | {k} | {fmt(per['requests'] * r['tasks'] / k)} | {s3} | "
+              f"{fmt(per['lambda'] * r['tasks'] / k)} | {fmt(per['wcu'] * r['tasks'] / k)} | "
               f"{fmt(per['rcu'] * r['tasks'] / k)} | ${per['usd_per_million'] * r['tasks'] / k:.2f} | "
               f"{fmt(tot['failed_conditions'] / k, 3)} | {r['drain_secs']} |")
         p("- The parent's own steps (charge) and its submission are spread over the elements; a map element "

@@ -322,6 +322,20 @@ class Tables:
             return self.cache[table]
 
 
+def s3_op(method: str, path: str) -> str:
+    """An S3 REST request's action, by its method and query (path-style addressing)."""
+    u = urllib.parse.urlsplit(path)
+    query = urllib.parse.parse_qs(u.query, keep_blank_values=True)
+    has_key = "/" in u.path.lstrip("/")
+    if method == "GET":
+        if not has_key:
+            return "ListObjectsV2" if query.get("list-type") == ["2"] else "ListObjects"
+        return "GetObject"
+    if method == "PUT":
+        return "PutObject" if has_key else "CreateBucket"
+    return {"HEAD": "HeadObject", "DELETE": "DeleteObject", "POST": "PostObject"}.get(method, method)
+
+
 class Proxy:
     def __init__(self, upstream: Upstream, trace: str | None = None):
         self.upstream = upstream
@@ -348,6 +362,8 @@ class Proxy:
             form = urllib.parse.parse_qs(body.decode("utf-8", "replace"))
             params = {k: v[0] for k, v in form.items()}
             op = params.get("Action", "")
+        if not op and service == "s3":
+            op = s3_op(method, path)
         if not op:
             op = f"{method} {urllib.parse.urlsplit(path).path}"
         if service == "dynamodb" and op in DDB_WRITES:
@@ -359,7 +375,7 @@ class Proxy:
         else:
             resp = self.upstream.request(method, path, headers, body)
             try:
-                self._count(service, op, params, body, resp)
+                self._count(service, op, params, body, resp, path)
             except Exception as e:  # noqa: BLE001 - counting must never break the proxied call
                 print(f"cost_proxy: cannot count {service} {op}: {e!r}", file=sys.stderr)
                 self.counters.add(service, op, "?", errors=1)
@@ -464,7 +480,7 @@ class Proxy:
 
     # -- everything else -----------------------------------------------------------------------
 
-    def _count(self, service, op, params, body, resp):
+    def _count(self, service, op, params, body, resp, path="/"):
         status, _, rheaders, rbody = resp
         out_raw = decoded(rheaders, rbody)
         ok = 200 <= status < 300
@@ -488,6 +504,9 @@ class Proxy:
             self.counters.add("sns", op, topic, billed=billed, errors=0 if ok else 1)
         elif service == "dynamodb":
             self._count_ddb_read(op, params, out_raw, ok)
+        elif service == "s3":
+            bucket = urllib.parse.urlsplit(path).path.lstrip("/").split("/", 1)[0] or "-"
+            self.counters.add("s3", op, bucket, billed=1, errors=0 if ok else 1)
         else:
             self.counters.add(service, op, "-", billed=1, errors=0 if ok else 1)
 

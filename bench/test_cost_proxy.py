@@ -9,6 +9,7 @@ from cost_proxy import (
     number_size,
     query_read_units,
     read_units_for,
+    s3_op,
     value_size,
     write_cost,
 )
@@ -170,6 +171,15 @@ class ReadUnits(unittest.TestCase):
         self.assertEqual(query_read_units(items, False), 0.5)
         self.assertEqual(query_read_units(items * 2, True), 2)
         self.assertEqual(query_read_units([], False), 0.5)
+
+
+class S3Actions(unittest.TestCase):
+    def test_an_s3_request_is_named_by_its_method_and_query(self):
+        self.assertEqual(s3_op("GET", "/pages/sas-maps/t1/rows_items/0.json"), "GetObject")
+        self.assertEqual(s3_op("PUT", "/pages/sas-maps/t1/rows_items/0.json"), "PutObject")
+        self.assertEqual(s3_op("GET", "/source?list-type=2&prefix=raw%2F"), "ListObjectsV2")
+        self.assertEqual(s3_op("PUT", "/source"), "CreateBucket")
+        self.assertEqual(s3_op("HEAD", "/source/a.csv"), "HeadObject")
 
 
 if __name__ == "__main__":
