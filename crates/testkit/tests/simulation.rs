@@ -211,10 +211,10 @@ fn a_burst_far_beyond_capacity_drains_with_every_task_processed() {
 /// remote side's timeouts are off like its other faults: at [`Faults::all`]'s 3 in 100 they failed
 /// an element three times running in about one seed of twenty (2 of 12 seeds, 0 of 12 others,
 /// depending only on the order of the random draws).
-#[test]
-fn a_thousand_element_map_ends() {
-    setup();
-    let infrastructure = Faults {
+/// The infrastructure's faults alone (crashes, duplicates of messages and of agent requests, lost
+/// sends, ambiguous writes, a slow call now and then): the services never refuse, hang or time out.
+fn infrastructure_faults() -> Faults {
+    Faults {
         transient: 0.0,
         permanent: 0.0,
         hang: 0.0,
@@ -227,7 +227,13 @@ fn a_thousand_element_map_ends() {
         slow: 0.01,
         agent_duplicate: 0.2,
         ..Faults::all()
-    };
+    }
+}
+
+#[test]
+fn a_thousand_element_map_ends() {
+    setup();
+    let infrastructure = infrastructure_faults();
     let seeds = std::env::var("MAP_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(MAP_SEEDS);
     let runs: Vec<(u64, Faults, bool)> =
         (1..=seeds).map(|seed| (seed, infrastructure.clone(), true)).chain([(5, Faults::all(), false)]).collect();
@@ -295,20 +301,7 @@ fn a_map_over_pages_of_items_ends() {
         .ok()
         .and_then(|v| v.split_once('x').and_then(|(p, k)| Some((p.parse().ok()?, k.parse().ok()?))))
         .unwrap_or((5, 100));
-    let infrastructure = Faults {
-        transient: 0.0,
-        permanent: 0.0,
-        hang: 0.0,
-        remote_timeout: 0.0,
-        effect_no_answer: 0.0,
-        effect_then_retryable: 0.0,
-        late_effect: 0.0,
-        cancel: 0.0,
-        resubmit: 0.0,
-        slow: 0.01,
-        agent_duplicate: 0.2,
-        ..Faults::all()
-    };
+    let infrastructure = infrastructure_faults();
     let cfg = SimConfig {
         burst: 1,
         trickle: 0,

@@ -353,7 +353,7 @@ pub fn pages(items: &[Value], page_bytes: usize) -> Vec<&[Value]> {
     out
 }
 
-/// Whether the IAM-style pattern `pattern` (`*` and `?`) matches `arn`.
+/// Whether one of the IAM-style patterns of `sources` (`*` and `?`) matches `arn`.
 fn allowed(sources: &[String], arn: &str) -> bool {
     sources.iter().any(|p| sas_protocol::messages::glob(p, arn))
 }
