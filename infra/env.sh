@@ -22,6 +22,9 @@ export LOCALSTACK_DIR="$SAS_LOCAL_DIR/localstack"
 export LOCALSTACK_VENV="$LOCALSTACK_DIR/venv"
 export LOCALSTACK_FS="$LOCALSTACK_DIR/fs"
 export LOCALSTACK_LOG="$LOCALSTACK_DIR/localstack.log"
+# LocalStack's temporary files (TMPDIR): the functions' code it unpacks (lambda/), S3 objects over
+# 512 KB, its uploads. Nothing there outlives the process (no persistence): emptied at start and stop.
+export LOCALSTACK_TMP="$LOCALSTACK_DIR/tmp"
 export LOCALSTACK_PIDFILE="$LOCALSTACK_DIR/localstack.pid"
 # The Lambda functions' role credentials (LocalStack's fake ones), kept by the host executor for
 # tests whose endpoint verifies the functions' SigV4 signatures (HOST_LAMBDA_CREDENTIALS_DIR).

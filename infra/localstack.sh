@@ -438,6 +438,8 @@ cmd_start() {
   fi
   rm -f -- "$LOCALSTACK_PIDFILE"
   mkdir -p -- "$LOCALSTACK_FS"
+  clear_tmp
+  mkdir -p -- "$LOCALSTACK_TMP"
   local listen="127.0.0.1:$LOCALSTACK_PORT" extra
   if [ -n "${LOCALSTACK_LISTEN_EXTRA:-}" ]; then
     for extra in ${LOCALSTACK_LISTEN_EXTRA//,/ }; do listen="$listen,$extra:$LOCALSTACK_PORT"; done
@@ -449,6 +451,7 @@ cmd_start() {
     cd "$LOCALSTACK_DIR"
     exec env \
       OVERRIDE_IN_DOCKER=0 \
+      TMPDIR="$LOCALSTACK_TMP" \
       FILESYSTEM_ROOT="$LOCALSTACK_FS" \
       GATEWAY_LISTEN="$listen" \
       LOCALSTACK_HOST="localhost:$LOCALSTACK_PORT" \
@@ -512,6 +515,17 @@ cmd_stop() {
     fi
   done
   rm -f -- "$LOCALSTACK_PIDFILE" "$LOCALSTACK_DIR/localstack.port"
+  clear_tmp
+}
+
+# Empties LocalStack's TMPDIR (the unpacked functions, spooled S3 objects: a Lambda-mode run leaves
+# hundreds of MB when a stack's deletion does not end), saying how much it held.
+clear_tmp() {
+  [ -d "$LOCALSTACK_TMP" ] || return 0
+  local kb
+  kb="$(du -sk -- "$LOCALSTACK_TMP" 2>/dev/null | cut -f1)"
+  rm -rf -- "$LOCALSTACK_TMP"
+  [ "${kb:-0}" -lt 1024 ] || log "removed its temporary files (${LOCALSTACK_TMP#"$SAS_ROOT"/}: $((kb / 1024)) MB)"
 }
 
 cmd_status() {
