@@ -53,7 +53,8 @@ check: ## cargo fmt --check and cargo clippy (workspace lints, pedantic) with wa
 validate: ## sasctl validate on config/ (workflows + agents) with the variables the template gives the Agent function; ARGS=--workflows F --agents F for yours
 	cargo build -q --workspace --bins
 	"$${CARGO_TARGET_DIR:-target}/debug/sasctl" validate --var ORDER_SERVICE_URL=http://order-service.invalid \
-	  --var APPROVAL_TOPIC_ARN=arn:aws:sns:us-east-1:000000000000:sas-approvals $(ARGS)
+	  --var APPROVAL_TOPIC_ARN=arn:aws:sns:us-east-1:000000000000:sas-approvals \
+	  --var DEFAULT_EVENT_BUS_ARN=arn:aws:events:us-east-1:000000000000:event-bus/default $(ARGS)
 
 sim: ## the deterministic simulation of the whole system: SIM_SEEDS seeds (default 2000); SIM_SEED=n replays one
 	SIM_SEEDS=$${SIM_SEEDS:-2000} cargo test --workspace --test simulation -- --nocapture

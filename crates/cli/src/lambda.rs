@@ -442,8 +442,11 @@ pub const FUNCTION_ENVIRONMENT: &[(&str, Option<&str>)] = &[
 
 /// The variables only one function has (what it hands over or publishes to), with the stack
 /// output each must equal.
-pub const OWN_ENVIRONMENT: &[(&str, &str, &str)] =
-    &[("AgentFunction", "CALLBACK_URL", "CallbackUrl"), ("AgentFunction", "APPROVAL_TOPIC_ARN", "ApprovalTopicArn")];
+pub const OWN_ENVIRONMENT: &[(&str, &str, &str)] = &[
+    ("AgentFunction", "CALLBACK_URL", "CallbackUrl"),
+    ("AgentFunction", "APPROVAL_TOPIC_ARN", "ApprovalTopicArn"),
+    ("AgentFunction", "DEFAULT_EVENT_BUS_ARN", "DefaultEventBusArn"),
+];
 
 /// The queues (output keys of their ARNs) whose event source mappings invoke each function.
 const EVENT_SOURCES: &[(&str, &[&str])] = &[

@@ -69,9 +69,10 @@ pub fn shipped_workflows_page() -> String {
          timeout and its attempts, the steps it waits for (`after`; branches side by side), maps, and\n\
          each step's compensation (dashed), which runs in reverse order when the task fails or is\n\
          cancelled. The `sim-*` workflows need no service (the `sim` agent); the `order*` ones call the\n\
-         order service (`ORDER_SERVICE_URL`). This page is generated, and a test fails when it is not\n\
-         the drawing of the shipped file: `SAS_WRITE_DOCS=1 cargo test -p sas-cli --lib shipped_workflows`\n\
-         writes it again.\n",
+         order service (`ORDER_SERVICE_URL`); `order-track` ends with an `aws` step, EventBridge's\n\
+         `PutEvents` on the account's default bus, which the template grants. This page is generated,\n\
+         and a test fails when it is not the drawing of the shipped file:\n\
+         `SAS_WRITE_DOCS=1 cargo test -p sas-cli --lib shipped_workflows` writes it again.\n",
     );
     let mut defs: Vec<_> = all.all().collect();
     defs.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));

@@ -450,13 +450,35 @@ mod tests {
 
     fn deployed(k: &str) -> Option<String> {
         // what the template sets for the Agent function
-        ["ORDER_SERVICE_URL", "APPROVAL_TOPIC_ARN", "CALLBACK_QUEUE_URL", "CALLBACK_URL"].contains(&k).then(|| {
-            if k == "APPROVAL_TOPIC_ARN" {
-                "arn:aws:sns:us-east-1:1:t".into()
-            } else {
-                "https://x".into()
-            }
-        })
+        ["ORDER_SERVICE_URL", "APPROVAL_TOPIC_ARN", "DEFAULT_EVENT_BUS_ARN", "CALLBACK_QUEUE_URL", "CALLBACK_URL"]
+            .contains(&k)
+            .then(|| match k {
+                "APPROVAL_TOPIC_ARN" => "arn:aws:sns:us-east-1:1:t".into(),
+                "DEFAULT_EVENT_BUS_ARN" => "arn:aws:events:us-east-1:1:event-bus/default".into(),
+                _ => "https://x".into(),
+            })
+    }
+
+    #[test]
+    fn an_aws_agent_on_the_stack_s_default_bus_needs_no_parameter_and_another_bus_does() {
+        let wf = r#"{"workflows": [{"name": "w", "version": 1, "steps": [
+            {"name": "a", "agent": "announce", "timeout_ms": 1000}]}]}"#;
+        let ag = r#"{"agents": {"announce": {"kind": "aws", "service": "eventbridge", "action": "putEvents",
+            "resources": ["${DEFAULT_EVENT_BUS_ARN}"]}}}"#;
+        let shipped = check_with_grants(wf, ag, &deployed, &|_| None);
+        assert!(shipped.ok(), "the template grants events:PutEvents on its default bus: {:#?}", shipped.problems);
+        let other = ag.replace("${DEFAULT_EVENT_BUS_ARN}", "arn:aws:events:us-east-1:1:event-bus/billing");
+        let r = check_with_grants(wf, &other, &deployed, &|_| None);
+        assert!(
+            r.problems.iter().any(|p| p.contains("events:PutEvents") && p.contains("AgentAwsActions"))
+                && r.problems.iter().any(|p| p.contains("event-bus/billing") && p.contains("AgentAwsResources")),
+            "{:#?}",
+            r.problems
+        );
+        // another action on the default bus is not what the template grants on it
+        let list = ag.replace("putEvents", "listRules");
+        let r = check_with_grants(wf, &list, &deployed, &|_| None);
+        assert!(r.problems.iter().any(|p| p.contains("events:ListRules")), "{:#?}", r.problems);
     }
 
     #[test]

@@ -613,19 +613,26 @@ fn summary(e: &Ends<'_>) -> (String, bool) {
     }
     let tracked: Vec<&Order> = e.orders.iter().filter(|o| o.workflow == "order-track").collect();
     if !tracked.is_empty() {
-        let _ = writeln!(out, "\n  a loop (order-track), the shipment tracked once a second until delivered:");
+        let _ = writeln!(
+            out,
+            "\n  a loop (order-track), tracked once a second until delivered, then announced by an aws step:"
+        );
         for o in tracked {
             let Some(t) = e.tasks.get(&o.id) else { continue };
-            let track = t.steps.iter().find(|s| s.name == "track").and_then(|s| s.output.clone()).unwrap_or_default();
+            let output = |name: &str| t.steps.iter().find(|s| s.name == name).and_then(|s| s.output.clone());
+            let track = output("track").unwrap_or_default();
+            let announce = output("announce").unwrap_or_default();
             let delivered = track["status"] == "delivered";
-            ok &= delivered;
+            let announced = announce["event_id"].is_string() && announce["failed"] == 0;
+            ok &= delivered && announced;
             let _ = writeln!(
                 out,
-                "    {} {:<26} {} at check {}",
-                if delivered { "ok  " } else { "FAIL" },
+                "    {} {:<26} {} at check {}, event {}",
+                if delivered && announced { "ok  " } else { "FAIL" },
                 o.id,
                 track["status"].as_str().unwrap_or("-"),
-                track["checks"]
+                track["checks"],
+                announce["event_id"].as_str().unwrap_or("not put")
             );
         }
     }
@@ -947,6 +954,8 @@ mod tests {
             if o.workflow == "order-track" {
                 let track = t.steps.iter_mut().find(|s| s.name == "track").expect("order-track's loop");
                 track.output = Some(json!({"status": "delivered", "checks": 3}));
+                let announce = t.steps.iter_mut().find(|s| s.name == "announce").expect("order-track's announce");
+                announce.output = Some(json!({"event_id": "5f0e7a52-8c1d-4b8e-9d3a-2b6c71e0f4a9", "failed": 0}));
             }
             if o.id.ends_with("-ship-late") {
                 t.late.count = 1;

@@ -1249,6 +1249,37 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
         .await
         .expect("the CSV");
     std::fs::write(config.join("agents.json"), agents.to_string()).unwrap();
+    // The shipped order-track, as shipped: the order service's agents, then its announce step, an
+    // aws agent putting OrderDelivered on the default bus (the template's own grant); a rule of the
+    // test's routes that order's event to a queue.
+    let (order_service, _svc) = sas_order_service::spawn_local().await.expect("the order service");
+    let events = aws_sdk_eventbridge::Client::new(&sdk);
+    let sqs = aws_sdk_sqs::Client::new(&sdk);
+    let delivered = sqs.create_queue().queue_name(format!("{items}-delivered")).send().await.expect("CreateQueue");
+    let delivered = delivered.queue_url().expect("its URL").to_owned();
+    let delivered_arn = sqs
+        .get_queue_attributes()
+        .queue_url(&delivered)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .expect("GetQueueAttributes")
+        .attributes()
+        .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::QueueArn).cloned())
+        .expect("its ARN");
+    let track_id = format!("{items}-track");
+    events
+        .put_rule()
+        .name(&items)
+        .event_pattern(
+            json!({"source": ["sas.orders"], "detail-type": ["OrderDelivered"], "detail": {"order": [track_id]}})
+                .to_string(),
+        )
+        .send()
+        .await
+        .expect("PutRule");
+    let target = aws_sdk_eventbridge::types::Target::builder().id("q").arn(&delivered_arn).build().unwrap();
+    events.put_targets().rule(&items).targets(target).send().await.expect("PutTargets");
     let f = lambda_stack_with(
         "iam",
         &config,
@@ -1266,6 +1297,7 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
             ("ReplyQueueArnPattern", "arn:aws:sqs:*:*:l-iam-*-replies*"),
             ("AgentAwsActions", "dynamodb:PutItem,s3:PutObject,s3:GetObject,sns:Publish"),
             ("AgentAwsResources", &format!("{items_arn},{objects_arn},{topic_arn}")),
+            ("OrderServiceUrl", &order_service),
         ],
     )
     .await;
@@ -1325,6 +1357,9 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     // a step that writes an item with the aws agent
     let put =
         json!({"v": 1, "task_id": "aws-put", "workflow": "aws-put", "input": {"note": "written by the aws agent"}});
+    // the shipped order-track: shipped, tracked until delivered, announced
+    let track = json!({"v": 1, "task_id": track_id, "workflow": "order-track",
+                       "input": {"items": [{"sku": "book", "qty": 1}]}});
     for body in [
         &hung,
         &flaky,
@@ -1340,6 +1375,7 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
         &cb_map,
         &put,
         &rows,
+        &track,
     ]
     .into_iter()
     .chain(&serial)
@@ -1438,6 +1474,21 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let rows: Vec<Value> = pages.as_array().cloned().unwrap_or_default();
     let rows: Vec<Value> = rows.iter().flat_map(|page| page.as_array().cloned().unwrap_or_default()).collect();
     assert_eq!(rows.len(), 3, "one output per row: {pages}");
+    // the shipped announce step put the order's OrderDelivered event on the default bus: the
+    // rule routed it, its detail as the step's parameters made it, its id the task's result
+    // (its steps' 5 s deadlines may pass on a loaded machine, while the hung tasks hold the
+    // agents: a retry then, so its failure count is not asserted)
+    let t = f.s.wait_for(&track_id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
+    assert_eq!(t.process_state, ProcessState::Processed, "{track_id}: {:?}", t.history);
+    let result = t.result().unwrap_or_default();
+    let routed = f.s.drain(&delivered, 1, Duration::from_mins(1)).await;
+    let event: Value = routed.first().and_then(|m| serde_json::from_str(m.body()?).ok()).unwrap_or_default();
+    assert_eq!(
+        (&event["detail"]["order"], &event["detail"]["checks"], &event["detail"]["shipment_id"]),
+        (&json!(track_id), &result["checks"], &result["shipment_id"]),
+        "the event routed by the rule: {routed:?}; the task's result: {result}"
+    );
+    assert_eq!(event["id"], result["event_id"], "the event's id is the result's event_id: {result}");
     let held = f.s.deps.limiter.leases("sim.serial").await.unwrap();
     assert!(held.is_empty(), "every lease of sim.serial was given back: {held:?}");
     for (dlq, want) in [
@@ -1486,6 +1537,9 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     f.delete().await;
     let _ = ddb.delete_table().table_name(&items).send().await;
     let _ = sns.delete_topic().topic_arn(&topic_arn).send().await;
+    let _ = events.remove_targets().rule(&items).ids("q").send().await;
+    let _ = events.delete_rule().name(&items).send().await;
+    let _ = sqs.delete_queue().queue_url(&delivered).send().await;
     assert!(unused.is_empty(), "grants no call used (drop them, or reach the path that needs them): {unused:#?}");
 }
 

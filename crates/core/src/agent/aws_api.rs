@@ -53,6 +53,10 @@ pub use sas_protocol::service_models::{
 pub const RESOURCES_PARAMETER: &str = "AgentAwsResources";
 /// The template parameter listing the actions (`dynamodb:PutItem`) the `aws` agents call.
 pub const ACTIONS_PARAMETER: &str = "AgentAwsActions";
+/// The actions the template grants the Agent function on a resource of its own, named by one of
+/// its variables: a call of that action on that very resource needs neither parameter (the shipped
+/// `orders.announce` puts its events on the account's default bus).
+pub const STACK_GRANTS: &[(&str, &str)] = &[("DEFAULT_EVENT_BUS_ARN", "events:PutEvents")];
 
 /// `{"kind": "aws", "service": "...", "action": "...", "resources": [...]}`.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
@@ -130,8 +134,12 @@ impl AgentKind for AwsKind {
         self.resources
             .iter()
             .map(|r| {
-                Grant::new(Cow::Owned(op.iam_action.clone()), r.clone(), RESOURCES_PARAMETER)
-                    .with_action_parameter(ACTIONS_PARAMETER)
+                let g = Grant::new(Cow::Owned(op.iam_action.clone()), r.clone(), RESOURCES_PARAMETER)
+                    .with_action_parameter(ACTIONS_PARAMETER);
+                match STACK_GRANTS.iter().find(|(_, action)| action.eq_ignore_ascii_case(&op.iam_action)) {
+                    Some((variable, _)) => g.or_stack(variable),
+                    None => g,
+                }
             })
             .collect()
     }

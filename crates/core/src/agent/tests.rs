@@ -348,8 +348,12 @@ fn configuration_expands_variables_and_flags_missing_ones() {
     assert_eq!(expand("${MISSING}/x", &|_| None), Err("MISSING".to_owned()));
     let vars = |k: &str| {
         Some(
-            if k == "APPROVAL_TOPIC_ARN" { "arn:aws:sns:us-east-1:000000000000:a" } else { "http://127.0.0.1:9" }
-                .into(),
+            match k {
+                "APPROVAL_TOPIC_ARN" => "arn:aws:sns:us-east-1:000000000000:a",
+                "DEFAULT_EVENT_BUS_ARN" => "arn:aws:events:us-east-1:000000000000:event-bus/default",
+                _ => "http://127.0.0.1:9",
+            }
+            .into(),
         )
     };
     let rt = AgentRuntime::from_config(BUILT_IN_AGENTS, &vars).unwrap();
@@ -361,6 +365,7 @@ fn configuration_expands_variables_and_flags_missing_ones() {
         "payment.refund",
         "shipping.ship",
         "approval",
+        "orders.announce",
     ] {
         assert!(rt.knows(a), "{a}");
     }
