@@ -6,7 +6,8 @@
 //! ambiguous writes ([`MemoryStore::ambiguous_next`]): a conditional write that applies and still
 //! reports a failure, as DynamoDB does when the SDK retries a request whose first try landed.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
@@ -70,6 +71,31 @@ struct Inner {
     calls: BTreeMap<&'static str, u64>,
     /// The agents' leases (see [`crate::limit`]): agent, then holder to lease end.
     leases: BTreeMap<String, BTreeMap<String, Millis>>,
+    /// The writes in order: each task under the number of its last write (see
+    /// [`MemoryStore::written_since`]), and that number by task.
+    written: BTreeMap<u64, TaskId>,
+    last_write: BTreeMap<TaskId, u64>,
+    writes: u64,
+    /// The deadline index (`ByCompleteBy`): shard, CompleteBy, task, for the tasks in flight.
+    deadlines: BTreeSet<(u32, Millis, String)>,
+}
+
+impl Inner {
+    /// Store `task` (as written), numbering the write and keeping its deadline index entry.
+    fn put(&mut self, task: Task, shards: u32) {
+        if let Some((shard, cb)) = self.tasks.get(&task.task_id).and_then(|old| index_key(old, shards)) {
+            self.deadlines.remove(&(shard, cb, task.task_id.to_string()));
+        }
+        if let Some((shard, cb)) = index_key(&task, shards) {
+            self.deadlines.insert((shard, cb, task.task_id.to_string()));
+        }
+        self.writes += 1;
+        if let Some(before) = self.last_write.insert(task.task_id.clone(), self.writes) {
+            self.written.remove(&before);
+        }
+        self.written.insert(self.writes, task.task_id.clone());
+        self.tasks.insert(task.task_id.clone(), task);
+    }
 }
 
 /// The in-memory implementation of [`StateStore`]. Clones share the same tasks.
@@ -161,9 +187,28 @@ impl MemoryStore {
         self.lock().tasks.values().cloned().collect()
     }
 
+    /// One task as stored now (no request counted, no failure injected: the simulator's look).
+    pub fn task(&self, task_id: &TaskId) -> Option<Task> {
+        self.lock().tasks.get(task_id).cloned()
+    }
+
+    /// `f` of one task as stored now, without a copy (as [`Self::task`]).
+    pub fn peek<R>(&self, task_id: &TaskId, f: impl FnOnce(&Task) -> R) -> Option<R> {
+        self.lock().tasks.get(task_id).map(f)
+    }
+
+    /// The tasks written after the write numbered `mark` (0: every task), in the order of their
+    /// last write, and the number of the last write: what a look that keeps its own state reads
+    /// at each instant instead of every task (the simulator's invariants, over 100,000 tasks).
+    pub fn written_since(&self, mark: u64) -> (Vec<Task>, u64) {
+        let inner = self.lock();
+        let tasks = inner.written.range(mark + 1..).filter_map(|(_, id)| inner.tasks.get(id).cloned()).collect();
+        (tasks, inner.writes)
+    }
+
     /// Put a task as is, bypassing every condition (to set up a test).
     pub fn put_unchecked(&self, task: Task) {
-        self.lock().tasks.insert(task.task_id.clone(), task);
+        self.lock().put(task, self.shards);
     }
 
     /// How many requests of `op` were served (`"create"`, `"get"`, `"save"`, `"expired"`, `"list"`).
@@ -194,7 +239,7 @@ impl MemoryStore {
         if inner.tasks.contains_key(&task.task_id) {
             return Err(StoreError::AlreadyExists);
         }
-        inner.tasks.insert(task.task_id.clone(), stored);
+        inner.put(stored, self.shards);
         Self::after_applied(&mut inner, StoreOp::Create, task)
     }
 
@@ -212,7 +257,7 @@ impl MemoryStore {
                 for h in super::trimmed_history(task, read) {
                     inner.history.insert((task.task_id.clone(), h.seq), h.clone());
                 }
-                inner.tasks.insert(task.task_id.clone(), stored);
+                inner.put(stored, self.shards);
                 Self::after_applied(&mut inner, StoreOp::Save, task)
             }
         }
@@ -220,20 +265,22 @@ impl MemoryStore {
 
     fn expired_now(&self, shard: u32, now: Millis, limit: usize, start: Option<&PageKey>) -> Result<Page, StoreError> {
         let inner = self.begin(StoreOp::Expired, "expired")?;
-        let mut entries: Vec<PageKey> = inner
-            .tasks
-            .values()
-            .filter_map(|t| index_key(t, self.shards).map(|(s, cb)| (s, cb, t)))
-            .filter(|(s, cb, _)| *s == shard && *cb <= now)
-            .map(|(_, cb, t)| PageKey { task_id: t.task_id.clone(), complete_by: cb })
-            .collect();
-        entries.sort_by(|a, b| (a.complete_by, &a.task_id).cmp(&(b.complete_by, &b.task_id)));
-        let after = |e: &PageKey| match start {
-            None => true,
-            Some(k) => (e.complete_by, &e.task_id) > (k.complete_by, &k.task_id),
+        // the index read in its order, (CompleteBy, task), from after the page's start key
+        let from = match start {
+            None => Bound::Included((shard, Millis(0), String::new())),
+            Some(k) => Bound::Excluded((shard, k.complete_by, k.task_id.to_string())),
         };
         let limit = limit.max(1);
-        let keys: Vec<PageKey> = entries.into_iter().filter(after).take(limit).collect();
+        let keys: Vec<PageKey> = inner
+            .deadlines
+            .range((from, Bound::Unbounded))
+            .take_while(|(s, cb, _)| *s == shard && *cb <= now)
+            .take(limit)
+            .map(|(_, cb, id)| PageKey {
+                task_id: TaskId::try_from(id.as_str()).expect("an indexed task's id is valid"),
+                complete_by: *cb,
+            })
+            .collect();
         // As DynamoDB does: a full page carries a key, even when nothing follows it.
         let next = if keys.len() == limit { keys.last().cloned() } else { None };
         Ok(Page { keys, next, unreadable: Vec::new() })
@@ -481,6 +528,72 @@ mod tests {
         let mut fourth = third.clone();
         fourth.rev += 1;
         s.save(&fourth, &third).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_deadline_index_pages_as_a_scan_of_every_task_would_and_follows_each_write() {
+        let s = MemoryStore::new(2);
+        let mut all = Vec::new();
+        for i in 0..40u64 {
+            let t = task(&format!("t{i:02}"), 1_000 * (i % 7));
+            s.create(&t).await.unwrap();
+            all.push(t);
+        }
+        // some end (out of the index), some move their deadline (their entry moves)
+        for (i, t) in all.iter_mut().enumerate() {
+            let mut next = t.clone();
+            next.rev += 1;
+            match i % 4 {
+                0 => next.process_state = ProcessState::Processed,
+                1 => next.complete_by = next.complete_by.map(|c| c.plus_ms(50_000)),
+                _ => continue,
+            }
+            s.save(&next, t).await.unwrap();
+            *t = next;
+        }
+        let now = Millis(all.iter().filter_map(|t| t.complete_by).map(|c| c.0).min().unwrap() + 40_000);
+        for shard in 0..2 {
+            let mut want: Vec<PageKey> = all
+                .iter()
+                .filter_map(|t| index_key(t, 2).map(|(sh, cb)| (sh, cb, t)))
+                .filter(|(sh, cb, _)| *sh == shard && *cb <= now)
+                .map(|(_, cb, t)| PageKey { task_id: t.task_id.clone(), complete_by: cb })
+                .collect();
+            want.sort_by(|a, b| (a.complete_by, &a.task_id).cmp(&(b.complete_by, &b.task_id)));
+            assert!(want.len() > 3, "a few pages in shard {shard}: {}", want.len());
+            let (mut got, mut start) = (Vec::new(), None);
+            loop {
+                let page = s.expired(shard, now, 3, start).await.unwrap();
+                got.extend(page.keys);
+                match page.next {
+                    Some(k) => start = Some(k),
+                    None => break,
+                }
+            }
+            assert_eq!(got, want, "shard {shard}");
+        }
+    }
+
+    #[tokio::test]
+    async fn written_since_gives_each_task_written_after_the_mark_once_as_it_is_now() {
+        let s = MemoryStore::new(1);
+        let (a, b) = (task("a", 0), task("b", 0));
+        s.create(&a).await.unwrap();
+        let (first, mark) = s.written_since(0);
+        assert_eq!(first, vec![a.clone()]);
+        s.create(&b).await.unwrap();
+        let mut a2 = a.clone();
+        a2.rev += 1;
+        s.save(&a2, &a).await.unwrap();
+        let mut b2 = b.clone();
+        b2.rev += 1;
+        s.save(&b2, &b).await.unwrap();
+        let (next, end) = s.written_since(mark);
+        assert_eq!(next, vec![a2.clone(), b2.clone()], "in the order of their last write, each once");
+        assert_eq!(s.written_since(end).0, Vec::<Task>::new(), "nothing since");
+        assert_eq!(s.task(&a2.task_id), Some(a2.clone()));
+        assert_eq!(s.peek(&b2.task_id, |t| t.rev), Some(b2.rev));
+        assert_eq!(s.calls("get"), 0, "the looks are not requests");
     }
 
     #[tokio::test]

@@ -104,11 +104,24 @@ impl Sim {
     }
 
     /// Nothing left to happen: every task terminal, no message, no pending action.
-    pub(super) fn quiet(&self) -> bool {
+    pub(super) fn quiet(&mut self) -> bool {
+        let (written, mark) = self.store.written_since(self.quiet_mark);
+        self.quiet_mark = mark;
+        for t in written {
+            let id = t.task_id.to_string();
+            if !t.task_id.is_child() {
+                self.roots.insert(id.clone());
+            }
+            if t.process_state.is_terminal() {
+                self.live.remove(&id);
+            } else {
+                self.live.insert(id);
+            }
+        }
         self.actions.is_empty()
             && self.queues().iter().all(|q| self.bus.depth(q) == 0)
-            && self.store.tasks().iter().filter(|t| !t.task_id.is_child()).count() == self.report.tasks
-            && self.store.tasks().iter().all(|t| t.process_state.is_terminal())
+            && self.roots.len() == self.report.tasks
+            && self.live.is_empty()
     }
 
     pub(super) fn next_time(&self, sweep: Millis, operators: Millis) -> Millis {
@@ -201,10 +214,12 @@ impl Sim {
 
     /// Operators resubmit what is parked in Error, sometimes, and sometimes cancel it instead.
     pub(super) fn operators(&mut self) {
+        // the tasks the last look saw in Error (every write is looked at before an operator round)
         let parked: Vec<(TaskId, u32)> = self
-            .store
-            .tasks()
-            .into_iter()
+            .in_error
+            .iter()
+            .filter_map(|id| TaskId::try_from(id.as_str()).ok())
+            .filter_map(|id| self.store.task(&id))
             .filter(|t| t.process_state == ProcessState::Error)
             .map(|t| (t.task_id, t.run))
             .collect();
@@ -428,7 +443,7 @@ impl Sim {
                 continue;
             }
             let Ok(id) = TaskId::try_from(task_id.as_str()) else { continue };
-            let Some(t) = self.store.tasks().into_iter().find(|t| t.task_id == id) else { continue };
+            let Some(t) = self.store.task(&id) else { continue };
             let still_running = !t.process_state.is_terminal()
                 && !t.is_compensating()
                 && t.run == claim.run

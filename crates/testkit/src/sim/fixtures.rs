@@ -217,11 +217,13 @@ pub fn workflows() -> WorkflowRegistry {
             kind: StepKind::Workflow(ChildWorkflow { workflow: "order-page".into(), version: 1, child: None }),
             timeout_ms: 0,
             max_attempts: 1,
+            // two pages at once, two items at once in each: 100,000 items take about six days
+            // of virtual time, more than a map's default day
             map: Some(MapSpec {
                 items: "/outputs/read/pages".into(),
                 max_concurrency: MAP_CONCURRENCY,
                 tolerated_failures: Tolerance::None,
-                timeout_ms: None,
+                timeout_ms: Some(14 * 24 * 3_600_000),
             }),
             parameters: Some(template(serde_json::json!({"page.$": "$.input.item", "per_page.$": "$.input.per_page"}))),
             ..step("pages", None)

@@ -328,6 +328,18 @@ struct Sim {
     /// (a worker's retry after an error, a duplicate) makes the desk send again what the ending
     /// write owed, its terminal status among it, so each one allows one more status.
     repeated_answers: BTreeMap<String, usize>,
+    /// The last write of the store each look has read (`observe`, `quiet`): each instant reads
+    /// the tasks written since, not every task (100,000 elements would make a run quadratic).
+    observed: u64,
+    quiet_mark: u64,
+    /// Map elements running now (see `observe_maps`), how many per parent, and the loops'
+    /// iterations running now (`{parent}#{step}` to the iterations' ids).
+    map_running: BTreeSet<String>,
+    running_by_parent: BTreeMap<String, u32>,
+    iterating: BTreeMap<String, BTreeSet<String>>,
+    /// The tasks not terminal now, and the submitted ones (not children) seen, for `quiet`.
+    live: BTreeSet<String>,
+    roots: BTreeSet<String>,
 }
 
 /// Run one seed.
@@ -399,6 +411,13 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         undoing: BTreeSet::new(),
         joined: BTreeSet::new(),
         joins: BTreeMap::new(),
+        observed: 0,
+        quiet_mark: 0,
+        map_running: BTreeSet::new(),
+        running_by_parent: BTreeMap::new(),
+        iterating: BTreeMap::new(),
+        live: BTreeSet::new(),
+        roots: BTreeSet::new(),
     };
     sim.go();
     sim.report

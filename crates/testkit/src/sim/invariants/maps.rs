@@ -2,7 +2,7 @@
 //! task compensates, each join made once) and parallel regions, watched while they run and checked
 //! at the end.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use sas_protocol::ids::{Millis, TaskId};
 use sas_protocol::protocol::{ProcessState, StepStatus};
@@ -11,16 +11,41 @@ use crate::sim::{Sim, MAP_CONCURRENCY};
 
 impl Sim {
     /// Map elements running at once, per parent (not counting the undo of one that succeeded),
-    /// and each map step's joins.
-    pub(super) fn observe_maps(&mut self, tasks: &[sas_protocol::protocol::Task]) {
-        let mut running: BTreeMap<String, u32> = BTreeMap::new();
-        for t in tasks {
-            if let Some((parent, _, _)) = t.task_id.parent_of() {
+    /// the loops' iterations running at once, and each map step's joins: kept up to date with
+    /// the tasks written since the last look (`changed`), the parents and loops they touch checked.
+    pub(super) fn observe_maps(&mut self, changed: &[sas_protocol::protocol::Task]) {
+        let mut parents: BTreeSet<String> = BTreeSet::new();
+        let mut loops: BTreeSet<String> = BTreeSet::new();
+        for t in changed {
+            let id = t.task_id.to_string();
+            if let Some((parent, step, _)) = t.task_id.parent_of() {
+                let parent = parent.to_string();
                 // an element that succeeded and is undone runs again, but not as the map's work
                 let undo = t.steps.first().is_some_and(|s| s.status == StepStatus::Succeeded);
                 // a region's branches (which carry their upstream outputs) are not map elements
-                if !t.process_state.is_terminal() && !undo && t.upstream.is_none() && !t.called {
-                    *running.entry(parent.to_string()).or_default() += 1;
+                let running = !t.process_state.is_terminal() && !undo && t.upstream.is_none() && !t.called;
+                if running && self.map_running.insert(id.clone()) {
+                    *self.running_by_parent.entry(parent.clone()).or_default() += 1;
+                    parents.insert(parent.clone());
+                } else if !running && self.map_running.remove(&id) {
+                    if let Some(n) = self.running_by_parent.get_mut(&parent) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.running_by_parent.remove(&parent);
+                        }
+                    }
+                }
+                // `loop-sequential`: a loop's iterations run one after the other (their undos too)
+                let key = format!("{parent}#{step}");
+                if t.iteration.is_some() && !t.process_state.is_terminal() {
+                    if self.iterating.entry(key.clone()).or_default().insert(id.clone()) {
+                        loops.insert(key);
+                    }
+                } else if let Some(ids) = self.iterating.get_mut(&key) {
+                    ids.remove(&id);
+                    if ids.is_empty() {
+                        self.iterating.remove(&key);
+                    }
                 }
             }
             for (i, s) in t.steps.iter().enumerate() {
@@ -33,17 +58,13 @@ impl Sim {
                 }
             }
         }
-        // `loop-sequential`: a loop's iterations run one after the other (their undos too)
-        let mut iterating: BTreeMap<String, Vec<&str>> = BTreeMap::new();
-        for t in tasks.iter().filter(|t| t.iteration.is_some() && !t.process_state.is_terminal()) {
-            if let Some((parent, step, _)) = t.task_id.parent_of() {
-                iterating.entry(format!("{parent}#{step}")).or_default().push(t.task_id.as_str());
+        for key in loops {
+            if let Some(ids) = self.iterating.get(&key).filter(|ids| ids.len() > 1) {
+                self.report.violations.push(format!("loop-sequential: {key}: iterations {ids:?} run at once"));
             }
         }
-        for (key, ids) in iterating.into_iter().filter(|(_, ids)| ids.len() > 1) {
-            self.report.violations.push(format!("loop-sequential: {key}: iterations {ids:?} run at once"));
-        }
-        for (parent, n) in running {
+        for parent in parents {
+            let n = self.running_by_parent.get(&parent).copied().unwrap_or(0);
             self.report.elements_max = self.report.elements_max.max(n);
             if n > MAP_CONCURRENCY {
                 self.report.violations.push(format!(
@@ -87,7 +108,13 @@ impl Sim {
                             .iter()
                             .filter(|e| e.is_some_and(|c| c.process_state == ProcessState::Processed))
                             .count();
-                        let out = s.output.as_ref().and_then(|o| o.as_array()).map_or(0, Vec::len);
+                        // over MAX_JOIN_BYTES the output says how many elements' outputs
+                        // it points to (their tasks) instead of holding them
+                        let out = match s.output.as_ref() {
+                            Some(serde_json::Value::Array(a)) => a.len(),
+                            Some(o) => o["elements"].as_u64().map_or(0, |n| usize::try_from(n).unwrap_or(0)),
+                            None => 0,
+                        };
                         if ok != p.n as usize || out != p.n as usize {
                             v.push(format!(
                                 "element-lost: {key}: Processed with {ok} of {} elements Processed and {out} outputs",
@@ -185,27 +212,48 @@ impl Sim {
     /// or its task is compensating or cancelling it). A task in `Error` is in an operator's hands,
     /// and so is its child in `Error`: an operator may cancel the child on its own (its compensation
     /// resumes while the parent stays parked).
-    pub(super) fn observe_children(&mut self, tasks: &[sas_protocol::protocol::Task]) {
-        let by_id: BTreeMap<&str, &sas_protocol::protocol::Task> =
-            tasks.iter().map(|t| (t.task_id.as_str(), t)).collect();
-        for t in tasks {
-            for (i, s) in t.steps.iter().enumerate().filter(|(i, _)| t.workflow.steps[*i].kind.starts_a_workflow()) {
+    pub(super) fn observe_children(&mut self, changed: &[sas_protocol::protocol::Task]) {
+        let ids: BTreeSet<&str> = changed.iter().map(|t| t.task_id.as_str()).collect();
+        for t in changed {
+            // as a parent: each ended workflow step's children
+            for (i, s) in t.steps.iter().enumerate() {
+                if !t.workflow.steps[i].kind.starts_a_workflow() || !step_ended(t, s) {
+                    continue;
+                }
                 // a map of a workflow step has a child per element
                 let n = s.map.as_ref().map_or(1, |p| p.n);
                 for e in 0..n {
-                    let Some(c) = by_id.get(TaskId::child(&t.task_id, i, e).as_str()) else { continue };
-                    let ended = matches!(s.status, StepStatus::Succeeded | StepStatus::Failed)
-                        && !t.is_compensating()
-                        && t.process_state != ProcessState::Error;
-                    if ended && !c.process_state.is_terminal() {
-                        self.report.violations.push(format!(
-                            "child-ended: {}: step {} is {:?} while its child {} is {}",
-                            t.task_id, s.name, s.status, c.task_id, c.process_state
-                        ));
+                    let child = TaskId::child(&t.task_id, i, e);
+                    let Some(state) = self.store.peek(&child, |c| c.process_state) else { continue };
+                    if !state.is_terminal() {
+                        self.child_ended(t, s, &child, state);
                     }
                 }
             }
+            // as a child whose parent did not change: its parent's step
+            let Some((parent, i, _)) = t.task_id.parent_of() else { continue };
+            if t.process_state.is_terminal() || ids.contains(parent.as_str()) {
+                continue;
+            }
+            let Some(p) = self.store.task(&parent) else { continue };
+            let Some(s) = p.steps.get(i) else { continue };
+            if p.workflow.steps[i].kind.starts_a_workflow() && step_ended(&p, s) {
+                self.child_ended(&p, s, &t.task_id, t.process_state);
+            }
         }
+    }
+
+    fn child_ended(
+        &mut self,
+        t: &sas_protocol::protocol::Task,
+        s: &sas_protocol::protocol::StepRecord,
+        child: &TaskId,
+        state: ProcessState,
+    ) {
+        self.report.violations.push(format!(
+            "child-ended: {}: step {} is {:?} while its child {child} is {state}",
+            t.task_id, s.name, s.status
+        ));
     }
 
     /// A parallel region's branches: a Processed task has every branch Processed and every step
@@ -318,4 +366,12 @@ fn check_child(
         }
         _ => {}
     }
+}
+
+/// A workflow step that has ended as its task sees it: succeeded or failed, its task neither
+/// compensating nor in `Error` (an operator's hands).
+fn step_ended(t: &sas_protocol::protocol::Task, s: &sas_protocol::protocol::StepRecord) -> bool {
+    matches!(s.status, StepStatus::Succeeded | StepStatus::Failed)
+        && !t.is_compensating()
+        && t.process_state != ProcessState::Error
 }

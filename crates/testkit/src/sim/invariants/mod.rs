@@ -40,9 +40,16 @@ mod replies;
 
 impl Sim {
     /// Record the states seen, and any terminal state left.
+    ///
+    /// Reads the tasks written since the last look only (in the order of their ids, as a look at
+    /// every task would take them): what it records is each task's own, or kept up to date with
+    /// each change (the elements running per map, the loops' iterations), so a task left as it was
+    /// has nothing new to say, and an invariant broken is reported when a task involved changes.
     pub(super) fn observe(&mut self) {
         let now = self.now();
-        let tasks = self.store.tasks();
+        let (mut tasks, mark) = self.store.written_since(self.observed);
+        self.observed = mark;
+        tasks.sort_by(|a, b| a.task_id.cmp(&b.task_id));
         self.observe_maps(&tasks);
         self.observe_children(&tasks);
         for t in tasks {
