@@ -17,6 +17,8 @@ fn validate(workflows: &Value) -> (bool, String) {
             "ORDER_SERVICE_URL=http://orders",
             "--var",
             "APPROVAL_TOPIC_ARN=arn:aws:sns:us-east-1:000000000000:a",
+            "--var",
+            "DEFAULT_EVENT_BUS_ARN=arn:aws:events:us-east-1:000000000000:event-bus/default",
             "--workflows",
         ])
         .arg(&file)
