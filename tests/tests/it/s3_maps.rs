@@ -6,11 +6,17 @@
 //! a page, and the pages and results are where the task says.
 //!
 //! `SAS_IT_S3_ITEMS` sets how many rows (default 200); the book's 10,000 were run with it.
+//!
+//! The objects under a prefix, the other source, are read by the agent itself: more than one page
+//! of S3's listing, each object once as Step Functions gives a listed object.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
+use sas_protocol::ids::{Millis, TaskId};
+use sas_protocol::messages::{AgentRequest, Outcome};
 use sas_protocol::protocol::ProcessState;
 use sas_protocol::workflow::WorkflowRegistry;
 use serde_json::{json, Value};
@@ -128,4 +134,79 @@ async fn a_map_over_a_csv_in_s3_runs_every_row_once_a_page_at_a_time() {
     }
     runner.shutdown().await;
     s.delete().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_objects_under_a_prefix_are_read_page_by_page_of_the_listing_each_once() {
+    assert!(std::env::var("AWS_ENDPOINT_URL").is_ok(), "set AWS_ENDPOINT_URL (LocalStack: `source infra/env.sh`)");
+    let sdk = sas_core::aws::load_sdk_config().await;
+    let s3 = s3(&sdk);
+    let run = uuid::Uuid::new_v4().simple().to_string()[..8].to_owned();
+    let (source, work) = ("sas-it-prefix-in", "sas-it-items-work");
+    bucket(&s3, source).await;
+    bucket(&s3, work).await;
+    // S3 lists 1,000 keys a page: 1,005 objects take two, each of i % 10 bytes
+    let n = 1_005usize;
+    let prefix = format!("raw-{run}/");
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let (s3, key) = (s3.clone(), format!("{prefix}{i:04}.txt"));
+            async move {
+                s3.put_object()
+                    .bucket(source)
+                    .key(&key)
+                    .body(vec![b'x'; i % 10].into())
+                    .send()
+                    .await
+                    .expect("an object")
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    // beside the prefix: not listed
+    s3.put_object()
+        .bucket(source)
+        .key(format!("raw-{run}-other/a.txt"))
+        .body(b"y".to_vec().into())
+        .send()
+        .await
+        .expect("an object beside");
+    let agents = json!({"agents": {"objects": {"kind": "s3_items", "work_bucket": work,
+        "sources": [format!("arn:aws:s3:::{source}"), format!("arn:aws:s3:::{source}/*")]}}});
+    let rt = AgentRuntime::from_config_with(&agents.to_string(), &|_| None, AwsConfigCell::with(sdk.clone()))
+        .expect("the agent");
+    let task = TaskId::try_from(format!("prefix-{run}").as_str()).expect("an id");
+    // the reading step's request, as its parameters make it: Step Functions' ItemReader parameters
+    let mut req = AgentRequest::first_attempt(task, "objects", "objects", json!({}), Millis::now().plus_ms(300_000));
+    req.input = json!({"Bucket": source, "Prefix": prefix});
+    let now = i64::try_from(Millis::now().0 / 1_000).expect("seconds");
+    let answer = rt.run(&req).await.expect("the agent answers");
+    let Outcome::Succeeded { output } = answer.outcome else { panic!("the listing failed: {:?}", answer.outcome) };
+    assert_eq!(output["count"], json!(n), "{output}");
+    // every object once, from the pages the answer names
+    let pages_at = output["prefix"].as_str().expect("where its pages are").to_owned();
+    let mut seen = std::collections::BTreeMap::new();
+    for page in output["pages"].as_array().expect("its pages") {
+        let key = format!("{pages_at}{page}.json");
+        let o = s3.get_object().bucket(work).key(&key).send().await.unwrap_or_else(|e| panic!("{key}: {e:?}"));
+        let bytes = o.body.collect().await.expect("the page").into_bytes();
+        let items: Vec<Value> = serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{key}: {e}"));
+        for item in items {
+            let k = item["Key"].as_str().expect("a listed object's Key").to_owned();
+            assert!(seen.insert(k.clone(), item).is_none(), "{k} listed twice");
+        }
+    }
+    assert_eq!(seen.len(), n, "every object under the prefix, none beside it");
+    for (i, (key, item)) in seen.iter().enumerate() {
+        assert_eq!(key, &format!("{prefix}{i:04}.txt"));
+        assert_eq!(item["Size"], json!(i % 10), "{item}");
+        // as Step Functions gives a listed object: its ETag (quoted, as S3 gives it), its date,
+        // its storage class
+        assert!(item["Etag"].as_str().is_some_and(|e| e.len() > 2), "{item}");
+        // (epoch seconds, as Step Functions gives it; S3 gives text)
+        let when = item["LastModified"].as_i64().expect("a date in epoch seconds");
+        assert!((when - now).abs() < 3_600, "{item}: the object was put a moment ago ({now})");
+        assert_eq!(item["StorageClass"], json!("STANDARD"), "{item}");
+    }
 }

@@ -205,6 +205,15 @@ pub fn batches(items: Vec<Value>, b: Batcher) -> Vec<Value> {
     out
 }
 
+/// S3's date of a listed object (`2026-11-29T13:26:51.000Z`) as Step Functions gives it in a
+/// Distributed Map's items, epoch seconds (`1795958811`); anything else as it is.
+fn epoch_seconds(date: Value) -> Value {
+    let parsed = date
+        .as_str()
+        .and_then(|d| aws_smithy_types::DateTime::from_str(d, aws_smithy_types::date_time::Format::DateTime).ok());
+    parsed.map_or(date, |t| json!(t.secs()))
+}
+
 /// The request: what to read (in `bucket` when it names no `Bucket`), at most how many items,
 /// and in batches or not.
 pub fn source(input: &Value, bucket: Option<&str>) -> Result<(Source, Option<usize>, Option<Batcher>), String> {
@@ -385,10 +394,10 @@ impl S3ItemsAgent {
                     }
                     let answer = self.list.send(&body).await?;
                     for o in answer.get("Contents").and_then(Value::as_array).into_iter().flatten() {
-                        // as Step Functions gives a listed object
+                        // as Step Functions gives a listed object (its date in epoch seconds)
                         let pick = |k: &str| o.get(k).cloned().unwrap_or(Value::Null);
                         out.push(
-                            json!({"Etag": pick("ETag"), "Key": pick("Key"), "LastModified": pick("LastModified"),
+                            json!({"Etag": pick("ETag"), "Key": pick("Key"), "LastModified": epoch_seconds(pick("LastModified")),
                                         "Size": pick("Size"), "StorageClass": pick("StorageClass")}),
                         );
                     }
@@ -457,6 +466,13 @@ impl Agent for S3ItemsAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listed_object_s_date_is_given_in_epoch_seconds_as_step_functions_gives_it() {
+        assert_eq!(epoch_seconds(json!("2022-11-17T15:44:41.000Z")), json!(1_668_699_881));
+        assert_eq!(epoch_seconds(json!(1_668_699_881)), json!(1_668_699_881), "a number is kept");
+        assert_eq!(epoch_seconds(json!("yesterday")), json!("yesterday"), "text that is no date is kept");
+    }
 
     #[test]
     fn sources_are_read_as_step_functions_item_readers_name_them() {
