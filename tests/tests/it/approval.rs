@@ -37,18 +37,7 @@ async fn an_approval_request_reaches_the_topic_with_the_token_and_the_commands()
     let (sns, sqs) = (aws_sdk_sns::Client::new(&sdk), aws_sdk_sqs::Client::new(&sdk));
     let run = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let topic = sns.create_topic().name(format!("t-approvals-{run}")).send().await.unwrap().topic_arn.unwrap();
-    let queue = sqs.create_queue().queue_name(format!("t-approver-{run}")).send().await.unwrap().queue_url.unwrap();
-    let arn = sqs
-        .get_queue_attributes()
-        .queue_url(&queue)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap()
-        .remove(&aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .unwrap();
+    let (queue, arn) = crate::common::create_queue(&sqs, &format!("t-approver-{run}"), false).await;
     sns.subscribe()
         .topic_arn(&topic)
         .protocol("sqs")

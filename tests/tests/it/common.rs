@@ -265,19 +265,7 @@ impl Stack {
     /// Subscribe a fresh queue (named by `suffix`) to `topic` (raw delivery, an optional filter
     /// policy) and return its URL.
     pub async fn topic_listener(&self, topic: &str, suffix: &str, filter: Option<&str>) -> String {
-        let url = self.queue(suffix, false).await;
-        let arn = self
-            .sqs
-            .get_queue_attributes()
-            .queue_url(&url)
-            .attribute_names(QueueAttributeName::QueueArn)
-            .send()
-            .await
-            .expect("GetQueueAttributes")
-            .attributes
-            .unwrap_or_default()
-            .remove(&QueueAttributeName::QueueArn)
-            .expect("queue arn");
+        let (url, arn) = create_queue(&self.sqs, &format!("{}-{suffix}", self.name), false).await;
         let mut sub = aws_sdk_sns::Client::new(&self.sdk)
             .subscribe()
             .topic_arn(topic)
@@ -361,6 +349,27 @@ pub async fn items_table(sdk: &aws_config::SdkConfig, table: &str) {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     panic!("table {table} is not ACTIVE after 120 s");
+}
+
+/// A queue named `name` (`.fifo` added for a FIFO queue): its URL and ARN.
+pub async fn create_queue(sqs: &aws_sdk_sqs::Client, name: &str, fifo: bool) -> (String, String) {
+    let mut req = sqs.create_queue().queue_name(if fifo { format!("{name}.fifo") } else { name.to_owned() });
+    if fifo {
+        req = req.attributes(QueueAttributeName::FifoQueue, "true");
+    }
+    let url = req.send().await.expect("CreateQueue").queue_url.expect("queue url");
+    let arn = sqs
+        .get_queue_attributes()
+        .queue_url(&url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .expect("GetQueueAttributes")
+        .attributes
+        .unwrap_or_default()
+        .remove(&QueueAttributeName::QueueArn)
+        .expect("queue arn");
+    (url, arn)
 }
 
 /// An S3 client for LocalStack (path-style addressing).

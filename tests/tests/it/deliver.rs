@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::types::MessageSystemAttributeName;
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
 use sas_protocol::ids::{AttemptToken, Millis, TaskId};
 use sas_protocol::messages::{AgentRequest, Outcome};
@@ -15,7 +15,7 @@ use sas_protocol::protocol::{ProcessState, StepStatus};
 use sas_protocol::workflow::WorkflowRegistry;
 use serde_json::{json, Value};
 
-use crate::common::stack_with;
+use crate::common::{create_queue, stack_with};
 
 const CALLBACK_QUEUE: &str = "http://localhost:4566/000000000000/answers";
 
@@ -67,26 +67,6 @@ fn assert_contract(body: &Value, req: &AgentRequest) {
         json!({"token": token, "heartbeat_ms": 30_000, "queue_url": CALLBACK_QUEUE}),
         "{body}"
     );
-}
-
-async fn create_queue(sqs: &aws_sdk_sqs::Client, name: &str, fifo: bool) -> (String, String) {
-    let mut req = sqs.create_queue().queue_name(if fifo { format!("{name}.fifo") } else { name.to_owned() });
-    if fifo {
-        req = req.attributes(QueueAttributeName::FifoQueue, "true");
-    }
-    let url = req.send().await.expect("CreateQueue").queue_url.expect("queue url");
-    let arn = sqs
-        .get_queue_attributes()
-        .queue_url(&url)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .expect("GetQueueAttributes")
-        .attributes
-        .unwrap_or_default()
-        .remove(&QueueAttributeName::QueueArn)
-        .expect("queue arn");
-    (url, arn)
 }
 
 /// Every message that arrives in `queue` within `wait` (deleted as read); returns early once

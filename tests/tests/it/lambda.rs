@@ -1255,18 +1255,7 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     let (order_service, _svc) = sas_order_service::spawn_local().await.expect("the order service");
     let events = aws_sdk_eventbridge::Client::new(&sdk);
     let sqs = aws_sdk_sqs::Client::new(&sdk);
-    let delivered = sqs.create_queue().queue_name(format!("{items}-delivered")).send().await.expect("CreateQueue");
-    let delivered = delivered.queue_url().expect("its URL").to_owned();
-    let delivered_arn = sqs
-        .get_queue_attributes()
-        .queue_url(&delivered)
-        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .expect("GetQueueAttributes")
-        .attributes()
-        .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::QueueArn).cloned())
-        .expect("its ARN");
+    let (delivered, delivered_arn) = crate::common::create_queue(&sqs, &format!("{items}-delivered"), false).await;
     let track_id = format!("{items}-track");
     events
         .put_rule()
