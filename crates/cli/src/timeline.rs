@@ -1014,6 +1014,7 @@ mod tests {
     fn policy() -> Policy {
         // the demo's settings: a 10 s queue budget, a 2 s result grace
         Policy {
+            key_check_ms: Policy::default().key_check_ms,
             start_timeout_ms: 30_000,
             history_limit: 50,
             queue_budget_ms: 10_000,

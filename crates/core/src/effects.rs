@@ -110,6 +110,13 @@ pub enum EffectError {
         #[source]
         source: Box<HandlerError>,
     },
+    /// The slot of a concurrency key could not be given back (see [`crate::keys::release`]).
+    #[error("concurrency key {key}: {source}")]
+    Key {
+        key: String,
+        #[source]
+        source: Box<HandlerError>,
+    },
 }
 
 impl EffectError {
@@ -117,7 +124,7 @@ impl EffectError {
     pub fn is_permanent(&self) -> bool {
         match self {
             EffectError::Bus(e) => e.is_permanent(),
-            EffectError::Element { .. } => false,
+            EffectError::Element { .. } | EffectError::Key { .. } => false,
         }
     }
 }
@@ -128,7 +135,7 @@ impl From<EffectError> for HandlerError {
     fn from(e: EffectError) -> Self {
         match e {
             EffectError::Bus(e) => HandlerError::Bus(e),
-            EffectError::Element { source, .. } => *source,
+            EffectError::Element { source, .. } | EffectError::Key { source, .. } => *source,
         }
     }
 }
@@ -252,6 +259,11 @@ async fn perform_one(deps: &Deps, task: &Task, e: &Effect, now: Millis) -> Resul
         Effect::ArmTimer(t) => out.arm_timer(t, now, protocol::deadline_grace_ms(task, &deps.settings.policy)).await,
         Effect::Spawn { step, elements, cancel } => return spawn(deps, task, *step, elements, cancel.as_deref()).await,
         Effect::Send(m) => out.to_scheduler(m, 0).await,
+        Effect::ReleaseSlot { key } => {
+            return crate::keys::release(deps, key, &task.task_id)
+                .await
+                .map_err(|e| EffectError::Key { key: key.clone(), source: Box::new(e) })
+        }
     };
     Ok(sent?)
 }

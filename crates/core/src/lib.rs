@@ -41,6 +41,7 @@ pub mod deps;
 pub mod effects;
 pub mod entropy;
 pub mod envelope;
+pub mod keys;
 pub mod limit;
 pub mod metrics;
 pub mod reply;

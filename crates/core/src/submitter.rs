@@ -10,11 +10,13 @@ use crate::bus::Record;
 use crate::deps::{Deps, HandlerError};
 use crate::effects::{self, Started};
 use crate::ids::{clip, message_mark, IdError, TaskId};
+use crate::keys;
 use crate::messages::{QueueUrl, StatusMessage, Submission, VERSION};
 use crate::protocol::{self, ProcessState, Task};
 use crate::reply::{self, ReplyToError};
 use crate::screen;
 use crate::store::{StoreError, MAX_ITEM_BYTES};
+use sas_protocol::keys::Entered;
 
 /// Why a submission was refused. The reason is sent to the caller and kept with the raw message.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -45,6 +47,13 @@ pub enum Rejection {
     ReplyTo(#[from] ReplyToError),
     #[error("the input cannot be stored: {0}")]
     Unstorable(String),
+    /// The input names no usable concurrency key for its workflow.
+    #[error("{0}")]
+    Key(String),
+    /// Its concurrency key is busy and its workflow refuses (`when_busy: refuse`), or its line is
+    /// full. Not a mistake of the message: it is answered `Rejected`, not kept in the DLQ.
+    #[error("its key is busy: {0}")]
+    Busy(String),
 }
 
 /// The submitter's verdict on one message.
@@ -216,6 +225,31 @@ async fn reject(
     Ok(Submitted::Rejected(rejection))
 }
 
+/// A submission whose concurrency key is busy, under `when_busy: refuse` (or with a full line):
+/// nothing is created; the caller hears `Rejected` with the reason. Not a mistake of the message,
+/// so it is not kept in the submission DLQ (a schedule that skips while its last run goes on
+/// would fill it).
+async fn refuse_busy(
+    deps: &Deps,
+    task_id: &TaskId,
+    reply_to: Option<&str>,
+    why: String,
+) -> Result<Submitted, HandlerError> {
+    let rejection = Rejection::Busy(why);
+    info!(%task_id, reason = %rejection, "submission refused: its concurrency key is busy");
+    crate::metrics::count(&crate::metrics::SUBMISSIONS_REJECTED, &[], 1);
+    if let Some(q) = reply_to.and_then(|r| reply::check(&deps.resources, r).ok()) {
+        let status = StatusMessage {
+            reason: Some(rejection.to_string()),
+            ..StatusMessage::new(task_id.clone(), 0, ProcessState::Rejected, deps.now())
+        };
+        if let Err(e) = deps.outbox().reply(q.as_str(), &status).await {
+            warn!(error = %e, "could not send the Rejected status");
+        }
+    }
+    Ok(Submitted::Rejected(rejection))
+}
+
 /// Handle one message of the submission queue (a submission without `task_id` gets one derived
 /// from the message id, the same on every delivery).
 pub async fn submit_message(deps: &Deps, record: &Record) -> Result<Submitted, HandlerError> {
@@ -288,15 +322,48 @@ async fn submit_with(
         Err(rejection) => return reject(deps, raw, message_id, rejection).await,
     };
     let def = deps.workflows.resolve(&sub.workflow, sub.workflow_version).expect("validated").clone();
+    let key = match sas_protocol::keys::key_item(&def, &sub.input) {
+        Ok(key) => key,
+        Err(why) => return reject(deps, raw, message_id, Rejection::Key(why)).await,
+    };
+    // a keyed workflow's task enters its key first: granted, it starts; else it waits, or is refused
+    let mut waiting = None;
+    if let (Some(key), Some(c)) = (&key, &def.concurrency) {
+        match keys::enter(deps, key, &task_id, c).await? {
+            Entered::Granted => {}
+            Entered::Waiting { ahead } => waiting = Some(ahead),
+            Entered::Refused(why) => return refuse_busy(deps, &task_id, sub.reply_to.as_deref(), why).await,
+        }
+    }
     let ctx = deps.ctx();
     let now = ctx.now;
-    let mut tr = protocol::submit(task_id.clone(), def, sub.input, sub.reply_to, &ctx, &deps.settings.policy);
+    let policy = &deps.settings.policy;
+    let mut tr = match (&key, waiting) {
+        (Some(k), Some(_)) => {
+            protocol::submit_waiting(task_id.clone(), def, sub.input, sub.reply_to, k.clone(), &ctx, policy)
+        }
+        _ => protocol::submit_in_slot(task_id.clone(), def, sub.input, sub.reply_to, key.clone(), &ctx, policy),
+    };
     let mark = message_id.map(message_mark);
     tr.task.last_message.clone_from(&mark);
     let reply_to = tr.task.reply_to.clone();
     // A create that landed but whose answer was lost (the SDK sent it again) finds its own item:
     // that is a new task too, and its start is still to be sent.
-    let (task, sent) = match effects::start(deps, tr, now).await {
+    let started = effects::start(deps, tr, now).await;
+    if let Some(k) = &key {
+        // the key lists this id, but this submission created no task of it that runs: an ended
+        // task, another submission's, or none at all
+        let created = match &started {
+            Ok(Started::New { .. }) => true,
+            Ok(Started::Exists(t)) => !t.process_state.is_terminal() && t.slot.as_ref().is_some_and(|s| &s.key == k),
+            Err(_) => false,
+        };
+        let retried = matches!(&started, Err(e) if !e.is_permanent() && !matches!(e, StoreError::AlreadyExists));
+        if !created && !retried {
+            keys::release(deps, k, &task_id).await?;
+        }
+    }
+    let (task, sent) = match started {
         Ok(Started::New { task, sent }) => (task, sent),
         Ok(Started::Exists(t)) => {
             info!(%task_id, "duplicate submission: the task exists, nothing created");
@@ -318,10 +385,17 @@ async fn submit_with(
         }
         Err(e) => return Err(e.into()),
     };
-    info!(
-        %task_id, workflow = %task.workflow.name, version = task.workflow.version,
-        step = task.current_step_name().unwrap_or("-"), "task created, first step claimed"
-    );
+    if let Some(ahead) = waiting {
+        info!(
+            %task_id, workflow = %task.workflow.name, version = task.workflow.version, key = key.as_deref().unwrap_or("-"),
+            ahead, "task created, waiting for a slot of its concurrency key"
+        );
+    } else {
+        info!(
+            %task_id, workflow = %task.workflow.name, version = task.workflow.version,
+            step = task.current_step_name().unwrap_or("-"), "task created, first step claimed"
+        );
+    }
     crate::metrics::record_created(&task);
     // The start did not go out: fail the record, so the submission comes back and the start is
     // sent again (above), long before the Supervisor would find the attempt lost.

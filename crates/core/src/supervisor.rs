@@ -67,6 +67,14 @@ pub async fn handle_timer(deps: &Deps, t: TimerMessage, message: Option<&str>) -
             return Ok(Applied::Stale(Stale::NotExpired { complete_by: cb, now }));
         }
     }
+    if task.waits_for_slot() {
+        // its deadline is the check of its key: grants lost on the way are made again
+        if crate::keys::check(deps, &task).await? == crate::keys::Checked::Unlisted {
+            info!(task_id = %task.task_id, "its concurrency key lists it no more (it was replaced): cancelled");
+            let reason = "replaced on its concurrency key: its key lists it no more".to_owned();
+            return drive(deps, task, &Event::Cancel { reason, run: None }, message).await;
+        }
+    }
     drive(deps, task, &Event::DeadlineExpired, message).await
 }
 

@@ -25,6 +25,7 @@ fn step(name: &str) -> StepDef {
 /// `a` (call), `ship` (callback: 60 s hard, heartbeats every 10 s), `cool` (wait 30 s), `b`.
 fn twins() -> Twins {
     let wf = WorkflowDef {
+        concurrency: None,
         result: None,
         name: "cb".into(),
         version: 1,
@@ -43,6 +44,7 @@ fn twins() -> Twins {
     };
     let settings = Settings {
         policy: Policy {
+            key_check_ms: Policy::default().key_check_ms,
             start_timeout_ms: 1_000,
             history_limit: 50,
             queue_budget_ms: 0,

@@ -33,6 +33,7 @@ fn twins_running(max_concurrency: u32) -> Twins {
         timeout_ms: None,
     });
     let wf = WorkflowDef {
+        concurrency: None,
         result: None,
         name: "lines".into(),
         version: 1,

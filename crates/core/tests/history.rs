@@ -19,6 +19,7 @@ const LIMIT: usize = 10;
 fn twins() -> Twins {
     let step = StepDef { max_attempts: 40, ..StepDef::call("a", "sim", 5_000) };
     let wf = WorkflowDef {
+        concurrency: None,
         result: None,
         name: "stubborn".into(),
         version: 1,

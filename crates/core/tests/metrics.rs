@@ -31,6 +31,7 @@ fn flush() -> Vec<String> {
 fn twins() -> Twins {
     let step = StepDef { max_attempts: 1, ..StepDef::call("only", "sim", 5_000) };
     let wf = WorkflowDef {
+        concurrency: None,
         result: None,
         name: "one".into(),
         version: 1,

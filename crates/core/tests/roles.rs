@@ -34,6 +34,7 @@ fn step(name: &str, comp: Option<&str>) -> StepDef {
 
 fn twins() -> Twins {
     let wf = WorkflowDef {
+        concurrency: None,
         result: None,
         name: "two".into(),
         version: 1,
@@ -43,6 +44,7 @@ fn twins() -> Twins {
     };
     let settings = Settings {
         policy: Policy {
+            key_check_ms: Policy::default().key_check_ms,
             start_timeout_ms: 1_000,
             history_limit: 50,
             queue_budget_ms: 0,

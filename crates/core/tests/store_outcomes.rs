@@ -30,6 +30,7 @@ fn step(name: &str) -> StepDef {
 
 fn twins() -> Twins {
     let wf = WorkflowDef {
+        concurrency: None,
         result: None,
         name: "two".into(),
         version: 1,

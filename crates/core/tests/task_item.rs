@@ -35,6 +35,7 @@ fn store() -> DynamoStore {
 
 fn workflow() -> WorkflowDef {
     WorkflowDef {
+        concurrency: None,
         result: None,
         name: "golden".into(),
         version: 2,
@@ -105,6 +106,7 @@ fn full() -> Task {
     charge.status = StepStatus::Cancelled;
     charge.attempts = 1;
     Task {
+        slot: None,
         task_id: TaskId::try_from("order-42").unwrap(),
         workflow: workflow(),
         input: json!({"n": 1.5, "s": "x", "l": [1, null, true], "empty": {}, "big": u64::MAX}),
@@ -168,6 +170,7 @@ fn full() -> Task {
 /// Every field that may be absent absent, every other at its default value.
 fn defaults() -> Task {
     Task {
+        slot: None,
         task_id: TaskId::try_from("order-43").unwrap(),
         workflow: workflow(),
         input: json!({}),

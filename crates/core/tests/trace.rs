@@ -18,6 +18,7 @@ const H: &str = "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad
 fn twins() -> Twins {
     let step = |name: &str| StepDef { max_attempts: 1, ..StepDef::call(name, "sim", 5_000) };
     let wf = WorkflowDef {
+        concurrency: None,
         result: None,
         name: "two".into(),
         version: 1,

@@ -18,6 +18,7 @@ pub mod graph;
 pub mod ids;
 pub mod intrinsic;
 pub mod jobs;
+pub mod keys;
 pub mod messages;
 pub mod protocol;
 pub mod service_models;

@@ -734,6 +734,7 @@ fn loop_of(f: &StepFile) -> Result<LoopSpec, String> {
                 on_failure: OnFailure::Compensate,
                 steps: steps.clone(),
                 result: None,
+                concurrency: None,
             })),
         },
         (None, Some(workflow), Some(version)) => {
@@ -1097,6 +1098,88 @@ pub struct WorkflowDef {
     /// every step's output by name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<TaskTemplate>,
+    /// At most `limit` of its tasks with the same key run at once (see [`crate::keys`]). Absent:
+    /// its tasks pay nothing for the feature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<Concurrency>,
+}
+
+/// A workflow's concurrency key: a path into the submission's input whose value names the key,
+/// how many tasks of one key may run at once, and what a submission does when its key is busy.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct Concurrency {
+    /// A path into the input (`$.input.account`) whose value (a string, a number or a boolean)
+    /// names the key.
+    pub key: String,
+    /// How many tasks of one key may run at once: 1 to [`MAX_KEY_LIMIT`].
+    #[serde(default = "one")]
+    pub limit: u32,
+    /// What a submission does when its key already runs `limit` tasks.
+    #[serde(default)]
+    pub when_busy: WhenBusy,
+    /// Whose keys these are: workflows that name the same scope share their keys (and each
+    /// applies its own `limit`). Absent: the workflow's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+}
+
+/// The largest `limit` a concurrency key may have (one item holds its slots).
+pub const MAX_KEY_LIMIT: u32 = 100;
+
+/// What a submission whose key is busy does.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WhenBusy {
+    /// The task is created and waits, in submission order, until a task of its key ends.
+    #[default]
+    Wait,
+    /// The submission is refused (`Rejected`, with the reason): no task is created.
+    Refuse,
+    /// The task waits, and replaces the tasks of its key that wait (they end `Cancelled` without
+    /// having run): at most one waits, the latest ("debounce").
+    Replace,
+    /// The task waits at the head, the tasks of its key that wait are cancelled, and those that run
+    /// are cancelled (their completed steps compensated): the latest wins.
+    Cancel,
+}
+
+impl WhenBusy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WhenBusy::Wait => "wait",
+            WhenBusy::Refuse => "refuse",
+            WhenBusy::Replace => "replace",
+            WhenBusy::Cancel => "cancel",
+        }
+    }
+}
+
+impl Concurrency {
+    /// The problem with this key's definition, if any.
+    pub fn problem(&self) -> Option<String> {
+        match DataPath::parse(&self.key) {
+            Err(e) => return Some(format!("concurrency.key {:?}: {e}", self.key)),
+            Ok(p) if p.root() != Root::Input => {
+                return Some(format!(
+                    "concurrency.key {:?} must read the input ($.input...): it is read when the task is submitted",
+                    self.key
+                ))
+            }
+            Ok(_) => {}
+        }
+        if self.limit == 0 || self.limit > MAX_KEY_LIMIT {
+            return Some(format!("concurrency.limit is {}; it must be from 1 to {}", self.limit, MAX_KEY_LIMIT));
+        }
+        if let Some(scope) = &self.scope {
+            if let Err(e) = check_name("concurrency.scope", scope) {
+                return Some(e.to_string());
+            }
+        }
+        None
+    }
 }
 
 /// A workflow's answer to a step that failed for good.
@@ -1437,6 +1520,9 @@ impl WorkflowDef {
         if self.steps.is_empty() {
             out.push(WorkflowError::NoSteps(self.name.clone()));
             return out;
+        }
+        if let Some(problem) = self.concurrency.as_ref().and_then(Concurrency::problem) {
+            out.push(WorkflowError::Workflow { workflow: self.name.clone(), problem });
         }
         let mut seen = HashSet::new();
         for s in &self.steps {
@@ -1976,6 +2062,7 @@ mod tests {
     #[test]
     fn latest_version_is_resolved_by_default() {
         let mut a = WorkflowDef {
+            concurrency: None,
             result: None,
             name: "w".into(),
             version: 1,
@@ -1997,6 +2084,7 @@ mod tests {
     #[test]
     fn invalid_definitions_are_refused() {
         let mut w = WorkflowDef {
+            concurrency: None,
             result: None,
             name: "w".into(),
             version: 1,
@@ -2025,6 +2113,7 @@ mod tests {
     fn each_step_kind_needs_what_it_uses_and_nothing_else() {
         let check = |s: StepDef| {
             WorkflowDef {
+                concurrency: None,
                 result: None,
                 name: "w".into(),
                 version: 1,

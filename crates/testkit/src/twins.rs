@@ -59,6 +59,7 @@ impl Twins {
             store: Arc::new(store.clone()),
             writer: sas_core::transition::Writer::new(Arc::new(store.clone())),
             limiter: Arc::new(store.clone()),
+            keys: Arc::new(store.clone()),
             bus: Arc::new(bus.clone()),
             resources: res,
             workflows: Arc::new(workflows),
@@ -80,6 +81,7 @@ impl Twins {
     /// ([`sas_core::agent::still_current`]). Returns the task as stored.
     pub async fn hold(&self, task_id: &TaskId, step: &str, agent: &str, attempt: &AttemptToken) -> Task {
         let def = WorkflowDef {
+            concurrency: None,
             result: None,
             name: "held".into(),
             version: 1,

@@ -39,6 +39,7 @@ fn step(name: &str, timeout_ms: u64, comp: Option<&str>) -> StepDef {
 /// pass on a loaded machine.
 pub fn workflows() -> WorkflowRegistry {
     let three = |name: &str, ms: u64| WorkflowDef {
+        concurrency: None,
         result: None,
         name: name.into(),
         version: 1,
@@ -53,6 +54,7 @@ pub fn settings() -> Settings {
     Settings {
         // Short budgets, so that the deadline tests see a lost attempt within seconds.
         policy: Policy {
+            key_check_ms: Policy::default().key_check_ms,
             start_timeout_ms: 3_000,
             history_limit: 50,
             queue_budget_ms: 2_000,

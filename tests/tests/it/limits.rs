@@ -65,6 +65,7 @@ async fn a_burst_on_an_agent_with_max_in_flight_never_has_more_calls_open_at_the
     let mut charge = StepDef::call("charge", "pay", 30_000);
     charge.schedule_to_start_ms = Some(120_000);
     let wf = WorkflowDef {
+        concurrency: None,
         result: None,
         name: "limited".into(),
         version: 1,

@@ -17,6 +17,7 @@ mod deliver;
 mod ground;
 mod http_auth;
 mod jobs;
+mod keys;
 mod lambda;
 mod lambda_agent;
 mod limits;

@@ -32,6 +32,7 @@ fn lines_workflow() -> WorkflowDef {
         timeout_ms: None,
     });
     WorkflowDef {
+        concurrency: None,
         result: None,
         name: "lines".into(),
         version: 1,

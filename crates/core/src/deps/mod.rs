@@ -12,7 +12,7 @@ use crate::config::{ConfigError, Resources, Settings};
 use crate::entropy::{Entropy, OsEntropy};
 use crate::ids::Millis;
 use crate::protocol::Ctx;
-use crate::store::{DynamoStore, Limiter, StateStore, StoreError};
+use crate::store::{DynamoStore, KeyStore, Limiter, StateStore, StoreError};
 use crate::workflow::{WorkflowError, WorkflowRegistry};
 use transition::Writer;
 
@@ -25,6 +25,8 @@ pub struct Deps {
     pub writer: Writer,
     /// The agents' concurrency limits (leases in the task table; see [`crate::limit`]).
     pub limiter: Arc<dyn Limiter>,
+    /// The workflows' concurrency keys (items in the task table; see [`crate::keys`]).
+    pub keys: Arc<dyn KeyStore>,
     pub bus: Arc<dyn Bus>,
     pub resources: Resources,
     pub workflows: Arc<WorkflowRegistry>,
@@ -56,7 +58,8 @@ impl Deps {
         Deps {
             store: store.clone(),
             writer: Writer::new(store.clone()),
-            limiter: store,
+            limiter: store.clone(),
+            keys: store,
             bus: Arc::new(BufferedBus::new(
                 Arc::new(AwsBus::from_sdk(sdk)),
                 Duration::from_millis(settings.send_linger_ms),

@@ -41,11 +41,12 @@ use futures::future::BoxFuture;
 use super::{
     check_size, end_key, index_key, is_own_write, Page, PageKey, StateStore, StoreError, TaskSummary, TaskWriter,
 };
-use super::{Acquire, Limiter};
+use super::{Acquire, KeyStore, Limiter};
 use crate::ids::{AttemptToken, Millis, TaskId};
 use crate::limit::{expired_leases, limit_key};
 use crate::protocol::{HistoryEntry, ProcessState, Task};
 use crate::workflow::WorkflowDef;
+use sas_protocol::keys::KeyState;
 
 pub const BY_COMPLETE_BY: &str = "ByCompleteBy";
 pub const BY_END: &str = "ByEnd";
@@ -896,6 +897,44 @@ impl DynamoStore {
     }
 }
 
+impl KeyStore for DynamoStore {
+    fn load_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<KeyState>, StoreError>> {
+        Box::pin(async move {
+            match self.get_raw(key.to_owned()).await? {
+                Some(item) => Ok(Some(serde_dynamo::from_item(item).map_err(codec)?)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn save_key<'a>(
+        &'a self,
+        key: &'a str,
+        state: &'a KeyState,
+        read: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            use aws_sdk_dynamodb::operation::put_item::PutItemError;
+            let mut item: Item = serde_dynamo::to_item(state).map_err(codec)?;
+            item.insert("TaskId".into(), AttributeValue::S(key.to_owned()));
+            let req = self.client.put_item().table_name(&self.table).set_item(Some(item));
+            let req = match read {
+                None => req.condition_expression("attribute_not_exists(TaskId)"),
+                Some(v) => req
+                    .condition_expression("Ver = :v")
+                    .expression_attribute_values(":v", AttributeValue::N(v.to_string())),
+            };
+            match req.send().await {
+                Ok(_) => Ok(true),
+                Err(e) => match e.into_service_error() {
+                    PutItemError::ConditionalCheckFailedException(_) => Ok(false),
+                    other => Err(backend("PutItem", other.into())),
+                },
+            }
+        })
+    }
+}
+
 impl Limiter for DynamoStore {
     fn acquire<'a>(
         &'a self,
@@ -1051,6 +1090,7 @@ mod tests {
     #[test]
     fn the_digests_that_name_items_do_not_change() {
         let def = WorkflowDef {
+            concurrency: None,
             result: None,
             name: "pinned".into(),
             version: 3,

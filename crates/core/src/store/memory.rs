@@ -13,10 +13,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::future::BoxFuture;
 
 use super::{end_key, index_key, Page, PageKey, StateStore, StoreError, TaskSummary, TaskWriter};
-use super::{Acquire, Limiter};
+use super::{Acquire, KeyStore, Limiter};
 use crate::ids::{Millis, TaskId};
 use crate::limit::expired_leases;
 use crate::protocol::{HistoryEntry, ProcessState, Task};
+use sas_protocol::keys::KeyState;
 
 /// The task as a store gives it back: through its serialised form (as DynamoDB holds it), so
 /// every test and simulated run reads what was encoded, not the value the protocol wrote. A
@@ -44,6 +45,8 @@ pub enum StoreOp {
     ListByState,
     /// Taking or giving back an agent's lease ([`crate::limit::Limiter`]).
     Limit,
+    /// Reading or writing a concurrency key's item ([`super::KeyStore`]).
+    Key,
 }
 
 /// How a conditional write that applied reports back.
@@ -78,6 +81,8 @@ struct Inner {
     writes: u64,
     /// The deadline index (`ByCompleteBy`): shard, CompleteBy, task, for the tasks in flight.
     deadlines: BTreeSet<(u32, Millis, String)>,
+    /// The concurrency keys' items (see [`sas_protocol::keys`]).
+    keys: BTreeMap<String, KeyState>,
 }
 
 impl Inner {
@@ -350,6 +355,40 @@ impl Limiter for MemoryStore {
             let inner = self.begin(StoreOp::Get, "leases")?;
             Ok(inner.leases.get(agent).map(|l| l.iter().map(|(h, u)| (h.clone(), *u)).collect()).unwrap_or_default())
         })
+    }
+}
+
+impl KeyStore for MemoryStore {
+    fn load_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<KeyState>, StoreError>> {
+        Box::pin(async move {
+            self.turn().await;
+            let inner = self.begin(StoreOp::Key, "load_key")?;
+            Ok(inner.keys.get(key).cloned())
+        })
+    }
+
+    fn save_key<'a>(
+        &'a self,
+        key: &'a str,
+        state: &'a KeyState,
+        read: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            self.turn().await;
+            let mut inner = self.begin(StoreOp::Key, "save_key")?;
+            if inner.keys.get(key).map(|k| k.ver) != read {
+                return Ok(false);
+            }
+            inner.keys.insert(key.to_owned(), state.clone());
+            Ok(true)
+        })
+    }
+}
+
+impl MemoryStore {
+    /// The concurrency keys' items, for tests and the simulator's checks (not a request).
+    pub fn keys(&self) -> BTreeMap<String, KeyState> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner).keys.clone()
     }
 }
 

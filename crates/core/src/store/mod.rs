@@ -16,6 +16,7 @@ use futures::future::BoxFuture;
 
 use crate::ids::{AttemptToken, Millis, TaskId};
 use crate::protocol::{HistoryEntry, ProcessState, Task};
+use sas_protocol::keys::KeyState;
 
 mod dynamo;
 mod memory;
@@ -206,6 +207,25 @@ pub trait Limiter: Send + Sync + std::fmt::Debug {
 
     /// The leases of `agent` (holder, end), for operators and tests.
     fn leases<'a>(&'a self, agent: &'a str) -> BoxFuture<'a, Result<Vec<(String, Millis)>, StoreError>>;
+}
+
+// ---- concurrency keys (see [`sas_protocol::keys`]) -------------------------------------------
+
+/// Where the key items live: the task table (DynamoDB), or the in-memory twin. Each write is
+/// conditional on the version read ([`KeyState::ver`]); the decisions are
+/// [`sas_protocol::keys`]'s, the loop around them [`crate::keys`]'.
+pub trait KeyStore: Send + Sync + std::fmt::Debug {
+    /// The key item `key` as it is now (strongly consistent), if it exists.
+    fn load_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<KeyState>, StoreError>>;
+
+    /// Write `state` as key item `key` if the item is still at version `read` (`None`: it must
+    /// not exist). `Ok(false)`: the condition failed, read again.
+    fn save_key<'a>(
+        &'a self,
+        key: &'a str,
+        state: &'a KeyState,
+        read: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
 /// The history entries `read` (the item as stored) holds that `task` (the item to write) no

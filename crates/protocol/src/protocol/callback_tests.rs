@@ -36,6 +36,7 @@ fn wait(name: &str, ms: Option<u64>, until: Option<&str>) -> StepDef {
 
 fn flow(steps: Vec<StepDef>) -> WorkflowDef {
     let w = WorkflowDef {
+        concurrency: None,
         result: None,
         name: "w".into(),
         version: 1,

@@ -33,6 +33,7 @@ fn map_step(mc: u32, tolerated: Tolerance) -> StepDef {
 
 fn workflow(map: StepDef) -> WorkflowDef {
     WorkflowDef {
+        concurrency: None,
         result: None,
         name: "order".into(),
         version: 1,
@@ -261,7 +262,7 @@ impl World {
                     self.now = self.now.max(m.complete_by.0);
                     self.queue.push_back((m.task_id, Event::DeadlineExpired));
                 }
-                Effect::Reply(_) | Effect::ArmTimer(_) => {}
+                Effect::Reply(_) | Effect::ArmTimer(_) | Effect::ReleaseSlot { .. } => {}
             }
         }
     }
@@ -712,6 +713,7 @@ fn after(step: StepDef, names: &[&str]) -> StepDef {
 /// quote, then charge and a fraud check at once, then ship once both have succeeded.
 fn diamond() -> WorkflowDef {
     WorkflowDef {
+        concurrency: None,
         result: None,
         name: "order".into(),
         version: 1,
@@ -730,6 +732,7 @@ fn diamond() -> WorkflowDef {
 /// which d's undo must come before b's.
 fn chain_in_region() -> WorkflowDef {
     WorkflowDef {
+        concurrency: None,
         result: None,
         name: "deep".into(),
         version: 1,
@@ -892,6 +895,7 @@ fn bad_graphs_are_refused_when_the_workflow_loads() {
 fn a_task_may_start_with_branches_and_end_with_them() {
     // a and b start with the task (after: []), c waits for both; d and e both wait only for c
     let def = WorkflowDef {
+        concurrency: None,
         result: None,
         name: "edges".into(),
         version: 1,

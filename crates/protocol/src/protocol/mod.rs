@@ -53,7 +53,7 @@ pub use change::map::{element_task, element_tombstone};
 use change::{Change, Ended};
 pub use event::callback::late_notice;
 pub use event::deadline::{deadline_grace_ms, in_wait};
-pub use event::submit::submit;
+pub use event::submit::{submit, submit_in_slot, submit_waiting};
 use event::{
     agent_result::{agent_failed, agent_not_started, agent_succeeded, agent_timed_out},
     callback::callback,
@@ -72,7 +72,7 @@ pub use sends::{
 pub use table::TRANSITIONS;
 pub use task::{
     Bits, ClaimWait, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, Iteration, LateResults, Lock,
-    MapProgress, Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
+    MapProgress, Slot, Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
 };
 
 /// Tunables of the protocol that are not per step.
@@ -99,6 +99,9 @@ pub struct Policy {
     pub unchecked_start_ms: u64,
     /// Restarts in a row (run messages lost or never claimed) before the task ends in `Error`.
     pub max_restarts: u32,
+    /// How often the Supervisor checks the key of a task that waits for a slot (a backstop: a
+    /// slot is granted when a task of the key ends, see [`crate::keys`]).
+    pub key_check_ms: u64,
 }
 
 impl Default for Policy {
@@ -111,6 +114,7 @@ impl Default for Policy {
             settle_ms: 2_000,
             unchecked_start_ms: 2_000,
             max_restarts: 8,
+            key_check_ms: 300_000,
         }
     }
 }
@@ -263,6 +267,11 @@ pub enum Effect {
     /// A message to the scheduler queue: a map element's end to its parent, a parent's cancel or
     /// undo to an element, a join.
     Send(SchedulerMessage),
+    /// The task ended: give its slot of its concurrency key back (the key item's id), which grants
+    /// it to the first task in line ([`crate::keys::release`]).
+    ReleaseSlot {
+        key: String,
+    },
 }
 
 impl Effect {
@@ -275,6 +284,7 @@ impl Effect {
             Effect::ArmTimer(_) => "timer",
             Effect::Spawn { .. } => "spawn",
             Effect::Send(_) => "send",
+            Effect::ReleaseSlot { .. } => "release_slot",
         }
     }
 

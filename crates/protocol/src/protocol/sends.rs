@@ -50,6 +50,10 @@ pub fn resend(task: &Task, now: Millis, policy: &Policy) -> Transition {
 /// The work a non-terminal task's last write sent (see [`owed_sends`]).
 fn owed_work(task: &Task, now: Millis, policy: &Policy) -> Vec<Effect> {
     let Some(complete_by) = task.complete_by else { return Vec::new() };
+    if task.waits_for_slot() {
+        // its run is the grant's to send
+        return Vec::new();
+    }
     if map::map_running(task) {
         return map::owed(task);
     }
@@ -115,6 +119,7 @@ pub fn terminal_notices(task: &Task) -> Vec<Effect> {
         }));
     }
     fx.extend(map::ended_notice(task));
+    fx.extend(task.slot.as_ref().map(|s| Effect::ReleaseSlot { key: s.key.clone() }));
     fx
 }
 

@@ -715,6 +715,29 @@ pub struct Task {
     /// for an inline body, its variables back to the loop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iteration: Option<Iteration>,
+    /// The slot of its concurrency key (attribute `Slot`), when its workflow has one: given back
+    /// when the task ends (see [`crate::keys`]). Absent for every other task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<Slot>,
+}
+
+/// A task's place under its workflow's concurrency key (attribute `Slot`: `Key`, `Waiting`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Slot {
+    /// The key item's id (`key:{scope}:{value}`).
+    pub key: String,
+    /// It waits for a slot: created unclaimed, no run message sent; the grant sends it.
+    /// `CompleteBy` is then the Supervisor's check of the key, not a deadline of the task.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub waiting: bool,
+}
+
+impl Task {
+    /// It waits for a slot of its concurrency key (created, never claimed).
+    pub fn waits_for_slot(&self) -> bool {
+        self.slot.as_ref().is_some_and(|s| s.waiting) && !self.process_state.is_terminal()
+    }
 }
 
 /// What a loop's iteration knows of the loop (attribute `Iteration`).
@@ -845,6 +868,7 @@ pub(crate) fn new_task(
         called: false,
         vars: Map::new(),
         iteration: None,
+        slot: None,
     }
 }
 

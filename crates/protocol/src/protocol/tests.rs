@@ -18,6 +18,7 @@ fn step(name: &str, comp: Option<&str>, max_attempts: u32) -> StepDef {
 
 fn order() -> WorkflowDef {
     WorkflowDef {
+        concurrency: None,
         result: None,
         name: "order".into(),
         version: 1,
@@ -30,6 +31,7 @@ fn order() -> WorkflowDef {
 /// The tests' policy (also the callback and map tests').
 pub(super) fn policy() -> Policy {
     Policy {
+        key_check_ms: Policy::default().key_check_ms,
         start_timeout_ms: 500,
         history_limit: 50,
         queue_budget_ms: 0,
@@ -792,6 +794,7 @@ fn a_move() -> impl Strategy<Value = Move> {
 
 fn a_workflow() -> impl Strategy<Value = WorkflowDef> {
     (prop::collection::vec((any::<bool>(), 1u32..4), 1..5), any::<bool>()).prop_map(|(specs, park)| WorkflowDef {
+        concurrency: None,
         result: None,
         name: "w".into(),
         version: 1,

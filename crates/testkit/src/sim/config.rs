@@ -23,6 +23,9 @@ pub struct SimConfig {
     /// (a map over items read from S3, the shape `sasctl import-asl` gives it: a reading step
     /// that answers the page numbers, a child per page that reads its page and maps its items).
     pub pages: Option<(usize, usize)>,
+    /// Every submission is an `order-keyed` (at most [`KEY_LIMIT`](super::KEY_LIMIT) at once per
+    /// account) for one of this many accounts, drawn at random.
+    pub keys: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -225,6 +228,7 @@ impl SimConfig {
             horizon_ms: 6 * 3_600_000,
             map_lines: None,
             pages: None,
+            keys: None,
         }
     }
 }
@@ -269,4 +273,8 @@ pub struct SimReport {
     pub handled_failures: u64,
     /// How the child tasks of workflow steps ended.
     pub child_states: BTreeMap<String, usize>,
+    /// The most tasks of one concurrency key seen running at once (claimed, not ended).
+    pub key_max: usize,
+    /// Tasks created waiting for a slot of their key.
+    pub key_waited: usize,
 }

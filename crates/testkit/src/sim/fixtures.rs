@@ -6,8 +6,8 @@ use sas_protocol::ids::TaskId;
 use sas_protocol::messages::{CancelMessage, SchedulerMessage, VERSION};
 use sas_protocol::template::TaskTemplate;
 use sas_protocol::workflow::{
-    Backoff, ChildWorkflow, MapSpec, OnFailure, StepDef, StepFailure, StepKind, Tolerance, WaitTime, WorkflowDef,
-    WorkflowRegistry,
+    Backoff, ChildWorkflow, Concurrency, MapSpec, OnFailure, StepDef, StepFailure, StepKind, Tolerance, WaitTime,
+    WhenBusy, WorkflowDef, WorkflowRegistry,
 };
 
 const STEP_TIMEOUT_MS: u64 = 5_000;
@@ -25,6 +25,9 @@ fn step(name: &str, comp: Option<&str>) -> StepDef {
 /// all tasks (`max_in_flight`; the other agents have no limit).
 pub const LIMITED_AGENT: &str = "sim.pay";
 pub const LIMIT: u32 = 2;
+
+/// `order-keyed` runs at most this many tasks of one account at once (its concurrency key).
+pub const KEY_LIMIT: u32 = 1;
 
 /// The most iterations of `order-loop`'s loop (its guard ends it after 3).
 pub const LOOP_BOUND: u32 = 5;
@@ -55,6 +58,7 @@ fn lines_at_least(n: usize) -> serde_json::Value {
 /// loop.
 pub fn workflows() -> WorkflowRegistry {
     let wf = |name: &str, on_failure| WorkflowDef {
+        concurrency: None,
         result: None,
         name: name.into(),
         version: 1,
@@ -230,7 +234,11 @@ pub fn workflows() -> WorkflowRegistry {
         },
         StepDef { kind: StepKind::Call { agent: LIMITED_AGENT.into() }, ..step("charge", Some("refund")) },
     ];
+    let mut keyed_order = wf("order-keyed", OnFailure::Compensate);
+    keyed_order.concurrency =
+        Some(Concurrency { key: "$.input.account".into(), limit: KEY_LIMIT, when_busy: WhenBusy::Wait, scope: None });
     WorkflowRegistry::new([
+        keyed_order,
         page,
         pages_order,
         loop_order,

@@ -148,7 +148,7 @@ mod fleet;
 mod invariants;
 
 pub use config::{Faults, SimConfig, SimReport, LATE_HUNG_MS, LATE_LOST_MS, MAX_TERMINAL_REPLIES, REPLY_QUEUE};
-pub use fixtures::{workflows, LIMIT, LIMITED_AGENT, MAP_CONCURRENCY};
+pub use fixtures::{workflows, KEY_LIMIT, LIMIT, LIMITED_AGENT, MAP_CONCURRENCY};
 
 /// One applied remote effect.
 #[derive(Debug, Clone)]
@@ -340,6 +340,10 @@ struct Sim {
     /// The tasks not terminal now, and the submitted ones (not children) seen, for `quiet`.
     live: BTreeSet<String>,
     roots: BTreeSet<String>,
+    /// The tasks of each concurrency key running now (claimed, not ended), and the tasks seen
+    /// waiting for a slot.
+    keyed_running: BTreeMap<String, BTreeSet<String>>,
+    keyed_waited: BTreeSet<String>,
 }
 
 /// Run one seed.
@@ -351,6 +355,8 @@ pub fn run(cfg: &SimConfig) -> SimReport {
     bus.create_queue(REPLY_QUEUE, QueueConfig::default());
     let settings = Settings {
         policy: Policy {
+            // a waiting task's check of its key: often, so lost grants and releases are recovered in a run
+            key_check_ms: 30_000,
             start_timeout_ms: 10_000,
             // Small, so that the store's archive of dropped entries runs under every fault.
             history_limit: 6,
@@ -371,6 +377,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         store: Arc::new(store.clone()),
         writer: sas_core::transition::Writer::new(Arc::new(store.clone())),
         limiter: Arc::new(store.clone()),
+        keys: Arc::new(store.clone()),
         bus: Arc::new(bus.clone()),
         resources: res,
         workflows: Arc::new(workflows()),
@@ -418,6 +425,8 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         iterating: BTreeMap::new(),
         live: BTreeSet::new(),
         roots: BTreeSet::new(),
+        keyed_running: BTreeMap::new(),
+        keyed_waited: BTreeSet::new(),
     };
     sim.go();
     sim.report
@@ -447,7 +456,9 @@ impl Sim {
     /// A submission; one in five names no task id (the Submitter derives one from the message).
     fn submission(&self, id: &str) -> String {
         let roll = self.rng.unit();
-        let workflow = if self.cfg.pages.is_some() {
+        let workflow = if self.cfg.keys.is_some() {
+            "order-keyed"
+        } else if self.cfg.pages.is_some() {
             "order-pages"
         } else if self.cfg.map_lines.is_some() {
             "order-map"
@@ -475,6 +486,9 @@ impl Sim {
         let mut input = json!({"sku": "a", "lines": lines, "cool_off_s": 2});
         if let Some((pages, per_page)) = self.cfg.pages {
             input = json!({"sku": "a", "pages": pages, "per_page": per_page});
+        }
+        if let Some(keys) = self.cfg.keys {
+            input["account"] = json!(format!("acct{}", self.between(0, keys)));
         }
         let mut body = if self.chance(0.2) {
             input["ref"] = json!(id);

@@ -162,5 +162,8 @@ impl Change<'_> {
             self.fx.push(Effect::Alert(alert));
         }
         self.fx.extend(map::ended_notice(&self.t));
+        if let Some(slot) = &self.t.slot {
+            self.fx.push(Effect::ReleaseSlot { key: slot.key.clone() });
+        }
     }
 }

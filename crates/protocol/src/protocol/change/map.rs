@@ -223,6 +223,7 @@ pub fn element_task(parent: &Task, step: usize, element: u32, item: Value, ctx: 
         description: String::new(),
         on_failure: OnFailure::Compensate,
         steps: vec![def],
+        concurrency: None,
     };
     let id = TaskId::child(&parent.task_id, step, element);
     let input = match branch {

@@ -35,6 +35,11 @@ pub(crate) fn claim(task: &Task, rev: u64, c: &mut Change) -> Result<(), Stale> 
     // a child task (a map's workflow element, a workflow step's child, a loop's iteration) is
     // created waiting for its claim: its first step's guard is decided here, once, as a
     // submitted task's is when it is created
+    // a task that waited for a slot of its key was granted one (only a grant sends its run)
+    if let Some(slot) = c.t.slot.as_mut().filter(|s| s.waiting) {
+        slot.waiting = false;
+        c.t.reason = None;
+    }
     let first = task.phase() == Phase::Forward
         && task.step_index == 0
         && task.steps.first().is_some_and(|s| s.status == StepStatus::Pending && s.attempts == 0);

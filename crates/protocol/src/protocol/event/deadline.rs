@@ -52,6 +52,14 @@ pub(crate) fn deadline_expired(task: &Task, c: &mut Change) -> Result<(), Stale>
         map_deadline(task, c);
         return Ok(());
     }
+    if task.waits_for_slot() {
+        // the Supervisor checked the task's key (and sent its run if it holds a slot): the next check
+        if complete_by > c.ctx.now {
+            return Err(Stale::NotExpired { complete_by, now: c.ctx.now });
+        }
+        c.t.complete_by = Some(c.ctx.now.plus_ms(c.policy.key_check_ms));
+        return Ok(());
+    }
     let waiting = in_wait(task);
     if complete_by.plus_ms(deadline_grace_ms(task, c.policy)) > c.ctx.now {
         return Err(Stale::NotExpired { complete_by, now: c.ctx.now });

@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use crate::ids::TaskId;
 use crate::protocol::change::Change;
-use crate::protocol::task::new_task;
-use crate::protocol::{Ctx, Policy, Transition};
+use crate::protocol::task::{new_task, Slot};
+use crate::protocol::{Ctx, Policy, ProcessState, Transition};
 use crate::workflow::WorkflowDef;
 
 /// Create the task for an accepted submission with its first step already claimed, in the one
@@ -26,8 +26,45 @@ pub fn submit(
     ctx: &Ctx,
     policy: &Policy,
 ) -> Transition {
-    let task = new_task(task_id, workflow, input, reply_to, ctx);
+    submit_in_slot(task_id, workflow, input, reply_to, None, ctx, policy)
+}
+
+/// [`submit`] for a task that holds a slot of its concurrency key (`key`: the key item's id),
+/// which its end gives back.
+pub fn submit_in_slot(
+    task_id: TaskId,
+    workflow: WorkflowDef,
+    input: Value,
+    reply_to: Option<String>,
+    key: Option<String>,
+    ctx: &Ctx,
+    policy: &Policy,
+) -> Transition {
+    let mut task = new_task(task_id, workflow, input, reply_to, ctx);
+    task.slot = key.map(|key| Slot { key, waiting: false });
     let mut c = Change { t: task, fx: Vec::new(), ctx, policy, error_name: None };
     c.enter();
+    Transition { task: c.t, effects: c.fx, keeps_mark: false }
+}
+
+/// Create the task of a submission whose concurrency key is busy: `Pending`, unclaimed, waiting
+/// for a slot of `key` (the key item's id). No effect but its first status: its run message
+/// (`WaitRev` 1) is sent by the release that grants it a slot. Its `CompleteBy` is when the
+/// Supervisor checks its key ([`Policy::key_check_ms`]), the backstop of a lost grant.
+pub fn submit_waiting(
+    task_id: TaskId,
+    workflow: WorkflowDef,
+    input: Value,
+    reply_to: Option<String>,
+    key: String,
+    ctx: &Ctx,
+    policy: &Policy,
+) -> Transition {
+    let mut task = new_task(task_id, workflow, input, reply_to, ctx);
+    task.reason = Some(format!("waiting for a slot of its concurrency key {key}"));
+    task.slot = Some(Slot { key, waiting: true });
+    task.complete_by = Some(ctx.now.plus_ms(policy.key_check_ms));
+    let mut c = Change { t: task, fx: Vec::new(), ctx, policy, error_name: None };
+    c.note_wait(ProcessState::Pending);
     Transition { task: c.t, effects: c.fx, keeps_mark: false }
 }

@@ -16,6 +16,7 @@ fn when(step: StepDef, c: Value) -> StepDef {
 
 pub(super) fn wf(steps: Vec<StepDef>) -> WorkflowDef {
     WorkflowDef {
+        concurrency: None,
         result: None,
         name: "order".into(),
         version: 1,
@@ -439,6 +440,7 @@ fn ship_runs_shipping(parameters: Value) -> StepDef {
 /// tracking number.
 fn with_child(on_failure: StepFailure) -> WorkflowDef {
     let shipping = WorkflowDef {
+        concurrency: None,
         name: "shipping".into(),
         version: 1,
         description: String::new(),
@@ -553,6 +555,7 @@ fn a_child_that_fails_fails_its_step_unless_the_step_continues() {
 #[test]
 fn workflows_that_call_each_other_in_a_cycle_or_too_deep_or_an_unknown_one_are_refused() {
     let calls = |name: &str, callee: &str| WorkflowDef {
+        concurrency: None,
         name: name.into(),
         version: 1,
         description: String::new(),
@@ -583,6 +586,7 @@ fn workflows_that_call_each_other_in_a_cycle_or_too_deep_or_an_unknown_one_are_r
 /// step), each child with `{"address", "sku"}` from its item.
 fn with_children() -> WorkflowDef {
     let shipping = WorkflowDef {
+        concurrency: None,
         name: "shipping".into(),
         version: 1,
         description: String::new(),

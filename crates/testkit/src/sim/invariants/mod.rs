@@ -1,7 +1,7 @@
 //! The invariants, checked after each instant (`observe`) and at the end of a run (`check`)
 //! against the remote services' ledger, the queues and the topic (listed in `sim`'s docs): the
 //! tasks' here (`terminal`, `dlq`, `undone`, `error-alert`, `overwritten`, `processed-once`,
-//! `history`, `alert-once`, `timers-bounded`, `max-in-flight`), the maps' and regions' in [`maps`]
+//! `history`, `alert-once`, `timers-bounded`, `max-in-flight`, `key-limit`, `key-waited`), the maps' and regions' in [`maps`]
 //! (`element-lost`, `map-undone`, `join-once`), the replies' in [`replies`] (`reply-once`), the
 //! attempts' in [`claims`] (`dispatched`, `late-hung`, `late-lost`, `callback-lost`,
 //! `hung-reported`); the decisions' here (`skipped`, `decided-once`) and in [`maps`]
@@ -16,7 +16,7 @@ use sas_protocol::messages::Phase;
 use sas_protocol::protocol::{CompensationStatus, EndCause, ProcessState, Stage, StepStatus};
 use sas_protocol::workflow::StepDef;
 
-use super::{Applied, Claim, Episode, Sim, LIMIT, LIMITED_AGENT};
+use super::{Applied, Claim, Episode, Sim, KEY_LIMIT, LIMIT, LIMITED_AGENT};
 
 /// The most intervals `[start, end)` open at once, and the first instant it was so (a call that
 /// ends when another starts is not open with it).
@@ -39,6 +39,34 @@ mod maps;
 mod replies;
 
 impl Sim {
+    /// `key-limit`: never more than [`KEY_LIMIT`] tasks of one concurrency key running (claimed,
+    /// not ended) at once. A task resubmitted from `Error` runs beside its key's limit (it gave its
+    /// slot back when it ended in `Error`), so tasks that were in `Error` are not counted.
+    fn observe_key(&mut self, t: &sas_protocol::protocol::Task, id: &str) {
+        let Some(slot) = &t.slot else { return };
+        if t.waits_for_slot() && self.keyed_waited.insert(id.to_owned()) {
+            self.report.key_waited += 1;
+        }
+        let running = !t.process_state.is_terminal() && !t.waits_for_slot() && !self.episodes.contains_key(id);
+        let now = self.now();
+        let set = self.keyed_running.entry(slot.key.clone()).or_default();
+        if running {
+            set.insert(id.to_owned());
+        } else {
+            set.remove(id);
+        }
+        self.report.key_max = self.report.key_max.max(set.len());
+        if set.len() > KEY_LIMIT as usize {
+            self.report.violations.push(format!(
+                "key-limit: {} tasks of key {} run at once at {} ({:?}); its limit is {KEY_LIMIT}",
+                set.len(),
+                slot.key,
+                now.0,
+                set
+            ));
+        }
+    }
+
     /// Record the states seen, and any terminal state left.
     ///
     /// Reads the tasks written since the last look only (in the order of their ids, as a look at
@@ -92,6 +120,7 @@ impl Sim {
                     self.locks.insert(id.clone(), token);
                 }
             }
+            self.observe_key(&t, &id);
             // a guard is decided once per unit: a step seen skipped stays skipped
             if let Some(seen) = self.skips_seen.get(&id) {
                 for &j in seen {
@@ -221,6 +250,12 @@ impl Sim {
             v.push(format!("terminal: {submitted} of {} submissions became tasks", self.report.tasks));
         }
         self.check_maps(&tasks, &mut v);
+        // `key-waited`: every task that waited for a slot of its key started or was cancelled
+        for (key, state) in self.store.keys() {
+            if !state.waiting.is_empty() {
+                v.push(format!("key-waited: {} task(s) still wait on {key}: {:?}", state.waiting.len(), state.line()));
+            }
+        }
         for q in self.queues() {
             for body in self.bus.bodies(&MemoryBus::dlq_of(&q)) {
                 v.push(format!("dlq: dead-lettered from {q}: {}", sas_protocol::ids::clip(&body, 200)));

@@ -1,0 +1,176 @@
+//! Concurrency keys against LocalStack: a burst of 300 tasks on 10 keys with a limit of 1 runs
+//! one task at a time per key, each task once; the strategies for a busy key (refuse, replace,
+//! cancel) do what they say; the key items in DynamoDB are left empty.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sas_core::agent::{AgentRuntime, AwsConfigCell};
+use sas_core::store::KeyStore;
+use sas_order_service::{spawn_service, FaultRule, OrderService};
+use sas_protocol::ids::Millis;
+use sas_protocol::protocol::{ProcessState, Task};
+use sas_protocol::workflow::{WorkflowDef, WorkflowRegistry};
+use serde_json::json;
+
+use crate::common::stack_with;
+
+const TASKS: usize = 300;
+const KEYS: usize = 10;
+
+fn workflow(v: serde_json::Value) -> WorkflowDef {
+    serde_json::from_value(v).expect("a valid workflow")
+}
+
+/// When the task was first claimed (its first `Processing` entry) and when it ended.
+fn ran(t: &Task) -> (Millis, Millis) {
+    let start = t.history.iter().find(|h| h.state == ProcessState::Processing).map(|h| h.at);
+    let end = t.history.iter().rev().find(|h| h.state.is_terminal()).map(|h| h.at);
+    (start.expect("claimed"), end.expect("ended"))
+}
+
+#[tokio::test]
+async fn a_burst_of_300_tasks_on_10_keys_with_a_limit_of_1_runs_one_at_a_time_per_key() {
+    let keyed = workflow(json!({
+        "name": "keyed", "version": 1,
+        "concurrency": {"key": "$.input.account", "limit": 1},
+        "steps": [{"name": "charge", "agent": "pay", "timeout_ms": 30_000, "schedule_to_start_ms": 300_000}]
+    }));
+    let s = stack_with("keys", WorkflowRegistry::new([keyed]).unwrap()).await;
+    let svc = OrderService::new();
+    // each call takes a moment: two calls of one key at once would overlap at the service
+    svc.add_fault(FaultRule { endpoint: Some("/payment/charge".into()), latency_ms: 50, ..FaultRule::default() });
+    let base = spawn_service(&svc).await.unwrap();
+    let agents = r#"{"agents": {"pay": {"kind": "http", "url": "${BASE}/payment/charge"}}}"#;
+    let vars = |k: &str| (k == "BASE").then(|| base.clone());
+    let rt = AgentRuntime::from_config_with(agents, &vars, AwsConfigCell::with(s.sdk.clone())).unwrap();
+    let ids: Vec<(String, String)> = (0..TASKS).map(|i| (format!("k-{i:03}"), format!("acct-{}", i % KEYS))).collect();
+    for (id, account) in &ids {
+        let body = json!({"v": 1, "task_id": id, "workflow": "keyed",
+                          "input": {"account": account, "customer": "c-1", "amount_cents": 100}});
+        s.send(&s.res.submission_queue_url, &body.to_string()).await;
+    }
+    // started once every submission is queued: a burst
+    let runner = s.runner_with(rt);
+    let mut by_key: BTreeMap<&str, Vec<(Millis, Millis, &str)>> = BTreeMap::new();
+    for (id, account) in &ids {
+        let t = s.wait_for(id, Duration::from_mins(15), |t| t.process_state.is_terminal()).await;
+        assert_eq!(t.process_state, ProcessState::Processed, "{id}: {:?}", t.reason);
+        let (start, end) = ran(&t);
+        by_key.entry(account).or_default().push((start, end, id));
+    }
+    runner.shutdown().await;
+    // one at a time per key: each task of a key was claimed after the one before it had ended
+    let mut waited = 0;
+    for (key, runs) in &mut by_key {
+        runs.sort();
+        for w in runs.windows(2) {
+            let ((_, end, before), (start, _, after)) = (w[0], w[1]);
+            assert!(start >= end, "{key}: {after} started at {start} before {before} ended at {end}");
+        }
+        waited += runs.len() - 1;
+    }
+    assert_eq!(waited, TASKS - KEYS, "all but the first of each key waited its turn");
+    // each task once: one charge per task at the service
+    let mut charged: Vec<String> = svc.ledger().into_iter().map(|e| e.order).collect();
+    charged.sort();
+    charged.dedup();
+    assert_eq!((svc.ledger().len(), charged.len()), (TASKS, TASKS), "one charge per task");
+    // the key items are left with no holder and no line
+    for k in 0..KEYS {
+        let state = s.table().load_key(&format!("key:keyed:acct-{k}")).await.unwrap().expect("the key's item");
+        assert!(state.holders.is_empty() && state.waiting.is_empty(), "acct-{k}: {state:?}");
+        assert_eq!(state.seq, (TASKS / KEYS - 1) as u64, "acct-{k}: every task but the first waited in line");
+    }
+    s.delete().await;
+}
+
+#[tokio::test]
+async fn a_busy_key_refuses_replaces_or_cancels_as_its_workflow_says() {
+    // reserve (undone by release), a nap that keeps the key busy, then done
+    let def = |name: &str, when_busy: &str| {
+        workflow(json!({
+            "name": name, "version": 1,
+            "concurrency": {"key": "$.input.account", "limit": 1, "when_busy": when_busy},
+            "steps": [
+                {"name": "reserve", "agent": "sim", "timeout_ms": 10_000,
+                 "compensation": {"name": "release", "agent": "sim", "timeout_ms": 10_000}},
+                {"name": "nap", "kind": "wait", "wait_ms": 15_000},
+                {"name": "done", "agent": "sim", "timeout_ms": 10_000}
+            ]
+        }))
+    };
+    let workflows =
+        WorkflowRegistry::new([def("refuse", "refuse"), def("replace", "replace"), def("cancel", "cancel")]).unwrap();
+    let stack = stack_with("busy", workflows).await;
+    let s = &stack;
+    let replies = s.reply_queue("busy", false).await;
+    let runner = s.runner();
+    let submit = |w: &str, n: u32, input: serde_json::Value| {
+        json!({"v": 1, "task_id": format!("{w}-{n}"), "workflow": w, "input": input, "reply_to": replies}).to_string()
+    };
+    // the first task of each holds its key (in its nap); then two more arrive, one after the other
+    for w in ["refuse", "replace", "cancel"] {
+        s.send(&s.res.submission_queue_url, &submit(w, 1, json!({"account": w}))).await;
+    }
+    for w in ["refuse", "replace", "cancel"] {
+        s.wait_for(&format!("{w}-1"), Duration::from_mins(1), |t| t.current_step_name() == Some("nap")).await;
+        s.send(&s.res.submission_queue_url, &submit(w, 2, json!({"account": w}))).await;
+    }
+    for w in ["replace", "cancel"] {
+        let second = s.wait_for(&format!("{w}-2"), Duration::from_mins(1), |_| true).await;
+        assert!(second.waits_for_slot() || second.process_state == ProcessState::Cancelled, "{w}-2: {second:?}");
+    }
+    for w in ["refuse", "replace", "cancel"] {
+        s.send(&s.res.submission_queue_url, &submit(w, 3, json!({"account": w}))).await;
+    }
+    // a submission whose input names no key is refused at once, with the reason
+    s.send(&s.res.submission_queue_url, &submit("refuse", 4, json!({"customer": "c-1"}))).await;
+
+    let end = |id: &'static str| async move {
+        s.wait_for(id, Duration::from_mins(2), |t| t.process_state.is_terminal()).await
+    };
+    let never_ran = |t: &Task| !t.history.iter().any(|h| h.state == ProcessState::Processing);
+    // refuse: the first runs on; the others are refused and never become tasks
+    assert_eq!(end("refuse-1").await.process_state, ProcessState::Processed);
+    assert!(s.task("refuse-2").await.is_none() && s.task("refuse-3").await.is_none());
+    // replace: the waiting one is replaced by the latest (cancelled without having run), which runs
+    // once the first has ended
+    let (r1, r2, r3) = (end("replace-1").await, end("replace-2").await, end("replace-3").await);
+    assert_eq!(
+        (r1.process_state, r2.process_state, r3.process_state),
+        (ProcessState::Processed, ProcessState::Cancelled, ProcessState::Processed)
+    );
+    assert!(never_ran(&r2), "{:?}", r2.history);
+    assert!(r2.reason.as_deref().is_some_and(|r| r.contains("replaced by task replace-3")), "{:?}", r2.reason);
+    assert!(ran(&r3).0 >= ran(&r1).1, "replace-3 ran after replace-1 ended");
+    // cancel: the running one is cancelled (its reserve undone), the waiting one too; the latest runs
+    let (c1, c2, c3) = (end("cancel-1").await, end("cancel-2").await, end("cancel-3").await);
+    assert_eq!(
+        (c1.process_state, c2.process_state, c3.process_state),
+        (ProcessState::Cancelled, ProcessState::Cancelled, ProcessState::Processed)
+    );
+    assert!(c1.history.iter().any(|h| h.state == ProcessState::Compensating), "{:?}", c1.history);
+    assert!(never_ran(&c2), "{:?}", c2.history);
+    assert!(ran(&c3).0 >= ran(&c1).1, "cancel-3 ran after cancel-1 ended");
+    // what the refused submissions' reply queue heard
+    let statuses = s.bodies(&replies, 1, Duration::from_secs(5)).await;
+    let rejected: BTreeMap<String, String> = statuses
+        .iter()
+        .filter(|m| m["state"] == "Rejected")
+        .map(|m| {
+            (m["task_id"].as_str().unwrap_or_default().to_owned(), m["reason"].as_str().unwrap_or_default().to_owned())
+        })
+        .collect();
+    for id in ["refuse-2", "refuse-3"] {
+        assert!(rejected.get(id).is_some_and(|r| r.contains("when_busy is refuse")), "{id}: {rejected:?}");
+    }
+    assert!(rejected.get("refuse-4").is_some_and(|r| r.contains("names nothing in the input")), "{rejected:?}");
+    runner.shutdown().await;
+    // every key item is left empty
+    for w in ["refuse", "replace", "cancel"] {
+        let state = s.table().load_key(&format!("key:{w}:{w}")).await.unwrap().expect("the key's item");
+        assert!(state.holders.is_empty() && state.waiting.is_empty(), "{w}: {state:?}");
+    }
+    stack.delete().await;
+}
