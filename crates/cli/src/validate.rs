@@ -249,10 +249,13 @@ fn check_config(workflows_json: &str, agents_json: &str, vars: &dyn Fn(&str) -> 
     let registry = read_workflows(workflows_json, &mut r.problems);
     let agents: Vec<AgentSurvey> = read_agents(agents_json, vars, &mut r.problems);
     for a in &agents {
-        match a.max_in_flight {
-            Some(max) => r.agents.push(format!("{} ({}, max_in_flight {max})", a.name, a.kind)),
-            None => r.agents.push(format!("{} ({})", a.name, a.kind)),
-        }
+        let mut said = vec![a.kind.to_owned()];
+        said.extend(a.max_in_flight.map(|max| format!("max_in_flight {max}")));
+        said.extend(a.rate.map(|rate| {
+            let per = if rate.per_ms == 1_000 { "second" } else { "minute" };
+            format!("rate {} a {per}, burst {}", rate.calls, rate.burst)
+        }));
+        r.agents.push(format!("{} ({})", a.name, said.join(", ")));
         if let Some(var) = &a.missing_var {
             r.problems.push(format!("agent {}: variable {var} is not set (every call would fail)", a.name));
         }

@@ -22,6 +22,8 @@
 //! 1 KB: about 20 leases), plus one failed conditional write per wait. One item takes at most
 //! 1,000 write units a second, so a limited agent starts at most ~500 calls a second.
 
+use serde::Deserialize;
+
 use crate::ids::Millis;
 
 /// `TaskId` prefix of the limit items (`:` never appears in a task id).
@@ -60,9 +62,172 @@ pub fn wait_delay(waited: u32, jitter: f64) -> u32 {
     s.clamp(1, MAX_WAIT_S)
 }
 
+// ---- pacing: an agent's rate ----------------------------------------------------------------
+//
+// **Slots in time.** An agent with a `rate` has one item in the task table (`TaskId` =
+// `rate:{agent}`) holding `Tat`, the generic cell rate algorithm's theoretical arrival time: the
+// instant from which the next call may start without using the burst. A call takes the earliest
+// slot at or after now + [`PACE_LEAD_MS`] that the rate allows ([`pace`]) with one conditional
+// write (the item's `Tat` unchanged since it was read), then sleeps until its slot and calls. A
+// call whose write came back after its slot (plus [`PACE_SLACK_MS`]) takes another instead of
+// running late, so calls start at their slots. A slot further than [`MAX_PACE_SLEEP_MS`] away is
+// not taken: the request goes back to the agent queue, delayed until about then, and asks again.
+//
+// **What holds.** At most `burst` calls start at once, and at most `calls` in any window of
+// `per`, across every task and every agent process (their clocks agree within the slack). Calls
+// beyond it are delayed, never failed; the wait counts towards the step's `schedule_to_start_ms`.
+//
+// **Cost.** One consistent read and one conditional write of the rate item per call (1 read unit,
+// 1 write unit), and one more of each per lost race.
+
+/// `TaskId` prefix of the rate items.
+pub const RATE_KEY_PREFIX: &str = "rate:";
+
+/// How far ahead of now a call's slot is: the conditional write that takes it lands before it.
+pub const PACE_LEAD_MS: u64 = 50;
+
+/// How late after its slot a call may still start (the write's return and the sleep's precision).
+pub const PACE_SLACK_MS: u64 = 5;
+
+/// The longest a call sleeps for its slot in the agent; further ones wait in the agent queue.
+pub const MAX_PACE_SLEEP_MS: u64 = 2_000;
+
+/// The item of `agent`'s rate.
+pub fn rate_key(agent: &str) -> String {
+    format!("{RATE_KEY_PREFIX}{agent}")
+}
+
+/// An agent's rate (`rate` in the agents file): `per_second` or `per_minute` calls, at most
+/// `burst` at once (default 1: evenly spaced).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateSpec {
+    #[serde(default)]
+    pub per_second: Option<u32>,
+    #[serde(default)]
+    pub per_minute: Option<u32>,
+    #[serde(default)]
+    pub burst: Option<u32>,
+}
+
+/// A rate: `calls` per `per_ms`, at most `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub calls: u32,
+    pub per_ms: u64,
+    pub burst: u32,
+}
+
+impl Rate {
+    /// The most calls a rate may allow per second (one item takes about 1,000 writes a second,
+    /// two per call with a lost race or two).
+    pub const MAX_PER_SECOND: u32 = 200;
+
+    /// The rate a spec says, or why it says none.
+    pub fn of(spec: &RateSpec) -> Result<Rate, String> {
+        let (calls, per_ms) = match (spec.per_second, spec.per_minute) {
+            (Some(n), None) => (n, 1_000),
+            (None, Some(n)) => (n, 60_000),
+            _ => return Err("rate takes exactly one of per_second and per_minute".into()),
+        };
+        if calls == 0 || u64::from(calls) * 1_000 / per_ms > u64::from(Self::MAX_PER_SECOND) {
+            return Err(format!("rate allows 1 call per minute up to {} a second", Self::MAX_PER_SECOND));
+        }
+        let burst = spec.burst.unwrap_or(1);
+        if burst == 0 || burst > calls {
+            return Err(format!("rate.burst must be from 1 to its calls per period ({calls})"));
+        }
+        Ok(Rate { calls, per_ms, burst })
+    }
+
+    /// The time between two calls' slots: `per / calls`, and a little more, so that the calls'
+    /// starts (each within [`PACE_SLACK_MS`] after its slot, and measured in whole milliseconds)
+    /// never put `calls + 1` in one window of `per` (5 a second: 202 ms).
+    pub fn interval_ms(&self) -> u64 {
+        (self.per_ms + PACE_SLACK_MS + 1).div_ceil(u64::from(self.calls.max(1)))
+    }
+
+    /// How far before its theoretical time a call may start (the burst).
+    pub fn tolerance_ms(&self) -> u64 {
+        self.interval_ms() * u64::from(self.burst.saturating_sub(1))
+    }
+}
+
+/// What a call of a paced agent gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// Its slot: the rate item's `Tat` becomes `tat`; sleep until `slot`, then call.
+    Reserve { slot: Millis, tat: Millis },
+    /// The next slot is too far to sleep for: wait in the queue until about `slot`.
+    Later { slot: Millis },
+}
+
+/// The slot a call asking at `now` gets, the rate item holding `tat` (none: never called).
+pub fn pace(tat: Option<Millis>, now: Millis, rate: &Rate) -> Pace {
+    let tat = tat.unwrap_or(Millis(0));
+    let earliest = Millis(tat.0.saturating_sub(rate.tolerance_ms()));
+    let slot = now.plus_ms(PACE_LEAD_MS).max(earliest);
+    if now.until(slot) > MAX_PACE_SLEEP_MS {
+        return Pace::Later { slot };
+    }
+    Pace::Reserve { slot, tat: tat.max(slot).plus_ms(rate.interval_ms()) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paced_slots_are_an_interval_apart_after_the_burst_and_far_ones_wait_in_the_queue() {
+        let rate = Rate::of(&RateSpec { per_second: Some(5), per_minute: None, burst: None }).unwrap();
+        assert_eq!((rate.interval_ms(), rate.tolerance_ms()), (202, 0));
+        let mut tat = None;
+        let mut slots = Vec::new();
+        // twenty calls asking at the same instant
+        for _ in 0..20 {
+            match pace(tat, Millis(10_000), &rate) {
+                Pace::Reserve { slot, tat: next } => {
+                    slots.push(slot.0);
+                    tat = Some(next);
+                }
+                Pace::Later { slot } => {
+                    assert!(slot.0 > 10_000 + MAX_PACE_SLEEP_MS);
+                    break;
+                }
+            }
+        }
+        assert_eq!(slots.len(), 10, "2 s of slots at 5 a second: {slots:?}");
+        assert!(slots.windows(2).all(|w| w[1] - w[0] == 202), "{slots:?}");
+        assert!(slots[5] - slots[0] > 1_000 + PACE_SLACK_MS, "six starts never fit in one second");
+        assert_eq!(slots[0], 10_000 + PACE_LEAD_MS);
+        // a burst of 3: three at once, then one an interval
+        let burst = Rate::of(&RateSpec { per_second: Some(5), per_minute: None, burst: Some(3) }).unwrap();
+        let mut tat = None;
+        let mut slots = Vec::new();
+        for _ in 0..5 {
+            if let Pace::Reserve { slot, tat: next } = pace(tat, Millis(0), &burst) {
+                slots.push(slot.0);
+                tat = Some(next);
+            }
+        }
+        assert_eq!(slots, vec![50, 50, 50, 252, 454]);
+        // an idle agent's old Tat gives no credit beyond the burst
+        assert_eq!(
+            pace(Some(Millis(100)), Millis(90_000), &rate),
+            Pace::Reserve { slot: Millis(90_050), tat: Millis(90_252) }
+        );
+    }
+
+    #[test]
+    fn a_rate_is_one_of_per_second_or_per_minute_within_bounds() {
+        let spec = |s, m, b| RateSpec { per_second: s, per_minute: m, burst: b };
+        assert_eq!(Rate::of(&spec(None, Some(30), None)).unwrap().interval_ms(), 2_001);
+        assert!(Rate::of(&spec(Some(1), Some(1), None)).is_err());
+        assert!(Rate::of(&spec(None, None, None)).is_err());
+        assert!(Rate::of(&spec(Some(0), None, None)).is_err());
+        assert!(Rate::of(&spec(Some(500), None, None)).is_err());
+        assert!(Rate::of(&spec(Some(5), None, Some(6))).is_err());
+    }
 
     #[test]
     fn waits_double_with_full_jitter_within_bounds() {

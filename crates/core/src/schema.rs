@@ -48,8 +48,20 @@ pub fn agents() -> Value {
         "description": "How this agent retries within an attempt (instead of the file's retry).",
         "$ref": "#/$defs/CallRetry"
     });
+    // and how fast its calls may start
+    let rate = json!({
+        "description": "How fast this agent's calls may start, across all tasks: exactly one of per_second and per_minute, and at most burst at once (default 1).",
+        "type": "object",
+        "properties": {
+            "per_second": {"type": "integer", "minimum": 1, "maximum": crate::limit::Rate::MAX_PER_SECOND},
+            "per_minute": {"type": "integer", "minimum": 1},
+            "burst": {"type": "integer", "minimum": 1}
+        },
+        "additionalProperties": false
+    });
     for variant in v.pointer_mut("/$defs/AgentSpec/oneOf").and_then(Value::as_array_mut).into_iter().flatten() {
         if let Some(props) = variant.get_mut("properties").and_then(Value::as_object_mut) {
+            props.insert("rate".into(), rate.clone());
             props.insert("max_in_flight".into(), max.clone());
             props.insert("retry".into(), retry.clone());
         }

@@ -178,3 +178,37 @@ async fn a_request_that_waited_past_its_start_by_says_it_did_not_start() {
     assert!(!agent::handle_sent(&tw.deps, &rt, &body, None).await.unwrap());
     assert!(outcomes(&tw).is_empty());
 }
+
+/// An agent with a `rate`: the first call takes the first slot and runs; the next one's slot is a
+/// minute away (1 a minute), too far to sleep for: the request goes back to the agent queue to
+/// wait (no result, no failure), delayed until about its slot, and counts its wait.
+#[tokio::test]
+async fn a_request_whose_slot_of_its_agent_s_rate_is_far_waits_on_the_agent_queue() {
+    let tw = twins();
+    let counting = std::sync::Arc::new(Counting::default());
+    let mut rt = AgentRuntime::default();
+    rt.register_arc("paced", counting.clone());
+    let spec = sas_core::limit::RateSpec { per_second: None, per_minute: Some(1), burst: None };
+    rt.set_rate("paced", sas_core::limit::Rate::of(&spec).unwrap());
+    let now = tw.deps.now();
+    let mut bodies = Vec::new();
+    for i in 0..2 {
+        let req = AgentRequest::first_attempt(
+            TaskId::try_from(format!("paced-{i}")).unwrap(),
+            "notify",
+            "paced",
+            json!({}),
+            now.plus_ms(300_000),
+        );
+        tw.hold(&req.task_id, "notify", "paced", &req.attempt).await;
+        bodies.push(serde_json::to_string(&req).unwrap());
+    }
+    assert!(agent::handle_sent(&tw.deps, &rt, &bodies[0], Some(now)).await.unwrap(), "the first runs");
+    assert!(!agent::handle_sent(&tw.deps, &rt, &bodies[1], Some(now)).await.unwrap(), "the second waits");
+    assert_eq!(counting.0.load(std::sync::atomic::Ordering::SeqCst), 1, "one call");
+    assert!(matches!(outcomes(&tw).as_slice(), [Outcome::Succeeded { .. }]), "waiting is no failure");
+    let waiting = tw.bus.take(&tw.deps.resources.agent_queue_url);
+    assert_eq!(waiting.len(), 1, "sent back to the agent queue");
+    let again: AgentRequest = serde_json::from_str(&waiting[0]).unwrap();
+    assert_eq!((again.waits, again.waiting_since), (1, Some(now)));
+}

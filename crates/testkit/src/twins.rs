@@ -60,6 +60,7 @@ impl Twins {
             writer: sas_core::transition::Writer::new(Arc::new(store.clone())),
             limiter: Arc::new(store.clone()),
             keys: Arc::new(store.clone()),
+            pacer: Arc::new(store.clone()),
             bus: Arc::new(bus.clone()),
             resources: res,
             workflows: Arc::new(workflows),

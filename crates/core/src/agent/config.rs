@@ -51,6 +51,9 @@ impl AgentRuntime {
             if let Some(max) = entry.max_in_flight {
                 rt.set_limit(entry.name.clone(), max);
             }
+            if let Some(rate) = entry.rate {
+                rt.set_rate(entry.name.clone(), rate);
+            }
             if let Some(retry) = entry.retry.clone() {
                 rt.set_retry(entry.name.clone(), retry);
             }
@@ -138,6 +141,8 @@ pub struct AgentSurvey {
     pub grants: Vec<Grant>,
     /// How many of its calls may be in flight at once, if it says.
     pub max_in_flight: Option<u32>,
+    /// How fast its calls may start, if it says.
+    pub rate: Option<crate::limit::Rate>,
 }
 
 /// The agents of a configuration file, checked as [`AgentRuntime::from_config`] builds them, and
@@ -156,6 +161,7 @@ pub fn survey(json: &str, vars: &dyn Fn(&str) -> Option<String>) -> Result<Vec<A
             missing_var: e.missing_var,
             grants: e.spec.map(|s| s.grants()).unwrap_or_default(),
             max_in_flight: e.max_in_flight,
+            rate: e.rate,
         })
         .collect())
 }
@@ -221,6 +227,17 @@ struct Entry {
     max_in_flight: Option<u32>,
     /// How it retries within an attempt, when not as the file's `retry` says.
     retry: Option<CallRetry>,
+    /// How fast its calls may start, across all tasks (see [`crate::limit`]'s pacing).
+    rate: Option<crate::limit::Rate>,
+}
+
+/// An entry's `rate` (any kind may have one), taken out of the entry.
+fn take_rate(name: &str, v: &mut Value) -> Result<Option<crate::limit::Rate>, AgentConfigError> {
+    let Some(raw) = v.as_object_mut().and_then(|o| o.remove("rate")) else { return Ok(None) };
+    let spec = crate::limit::RateSpec::deserialize(&raw).map_err(|e| e.to_string());
+    spec.and_then(|s| crate::limit::Rate::of(&s))
+        .map(Some)
+        .map_err(|e| AgentConfigError::Json(format!("agent {name}: rate: {e}")))
 }
 
 /// An entry's `max_in_flight` and `retry` (any kind may have them), taken out of the entry so its
@@ -253,7 +270,9 @@ impl AgentFile {
         };
         let mut out = Vec::new();
         for (name, raw) in &self.agents {
-            let (raw, max_in_flight, retry) = take_common(name, raw)?;
+            let mut raw = raw.clone();
+            let rate = take_rate(name, &mut raw)?;
+            let (raw, max_in_flight, retry) = take_common(name, &raw)?;
             // the entry as written must already be a valid one of its kind
             let written = parse(name, &raw)?;
             let (spec, missing_var) = match expand_value(&raw, vars) {
@@ -268,6 +287,7 @@ impl AgentFile {
                 spec,
                 max_in_flight,
                 retry,
+                rate,
             });
         }
         Ok(out)

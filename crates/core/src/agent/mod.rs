@@ -117,6 +117,22 @@ pub async fn handle_request(
             }
             return current;
         }
+        // an agent with a rate: the call waits for its slot (sleeping, or in the agent queue). Its
+        // execution time still counts from before the check: a sleep is taken from the attempt's
+        // time, so the call ends within one execution time of the check, as `still_current` says.
+        if let Some(rate) = runtime.rate(&req.agent) {
+            match pace_call(deps, &rate, &req, sent_at).await {
+                Ok(true) => {}
+                other => {
+                    if let Some(holder) = lease {
+                        if let Err(e) = deps.limiter.release(&req.agent, &holder).await {
+                            warn!(agent = %req.agent, error = %e, "could not give the agent's slot back; it frees itself at the attempt's deadline");
+                        }
+                    }
+                    return other.map(|_| false);
+                }
+            }
+        }
         if let Some(sent) = req.waiting_since.or(sent_at) {
             metrics::duration_ms(&metrics::STEP_SCHEDULE_TIME, &[&req.agent], sent.until(started));
         }
@@ -207,6 +223,51 @@ async fn not_started(
     };
     deps.outbox().to_scheduler(&SchedulerMessage::Result(result), 0).await?;
     Ok(true)
+}
+
+/// Wait for a slot of the request's agent's `rate` (see [`crate::limit`]'s pacing): `true` once
+/// its slot has come (after sleeping until it); `false` when the next slot is too far to sleep
+/// for and the request was sent back to the agent queue, delayed until about then. A call that
+/// wakes after its slot's slack takes another slot instead of starting late.
+pub async fn pace_call(
+    deps: &Deps,
+    rate: &limit::Rate,
+    req: &AgentRequest,
+    sent_at: Option<Millis>,
+) -> Result<bool, HandlerError> {
+    for _ in 0..8 {
+        let now = deps.now();
+        match deps.pacer.reserve(&req.agent, rate, now).await? {
+            limit::Pace::Reserve { slot, .. } => {
+                let wait = deps.now().until(slot);
+                if wait > 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                }
+                let at = deps.now();
+                if at <= slot.plus_ms(limit::PACE_SLACK_MS) {
+                    return Ok(true);
+                }
+                debug!(agent = %req.agent, late_ms = slot.until(at), "woke after its slot: takes another");
+            }
+            limit::Pace::Later { slot } => {
+                let mut again = req.clone();
+                again.waits = req.waits.saturating_add(1);
+                again.waiting_since = req.waiting_since.or(sent_at).or(Some(now));
+                // whole seconds (SQS), arriving before the slot rather than after it
+                let delay = u32::try_from(now.until(slot) / 1_000).unwrap_or(900).clamp(1, 900);
+                info!(agent = %req.agent, waits = again.waits, delay_s = delay, "agent at its rate: the request waits");
+                metrics::count(&metrics::AGENT_AT_LIMIT, &[&req.agent], 1);
+                deps.outbox().dispatch_later(&again, delay).await?;
+                return Ok(false);
+            }
+        }
+    }
+    // slots kept slipping past (an overloaded process): ask again from the queue
+    let mut again = req.clone();
+    again.waits = req.waits.saturating_add(1);
+    again.waiting_since = req.waiting_since.or(sent_at).or(Some(deps.now()));
+    deps.outbox().dispatch_later(&again, 1).await?;
+    Ok(false)
 }
 
 /// Whether a request may call its agent now.

@@ -121,6 +121,8 @@ pub struct AgentRuntime {
     retries: HashMap<String, CallRetry>,
     /// `max_in_flight` of the agents that declare one.
     limits: HashMap<String, u32>,
+    /// `rate` of the agents that declare one.
+    rates: HashMap<String, crate::limit::Rate>,
 }
 
 impl std::fmt::Debug for AgentRuntime {
@@ -132,13 +134,20 @@ impl std::fmt::Debug for AgentRuntime {
             .field("retry", &self.retry)
             .field("retries", &self.retries)
             .field("limits", &self.limits)
+            .field("rates", &self.rates)
             .finish()
     }
 }
 
 impl AgentRuntime {
     pub fn new(retry: CallRetry) -> Self {
-        AgentRuntime { agents: HashMap::new(), retry, retries: HashMap::new(), limits: HashMap::new() }
+        AgentRuntime {
+            agents: HashMap::new(),
+            retry,
+            retries: HashMap::new(),
+            limits: HashMap::new(),
+            rates: HashMap::new(),
+        }
     }
 
     /// Agent `name` retries within an attempt as `retry` says, not as the file's `retry` does.
@@ -162,6 +171,18 @@ impl AgentRuntime {
     /// The agent's `max_in_flight`, if it has one.
     pub fn limit(&self, name: &str) -> Option<u32> {
         self.limits.get(name).copied()
+    }
+
+    /// Calls of agent `name` start at most at `rate`, across all tasks and agent processes (see
+    /// [`crate::limit`]'s pacing).
+    pub fn set_rate(&mut self, name: impl Into<String>, rate: crate::limit::Rate) -> &mut Self {
+        self.rates.insert(name.into(), rate);
+        self
+    }
+
+    /// The agent's `rate`, if it has one.
+    pub fn rate(&self, name: &str) -> Option<crate::limit::Rate> {
+        self.rates.get(name).copied()
     }
 
     pub fn register(&mut self, name: impl Into<String>, agent: impl Agent + 'static) -> &mut Self {

@@ -624,6 +624,26 @@ fn max_in_flight_is_read_for_any_kind_and_checked() {
 }
 
 #[test]
+fn a_rate_is_read_for_any_kind_and_checked() {
+    let ok = r#"{"agents": {"a": {"kind": "sim", "rate": {"per_second": 5, "burst": 2}}, "b": {"kind": "sim"}}}"#;
+    let rt = AgentRuntime::from_config(ok, &|_| None).unwrap();
+    assert_eq!(rt.rate("a"), Some(crate::limit::Rate { calls: 5, per_ms: 1_000, burst: 2 }));
+    assert_eq!(rt.rate("b"), None);
+    let s = super::survey(ok, &|_| None).unwrap();
+    assert_eq!(s.iter().map(|a| a.rate.map(|r| r.calls)).collect::<Vec<_>>(), vec![Some(5), None]);
+    for (bad, why) in [
+        (r#"{"per_second": 5, "per_minute": 5}"#, "exactly one of per_second and per_minute"),
+        (r#"{"per_second": 0}"#, "1 call per minute up to 200 a second"),
+        (r#"{"per_second": 5, "burst": 9}"#, "burst must be from 1 to its calls per period (5)"),
+        (r#"{"per_hour": 5}"#, "unknown field"),
+    ] {
+        let json = format!(r#"{{"agents": {{"a": {{"kind": "sim", "rate": {bad}}}}}}}"#);
+        let e = AgentRuntime::from_config(&json, &|_| None).unwrap_err().to_string();
+        assert!(e.contains("agent a: rate: ") && e.contains(why), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn agent_variables_give_an_agents_file_its_values_on_a_stack_and_bad_pairs_are_refused() {
     let given =
         super::parse_variables(" PAYMENT_URL=https://pay.example.com/v1 , WORK_QUEUE_URL=https://sqs/q,").unwrap();

@@ -12,7 +12,7 @@ use crate::config::{ConfigError, Resources, Settings};
 use crate::entropy::{Entropy, OsEntropy};
 use crate::ids::Millis;
 use crate::protocol::Ctx;
-use crate::store::{DynamoStore, KeyStore, Limiter, StateStore, StoreError};
+use crate::store::{DynamoStore, KeyStore, Limiter, Pacer, StateStore, StoreError};
 use crate::workflow::{WorkflowError, WorkflowRegistry};
 use transition::Writer;
 
@@ -25,6 +25,8 @@ pub struct Deps {
     pub writer: Writer,
     /// The agents' concurrency limits (leases in the task table; see [`crate::limit`]).
     pub limiter: Arc<dyn Limiter>,
+    /// The agents' rates (items in the task table; see [`crate::limit`]).
+    pub pacer: Arc<dyn Pacer>,
     /// The workflows' concurrency keys (items in the task table; see [`crate::keys`]).
     pub keys: Arc<dyn KeyStore>,
     pub bus: Arc<dyn Bus>,
@@ -59,6 +61,7 @@ impl Deps {
             store: store.clone(),
             writer: Writer::new(store.clone()),
             limiter: store.clone(),
+            pacer: store.clone(),
             keys: store,
             bus: Arc::new(BufferedBus::new(
                 Arc::new(AwsBus::from_sdk(sdk)),

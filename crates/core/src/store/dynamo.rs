@@ -41,7 +41,7 @@ use futures::future::BoxFuture;
 use super::{
     check_size, end_key, index_key, is_own_write, Page, PageKey, StateStore, StoreError, TaskSummary, TaskWriter,
 };
-use super::{Acquire, KeyStore, Limiter};
+use super::{Acquire, KeyStore, Limiter, Pacer};
 use crate::ids::{AttemptToken, Millis, TaskId};
 use crate::limit::{expired_leases, limit_key};
 use crate::protocol::{HistoryEntry, ProcessState, Task};
@@ -894,6 +894,74 @@ impl DynamoStore {
                 other => Err(backend("UpdateItem", other.into())),
             },
         }
+    }
+}
+
+impl Pacer for DynamoStore {
+    /// With `UpdateItem` alone (the Agent function's role may not read the item): the first
+    /// write guesses the agent idle (its `Tat` at or before the slot now + the lead); a lost guess
+    /// returns the item, and the second write is conditional on the `Tat` it read.
+    fn reserve<'a>(
+        &'a self,
+        agent: &'a str,
+        rate: &'a crate::limit::Rate,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<crate::limit::Pace, StoreError>> {
+        Box::pin(async move {
+            use crate::limit::{pace, Pace, PACE_LEAD_MS};
+            use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+            let key = crate::limit::rate_key(agent);
+            // `None`: not read yet; then the item's `Tat` as the last lost write returned it
+            let mut known: Option<Option<Millis>> = None;
+            // a few rounds: each lost one means another call took a slot meanwhile
+            for _ in 0..8 {
+                let (decided, condition, value) = match known {
+                    None => {
+                        let slot = now.plus_ms(PACE_LEAD_MS);
+                        let idle = Pace::Reserve { slot, tat: slot.plus_ms(rate.interval_ms()) };
+                        (idle, "attribute_not_exists(Tat) OR Tat <= :t", Some(slot))
+                    }
+                    Some(tat) => match pace(tat, now, rate) {
+                        later @ Pace::Later { .. } => return Ok(later),
+                        reserve => match tat {
+                            None => (reserve, "attribute_not_exists(Tat)", None),
+                            Some(t) => (reserve, "Tat = :t", Some(t)),
+                        },
+                    },
+                };
+                let Pace::Reserve { tat: next, .. } = decided else { unreachable!("a reservation") };
+                let mut req = self
+                    .client
+                    .update_item()
+                    .table_name(&self.table)
+                    .key("TaskId", AttributeValue::S(key.clone()))
+                    .update_expression("SET Tat = :next")
+                    .expression_attribute_values(":next", AttributeValue::N(next.0.to_string()))
+                    .condition_expression(condition)
+                    .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld);
+                if let Some(t) = value {
+                    req = req.expression_attribute_values(":t", AttributeValue::N(t.0.to_string()));
+                }
+                match req.send().await {
+                    Ok(_) => return Ok(decided),
+                    Err(e) => match e.into_service_error() {
+                        UpdateItemError::ConditionalCheckFailedException(c) => {
+                            let tat = c
+                                .item
+                                .as_ref()
+                                .and_then(|i| i.get("Tat"))
+                                .and_then(|v| v.as_n().ok())
+                                .and_then(|n| n.parse().ok())
+                                .map(Millis);
+                            known = Some(tat);
+                        }
+                        other => return Err(backend("UpdateItem", other.into())),
+                    },
+                }
+            }
+            // still racing: ask again a little later
+            Ok(Pace::Later { slot: now.plus_ms(1_000) })
+        })
     }
 }
 

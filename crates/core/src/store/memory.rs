@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::future::BoxFuture;
 
 use super::{end_key, index_key, Page, PageKey, StateStore, StoreError, TaskSummary, TaskWriter};
-use super::{Acquire, KeyStore, Limiter};
+use super::{Acquire, KeyStore, Limiter, Pacer};
 use crate::ids::{Millis, TaskId};
 use crate::limit::expired_leases;
 use crate::protocol::{HistoryEntry, ProcessState, Task};
@@ -83,6 +83,8 @@ struct Inner {
     deadlines: BTreeSet<(u32, Millis, String)>,
     /// The concurrency keys' items (see [`sas_protocol::keys`]).
     keys: BTreeMap<String, KeyState>,
+    /// The agents' rate items: agent to `Tat` (see [`crate::limit::pace`]).
+    rates: BTreeMap<String, Millis>,
 }
 
 impl Inner {
@@ -354,6 +356,25 @@ impl Limiter for MemoryStore {
         Box::pin(async move {
             let inner = self.begin(StoreOp::Get, "leases")?;
             Ok(inner.leases.get(agent).map(|l| l.iter().map(|(h, u)| (h.clone(), *u)).collect()).unwrap_or_default())
+        })
+    }
+}
+
+impl Pacer for MemoryStore {
+    fn reserve<'a>(
+        &'a self,
+        agent: &'a str,
+        rate: &'a crate::limit::Rate,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<crate::limit::Pace, StoreError>> {
+        Box::pin(async move {
+            self.turn().await;
+            let mut inner = self.begin(StoreOp::Limit, "reserve")?;
+            let pace = crate::limit::pace(inner.rates.get(agent).copied(), now, rate);
+            if let crate::limit::Pace::Reserve { tat, .. } = pace {
+                inner.rates.insert(agent.to_owned(), tat);
+            }
+            Ok(pace)
         })
     }
 }

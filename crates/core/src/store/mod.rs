@@ -209,6 +209,21 @@ pub trait Limiter: Send + Sync + std::fmt::Debug {
     fn leases<'a>(&'a self, agent: &'a str) -> BoxFuture<'a, Result<Vec<(String, Millis)>, StoreError>>;
 }
 
+// ---- agents' rates (see [`crate::limit`]'s pacing) -------------------------------------------
+
+/// Where the agents' rate items live (`Tat`, see [`crate::limit::pace`]).
+pub trait Pacer: Send + Sync + std::fmt::Debug {
+    /// A slot for one call of `agent` at `rate`, asked at `now`: read the rate item, decide
+    /// ([`crate::limit::pace`]) and, for a slot, write it conditionally (re-deciding on a lost
+    /// race).
+    fn reserve<'a>(
+        &'a self,
+        agent: &'a str,
+        rate: &'a crate::limit::Rate,
+        now: Millis,
+    ) -> BoxFuture<'a, Result<crate::limit::Pace, StoreError>>;
+}
+
 // ---- concurrency keys (see [`sas_protocol::keys`]) -------------------------------------------
 
 /// Where the key items live: the task table (DynamoDB), or the in-memory twin. Each write is
