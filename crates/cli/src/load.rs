@@ -85,6 +85,7 @@ pub async fn send_burst(sqs: &aws_sdk_sqs::Client, queue: &str, opts: &LoadOptio
                 workflow_version: None,
                 input: opts.input.clone(),
                 reply_to: None,
+                priority: None,
             };
             serde_json::to_string(&sub).map(|b| (id, b))
         })

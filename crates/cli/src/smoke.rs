@@ -110,6 +110,7 @@ pub async fn run(
         workflow_version: None,
         input,
         reply_to: None,
+        priority: None,
     };
     let sent_at = Millis::now();
     crate::ops::send_submission(sqs, submission_queue_url, &sub).await?;

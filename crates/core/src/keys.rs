@@ -27,10 +27,16 @@ const MAX_ROUNDS: usize = 16;
 
 /// A submission of `task` enters key `key`: what it got. The tasks the decision grants a slot are
 /// sent their run message, those it replaces their cancel, before this returns.
-pub async fn enter(deps: &Deps, key: &str, task: &TaskId, c: &Concurrency) -> Result<Entered, HandlerError> {
+pub async fn enter(
+    deps: &Deps,
+    key: &str,
+    task: &TaskId,
+    c: &Concurrency,
+    priority: u8,
+) -> Result<Entered, HandlerError> {
     for _ in 0..MAX_ROUNDS {
         let read = deps.keys.load_key(key).await?;
-        let d = keys::enter(read.as_ref(), key, task.as_str(), c, deps.now());
+        let d = keys::enter(read.as_ref(), key, task.as_str(), c, priority, deps.now());
         if let Some(w) = &d.write {
             if !deps.keys.save_key(key, w, read.as_ref().map(|r| r.ver)).await? {
                 continue;

@@ -102,6 +102,12 @@ fn validate(
     if bytes > deps.settings.max_input_bytes {
         return Err(Rejection::TooLarge { bytes, limit: deps.settings.max_input_bytes });
     }
+    if let Some(p) = sub.priority.filter(|p| *p > sas_protocol::keys::MAX_PRIORITY) {
+        return Err(Rejection::Shape(format!(
+            "priority is {p}; it is from 0 (the default, the lowest) to {}",
+            sas_protocol::keys::MAX_PRIORITY
+        )));
+    }
     if deps.workflows.resolve(&sub.workflow, sub.workflow_version).is_none() {
         let name = clip(&sub.workflow, 64).to_owned();
         return Err(Rejection::UnknownWorkflow { name, version: sub.workflow_version });
@@ -329,7 +335,7 @@ async fn submit_with(
     // a keyed workflow's task enters its key first: granted, it starts; else it waits, or is refused
     let mut waiting = None;
     if let (Some(key), Some(c)) = (&key, &def.concurrency) {
-        match keys::enter(deps, key, &task_id, c).await? {
+        match keys::enter(deps, key, &task_id, c, sub.priority.unwrap_or(0)).await? {
             Entered::Granted => {}
             Entered::Waiting { ahead } => waiting = Some(ahead),
             Entered::Refused(why) => return refuse_busy(deps, &task_id, sub.reply_to.as_deref(), why).await,

@@ -764,6 +764,7 @@ async fn scenario(
                     input
                 },
                 reply_to: Some(reply.clone()),
+                priority: None,
             })
             .expect("serialises")
         })

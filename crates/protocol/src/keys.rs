@@ -48,8 +48,30 @@ pub const MAX_KEY_VALUE_BYTES: usize = 256;
 /// redelivers it within its visibility timeout, a few times).
 pub const ORPHAN_GRACE_MS: u64 = 15 * 60_000;
 
-/// The instant 0 of the line: `Waiting` keeps each task's place.
-type Place = u64;
+/// The highest priority a submission may give (0, the default, is the lowest).
+pub const MAX_PRIORITY: u8 = 9;
+
+/// What one level of priority is worth in a key's line: a task of priority `p` goes before the
+/// tasks of a lower priority `q` submitted less than `(p - q)` steps before it. So a task is
+/// never starved: it waits at most `(9 - q)` steps longer than it would in submission order.
+pub const PRIORITY_STEP_MS: u64 = 60_000;
+
+/// A waiting task's place in its key's line: `at`, its submission time less its priority's
+/// worth (the lowest goes first), then `seq`, the order of arrival.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Place {
+    pub at: Millis,
+    pub seq: u64,
+    /// Its priority, when not 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u8,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_zero(p: &u8) -> bool {
+    *p == 0
+}
 
 /// A key's slots, as its item holds them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,7 +187,7 @@ impl Scope for InputOnly<'_> {
 /// A submission of task `task` enters its key (`read`: the item as it is, if it exists). Entering
 /// again (the submission came back) finds its own entry and writes nothing. Free slots go to the
 /// tasks in line before the newcomer, so a grant whose release was lost never lets a newcomer pass.
-pub fn enter(read: Option<&KeyState>, key: &str, task: &str, c: &Concurrency, now: Millis) -> Decided {
+pub fn enter(read: Option<&KeyState>, key: &str, task: &str, c: &Concurrency, priority: u8, now: Millis) -> Decided {
     let mut s = read.cloned().unwrap_or_default();
     let nothing = |entered| Decided { write: None, entered, granted: Vec::new(), cancel: Vec::new() };
     if s.holders.contains_key(task) {
@@ -191,7 +213,7 @@ pub fn enter(read: Option<&KeyState>, key: &str, task: &str, c: &Concurrency, no
                 "{} tasks wait on its concurrency key {key} already, the most one key takes",
                 s.waiting.len()
             )),
-            WhenBusy::Wait => Entered::Waiting { ahead: s.waiting.len() },
+            WhenBusy::Wait => Entered::Waiting { ahead: 0 },
             WhenBusy::Replace => {
                 cancel.extend(std::mem::take(&mut s.waiting).into_keys());
                 Entered::Waiting { ahead: 0 }
@@ -205,11 +227,17 @@ pub fn enter(read: Option<&KeyState>, key: &str, task: &str, c: &Concurrency, no
     };
     if matches!(entered, Entered::Waiting { .. }) {
         s.seq += 1;
-        s.waiting.insert(task.to_owned(), s.seq);
+        let priority = priority.min(MAX_PRIORITY);
+        let at = Millis(now.0.saturating_sub(u64::from(priority) * PRIORITY_STEP_MS));
+        s.waiting.insert(task.to_owned(), Place { at, seq: s.seq, priority });
     }
     if matches!(entered, Entered::Refused(_)) && granted.is_empty() {
         return nothing(entered);
     }
+    let entered = match entered {
+        Entered::Waiting { .. } => Entered::Waiting { ahead: s.line().iter().take_while(|t| **t != task).count() },
+        other => other,
+    };
     s.ver += 1;
     Decided { write: Some(s), entered, granted, cancel }
 }
@@ -271,7 +299,7 @@ mod tests {
         let c = conc(2, WhenBusy::Wait);
         let mut s = KeyState::default();
         for (i, t) in ["a", "b", "c", "d", "e"].iter().enumerate() {
-            let d = enter(Some(&s), "k", t, &c, Millis(i as u64));
+            let d = enter(Some(&s), "k", t, &c, 0, Millis(i as u64));
             let want = if i < 2 { Entered::Granted } else { Entered::Waiting { ahead: i - 2 } };
             assert_eq!(d.entered, want, "{t}");
             apply(&mut s, &d);
@@ -292,13 +320,13 @@ mod tests {
     fn entering_again_writes_nothing_and_says_the_same() {
         let c = conc(1, WhenBusy::Wait);
         let mut s = KeyState::default();
-        let d = enter(Some(&s), "k", "a", &c, Millis(1));
+        let d = enter(Some(&s), "k", "a", &c, 0, Millis(1));
         apply(&mut s, &d);
-        let d = enter(Some(&s), "k", "b", &c, Millis(2));
+        let d = enter(Some(&s), "k", "b", &c, 0, Millis(2));
         apply(&mut s, &d);
-        let again = enter(Some(&s), "k", "a", &c, Millis(3));
+        let again = enter(Some(&s), "k", "a", &c, 0, Millis(3));
         assert_eq!((again.write, again.entered), (None, Entered::Granted));
-        let again = enter(Some(&s), "k", "b", &c, Millis(3));
+        let again = enter(Some(&s), "k", "b", &c, 0, Millis(3));
         assert_eq!((again.write, again.entered), (None, Entered::Waiting { ahead: 0 }));
     }
 
@@ -306,9 +334,9 @@ mod tests {
     fn a_free_slot_goes_to_the_line_before_a_newcomer() {
         let c = conc(1, WhenBusy::Wait);
         let mut s = KeyState { limit: 1, ..KeyState::default() };
-        s.waiting.insert("old".into(), 1);
+        s.waiting.insert("old".into(), Place { at: Millis(0), seq: 1, priority: 0 });
         s.seq = 1;
-        let d = enter(Some(&s), "k", "new", &c, Millis(5));
+        let d = enter(Some(&s), "k", "new", &c, 0, Millis(5));
         assert_eq!(d.granted, vec!["old".to_owned()]);
         assert_eq!(d.entered, Entered::Waiting { ahead: 0 });
         assert_eq!(d.write.unwrap().line(), vec!["new"]);
@@ -317,22 +345,47 @@ mod tests {
     #[test]
     fn the_strategies_refuse_replace_and_cancel() {
         let mut s = KeyState::default();
-        let d = enter(Some(&s), "k", "run", &conc(1, WhenBusy::Wait), Millis(1));
+        let d = enter(Some(&s), "k", "run", &conc(1, WhenBusy::Wait), 0, Millis(1));
         apply(&mut s, &d);
-        let d = enter(Some(&s), "k", "w1", &conc(1, WhenBusy::Wait), Millis(2));
+        let d = enter(Some(&s), "k", "w1", &conc(1, WhenBusy::Wait), 0, Millis(2));
         apply(&mut s, &d);
-        let refused = enter(Some(&s), "k", "x", &conc(1, WhenBusy::Refuse), Millis(3));
+        let refused = enter(Some(&s), "k", "x", &conc(1, WhenBusy::Refuse), 0, Millis(3));
         assert!(matches!(refused.entered, Entered::Refused(ref why) if why.contains("when_busy is refuse")));
         assert_eq!(refused.write, None, "a refusal writes nothing");
-        let replaced = enter(Some(&s), "k", "w2", &conc(1, WhenBusy::Replace), Millis(3));
+        let replaced = enter(Some(&s), "k", "w2", &conc(1, WhenBusy::Replace), 0, Millis(3));
         assert_eq!(replaced.cancel, vec!["w1".to_owned()]);
         assert_eq!(replaced.write.as_ref().unwrap().line(), vec!["w2"]);
         assert!(replaced.write.as_ref().unwrap().holders.contains_key("run"), "the running task runs on");
-        let cancelled = enter(Some(&s), "k", "w3", &conc(1, WhenBusy::Cancel), Millis(3));
+        let cancelled = enter(Some(&s), "k", "w3", &conc(1, WhenBusy::Cancel), 0, Millis(3));
         assert_eq!(cancelled.cancel, vec!["w1".to_owned(), "run".to_owned()]);
         let w = cancelled.write.unwrap();
         assert_eq!(w.line(), vec!["w3"]);
         assert!(w.holders.contains_key("run"), "a cancelled holder keeps its slot until it has ended");
+    }
+
+    #[test]
+    fn priority_moves_a_task_ahead_by_its_worth_in_time_and_no_further() {
+        let c = conc(1, WhenBusy::Wait);
+        let mut s = KeyState::default();
+        let min = PRIORITY_STEP_MS;
+        let at = |s: &mut KeyState, t: &str, p: u8, ms: u64| {
+            let d = enter(Some(s), "k", t, &c, p, Millis(1_700_000_000_000 + ms));
+            *s = d.write.unwrap();
+            d.entered
+        };
+        assert_eq!(at(&mut s, "run", 0, 0), Entered::Granted);
+        at(&mut s, "low-old", 0, 0);
+        at(&mut s, "low-new", 0, 10 * min);
+        // priority 9 submitted 5 minutes after low-old passes it, and low-new
+        assert_eq!(at(&mut s, "high", 9, 5 * min), Entered::Waiting { ahead: 0 });
+        // priority 1 submitted 2 minutes after low-old does not pass it (it is worth one minute)
+        assert_eq!(at(&mut s, "one", 1, 2 * min), Entered::Waiting { ahead: 2 });
+        assert_eq!(s.line(), vec!["high", "low-old", "one", "low-new"]);
+        // a task of priority 9 submitted 10 minutes after low-old comes after it (never starved),
+        // and after one (worth the same instant, it came first), but before low-new
+        at(&mut s, "late-high", 9, 10 * min);
+        assert_eq!(s.line(), vec!["high", "low-old", "one", "late-high", "low-new"]);
+        assert_eq!(s.waiting["high"].priority, 9);
     }
 
     #[test]
@@ -341,9 +394,9 @@ mod tests {
         let mut s = KeyState { limit: 1, ..KeyState::default() };
         s.holders.insert("run".into(), Millis(0));
         for i in 0..MAX_WAITING {
-            s.waiting.insert(format!("w{i}"), i as u64);
+            s.waiting.insert(format!("w{i}"), Place { at: Millis(0), seq: i as u64, priority: 0 });
         }
-        assert!(matches!(enter(Some(&s), "k", "late", &c, Millis(1)).entered, Entered::Refused(_)));
+        assert!(matches!(enter(Some(&s), "k", "late", &c, 0, Millis(1)).entered, Entered::Refused(_)));
     }
 
     #[test]
@@ -351,7 +404,7 @@ mod tests {
         let c = conc(2, WhenBusy::Wait);
         let mut s = KeyState::default();
         for t in ["a", "b", "c", "d"] {
-            let d = enter(Some(&s), "k", t, &c, Millis(0));
+            let d = enter(Some(&s), "k", t, &c, 0, Millis(0));
             apply(&mut s, &d);
         }
         let now = Millis(ORPHAN_GRACE_MS);

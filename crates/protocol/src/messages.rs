@@ -53,6 +53,11 @@ pub struct Submission {
     /// The caller's private queue for status messages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<String>,
+    /// 0 (the default) to 9: where the task waits in the line of its concurrency key, if it
+    /// waits (see [`crate::keys`]): each level is worth [`crate::keys::PRIORITY_STEP_MS`] of
+    /// waiting. No effect on a workflow without a key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
 }
 
 /// Why a run message was sent; it only informs logs.

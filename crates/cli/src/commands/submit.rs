@@ -30,6 +30,10 @@ pub struct Args {
     /// allow-list (output ReplyQueueArnPattern; by default queues named <stack>-reply-*).
     #[arg(long)]
     pub reply_to: Option<String>,
+    /// 0 (the default, the lowest) to 9: the task's place in the line of its workflow's
+    /// concurrency key, when it waits (each level is worth a minute of waiting).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=9))]
+    pub priority: Option<u8>,
     /// Then wait: until the task ends (`--wait`, or `--wait ended`), printing its timeline as
     /// `status` does, or until the Submitter has created it (`--wait created`). Exit status:
     /// 0 when it ended Processed (or was created), 2 when it ended otherwise (Compensated,
@@ -42,7 +46,7 @@ pub struct Args {
 }
 
 pub async fn run(args: &Args, global: &Global) -> Result<i32> {
-    let Args { workflow, task_id, input, reply_to, wait, wait_secs } = args;
+    let Args { workflow, task_id, input, reply_to, priority, wait, wait_secs } = args;
     let sdk = super::sdk().await;
     let outputs = global.outputs(&sdk).await?;
     let res = Resources::from_outputs(&outputs)?;
@@ -57,6 +61,7 @@ pub async fn run(args: &Args, global: &Global) -> Result<i32> {
         workflow_version: None,
         input: serde_json::from_str(input).context("--input is not JSON")?,
         reply_to: reply_to.clone(),
+        priority: *priority,
     };
     crate::ops::send_submission(&sas_core::aws::sqs_client(&sdk), &res.submission_queue_url, &sub).await?;
     let task_id = task_id.expect("set above");
