@@ -27,6 +27,7 @@ fn twins() -> Twins {
     Twins::new(workflows, Settings::default(), Millis(1_700_000_000_000))
 }
 
+#[allow(clippy::needless_pass_by_value)]
 fn submission(id: &str, workflow: &str, input: serde_json::Value, priority: Option<u8>) -> String {
     let mut body = json!({"v": 1, "task_id": id, "workflow": workflow, "input": input});
     if let Some(p) = priority {
