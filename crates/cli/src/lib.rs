@@ -6,6 +6,7 @@ pub mod config_files;
 pub mod deployed;
 pub mod diagram;
 pub mod iam;
+pub mod keys;
 pub mod lambda;
 pub mod listing;
 pub mod load;

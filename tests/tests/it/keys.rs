@@ -117,10 +117,15 @@ async fn a_busy_key_refuses_replaces_or_cancels_as_its_workflow_says() {
         s.wait_for(&format!("{w}-1"), Duration::from_mins(1), |t| t.current_step_name() == Some("nap")).await;
         s.send(&s.res.submission_queue_url, &submit(w, 2, json!({"account": w}))).await;
     }
-    for w in ["replace", "cancel"] {
-        let second = s.wait_for(&format!("{w}-2"), Duration::from_mins(1), |_| true).await;
-        assert!(second.waits_for_slot() || second.process_state == ProcessState::Cancelled, "{w}-2: {second:?}");
-    }
+    // replace-2 waits behind replace-1; cancel-2 cancelled cancel-1 when it came (the latest wins)
+    let second = s.wait_for("replace-2", Duration::from_mins(1), |_| true).await;
+    assert!(second.waits_for_slot(), "replace-2: {second:?}");
+    s.wait_for("cancel-2", Duration::from_mins(1), |_| true).await;
+    // what `sasctl key replace replace` says now: the first runs (in its nap), the second waits
+    let (state, running) = sas_cli::keys::look(&s.deps, "key:replace:replace").await.unwrap().expect("the key's item");
+    let told = sas_cli::keys::describe("key:replace:replace", &state, &running, Millis::now());
+    assert!(told.starts_with("key:replace:replace: 1 running (limit 1), 1 waiting"), "{told}");
+    assert!(told.contains("running  replace-1  Processing at nap") && told.contains("#1  replace-2"), "{told}");
     for w in ["refuse", "replace", "cancel"] {
         s.send(&s.res.submission_queue_url, &submit(w, 3, json!({"account": w}))).await;
     }
@@ -144,15 +149,18 @@ async fn a_busy_key_refuses_replaces_or_cancels_as_its_workflow_says() {
     assert!(never_ran(&r2), "{:?}", r2.history);
     assert!(r2.reason.as_deref().is_some_and(|r| r.contains("replaced by task replace-3")), "{:?}", r2.reason);
     assert!(ran(&r3).0 >= ran(&r1).1, "replace-3 ran after replace-1 ended");
-    // cancel: the running one is cancelled (its reserve undone), the waiting one too; the latest runs
+    // cancel: each newcomer cancels the tasks of its key, running (its reserve undone) or waiting
+    // (cancel-2, whether cancel-1 had ended and it had started by then or not); the latest runs
     let (c1, c2, c3) = (end("cancel-1").await, end("cancel-2").await, end("cancel-3").await);
     assert_eq!(
         (c1.process_state, c2.process_state, c3.process_state),
         (ProcessState::Cancelled, ProcessState::Cancelled, ProcessState::Processed)
     );
     assert!(c1.history.iter().any(|h| h.state == ProcessState::Compensating), "{:?}", c1.history);
-    assert!(never_ran(&c2), "{:?}", c2.history);
-    assert!(ran(&c3).0 >= ran(&c1).1, "cancel-3 ran after cancel-1 ended");
+    assert!(c1.reason.as_deref().is_some_and(|r| r.contains("replaced by task cancel-2")), "{:?}", c1.reason);
+    assert!(c2.reason.as_deref().is_some_and(|r| r.contains("replaced by task cancel-3")), "{:?}", c2.reason);
+    let c2_end = c2.history.iter().rev().find(|h| h.state.is_terminal()).map(|h| h.at).unwrap();
+    assert!(ran(&c3).0 >= c2_end && ran(&c3).0 >= ran(&c1).1, "cancel-3 ran after the others ended");
     // what the refused submissions' reply queue heard
     let statuses = s.bodies(&replies, 1, Duration::from_secs(5)).await;
     let rejected: BTreeMap<String, String> = statuses

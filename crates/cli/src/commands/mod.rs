@@ -30,6 +30,7 @@ pub mod fail;
 pub mod heartbeat;
 pub mod iam_check;
 pub mod import_asl;
+pub mod key;
 pub mod list;
 pub mod reject;
 pub mod resubmit;
