@@ -64,6 +64,17 @@ pub async fn release(deps: &Deps, key: &str, task: &TaskId) -> Result<(), Handle
     Err(contended())
 }
 
+/// A task just created waiting: if its key granted it a slot meanwhile (a task of the key ended
+/// between its entry and its creation, and the grant's run found no task yet), send its run now
+/// rather than at the Supervisor's check. One read of the key item.
+pub async fn start_if_granted(deps: &Deps, key: &str, task: &TaskId) -> Result<(), HandlerError> {
+    let granted = deps.keys.load_key(key).await?.is_some_and(|k| k.holders.contains_key(task.as_str()));
+    if granted {
+        start(deps, key, &[task.to_string()]).await?;
+    }
+    Ok(())
+}
+
 /// What the Supervisor's check of a waiting task's key found for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Checked {

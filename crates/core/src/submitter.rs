@@ -376,6 +376,10 @@ async fn submit_with(
             if let Some(q) = &reply_to {
                 tell_duplicate(deps, q, &t).await;
             }
+            if let Some(slot) = t.slot.as_ref().filter(|_| t.waits_for_slot()) {
+                // a grant made while its first creation's handler died finds no run sent
+                keys::start_if_granted(deps, &slot.key, &task_id).await?;
+            }
             resend(deps, *t, mark.as_deref()).await?;
             return Ok(Submitted::Duplicate(task_id));
         }
@@ -403,6 +407,9 @@ async fn submit_with(
         );
     }
     crate::metrics::record_created(&task);
+    if let (Some(k), Some(_)) = (&key, waiting) {
+        keys::start_if_granted(deps, k, &task_id).await?;
+    }
     // The start did not go out: fail the record, so the submission comes back and the start is
     // sent again (above), long before the Supervisor would find the attempt lost.
     if let Some(e) = sent.work {

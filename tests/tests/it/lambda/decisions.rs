@@ -41,6 +41,12 @@ fn decide() -> Value {
                       "giftwrap.$": "$.outputs.giftwrap"}})
 }
 
+/// `serial@1`: one step of 1.5 s, at most one task per account at once (a concurrency key).
+fn serial() -> Value {
+    json!({"name": "serial", "version": 1, "concurrency": {"key": "$.input.account"},
+           "steps": [sim("work")]})
+}
+
 /// `parent@1`: charge (refund), ship through `decide-shipping@1` (pack, label, dispatch; pack and
 /// label undone by unpack and unlabel), notify. (Not `shipping`: the built-in workflows, which the
 /// test's configuration keeps, have a `shipping@1` of their own.)
@@ -64,6 +70,7 @@ async fn lambda_decisions_take_two_paths_shape_their_data_and_a_cancelled_parent
     let built_in: Value = serde_json::from_str(BUILT_IN_WORKFLOWS).expect("built-in workflows");
     let mut workflows = built_in["workflows"].as_array().expect("a list").clone();
     workflows.push(decide());
+    workflows.push(serial());
     workflows.extend(family());
     let config = config_dir("decide", &workflows);
     let f = lambda_stack_with("decide", &config, &[]).await;
@@ -78,6 +85,13 @@ async fn lambda_decisions_take_two_paths_shape_their_data_and_a_cancelled_parent
     f.s.send(&f.s.res.submission_queue_url, &submit(&big, json!({"amount": 1500, "note": "x"}))).await;
     let refused = json!({"amount": 500, "sim": {"giftwrap": {"permanent": "no paper left"}}});
     f.s.send(&f.s.res.submission_queue_url, &submit(&small, refused)).await;
+    // three tasks of one account at once, through the deployed Submitter, Scheduler and Agent
+    let serials: Vec<String> = (0..3).map(|i| format!("serial-{i}-{run}")).collect();
+    for id in &serials {
+        let body = json!({"v": 1, "task_id": id, "workflow": "serial",
+                          "input": {"account": run, "sim": {"work": {"delay_ms": 1_500}}}});
+        f.s.send(&f.s.res.submission_queue_url, &body.to_string()).await;
+    }
 
     let b = f.s.wait_for(&big, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
     let s = f.s.wait_for(&small, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
@@ -95,6 +109,22 @@ async fn lambda_decisions_take_two_paths_shape_their_data_and_a_cancelled_parent
         ["approve", "giftwrap", "apologize"].map(|n| status(&s, n)),
         [StepStatus::Skipped, StepStatus::Failed, StepStatus::Succeeded]
     );
+    // the three of one account ran one at a time, each once, and left the key empty
+    let mut runs = Vec::new();
+    for id in &serials {
+        let t = f.s.wait_for(id, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
+        assert_eq!(t.process_state, ProcessState::Processed, "{id}: {:#?}", t.history);
+        let claimed = t.history.iter().find(|h| h.state == ProcessState::Processing).map(|h| h.at).unwrap();
+        let ended = t.history.last().map(|h| h.at).unwrap();
+        runs.push((claimed, ended, id.clone()));
+    }
+    runs.sort();
+    for w in runs.windows(2) {
+        assert!(w[1].0 >= w[0].1, "{} started before {} ended: {runs:?}", w[1].2, w[0].2);
+    }
+    let key = f.s.table();
+    let key = sas_core::store::KeyStore::load_key(&key, &format!("key:serial:{run}")).await.unwrap().unwrap();
+    assert!(key.holders.is_empty() && key.waiting.is_empty(), "{key:?}");
     let why = s.steps.iter().find(|x| x.name == "approve").and_then(|x| x.skipped.clone());
     assert_eq!(why.as_deref(), Some("when was false: $.input.amount numeric_greater_than 1000"));
     assert_eq!(s.outputs()["giftwrap"]["error"]["kind"], "permanent");
