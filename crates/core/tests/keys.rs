@@ -166,3 +166,22 @@ async fn the_supervisor_s_check_of_a_waiting_task_s_key_recovers_a_lost_release_
     assert_eq!(c.process_state, ProcessState::Cancelled, "{:?}", c.reason);
     assert!(c.reason.as_deref().is_some_and(|r| r.contains("lists it no more")), "{:?}", c.reason);
 }
+
+/// A grant whose run was lost (sent before its task existed, or its sender died) is found by the
+/// waiting task's own submission when it comes back: it sends the run, instead of leaving it to
+/// the Supervisor's check minutes later. (The Submitter makes the same look right after creating a
+/// waiting task, for a grant made between its entry and its creation.)
+#[tokio::test]
+async fn a_grant_whose_run_was_lost_is_started_when_the_submission_comes_back() {
+    let tw = twins();
+    let acme = json!({"account": "acme"});
+    submitter::submit(&tw.deps, &submission("a", "keyed", acme.clone(), None)).await.unwrap();
+    submitter::submit(&tw.deps, &submission("b", "keyed", acme.clone(), None)).await.unwrap();
+    let b = TaskId::try_from("b").unwrap();
+    assert!(tw.deps.store.get(&b).await.unwrap().unwrap().waits_for_slot());
+    keys::release(&tw.deps, "key:keyed:acme", &TaskId::try_from("a").unwrap()).await.unwrap();
+    assert_eq!(runs(&tw), vec!["b".to_owned()], "the grant's run (taken away here: lost)");
+    let again = submitter::submit(&tw.deps, &submission("b", "keyed", acme, None)).await.unwrap();
+    assert!(matches!(again, Submitted::Duplicate(_)), "{again:?}");
+    assert_eq!(runs(&tw), vec!["b".to_owned()], "sent again by the submission that came back");
+}
