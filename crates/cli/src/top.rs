@@ -47,6 +47,9 @@ pub struct Snapshot {
     pub in_flight: usize,
     /// Their count by state, when every one was read.
     pub by_state: Option<Vec<(ProcessState, usize)>>,
+    /// The tasks waiting for a slot of their concurrency key, by key, most first (when every task
+    /// was read).
+    pub waiting_for_keys: Vec<(String, usize)>,
     /// Index entries whose `CompleteBy` is past.
     pub overdue: usize,
     /// The most overdue tasks (at most the `show` asked for), most overdue first.
@@ -153,6 +156,13 @@ pub async fn in_flight(
             .map(|s| (s, tasks.iter().filter(|t| t.process_state == s).count()))
             .collect();
         snap.by_state = Some(counts);
+        let mut by_key: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+        for slot in tasks.iter().filter(|t| t.waits_for_slot()).filter_map(|t| t.slot.as_ref()) {
+            *by_key.entry(slot.key.as_str()).or_default() += 1;
+        }
+        let mut by_key: Vec<(String, usize)> = by_key.into_iter().map(|(k, n)| (k.to_owned(), n)).collect();
+        by_key.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        snap.waiting_for_keys = by_key;
     }
     let mut oldest: Vec<Overdue> = tasks
         .iter()
@@ -201,6 +211,17 @@ pub fn render(s: &Snapshot) -> String {
         None => {
             let _ = writeln!(out, " (too many to read each one: --read-all to raise the limit)");
         }
+    }
+    if !s.waiting_for_keys.is_empty() {
+        let total: usize = s.waiting_for_keys.iter().map(|(_, n)| n).sum();
+        let parts: Vec<String> = s.waiting_for_keys.iter().take(10).map(|(k, n)| format!("{k} {n}")).collect();
+        let more = s.waiting_for_keys.len().saturating_sub(10);
+        let more = if more > 0 { format!(" and {more} more keys") } else { String::new() };
+        let _ = writeln!(
+            out,
+            "waiting for a slot of their concurrency key (Pending, not overdue: a task of the key that ends grants it): {total}: {}{more} (sasctl key SCOPE VALUE shows a key's line)",
+            parts.join(", ")
+        );
     }
     if !s.ended.is_empty() {
         let parts: Vec<String> = s.ended.iter().map(|(st, n)| format!("{st} {n}")).collect();

@@ -126,6 +126,10 @@ async fn a_busy_key_refuses_replaces_or_cancels_as_its_workflow_says() {
     let told = sas_cli::keys::describe("key:replace:replace", &state, &running, Millis::now());
     assert!(told.starts_with("key:replace:replace: 1 running (limit 1), 1 waiting"), "{told}");
     assert!(told.contains("running  replace-1  Processing at nap") && told.contains("#1  replace-2"), "{told}");
+    // and `sasctl top` counts the waiting task under its key
+    let top = sas_cli::top::in_flight(s.deps.store.as_ref(), Millis::now(), 1_000, 5).await.unwrap();
+    assert!(top.waiting_for_keys.contains(&("key:replace:replace".to_owned(), 1)), "{:?}", top.waiting_for_keys);
+    assert!(sas_cli::top::render(&top).contains("waiting for a slot of their concurrency key"), "{top:?}");
     for w in ["refuse", "replace", "cancel"] {
         s.send(&s.res.submission_queue_url, &submit(w, 3, json!({"account": w}))).await;
     }
