@@ -106,6 +106,7 @@ fn timed_out_task(tw: &Twins) {
     let wf = tw.deps.workflows.resolve("order", None).unwrap().clone();
     let policy = Policy::default();
     let ctx = Ctx {
+        paused: false,
         now: Millis(1_704_067_380_000),
         fresh_token: AttemptToken::from("0f8e7d6c5b4a39281706f5e4d3c2b1a0"),
         jitter: 0.5,

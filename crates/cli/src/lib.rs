@@ -11,6 +11,7 @@ pub mod lambda;
 pub mod listing;
 pub mod load;
 pub mod ops;
+pub mod pause;
 pub mod smoke;
 pub mod stack;
 pub mod table;

@@ -419,7 +419,7 @@ mod tests {
 
     fn go(t: &Task, e: &Event, now: &mut u64) -> Task {
         *now += 100;
-        let ctx = Ctx { now: Millis(*now), fresh_token: format!("k{now}").as_str().into(), jitter: 0.0 };
+        let ctx = Ctx { paused: false, now: Millis(*now), fresh_token: format!("k{now}").as_str().into(), jitter: 0.0 };
         protocol::apply(
             t,
             e,

@@ -101,7 +101,7 @@ pub fn check(command: Command, task_id: &TaskId, task: Option<&Task>) -> Result<
                 .to_owned(),
         });
     };
-    let ctx = Ctx { now: task.updated_at, fresh_token: AttemptToken::from("sasctl-check"), jitter: 0.0 };
+    let ctx = Ctx { paused: false, now: task.updated_at, fresh_token: AttemptToken::from("sasctl-check"), jitter: 0.0 };
     match protocol::apply(task, &command.event("check", Some(task.run)), &ctx, &Policy::default()) {
         Ok(t) => Ok(t.task),
         Err(stale) => Err(Refusal {
@@ -593,7 +593,12 @@ mod tests {
     use serde_json::json;
 
     fn ctx(now: u64) -> Ctx {
-        Ctx { now: Millis(now), fresh_token: AttemptToken::from(format!("tok{now}").as_str()), jitter: 0.0 }
+        Ctx {
+            paused: false,
+            now: Millis(now),
+            fresh_token: AttemptToken::from(format!("tok{now}").as_str()),
+            jitter: 0.0,
+        }
     }
 
     fn id() -> TaskId {

@@ -1014,6 +1014,7 @@ mod tests {
     fn policy() -> Policy {
         // the demo's settings: a 10 s queue budget, a 2 s result grace
         Policy {
+            pause_check_ms: Policy::default().pause_check_ms,
             key_check_ms: Policy::default().key_check_ms,
             start_timeout_ms: 30_000,
             history_limit: 50,
@@ -1084,7 +1085,7 @@ mod tests {
     }
 
     fn ctx(ms: u64) -> Ctx {
-        Ctx { now: Millis(T0 + ms), fresh_token: AttemptToken::fresh(), jitter: 0.5 }
+        Ctx { paused: false, now: Millis(T0 + ms), fresh_token: AttemptToken::fresh(), jitter: 0.5 }
     }
 
     /// The lines of `text` that contain `needle`.

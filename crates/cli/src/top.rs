@@ -50,6 +50,10 @@ pub struct Snapshot {
     /// The tasks waiting for a slot of their concurrency key, by key, most first (when every task
     /// was read).
     pub waiting_for_keys: Vec<(String, usize)>,
+    /// Tasks parked because their workflow is paused (when every task was read).
+    pub parked: usize,
+    /// The paused workflows: name, since when, why (when looked at).
+    pub paused: Vec<(String, Millis, String)>,
     /// Index entries whose `CompleteBy` is past.
     pub overdue: usize,
     /// The most overdue tasks (at most the `show` asked for), most overdue first.
@@ -163,6 +167,7 @@ pub async fn in_flight(
         let mut by_key: Vec<(String, usize)> = by_key.into_iter().map(|(k, n)| (k.to_owned(), n)).collect();
         by_key.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         snap.waiting_for_keys = by_key;
+        snap.parked = tasks.iter().filter(|t| t.claim.paused).count();
     }
     let mut oldest: Vec<Overdue> = tasks
         .iter()
@@ -211,6 +216,12 @@ pub fn render(s: &Snapshot) -> String {
         None => {
             let _ = writeln!(out, " (too many to read each one: --read-all to raise the limit)");
         }
+    }
+    for (name, at, reason) in &s.paused {
+        let _ = writeln!(out, "paused: workflow {name} since {} ({reason}); sasctl resume {name}", utc(*at));
+    }
+    if s.parked > 0 {
+        let _ = writeln!(out, "parked (their workflow paused; they continue once it is resumed): {}", s.parked);
     }
     if !s.waiting_for_keys.is_empty() {
         let total: usize = s.waiting_for_keys.iter().map(|(_, n)| n).sum();
@@ -285,7 +296,11 @@ pub fn render(s: &Snapshot) -> String {
         } else {
             String::new()
         },
-        if s.limit_reads > 0 { format!(", {} GetItem of agents' limits", s.limit_reads) } else { String::new() }
+        if s.limit_reads > 0 {
+            format!(", {} GetItem of agents' limits and the paused workflows", s.limit_reads)
+        } else {
+            String::new()
+        }
     );
     if s.unreadable > 0 {
         let _ = writeln!(out, "{} index entries could not be read by this build", s.unreadable);
@@ -329,7 +344,7 @@ mod tests {
     const T0: u64 = 1_795_300_000_000;
 
     fn ctx(ms: u64) -> Ctx {
-        Ctx { now: Millis(T0 + ms), fresh_token: AttemptToken::fresh(), jitter: 0.5 }
+        Ctx { paused: false, now: Millis(T0 + ms), fresh_token: AttemptToken::fresh(), jitter: 0.5 }
     }
 
     fn policy() -> Policy {

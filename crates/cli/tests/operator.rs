@@ -238,6 +238,13 @@ async fn the_operator_and_application_policies_allow_exactly_their_calls() {
     }
     assert!(top.contains(&stuck) && !top.contains(" 0 BatchGetItem"), "top reads the overdue task: {top}");
     sasctl(&["cancel", &stuck, "--no-wait"]);
+    // a pause and a resume (the runner is stopped: no task of the workflow is parked by them)
+    let paused = sasctl(&["pause", "sim-order", "--reason", "policy check"]);
+    assert!(paused.contains("workflow sim-order paused"), "{paused}");
+    let listed = sasctl(&["pause"]);
+    assert!(listed.contains("sim-order: paused since") && listed.contains("policy check"), "{listed}");
+    let resumed = sasctl(&["resume", "sim-order"]);
+    assert!(resumed.contains("workflow sim-order resumed"), "{resumed}");
 
     let cfn = aws_sdk_cloudformation::Client::new(&s.sdk);
     let described = cfn.describe_stacks().stack_name(&s.name).send().await.expect("DescribeStacks");

@@ -333,7 +333,13 @@ fn spawn_one<'a>(
     cancel: Option<&'a str>,
 ) -> futures::future::BoxFuture<'a, Result<(), EffectError>> {
     Box::pin(async move {
-        let ctx = deps.ctx();
+        // an element of a paused workflow is created parked (a failed look at the pauses: not
+        // parked now; its next unit's transition looks again)
+        let paused = deps.paused(&parent.workflow.name).await.unwrap_or_else(|e| {
+            warn!(parent = %parent.task_id, error = %e, "could not read the paused workflows; the element starts");
+            false
+        });
+        let ctx = protocol::Ctx { paused, ..deps.ctx() };
         let policy = &deps.settings.policy;
         let tr = match cancel {
             None => protocol::element_task(parent, step, element, item, &ctx, policy),

@@ -44,6 +44,7 @@ fn twins() -> Twins {
     };
     let settings = Settings {
         policy: Policy {
+            pause_check_ms: Policy::default().pause_check_ms,
             key_check_ms: Policy::default().key_check_ms,
             start_timeout_ms: 1_000,
             history_limit: 50,

@@ -124,7 +124,12 @@ fn full() -> Task {
             awaits: Some(token("awaits")),
         },
         complete_by: Some(Millis(1_700_000_123_456)),
-        claim: ClaimWait { rev: u64::MAX - 1, not_before: Some(Millis(1_700_000_095_000)), restarts: u32::MAX },
+        claim: ClaimWait {
+            paused: false,
+            rev: u64::MAX - 1,
+            not_before: Some(Millis(1_700_000_095_000)),
+            restarts: u32::MAX,
+        },
         rev: 9_007_199_254_740_993, // 2^53 + 1: not an f64
         reason: Some("cancelled: customer".into()),
         created_at: Millis(1_700_000_000_000),

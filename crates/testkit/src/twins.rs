@@ -61,6 +61,8 @@ impl Twins {
             limiter: Arc::new(store.clone()),
             keys: Arc::new(store.clone()),
             pacer: Arc::new(store.clone()),
+            pauses: Arc::new(store.clone()),
+            pause_cache: Arc::default(),
             bus: Arc::new(bus.clone()),
             resources: res,
             workflows: Arc::new(workflows),
@@ -90,7 +92,7 @@ impl Twins {
             on_failure: OnFailure::Compensate,
             steps: vec![StepDef::call(step, agent, 60_000)],
         };
-        let ctx = Ctx { now: self.deps.now(), fresh_token: attempt.clone(), jitter: 0.5 };
+        let ctx = Ctx { paused: false, now: self.deps.now(), fresh_token: attempt.clone(), jitter: 0.5 };
         let tr = protocol::submit(task_id.clone(), def, serde_json::json!({}), None, &ctx, &self.deps.settings.policy);
         let created = sas_core::transition::create(&self.deps, &tr.task).await.expect("a new task is created");
         assert!(matches!(created, sas_core::transition::Created::New), "task {task_id} exists already");

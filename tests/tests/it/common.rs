@@ -54,6 +54,7 @@ pub fn settings() -> Settings {
     Settings {
         // Short budgets, so that the deadline tests see a lost attempt within seconds.
         policy: Policy {
+            pause_check_ms: Policy::default().pause_check_ms,
             key_check_ms: Policy::default().key_check_ms,
             start_timeout_ms: 3_000,
             history_limit: 50,

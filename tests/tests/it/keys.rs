@@ -186,3 +186,44 @@ async fn a_busy_key_refuses_replaces_or_cancels_as_its_workflow_says() {
     }
     stack.delete().await;
 }
+
+#[tokio::test]
+async fn a_paused_workflow_parks_its_tasks_steps_and_a_resume_runs_them_to_the_end() {
+    let two = workflow(json!({
+        "name": "pausable", "version": 1,
+        "steps": [{"name": "a", "agent": "sim", "timeout_ms": 10_000}, {"name": "b", "agent": "sim", "timeout_ms": 10_000}]
+    }));
+    let mut settings = crate::common::settings();
+    // the parked tasks look at the pause every 2 s (a minute by default)
+    settings.policy.pause_check_ms = 2_000;
+    let s = crate::common::stack_with_settings("pause", WorkflowRegistry::new([two]).unwrap(), settings).await;
+    assert_eq!(sas_cli::pause::pause(&s.deps, "pausable", "maintenance").await.unwrap(), sas_cli::pause::Outcome::Done);
+    let runner = s.runner();
+    let ids: Vec<String> = (0..3).map(|i| format!("p-{i}")).collect();
+    for id in &ids {
+        let body = json!({"v": 1, "task_id": id, "workflow": "pausable", "input": {}});
+        s.send(&s.res.submission_queue_url, &body.to_string()).await;
+    }
+    // each is created parked: no step dispatched, Pending with the reason, through several looks
+    for id in &ids {
+        let t = s.wait_for(id, Duration::from_mins(1), |t| t.claim.paused).await;
+        assert_eq!(t.process_state, ProcessState::Pending);
+        assert!(t.reason.as_deref().is_some_and(|r| r.contains("pausable is paused")), "{:?}", t.reason);
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for id in &ids {
+        let t = s.task(id).await.unwrap();
+        assert!(t.claim.paused && t.steps.iter().all(|st| st.attempts == 0), "{id}: {:#?}", t.steps);
+        assert_eq!((t.failure_count, t.process_state), (0, ProcessState::Pending), "a pause is no failure");
+    }
+    let top = sas_cli::top::in_flight(s.deps.store.as_ref(), Millis::now(), 1_000, 5).await.unwrap();
+    assert_eq!(top.parked, 3, "top counts them parked: {top:?}");
+    assert_eq!(sas_cli::pause::resume(&s.deps, "pausable").await.unwrap(), sas_cli::pause::Outcome::Done);
+    for id in &ids {
+        let t = s.wait_for(id, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
+        assert_eq!(t.process_state, ProcessState::Processed, "{id}: {:?}", t.reason);
+        assert_eq!(t.failure_count, 0);
+    }
+    runner.shutdown().await;
+    s.delete().await;
+}

@@ -32,6 +32,7 @@ pub mod iam_check;
 pub mod import_asl;
 pub mod key;
 pub mod list;
+pub mod pause;
 pub mod reject;
 pub mod resubmit;
 pub mod run;

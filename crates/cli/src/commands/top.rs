@@ -84,6 +84,9 @@ async fn look(
     let mut snap = crate::top::in_flight(deps.store.as_ref(), now, read_all, show).await?;
     snap.limits = crate::top::agent_limits(deps.limiter.as_ref(), limited, now).await?;
     snap.limit_reads = limited.len() as u64;
+    let pauses = crate::pause::list(deps).await?;
+    snap.paused = pauses.workflows.into_iter().map(|(name, p)| (name, p.at, p.reason)).collect();
+    snap.limit_reads += 1;
     if ended {
         for state in crate::top::counted_ended_states() {
             snap.ended.push((state, reader.count_by_state(state).await?));

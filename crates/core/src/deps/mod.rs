@@ -12,7 +12,7 @@ use crate::config::{ConfigError, Resources, Settings};
 use crate::entropy::{Entropy, OsEntropy};
 use crate::ids::Millis;
 use crate::protocol::Ctx;
-use crate::store::{DynamoStore, KeyStore, Limiter, Pacer, StateStore, StoreError};
+use crate::store::{DynamoStore, KeyStore, Limiter, Pacer, PauseStore, Pauses, StateStore, StoreError};
 use crate::workflow::{WorkflowError, WorkflowRegistry};
 use transition::Writer;
 
@@ -27,6 +27,10 @@ pub struct Deps {
     pub limiter: Arc<dyn Limiter>,
     /// The agents' rates (items in the task table; see [`crate::limit`]).
     pub pacer: Arc<dyn Pacer>,
+    /// The operators' pauses of workflows (one item in the task table), and what this process
+    /// last read of it (see [`Deps::paused`]).
+    pub pauses: Arc<dyn PauseStore>,
+    pub pause_cache: Arc<std::sync::Mutex<Option<(Millis, Pauses)>>>,
     /// The workflows' concurrency keys (items in the task table; see [`crate::keys`]).
     pub keys: Arc<dyn KeyStore>,
     pub bus: Arc<dyn Bus>,
@@ -62,6 +66,8 @@ impl Deps {
             writer: Writer::new(store.clone()),
             limiter: store.clone(),
             pacer: store.clone(),
+            pauses: store.clone(),
+            pause_cache: Arc::default(),
             keys: store,
             bus: Arc::new(BufferedBus::new(
                 Arc::new(AwsBus::from_sdk(sdk)),
@@ -91,10 +97,31 @@ impl Deps {
     }
 
     /// What a transition needs from the world: the time, a fresh token, a jitter.
+    /// Whether `workflow` is paused by an operator, as this process last read the pauses item:
+    /// read again once [`PAUSE_CACHE_MS`] old (one `GetItem` per process every 5 s at most, while
+    /// it works), so a pause or a resume reaches every function within that.
+    pub async fn paused(&self, workflow: &str) -> Result<bool, StoreError> {
+        let now = self.now();
+        {
+            let cache = self.pause_cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((at, pauses)) = cache.as_ref().filter(|(at, _)| now.0 < at.0.saturating_add(PAUSE_CACHE_MS)) {
+                let _ = at;
+                return Ok(pauses.workflows.contains_key(workflow));
+            }
+        }
+        let pauses = self.pauses.load_pauses().await?.unwrap_or_default();
+        let hit = pauses.workflows.contains_key(workflow);
+        *self.pause_cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((now, pauses));
+        Ok(hit)
+    }
+
     pub fn ctx(&self) -> Ctx {
-        Ctx { now: self.now(), fresh_token: self.entropy.token(), jitter: self.entropy.jitter() }
+        Ctx { paused: false, now: self.now(), fresh_token: self.entropy.token(), jitter: self.entropy.jitter() }
     }
 }
+
+/// How long a process keeps what it read of the paused workflows.
+pub const PAUSE_CACHE_MS: u64 = 5_000;
 
 /// Why a message could not be handled. Every error makes the record fail, so SQS delivers it
 /// again (and, after maxReceiveCount, moves it to the DLQ).

@@ -13,7 +13,7 @@ use tracing::{debug, info};
 
 use super::{Deps, HandlerError};
 use crate::ids::Millis;
-use crate::protocol::{self, Effect, Event, ProcessState, Stale, Task};
+use crate::protocol::{self, Ctx, Effect, Event, ProcessState, Stale, Task};
 use crate::store::{is_own_write, StoreError, TaskWriter};
 
 /// The task store's writes as a role holds them ([`Deps::writer`]): only this module opens it,
@@ -171,9 +171,11 @@ pub async fn commit_many(
 ) -> Result<(Vec<Applied>, Commit), HandlerError> {
     let ends = events.iter().any(|(e, _)| matches!(e, Event::ElementEnded { .. }));
     let max = if ends { MAX_ELEMENT_CONFLICTS } else { MAX_CONFLICTS };
+    // an operator's pause of its workflow parks the task's next forward unit
+    let paused = deps.paused(&task.workflow.name).await?;
     let decide = |read: &Task| {
         // each decision (again after a lost write) is made now, with a fresh token
-        let ctx = deps.ctx();
+        let ctx = Ctx { paused, ..deps.ctx() };
         let mut next = read.clone();
         let mut d = Decided {
             applied: Vec::with_capacity(events.len()),

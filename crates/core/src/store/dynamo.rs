@@ -41,7 +41,7 @@ use futures::future::BoxFuture;
 use super::{
     check_size, end_key, index_key, is_own_write, Page, PageKey, StateStore, StoreError, TaskSummary, TaskWriter,
 };
-use super::{Acquire, KeyStore, Limiter, Pacer};
+use super::{Acquire, KeyStore, Limiter, Pacer, PauseStore, Pauses, PAUSES_KEY};
 use crate::ids::{AttemptToken, Millis, TaskId};
 use crate::limit::{expired_leases, limit_key};
 use crate::protocol::{HistoryEntry, ProcessState, Task};
@@ -894,6 +894,39 @@ impl DynamoStore {
                 other => Err(backend("UpdateItem", other.into())),
             },
         }
+    }
+}
+
+impl PauseStore for DynamoStore {
+    fn load_pauses(&self) -> BoxFuture<'_, Result<Option<Pauses>, StoreError>> {
+        Box::pin(async move {
+            match self.get_raw(PAUSES_KEY.to_owned()).await? {
+                Some(item) => Ok(Some(serde_dynamo::from_item(item).map_err(codec)?)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn save_pauses<'a>(&'a self, pauses: &'a Pauses, read: Option<u64>) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            use aws_sdk_dynamodb::operation::put_item::PutItemError;
+            let mut item: Item = serde_dynamo::to_item(pauses).map_err(codec)?;
+            item.insert("TaskId".into(), AttributeValue::S(PAUSES_KEY.to_owned()));
+            let req = self.client.put_item().table_name(&self.table).set_item(Some(item));
+            let req = match read {
+                None => req.condition_expression("attribute_not_exists(TaskId)"),
+                Some(v) => req
+                    .condition_expression("Ver = :v")
+                    .expression_attribute_values(":v", AttributeValue::N(v.to_string())),
+            };
+            match req.send().await {
+                Ok(_) => Ok(true),
+                Err(e) => match e.into_service_error() {
+                    PutItemError::ConditionalCheckFailedException(_) => Ok(false),
+                    other => Err(backend("PutItem", other.into())),
+                },
+            }
+        })
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::future::BoxFuture;
 
 use super::{end_key, index_key, Page, PageKey, StateStore, StoreError, TaskSummary, TaskWriter};
-use super::{Acquire, KeyStore, Limiter, Pacer};
+use super::{Acquire, KeyStore, Limiter, Pacer, PauseStore, Pauses};
 use crate::ids::{Millis, TaskId};
 use crate::limit::expired_leases;
 use crate::protocol::{HistoryEntry, ProcessState, Task};
@@ -85,6 +85,8 @@ struct Inner {
     keys: BTreeMap<String, KeyState>,
     /// The agents' rate items: agent to `Tat` (see [`crate::limit::pace`]).
     rates: BTreeMap<String, Millis>,
+    /// The paused workflows' item.
+    pauses: Option<Pauses>,
 }
 
 impl Inner {
@@ -356,6 +358,26 @@ impl Limiter for MemoryStore {
         Box::pin(async move {
             let inner = self.begin(StoreOp::Get, "leases")?;
             Ok(inner.leases.get(agent).map(|l| l.iter().map(|(h, u)| (h.clone(), *u)).collect()).unwrap_or_default())
+        })
+    }
+}
+
+/// Not a request the simulation schedules or counts: every transition may look (through a cache),
+/// and a workflow paused is an operator's act the simulation does not make.
+impl PauseStore for MemoryStore {
+    fn load_pauses(&self) -> BoxFuture<'_, Result<Option<Pauses>, StoreError>> {
+        let pauses = self.lock().pauses.clone();
+        Box::pin(async move { Ok(pauses) })
+    }
+
+    fn save_pauses<'a>(&'a self, pauses: &'a Pauses, read: Option<u64>) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut inner = self.lock();
+            if inner.pauses.as_ref().map(|p| p.ver) != read {
+                return Ok(false);
+            }
+            inner.pauses = Some(pauses.clone());
+            Ok(true)
         })
     }
 }

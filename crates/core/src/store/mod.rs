@@ -224,6 +224,40 @@ pub trait Pacer: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, Result<crate::limit::Pace, StoreError>>;
 }
 
+// ---- operators' pauses of workflows ---------------------------------------------------------
+
+/// The item of the paused workflows (`:` never appears in a task id).
+pub const PAUSES_KEY: &str = "pause:workflows";
+
+/// The paused workflows, one item (`TaskId` = [`PAUSES_KEY`]): `Workflows` (name to why and
+/// since when), `Ver` (+1 per write; each write is conditional on the version read).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Pauses {
+    #[serde(default)]
+    pub workflows: std::collections::BTreeMap<String, Paused>,
+    #[serde(default)]
+    pub ver: u64,
+}
+
+/// Why, by whom and since when a workflow is paused.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct Paused {
+    pub reason: String,
+    pub at: Millis,
+}
+
+/// Where the pauses live: the task table (DynamoDB), or the in-memory twin.
+pub trait PauseStore: Send + Sync + std::fmt::Debug {
+    /// The pauses item as it is now (strongly consistent), if it exists.
+    fn load_pauses(&self) -> BoxFuture<'_, Result<Option<Pauses>, StoreError>>;
+
+    /// Write `pauses` if the item is still at version `read` (`None`: it must not exist).
+    /// `Ok(false)`: the condition failed, read again.
+    fn save_pauses<'a>(&'a self, pauses: &'a Pauses, read: Option<u64>) -> BoxFuture<'a, Result<bool, StoreError>>;
+}
+
 // ---- concurrency keys (see [`sas_protocol::keys`]) -------------------------------------------
 
 /// Where the key items live: the task table (DynamoDB), or the in-memory twin. Each write is

@@ -51,7 +51,7 @@ fn flow(steps: Vec<StepDef>) -> WorkflowDef {
 use super::tests::policy;
 
 fn at(now: u64) -> Ctx {
-    Ctx { now: Millis(now), fresh_token: AttemptToken::fresh(), jitter: 0.5 }
+    Ctx { paused: false, now: Millis(now), fresh_token: AttemptToken::fresh(), jitter: 0.5 }
 }
 
 fn start(w: WorkflowDef, input: Value) -> Transition {

@@ -127,7 +127,7 @@ impl World {
             def,
             input,
             None,
-            &Ctx { now: Millis(1_000), fresh_token: AttemptToken::fresh(), jitter: 0.5 },
+            &Ctx { paused: false, now: Millis(1_000), fresh_token: AttemptToken::fresh(), jitter: 0.5 },
             &policy(),
         );
         let mut w = World {
@@ -166,7 +166,7 @@ impl World {
 
     fn ctx(&mut self) -> Ctx {
         self.now += 1;
-        Ctx { now: Millis(self.now), fresh_token: AttemptToken::fresh(), jitter: 0.5 }
+        Ctx { paused: false, now: Millis(self.now), fresh_token: AttemptToken::fresh(), jitter: 0.5 }
     }
 
     fn effects(&mut self, from: &TaskId, fx: Vec<Effect>) {
@@ -531,7 +531,7 @@ fn a_map_past_its_deadline_stops() {
     let p = w.parent().clone();
     assert!(p.complete_by.unwrap() < p.steps[1].map.as_ref().unwrap().deadline, "watched before its deadline");
     let late = p.steps[1].map.as_ref().unwrap().deadline.0 + 1;
-    let ctx = Ctx { now: Millis(late), fresh_token: AttemptToken::fresh(), jitter: 0.5 };
+    let ctx = Ctx { paused: false, now: Millis(late), fresh_token: AttemptToken::fresh(), jitter: 0.5 };
     let tr = apply(&p, &Event::DeadlineExpired, &ctx, &policy()).unwrap();
     let cancels = tr.effects.iter().filter(|e| matches!(e, Effect::Send(SchedulerMessage::Cancel(_)))).count();
     assert_eq!(cancels, 2, "the running elements are cancelled");

@@ -99,6 +99,8 @@ pub struct Policy {
     pub unchecked_start_ms: u64,
     /// Restarts in a row (run messages lost or never claimed) before the task ends in `Error`.
     pub max_restarts: u32,
+    /// How often the Supervisor looks whether the paused workflow of a parked task was resumed.
+    pub pause_check_ms: u64,
     /// How often the Supervisor checks the key of a task that waits for a slot (a backstop: a
     /// slot is granted when a task of the key ends, see [`crate::keys`]).
     pub key_check_ms: u64,
@@ -115,6 +117,7 @@ impl Default for Policy {
             unchecked_start_ms: 2_000,
             max_restarts: 8,
             key_check_ms: 300_000,
+            pause_check_ms: 60_000,
         }
     }
 }
@@ -127,12 +130,14 @@ pub struct Ctx {
     pub fresh_token: AttemptToken,
     /// In [0, 1): the random part of a backoff.
     pub jitter: f64,
+    /// The task's workflow is paused by an operator: no forward unit starts (it is parked).
+    pub paused: bool,
 }
 
 impl Ctx {
     /// A context at `now` with a fresh random token and a mid jitter (fixtures, tools).
     pub fn at(now: Millis) -> Self {
-        Ctx { now, fresh_token: AttemptToken::fresh(), jitter: 0.5 }
+        Ctx { now, fresh_token: AttemptToken::fresh(), jitter: 0.5, paused: false }
     }
 }
 

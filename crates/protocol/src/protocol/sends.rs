@@ -50,8 +50,8 @@ pub fn resend(task: &Task, now: Millis, policy: &Policy) -> Transition {
 /// The work a non-terminal task's last write sent (see [`owed_sends`]).
 fn owed_work(task: &Task, now: Millis, policy: &Policy) -> Vec<Effect> {
     let Some(complete_by) = task.complete_by else { return Vec::new() };
-    if task.waits_for_slot() {
-        // its run is the grant's to send
+    if task.waits_for_slot() || task.claim.paused {
+        // its run is the grant's to send, or the resume's
         return Vec::new();
     }
     if map::map_running(task) {

@@ -795,6 +795,10 @@ pub struct ClaimWait {
     /// Restarts since the last claim (a lost or never-claimed run message).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restarts: u32,
+    /// Its workflow is paused: its next forward unit waits, unclaimed, with no run message;
+    /// `CompleteBy` is when the Supervisor looks whether the workflow was resumed.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub paused: bool,
 }
 
 /// Statuses that could never reach `reply_to` (the queue refused them for good or is gone):
@@ -854,7 +858,7 @@ pub(crate) fn new_task(
         run: 1,
         lock: Lock::default(),
         complete_by: None,
-        claim: ClaimWait { rev: 1, not_before: None, restarts: 0 },
+        claim: ClaimWait { rev: 1, not_before: None, restarts: 0, paused: false },
         rev: 1,
         reason: None,
         created_at: ctx.now,

@@ -31,6 +31,7 @@ fn order() -> WorkflowDef {
 /// The tests' policy (also the callback and map tests').
 pub(super) fn policy() -> Policy {
     Policy {
+        pause_check_ms: Policy::default().pause_check_ms,
         key_check_ms: Policy::default().key_check_ms,
         start_timeout_ms: 500,
         history_limit: 50,
@@ -43,7 +44,7 @@ pub(super) fn policy() -> Policy {
 }
 
 fn ctx(now: u64) -> Ctx {
-    Ctx { now: Millis(now), fresh_token: AttemptToken::fresh(), jitter: 0.5 }
+    Ctx { paused: false, now: Millis(now), fresh_token: AttemptToken::fresh(), jitter: 0.5 }
 }
 
 fn new_task(reply: bool) -> Transition {
@@ -839,7 +840,7 @@ proptest! {
         let stale = AttemptToken::from("never-issued");
         for m in &moves {
             let (event, now) = event_for(&t, m, &stale);
-            let c = Ctx { now: Millis(now.max(t.updated_at.0)), fresh_token: AttemptToken::fresh(), jitter: 0.3 };
+            let c = Ctx { paused: false, now: Millis(now.max(t.updated_at.0)), fresh_token: AttemptToken::fresh(), jitter: 0.3 };
             let before = t.clone();
             match apply(&t, &event, &c, &p) {
                 Err(_) => {
@@ -945,7 +946,7 @@ fn outputs_too_large_for_a_status_say_where_to_read_them() {
 #[test]
 fn a_call_step_settles_one_execution_time_after_the_task_stops_waiting_for_it() {
     let p = Policy { queue_budget_ms: 300_000, settle_ms: 2_000, ..policy() };
-    let at = |now: u64| Ctx { now: Millis(now), fresh_token: AttemptToken::fresh(), jitter: 0.5 };
+    let at = |now: u64| Ctx { paused: false, now: Millis(now), fresh_token: AttemptToken::fresh(), jitter: 0.5 };
     let go = |t: &Task, e: Event, now: u64| apply(t, &e, &at(now), &p).unwrap();
     // cancelled while its first attempt runs (claimed at 1_000: hard deadline 302_000)
     let t = submit(TaskId::try_from("t1").unwrap(), order(), json!({}), None, &at(1_000), &p).task;
@@ -987,7 +988,7 @@ fn a_call_step_settles_one_execution_time_after_the_task_stops_waiting_for_it() 
 #[test]
 fn a_call_step_settles_one_unchecked_window_later_and_a_resent_request_is_read() {
     let p = Policy { queue_budget_ms: 300_000, settle_ms: 2_000, unchecked_start_ms: 2_000, ..policy() };
-    let at = |now: u64| Ctx { now: Millis(now), fresh_token: AttemptToken::fresh(), jitter: 0.5 };
+    let at = |now: u64| Ctx { paused: false, now: Millis(now), fresh_token: AttemptToken::fresh(), jitter: 0.5 };
     let claimed = submit(TaskId::try_from("t1").unwrap(), order(), json!({}), None, &at(1_000), &p);
     assert_eq!(dispatched(&claimed.effects)[0].unchecked_until, Some(Millis(3_000)), "claim + window");
     let cancelled = apply(&claimed.task, &Event::Cancel { reason: "customer".into(), run: None }, &at(1_500), &p);
@@ -1039,4 +1040,51 @@ fn an_event_that_changes_nothing_owes_sends_only_where_the_protocol_says() {
         other @ ExistingElement::Resend => panic!("{other:?}"),
     }
     assert_eq!(existing_element(&child, None), ExistingElement::Resend);
+}
+
+/// A paused workflow: a step in flight finishes, the next one is parked (unclaimed, no run, no
+/// dispatch: `Pending`, the reason says why); its deadline is the look at the pause, never a
+/// failure or a restart; once resumed, the look sends the run, which claims the step.
+#[test]
+fn a_paused_workflow_parks_the_next_step_and_its_deadline_resumes_it_once_unpaused() {
+    let paused = |now: u64| Ctx { paused: true, ..ctx(now) };
+    let t = new_task(true).task;
+    // the first step's success, while paused: the second is parked
+    let done =
+        apply(&t, &Event::AgentSucceeded { attempt: token(&t), output: json!({}) }, &paused(2_000), &policy()).unwrap();
+    let p = &done.task;
+    assert_eq!(p.process_state, ProcessState::Pending);
+    assert!(p.claim.paused && p.lock.locked_by.is_none());
+    assert_eq!((p.step_index, p.steps[0].status), (1, StepStatus::Succeeded));
+    assert!(
+        p.reason.as_deref().is_some_and(|r| r.starts_with("paused: its workflow order is paused")),
+        "{:?}",
+        p.reason
+    );
+    assert!(
+        dispatched(&done.effects).is_empty()
+            && !done.effects.iter().any(|e| matches!(e, Effect::Run { .. } | Effect::ArmTimer(_)))
+    );
+    assert_eq!(replies(&done.effects), vec![ProcessState::Pending], "the caller hears it is paused");
+    assert_eq!(p.complete_by, Some(Millis(2_000 + policy().pause_check_ms)));
+    assert!(owed_sends(p, Millis(2_000), &policy()).is_empty(), "nothing owed: the resume sends the run");
+    // its look, still paused: looks again later, no failure
+    let later = 2_000 + policy().pause_check_ms;
+    let again = apply(p, &Event::DeadlineExpired, &paused(later), &policy()).unwrap();
+    assert!(again.task.claim.paused && again.effects.is_empty());
+    assert_eq!((again.task.failure_count, again.task.claim.restarts), (0, 0));
+    // a claim while paused parks it again; resumed, the look sends the run, which claims the step
+    let reclaimed = apply(p, &Event::Claim { rev: p.claim.rev }, &paused(later), &policy()).unwrap();
+    assert!(reclaimed.task.claim.paused && dispatched(&reclaimed.effects).is_empty());
+    let t2 = &again.task;
+    let resumed = go(t2, Event::DeadlineExpired, later + policy().pause_check_ms);
+    assert!(!resumed.task.claim.paused && resumed.task.reason.is_none());
+    assert!(matches!(resumed.effects.as_slice(), [.., Effect::Run { .. }]), "{:?}", resumed.effects);
+    let running = claim(&resumed.task, later + policy().pause_check_ms + 10);
+    assert_eq!(running.task.process_state, ProcessState::Processing);
+    assert_eq!(dispatched(&running.effects).len(), 1);
+    // a parked task is cancelled as any waiting one: its completed step is undone
+    let cancelled = go(p, Event::Cancel { reason: "stop".into(), run: None }, 3_000);
+    assert_eq!(cancelled.task.process_state, ProcessState::Compensating);
+    assert!(!cancelled.task.claim.paused, "undoing is not paused");
 }

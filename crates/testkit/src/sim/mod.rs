@@ -355,6 +355,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
     bus.create_queue(REPLY_QUEUE, QueueConfig::default());
     let settings = Settings {
         policy: Policy {
+            pause_check_ms: Policy::default().pause_check_ms,
             // a waiting task's check of its key: often, so lost grants and releases are recovered in a run
             key_check_ms: 30_000,
             start_timeout_ms: 10_000,
@@ -379,6 +380,8 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         limiter: Arc::new(store.clone()),
         keys: Arc::new(store.clone()),
         pacer: Arc::new(store.clone()),
+        pauses: Arc::new(store.clone()),
+        pause_cache: Arc::default(),
         bus: Arc::new(bus.clone()),
         resources: res,
         workflows: Arc::new(workflows()),

@@ -153,6 +153,7 @@ impl Change<'_> {
         self.unlock();
         self.t.complete_by = None;
         self.t.claim.not_before = None;
+        self.t.claim.paused = false;
         self.t.lock.outstanding.clear();
         self.t.lock.awaits = None;
         self.note(end);

@@ -23,6 +23,7 @@ impl Change<'_> {
         self.t.claim.restarts = 0;
         self.t.claim.rev = self.t.rev;
         self.t.claim.not_before = None;
+        self.t.claim.paused = false;
         self.t.complete_by = Some(due.max(now).plus_ms(self.policy.start_timeout_ms));
         self.t.unit_record().await_retry();
         self.note_wait(waiting_state(self.t.phase()));
@@ -58,6 +59,11 @@ impl Change<'_> {
     /// (each heartbeat moves it on, never past the hard one). A wait unit has no agent: see
     /// [`Change::start_wait`].
     pub(crate) fn start_unit(&mut self) {
+        if self.ctx.paused && self.t.phase() == Phase::Forward {
+            self.park();
+            return;
+        }
+        self.t.claim.paused = false;
         let i = self.t.unit_step();
         // a parallel region first: its first step may be a map (which runs in its branch)
         if self.t.workflow.region_at(i).is_some() {
@@ -124,6 +130,20 @@ impl Change<'_> {
         self.fx.push(Effect::Dispatch(request));
         let task_id = self.t.task_id.clone();
         self.fx.push(Effect::ArmTimer(TimerMessage { v: VERSION, task_id, attempt: Some(token), complete_by }));
+    }
+
+    /// The task's workflow is paused: its forward unit waits, unclaimed and with no run message;
+    /// its `CompleteBy` is when the Supervisor looks whether the workflow was resumed (and then
+    /// sends the run). Compensations are not parked: undoing goes on.
+    fn park(&mut self) {
+        self.unlock();
+        self.t.claim.rev = self.t.rev;
+        self.t.claim.not_before = None;
+        self.t.claim.restarts = 0;
+        self.t.claim.paused = true;
+        self.t.complete_by = Some(self.ctx.now.plus_ms(self.policy.pause_check_ms));
+        self.t.reason = Some(format!("paused: its workflow {} is paused (sasctl resume)", self.t.workflow.name));
+        self.note_wait(waiting_state(self.t.phase()));
     }
 
     /// A wait unit: held (so a cancel finds it running) until it wakes; its only effect is the

@@ -52,6 +52,20 @@ pub(crate) fn deadline_expired(task: &Task, c: &mut Change) -> Result<(), Stale>
         map_deadline(task, c);
         return Ok(());
     }
+    if task.claim.paused && task.lock.locked_by.is_none() {
+        if complete_by > c.ctx.now {
+            return Err(Stale::NotExpired { complete_by, now: c.ctx.now });
+        }
+        if c.ctx.paused {
+            // still paused: look again later
+            c.t.complete_by = Some(c.ctx.now.plus_ms(c.policy.pause_check_ms));
+        } else {
+            // resumed: the unit waits for its claim, and its run message is sent
+            c.t.reason = None;
+            c.wait_for_claim(c.ctx.now, crate::messages::RunReason::Retry);
+        }
+        return Ok(());
+    }
     if task.waits_for_slot() {
         // the Supervisor checked the task's key (and sent its run if it holds a slot): the next check
         if complete_by > c.ctx.now {
