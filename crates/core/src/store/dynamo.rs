@@ -897,6 +897,35 @@ impl DynamoStore {
     }
 }
 
+impl DynamoStore {
+    /// Put `item` under `key` if the stored one is still at version `read` (`Ver`; `None`: there
+    /// is none): the key items' and the pauses item's writes. `Ok(false)`: the condition failed.
+    async fn put_versioned(
+        &self,
+        key: &str,
+        item: Result<Item, StoreError>,
+        read: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        use aws_sdk_dynamodb::operation::put_item::PutItemError;
+        let mut item = item?;
+        item.insert("TaskId".into(), AttributeValue::S(key.to_owned()));
+        let req = self.client.put_item().table_name(&self.table).set_item(Some(item));
+        let req = match read {
+            None => req.condition_expression("attribute_not_exists(TaskId)"),
+            Some(v) => {
+                req.condition_expression("Ver = :v").expression_attribute_values(":v", AttributeValue::N(v.to_string()))
+            }
+        };
+        match req.send().await {
+            Ok(_) => Ok(true),
+            Err(e) => match e.into_service_error() {
+                PutItemError::ConditionalCheckFailedException(_) => Ok(false),
+                other => Err(backend("PutItem", other.into())),
+            },
+        }
+    }
+}
+
 impl PauseStore for DynamoStore {
     fn load_pauses(&self) -> BoxFuture<'_, Result<Option<Pauses>, StoreError>> {
         Box::pin(async move {
@@ -908,25 +937,7 @@ impl PauseStore for DynamoStore {
     }
 
     fn save_pauses<'a>(&'a self, pauses: &'a Pauses, read: Option<u64>) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            use aws_sdk_dynamodb::operation::put_item::PutItemError;
-            let mut item: Item = serde_dynamo::to_item(pauses).map_err(codec)?;
-            item.insert("TaskId".into(), AttributeValue::S(PAUSES_KEY.to_owned()));
-            let req = self.client.put_item().table_name(&self.table).set_item(Some(item));
-            let req = match read {
-                None => req.condition_expression("attribute_not_exists(TaskId)"),
-                Some(v) => req
-                    .condition_expression("Ver = :v")
-                    .expression_attribute_values(":v", AttributeValue::N(v.to_string())),
-            };
-            match req.send().await {
-                Ok(_) => Ok(true),
-                Err(e) => match e.into_service_error() {
-                    PutItemError::ConditionalCheckFailedException(_) => Ok(false),
-                    other => Err(backend("PutItem", other.into())),
-                },
-            }
-        })
+        Box::pin(self.put_versioned(PAUSES_KEY, serde_dynamo::to_item(pauses).map_err(codec), read))
     }
 }
 
@@ -1014,25 +1025,7 @@ impl KeyStore for DynamoStore {
         state: &'a KeyState,
         read: Option<u64>,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
-        Box::pin(async move {
-            use aws_sdk_dynamodb::operation::put_item::PutItemError;
-            let mut item: Item = serde_dynamo::to_item(state).map_err(codec)?;
-            item.insert("TaskId".into(), AttributeValue::S(key.to_owned()));
-            let req = self.client.put_item().table_name(&self.table).set_item(Some(item));
-            let req = match read {
-                None => req.condition_expression("attribute_not_exists(TaskId)"),
-                Some(v) => req
-                    .condition_expression("Ver = :v")
-                    .expression_attribute_values(":v", AttributeValue::N(v.to_string())),
-            };
-            match req.send().await {
-                Ok(_) => Ok(true),
-                Err(e) => match e.into_service_error() {
-                    PutItemError::ConditionalCheckFailedException(_) => Ok(false),
-                    other => Err(backend("PutItem", other.into())),
-                },
-            }
-        })
+        Box::pin(self.put_versioned(key, serde_dynamo::to_item(state).map_err(codec), read))
     }
 }
 
