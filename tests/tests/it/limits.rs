@@ -160,7 +160,7 @@ async fn an_agent_with_a_rate_of_5_a_second_never_starts_more_calls_in_a_second_
     calls.sort();
     assert_eq!(calls.len(), PACED_TASKS, "one call per task");
     // no window of one second holds more than RATE starts: the (RATE+1)-th call after any call
-    // starts a second or more after it (the calls start at their slots, 202 ms apart, each within
+    // starts a second or more after it (the calls start at their slots, 206 ms apart, each within
     // PACE_SLACK_MS after its slot)
     let n = RATE as usize;
     let tightest = calls.windows(n + 1).map(|w| w[n] - w[0]).min().unwrap();

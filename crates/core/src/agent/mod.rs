@@ -226,47 +226,39 @@ async fn not_started(
 }
 
 /// Wait for a slot of the request's agent's `rate` (see [`crate::limit`]'s pacing): `true` once
-/// its slot has come (after sleeping until it); `false` when the next slot is too far to sleep
-/// for and the request was sent back to the agent queue, delayed until about then. A call that
-/// wakes after its slot's slack takes another slot instead of starting late.
+/// its slot has come (after sleeping until it); `false` when the request was sent back to the agent
+/// queue to ask again: its next slot is too far to sleep for (delayed until about then), or it woke
+/// after its slot's slack (a loaded process: starting late could put one call too many in a
+/// period, and trying again here would spend the attempt's time). Waiting is never a failure.
 pub async fn pace_call(
     deps: &Deps,
     rate: &limit::Rate,
     req: &AgentRequest,
     sent_at: Option<Millis>,
 ) -> Result<bool, HandlerError> {
-    for _ in 0..8 {
-        let now = deps.now();
-        match deps.pacer.reserve(&req.agent, rate, now).await? {
-            limit::Pace::Reserve { slot, .. } => {
-                let wait = deps.now().until(slot);
-                if wait > 0 {
-                    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
-                }
-                let at = deps.now();
-                if at <= slot.plus_ms(limit::PACE_SLACK_MS) {
-                    return Ok(true);
-                }
-                debug!(agent = %req.agent, late_ms = slot.until(at), "woke after its slot: takes another");
+    let now = deps.now();
+    let delay = match deps.pacer.reserve(&req.agent, rate, now).await? {
+        limit::Pace::Reserve { slot, .. } => {
+            let wait = deps.now().until(slot);
+            if wait > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
             }
-            limit::Pace::Later { slot } => {
-                let mut again = req.clone();
-                again.waits = req.waits.saturating_add(1);
-                again.waiting_since = req.waiting_since.or(sent_at).or(Some(now));
-                // whole seconds (SQS), arriving before the slot rather than after it
-                let delay = u32::try_from(now.until(slot) / 1_000).unwrap_or(900).clamp(1, 900);
-                info!(agent = %req.agent, waits = again.waits, delay_s = delay, "agent at its rate: the request waits");
-                metrics::count(&metrics::AGENT_AT_LIMIT, &[&req.agent], 1);
-                deps.outbox().dispatch_later(&again, delay).await?;
-                return Ok(false);
+            let at = deps.now();
+            if at <= slot.plus_ms(limit::PACE_SLACK_MS) {
+                return Ok(true);
             }
+            debug!(agent = %req.agent, late_ms = slot.until(at), "woke after its slot: asks again from the queue");
+            1
         }
-    }
-    // slots kept slipping past (an overloaded process): ask again from the queue
+        // whole seconds (SQS), arriving before the slot rather than after it
+        limit::Pace::Later { slot } => u32::try_from(now.until(slot) / 1_000).unwrap_or(900).clamp(1, 900),
+    };
     let mut again = req.clone();
     again.waits = req.waits.saturating_add(1);
-    again.waiting_since = req.waiting_since.or(sent_at).or(Some(deps.now()));
-    deps.outbox().dispatch_later(&again, 1).await?;
+    again.waiting_since = req.waiting_since.or(sent_at).or(Some(now));
+    info!(agent = %req.agent, waits = again.waits, delay_s = delay, "agent at its rate: the request waits");
+    metrics::count(&metrics::AGENT_AT_LIMIT, &[&req.agent], 1);
+    deps.outbox().dispatch_later(&again, delay).await?;
     Ok(false)
 }
 
