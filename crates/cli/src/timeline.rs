@@ -1221,9 +1221,13 @@ mod tests {
             .ok(57_600, json!({}))
             .ok(57_900, json!({}));
         let text = d.render(90_000);
-        let attempt3 = lines(&text, "attempt 3");
-        assert!(attempt3[0].contains("timed out") && !attempt3[0].contains("retried"), "{text}");
-        assert!(text.contains("all 3 attempts used"), "{text}");
+        // the attempt's row (the task's reason, the cause of its undoing, names it too)
+        let attempt3 = lines(&text, "attempt 3").into_iter().find(|l| l.trim_start().starts_with("attempt 3"));
+        assert!(attempt3.is_some_and(|l| l.contains("timed out") && !l.contains("retried")), "{text}");
+        assert!(
+            text.contains("reason        step ship attempt 3 passed CompleteBy +53.300s; all 3 attempts used"),
+            "{text}"
+        );
         // the book's excerpt (docs/how-to/operating.md, `sasctl status`) is this rendering, line for line
         let page = include_str!("../../../docs/how-to/operating.md");
         let start = page.find("answered (the times are the renderer's test").expect("the book's timeline");

@@ -112,7 +112,12 @@ fn full() -> Task {
         input: json!({"n": 1.5, "s": "x", "l": [1, null, true], "empty": {}, "big": u64::MAX}),
         reply_to: Some("https://sqs.us-east-1.amazonaws.com/123456789012/orders-replies".into()),
         process_state: ProcessState::Compensating,
-        stage: Stage::Compensating { plan: vec![1, 0], pos: 1, cause: EndCause::Cancelled },
+        stage: Stage::Compensating {
+            plan: vec![1, 0],
+            pos: 1,
+            cause: EndCause::Cancelled,
+            why: "cancelled: by the operator".into(),
+        },
         step_index: 1,
         steps: vec![reserve, charge],
         failure_count: 3,

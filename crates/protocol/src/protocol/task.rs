@@ -565,7 +565,16 @@ pub enum Stage {
     #[default]
     Forward,
     /// `plan` lists the step indexes to undo, in the order they are undone; `pos` is the one now.
-    Compensating { plan: Vec<usize>, pos: usize, cause: EndCause },
+    Compensating {
+        plan: Vec<usize>,
+        pos: usize,
+        cause: EndCause,
+        /// Why the task is undone (the reason that began it): the task's reason again once every
+        /// compensation is done, whatever its compensations' own attempts noted on the way (a
+        /// retry, a request that waited past its start). Empty in items written before it was kept.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        why: String,
+    },
 }
 
 impl Stage {

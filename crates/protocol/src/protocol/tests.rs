@@ -387,6 +387,40 @@ fn cancel_mid_way_compensates_and_ends_cancelled() {
 }
 
 #[test]
+fn a_task_undone_ends_for_the_reason_it_was_undone_not_for_its_compensations_notes() {
+    // a declined charge is undone; the release's first request waits past its start and its
+    // second attempt fails retryably: each says so in the task's reason while it compensates,
+    // and the task ends Compensated for the decline (what its caller and its parent are told)
+    let mut t = new_task(true).task;
+    t = succeed(&t, 1_100).task;
+    t = go(&t, Event::AgentFailed { attempt: token(&t), error: "card declined".into(), retryable: false }, 1_200).task;
+    let r = go(&t, Event::AgentNotStarted { attempt: token(&t), error: "not started: waited".into() }, 1_300);
+    assert!(r.task.reason.as_deref().unwrap_or_default().contains("claimed again"), "{:?}", r.task.reason);
+    let r = go(&r.task, Event::AgentFailed { attempt: token(&r.task), error: "503".into(), retryable: true }, 1_400);
+    assert!(r.task.reason.as_deref().unwrap_or_default().contains("503"), "{:?}", r.task.reason);
+    let r = succeed(&claim(&r.task, 5_000).task, 5_100);
+    assert_eq!(r.task.process_state, ProcessState::Compensated);
+    let reason = r.task.reason.clone().unwrap_or_default();
+    assert!(reason.contains("card declined") && !reason.contains("503"), "{reason}");
+    assert_eq!(r.task.history.last().and_then(|h| h.reason.clone()), Some(reason), "its last status says it too");
+    // the same for a cancel: the task ends Cancelled with the cancel's reason
+    let mut t = new_task(false).task;
+    t = succeed(&t, 1_100).task;
+    t = succeed(&t, 1_200).task; // reserve and charge done, ship running
+    let r = go(&t, Event::Cancel { reason: "replaced by task o-2".into(), run: None }, 1_250);
+    assert_eq!(dispatched(&r.effects)[0].step, "refund", "ship has nothing to undo: the refund starts");
+    let r = go(&r.task, Event::AgentNotStarted { attempt: token(&r.task), error: "not started: waited".into() }, 1_280);
+    assert!(r.task.reason.as_deref().unwrap_or_default().contains("claimed again"), "{:?}", r.task.reason);
+    let mut t = r.task;
+    while !t.process_state.is_terminal() {
+        let now = t.updated_at.0 + 10;
+        t = succeed(&t, now).task;
+    }
+    assert_eq!(t.process_state, ProcessState::Cancelled);
+    assert_eq!(t.reason.as_deref(), Some("cancelled: replaced by task o-2"));
+}
+
+#[test]
 fn only_a_definite_answer_of_the_awaited_attempt_releases_its_compensation() {
     // a 504 from a gateway while the backend works on, or a 503 to a second copy of the attempt
     // while the first applies, is retryable: it proves nothing, so the refund must not race the

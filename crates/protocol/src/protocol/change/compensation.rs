@@ -38,14 +38,14 @@ impl Change<'_> {
             .filter_map(|&j| self.settled_at(j))
             .max()
             .map(|at| at.plus_ms(self.policy.settle_ms));
-        self.t.reason = Some(reason);
+        self.t.reason = Some(reason.clone());
         self.unlock();
         self.t.lock.outstanding.clear();
         if plan.is_empty() {
             self.finish(cause.end_state());
             return;
         }
-        self.t.stage = Stage::Compensating { plan, pos: 0, cause };
+        self.t.stage = Stage::Compensating { plan, pos: 0, cause, why: reason };
         match settles.filter(|at| *at > self.ctx.now) {
             Some(at) => {
                 // no claim before then, whichever run message arrives first

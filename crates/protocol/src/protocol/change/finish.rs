@@ -27,8 +27,12 @@ impl Change<'_> {
                 *pos += 1;
                 self.start_unit();
             }
-            Stage::Compensating { cause, .. } => {
+            Stage::Compensating { cause, why, .. } => {
+                // the task ends for the reason it was undone, not for its last compensation's note
                 let end = cause.end_state();
+                if !why.is_empty() {
+                    self.t.reason = Some(why.clone());
+                }
                 self.finish(end);
             }
         }

@@ -25,9 +25,10 @@ pub(crate) fn cancel(task: &Task, reason: &str, c: &mut Change) -> Result<(), St
         if task.process_state != ProcessState::Error {
             return Err(Stale::AlreadyCompensating);
         }
-        c.t.stage = Stage::Compensating { plan: plan.clone(), pos: *pos, cause: EndCause::Cancelled };
         c.t.run += 1;
-        c.t.reason = Some(format!("cancelled (run {}): {reason}", c.t.run));
+        let why = format!("cancelled (run {}): {reason}", c.t.run);
+        c.t.stage = Stage::Compensating { plan: plan.clone(), pos: *pos, cause: EndCause::Cancelled, why: why.clone() };
+        c.t.reason = Some(why);
         c.t.unit_record().reset();
         c.wait_for_claim(c.ctx.now, RunReason::Retry);
         return Ok(());

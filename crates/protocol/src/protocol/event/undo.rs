@@ -21,7 +21,8 @@ pub(crate) fn undo(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stal
     c.t.reason = Some(format!("undone: {reason}"));
     if task.process_state == ProcessState::Error {
         // its compensation failed: resumed, as an operator's cancel resumes it
-        if task.is_compensating() {
+        if let Stage::Compensating { why, .. } = &mut c.t.stage {
+            *why = format!("undone: {reason}");
             c.unlock();
             c.t.unit_record().reset();
             c.wait_for_claim(c.ctx.now, crate::messages::RunReason::Retry);
@@ -41,7 +42,7 @@ pub(crate) fn undo(task: &Task, reason: &str, c: &mut Change) -> Result<(), Stal
         c.finish(ProcessState::Compensated);
         return Ok(());
     }
-    c.t.stage = Stage::Compensating { plan, pos: 0, cause: EndCause::Failed };
+    c.t.stage = Stage::Compensating { plan, pos: 0, cause: EndCause::Failed, why: format!("undone: {reason}") };
     c.start_unit();
     Ok(())
 }
