@@ -8,8 +8,8 @@ use std::time::Duration;
 use sas_core::agent::{AgentRuntime, AwsConfigCell};
 use sas_core::store::KeyStore;
 use sas_order_service::{spawn_service, FaultRule, OrderService};
-use sas_protocol::ids::Millis;
-use sas_protocol::protocol::{ProcessState, Task};
+use sas_protocol::ids::{CallbackToken, Millis};
+use sas_protocol::protocol::{ProcessState, StepStatus, Task};
 use sas_protocol::workflow::{WorkflowDef, WorkflowRegistry};
 use serde_json::json;
 
@@ -87,7 +87,9 @@ async fn a_burst_of_300_tasks_on_10_keys_with_a_limit_of_1_runs_one_at_a_time_pe
 
 #[tokio::test]
 async fn a_busy_key_refuses_replaces_or_cancels_as_its_workflow_says() {
-    // reserve (undone by release), a nap that keeps the key busy, then done
+    // reserve (undone by release), a step that holds the key until the test answers it, then done:
+    // what runs when is the test's to say, not a nap's (a machine slow enough let a 15-s nap end
+    // before the test had looked)
     let def = |name: &str, when_busy: &str| {
         workflow(json!({
             "name": name, "version": 1,
@@ -95,7 +97,7 @@ async fn a_busy_key_refuses_replaces_or_cancels_as_its_workflow_says() {
             "steps": [
                 {"name": "reserve", "agent": "sim", "timeout_ms": 10_000,
                  "compensation": {"name": "release", "agent": "sim", "timeout_ms": 10_000}},
-                {"name": "nap", "kind": "wait", "wait_ms": 15_000},
+                {"name": "hold", "kind": "callback", "agent": "sim", "timeout_ms": 600_000, "max_attempts": 1},
                 {"name": "done", "agent": "sim", "timeout_ms": 10_000}
             ]
         }))
@@ -105,47 +107,66 @@ async fn a_busy_key_refuses_replaces_or_cancels_as_its_workflow_says() {
     let stack = stack_with("busy", workflows).await;
     let s = &stack;
     let replies = s.reply_queue("busy", false).await;
+    let callbacks = s.res.callback_queue_url.clone().expect("the stack has a callback queue");
     let runner = s.runner();
     let submit = |w: &str, n: u32, input: serde_json::Value| {
         json!({"v": 1, "task_id": format!("{w}-{n}"), "workflow": w, "input": input, "reply_to": replies}).to_string()
     };
-    // the first task of each holds its key (in its nap); then two more arrive, one after the other
+    let holding = |t: &Task| {
+        t.current_step_name() == Some("hold") && t.steps[1].status == StepStatus::Running && t.lock.locked_by.is_some()
+    };
+    // the task's hold step, once it runs, is answered: the task goes on to its end
+    let let_go = |id: &'static str| {
+        let callbacks = callbacks.clone();
+        async move {
+            let t = s.wait_for(id, Duration::from_mins(2), holding).await;
+            let token = CallbackToken::new(&t.task_id, "hold", t.lock.locked_by.as_ref().expect("an attempt"));
+            let answer = json!({"v": 1, "token": token.expose(), "status": "succeeded", "output": {}});
+            s.send(&callbacks, &answer.to_string()).await;
+        }
+    };
+    let end = |id: &'static str| async move {
+        s.wait_for(id, Duration::from_mins(2), |t| t.process_state.is_terminal()).await
+    };
+    // the first task of each holds its key; then a second arrives
     for w in ["refuse", "replace", "cancel"] {
         s.send(&s.res.submission_queue_url, &submit(w, 1, json!({"account": w}))).await;
     }
     for w in ["refuse", "replace", "cancel"] {
-        s.wait_for(&format!("{w}-1"), Duration::from_mins(1), |t| t.current_step_name() == Some("nap")).await;
+        s.wait_for(&format!("{w}-1"), Duration::from_mins(2), holding).await;
         s.send(&s.res.submission_queue_url, &submit(w, 2, json!({"account": w}))).await;
     }
-    // replace-2 waits behind replace-1; cancel-2 cancelled cancel-1 when it came (the latest wins)
-    let second = s.wait_for("replace-2", Duration::from_mins(1), |_| true).await;
+    // replace-2 waits behind replace-1; cancel-2 cancels cancel-1 when it comes (the latest wins)
+    let second = s.wait_for("replace-2", Duration::from_mins(2), |_| true).await;
     assert!(second.waits_for_slot(), "replace-2: {second:?}");
-    s.wait_for("cancel-2", Duration::from_mins(1), |_| true).await;
-    // what `sasctl key replace replace` says now: the first runs (in its nap), the second waits
+    // what `sasctl key replace replace` says now: the first runs (it holds), the second waits
     let (state, running) = sas_cli::keys::look(&s.deps, "key:replace:replace").await.unwrap().expect("the key's item");
     let told = sas_cli::keys::describe("key:replace:replace", &state, &running, Millis::now());
     assert!(told.starts_with("key:replace:replace: 1 running (limit 1), 1 waiting"), "{told}");
-    assert!(told.contains("running  replace-1  Processing at nap") && told.contains("#1  replace-2"), "{told}");
+    assert!(told.contains("running  replace-1  Processing at hold") && told.contains("#1  replace-2"), "{told}");
     // and `sasctl top` counts the waiting task under its key
     let top = sas_cli::top::in_flight(s.deps.store.as_ref(), Millis::now(), 1_000, 5).await.unwrap();
     assert!(top.waiting_for_keys.contains(&("key:replace:replace".to_owned(), 1)), "{:?}", top.waiting_for_keys);
     assert!(sas_cli::top::render(&top).contains("waiting for a slot of their concurrency key"), "{top:?}");
+    // cancel-1, cancelled in its hold, undoes its reserve and ends before the third comes
+    let c1 = end("cancel-1").await;
     for w in ["refuse", "replace", "cancel"] {
         s.send(&s.res.submission_queue_url, &submit(w, 3, json!({"account": w}))).await;
     }
     // a submission whose input names no key is refused at once, with the reason
     s.send(&s.res.submission_queue_url, &submit("refuse", 4, json!({"customer": "c-1"}))).await;
 
-    let end = |id: &'static str| async move {
-        s.wait_for(id, Duration::from_mins(2), |t| t.process_state.is_terminal()).await
-    };
     let never_ran = |t: &Task| !t.history.iter().any(|h| h.state == ProcessState::Processing);
     // refuse: the first runs on; the others are refused and never become tasks
+    let_go("refuse-1").await;
     assert_eq!(end("refuse-1").await.process_state, ProcessState::Processed);
     assert!(s.task("refuse-2").await.is_none() && s.task("refuse-3").await.is_none());
     // replace: the waiting one is replaced by the latest (cancelled without having run), which runs
     // once the first has ended
-    let (r1, r2, r3) = (end("replace-1").await, end("replace-2").await, end("replace-3").await);
+    let r2 = end("replace-2").await;
+    let_go("replace-1").await;
+    let_go("replace-3").await;
+    let (r1, r3) = (end("replace-1").await, end("replace-3").await);
     assert_eq!(
         (r1.process_state, r2.process_state, r3.process_state),
         (ProcessState::Processed, ProcessState::Cancelled, ProcessState::Processed)
@@ -154,8 +175,9 @@ async fn a_busy_key_refuses_replaces_or_cancels_as_its_workflow_says() {
     assert!(r2.reason.as_deref().is_some_and(|r| r.contains("replaced by task replace-3")), "{:?}", r2.reason);
     assert!(ran(&r3).0 >= ran(&r1).1, "replace-3 ran after replace-1 ended");
     // cancel: each newcomer cancels the tasks of its key, running (its reserve undone) or waiting
-    // (cancel-2, whether cancel-1 had ended and it had started by then or not); the latest runs
-    let (c1, c2, c3) = (end("cancel-1").await, end("cancel-2").await, end("cancel-3").await);
+    // (cancel-2, whether it had started by then or not); the latest runs
+    let_go("cancel-3").await;
+    let (c2, c3) = (end("cancel-2").await, end("cancel-3").await);
     assert_eq!(
         (c1.process_state, c2.process_state, c3.process_state),
         (ProcessState::Cancelled, ProcessState::Cancelled, ProcessState::Processed)
@@ -165,15 +187,19 @@ async fn a_busy_key_refuses_replaces_or_cancels_as_its_workflow_says() {
     assert!(c2.reason.as_deref().is_some_and(|r| r.contains("replaced by task cancel-3")), "{:?}", c2.reason);
     let c2_end = c2.history.iter().rev().find(|h| h.state.is_terminal()).map(|h| h.at).unwrap();
     assert!(ran(&c3).0 >= c2_end && ran(&c3).0 >= ran(&c1).1, "cancel-3 ran after the others ended");
-    // what the refused submissions' reply queue heard
-    let statuses = s.bodies(&replies, 1, Duration::from_secs(5)).await;
-    let rejected: BTreeMap<String, String> = statuses
-        .iter()
-        .filter(|m| m["state"] == "Rejected")
-        .map(|m| {
-            (m["task_id"].as_str().unwrap_or_default().to_owned(), m["reason"].as_str().unwrap_or_default().to_owned())
-        })
-        .collect();
+    // what the refused submissions' reply queue heard (among every status of the others), read
+    // until the three refusals are in, for at most 2 minutes
+    let mut rejected: BTreeMap<String, String> = BTreeMap::new();
+    let deadline = std::time::Instant::now() + Duration::from_mins(2);
+    while rejected.len() < 3 && std::time::Instant::now() < deadline {
+        for m in s.bodies(&replies, 1, Duration::from_secs(5)).await {
+            if m["state"] == "Rejected" {
+                let (id, reason) =
+                    (m["task_id"].as_str().unwrap_or_default(), m["reason"].as_str().unwrap_or_default());
+                rejected.insert(id.to_owned(), reason.to_owned());
+            }
+        }
+    }
     for id in ["refuse-2", "refuse-3"] {
         assert!(rejected.get(id).is_some_and(|r| r.contains("when_busy is refuse")), "{id}: {rejected:?}");
     }
