@@ -137,11 +137,11 @@ async fn the_deadline_timer_recovers_its_attempt_and_ignores_a_missing_task() {
 async fn the_scheduled_event_sweeps_the_index() {
     let tw = twins();
     let report = invoke(&tw, Role::Supervisor, fixture("supervisor-scheduled.json")).await;
-    assert_eq!(report, json!({"expired": 0, "handed": 0, "errors": 0}));
+    assert_eq!(report, json!({"expired": 0, "handed": 0, "errors": 0, "scheduled": 0}));
     timed_out_task(&tw);
     tw.clock.advance(tw.deps.settings.sweep_lag_ms);
     let report = invoke(&tw, Role::Supervisor, fixture("supervisor-scheduled.json")).await;
-    assert_eq!(report, json!({"expired": 1, "handed": 1, "errors": 0}));
+    assert_eq!(report, json!({"expired": 1, "handed": 1, "errors": 0, "scheduled": 0}));
     // handed to the timer queue, where the Supervisor decides
     let timers = tw.bus.take(&tw.deps.resources.supervisor_queue_url);
     assert_eq!(timers.len(), 1);

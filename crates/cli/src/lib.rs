@@ -12,6 +12,7 @@ pub mod listing;
 pub mod load;
 pub mod ops;
 pub mod pause;
+pub mod schedule;
 pub mod smoke;
 pub mod stack;
 pub mod table;

@@ -86,6 +86,7 @@ pub async fn send_burst(sqs: &aws_sdk_sqs::Client, queue: &str, opts: &LoadOptio
                 input: opts.input.clone(),
                 reply_to: None,
                 priority: None,
+                schedule: None,
             };
             serde_json::to_string(&sub).map(|b| (id, b))
         })

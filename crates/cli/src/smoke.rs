@@ -111,6 +111,7 @@ pub async fn run(
         input,
         reply_to: None,
         priority: None,
+        schedule: None,
     };
     let sent_at = Millis::now();
     crate::ops::send_submission(sqs, submission_queue_url, &sub).await?;

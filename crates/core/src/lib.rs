@@ -48,6 +48,7 @@ pub mod reply;
 pub mod role;
 pub mod runner;
 pub mod scheduler;
+pub mod schedules;
 #[cfg(feature = "schema")]
 pub mod schema;
 pub mod screen;

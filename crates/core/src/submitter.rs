@@ -17,6 +17,8 @@ use crate::reply::{self, ReplyToError};
 use crate::screen;
 use crate::store::{StoreError, MAX_ITEM_BYTES};
 use sas_protocol::keys::Entered;
+use sas_protocol::schedules::{self, Overlap};
+use sas_protocol::workflow::Concurrency;
 
 /// Why a submission was refused. The reason is sent to the caller and kept with the raw message.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -328,13 +330,22 @@ async fn submit_with(
         Err(rejection) => return reject(deps, raw, message_id, rejection).await,
     };
     let def = deps.workflows.resolve(&sub.workflow, sub.workflow_version).expect("validated").clone();
-    let key = match sas_protocol::keys::key_item(&def, &sub.input) {
+    let mut key = match sas_protocol::keys::key_item(&def, &sub.input) {
         Ok(key) => key,
         Err(why) => return reject(deps, raw, message_id, Rejection::Key(why)).await,
     };
-    // a keyed workflow's task enters its key first: granted, it starts; else it waits, or is refused
+    let mut concurrency = def.concurrency.clone();
+    if let (None, Some(run)) = (&key, &sub.schedule) {
+        // an instant of a schedule: the schedule's overlap policy, as the schedule's key
+        if let Some(when_busy) = crate::schedules::overlap_of(deps, run).await?.and_then(Overlap::when_busy) {
+            key = Some(format!("{}{}:{}", sas_protocol::keys::KEY_PREFIX, schedules::KEY_SCOPE, run.name));
+            let scope = Some(schedules::KEY_SCOPE.to_owned());
+            concurrency = Some(Concurrency { key: String::new(), limit: 1, when_busy, scope });
+        }
+    }
+    // a keyed task enters its key first: granted, it starts; else it waits, or is refused
     let mut waiting = None;
-    if let (Some(key), Some(c)) = (&key, &def.concurrency) {
+    if let (Some(key), Some(c)) = (&key, &concurrency) {
         match keys::enter(deps, key, &task_id, c, sub.priority.unwrap_or(0)).await? {
             Entered::Granted => {}
             Entered::Waiting { ahead } => waiting = Some(ahead),

@@ -86,6 +86,8 @@ pub struct SweepReport {
     /// Of those, handed to the timer queue.
     pub handed: usize,
     pub errors: usize,
+    /// Instants of schedules sent to the submission queue ([`crate::schedules::fire_due`]).
+    pub scheduled: usize,
     /// The earliest `CompleteBy` among the entries found (for the `OldestOverdueStepAge` gauge;
     /// not part of the function's answer).
     #[serde(skip)]
@@ -93,20 +95,28 @@ pub struct SweepReport {
 }
 
 /// Sweep every shard of the `CompleteBy` index once, for what expired more than the result grace
-/// and the sweep's lag (`Settings::sweep_lag_ms`) ago.
+/// and the sweep's lag (`Settings::sweep_lag_ms`) ago; and send the schedules' instants that are
+/// due ([`crate::schedules::fire_due`]).
 pub async fn sweep(deps: &Deps) -> SweepReport {
     let lag = deps.settings.policy.result_grace_ms + deps.settings.sweep_lag_ms;
     let now = Millis(deps.now().0.saturating_sub(lag));
     let shards = (0..deps.store.shards()).map(|shard| sweep_shard(deps, shard, now));
-    let mut total = SweepReport::default();
-    for r in futures::future::join_all(shards).await {
+    let (results, fired) = futures::join!(futures::future::join_all(shards), crate::schedules::fire_due(deps));
+    let mut total = SweepReport { scheduled: fired.sent, errors: fired.errors, ..SweepReport::default() };
+    for r in results {
         total.expired += r.expired;
         total.handed += r.handed;
         total.errors += r.errors;
         total.oldest_complete_by = total.oldest_complete_by.into_iter().chain(r.oldest_complete_by).min();
     }
-    if total.expired > 0 || total.errors > 0 {
-        info!(expired = total.expired, handed = total.handed, errors = total.errors, "sweep");
+    if total.expired > 0 || total.errors > 0 || total.scheduled > 0 {
+        info!(
+            expired = total.expired,
+            handed = total.handed,
+            scheduled = total.scheduled,
+            errors = total.errors,
+            "sweep"
+        );
     }
     // Every sweep records the age (0: nothing overdue), so a sweep that stops running shows as
     // missing data, which the silent-hang alarm treats as breaching.

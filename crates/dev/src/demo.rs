@@ -765,6 +765,7 @@ async fn scenario(
                 },
                 reply_to: Some(reply.clone()),
                 priority: None,
+                schedule: None,
             })
             .expect("serialises")
         })

@@ -21,6 +21,7 @@ pub mod jobs;
 pub mod keys;
 pub mod messages;
 pub mod protocol;
+pub mod schedules;
 pub mod service_models;
 pub mod state;
 pub mod template;

@@ -58,6 +58,23 @@ pub struct Submission {
     /// waiting. No effect on a workflow without a key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<u8>,
+    /// Sent by a schedule (see [`crate::schedules`]): the schedule and the instant this task is.
+    /// The Submitter applies the schedule's overlap policy, read from the schedule itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<ScheduledRun>,
+}
+
+/// The schedule and instant a submission comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduledRun {
+    pub name: String,
+    /// The instant (epoch ms).
+    pub at: Millis,
+    /// Sent by `sasctl schedule backfill`: its tasks wait in line and run one after the other
+    /// (`buffer_all`), whatever the schedule's overlap.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub backfill: bool,
 }
 
 /// Why a run message was sent; it only informs logs.

@@ -696,7 +696,7 @@ async fn lambda_deployed_functions_are_wired_and_answer_the_fixtures() {
     // The scheduled event: a sweep of an empty index.
     let (err, resp) = f.invoke("SupervisorFunction", &fixture("supervisor-scheduled.json")).await;
     assert_eq!(err, None, "{resp}");
-    assert_eq!(resp, json!({"expired": 0, "handed": 0, "errors": 0}));
+    assert_eq!(resp, json!({"expired": 0, "handed": 0, "errors": 0, "scheduled": 0}));
     // The Callback function invoked directly with an answer (what a tool may do): the reply; a
     // body that is not an answer is a function error.
     let token = "0f8e7d6c5b4a39281706f5e4d3c2b1a0:ship:nobody";
@@ -825,7 +825,7 @@ async fn lambda_an_invoked_sweep_recovers_a_lost_run_message() {
     assert!(t.complete_by.is_some_and(|c| c < Millis::now()));
     let (err, report) = f.invoke("SupervisorFunction", &fixture("supervisor-scheduled.json")).await;
     assert_eq!(err, None, "{report}");
-    assert_eq!(report, json!({"expired": 1, "handed": 1, "errors": 0}));
+    assert_eq!(report, json!({"expired": 1, "handed": 1, "errors": 0, "scheduled": 0}));
     let t = f.s.wait_for("lost-1", Duration::from_mins(3), |t| t.process_state.is_terminal()).await;
     assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 1), "{:#?}", t.history);
     f.delete().await;
@@ -1385,8 +1385,25 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
     // A task whose retry's run message was lost: an invoked sweep finds it (the index query) and
     // hands it to the scheduler.
     let (_, _) = f.lost_task("lost", LOST_AGE_MS).await;
+    // A schedule due by then: the invoked sweep sends its instant as a submission (the
+    // Supervisor's ScheduledSubmissions grant); it is deleted right after, so no later sweep sends
+    // more.
+    let spec = sas_cli::schedule::Spec {
+        name: "lp-sched".into(),
+        workflow: "sim-order".into(),
+        version: None,
+        input: json!({"customer": "c-1", "items": [{"sku": "book", "qty": 1}]}),
+        every: sas_protocol::schedules::Every::RateMs(1_000),
+        time_zone: None,
+        overlap: sas_protocol::schedules::Overlap::Skip,
+        jitter_ms: 0,
+    };
+    sas_cli::schedule::create(&f.s.deps, &spec).await.expect("the schedules item").expect("the schedule");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     let (err, report) = f.invoke("SupervisorFunction", &fixture("supervisor-scheduled.json")).await;
     assert_eq!(err, None, "{report}");
+    let sched = sas_cli::schedule::delete(&f.s.deps, "lp-sched").await.expect("the schedules item").expect("deleted");
+    let scheduled = sas_protocol::schedules::task_id("lp-sched", sched.last.expect("the sweep sent an instant"));
 
     let first = f.callback_token("cb-ok", 1, None).await;
     let failed = answer(&first, "failed", json!({"error": "the warehouse is closed", "retryable": true}));
@@ -1427,6 +1444,10 @@ async fn lambda_least_privilege_every_call_is_granted_and_every_grant_is_used() 
         let t = f.s.wait_for(id, Duration::from_mins(2), |t| t.process_state.is_terminal()).await;
         assert_ne!(t.process_state, ProcessState::Processed, "{id}: its element hung: {:?}", t.history);
     }
+    // the schedule's instant became a task of its workflow with its input (sim-order's 5 s
+    // attempts may be retried on a loaded machine: how it ended is not asserted)
+    let t = f.s.wait_for(&scheduled, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
+    assert_eq!((t.workflow.name.as_str(), &t.input), ("sim-order", &spec.input), "{scheduled}");
     for id in ["serial-1", "serial-2", "serial-3", "map-1", "cb-map", "aws-put", "s3-rows"] {
         let t = f.s.wait_for(id, Duration::from_mins(4), |t| t.process_state.is_terminal()).await;
         assert_eq!((t.process_state, t.failure_count), (ProcessState::Processed, 0), "{id}: {:?}", t.history);

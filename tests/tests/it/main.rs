@@ -26,4 +26,5 @@ mod maps;
 mod orders;
 mod protocol;
 mod s3_maps;
+mod schedules;
 mod variables;

@@ -36,6 +36,7 @@ pub mod pause;
 pub mod reject;
 pub mod resubmit;
 pub mod run;
+pub mod schedule;
 pub mod schema;
 pub mod smoke;
 pub mod status;

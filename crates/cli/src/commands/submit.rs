@@ -62,6 +62,7 @@ pub async fn run(args: &Args, global: &Global) -> Result<i32> {
         input: serde_json::from_str(input).context("--input is not JSON")?,
         reply_to: reply_to.clone(),
         priority: *priority,
+        schedule: None,
     };
     crate::ops::send_submission(&sas_core::aws::sqs_client(&sdk), &res.submission_queue_url, &sub).await?;
     let task_id = task_id.expect("set above");

@@ -83,6 +83,7 @@ impl Stack {
             input,
             reply_to: None,
             priority: None,
+            schedule: None,
         };
         let sqs = aws_sdk_sqs::Client::new(&self.sdk);
         sas_cli::ops::send_submission(&sqs, &self.deps.resources.submission_queue_url, &sub).await.expect("submit");

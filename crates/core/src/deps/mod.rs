@@ -12,7 +12,7 @@ use crate::config::{ConfigError, Resources, Settings};
 use crate::entropy::{Entropy, OsEntropy};
 use crate::ids::Millis;
 use crate::protocol::Ctx;
-use crate::store::{DynamoStore, KeyStore, Limiter, Pacer, PauseStore, Pauses, StateStore, StoreError};
+use crate::store::{DynamoStore, KeyStore, Limiter, Pacer, PauseStore, Pauses, ScheduleStore, StateStore, StoreError};
 use crate::workflow::{WorkflowError, WorkflowRegistry};
 use transition::Writer;
 
@@ -31,6 +31,8 @@ pub struct Deps {
     /// last read of it (see [`Deps::paused`]).
     pub pauses: Arc<dyn PauseStore>,
     pub pause_cache: Arc<std::sync::Mutex<Option<(Millis, Pauses)>>>,
+    /// The schedules (one item in the task table; see [`crate::schedules`]).
+    pub schedules: Arc<dyn ScheduleStore>,
     /// The workflows' concurrency keys (items in the task table; see [`crate::keys`]).
     pub keys: Arc<dyn KeyStore>,
     pub bus: Arc<dyn Bus>,
@@ -67,6 +69,7 @@ impl Deps {
             limiter: store.clone(),
             pacer: store.clone(),
             pauses: store.clone(),
+            schedules: store.clone(),
             pause_cache: Arc::default(),
             keys: store,
             bus: Arc::new(BufferedBus::new(

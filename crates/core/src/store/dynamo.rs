@@ -41,7 +41,7 @@ use futures::future::BoxFuture;
 use super::{
     check_size, end_key, index_key, is_own_write, Page, PageKey, StateStore, StoreError, TaskSummary, TaskWriter,
 };
-use super::{Acquire, KeyStore, Limiter, Pacer, PauseStore, Pauses, PAUSES_KEY};
+use super::{Acquire, KeyStore, Limiter, Pacer, PauseStore, Pauses, ScheduleStore, PAUSES_KEY, SCHEDULES_KEY};
 use crate::ids::{AttemptToken, Millis, TaskId};
 use crate::limit::{expired_leases, limit_key};
 use crate::protocol::{HistoryEntry, ProcessState, Task};
@@ -938,6 +938,25 @@ impl PauseStore for DynamoStore {
 
     fn save_pauses<'a>(&'a self, pauses: &'a Pauses, read: Option<u64>) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(self.put_versioned(PAUSES_KEY, serde_dynamo::to_item(pauses).map_err(codec), read))
+    }
+}
+
+impl ScheduleStore for DynamoStore {
+    fn load_schedules(&self) -> BoxFuture<'_, Result<Option<sas_protocol::schedules::Schedules>, StoreError>> {
+        Box::pin(async move {
+            match self.get_raw(SCHEDULES_KEY.to_owned()).await? {
+                Some(item) => Ok(Some(serde_dynamo::from_item(item).map_err(codec)?)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn save_schedules<'a>(
+        &'a self,
+        schedules: &'a sas_protocol::schedules::Schedules,
+        read: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(self.put_versioned(SCHEDULES_KEY, serde_dynamo::to_item(schedules).map_err(codec), read))
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::future::BoxFuture;
 
 use super::{end_key, index_key, Page, PageKey, StateStore, StoreError, TaskSummary, TaskWriter};
-use super::{Acquire, KeyStore, Limiter, Pacer, PauseStore, Pauses};
+use super::{Acquire, KeyStore, Limiter, Pacer, PauseStore, Pauses, ScheduleStore};
 use crate::ids::{Millis, TaskId};
 use crate::limit::expired_leases;
 use crate::protocol::{HistoryEntry, ProcessState, Task};
@@ -87,6 +87,7 @@ struct Inner {
     rates: BTreeMap<String, Millis>,
     /// The paused workflows' item.
     pauses: Option<Pauses>,
+    schedules: Option<sas_protocol::schedules::Schedules>,
 }
 
 impl Inner {
@@ -377,6 +378,29 @@ impl PauseStore for MemoryStore {
                 return Ok(false);
             }
             inner.pauses = Some(pauses.clone());
+            Ok(true)
+        })
+    }
+}
+
+/// Like the pauses: an operator's item, read by every sweep, not a request the simulation counts.
+impl ScheduleStore for MemoryStore {
+    fn load_schedules(&self) -> BoxFuture<'_, Result<Option<sas_protocol::schedules::Schedules>, StoreError>> {
+        let schedules = self.lock().schedules.clone();
+        Box::pin(async move { Ok(schedules) })
+    }
+
+    fn save_schedules<'a>(
+        &'a self,
+        schedules: &'a sas_protocol::schedules::Schedules,
+        read: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(async move {
+            let mut inner = self.lock();
+            if inner.schedules.as_ref().map(|s| s.ver) != read {
+                return Ok(false);
+            }
+            inner.schedules = Some(schedules.clone());
             Ok(true)
         })
     }

@@ -17,6 +17,7 @@ use futures::future::BoxFuture;
 use crate::ids::{AttemptToken, Millis, TaskId};
 use crate::protocol::{HistoryEntry, ProcessState, Task};
 use sas_protocol::keys::KeyState;
+use sas_protocol::schedules::Schedules;
 
 mod dynamo;
 mod memory;
@@ -256,6 +257,25 @@ pub trait PauseStore: Send + Sync + std::fmt::Debug {
     /// Write `pauses` if the item is still at version `read` (`None`: it must not exist).
     /// `Ok(false)`: the condition failed, read again.
     fn save_pauses<'a>(&'a self, pauses: &'a Pauses, read: Option<u64>) -> BoxFuture<'a, Result<bool, StoreError>>;
+}
+
+// ---- schedules (see [`sas_protocol::schedules`]) -----------------------------------------------
+
+/// The item of every schedule of the stack (`:` never appears in a task id).
+pub const SCHEDULES_KEY: &str = "schedule:all";
+
+/// Where the schedules live: the task table (DynamoDB), or the in-memory twin.
+pub trait ScheduleStore: Send + Sync + std::fmt::Debug {
+    /// The schedules item as it is now (strongly consistent), if it exists.
+    fn load_schedules(&self) -> BoxFuture<'_, Result<Option<Schedules>, StoreError>>;
+
+    /// Write `schedules` if the item is still at version `read` (`None`: it must not exist).
+    /// `Ok(false)`: the condition failed, read again.
+    fn save_schedules<'a>(
+        &'a self,
+        schedules: &'a Schedules,
+        read: Option<u64>,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
 // ---- concurrency keys (see [`sas_protocol::keys`]) -------------------------------------------

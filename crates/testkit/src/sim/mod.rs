@@ -381,6 +381,7 @@ pub fn run(cfg: &SimConfig) -> SimReport {
         keys: Arc::new(store.clone()),
         pacer: Arc::new(store.clone()),
         pauses: Arc::new(store.clone()),
+        schedules: Arc::new(store.clone()),
         pause_cache: Arc::default(),
         bus: Arc::new(bus.clone()),
         resources: res,
