@@ -222,15 +222,19 @@ async fn reject(
     deps.outbox().reject_to_dlq(raw, &reason, now).await?;
     crate::metrics::count(&crate::metrics::SUBMISSIONS_REJECTED, &[], 1);
     if let Some(q) = reply {
-        let status = StatusMessage {
-            reason: Some(reason),
-            ..StatusMessage::new(id.unwrap_or_else(TaskId::generate), 0, ProcessState::Rejected, now)
-        };
-        if let Err(e) = deps.outbox().reply(q.as_str(), &status).await {
-            warn!(error = %e, "could not send the Rejected status");
-        }
+        tell_rejected(deps, q.as_str(), id.unwrap_or_else(TaskId::generate), reason).await;
     }
     Ok(Submitted::Rejected(rejection))
+}
+
+/// The `Rejected` status of a submission that made no task, to its reply queue (checked); a send
+/// that fails is logged, the verdict stands.
+async fn tell_rejected(deps: &Deps, queue: &str, task_id: TaskId, reason: String) {
+    let status =
+        StatusMessage { reason: Some(reason), ..StatusMessage::new(task_id, 0, ProcessState::Rejected, deps.now()) };
+    if let Err(e) = deps.outbox().reply(queue, &status).await {
+        warn!(error = %e, "could not send the Rejected status");
+    }
 }
 
 /// A submission whose concurrency key is busy, under `when_busy: refuse` (or with a full line):
@@ -247,13 +251,7 @@ async fn refuse_busy(
     info!(%task_id, reason = %rejection, "submission refused: its concurrency key is busy");
     crate::metrics::count(&crate::metrics::SUBMISSIONS_REJECTED, &[], 1);
     if let Some(q) = reply_to.and_then(|r| reply::check(&deps.resources, r).ok()) {
-        let status = StatusMessage {
-            reason: Some(rejection.to_string()),
-            ..StatusMessage::new(task_id.clone(), 0, ProcessState::Rejected, deps.now())
-        };
-        if let Err(e) = deps.outbox().reply(q.as_str(), &status).await {
-            warn!(error = %e, "could not send the Rejected status");
-        }
+        tell_rejected(deps, q.as_str(), task_id.clone(), rejection.to_string()).await;
     }
     Ok(Submitted::Rejected(rejection))
 }
