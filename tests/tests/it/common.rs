@@ -34,6 +34,18 @@ fn step(name: &str, timeout_ms: u64, comp: Option<&str>) -> StepDef {
     }
 }
 
+/// A workflow of a test's own, from its JSON.
+pub fn workflow(v: Value) -> WorkflowDef {
+    serde_json::from_value(v).expect("a valid workflow")
+}
+
+/// When the task was first claimed (its first `Processing` entry) and when it ended.
+pub fn ran(t: &Task) -> (Millis, Millis) {
+    let start = t.history.iter().find(|h| h.state == ProcessState::Processing).map(|h| h.at);
+    let end = t.history.iter().rev().find(|h| h.state.is_terminal()).map(|h| h.at);
+    (start.expect("claimed"), end.expect("ended"))
+}
+
 /// `three`: a (undone by undo_a) -> b (undone by undo_b) -> c, 3 s steps: for the tests about
 /// deadlines. `three-slow`: the same with 60 s steps, for every test that must not see a deadline
 /// pass on a loaded machine.

@@ -10,24 +10,13 @@ use sas_core::store::KeyStore;
 use sas_order_service::{spawn_service, FaultRule, OrderService};
 use sas_protocol::ids::{CallbackToken, Millis};
 use sas_protocol::protocol::{ProcessState, StepStatus, Task};
-use sas_protocol::workflow::{WorkflowDef, WorkflowRegistry};
+use sas_protocol::workflow::WorkflowRegistry;
 use serde_json::json;
 
-use crate::common::stack_with;
+use crate::common::{ran, stack_with, workflow};
 
 const TASKS: usize = 300;
 const KEYS: usize = 10;
-
-fn workflow(v: serde_json::Value) -> WorkflowDef {
-    serde_json::from_value(v).expect("a valid workflow")
-}
-
-/// When the task was first claimed (its first `Processing` entry) and when it ended.
-fn ran(t: &Task) -> (Millis, Millis) {
-    let start = t.history.iter().find(|h| h.state == ProcessState::Processing).map(|h| h.at);
-    let end = t.history.iter().rev().find(|h| h.state.is_terminal()).map(|h| h.at);
-    (start.expect("claimed"), end.expect("ended"))
-}
 
 #[tokio::test]
 async fn a_burst_of_300_tasks_on_10_keys_with_a_limit_of_1_runs_one_at_a_time_per_key() {

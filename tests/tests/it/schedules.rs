@@ -11,20 +11,9 @@ use sas_cli::schedule::{self as sched, Spec};
 use sas_protocol::ids::{CallbackToken, Millis};
 use sas_protocol::protocol::{ProcessState, StepStatus, Task};
 use sas_protocol::schedules::{self, Every, Overlap};
-use sas_protocol::workflow::{WorkflowDef, WorkflowRegistry};
+use sas_protocol::workflow::WorkflowRegistry;
 
-use crate::common::stack_with;
-
-fn workflow(v: serde_json::Value) -> WorkflowDef {
-    serde_json::from_value(v).expect("a valid workflow")
-}
-
-/// When the task was first claimed and when it ended.
-fn ran(t: &Task) -> (Millis, Millis) {
-    let start = t.history.iter().find(|h| h.state == ProcessState::Processing).map(|h| h.at);
-    let end = t.history.iter().rev().find(|h| h.state.is_terminal()).map(|h| h.at);
-    (start.expect("claimed"), end.expect("ended"))
-}
+use crate::common::{ran, stack_with, workflow};
 
 #[tokio::test]
 async fn a_schedule_sends_each_instant_once_through_a_restart_skips_while_one_runs_and_backfills_an_hour() {
