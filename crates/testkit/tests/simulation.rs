@@ -178,6 +178,7 @@ fn a_burst_far_beyond_capacity_drains_with_every_task_processed() {
         map_lines: None,
         pages: None,
         keys: None,
+        schedule: None,
     };
     let r = sim::run(&cfg);
     let processed = r.end_states.get("Processed").copied().unwrap_or(0);
@@ -373,5 +374,31 @@ fn a_burst_on_ten_keys_with_a_limit_of_one_runs_one_at_a_time_per_key() {
         assert_eq!(r.end_states.get("Processed"), Some(&300), "{}: {:?}", r.seed, r.unprocessed);
         assert_eq!(r.key_max, 1, "one at a time per key, and the keys did run");
         assert!(r.key_waited >= 250, "most of the burst waited for its key: {}", r.key_waited);
+    }
+}
+
+/// A schedule of every minute, under `skip`, for an hour beside a trickle of submissions: the
+/// sweeps (sometimes two at once, their hand-offs failing now and then) send each instant once
+/// (`schedule-once`), never two of its tasks run at once (`key-limit`), and every task ends.
+#[test]
+fn a_schedule_of_every_minute_sends_each_instant_once_and_never_runs_two_at_once() {
+    setup();
+    let runs = [(21, Faults::none()), (22, infrastructure_faults()), (23, infrastructure_faults())];
+    for (seed, faults) in runs {
+        let cfg = SimConfig { burst: 0, trickle: 10, schedule: Some(60), faults, ..SimConfig::for_seed(seed) };
+        let r = sim::run(&cfg);
+        eprintln!(
+            "seed {}: {} instants sent, {} tasks of the schedule, {:?}, at most {} running per key, {} s virtual",
+            r.seed,
+            r.scheduled_sent,
+            r.scheduled_tasks,
+            r.end_states,
+            r.key_max,
+            r.virtual_ms / 1000
+        );
+        assert!(r.violations.is_empty(), "{}", sim::describe(&r));
+        assert!(r.scheduled_sent >= 55, "an hour of minutes: {}", r.scheduled_sent);
+        assert!(r.scheduled_tasks >= 1 && r.scheduled_tasks as u64 <= r.scheduled_sent, "{}", r.scheduled_tasks);
+        assert!(r.key_max <= 1, "one of the schedule's tasks at a time");
     }
 }

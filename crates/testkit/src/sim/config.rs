@@ -26,6 +26,9 @@ pub struct SimConfig {
     /// Every submission is an `order-keyed` (at most [`KEY_LIMIT`](super::KEY_LIMIT) at once per
     /// account) for one of this many accounts, drawn at random.
     pub keys: Option<u64>,
+    /// A schedule of every minute (`tick`, of workflow `order`, overlap `skip`) runs this many
+    /// minutes from the start, then is deleted; its tasks come beside the submissions.
+    pub schedule: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -229,6 +232,7 @@ impl SimConfig {
             map_lines: None,
             pages: None,
             keys: None,
+            schedule: None,
         }
     }
 }
@@ -277,4 +281,7 @@ pub struct SimReport {
     pub key_max: usize,
     /// Tasks created waiting for a slot of their key.
     pub key_waited: usize,
+    /// The schedule's instants sent (by the sweeps, before it was deleted), and the tasks they made.
+    pub scheduled_sent: u64,
+    pub scheduled_tasks: usize,
 }

@@ -41,6 +41,10 @@ impl Sim {
                 self.at(when, Action::Operator(msg));
             }
         }
+        if let Some(minutes) = self.cfg.schedule {
+            self.start_schedule();
+            self.at(start.plus_ms(minutes * 60_000 + 1), Action::EndSchedule);
+        }
         let mut next_sweep = start.plus_ms(60_000);
         let mut next_operator_round = start.plus_ms(300_000);
         loop {
@@ -109,7 +113,8 @@ impl Sim {
         self.quiet_mark = mark;
         for t in written {
             let id = t.task_id.to_string();
-            if !t.task_id.is_child() {
+            // the submissions' tasks (the schedule's come beside them)
+            if !t.task_id.is_child() && !id.starts_with(&format!("{}-", super::SCHEDULE)) {
                 self.roots.insert(id.clone());
             }
             if t.process_state.is_terminal() {
@@ -164,6 +169,7 @@ impl Sim {
                 block_on(self.deps.limiter.release(LIMITED_AGENT, &holder)).ok();
             }
             Action::Worker(w) => self.work(*w),
+            Action::EndSchedule => self.end_schedule(),
             Action::Answer(msg) => {
                 // the desk's sends after its write fail now and then (the sender sees a 5xx)
                 if self.chance(self.cfg.faults.lost_sends) {

@@ -251,7 +251,12 @@ enum Action {
     Again { queue: String, body: String },
     /// An agent gives its slot of [`LIMITED_AGENT`] back.
     Release { holder: String },
+    /// An operator deletes the schedule ([`SimConfig::schedule`]).
+    EndSchedule,
 }
+
+/// The simulation's schedule ([`SimConfig::schedule`]).
+pub(super) const SCHEDULE: &str = "tick";
 
 /// Whether an agent may call for a request now.
 enum Turn {

@@ -1,7 +1,7 @@
 //! The invariants, checked after each instant (`observe`) and at the end of a run (`check`)
 //! against the remote services' ledger, the queues and the topic (listed in `sim`'s docs): the
 //! tasks' here (`terminal`, `dlq`, `undone`, `error-alert`, `overwritten`, `processed-once`,
-//! `history`, `alert-once`, `timers-bounded`, `max-in-flight`, `key-limit`, `key-waited`), the maps' and regions' in [`maps`]
+//! `history`, `alert-once`, `timers-bounded`, `max-in-flight`, `key-limit`, `key-waited`, `schedule-once`), the maps' and regions' in [`maps`]
 //! (`element-lost`, `map-undone`, `join-once`), the replies' in [`replies`] (`reply-once`), the
 //! attempts' in [`claims`] (`dispatched`, `late-hung`, `late-lost`, `callback-lost`,
 //! `hung-reported`); the decisions' here (`skipped`, `decided-once`) and in [`maps`]
@@ -39,6 +39,52 @@ mod maps;
 mod replies;
 
 impl Sim {
+    /// Create the schedule of [`SimConfig::schedule`](super::SimConfig::schedule): every minute,
+    /// of `order`, overlap `skip` (its key is checked by `key-limit` as any key).
+    pub(super) fn start_schedule(&mut self) {
+        use sas_protocol::schedules::{Every, Overlap, Schedule};
+        let input = serde_json::json!({"sku": "a", "lines": [{"sku": "s0", "qty": 1}], "cool_off_s": 2});
+        let made = futures::executor::block_on(sas_core::schedules::edit(&self.deps, |all, now| {
+            let s = Schedule::new(
+                "order",
+                None,
+                input.clone(),
+                Every::Cron("* * * * *".into()),
+                None,
+                Overlap::Skip,
+                0,
+                now,
+            )?;
+            all.schedules.insert(super::SCHEDULE.to_owned(), s);
+            Ok(())
+        }));
+        if !matches!(made, Ok(Ok(()))) {
+            self.report.violations.push(format!("schedule: could not be created: {made:?}"));
+        }
+    }
+
+    /// `schedule-once`: the operator deletes the schedule; the sweeps had moved it through every
+    /// instant from its first to its next, one by one (each sent once, none skipped), and missed
+    /// none.
+    pub(super) fn end_schedule(&mut self) {
+        let gone = futures::executor::block_on(sas_core::schedules::edit(&self.deps, |all, _| {
+            all.schedules.remove(super::SCHEDULE).ok_or_else(|| "no schedule".to_owned())
+        }));
+        let Ok(Ok(s)) = gone else {
+            self.report.violations.push(format!("schedule: could not be deleted: {gone:?}"));
+            return;
+        };
+        let first = s.next_after(s.created).ok().flatten().unwrap_or(s.next);
+        let instants = s.instants(first, s.next, 100_000).map_or(u64::MAX, |i| i.len() as u64);
+        if s.fired != instants || s.missed != 0 {
+            self.report.violations.push(format!(
+                "schedule-once: the schedule sent {} instants and missed {}; from its first to its next it had {instants}",
+                s.fired, s.missed
+            ));
+        }
+        self.report.scheduled_sent = s.fired;
+    }
+
     /// `key-limit`: never more than [`KEY_LIMIT`] tasks of one concurrency key running (claimed,
     /// not ended) at once. A task resubmitted from `Error` runs beside its key's limit (it gave its
     /// slot back when it ended in `Error`), so tasks that were in `Error` are not counted.
@@ -245,7 +291,10 @@ impl Sim {
             ));
         }
         let tasks = self.store.tasks();
-        let submitted = tasks.iter().filter(|t| !t.task_id.is_child()).count();
+        let prefix = format!("{}-", super::SCHEDULE);
+        let scheduled = |t: &&sas_protocol::protocol::Task| t.task_id.as_str().starts_with(&prefix);
+        self.report.scheduled_tasks = tasks.iter().filter(scheduled).count();
+        let submitted = tasks.iter().filter(|t| !t.task_id.is_child() && !scheduled(t)).count();
         if submitted != self.report.tasks {
             v.push(format!("terminal: {submitted} of {} submissions became tasks", self.report.tasks));
         }
