@@ -34,6 +34,29 @@ pub async fn pause(deps: &Deps, workflow: &str, reason: &str) -> Result<Outcome,
     .await
 }
 
+/// Pause the concurrency key `key` (its item's id, `key:<scope>:<value>`): the tasks that hold
+/// it park their next forward step, as a paused workflow's do; the tasks in its line wait as
+/// before (and park once granted).
+pub async fn pause_key(deps: &Deps, key: &str, reason: &str) -> Result<Outcome, StoreError> {
+    change(deps, |p| {
+        if let Some(was) = p.keys.get(key) {
+            return Err(Outcome::Already(Some(was.clone())));
+        }
+        p.keys.insert(key.to_owned(), Paused { reason: reason.to_owned(), at: deps.now() });
+        Ok(())
+    })
+    .await
+}
+
+/// Resume the concurrency key `key`.
+pub async fn resume_key(deps: &Deps, key: &str) -> Result<Outcome, StoreError> {
+    change(deps, |p| match p.keys.remove(key) {
+        Some(_) => Ok(()),
+        None => Err(Outcome::Already(None)),
+    })
+    .await
+}
+
 /// Resume `workflow`.
 pub async fn resume(deps: &Deps, workflow: &str) -> Result<Outcome, StoreError> {
     change(deps, |p| match p.workflows.remove(workflow) {

@@ -218,10 +218,21 @@ pub fn render(s: &Snapshot) -> String {
         }
     }
     for (name, at, reason) in &s.paused {
-        let _ = writeln!(out, "paused: workflow {name} since {} ({reason}); sasctl resume {name}", utc(*at));
+        match name.strip_prefix(sas_protocol::keys::KEY_PREFIX) {
+            Some(key) => {
+                let _ = writeln!(
+                    out,
+                    "paused: concurrency key {name} since {} ({reason}); sasctl resume --key {key}",
+                    utc(*at)
+                );
+            }
+            None => {
+                let _ = writeln!(out, "paused: workflow {name} since {} ({reason}); sasctl resume {name}", utc(*at));
+            }
+        }
     }
     if s.parked > 0 {
-        let _ = writeln!(out, "parked (their workflow paused; they continue once it is resumed): {}", s.parked);
+        let _ = writeln!(out, "parked (their workflow or key paused; they continue once it is resumed): {}", s.parked);
     }
     if !s.waiting_for_keys.is_empty() {
         let total: usize = s.waiting_for_keys.iter().map(|(_, n)| n).sum();

@@ -245,6 +245,36 @@ async fn the_operator_and_application_policies_allow_exactly_their_calls() {
     assert!(listed.contains("sim-order: paused since") && listed.contains("policy check"), "{listed}");
     let resumed = sasctl(&["resume", "sim-order"]);
     assert!(resumed.contains("workflow sim-order resumed"), "{resumed}");
+    let key = sasctl(&["pause", "--key", "sim-order:acct-1", "--reason", "audit"]);
+    assert!(key.contains("concurrency key key:sim-order:acct-1 paused"), "{key}");
+    assert!(sasctl(&["resume", "--key", "sim-order:acct-1"]).contains("resumed"));
+    // a schedule, through each of its commands (the runner is stopped: its instants wait in the
+    // submission queue)
+    let created = sasctl(&[
+        "schedule",
+        "create",
+        "nightly",
+        "--workflow",
+        "sim-order",
+        "--cron",
+        "0 2 * * *",
+        "--tz",
+        "Europe/Paris",
+    ]);
+    assert!(
+        created.contains("schedule nightly created: workflow sim-order, overlap skip; its first instant"),
+        "{created}"
+    );
+    let listed = sasctl(&["schedule", "list"]);
+    assert!(listed.contains("nightly: sim-order cron \"0 2 * * *\" Europe/Paris, overlap skip; next "), "{listed}");
+    assert!(sasctl(&["schedule", "pause", "nightly"]).contains("schedule nightly paused"));
+    assert!(sasctl(&["schedule", "resume", "nightly"]).contains("schedule nightly resumed: its next instant is "));
+    let sent =
+        sasctl(&["schedule", "backfill", "nightly", "--from", "2026-11-01T00:00:00Z", "--to", "2026-11-03T00:00:00Z"]);
+    assert!(sent.contains("2 instants sent") && sent.contains("nightly-20261101T010000Z"), "{sent}");
+    let triggered = sasctl(&["schedule", "trigger", "nightly", "--at", "2026-11-05T01:00:00Z"]);
+    assert!(triggered.contains("task nightly-20261105T010000Z"), "{triggered}");
+    assert!(sasctl(&["schedule", "delete", "nightly"]).contains("schedule nightly deleted"));
 
     let cfn = aws_sdk_cloudformation::Client::new(&s.sdk);
     let described = cfn.describe_stacks().stack_name(&s.name).send().await.expect("DescribeStacks");

@@ -335,7 +335,8 @@ fn spawn_one<'a>(
     Box::pin(async move {
         // an element of a paused workflow is created parked (a failed look at the pauses: not
         // parked now; its next unit's transition looks again)
-        let paused = deps.paused(&parent.workflow.name).await.unwrap_or_else(|e| {
+        let key = parent.slot.as_ref().map(|s| s.key.as_str());
+        let paused = deps.paused(&parent.workflow.name, key).await.unwrap_or_else(|e| {
             warn!(parent = %parent.task_id, error = %e, "could not read the paused workflows; the element starts");
             false
         });

@@ -350,7 +350,7 @@ async fn submit_with(
             Entered::Refused(why) => return refuse_busy(deps, &task_id, sub.reply_to.as_deref(), why).await,
         }
     }
-    let ctx = crate::protocol::Ctx { paused: deps.paused(&def.name).await?, ..deps.ctx() };
+    let ctx = crate::protocol::Ctx { paused: deps.paused(&def.name, key.as_deref()).await?, ..deps.ctx() };
     let now = ctx.now;
     let policy = &deps.settings.policy;
     let mut tr = match (&key, waiting) {

@@ -185,3 +185,47 @@ async fn a_grant_whose_run_was_lost_is_started_when_the_submission_comes_back() 
     assert!(matches!(again, Submitted::Duplicate(_)), "{again:?}");
     assert_eq!(runs(&tw), vec!["b".to_owned()], "sent again by the submission that came back");
 }
+
+/// An operator's pause of one key (`sasctl pause --key keyed:acme`): a task of that key is
+/// created parked (no run), one of another key runs; resumed, the parked task's look at the pause
+/// (its `CompleteBy`) sends its run.
+#[tokio::test]
+async fn a_paused_key_parks_its_tasks_and_a_resume_runs_them() {
+    use sas_core::store::{Paused, Pauses};
+    use sas_protocol::messages::{TimerMessage, VERSION};
+    let tw = twins();
+    let mut pauses = Pauses::default();
+    pauses.keys.insert("key:keyed:acme".into(), Paused { reason: "audit".into(), at: tw.deps.now() });
+    pauses.ver = 1;
+    assert!(tw.deps.pauses.save_pauses(&pauses, None).await.unwrap());
+    for (id, account) in [("p1", "acme"), ("p2", "zeta")] {
+        let got =
+            submitter::submit(&tw.deps, &submission(id, "keyed", json!({"account": account}), None)).await.unwrap();
+        assert!(matches!(got, Submitted::Created(_)), "{id}: {got:?}");
+    }
+    let get = |id: &str| {
+        let (tw, id) = (tw.clone(), TaskId::try_from(id).unwrap());
+        async move { tw.deps.store.get(&id).await.unwrap().unwrap() }
+    };
+    let p1 = get("p1").await;
+    assert!(p1.claim.paused && p1.lock.locked_by.is_none(), "p1 is parked: {:?}", p1.reason);
+    assert!(
+        p1.reason.as_deref().is_some_and(|r| r.contains("or its concurrency key key:keyed:acme is paused")),
+        "{:?}",
+        p1.reason
+    );
+    assert!(!get("p2").await.claim.paused, "another key runs");
+    assert_eq!(runs(&tw), Vec::<String>::new(), "p2 was claimed in its create; p1 has no run");
+    // resumed: once the functions' cache of the pauses is old, p1's look sends its run
+    pauses.keys.clear();
+    pauses.ver = 2;
+    assert!(tw.deps.pauses.save_pauses(&pauses, Some(1)).await.unwrap());
+    let due = p1.complete_by.expect("its look at the pause");
+    let grace = tw.deps.settings.policy.result_grace_ms;
+    tw.clock.advance(due.0 - tw.deps.now().0 + grace.max(sas_core::deps::PAUSE_CACHE_MS) + 1);
+    let timer = TimerMessage { v: VERSION, task_id: p1.task_id.clone(), attempt: None, complete_by: due };
+    sas_core::supervisor::handle_timer(&tw.deps, timer, None).await.unwrap();
+    let p1 = get("p1").await;
+    assert!(!p1.claim.paused, "{:?}", p1.reason);
+    assert_eq!(runs(&tw), vec!["p1".to_owned()], "its run is sent");
+}

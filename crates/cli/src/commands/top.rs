@@ -85,7 +85,7 @@ async fn look(
     snap.limits = crate::top::agent_limits(deps.limiter.as_ref(), limited, now).await?;
     snap.limit_reads = limited.len() as u64;
     let pauses = crate::pause::list(deps).await?;
-    snap.paused = pauses.workflows.into_iter().map(|(name, p)| (name, p.at, p.reason)).collect();
+    snap.paused = pauses.workflows.into_iter().chain(pauses.keys).map(|(name, p)| (name, p.at, p.reason)).collect();
     snap.limit_reads += 1;
     if ended {
         for state in crate::top::counted_ended_states() {

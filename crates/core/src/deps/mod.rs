@@ -100,20 +100,22 @@ impl Deps {
     }
 
     /// What a transition needs from the world: the time, a fresh token, a jitter.
-    /// Whether `workflow` is paused by an operator, as this process last read the pauses item:
-    /// read again once [`PAUSE_CACHE_MS`] old (one `GetItem` per process every 5 s at most, while
-    /// it works), so a pause or a resume reaches every function within that.
-    pub async fn paused(&self, workflow: &str) -> Result<bool, StoreError> {
+    /// Whether `workflow`, or the concurrency key `key` (a key item's id) a task holds, is paused
+    /// by an operator, as this process last read the pauses item: read again once
+    /// [`PAUSE_CACHE_MS`] old (one `GetItem` per process every 5 s at most, while it works), so a
+    /// pause or a resume reaches every function within that.
+    pub async fn paused(&self, workflow: &str, key: Option<&str>) -> Result<bool, StoreError> {
         let now = self.now();
+        let hit = |p: &Pauses| p.workflows.contains_key(workflow) || key.is_some_and(|k| p.keys.contains_key(k));
         {
             let cache = self.pause_cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some((at, pauses)) = cache.as_ref().filter(|(at, _)| now.0 < at.0.saturating_add(PAUSE_CACHE_MS)) {
                 let _ = at;
-                return Ok(pauses.workflows.contains_key(workflow));
+                return Ok(hit(pauses));
             }
         }
         let pauses = self.pauses.load_pauses().await?.unwrap_or_default();
-        let hit = pauses.workflows.contains_key(workflow);
+        let hit = hit(&pauses);
         *self.pause_cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((now, pauses));
         Ok(hit)
     }

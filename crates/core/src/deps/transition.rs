@@ -172,7 +172,7 @@ pub async fn commit_many(
     let ends = events.iter().any(|(e, _)| matches!(e, Event::ElementEnded { .. }));
     let max = if ends { MAX_ELEMENT_CONFLICTS } else { MAX_CONFLICTS };
     // an operator's pause of its workflow parks the task's next forward unit
-    let paused = deps.paused(&task.workflow.name).await?;
+    let paused = deps.paused(&task.workflow.name, task.slot.as_ref().map(|s| s.key.as_str())).await?;
     let decide = |read: &Task| {
         // each decision (again after a lost write) is made now, with a fresh token
         let ctx = Ctx { paused, ..deps.ctx() };

@@ -230,13 +230,16 @@ pub trait Pacer: Send + Sync + std::fmt::Debug {
 /// The item of the paused workflows (`:` never appears in a task id).
 pub const PAUSES_KEY: &str = "pause:workflows";
 
-/// The paused workflows, one item (`TaskId` = [`PAUSES_KEY`]): `Workflows` (name to why and
-/// since when), `Ver` (+1 per write; each write is conditional on the version read).
+/// The paused workflows and concurrency keys, one item (`TaskId` = [`PAUSES_KEY`]): `Workflows`
+/// (name to why and since when), `Keys` (a key item's id, `key:<scope>:<value>`, to why and since
+/// when), `Ver` (+1 per write; each write is conditional on the version read).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct Pauses {
     #[serde(default)]
     pub workflows: std::collections::BTreeMap<String, Paused>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub keys: std::collections::BTreeMap<String, Paused>,
     #[serde(default)]
     pub ver: u64,
 }

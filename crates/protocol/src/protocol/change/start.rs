@@ -142,7 +142,13 @@ impl Change<'_> {
         self.t.claim.restarts = 0;
         self.t.claim.paused = true;
         self.t.complete_by = Some(self.ctx.now.plus_ms(self.policy.pause_check_ms));
-        self.t.reason = Some(format!("paused: its workflow {} is paused (sasctl resume)", self.t.workflow.name));
+        self.t.reason = Some(match &self.t.slot {
+            None => format!("paused: its workflow {} is paused (sasctl resume)", self.t.workflow.name),
+            Some(s) => format!(
+                "paused: its workflow {} or its concurrency key {} is paused (sasctl pause lists them; sasctl resume)",
+                self.t.workflow.name, s.key
+            ),
+        });
         self.note_wait(waiting_state(self.t.phase()));
     }
 
