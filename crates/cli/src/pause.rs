@@ -24,42 +24,42 @@ pub async fn list(deps: &Deps) -> Result<Pauses, StoreError> {
 
 /// Pause `workflow` (with why); a conditional write on the pauses item, again if it raced.
 pub async fn pause(deps: &Deps, workflow: &str, reason: &str) -> Result<Outcome, StoreError> {
-    change(deps, |p| {
-        if let Some(was) = p.workflows.get(workflow) {
-            return Err(Outcome::Already(Some(was.clone())));
-        }
-        p.workflows.insert(workflow.to_owned(), Paused { reason: reason.to_owned(), at: deps.now() });
-        Ok(())
-    })
-    .await
+    add(deps, |p| &mut p.workflows, workflow, reason).await
 }
 
 /// Pause the concurrency key `key` (its item's id, `key:<scope>:<value>`): the tasks that hold
 /// it park their next forward step, as a paused workflow's do; the tasks in its line wait as
 /// before (and park once granted).
 pub async fn pause_key(deps: &Deps, key: &str, reason: &str) -> Result<Outcome, StoreError> {
+    add(deps, |p| &mut p.keys, key, reason).await
+}
+
+/// Resume `workflow`.
+pub async fn resume(deps: &Deps, workflow: &str) -> Result<Outcome, StoreError> {
+    remove(deps, |p| &mut p.workflows, workflow).await
+}
+
+/// Resume the concurrency key `key`.
+pub async fn resume_key(deps: &Deps, key: &str) -> Result<Outcome, StoreError> {
+    remove(deps, |p| &mut p.keys, key).await
+}
+
+/// The paused workflows, or the paused keys, of the item.
+type PausedOf = fn(&mut Pauses) -> &mut std::collections::BTreeMap<String, Paused>;
+
+async fn add(deps: &Deps, of: PausedOf, name: &str, reason: &str) -> Result<Outcome, StoreError> {
     change(deps, |p| {
-        if let Some(was) = p.keys.get(key) {
+        if let Some(was) = of(p).get(name) {
             return Err(Outcome::Already(Some(was.clone())));
         }
-        p.keys.insert(key.to_owned(), Paused { reason: reason.to_owned(), at: deps.now() });
+        of(p).insert(name.to_owned(), Paused { reason: reason.to_owned(), at: deps.now() });
         Ok(())
     })
     .await
 }
 
-/// Resume the concurrency key `key`.
-pub async fn resume_key(deps: &Deps, key: &str) -> Result<Outcome, StoreError> {
-    change(deps, |p| match p.keys.remove(key) {
-        Some(_) => Ok(()),
-        None => Err(Outcome::Already(None)),
-    })
-    .await
-}
-
-/// Resume `workflow`.
-pub async fn resume(deps: &Deps, workflow: &str) -> Result<Outcome, StoreError> {
-    change(deps, |p| match p.workflows.remove(workflow) {
+async fn remove(deps: &Deps, of: PausedOf, name: &str) -> Result<Outcome, StoreError> {
+    change(deps, |p| match of(p).remove(name) {
         Some(_) => Ok(()),
         None => Err(Outcome::Already(None)),
     })
