@@ -29,7 +29,7 @@ fn workflows() -> Vec<WorkflowDef> {
             // (an attempt more), so each undo is one attempt
             "body": [{"name": "list", "agent": "sim", "timeout_ms": 5000, "max_attempts": 3,
                       "schedule_to_start_ms": 60_000, "parameters": {"page.$": "$.input.page"},
-                      "compensation": {"name": "unlist", "agent": "sim", "timeout_ms": 5000,
+                      "compensation": {"name": "unlist", "agent": "sim", "timeout_ms": 20_000,
                                        "schedule_to_start_ms": 60_000}}],
             "result_selector": {"key.$": "$.list.idempotency_key"},
             "until": {"variable": "$.loop.index", "numeric_greater_than_equals": n}
@@ -38,8 +38,10 @@ fn workflows() -> Vec<WorkflowDef> {
             pages["wait_ms"] = json!(w);
         }
         serde_json::from_value::<WorkflowDef>(json!({"name": name, "version": 1, "steps": [
+            // undoes get 20 s (a loaded machine held one past 5 s: the task ended in Error), and
+            // release, whose attempts are not counted here, three of them
             {"name": "reserve", "agent": "sim", "timeout_ms": 5000,
-             "compensation": {"name": "release", "agent": "sim", "timeout_ms": 5000}},
+             "compensation": {"name": "release", "agent": "sim", "timeout_ms": 20_000, "max_attempts": 3}},
             pages,
             {"name": "notify", "agent": "sim", "timeout_ms": 5000}
         ]}))
