@@ -27,7 +27,7 @@ fn workflows() -> Vec<WorkflowDef> {
             "name": "pages", "kind": "loop", "max_iterations": n + 10, "parameters": {"page.$": "$.loop.index"},
             // a long start budget: a request that waits on a slow machine is not claimed again
             // (an attempt more), so each undo is one attempt
-            "body": [{"name": "list", "agent": "sim", "timeout_ms": 5000, "max_attempts": 3,
+            "body": [{"name": "list", "agent": "sim", "timeout_ms": 20_000, "max_attempts": 3,
                       "schedule_to_start_ms": 60_000, "parameters": {"page.$": "$.input.page"},
                       "compensation": {"name": "unlist", "agent": "sim", "timeout_ms": 20_000,
                                        "schedule_to_start_ms": 60_000}}],
@@ -38,12 +38,13 @@ fn workflows() -> Vec<WorkflowDef> {
             pages["wait_ms"] = json!(w);
         }
         serde_json::from_value::<WorkflowDef>(json!({"name": name, "version": 1, "steps": [
-            // undoes get 20 s (a loaded machine held one past 5 s: the task ended in Error), and
-            // release, whose attempts are not counted here, three of them
-            {"name": "reserve", "agent": "sim", "timeout_ms": 5000,
+            // every attempt gets 20 s: CI's loaded machine held a 5-s one past its deadline (reserve's
+            // one attempt: the task compensated before its loop; release's: it ended in Error);
+            // the steps whose attempts are not counted here get three
+            {"name": "reserve", "agent": "sim", "timeout_ms": 20_000, "max_attempts": 3,
              "compensation": {"name": "release", "agent": "sim", "timeout_ms": 20_000, "max_attempts": 3}},
             pages,
-            {"name": "notify", "agent": "sim", "timeout_ms": 5000}
+            {"name": "notify", "agent": "sim", "timeout_ms": 20_000, "max_attempts": 3}
         ]}))
         .expect("the workflow")
     };
