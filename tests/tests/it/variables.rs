@@ -15,12 +15,12 @@ use crate::common::stack_with;
 /// tag runs when `listed` is true and is sent `key`; skip runs when it is false.
 fn paging() -> WorkflowDef {
     serde_json::from_value(json!({"name": "paging", "version": 1, "steps": [
-        {"name": "list", "agent": "sim", "timeout_ms": 5000,
+        {"name": "list", "agent": "sim", "timeout_ms": 20_000, "max_attempts": 3,
          "assign": {"key.$": "$.outputs.list.idempotency_key", "listed": true, "note.$": "$.input.note"}},
-        {"name": "tag", "agent": "sim", "timeout_ms": 5000,
+        {"name": "tag", "agent": "sim", "timeout_ms": 20_000, "max_attempts": 3,
          "when": {"variable": "$.vars.listed", "boolean_equals": true},
          "parameters": {"key.$": "$.vars.key"}},
-        {"name": "skip", "agent": "sim", "timeout_ms": 5000,
+        {"name": "skip", "agent": "sim", "timeout_ms": 20_000, "max_attempts": 3,
          "when": {"variable": "$.vars.listed", "boolean_equals": false}}
     ], "result": {"key.$": "$.vars.key", "tagged.$": "$.outputs.tag.step"}}))
     .expect("the workflow")
