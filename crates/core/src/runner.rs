@@ -129,10 +129,10 @@ async fn poll(
             p = slots.clone().acquire_owned() => p.expect("semaphore is never closed"),
             _ = stop.changed() => break,
         };
-        let out = tokio::select! {
-            r = deps.bus.receive(&url, 10, opts.wait, visibility) => r,
-            _ = stop.changed() => break,
-        };
+        // Not cut short by a stop: the messages a cancelled receive was handed would stay hidden
+        // for the whole visibility timeout (12 minutes on the agent queue). A stop waits for the
+        // poll (at most `wait`) and the batch it brings.
+        let out = deps.bus.receive(&url, 10, opts.wait, visibility).await;
         let mut msgs = match out {
             Ok(m) => m,
             Err(e) => {
@@ -148,8 +148,11 @@ async fn poll(
         if msgs.len() < 10 && !opts.batch_window.is_zero() && !fifo {
             // what arrives within the window joins the batch (one more receive)
             tokio::time::sleep(opts.batch_window).await;
-            if let Ok(more) = deps.bus.receive(&url, 10 - msgs.len(), Duration::ZERO, visibility).await {
-                msgs.extend(more);
+            match deps.bus.receive(&url, 10 - msgs.len(), Duration::ZERO, visibility).await {
+                Ok(more) => msgs.extend(more),
+                Err(e) => {
+                    warn!(role = role.name(), error = %e, "ReceiveMessage (to fill the batch) failed; the batch goes as it is");
+                }
             }
         }
         let (deps, agents, url) = (deps.clone(), agents.clone(), url.clone());

@@ -337,10 +337,20 @@ impl Bus for AwsBus {
     }
 }
 
+/// How long a ReceiveMessage may take beyond its long poll's `wait` before the client gives it up.
+///
+/// Generous on purpose: SQS hides the messages it hands to a receive (for the visibility timeout,
+/// 12 minutes on the agent queue) whether or not the answer reaches the caller. A receive cut short
+/// by the client, then sent again by the SDK's retry, loses the first answer's messages until that
+/// timeout ends: on a loaded LocalStack, whose answers came more than 2 s after the wait, three
+/// agent requests of a burst were held back so for 12 minutes.
+pub const RECEIVE_MARGIN: Duration = Duration::from_secs(30);
+
 /// A long poll waits for messages up to `wait` by design: its attempt may take that long on top of
-/// the usual time (the process's SDK timeouts are far shorter than the 20 s a poll may wait).
+/// the usual time (the process's SDK timeouts are far shorter than the 20 s a poll may wait), and
+/// [`RECEIVE_MARGIN`] more before its answer is given up.
 fn long_poll_timeouts(wait: Duration) -> aws_config::timeout::TimeoutConfig {
-    let attempt = wait + Duration::from_secs(2);
+    let attempt = wait + RECEIVE_MARGIN;
     aws_config::timeout::TimeoutConfig::builder()
         .operation_attempt_timeout(attempt)
         .operation_timeout(attempt * 2)
@@ -428,5 +438,57 @@ mod tests {
             matches!(&e, BusError::Refused { op: "SendMessage", code, message, .. } if code == "KMS.AccessDeniedException" && message == "no grant"),
             "{e:?}"
         );
+    }
+
+    /// An SQS endpoint on loopback whose first answer comes `late` after the request (carrying one
+    /// message, which SQS would have hidden for its visibility timeout by then); every later
+    /// request is answered at once with no message.
+    async fn late_sqs(late: Duration) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut first = true;
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let body = if std::mem::take(&mut first) {
+                    r#"{"Messages":[{"MessageId":"m-1","ReceiptHandle":"r-1","Body":"late","Attributes":{"ApproximateReceiveCount":"1"}}]}"#
+                } else {
+                    "{}"
+                };
+                let delay = if body == "{}" { Duration::ZERO } else { late };
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let _ = sock.read(&mut buf).await;
+                    tokio::time::sleep(delay).await;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/x-amz-json-1.0\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = sock.write_all(head.as_bytes()).await;
+                    let _ = sock.write_all(body.as_bytes()).await;
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_receive_whose_answer_comes_seconds_after_its_wait_still_gets_its_messages() {
+        // a loaded endpoint: the answer to a receive that waits 0 s comes 4 s later. Cut short
+        // and sent again, the receive would get nothing, and the message it was handed would stay
+        // hidden for its visibility timeout.
+        let endpoint = late_sqs(Duration::from_secs(4)).await;
+        let creds = aws_credential_types::Credentials::new("AKIDEXAMPLE", "secret", None, None, "test");
+        let sdk = crate::aws::sdk_config_loader(&crate::aws::TOOL_TIMEOUTS)
+            .endpoint_url(&endpoint)
+            .credentials_provider(creds)
+            .region(aws_config::Region::new("us-east-1"))
+            .load()
+            .await;
+        let bus = AwsBus::from_sdk(&sdk);
+        let got =
+            bus.receive_some(&format!("{endpoint}/000000000000/q"), 10, Duration::ZERO, Duration::from_mins(12)).await;
+        let got = got.expect("the receive answers");
+        assert_eq!(got.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["late"], "the late answer's message");
     }
 }
