@@ -144,7 +144,9 @@ async fn a_cancel_stops_a_waiting_loop_and_undoes_every_iteration_newest_first()
         );
         let undo = it.steps[0].compensation.as_ref();
         if it.process_state == ProcessState::Compensated {
-            assert_eq!(undo.map(|c| (c.status, c.attempts)), Some((CompensationStatus::Done, 1)), "iteration {i}");
+            // done (an attempt a loaded machine held past its deadline is tried again: the same
+            // idempotency key, so still undone once)
+            assert_eq!(undo.map(|c| c.status), Some(CompensationStatus::Done), "iteration {i}: {undo:?}");
         }
         ends.push((i, it.updated_at));
     }
