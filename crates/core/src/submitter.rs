@@ -18,7 +18,6 @@ use crate::screen;
 use crate::store::{StoreError, MAX_ITEM_BYTES};
 use sas_protocol::keys::Entered;
 use sas_protocol::schedules::{self, Overlap};
-use sas_protocol::workflow::Concurrency;
 
 /// Why a submission was refused. The reason is sent to the caller and kept with the raw message.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -336,9 +335,8 @@ async fn submit_with(
     if let (None, Some(run)) = (&key, &sub.schedule) {
         // an instant of a schedule: the schedule's overlap policy, as the schedule's key
         if let Some(when_busy) = crate::schedules::overlap_of(deps, run).await?.and_then(Overlap::when_busy) {
-            key = Some(format!("{}{}:{}", sas_protocol::keys::KEY_PREFIX, schedules::KEY_SCOPE, run.name));
-            let scope = Some(schedules::KEY_SCOPE.to_owned());
-            concurrency = Some(Concurrency { key: String::new(), limit: 1, when_busy, scope });
+            let (k, c) = schedules::key(&run.name, when_busy);
+            (key, concurrency) = (Some(k), Some(c));
         }
     }
     // a keyed task enters its key first: granted, it starts; else it waits, or is refused

@@ -40,6 +40,14 @@ pub const MAX_FIRE: usize = 60;
 /// The scope of the schedules' concurrency keys: `key:schedule:<name>`.
 pub const KEY_SCOPE: &str = "schedule";
 
+/// The concurrency key of schedule `name`'s tasks, and what a newcomer does while it is held
+/// (`when_busy`, from the schedule's [`Overlap`]): one task of the schedule at a time.
+pub fn key(name: &str, when_busy: crate::workflow::WhenBusy) -> (String, crate::workflow::Concurrency) {
+    let key = format!("{}{KEY_SCOPE}:{name}", crate::keys::KEY_PREFIX);
+    let c = crate::workflow::Concurrency { key: String::new(), limit: 1, when_busy, scope: Some(KEY_SCOPE.to_owned()) };
+    (key, c)
+}
+
 /// When a schedule's instants come.
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -177,23 +185,35 @@ fn cron(expr: &str) -> Result<croner::Cron, String> {
     croner::Cron::new(expr).with_seconds_optional().parse().map_err(|e| format!("cron expression {expr:?}: {e}"))
 }
 
-/// The first instant of `every` strictly after `after`; `None` when there is none (a cron
-/// expression of a date that never comes again).
-fn next_of(every: &Every, tz: Option<&str>, created: Millis, after: Millis) -> Result<Option<Millis>, String> {
-    match every {
-        Every::RateMs(p) => {
-            let p = (*p).max(1);
-            let k = if after < created { 0 } else { (after.0 - created.0) / p + 1 };
-            Ok(Some(Millis(created.0.saturating_add(k.saturating_mul(p)))))
-        }
-        Every::Cron(expr) => {
-            let c = cron(expr)?;
-            let tz = zone(tz)?;
-            let ms = i64::try_from(after.0).map_err(|_| "a time past the year 292 million".to_owned())?;
-            let Some(at) = tz.timestamp_millis_opt(ms).single() else { return Ok(None) };
-            match c.find_next_occurrence(&at, false) {
-                Ok(next) => Ok(u64::try_from(next.timestamp_millis()).ok().map(Millis)),
-                Err(_) => Ok(None),
+/// A schedule's instants, its expression parsed once: [`Cadence::next_after`] steps through them.
+enum Cadence {
+    Rate { period: u64, created: Millis },
+    Cron { cron: Box<croner::Cron>, tz: chrono_tz::Tz },
+}
+
+impl Cadence {
+    fn of(every: &Every, tz: Option<&str>, created: Millis) -> Result<Cadence, String> {
+        Ok(match every {
+            Every::RateMs(p) => Cadence::Rate { period: (*p).max(1), created },
+            Every::Cron(expr) => Cadence::Cron { cron: Box::new(cron(expr)?), tz: zone(tz)? },
+        })
+    }
+
+    /// The first instant strictly after `after`; `None` when there is none (a cron expression of
+    /// a date that never comes again).
+    fn next_after(&self, after: Millis) -> Result<Option<Millis>, String> {
+        match self {
+            Cadence::Rate { period, created } => {
+                let k = if after < *created { 0 } else { (after.0 - created.0) / period + 1 };
+                Ok(Some(Millis(created.0.saturating_add(k.saturating_mul(*period)))))
+            }
+            Cadence::Cron { cron, tz } => {
+                let ms = i64::try_from(after.0).map_err(|_| "a time past the year 292 million".to_owned())?;
+                let Some(at) = tz.timestamp_millis_opt(ms).single() else { return Ok(None) };
+                match cron.find_next_occurrence(&at, false) {
+                    Ok(next) => Ok(u64::try_from(next.timestamp_millis()).ok().map(Millis)),
+                    Err(_) => Ok(None),
+                }
             }
         }
     }
@@ -254,7 +274,11 @@ impl Schedule {
 
     /// The first instant strictly after `after`.
     pub fn next_after(&self, after: Millis) -> Result<Option<Millis>, String> {
-        next_of(&self.every, self.time_zone.as_deref(), self.created, after)
+        self.cadence()?.next_after(after)
+    }
+
+    fn cadence(&self) -> Result<Cadence, String> {
+        Cadence::of(&self.every, self.time_zone.as_deref(), self.created)
     }
 
     /// The shortest gap between two of the next few instants after `now` (a rate's period).
@@ -317,13 +341,17 @@ pub fn due(name: &str, s: &Schedule, now: Millis) -> Option<Firing> {
     if s.paused.is_some() {
         return None;
     }
+    // parsed once for every instant it steps through (up to 100,000 missed ones); an expression
+    // this version cannot read sends the instant due and has no next one
+    let cadence = s.cadence().ok();
+    let next_after = |x: Millis| cadence.as_ref().and_then(|c| c.next_after(x).ok().flatten());
     let mut at = s.next;
     let (mut fire, mut missed) = (Vec::new(), 0u64);
     let horizon = Millis(now.0.saturating_sub(CATCH_UP_MS));
     if at < horizon {
         // a long gap: count what it held (a rate by arithmetic, a cron expression one by one, up
         // to a bound) and go on from the horizon
-        let resume = s.next_after(Millis(horizon.0.saturating_sub(1))).ok().flatten().unwrap_or(Millis(u64::MAX));
+        let resume = next_after(Millis(horizon.0.saturating_sub(1))).unwrap_or(Millis(u64::MAX));
         missed = match s.every {
             Every::RateMs(p) => (resume.0.saturating_sub(at.0)) / p.max(1),
             Every::Cron(_) => {
@@ -331,7 +359,7 @@ pub fn due(name: &str, s: &Schedule, now: Millis) -> Option<Firing> {
                 let mut a = Some(at);
                 while let Some(x) = a.filter(|x| *x < resume && n < 100_000) {
                     n += 1;
-                    a = s.next_after(x).ok().flatten();
+                    a = next_after(x);
                 }
                 n
             }
@@ -340,7 +368,7 @@ pub fn due(name: &str, s: &Schedule, now: Millis) -> Option<Firing> {
     }
     while at.0.saturating_add(jitter(name, at, s.jitter_ms)) <= now.0 && fire.len() < MAX_FIRE {
         fire.push(at);
-        if let Ok(Some(n)) = s.next_after(at) {
+        if let Some(n) = next_after(at) {
             at = n;
         } else {
             at = Millis(u64::MAX);
