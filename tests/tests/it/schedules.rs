@@ -44,12 +44,17 @@ async fn a_schedule_sends_each_instant_once_through_a_restart_skips_while_one_ru
     let t1 = s.wait_for(&first_id, Duration::from_mins(2), holding).await;
     assert_eq!(t1.input, json!({"report": "beat"}));
     // while it holds, the instants that come are sent and skipped: no task of theirs
+    let give_up = std::time::Instant::now() + Duration::from_mins(2);
     let fired_while_held = loop {
         let all = sched::list(&s.deps).await.unwrap();
         let beat = &all.schedules["beat"];
         if beat.fired >= 4 {
             break beat.clone();
         }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "4 instants of a 2-s schedule not sent within 2 minutes: {beat:?}"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     let skipped: Vec<Millis> = (1..fired_while_held.fired).map(|k| Millis(first.0 + 2_000 * k)).collect();
