@@ -54,21 +54,23 @@ impl<'a> Envelope<'a> {
         let raw = record.body.as_str();
         let body = match role {
             Role::Submitter => Body::Submission(serde_json::from_str(raw)),
-            Role::Scheduler => Body::Scheduler(
-                serde_json::from_str::<SchedulerMessage>(raw)
-                    .map_err(|e| e.to_string())
-                    .and_then(|m| scheduled(m).map_err(|e| e.to_string())),
-            ),
-            Role::Agent => {
-                Body::Agent(serde_json::from_str::<AgentRequest>(raw).map_err(|e| e.to_string()).and_then(|r| {
-                    if r.v == VERSION {
-                        Ok(r)
-                    } else {
-                        Err(format!("unsupported version {}", r.v))
-                    }
-                }))
+            Role::Scheduler => {
+                Body::Scheduler(read::<SchedulerMessage>(raw).and_then(|m| scheduled(m).map_err(|e| e.to_string())))
             }
-            Role::Supervisor => Body::Timer(serde_json::from_str(raw).map_err(|e| e.to_string())),
+            Role::Agent => Body::Agent(read::<AgentRequest>(raw).and_then(|r| {
+                if r.v == VERSION {
+                    Ok(r)
+                } else {
+                    Err(format_refused(r.v))
+                }
+            })),
+            Role::Supervisor => Body::Timer(read::<TimerMessage>(raw).and_then(|t| {
+                if t.v == VERSION {
+                    Ok(t)
+                } else {
+                    Err(format_refused(t.v))
+                }
+            })),
             Role::Callback => Body::Callback(callback_message(raw)),
         };
         Envelope { role, record, body }
@@ -121,11 +123,33 @@ impl<'a> Envelope<'a> {
     }
 }
 
+/// Why a message of format `v` is refused: the format it is written in, and the one this build
+/// reads (docs/reference/messages.md, "Compatibility").
+pub fn format_refused(v: u32) -> String {
+    format!("unsupported version {v}: the message is written in format {v}, and this build reads format {VERSION}; it was sent by a function of a later release (finish the deploy, or redrive it once every function is of that release)")
+}
+
+/// Parse an internal message strictly; a message this build cannot read because a later release
+/// wrote it (its `v` is above [`VERSION`], with fields this build does not know) is refused for
+/// its format, not for the first unknown field (read only on that path: nothing on the happy one).
+pub fn read<T: serde::de::DeserializeOwned>(raw: &str) -> Result<T, String> {
+    serde_json::from_str::<T>(raw).map_err(|e| {
+        #[derive(serde::Deserialize)]
+        struct Format {
+            v: Option<u32>,
+        }
+        match serde_json::from_str::<Format>(raw) {
+            Ok(Format { v: Some(v) }) if v > VERSION => format_refused(v),
+            _ => e.to_string(),
+        }
+    })
+}
+
 /// Parse one callback message (the callback queue's body, the HTTPS request's body).
 pub fn callback_message(raw: &str) -> Result<CallbackMessage, String> {
-    let msg: CallbackMessage = serde_json::from_str(raw).map_err(|e| e.to_string())?;
+    let msg: CallbackMessage = read(raw)?;
     if msg.v != VERSION {
-        return Err(format!("unsupported version {}", msg.v));
+        return Err(format_refused(msg.v));
     }
     Ok(msg)
 }
@@ -133,7 +157,7 @@ pub fn callback_message(raw: &str) -> Result<CallbackMessage, String> {
 /// The event a scheduler-queue message carries, for the task it names (see [`crate::envelope`]).
 pub fn scheduled(msg: SchedulerMessage) -> Result<Scheduled, HandlerError> {
     if msg.version() != VERSION {
-        return Err(HandlerError::Malformed(format!("unsupported version {}", msg.version())));
+        return Err(HandlerError::Malformed(format_refused(msg.version())));
     }
     let task_id = msg.task_id().clone();
     let mut step = None;
@@ -239,6 +263,44 @@ impl Role {
             Role::Scheduler | Role::Callback => 90,
             Role::Agent => 720,
             Role::Supervisor => 360,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(body: &str) -> Record {
+        Record { message_id: "m-1".into(), body: body.into(), receive_count: 1, sent_at: None, trace_header: None }
+    }
+
+    #[test]
+    fn a_message_of_a_later_format_is_refused_for_its_format_not_misread() {
+        // a later release's timer, agent request and callback answer, each with a field this
+        // build does not know: refused, and the reason names the format
+        let later = [
+            (Role::Supervisor, r#"{"v": 2, "task_id": "t-1", "complete_by": 5, "shard": 3}"#),
+            (Role::Agent, r#"{"v": 2, "task_id": "t-1", "lane": "fast"}"#),
+            (Role::Scheduler, r#"{"type": "run", "v": 2, "task_id": "t-1", "rev": 1, "reason": "start", "lane": 1}"#),
+            (Role::Callback, r#"{"v": 2, "token": "x", "status": "heartbeat", "lane": 1}"#),
+            // a later format with nothing this build does not know is refused too: never read
+            // as if it were this build's
+            (Role::Supervisor, r#"{"v": 2, "task_id": "t-1", "complete_by": 5}"#),
+        ];
+        for (role, body) in later {
+            let r = record(body);
+            let why = match Envelope::open(role, &r).body {
+                Body::Timer(Err(e)) | Body::Agent(Err(e)) | Body::Scheduler(Err(e)) | Body::Callback(Err(e)) => e,
+                other => panic!("{role:?} read a later format: {other:?}"),
+            };
+            assert!(why.contains("written in format 2") && why.contains("reads format 1"), "{role:?}: {why}");
+        }
+        // this format with a field it does not have: refused for the field
+        let r = record(r#"{"v": 1, "task_id": "t-1", "complete_by": 5, "shard": 3}"#);
+        match Envelope::open(Role::Supervisor, &r).body {
+            Body::Timer(Err(e)) => assert!(e.contains("unknown field `shard`"), "{e}"),
+            other => panic!("{other:?}"),
         }
     }
 }

@@ -6,6 +6,7 @@ use std::hash::Hasher as _;
 use serde::{Deserialize, Serialize};
 
 /// Epoch milliseconds. `CompleteBy`, timestamps and deadlines are all in this unit.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
 #[serde(transparent)]
 pub struct Millis(pub u64);
@@ -60,6 +61,7 @@ fn check_token_chars(what: &'static str, s: &str, max: usize) -> Result<(), IdEr
 /// A task's id (the pattern's OrderID). It is the submission's idempotency key: a second
 /// submission with the same id creates nothing. `:` is excluded so that `{task}:{step}`
 /// idempotency keys cannot collide.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct TaskId(String);
@@ -139,6 +141,7 @@ impl fmt::Display for TaskId {
 
 /// The fencing token of one attempt: a fresh random value written to `LockedBy` by every claim.
 /// Every later write about that attempt must present it; a result carrying an older token is stale.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct AttemptToken(String);
@@ -170,6 +173,7 @@ impl fmt::Display for AttemptToken {
 /// (`:` appears in neither a name nor a task id). An opaque bearer secret to its holder (the
 /// attempt part is 122 random bits): it is never logged and never stored outside the task.
 /// A retry mints a new attempt, so a new token; the old one is then stale.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct CallbackToken {
@@ -251,6 +255,7 @@ impl From<CallbackToken> for String {
 
 /// The key an agent passes to the remote service: `{task}:{step}`, stable across every retry of
 /// the same step (unlike the attempt token), so the service applies the effect once.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct IdempotencyKey(String);

@@ -37,6 +37,7 @@ pub fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
 }
 
 /// What an application sends to the submission queue.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Submission {
@@ -65,6 +66,7 @@ pub struct Submission {
 }
 
 /// The schedule and instant a submission comes from.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduledRun {
@@ -78,6 +80,7 @@ pub struct ScheduledRun {
 }
 
 /// Why a run message was sent; it only informs logs.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunReason {
@@ -89,6 +92,7 @@ pub enum RunReason {
 }
 
 /// Scheduler queue: claim and run the task's current step, if the task is still at `rev`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunMessage {
@@ -126,6 +130,7 @@ pub fn is_name(t: &str) -> bool {
 }
 
 /// What an agent reports for one attempt.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Outcome {
@@ -151,6 +156,7 @@ pub enum Outcome {
 }
 
 /// Scheduler queue: an agent's result for one attempt, fenced by the attempt token.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentResult {
@@ -162,6 +168,7 @@ pub struct AgentResult {
 }
 
 /// Scheduler queue: stop the task; completed steps are compensated.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CancelMessage {
@@ -176,6 +183,7 @@ pub struct CancelMessage {
 }
 
 /// Scheduler queue: an operator resubmits an `Error` task; it resumes from its failed step.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResubmitMessage {
@@ -191,6 +199,7 @@ pub struct ResubmitMessage {
 /// Scheduler queue, from a map element (a task of its own) to its parent: the element ended in
 /// `state`. Sent again whenever the message that ended it comes back, and whenever the parent
 /// commands an element that has ended; the parent counts each element once.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ElementEnded {
@@ -216,6 +225,7 @@ pub struct ElementEnded {
 
 /// Scheduler queue, from a parent to one of its map elements that ended `Processed`: undo it (run
 /// its compensation). The parent's map failed, was cancelled, or a later step failed.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UndoMessage {
@@ -226,6 +236,7 @@ pub struct UndoMessage {
 
 /// Scheduler queue: every element of the parent's map step has ended; read their outputs and
 /// finish the step.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JoinMessage {
@@ -235,6 +246,7 @@ pub struct JoinMessage {
 }
 
 /// Everything the scheduler queue carries, tagged by `type`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum SchedulerMessage {
@@ -274,6 +286,7 @@ impl SchedulerMessage {
 }
 
 /// Forward step or compensation.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
@@ -282,6 +295,7 @@ pub enum Phase {
 }
 
 /// Agent queue: one attempt of one step.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentRequest {
@@ -375,6 +389,7 @@ impl AgentRequest {
 }
 
 /// What a callback step's agent hands to the remote side besides the work.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CallbackRef {
@@ -389,6 +404,7 @@ pub struct CallbackRef {
 /// `{"v":1,"token":"…","status":"succeeded","output":{…}}`,
 /// `{"v":1,"token":"…","status":"failed","error":"…","retryable":false}`,
 /// `{"v":1,"token":"…","status":"heartbeat","details":{…}}`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallbackMessage {
     /// Unknown fields are refused by the answer's own shape (`status` decides which are known).
@@ -399,6 +415,7 @@ pub struct CallbackMessage {
 }
 
 /// The three answers a callback step takes.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case", deny_unknown_fields)]
 pub enum CallbackAnswer {
@@ -432,6 +449,7 @@ impl CallbackAnswer {
 
 /// What an answer did, told to whoever sent it (the HTTPS endpoint's body, `sasctl`'s output, a
 /// log line for the callback queue).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallbackResult {
@@ -455,6 +473,7 @@ pub enum CallbackResult {
     Unknown,
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CallbackReply {
@@ -483,6 +502,7 @@ impl CallbackReply {
 }
 
 /// Supervisor queue (delayed): check this attempt at its CompleteBy.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TimerMessage {
@@ -498,6 +518,7 @@ pub struct TimerMessage {
 /// Sent to the caller's `reply_to` queue on every state change. Standard queues may reorder
 /// messages: `seq` increases with every change of one task, so consumers order by it (a FIFO
 /// reply queue receives them in order, grouped by task).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StatusMessage {
@@ -537,6 +558,7 @@ pub struct StatusMessage {
 pub const MAX_STATUS_OUTPUTS_BYTES: usize = 128 * 1024;
 
 /// Outputs too large for a status message.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OmittedOutputs {
@@ -596,6 +618,7 @@ impl StatusMessage {
     }
 }
 
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AlertKind {
@@ -609,6 +632,7 @@ pub enum AlertKind {
 }
 
 /// Published to the alert topic for operators.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Alert {

@@ -70,7 +70,7 @@ pub async fn handle_sent(
 ) -> Result<bool, HandlerError> {
     let req: AgentRequest = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
     if req.v != VERSION {
-        return Err(HandlerError::Malformed(format!("unsupported version {}", req.v)));
+        return Err(HandlerError::Malformed(crate::envelope::format_refused(req.v)));
     }
     handle_request(deps, runtime, req, sent_at).await
 }

@@ -1,0 +1,158 @@
+//! The wire format of every message is kept, so that a change to it is a decision, not an accident.
+//!
+//! The functions of two releases run side by side during a deploy (and after a rollback): a
+//! message written by one is read by the other. Messages are read strictly (unknown fields are
+//! refused), so a field added to a message is refused by every function built before it, and a
+//! field renamed or made required makes the new build refuse what the old one wrote. The rule
+//! (docs/reference/messages.md, "Compatibility"): the format a message says it is (`"v"`) is the
+//! format it is written in; a release reads every format up to its own and refuses a later one
+//! with a reason that names it (the message then goes to its DLQ, never misread).
+//!
+//! This test holds the first half: the JSON Schema of each message kind, as this code derives it
+//! (field names, types, which are required, the tags of each kind), must equal the one kept for
+//! format `VERSION` in `tests/data/wire/v{VERSION}/`. Comments are left out of the comparison.
+//! A change that fails here needs a new format: keep the old files, add `v{N+1}`, and write the
+//! new fields only in messages that say `"v": N+1`.
+//!
+//! `SAS_BLESS=1 cargo nextest run -p sas-protocol --test wire_format` rewrites the files of the
+//! current format: only before that format is released.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use sas_protocol::messages::{
+    AgentRequest, Alert, CallbackMessage, CallbackReply, SchedulerMessage, StatusMessage, Submission, TimerMessage,
+    VERSION,
+};
+use schemars::schema_for;
+use serde_json::Value;
+
+/// Each message kind by where it travels, with its schema as this build derives it.
+fn kinds() -> Vec<(&'static str, Value)> {
+    let v = |s: schemars::Schema| s.to_value();
+    vec![
+        ("submission", v(schema_for!(Submission))),
+        ("status", v(schema_for!(StatusMessage))),
+        ("scheduler", v(schema_for!(SchedulerMessage))),
+        ("agent_request", v(schema_for!(AgentRequest))),
+        ("timer", v(schema_for!(TimerMessage))),
+        ("callback", v(schema_for!(CallbackMessage))),
+        ("callback_reply", v(schema_for!(CallbackReply))),
+        ("alert", v(schema_for!(Alert))),
+    ]
+}
+
+/// The schema without its comments (`description`, `title`) and its `$schema` line.
+fn without_comments(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| !matches!(k.as_str(), "description" | "title" | "$schema"))
+                .map(|(k, v)| (k.clone(), without_comments(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_comments).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Every field path a schema allows (`outcome.error`, `input.{}`, `items[]`), its `$ref`s
+/// followed: what the failure names as added or removed.
+fn paths(root: &Value) -> BTreeSet<String> {
+    fn walk(root: &Value, node: &Value, at: &str, seen: &mut Vec<String>, out: &mut BTreeSet<String>) {
+        let Some(m) = node.as_object() else { return };
+        if let Some(r) = m.get("$ref").and_then(Value::as_str) {
+            if seen.iter().any(|s| s == r) {
+                return;
+            }
+            let name = r.trim_start_matches("#/$defs/");
+            if let Some(def) = root.get("$defs").and_then(|d| d.get(name)) {
+                seen.push(r.to_owned());
+                walk(root, def, at, seen, out);
+                seen.pop();
+            }
+        }
+        if let Some(props) = m.get("properties").and_then(Value::as_object) {
+            for (k, v) in props {
+                let p = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+                out.insert(p.clone());
+                walk(root, v, &p, seen, out);
+            }
+        }
+        for key in ["oneOf", "anyOf", "allOf"] {
+            for v in m.get(key).and_then(Value::as_array).into_iter().flatten() {
+                walk(root, v, at, seen, out);
+            }
+        }
+        if let Some(items) = m.get("items") {
+            walk(root, items, &format!("{at}[]"), seen, out);
+        }
+        if let Some(more) = m.get("additionalProperties").filter(|v| v.is_object()) {
+            walk(root, more, &format!("{at}.{{}}"), seen, out);
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(root, root, "", &mut Vec::new(), &mut out);
+    out
+}
+
+fn kept(kind: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/wire/v{VERSION}/{kind}.schema.json"))
+}
+
+#[test]
+fn every_message_kind_has_the_format_kept_for_its_version() {
+    let bless = std::env::var_os("SAS_BLESS").is_some();
+    let mut changed = Vec::new();
+    for (kind, schema) in kinds() {
+        let now = without_comments(&schema);
+        let file = kept(kind);
+        if bless {
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(&file, serde_json::to_string_pretty(&now).unwrap() + "\n").unwrap();
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+            panic!("{}: {e} (the format {VERSION} of {kind} messages is kept there)", file.display())
+        });
+        let then: Value = serde_json::from_str(&text).unwrap();
+        if then != now {
+            let (a, b) = (paths(&then), paths(&now));
+            let added: Vec<_> = b.difference(&a).collect();
+            let removed: Vec<_> = a.difference(&b).collect();
+            changed.push(format!(
+                "{kind}: fields added {added:?}, removed {removed:?} (or a type, a tag or what is required changed)"
+            ));
+        }
+    }
+    assert!(
+        changed.is_empty(),
+        "the wire format {VERSION} changed:\n  {}\n\
+         A function of the release before refuses a field it does not know, and this build refuses \
+         what it no longer knows: a change needs a new format (docs/reference/messages.md, \
+         \"Compatibility\"). Only before format {VERSION} is released: SAS_BLESS=1 rewrites the files.",
+        changed.join("\n  ")
+    );
+}
+
+#[test]
+fn the_kept_format_names_fields_the_messages_have() {
+    // the comparison above is only as good as what the schemas say: a few fields every reader
+    // depends on are in them
+    let all: BTreeSet<String> =
+        kinds().iter().flat_map(|(k, s)| paths(s).into_iter().map(move |p| format!("{k}:{p}"))).collect();
+    for p in [
+        "submission:v",
+        "submission:task_id",
+        "submission:schedule.at",
+        "scheduler:type",
+        "scheduler:outcome.status",
+        "scheduler:vars",
+        "agent_request:unchecked_until",
+        "agent_request:idempotency_key",
+        "status:seq",
+        "timer:complete_by",
+    ] {
+        assert!(all.contains(p), "{p} is not among the schemas' fields: {all:#?}");
+    }
+}
