@@ -156,3 +156,71 @@ fn the_kept_format_names_fields_the_messages_have() {
         assert!(all.contains(p), "{p} is not among the schemas' fields: {all:#?}");
     }
 }
+
+/// The book's examples of each message (docs/reference/messages.md): every one is read by this
+/// build as the kind its section names, the examples being format 1 messages as a reader of the
+/// contract writes them.
+#[test]
+fn every_example_in_the_message_contracts_is_read_by_this_build() {
+    let page = include_str!("../../../docs/reference/messages.md");
+    let mut read = Vec::new();
+    let mut section = "";
+    let mut lines = page.lines();
+    while let Some(line) = lines.next() {
+        if let Some(h) = line.strip_prefix("## ") {
+            section = h;
+        }
+        if line.trim() != "```json" {
+            continue;
+        }
+        let mut block = String::new();
+        for l in lines.by_ref() {
+            if l.trim() == "```" {
+                break;
+            }
+            block.push_str(l);
+            block.push('\n');
+        }
+        for v in serde_json::Deserializer::from_str(&block).into_iter::<Value>() {
+            let v = v.unwrap_or_else(|e| panic!("{section}: an example is not JSON: {e}\n{block}"));
+            let parsed: Result<(), String> = match section {
+                "Submission" => serde_json::from_value::<Submission>(v.clone()).map(drop).map_err(|e| e.to_string()),
+                "Status messages" => {
+                    serde_json::from_value::<StatusMessage>(v.clone()).map(drop).map_err(|e| e.to_string())
+                }
+                "Scheduler queue" => {
+                    serde_json::from_value::<SchedulerMessage>(v.clone()).map(drop).map_err(|e| e.to_string())
+                }
+                "Agent request" => {
+                    serde_json::from_value::<AgentRequest>(v.clone()).map(drop).map_err(|e| e.to_string())
+                }
+                "Deadline timer" => {
+                    serde_json::from_value::<TimerMessage>(v.clone()).map(drop).map_err(|e| e.to_string())
+                }
+                "Callback answer" => {
+                    serde_json::from_value::<CallbackMessage>(v.clone()).map(drop).map_err(|e| e.to_string())
+                }
+                "Callback reply" => {
+                    serde_json::from_value::<CallbackReply>(v.clone()).map(drop).map_err(|e| e.to_string())
+                }
+                "Alert" => serde_json::from_value::<Alert>(v.clone()).map(drop).map_err(|e| e.to_string()),
+                other => panic!("an example in section {other:?}: which message is it?"),
+            };
+            assert!(parsed.is_ok(), "{section}: {v}: {}", parsed.unwrap_err());
+            assert_eq!(v["v"], 1, "{section}: {v}");
+            read.push(section);
+        }
+    }
+    for s in [
+        "Submission",
+        "Status messages",
+        "Scheduler queue",
+        "Agent request",
+        "Deadline timer",
+        "Callback answer",
+        "Callback reply",
+        "Alert",
+    ] {
+        assert!(read.contains(&s), "no example of {s} read: {read:?}");
+    }
+}
