@@ -157,6 +157,10 @@ fn the_kept_format_names_fields_the_messages_have() {
     }
 }
 
+fn read_as<T: serde::de::DeserializeOwned>(v: &Value) -> Result<(), String> {
+    serde_json::from_value::<T>(v.clone()).map(drop).map_err(|e| e.to_string())
+}
+
 /// The book's examples of each message (docs/reference/messages.md): every one is read by this
 /// build as the kind its section names, the examples being format 1 messages as a reader of the
 /// contract writes them.
@@ -183,27 +187,15 @@ fn every_example_in_the_message_contracts_is_read_by_this_build() {
         }
         for v in serde_json::Deserializer::from_str(&block).into_iter::<Value>() {
             let v = v.unwrap_or_else(|e| panic!("{section}: an example is not JSON: {e}\n{block}"));
-            let parsed: Result<(), String> = match section {
-                "Submission" => serde_json::from_value::<Submission>(v.clone()).map(drop).map_err(|e| e.to_string()),
-                "Status messages" => {
-                    serde_json::from_value::<StatusMessage>(v.clone()).map(drop).map_err(|e| e.to_string())
-                }
-                "Scheduler queue" => {
-                    serde_json::from_value::<SchedulerMessage>(v.clone()).map(drop).map_err(|e| e.to_string())
-                }
-                "Agent request" => {
-                    serde_json::from_value::<AgentRequest>(v.clone()).map(drop).map_err(|e| e.to_string())
-                }
-                "Deadline timer" => {
-                    serde_json::from_value::<TimerMessage>(v.clone()).map(drop).map_err(|e| e.to_string())
-                }
-                "Callback answer" => {
-                    serde_json::from_value::<CallbackMessage>(v.clone()).map(drop).map_err(|e| e.to_string())
-                }
-                "Callback reply" => {
-                    serde_json::from_value::<CallbackReply>(v.clone()).map(drop).map_err(|e| e.to_string())
-                }
-                "Alert" => serde_json::from_value::<Alert>(v.clone()).map(drop).map_err(|e| e.to_string()),
+            let parsed = match section {
+                "Submission" => read_as::<Submission>(&v),
+                "Status messages" => read_as::<StatusMessage>(&v),
+                "Scheduler queue" => read_as::<SchedulerMessage>(&v),
+                "Agent request" => read_as::<AgentRequest>(&v),
+                "Deadline timer" => read_as::<TimerMessage>(&v),
+                "Callback answer" => read_as::<CallbackMessage>(&v),
+                "Callback reply" => read_as::<CallbackReply>(&v),
+                "Alert" => read_as::<Alert>(&v),
                 other => panic!("an example in section {other:?}: which message is it?"),
             };
             assert!(parsed.is_ok(), "{section}: {v}: {}", parsed.unwrap_err());
