@@ -10,7 +10,7 @@ use crate::bus::Record;
 use crate::config::Resources;
 use crate::deps::HandlerError;
 use crate::ids::TaskId;
-use crate::messages::{AgentRequest, CallbackMessage, Outcome, SchedulerMessage, TimerMessage, VERSION};
+use crate::messages::{AgentRequest, CallbackMessage, Outcome, SchedulerMessage, TimerMessage, Versioned, VERSION};
 use crate::protocol::Event;
 use crate::screen;
 
@@ -57,20 +57,8 @@ impl<'a> Envelope<'a> {
             Role::Scheduler => {
                 Body::Scheduler(read::<SchedulerMessage>(raw).and_then(|m| scheduled(m).map_err(|e| e.to_string())))
             }
-            Role::Agent => Body::Agent(read::<AgentRequest>(raw).and_then(|r| {
-                if r.v == VERSION {
-                    Ok(r)
-                } else {
-                    Err(format_refused(r.v))
-                }
-            })),
-            Role::Supervisor => Body::Timer(read::<TimerMessage>(raw).and_then(|t| {
-                if t.v == VERSION {
-                    Ok(t)
-                } else {
-                    Err(format_refused(t.v))
-                }
-            })),
+            Role::Agent => Body::Agent(read::<AgentRequest>(raw)),
+            Role::Supervisor => Body::Timer(read::<TimerMessage>(raw)),
             Role::Callback => Body::Callback(callback_message(raw)),
         };
         Envelope { role, record, body }
@@ -129,11 +117,12 @@ pub fn format_refused(v: u32) -> String {
     format!("unsupported version {v}: the message is written in format {v}, and this build reads format {VERSION}; it was sent by a function of a later release (finish the deploy, or redrive it once every function is of that release)")
 }
 
-/// Parse an internal message strictly; a message this build cannot read because a later release
-/// wrote it (its `v` is above [`VERSION`], with fields this build does not know) is refused for
-/// its format, not for the first unknown field (read only on that path: nothing on the happy one).
-pub fn read<T: serde::de::DeserializeOwned>(raw: &str) -> Result<T, String> {
-    serde_json::from_str::<T>(raw).map_err(|e| {
+/// Parse an internal message strictly, and refuse one of another format than [`VERSION`] for its
+/// format. A message this build cannot parse because a later release wrote it (its `v` is above
+/// [`VERSION`], with fields this build does not know) is refused for its format too, not for the
+/// first unknown field (its `v` read only on that path: nothing on the happy one).
+pub fn read<T: serde::de::DeserializeOwned + Versioned>(raw: &str) -> Result<T, String> {
+    let msg = serde_json::from_str::<T>(raw).map_err(|e| {
         #[derive(serde::Deserialize)]
         struct Format {
             v: Option<u32>,
@@ -142,23 +131,20 @@ pub fn read<T: serde::de::DeserializeOwned>(raw: &str) -> Result<T, String> {
             Ok(Format { v: Some(v) }) if v > VERSION => format_refused(v),
             _ => e.to_string(),
         }
-    })
+    })?;
+    match msg.format() {
+        VERSION => Ok(msg),
+        v => Err(format_refused(v)),
+    }
 }
 
 /// Parse one callback message (the callback queue's body, the HTTPS request's body).
 pub fn callback_message(raw: &str) -> Result<CallbackMessage, String> {
-    let msg: CallbackMessage = read(raw)?;
-    if msg.v != VERSION {
-        return Err(format_refused(msg.v));
-    }
-    Ok(msg)
+    read(raw)
 }
 
 /// The event a scheduler-queue message carries, for the task it names (see [`crate::envelope`]).
 pub fn scheduled(msg: SchedulerMessage) -> Result<Scheduled, HandlerError> {
-    if msg.version() != VERSION {
-        return Err(HandlerError::Malformed(format_refused(msg.version())));
-    }
     let task_id = msg.task_id().clone();
     let mut step = None;
     let event = match msg {
@@ -287,7 +273,12 @@ mod tests {
             // a later format with nothing this build does not know is refused too: never read
             // as if it were this build's
             (Role::Supervisor, r#"{"v": 2, "task_id": "t-1", "complete_by": 5}"#),
+            (Role::Scheduler, r#"{"type": "run", "v": 2, "task_id": "t-1", "rev": 1, "reason": "start"}"#),
+            (Role::Callback, r#"{"v": 2, "token": "x", "status": "heartbeat"}"#),
         ];
+        // the Scheduler's own reader (a message handled outside a batch) refuses it as well
+        let why = crate::scheduler::event_of(later[6].1).expect_err("a later scheduler message");
+        assert!(why.to_string().contains("written in format 2"), "{why}");
         for (role, body) in later {
             let r = record(body);
             let why = match Envelope::open(role, &r).body {

@@ -22,7 +22,7 @@ pub use crate::envelope::MAX_ERROR_BYTES;
 
 /// Parse a scheduler-queue message into the event it carries.
 pub fn event_of(raw: &str) -> Result<(TaskId, Event), HandlerError> {
-    let msg: SchedulerMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
+    let msg: SchedulerMessage = crate::envelope::read(raw).map_err(HandlerError::Malformed)?;
     crate::envelope::scheduled(msg).map(|s| (s.task_id, s.event))
 }
 

@@ -38,7 +38,7 @@ pub async fn timer(deps: &Deps, raw: &str) -> Result<Applied, HandlerError> {
 /// - a task that ended owes nothing to a late timer, unless this very timer ended it and comes
 ///   back (see [`drive`]).
 async fn timer_with(deps: &Deps, raw: &str, message: Option<&str>) -> Result<Applied, HandlerError> {
-    let t: TimerMessage = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
+    let t: TimerMessage = crate::envelope::read(raw).map_err(HandlerError::Malformed)?;
     handle_timer(deps, t, message).await
 }
 

@@ -271,8 +271,16 @@ impl SchedulerMessage {
             SchedulerMessage::Join(m) => &m.task_id,
         }
     }
+}
 
-    pub fn version(&self) -> u32 {
+/// A message that says which format it is written in (its `v`): a reader refuses one of another
+/// format for that format, before it acts on it (docs/reference/messages.md, "Compatibility").
+pub trait Versioned {
+    fn format(&self) -> u32;
+}
+
+impl Versioned for SchedulerMessage {
+    fn format(&self) -> u32 {
         match self {
             SchedulerMessage::Run(m) => m.v,
             SchedulerMessage::Result(m) => m.v,
@@ -338,6 +346,12 @@ pub struct AgentRequest {
     /// reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unchecked_until: Option<Millis>,
+}
+
+impl Versioned for AgentRequest {
+    fn format(&self) -> u32 {
+        self.v
+    }
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -412,6 +426,12 @@ pub struct CallbackMessage {
     pub token: CallbackToken,
     #[serde(flatten)]
     pub answer: CallbackAnswer,
+}
+
+impl Versioned for CallbackMessage {
+    fn format(&self) -> u32 {
+        self.v
+    }
 }
 
 /// The three answers a callback step takes.
@@ -513,6 +533,12 @@ pub struct TimerMessage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<AttemptToken>,
     pub complete_by: Millis,
+}
+
+impl Versioned for TimerMessage {
+    fn format(&self) -> u32 {
+        self.v
+    }
 }
 
 /// Sent to the caller's `reply_to` queue on every state change. Standard queues may reorder

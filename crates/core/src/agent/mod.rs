@@ -68,10 +68,7 @@ pub async fn handle_sent(
     raw: &str,
     sent_at: Option<Millis>,
 ) -> Result<bool, HandlerError> {
-    let req: AgentRequest = serde_json::from_str(raw).map_err(|e| HandlerError::Malformed(e.to_string()))?;
-    if req.v != VERSION {
-        return Err(HandlerError::Malformed(crate::envelope::format_refused(req.v)));
-    }
+    let req: AgentRequest = crate::envelope::read(raw).map_err(HandlerError::Malformed)?;
     handle_request(deps, runtime, req, sent_at).await
 }
 
