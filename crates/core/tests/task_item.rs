@@ -8,8 +8,15 @@
 //! names, types and values, not the order `serde_json` writes a struct's fields in. The item is
 //! compared attribute by attribute, in DynamoDB's JSON form (`task_*.item.json`).
 //!
-//! `SAS_BLESS=1 cargo nextest run -p sas-core --test task_item` rewrites the files: only for a
-//! deliberate change of the stored form, which tasks already in tables must survive.
+//! The files are kept by item format ([`ITEM_FORMAT`], `tests/data/items/v{N}/`), with the
+//! workflow definitions of the shipped configuration as a release stores them (the `Definition`
+//! of a `workflow:` item: every step kind, a map, a parallel region, guards, loops, children).
+//! Those of every format up to this build's are read by it, without a loss: a task written by the
+//! release before is read by this one during a deploy.
+//!
+//! `SAS_BLESS=1 cargo nextest run -p sas-core --test task_item` rewrites the current format's
+//! files: only before that format is released. A change of the stored form is a new item format
+//! (the protocol crate's `wire_format` test says so): keep the files of the format before.
 
 use std::collections::HashMap;
 
@@ -19,9 +26,9 @@ use sas_core::store::DynamoStore;
 use sas_protocol::ids::{AttemptToken, Millis, TaskId};
 use sas_protocol::protocol::{
     Bits, ClaimWait, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, Iteration, LateResults, Lock,
-    MapProgress, ProcessState, Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
+    MapProgress, ProcessState, Stage, StepRecord, StepStatus, Task, UndeliveredReplies, ITEM_FORMAT,
 };
-use sas_protocol::workflow::{OnFailure, StepDef, WorkflowDef};
+use sas_protocol::workflow::{OnFailure, StepDef, WorkflowDef, WorkflowRegistry};
 use serde_json::{json, Map, Value};
 
 type Item = HashMap<String, AttributeValue>;
@@ -246,7 +253,12 @@ fn item_from_json(v: &Value) -> Item {
 }
 
 fn data(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    items(ITEM_FORMAT).join(name)
+}
+
+/// Where the items of `format` are kept.
+fn items(format: u32) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/items/v{format}"))
 }
 
 /// The golden file `name` equals `text`, or is written with it under `SAS_BLESS=1`.
@@ -318,4 +330,65 @@ fn an_item_without_the_attributes_that_have_defaults_reads_with_them() {
         value.as_object_mut().unwrap().remove(name);
     }
     assert_eq!(serde_json::from_value::<Task>(value).unwrap(), task);
+}
+
+/// The workflow definitions of the shipped configuration, as stored (`Definition`): kept for
+/// this format, and every definition kept of every format so far reads back as itself (an
+/// attribute this build does not know would be refused; one it reads differently would show).
+#[test]
+fn the_definitions_kept_of_every_format_read_as_themselves() {
+    let shipped = WorkflowRegistry::from_json(include_str!("../../../config/workflows.json")).unwrap();
+    let mut defs: Vec<&WorkflowDef> = shipped.all().collect();
+    defs.sort_by(|a, b| (&a.name, a.version).cmp(&(&b.name, b.version)));
+    let now = serde_json::to_value(&defs).unwrap();
+    if std::env::var_os("SAS_BLESS").is_some() {
+        golden("definitions.json", &pretty(&now));
+    }
+    let mut kinds = std::collections::BTreeSet::new();
+    for format in 1..=ITEM_FORMAT {
+        let path = items(format).join("definitions.json");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let kept: Vec<Value> = serde_json::from_str(&text).unwrap();
+        assert!(!kept.is_empty(), "{}", path.display());
+        for def in kept {
+            let name = def["name"].clone();
+            let read: WorkflowDef = serde_json::from_value(def.clone())
+                .unwrap_or_else(|e| panic!("{}: {name}: this build cannot read it: {e}", path.display()));
+            assert_eq!(serde_json::to_value(&read).unwrap(), def, "{}: {name} reads as another", path.display());
+            // and as DynamoDB holds it
+            let attr = serde_dynamo::to_attribute_value::<_, AttributeValue>(&def).unwrap();
+            assert_eq!(serde_dynamo::from_attribute_value::<_, WorkflowDef>(attr).unwrap(), read);
+            for step in def["steps"].as_array().into_iter().flatten() {
+                kinds.insert(step["kind"].as_str().unwrap_or("call").to_owned());
+                for (k, _) in step.as_object().into_iter().flatten() {
+                    if ["map", "when", "after", "compensation", "until"].contains(&k.as_str()) {
+                        kinds.insert(k.clone());
+                    }
+                }
+            }
+        }
+    }
+    // what the kept definitions stand for: every step kind and shape a task may be in
+    for k in ["call", "callback", "wait", "workflow", "loop", "map", "when", "after", "compensation"] {
+        assert!(kinds.contains(k), "no kept definition has a {k} step: {kinds:?}");
+    }
+}
+
+/// The task items kept of every format up to this build's read, and say the format they are.
+#[test]
+fn the_task_items_kept_of_every_format_read() {
+    for format in 1..=ITEM_FORMAT {
+        for name in ["task_full", "task_defaults"] {
+            let path = items(format).join(format!("{name}.item.json"));
+            let item = item_from_json(&serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap());
+            let said = match item.get("Format") {
+                Some(AttributeValue::N(n)) => n.parse().unwrap(),
+                None => 1,
+                Some(other) => panic!("{}: Format {other:?}", path.display()),
+            };
+            assert_eq!(said, format, "{}: the item says its format", path.display());
+            let s = store().knowing([&workflow()]);
+            block_on(s.decode(item)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+    }
 }

@@ -24,6 +24,7 @@ use sas_protocol::messages::{
     AgentRequest, Alert, CallbackMessage, CallbackReply, SchedulerMessage, StatusMessage, Submission, TimerMessage,
     VERSION,
 };
+use sas_protocol::protocol::{Task, ITEM_FORMAT};
 use schemars::schema_for;
 use serde_json::Value;
 
@@ -96,25 +97,25 @@ fn paths(root: &Value) -> BTreeSet<String> {
     out
 }
 
-fn kept(kind: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/wire/v{VERSION}/{kind}.schema.json"))
+/// Where the schema of `kind` is kept, for its format.
+fn kept(dir: &str, kind: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{dir}/{kind}.schema.json"))
 }
 
-#[test]
-fn every_message_kind_has_the_format_kept_for_its_version() {
+/// Compare each kind's schema with the one kept in `dir`; the changes, by kind.
+fn changes(dir: &str, kinds: Vec<(&'static str, Value)>) -> Vec<String> {
     let bless = std::env::var_os("SAS_BLESS").is_some();
     let mut changed = Vec::new();
-    for (kind, schema) in kinds() {
+    for (kind, schema) in kinds {
         let now = without_comments(&schema);
-        let file = kept(kind);
+        let file = kept(dir, kind);
         if bless {
             std::fs::create_dir_all(file.parent().unwrap()).unwrap();
             std::fs::write(&file, serde_json::to_string_pretty(&now).unwrap() + "\n").unwrap();
             continue;
         }
-        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
-            panic!("{}: {e} (the format {VERSION} of {kind} messages is kept there)", file.display())
-        });
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("{}: {e} (the format {dir} of {kind} is kept there)", file.display()));
         let then: Value = serde_json::from_str(&text).unwrap();
         if then != now {
             let (a, b) = (paths(&then), paths(&now));
@@ -125,6 +126,12 @@ fn every_message_kind_has_the_format_kept_for_its_version() {
             ));
         }
     }
+    changed
+}
+
+#[test]
+fn every_message_kind_has_the_format_kept_for_its_version() {
+    let changed = changes(&format!("wire/v{VERSION}"), kinds());
     assert!(
         changed.is_empty(),
         "the wire format {VERSION} changed:\n  {}\n\
@@ -132,6 +139,26 @@ fn every_message_kind_has_the_format_kept_for_its_version() {
          what it no longer knows: a change needs a new format (docs/reference/messages.md, \
          \"Compatibility\"). Only before format {VERSION} is released: SAS_BLESS=1 rewrites the files.",
         changed.join("\n  ")
+    );
+}
+
+/// The task item (the table's one item per task, its workflow definition included as the
+/// `workflow:` item it names) is kept the same way, for its own format ([`ITEM_FORMAT`]): a
+/// task item is read by a build other than the one that wrote it during a deploy and after a
+/// rollback, and a build that does not know an attribute drops it when it writes the task back,
+/// so every change of its shape needs a new item format (docs/reference/table.md, "Item format").
+#[test]
+fn the_task_item_has_the_format_kept_for_its_item_format() {
+    let changed = changes(&format!("items/v{ITEM_FORMAT}"), vec![("task", schema_for!(Task).to_value())]);
+    assert!(
+        changed.is_empty(),
+        "the task item's format {ITEM_FORMAT} changed:\n  {}\n\
+         A build of the release before drops an attribute it does not know when it writes the task \
+         back, and this build cannot read what it no longer knows: a change needs item format \
+         {} (ITEM_FORMAT; docs/reference/table.md, \"Item format\"). Only before item format \
+         {ITEM_FORMAT} is released: SAS_BLESS=1 rewrites the file.",
+        changed.join("\n  "),
+        ITEM_FORMAT + 1
     );
 }
 

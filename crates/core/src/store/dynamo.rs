@@ -44,7 +44,7 @@ use super::{
 use super::{Acquire, KeyStore, Limiter, Pacer, PauseStore, Pauses, ScheduleStore, PAUSES_KEY, SCHEDULES_KEY};
 use crate::ids::{AttemptToken, Millis, TaskId};
 use crate::limit::{expired_leases, limit_key};
-use crate::protocol::{HistoryEntry, ProcessState, Task};
+use crate::protocol::{HistoryEntry, ProcessState, Task, ITEM_FORMAT};
 use crate::workflow::WorkflowDef;
 use sas_protocol::keys::KeyState;
 
@@ -92,6 +92,19 @@ fn backend(op: &'static str, e: aws_sdk_dynamodb::Error) -> StoreError {
         op,
         message: format!("DynamoDB {op}: {}", aws_sdk_dynamodb::error::DisplayErrorContext(&e)),
         source: Some(Box::new(e)),
+    }
+}
+
+/// Refuse an item of a later format than this build's ([`ITEM_FORMAT`]; absent: format 1).
+fn check_format(item: &Item) -> Result<(), StoreError> {
+    match item.get("Format") {
+        None => Ok(()),
+        Some(AttributeValue::N(n)) => match n.parse::<u32>() {
+            Ok(format) if format > ITEM_FORMAT => Err(StoreError::LaterFormat { format }),
+            Ok(_) => Ok(()),
+            Err(_) => Err(StoreError::Codec(format!("the item's Format is not a format: {n}"))),
+        },
+        Some(other) => Err(StoreError::Codec(format!("the item's Format is not a number: {other:?}"))),
     }
 }
 
@@ -225,6 +238,9 @@ impl DynamoStore {
         let r = workflow_ref(&task.workflow);
         self.known().defs.entry(r.clone()).or_insert_with(|| task.workflow.clone());
         item.insert("WorkflowRef".into(), AttributeValue::S(r));
+        if ITEM_FORMAT > 1 {
+            item.insert("Format".into(), AttributeValue::N(ITEM_FORMAT.to_string()));
+        }
         if item.get("Input").is_some_and(|v| value_size(v) > INLINE_INPUT_MAX) {
             let input = item.remove("Input").expect("checked above");
             item.insert("InputRef".into(), AttributeValue::S(input_key(&task.task_id, &input)));
@@ -246,6 +262,7 @@ impl DynamoStore {
 
     /// The task an item holds, its workflow definition resolved (read once per process).
     pub async fn decode(&self, mut item: Item) -> Result<Task, StoreError> {
+        check_format(&item)?;
         if !item.contains_key("Workflow") {
             let r = match item.get("WorkflowRef") {
                 Some(AttributeValue::S(r)) => r.clone(),
@@ -1182,6 +1199,32 @@ mod tests {
             now += 1_000;
         }
         items
+    }
+
+    #[test]
+    fn an_item_of_a_later_format_is_refused_for_its_format_and_retried() {
+        let s = store();
+        let t = task("sim-order");
+        let mut item = s.to_item(&t).unwrap();
+        // this build's format is 1: written as no attribute, so that its items are the release
+        // before's as they are
+        assert!(!item.contains_key("Format"));
+        // a later release's item, with an attribute this build does not know (it would drop it
+        // when it wrote the task back): refused before it is read, for its format
+        item.insert("Format".into(), AttributeValue::N("2".into()));
+        item.insert("Lane".into(), AttributeValue::S("fast".into()));
+        let e = block_on(s.decode(item.clone())).expect_err("a later format is not read");
+        assert!(matches!(e, StoreError::LaterFormat { format: 2 }), "{e:?}");
+        let why = e.to_string();
+        assert!(why.contains("item format 2") && why.contains("reads item format 1"), "{why}");
+        // the message that asked is retried (the deploy ends), not dead-lettered at once
+        assert!(!e.is_permanent());
+        // a format it reads, said or not, reads
+        item.remove("Lane");
+        item.insert("Format".into(), AttributeValue::N("1".into()));
+        assert_eq!(block_on(s.decode(item.clone())).unwrap(), t);
+        item.insert("Format".into(), AttributeValue::S("2".into()));
+        assert!(matches!(block_on(s.decode(item)), Err(StoreError::Codec(_))));
     }
 
     #[test]

@@ -15,7 +15,7 @@
 use futures::future::BoxFuture;
 
 use crate::ids::{AttemptToken, Millis, TaskId};
-use crate::protocol::{HistoryEntry, ProcessState, Task};
+use crate::protocol::{HistoryEntry, ProcessState, Task, ITEM_FORMAT};
 use sas_protocol::keys::KeyState;
 use sas_protocol::schedules::Schedules;
 
@@ -57,6 +57,11 @@ pub enum StoreError {
     /// A stored item is not a task this build can read.
     #[error("task item does not match the expected shape: {0}")]
     Codec(String),
+    /// The task's item is of a later item format than this build's: a function of a later
+    /// release wrote it (a deploy under way, or rolled back). Nothing of the task is read or
+    /// written; the message that asked is retried, and reads it once the deploy is done.
+    #[error("the task item is written in item format {format}, and this build reads item format {ITEM_FORMAT}: a function of a later release wrote it (finish the deploy: the message is retried until then)")]
+    LaterFormat { format: u32 },
 }
 
 /// An entry of the Supervisor's index: a task in flight and its `CompleteBy`. Also where a page

@@ -72,7 +72,7 @@ pub use sends::{
 pub use table::TRANSITIONS;
 pub use task::{
     Bits, ClaimWait, CompensationRecord, CompensationStatus, EndCause, HistoryEntry, Iteration, LateResults, Lock,
-    MapProgress, Slot, Stage, StepRecord, StepStatus, Task, UndeliveredReplies,
+    MapProgress, Slot, Stage, StepRecord, StepStatus, Task, UndeliveredReplies, ITEM_FORMAT,
 };
 
 /// Tunables of the protocol that are not per step.

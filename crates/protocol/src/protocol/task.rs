@@ -17,6 +17,7 @@ use crate::state::ProcessState;
 use crate::workflow::{StepDef, WorkflowDef};
 
 /// The state of one forward step.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StepStatus {
@@ -35,6 +36,7 @@ pub enum StepStatus {
 }
 
 /// The state of one step's compensation.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CompensationStatus {
@@ -52,6 +54,7 @@ fn is_false(b: &bool) -> bool {
 }
 
 /// A step's compensation, created when it is first claimed.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompensationRecord {
     pub name: String,
@@ -78,6 +81,7 @@ pub struct CompensationRecord {
 }
 
 /// A forward step: its progress, its output once it succeeded, and its compensation if one ran.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepRecord {
     pub name: String,
@@ -213,6 +217,18 @@ impl Bits {
     }
 }
 
+/// A bitmap is a string: `r{bytes}:{runs}` or hex (see its `Serialize`).
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Bits {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Bits".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string"})
+    }
+}
+
 impl Serialize for Bits {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use std::fmt::Write;
@@ -252,6 +268,7 @@ impl<'de> Deserialize<'de> for Bits {
 
 /// A map step's elements: each is a task of its own (`{task}~{step}~{i}`, see
 /// [`TaskId::child`]); the parent keeps only which have started, ended, succeeded and been undone.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MapProgress {
     /// Elements in the array.
@@ -541,6 +558,7 @@ impl UnitRef<'_> {
 }
 
 /// Why compensation runs, which decides the state it ends in.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EndCause {
@@ -559,6 +577,7 @@ impl EndCause {
 }
 
 /// Where the task is: running its steps forward, or undoing them.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Stage {
@@ -616,6 +635,7 @@ pub(crate) fn noun(phase: Phase) -> &'static str {
 }
 
 /// One entry of the status history; each is also sent to `reply_to` as a [`StatusMessage`].
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HistoryEntry {
     pub seq: u64,
@@ -648,10 +668,21 @@ impl HistoryEntry {
     }
 }
 
+/// The format of the task item this build writes and the latest it reads: an item says its format
+/// in its `Format` attribute when it is above 1 (absent: 1, so that the items of the releases
+/// before the attribute existed are format 1 as they are). A build reads every format up to its
+/// own and refuses a later one for that format, before it reads or writes anything of the task
+/// (it would drop the attributes it does not know when it wrote the task back). Any change to
+/// the item's shape, its workflow definition included, is a new format: the test
+/// `the_task_item_has_the_format_kept_for_its_item_format` fails until it is one
+/// (docs/reference/table.md, "Item format").
+pub const ITEM_FORMAT: u32 = 1;
+
 /// A task as the state store keeps it. Field names are the pattern's, as DynamoDB attributes.
 /// The groups of related fields ([`Lock`], [`ClaimWait`], [`UndeliveredReplies`],
 /// [`LateResults`]) are flattened: their fields are attributes of the item like the others, under
 /// the same names as ever (`LockedBy`, `WaitRev`, `UndeliveredReplies`, `LateResult`, ...).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct Task {
@@ -731,6 +762,7 @@ pub struct Task {
 }
 
 /// A task's place under its workflow's concurrency key (attribute `Slot`: `Key`, `Waiting`).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct Slot {
@@ -750,6 +782,7 @@ impl Task {
 }
 
 /// What a loop's iteration knows of the loop (attribute `Iteration`).
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct Iteration {
@@ -767,6 +800,7 @@ pub struct Iteration {
 /// The fence of the current unit's attempts ([`Task::lock`]): the attempt that holds the task,
 /// its hard deadline, and the earlier attempts whose answers are still taken. Attributes
 /// `LockedBy`, `HardBy`, `Outstanding`, `Awaits`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct Lock {
@@ -790,6 +824,7 @@ pub struct Lock {
 /// The wait for the next claim of the current unit ([`Task::claim`]): which run messages may
 /// claim, from when, and how often the Supervisor re-sent them. Attributes `WaitRev`,
 /// `NotBefore`, `Restarts`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct ClaimWait {
@@ -813,6 +848,7 @@ pub struct ClaimWait {
 /// Statuses that could never reach `reply_to` (the queue refused them for good or is gone):
 /// counted, not retried; the task goes on regardless ([`Task::undelivered`]). Attributes
 /// `UndeliveredReplies`, `ReplyError`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct UndeliveredReplies {
@@ -827,6 +863,7 @@ pub struct UndeliveredReplies {
 /// Successes of callback attempts that came after their attempt had expired and were not taken
 /// as a result: an effect happened that the task may not account for ([`Task::late`]).
 /// Attributes `LateResults`, `LateResult`, `LateAttempt`.
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct LateResults {
