@@ -92,6 +92,15 @@ pub const PACE_SLACK_MS: u64 = 25;
 /// The longest a call sleeps for its slot in the agent; further ones wait in the agent queue.
 pub const MAX_PACE_SLEEP_MS: u64 = 2_000;
 
+/// How far ahead of now a call's slot is, given how long the rate item's last writes took
+/// (`write_ms`, smoothed): twice that, at least [`PACE_LEAD_MS`], at most half of
+/// [`MAX_PACE_SLEEP_MS`]. A slot nearer than its write's return is missed before the call can
+/// sleep for it (it goes back to the queue, its slot spent): on a loaded table every call would,
+/// and the agent would start nothing however long it waited.
+pub fn pace_lead_ms(write_ms: u64) -> u64 {
+    write_ms.saturating_mul(2).clamp(PACE_LEAD_MS, MAX_PACE_SLEEP_MS / 2)
+}
+
 /// The item of `agent`'s rate.
 pub fn rate_key(agent: &str) -> String {
     format!("{RATE_KEY_PREFIX}{agent}")
@@ -162,11 +171,12 @@ pub enum Pace {
     Later { slot: Millis },
 }
 
-/// The slot a call asking at `now` gets, the rate item holding `tat` (none: never called).
-pub fn pace(tat: Option<Millis>, now: Millis, rate: &Rate) -> Pace {
+/// The slot a call asking at `now` gets, the rate item holding `tat` (none: never called), its
+/// write taking up to `lead_ms` to land ([`PACE_LEAD_MS`] at least: see [`pace_lead_ms`]).
+pub fn pace(tat: Option<Millis>, now: Millis, lead_ms: u64, rate: &Rate) -> Pace {
     let tat = tat.unwrap_or(Millis(0));
     let earliest = Millis(tat.0.saturating_sub(rate.tolerance_ms()));
-    let slot = now.plus_ms(PACE_LEAD_MS).max(earliest);
+    let slot = now.plus_ms(lead_ms.max(PACE_LEAD_MS)).max(earliest);
     if now.until(slot) > MAX_PACE_SLEEP_MS {
         return Pace::Later { slot };
     }
@@ -185,7 +195,7 @@ mod tests {
         let mut slots = Vec::new();
         // twenty calls asking at the same instant
         for _ in 0..20 {
-            match pace(tat, Millis(10_000), &rate) {
+            match pace(tat, Millis(10_000), PACE_LEAD_MS, &rate) {
                 Pace::Reserve { slot, tat: next } => {
                     slots.push(slot.0);
                     tat = Some(next);
@@ -205,15 +215,24 @@ mod tests {
         let mut tat = None;
         let mut slots = Vec::new();
         for _ in 0..5 {
-            if let Pace::Reserve { slot, tat: next } = pace(tat, Millis(0), &burst) {
+            if let Pace::Reserve { slot, tat: next } = pace(tat, Millis(0), PACE_LEAD_MS, &burst) {
                 slots.push(slot.0);
                 tat = Some(next);
             }
         }
         assert_eq!(slots, vec![50, 50, 50, 256, 462]);
+        // a table whose writes take 300 ms: the slot is 600 ms ahead, so the call still sleeps
+        // for it once its write is back (a slot 50 ms ahead would be missed by then, and spent)
+        assert_eq!(pace_lead_ms(0), PACE_LEAD_MS);
+        assert_eq!(pace_lead_ms(300), 600);
+        assert_eq!(pace_lead_ms(u64::MAX), MAX_PACE_SLEEP_MS / 2);
+        assert_eq!(
+            pace(None, Millis(10_000), pace_lead_ms(300), &rate),
+            Pace::Reserve { slot: Millis(10_600), tat: Millis(10_806) }
+        );
         // an idle agent's old Tat gives no credit beyond the burst
         assert_eq!(
-            pace(Some(Millis(100)), Millis(90_000), &rate),
+            pace(Some(Millis(100)), Millis(90_000), PACE_LEAD_MS, &rate),
             Pace::Reserve { slot: Millis(90_050), tat: Millis(90_256) }
         );
     }

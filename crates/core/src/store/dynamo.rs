@@ -30,6 +30,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::Hasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -191,6 +192,8 @@ pub struct DynamoStore {
     workflows: Arc<Mutex<Workflows>>,
     /// Inputs stored apart, by key (immutable: a cached one is never stale).
     inputs: Arc<Mutex<HashMap<String, AttributeValue>>>,
+    /// How long the rate items' writes take here, smoothed (ms): the pacing's lead.
+    pace_write_ms: Arc<AtomicU64>,
 }
 
 impl DynamoStore {
@@ -202,6 +205,7 @@ impl DynamoStore {
             retention_days,
             workflows: Arc::default(),
             inputs: Arc::default(),
+            pace_write_ms: Arc::default(),
         }
     }
 
@@ -980,7 +984,10 @@ impl ScheduleStore for DynamoStore {
 impl Pacer for DynamoStore {
     /// With `UpdateItem` alone (the Agent function's role may not read the item): the first
     /// write guesses the agent idle (its `Tat` at or before the slot now + the lead); a lost guess
-    /// returns the item, and the second write is conditional on the `Tat` it read.
+    /// returns the item, and the second write is conditional on the `Tat` it read. Each round
+    /// asks from the time it is sent (`now` plus the time the rounds before took), with a lead of
+    /// twice what the writes take here ([`crate::limit::pace_lead_ms`]): under contention and on a
+    /// loaded table, a slot taken is one its call can still sleep for.
     fn reserve<'a>(
         &'a self,
         agent: &'a str,
@@ -988,20 +995,24 @@ impl Pacer for DynamoStore {
         now: Millis,
     ) -> BoxFuture<'a, Result<crate::limit::Pace, StoreError>> {
         Box::pin(async move {
-            use crate::limit::{pace, Pace, PACE_LEAD_MS};
+            use crate::limit::{pace, pace_lead_ms, Pace};
             use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
             let key = crate::limit::rate_key(agent);
+            let started = std::time::Instant::now();
             // `None`: not read yet; then the item's `Tat` as the last lost write returned it
             let mut known: Option<Option<Millis>> = None;
             // a few rounds: each lost one means another call took a slot meanwhile
             for _ in 0..8 {
+                let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                let now = now.plus_ms(elapsed);
+                let lead = pace_lead_ms(self.pace_write_ms.load(Ordering::Relaxed));
                 let (decided, condition, value) = match known {
                     None => {
-                        let slot = now.plus_ms(PACE_LEAD_MS);
+                        let slot = now.plus_ms(lead);
                         let idle = Pace::Reserve { slot, tat: slot.plus_ms(rate.interval_ms()) };
                         (idle, "attribute_not_exists(Tat) OR Tat <= :t", Some(slot))
                     }
-                    Some(tat) => match pace(tat, now, rate) {
+                    Some(tat) => match pace(tat, now, lead, rate) {
                         later @ Pace::Later { .. } => return Ok(later),
                         reserve => match tat {
                             None => (reserve, "attribute_not_exists(Tat)", None),
@@ -1022,7 +1033,13 @@ impl Pacer for DynamoStore {
                 if let Some(t) = value {
                     req = req.expression_attribute_values(":t", AttributeValue::N(t.0.to_string()));
                 }
-                match req.send().await {
+                let sent = std::time::Instant::now();
+                let answer = req.send().await;
+                // the writes' time, smoothed (a quarter of each new one)
+                let took = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
+                let before = self.pace_write_ms.load(Ordering::Relaxed);
+                self.pace_write_ms.store(before.saturating_mul(3).saturating_add(took) / 4, Ordering::Relaxed);
+                match answer {
                     Ok(_) => return Ok(decided),
                     Err(e) => match e.into_service_error() {
                         UpdateItemError::ConditionalCheckFailedException(c) => {

@@ -416,7 +416,7 @@ impl Pacer for MemoryStore {
         Box::pin(async move {
             self.turn().await;
             let mut inner = self.begin(StoreOp::Limit, "reserve")?;
-            let pace = crate::limit::pace(inner.rates.get(agent).copied(), now, rate);
+            let pace = crate::limit::pace(inner.rates.get(agent).copied(), now, crate::limit::PACE_LEAD_MS, rate);
             if let crate::limit::Pace::Reserve { tat, .. } = pace {
                 inner.rates.insert(agent.to_owned(), tat);
             }
