@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test-lambda: the Lambda-mode tests (tests/tests/it/lambda.rs): each deploys a stack with the
 # five functions on and drives them through LocalStack's event sources, scheduled rule and Invoke.
-# Builds the bootstraps first (debug), starts LocalStack when none answers (and then stops it).
+# Builds the bootstraps first (debug), and the previous release's (infra/previous-release.sh: the
+# upgrade test's), starts LocalStack when none answers (and then stops it).
 # The runner's output goes to .local/test-lambda-output.log (CI counts its summary).
 set -euo pipefail
 # shellcheck source=infra/env.sh
@@ -12,6 +13,10 @@ if ! infra/localstack.sh healthy; then
   trap 'infra/localstack.sh stop' EXIT
 fi
 infra/localstack.sh ensure
+# The previous release's functions, for the upgrade test (built once; before this build's, which
+# puts this build's binaries back in target/debug)
+SAS_PREVIOUS_FUNCTIONS="$(infra/previous-release.sh)"
+export SAS_PREVIOUS_FUNCTIONS
 echo "[test-lambda] cargo build --workspace --bins (the bootstraps the tests deploy; sasctl and the order service for the walkthrough)"
 # --workspace, as every build of the project's scripts: one feature set, built once
 cargo build -q --workspace --bins

@@ -33,6 +33,7 @@ use serde_json::{json, Value};
 use crate::common::Stack;
 
 mod decisions;
+mod upgrade;
 
 const SECS: Duration = Duration::from_secs(15);
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../events");
@@ -95,6 +96,11 @@ fn stack_params(calls: &Path, params: &[(&str, &str)]) -> Vec<(String, String)> 
 
 /// [`lambda_stack`] with the configuration layer made of `config` (workflows.json, agents.json).
 async fn lambda_stack_with(label: &str, config: &Path, params: &[(&str, &str)]) -> Fns {
+    lambda_stack_from(label, &functions_dir(), config, params).await
+}
+
+/// [`lambda_stack_with`] with the bootstraps of `functions` (another build's).
+async fn lambda_stack_from(label: &str, functions: &Path, config: &Path, params: &[(&str, &str)]) -> Fns {
     sas_core::telemetry::init();
     assert!(
         std::env::var("AWS_ENDPOINT_URL").is_ok(),
@@ -107,7 +113,7 @@ async fn lambda_stack_with(label: &str, config: &Path, params: &[(&str, &str)]) 
     let all = stack_params(&calls, params);
     let all: Vec<(&str, &str)> = all.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let started = Instant::now();
-    let d = sas_cli::lambda::deploy(&sdk, &name, &functions_dir(), config, &all)
+    let d = sas_cli::lambda::deploy(&sdk, &name, functions, config, &all)
         .await
         .unwrap_or_else(|e| panic!("deploying {name} with its functions: {e:#}"));
     eprintln!("[{name}] deployed with its functions in {:.1} s: {:?}", started.elapsed().as_secs_f64(), d.timings);
