@@ -41,8 +41,8 @@ mkdir -p "$src" "$out.partial"
 git archive "$commit" | tar -x -C "$src"
 target="${CARGO_TARGET_DIR:-$SAS_ROOT/target}"
 started=$SECONDS
-echo "[previous-release] cargo build -p sas-functions --bins of $tag ($commit), target $target" >&2
-(cd "$src" && CARGO_TARGET_DIR="$target" cargo build -q -p sas-functions --bins) >&2
+echo "[previous-release] cargo build --workspace --bins of $tag ($commit), target $target" >&2
+(cd "$src" && CARGO_TARGET_DIR="$target" cargo build -q --workspace --bins) >&2
 for b in "${bins[@]}"; do cp "$target/debug/$b" "$out.partial/$b"; done
 rm -rf "$src" "$out"
 mv "$out.partial" "$out"

@@ -118,7 +118,17 @@ pub async fn handle_request(
         // execution time still counts from before the check: a sleep is taken from the attempt's
         // time, so the call ends within one execution time of the check, as `still_current` says.
         if let Some(rate) = runtime.rate(&req.agent) {
-            match pace_call(deps, &rate, &req, sent_at).await {
+            let paced = match pace_call(deps, &rate, &req, sent_at).await {
+                // a wait for the slot (a slow table, lost rounds) that took half the attempt's
+                // execution time or more: the call goes back to wait rather than run out of time
+                // (waiting for the rate is never a failure)
+                Ok(true) if pacing_took_the_attempt(&req, start, Millis::now()) => {
+                    info!(agent = %req.agent, waited_ms = start.until(Millis::now()), "the wait for the agent's slot took half the attempt's time: the request waits again");
+                    wait_again(deps, &req, sent_at, 1).await.map(|()| false)
+                }
+                other => other,
+            };
+            match paced {
                 Ok(true) => {}
                 other => {
                     if let Some(holder) = lease {
@@ -250,13 +260,27 @@ pub async fn pace_call(
         // whole seconds (SQS), arriving before the slot rather than after it
         limit::Pace::Later { slot } => u32::try_from(now.until(slot) / 1_000).unwrap_or(900).clamp(1, 900),
     };
+    wait_again(deps, req, sent_at, delay).await?;
+    Ok(false)
+}
+
+/// Send `req` back to the agent queue, delayed `delay` s, to ask for a slot of its agent again.
+async fn wait_again(deps: &Deps, req: &AgentRequest, sent_at: Option<Millis>, delay: u32) -> Result<(), HandlerError> {
     let mut again = req.clone();
     again.waits = req.waits.saturating_add(1);
-    again.waiting_since = req.waiting_since.or(sent_at).or(Some(now));
+    again.waiting_since = req.waiting_since.or(sent_at).or(Some(deps.now()));
     info!(agent = %req.agent, waits = again.waits, delay_s = delay, "agent at its rate: the request waits");
     metrics::count(&metrics::AGENT_AT_LIMIT, &[&req.agent], 1);
     deps.outbox().dispatch_later(&again, delay).await?;
-    Ok(false)
+    Ok(())
+}
+
+/// Whether the wait for a paced call's slot, from `start` (the attempt's execution time counts
+/// from there) to `now`, took half the attempt's execution time or more.
+pub fn pacing_took_the_attempt(req: &AgentRequest, start: Millis, now: Millis) -> bool {
+    let Some(start_by) = req.start_by else { return false };
+    let execution = start_by.until(req.complete_by);
+    start.until(now).saturating_mul(2) >= execution
 }
 
 /// Whether a request may call its agent now.

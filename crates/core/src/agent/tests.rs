@@ -732,3 +732,16 @@ async fn an_http_agent_sends_the_input_alone_with_its_method_when_told() {
         matches!(AgentRuntime::from_config(bad, &|_| None), Err(AgentConfigError::Invalid { message, .. }) if message.contains("TRACE"))
     );
 }
+
+#[test]
+fn a_wait_for_a_slot_that_took_half_the_execution_time_sends_the_call_back_to_wait() {
+    let mut r = req(json!({}), 1, 60_000);
+    // 10 s of execution time: start_by is 10 s before CompleteBy
+    r.start_by = Some(Millis(r.complete_by.0 - 10_000));
+    let start = Millis(r.complete_by.0 - 30_000);
+    assert!(!super::pacing_took_the_attempt(&r, start, start.plus_ms(4_999)));
+    assert!(super::pacing_took_the_attempt(&r, start, start.plus_ms(5_000)));
+    // a request without a start_by has its whole life to run
+    r.start_by = None;
+    assert!(!super::pacing_took_the_attempt(&r, start, start.plus_ms(25_000)));
+}
