@@ -7,8 +7,8 @@
 # The commit's tree is taken with `git archive` (no checkout of this one changes) and built with
 # this workspace's target directory, so the dependencies already compiled here are reused and
 # only the project's own crates of that commit are compiled (the same Cargo.lock but for their
-# versions). That build puts its binaries in target/debug: build this one after it
-# (`cargo build --workspace --bins`, as test-lambda.sh does), which puts this build's back.
+# versions). It leaves no bootstrap in target/debug: build this one after it
+# (`cargo build --workspace --bins`, as test-lambda.sh and CI do), which puts this build's back.
 set -euo pipefail
 # shellcheck source=infra/env.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/env.sh"
@@ -42,8 +42,12 @@ git archive "$commit" | tar -x -C "$src"
 target="${CARGO_TARGET_DIR:-$SAS_ROOT/target}"
 started=$SECONDS
 echo "[previous-release] cargo build --workspace --bins of $tag ($commit), target $target" >&2
+# Cargo links a bootstrap into target/debug when it builds it, or when it is missing there: the
+# five are removed before (so that they are that commit's, built or not) and after (so that the
+# next build of this workspace links its own again, built or not).
+for b in "${bins[@]}"; do rm -f "$target/debug/$b"; done
 (cd "$src" && CARGO_TARGET_DIR="$target" cargo build -q --workspace --bins) >&2
-for b in "${bins[@]}"; do cp "$target/debug/$b" "$out.partial/$b"; done
+for b in "${bins[@]}"; do cp "$target/debug/$b" "$out.partial/$b" && rm -f "$target/debug/$b"; done
 rm -rf "$src" "$out"
 mv "$out.partial" "$out"
 echo "[previous-release] $tag's functions built in $((SECONDS - started)) s: $out" >&2
