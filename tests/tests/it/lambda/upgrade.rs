@@ -256,6 +256,28 @@ async fn no_dead_letters(f: &Fns, phase: &str) {
     }
 }
 
+/// One phase (`up`: the upgrade, `down`: the rollback): a task of each workflow started, then
+/// the functions updated in `order` to the zips at `keys`, one task of them all in a row started
+/// after each, the callbacks answered from the third update on (their steps wait across the
+/// first two), a few seconds of the mix before the next update; then every task ends as it would
+/// have and no message is dead-lettered. Each function's code hash after its update.
+async fn phase(f: &Fns, name: &str, order: &[&str], keys: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut run = Run::default();
+    run.submit_batch(f, &format!("{name}0"), &SUBMITTED).await;
+    let mut hashes = BTreeMap::new();
+    for (k, id) in order.iter().enumerate() {
+        hashes.insert((*id).to_owned(), swap(f, id, &keys[*id]).await);
+        run.submit_batch(f, &format!("{name}{}", k + 1), &["u-all"]).await;
+        if k >= 2 {
+            run.answer_ready(f, None).await;
+        }
+        tokio::time::sleep(MIXED).await;
+    }
+    run.check_all_processed(f, name).await;
+    no_dead_letters(f, name).await;
+    hashes
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lambda_an_upgrade_and_a_rollback_one_function_at_a_time_lose_nothing_with_tasks_of_every_kind_in_flight() {
     let previous = previous_dir();
@@ -265,39 +287,15 @@ async fn lambda_an_upgrade_and_a_rollback_one_function_at_a_time_lose_nothing_wi
     let (old, new) = (code_keys(&f, &previous).await, code_keys(&f, &functions_dir()).await);
     assert!(old.iter().all(|(id, key)| new[id] != *key), "the previous release's bootstraps are this build's: {old:?}");
 
-    // the upgrade: a task of each workflow started on the previous release, one of them all in a
-    // row after each function's update; the callbacks are answered from the third update on
-    // (their steps wait across the first two)
-    let mut run = Run::default();
-    run.submit_batch(&f, "up0", &SUBMITTED).await;
-    for (k, id) in ORDER.iter().enumerate() {
-        let hash = swap(&f, id, &new[*id]).await;
-        assert_ne!(hash, on_previous[*id].0, "{id}: new code");
-        run.submit_batch(&f, &format!("up{}", k + 1), &["u-all"]).await;
-        if k >= 2 {
-            run.answer_ready(&f, None).await;
-        }
-        // a few seconds of the mix before the next function's update
-        tokio::time::sleep(MIXED).await;
+    // the upgrade, then the rollback: the functions going back in reverse order
+    let order: Vec<&str> = ORDER.to_vec();
+    for (id, hash) in phase(&f, "up", &order, &new).await {
+        assert_ne!(hash, on_previous[&id].0, "{id}: new code");
     }
-    run.check_all_processed(&f, "upgrade").await;
-    no_dead_letters(&f, "upgrade").await;
-
-    // the rollback: the same, started on this build, the functions going back in reverse order
-    let mut run = Run::default();
-    run.submit_batch(&f, "down0", &SUBMITTED).await;
-    for (k, id) in ORDER.iter().rev().enumerate() {
-        let hash = swap(&f, id, &old[*id]).await;
-        assert_eq!(hash, on_previous[*id].0, "{id}: the previous release's code again");
-        run.submit_batch(&f, &format!("down{}", k + 1), &["u-all"]).await;
-        if k >= 2 {
-            run.answer_ready(&f, None).await;
-        }
-        // a few seconds of the mix before the next function's update
-        tokio::time::sleep(MIXED).await;
+    let reverse: Vec<&str> = ORDER.iter().rev().copied().collect();
+    for (id, hash) in phase(&f, "down", &reverse, &old).await {
+        assert_eq!(hash, on_previous[&id].0, "{id}: the previous release's code again");
     }
-    run.check_all_processed(&f, "rollback").await;
-    no_dead_letters(&f, "rollback").await;
 
     let _ = std::fs::remove_dir_all(config);
     f.delete().await;
