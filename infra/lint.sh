@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Lint the infrastructure: sam validate --lint, cfn-lint and checkov on template.yaml (tools venvs)
-# gate it; checkov fails on any failed check or parsing error (skips are in the template, each with
+# Lint the infrastructure: sam validate --lint, cfn-lint (on template.yaml, and again with
+# GradualDeploy=true) and checkov on template.yaml (tools venvs) gate it; checkov fails on any failed check or parsing error (skips are in the template, each with
 # its reason). ruff (config: ruff.toml) gates the project's Python: any finding fails the lint.
 # The Python unit tests are `make test-python` (infra/test-python.sh).
 # ShellCheck findings on the scripts are advisory (printed, never fatal): ShellCheck is not part
@@ -21,6 +21,26 @@ AWS_REGION="${AWS_REGION:-us-east-1}" sam validate --lint --template-file templa
 echo "== cfn-lint (config: .cfnlintrc)"
 cfn-lint
 echo "cfn-lint: no findings"
+
+# The gradual deploy path (GradualDeploy=true: CodeDeploy's application, role and a deployment
+# group per function, with the alarms that roll it back) exists only when the parameter is true,
+# and cfn-lint reads a SAM template without transforming it: sam validate on a copy of the
+# template whose default is true, then cfn-lint on SAM's transform of it (infra/sam_transform.py;
+# W2001 ignored: the transform puts DeploymentType's value in place of its Ref).
+echo "== GradualDeploy=true: sam validate --lint, then cfn-lint on the transformed template"
+gradual="$SAS_LOCAL_DIR/lint/template-gradual.yaml"
+mkdir -p "$(dirname -- "$gradual")"
+awk '/^  GradualDeploy:$/ { in_param = 1 }
+     in_param && /^    Default: "false"$/ { sub(/"false"/, "\"true\""); in_param = 0; flipped = 1 }
+     { print }
+     END { if (!flipped) exit 1 }' template.yaml >"$gradual" ||
+  { echo "lint: template.yaml has no GradualDeploy parameter defaulting to \"false\"" >&2; exit 1; }
+AWS_REGION="${AWS_REGION:-us-east-1}" sam validate --lint --template-file "$gradual"
+python "$SAS_ROOT/infra/sam_transform.py" template.yaml "${gradual%.yaml}.json" GradualDeploy=true
+groups=$(grep -c '"Type": "AWS::CodeDeploy::DeploymentGroup"' "${gradual%.yaml}.json" || true)
+[ "$groups" = 5 ] || { echo "lint: GradualDeploy=true gives $groups CodeDeploy deployment groups, not one per function (5)" >&2; exit 1; }
+cfn-lint --include-checks I --ignore-checks W2001 -- "${gradual%.yaml}.json"
+echo "cfn-lint (GradualDeploy=true, transformed: 5 deployment groups): no findings"
 
 echo "== checkov (config: .checkov.yaml)"
 checkov_json="$SAS_LOCAL_DIR/checkov-results.json"
