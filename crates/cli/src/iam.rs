@@ -13,7 +13,7 @@
 //! (`dynamodb:Attributes` with `dynamodb:Select`). Any other `Condition` (or any other key of a
 //! statement) is an error, never silently allowed or ignored.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 
 use anyhow::{bail, Context, Result};
@@ -609,6 +609,18 @@ pub async fn check_stack(sdk: &aws_config::SdkConfig, stack: &str, calls: &[AwsC
     let described =
         cfn.describe_stacks().stack_name(stack).send().await.map_err(aws_sdk_cloudformation::Error::from)?;
     let stack_arn = described.stacks().first().and_then(|s| s.stack_id()).context("stack without an ID")?;
+    // what the event sources invoke: each function, or its alias with GradualDeploy=true
+    let outputs: HashMap<String, String> = described
+        .stacks()
+        .first()
+        .map(|s| {
+            s.outputs()
+                .iter()
+                .filter_map(|o| Some((o.output_key()?.to_owned(), o.output_value()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default();
+    let qualifier = crate::lambda::invoked_qualifier(&outputs);
     let (region, account) = region_account(stack_arn)?;
     let resources =
         cfn.describe_stack_resources().stack_name(stack).send().await.map_err(aws_sdk_cloudformation::Error::from)?;
@@ -632,7 +644,7 @@ pub async fn check_stack(sdk: &aws_config::SdkConfig, stack: &str, calls: &[AwsC
             .map_or_else(|| format!("/aws/lambda/{name}"), str::to_owned);
         let esms = lambda
             .list_event_source_mappings()
-            .function_name(name)
+            .function_name(crate::lambda::invoked_name(name, qualifier))
             .send()
             .await
             .map_err(aws_sdk_lambda::Error::from)?;

@@ -299,7 +299,8 @@ pub async fn deploy(
     let outputs = stack::deploy(sdk, stack_name, &body, &kv).await?;
     timings.push(("stack", t.elapsed()));
     let t = Instant::now();
-    wait_ready(&aws_sdk_lambda::Client::new(sdk), &function_names(&outputs)?, Duration::from_mins(2)).await?;
+    let names = function_names(&outputs)?;
+    wait_ready(&aws_sdk_lambda::Client::new(sdk), &names, invoked_qualifier(&outputs), Duration::from_mins(2)).await?;
     timings.push(("functions ready", t.elapsed()));
     let zip_bytes = packages
         .iter()
@@ -365,10 +366,29 @@ pub fn function_names<S: std::hash::BuildHasher>(
         .collect()
 }
 
-/// Wait until every function is `Active` and each of its event source mappings `Enabled`.
+/// The alias every deploy points at the function's newest version (template.yaml,
+/// `AutoPublishAlias`).
+pub const ALIAS: &str = "live";
+
+/// What the stack's event sources, sweep rule and Callback URL invoke: `Some(ALIAS)` with
+/// `GradualDeploy=true` (the output `InvokedQualifier`), else `None`: each function (`$LATEST`),
+/// as every stack deployed before the output existed.
+pub fn invoked_qualifier<S: std::hash::BuildHasher>(outputs: &HashMap<String, String, S>) -> Option<&str> {
+    outputs.get("InvokedQualifier").map(String::as_str).filter(|q| *q != "$LATEST")
+}
+
+/// A function's name as its invokers name it: `name` or `name:qualifier`. Lambda lists the event
+/// source mappings of exactly that (an alias's are not the function's).
+pub fn invoked_name(name: &str, qualifier: Option<&str>) -> String {
+    qualifier.map_or_else(|| name.to_owned(), |q| format!("{name}:{q}"))
+}
+
+/// Wait until every function is `Active` and each of its event source mappings `Enabled` (the mappings of
+/// `qualifier`: see [`invoked_qualifier`]).
 pub async fn wait_ready(
     lambda: &aws_sdk_lambda::Client,
     names: &BTreeMap<String, String>,
+    qualifier: Option<&str>,
     limit: Duration,
 ) -> Result<()> {
     let started = Instant::now();
@@ -378,7 +398,7 @@ pub async fn wait_ready(
             let state = f.configuration().and_then(|c| c.state().cloned());
             let esms = lambda
                 .list_event_source_mappings()
-                .function_name(name)
+                .function_name(invoked_name(name, qualifier))
                 .send()
                 .await
                 .map_err(aws_sdk_lambda::Error::from)?;
@@ -460,19 +480,37 @@ const EVENT_SOURCES: &[(&str, &[&str])] = &[
 /// Read back what the deployed functions are wired to: each one's runtime, architecture and
 /// environment (every variable the code reads, equal to the stack's outputs), its SQS event
 /// sources (its own queues, batch size 10, `ReportBatchItemFailures`, enabled), and the sweep rule
-/// with its permission to invoke the Supervisor.
+/// with its permission to invoke the Supervisor; of the alias `live` when the stack invokes it
+/// ([`invoked_qualifier`]).
 pub async fn verify<S: std::hash::BuildHasher>(
     sdk: &aws_config::SdkConfig,
     outputs: &HashMap<String, String, S>,
 ) -> Result<Vec<Check>> {
     let lambda = aws_sdk_lambda::Client::new(sdk);
     let names = function_names(outputs)?;
+    // what the event sources, the rule and the URL invoke: the function or its alias
+    let qualifier = invoked_qualifier(outputs);
     let mut checks = Vec::new();
     let mut check = |ok: bool, what: String| checks.push(Check { ok, what });
     for (id, name) in &names {
+        // the version the alias points at (LocalStack reads no configuration by an alias)
+        let version = match qualifier {
+            Some(alias) => {
+                let a = lambda
+                    .get_alias()
+                    .function_name(name)
+                    .name(alias)
+                    .send()
+                    .await
+                    .map_err(aws_sdk_lambda::Error::from)?;
+                a.function_version().map(str::to_owned)
+            }
+            None => None,
+        };
         let c = lambda
             .get_function_configuration()
             .function_name(name)
+            .set_qualifier(version)
             .send()
             .await
             .map_err(aws_sdk_lambda::Error::from)?;
@@ -518,7 +556,7 @@ pub async fn verify<S: std::hash::BuildHasher>(
         want.sort_unstable();
         let esms = lambda
             .list_event_source_mappings()
-            .function_name(name)
+            .function_name(invoked_name(name, qualifier))
             .send()
             .await
             .map_err(aws_sdk_lambda::Error::from)?;
@@ -572,7 +610,13 @@ pub async fn verify<S: std::hash::BuildHasher>(
     let rule_name = rule.and_then(|r| r.physical_resource_id()).unwrap_or_default().to_owned();
     let rule_status = rule.and_then(|r| r.resource_status()).map(|s| s.as_str().to_owned()).unwrap_or_default();
     let supervisor = names.get("SupervisorFunction").context("no SupervisorFunction")?;
-    let policy = lambda.get_policy().function_name(supervisor).send().await.map_err(aws_sdk_lambda::Error::from)?;
+    let policy = lambda
+        .get_policy()
+        .function_name(supervisor)
+        .set_qualifier(qualifier.map(str::to_owned))
+        .send()
+        .await
+        .map_err(aws_sdk_lambda::Error::from)?;
     let policy = policy.policy().unwrap_or_default();
     let rule_id = rule_name.rsplit('/').next().unwrap_or(&rule_name);
     check(
@@ -584,8 +628,13 @@ pub async fn verify<S: std::hash::BuildHasher>(
     );
     // The Callback function's URL: IAM auth, and the one the stack outputs (and the Agent hands over).
     let callback = names.get("CallbackFunction").context("no CallbackFunction")?;
-    let url =
-        lambda.get_function_url_config().function_name(callback).send().await.map_err(aws_sdk_lambda::Error::from)?;
+    let url = lambda
+        .get_function_url_config()
+        .function_name(callback)
+        .set_qualifier(qualifier.map(str::to_owned))
+        .send()
+        .await
+        .map_err(aws_sdk_lambda::Error::from)?;
     check(
         url.auth_type() == &aws_sdk_lambda::types::FunctionUrlAuthType::AwsIam
             && outputs.get("CallbackUrl").map(String::as_str) == Some(url.function_url()),

@@ -1,18 +1,26 @@
 //! Upgrades and rollbacks with tasks in flight (docs/how-to/change-workflows.md, "Upgrade the
 //! stack, and roll back"). A stack is deployed with the previous release's five functions (built
 //! from the commit `infra/previous-release` names, by `infra/previous-release.sh`, into
-//! `SAS_PREVIOUS_FUNCTIONS`; `make test-lambda` does both), tasks of every step kind are started,
-//! and the functions are updated to this build one at a time while they run, a task of them all
-//! submitted after each; then back, one at a time (a rollback). Every task ends as it would
-//! have: `Processed`, each step succeeded (or skipped by its guard) with its stable idempotency
-//! key, nothing undone, and no message dead-lettered (both releases write messages and items of
-//! format 1: nothing either refuses).
+//! `SAS_PREVIOUS_FUNCTIONS`; `make test-lambda` does both) and `GradualDeploy=true`: its event
+//! sources, sweep rule and Callback URL invoke each function's alias `live`. Tasks of every step
+//! kind are started, and the functions are moved to this build one at a time while they run, the
+//! way a deploy moves them: the new code published as a version and the alias pointed at it, a
+//! task of them all submitted after each, a few seconds of the mix (old Agents answering a new
+//! Scheduler, and so on) before the next. Then back to the previous versions, one at a time in the
+//! reverse order, as CodeDeploy's rollback does (the alias pointed at the version it had), while
+//! the tasks started on the new build run on. Every task ends as it would have: `Processed`, each
+//! step succeeded (or skipped by its guard) with its stable idempotency key, nothing undone, and
+//! no message dead-lettered (both releases write messages and items of format 1: nothing either
+//! refuses).
 //!
-//! LocalStack stops a function's running environments when its code changes (Lambda lets them
-//! finish): a record in flight at that moment comes back after its visibility timeout, or its
-//! attempt is retried at its deadline. So attempts may be more than one (the promise is
-//! at-least-once with a stable key), and the bound on the end covers the longest visibility
-//! timeout (the Supervisor's, 6 minutes).
+//! LocalStack has no CodeDeploy (it skips the deployment groups GradualDeploy=true declares), so
+//! the test moves the alias itself, with the calls a deploy makes (UpdateFunctionCode,
+//! PublishVersion, UpdateAlias). It cannot weight the alias between two versions (LocalStack
+//! 4.13's UpdateAlias fails on a routing configuration), so a function's two versions overlap only
+//! while the invocations that started before the move finish. Attempts may be more than one (the
+//! promise is at-least-once with a stable key), and the bound on the end covers the longest
+//! visibility timeout (the Supervisor's, 6 minutes) should a function's environment stop with a
+//! record in flight.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -37,8 +45,11 @@ fn previous_dir() -> PathBuf {
     PathBuf::from(dir)
 }
 
-/// How long each mix of the two releases runs before the next function's update.
+/// How long each mix of the two releases runs before the next function moves.
 const MIXED: Duration = Duration::from_secs(3);
+
+/// The alias the stack's invokers name (template.yaml, `AutoPublishAlias`).
+const ALIAS: &str = sas_cli::lambda::ALIAS;
 
 /// The functions in the order they are upgraded (rolled back in the reverse order).
 const ORDER: [&str; 5] =
@@ -203,9 +214,9 @@ fn check_task(t: &Task, workflow: &str, phase: &str) {
     }
 }
 
-/// Update one function's code to the zip at `key` of the code bucket; waits until the update
-/// is done. The code's hash after it.
-async fn swap(f: &Fns, id: &str, key: &str) -> String {
+/// Publish the zip at `key` of the code bucket as a new version of one function (its `$LATEST`
+/// updated, then published, as CloudFormation does with `AutoPublishAlias`). The version.
+async fn publish(f: &Fns, id: &str, key: &str) -> String {
     let name = f.name(id).to_owned();
     let started = Instant::now();
     f.lambda
@@ -220,16 +231,52 @@ async fn swap(f: &Fns, id: &str, key: &str) -> String {
         let c =
             f.lambda.get_function_configuration().function_name(&name).send().await.expect("GetFunctionConfiguration");
         match c.last_update_status() {
-            Some(LastUpdateStatus::Successful) => {
-                eprintln!("[{}] {id} updated to {key} in {:.1} s", f.s.name, started.elapsed().as_secs_f64());
-                return c.code_sha256().unwrap_or_default().to_owned();
-            }
+            Some(LastUpdateStatus::Successful) => break,
             Some(LastUpdateStatus::Failed) => panic!("{id}: the update failed: {:?}", c.last_update_status_reason()),
             _ => {}
         }
         assert!(started.elapsed() < Duration::from_mins(3), "{id}: not updated after 3 minutes");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    let v = f
+        .lambda
+        .publish_version()
+        .function_name(&name)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("PublishVersion {name}: {}", aws_sdk_lambda::Error::from(e)));
+    let version = v.version().expect("a version").to_owned();
+    eprintln!("[{}] {id}: {key} published as version {version} in {:.1} s", f.s.name, started.elapsed().as_secs_f64());
+    version
+}
+
+/// Point one function's alias at `version`.
+async fn point(f: &Fns, id: &str, version: &str) {
+    let name = f.name(id);
+    f.lambda
+        .update_alias()
+        .function_name(name)
+        .name(ALIAS)
+        .function_version(version)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("UpdateAlias {name}:{ALIAS}: {}", aws_sdk_lambda::Error::from(e)));
+}
+
+/// The version one function's alias points at, and the hash of that version's code.
+async fn live(f: &Fns, id: &str) -> (String, String) {
+    let name = f.name(id);
+    let a = f.lambda.get_alias().function_name(name).name(ALIAS).send().await.expect("GetAlias");
+    let version = a.function_version().expect("a version").to_owned();
+    let c = f
+        .lambda
+        .get_function_configuration()
+        .function_name(name)
+        .qualifier(&version)
+        .send()
+        .await
+        .expect("GetFunctionConfiguration");
+    (version, c.code_sha256().unwrap_or_default().to_owned())
 }
 
 /// Each function's zip in the code bucket, by logical ID: the bootstraps of `dir`, uploaded.
@@ -256,17 +303,36 @@ async fn no_dead_letters(f: &Fns, phase: &str) {
     }
 }
 
+/// How one function moves to its target version in a phase.
+enum Move<'a> {
+    /// Publish the zip at this key of the code bucket and point the alias at it.
+    Publish(&'a str),
+    /// Point the alias back at this version (CodeDeploy's rollback).
+    Back(&'a str),
+}
+
 /// One phase (`up`: the upgrade, `down`: the rollback): a task of each workflow started, then
-/// the functions updated in `order` to the zips at `keys`, one task of them all in a row started
-/// after each, the callbacks answered from the third update on (their steps wait across the
-/// first two), a few seconds of the mix before the next update; then every task ends as it would
-/// have and no message is dead-lettered. Each function's code hash after its update.
-async fn phase(f: &Fns, name: &str, order: &[&str], keys: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+/// the functions moved in `order`, one at a time, one task of them all in a row started after
+/// each, the callbacks answered from the third function on (their steps wait across the first
+/// two), a few seconds of the mix before the next; then every task ends as it would have and no
+/// message is dead-lettered. Each function's live version and its code hash after the phase.
+async fn phase(
+    f: &Fns,
+    name: &str,
+    order: &[&str],
+    moves: &BTreeMap<&str, Move<'_>>,
+) -> BTreeMap<String, (String, String)> {
     let mut run = Run::default();
     run.submit_batch(f, &format!("{name}0"), &SUBMITTED).await;
-    let mut hashes = BTreeMap::new();
     for (k, id) in order.iter().enumerate() {
-        hashes.insert((*id).to_owned(), swap(f, id, &keys[*id]).await);
+        let (from, _) = live(f, id).await;
+        let to = match moves[id] {
+            Move::Publish(key) => publish(f, id, key).await,
+            Move::Back(version) => version.to_owned(),
+        };
+        assert_ne!(from, to, "{name}: {id} moves to another version");
+        point(f, id, &to).await;
+        eprintln!("[{}] {name}: {id} on version {to} (was {from})", f.s.name);
         run.submit_batch(f, &format!("{name}{}", k + 1), &["u-all"]).await;
         if k >= 2 {
             run.answer_ready(f, None).await;
@@ -275,26 +341,50 @@ async fn phase(f: &Fns, name: &str, order: &[&str], keys: &BTreeMap<String, Stri
     }
     run.check_all_processed(f, name).await;
     no_dead_letters(f, name).await;
-    hashes
+    let mut out = BTreeMap::new();
+    for id in order {
+        out.insert((*id).to_owned(), live(f, id).await);
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lambda_an_upgrade_and_a_rollback_one_function_at_a_time_lose_nothing_with_tasks_of_every_kind_in_flight() {
     let previous = previous_dir();
     let config = config_dir("upgrade", &workflows());
-    let f = lambda_stack_from("upgrade", &previous, &config, &[]).await;
-    let on_previous = f.code_and_layers().await;
+    let f = lambda_stack_from("upgrade", &previous, &config, &[("GradualDeploy", "true")]).await;
+    assert_eq!(
+        f.s.outputs.get("InvokedQualifier").map(String::as_str),
+        Some(ALIAS),
+        "with GradualDeploy=true the stack's invokers name the alias"
+    );
+    // the event sources, the sweep rule's permission and the Callback URL are the alias's
+    let checks = sas_cli::lambda::verify(&f.s.sdk, &f.s.outputs).await.expect("verify");
+    let failed: Vec<&str> = checks.iter().filter(|c| !c.ok).map(|c| c.what.as_str()).collect();
+    assert!(failed.is_empty(), "the stack's wiring to the alias: {failed:#?}");
+    let mut before = BTreeMap::new();
+    for id in ORDER {
+        before.insert(id, live(&f, id).await);
+    }
     let (old, new) = (code_keys(&f, &previous).await, code_keys(&f, &functions_dir()).await);
     assert!(old.iter().all(|(id, key)| new[id] != *key), "the previous release's bootstraps are this build's: {old:?}");
 
-    // the upgrade, then the rollback: the functions going back in reverse order
+    // the upgrade: each function's new code published and shifted to
     let order: Vec<&str> = ORDER.to_vec();
-    for (id, hash) in phase(&f, "up", &order, &new).await {
-        assert_ne!(hash, on_previous[&id].0, "{id}: new code");
+    let up: BTreeMap<&str, Move> = ORDER.iter().map(|id| (*id, Move::Publish(new[*id].as_str()))).collect();
+    let upgraded = phase(&f, "up", &order, &up).await;
+    for (id, (version, hash)) in &upgraded {
+        assert_ne!(hash, &before[id.as_str()].1, "{id}: version {version} runs the new code");
     }
+    // the rollback: the functions shifted back to their previous versions, in reverse order
     let reverse: Vec<&str> = ORDER.iter().rev().copied().collect();
-    for (id, hash) in phase(&f, "down", &reverse, &old).await {
-        assert_eq!(hash, on_previous[&id].0, "{id}: the previous release's code again");
+    let down: BTreeMap<&str, Move> = ORDER.iter().map(|id| (*id, Move::Back(before[id].0.as_str()))).collect();
+    for (id, (version, hash)) in phase(&f, "down", &reverse, &down).await {
+        assert_eq!(
+            (&version, &hash),
+            (&before[id.as_str()].0, &before[id.as_str()].1),
+            "{id}: the previous release again"
+        );
     }
 
     let _ = std::fs::remove_dir_all(config);
