@@ -680,6 +680,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_invokers_name_the_alias_only_when_the_stack_says_so() {
+        let outputs = |q: Option<&str>| -> HashMap<String, String> {
+            q.map(|q| ("InvokedQualifier".to_owned(), q.to_owned())).into_iter().collect()
+        };
+        assert_eq!(invoked_qualifier(&outputs(Some(ALIAS))), Some(ALIAS));
+        assert_eq!(invoked_qualifier(&outputs(Some("$LATEST"))), None);
+        // a stack deployed before the output existed invokes each function
+        assert_eq!(invoked_qualifier(&outputs(None)), None);
+        assert_eq!(invoked_name("s-AgentFunction-1", Some(ALIAS)), "s-AgentFunction-1:live");
+        assert_eq!(invoked_name("s-AgentFunction-1", None), "s-AgentFunction-1");
+        // the template's output says the same as the code's alias
+        assert!(stack::TEMPLATE.contains("    AutoPublishAlias: live\n"));
+        assert!(stack::TEMPLATE.contains("    Value: !If [GradualDeploys, live, $LATEST]\n"));
+    }
+
+    #[test]
     fn the_template_names_five_functions_with_their_binaries() {
         let f = functions(stack::TEMPLATE).unwrap();
         let got: Vec<(&str, &str)> = f.iter().map(|f| (f.logical_id.as_str(), f.binary.as_str())).collect();
