@@ -84,7 +84,45 @@ pub fn local_template(template: &str) -> String {
         let what = if code.key == "CodeUri" { "function" } else { "layer" };
         Some(format!("s3://sas-local-placeholder/{what}.zip"))
     };
-    crate::template::replace_local_code(template, placeholder).expect("the template's local code URIs are replaced").0
+    let t = crate::template::replace_local_code(template, placeholder)
+        .expect("the template's local code URIs are replaced")
+        .0;
+    without_versions(&t)
+}
+
+/// The template without what publishes the functions' versions and shifts traffic to them
+/// (`AutoPublishAlias`, `AutoPublishAliasAllProperties`, each `DeploymentPreference` block and
+/// the `DependsOn`s on the aliases): nothing of it exists without functions, and LocalStack 4.13
+/// cannot delete a stack whose functions are off while they are there (it resolves the alias's
+/// reference to its version, which the condition left out: "Unresolved resource dependencies").
+fn without_versions(template: &str) -> String {
+    let mut out = String::with_capacity(template.len());
+    // the indentation of a `DeploymentPreference:` key whose block is being left out
+    let mut skipping: Option<usize> = None;
+    for line in template.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if let Some(key) = skipping {
+            if indent > key && !trimmed.is_empty() {
+                continue;
+            }
+            if !trimmed.is_empty() {
+                skipping = None;
+            }
+        }
+        if trimmed == "DeploymentPreference:" {
+            skipping = Some(indent);
+            continue;
+        }
+        let versions = trimmed.starts_with("AutoPublishAlias:")
+            || trimmed.starts_with("AutoPublishAliasAllProperties:")
+            || (trimmed.starts_with("DependsOn: ") && trimmed.ends_with("FunctionAliaslive"));
+        if !versions {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// The bucket templates over [`MAX_TEMPLATE_BODY`] and the functions' code go to (created when
@@ -397,10 +435,29 @@ mod tests {
         assert!(!t.contains("ContentUri: config/"), "the configuration layer's local directory is replaced too");
         assert_eq!(t.matches("ContentUri: s3://sas-local-placeholder/layer.zip").count(), 1);
         assert!(crate::template::functions(&t).unwrap().is_empty() && crate::template::layers(&t).unwrap().is_empty());
-        // byte for byte the text the earlier line-by-line replacement gave
-        let by_text = TEMPLATE
+        // no versions, aliases or traffic shifts without functions; all else as shipped
+        for gone in ["AutoPublishAlias", "DeploymentPreference", "Aliaslive", "PassthroughCondition"] {
+            let code = |s: &str| s.lines().filter(|l| !l.trim_start().starts_with('#')).any(|l| l.contains(gone));
+            assert!(code(TEMPLATE) && !code(&t), "{gone} is left out");
+        }
+        let kept: Vec<&str> = TEMPLATE
+            .lines()
+            .filter(|l| {
+                let l = l.trim_start();
+                !(l.starts_with("AutoPublishAlias")
+                    || l.starts_with("DependsOn: ") && l.ends_with("Aliaslive")
+                    || ["DeploymentPreference:", "Enabled: !Ref GradualDeploy", "Type: !Ref DeploymentType"]
+                        .contains(&l)
+                    || l.starts_with("PassthroughCondition:")
+                    || l.starts_with("Alarms: [!Sub")
+                    || l.starts_with("# CodeDeploy's application")
+                    || l.starts_with("# rolled back as soon as"))
+            })
+            .collect();
+        let by_text = (kept.join("\n") + "\n")
             .replace("CodeUri: ./", "CodeUri: s3://sas-local-placeholder/function.zip")
             .replace("ContentUri: config/", "ContentUri: s3://sas-local-placeholder/layer.zip");
-        assert!(t == by_text, "only the local code URIs differ from the shipped template");
+        assert!(t == by_text, "only the local code URIs and the versions' lines differ from the shipped template");
+        assert!(crate::template::parse(&t).is_ok(), "still YAML");
     }
 }
