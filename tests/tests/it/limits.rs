@@ -143,10 +143,9 @@ async fn an_agent_with_a_rate_of_5_a_second_never_starts_more_calls_in_a_second_
     let spec = sas_core::limit::RateSpec { per_second: Some(RATE), per_minute: None, burst: None };
     rt.set_rate("paced", sas_core::limit::Rate::of(&spec).unwrap());
     let ids: Vec<String> = (0..PACED_TASKS).map(|i| format!("paced-{i:03}")).collect();
-    for id in &ids {
-        let body = json!({"v": 1, "task_id": id, "workflow": "paced", "input": {}});
-        s.send(&s.res.submission_queue_url, &body.to_string()).await;
-    }
+    let bodies: Vec<String> =
+        ids.iter().map(|id| json!({"v": 1, "task_id": id, "workflow": "paced", "input": {}}).to_string()).collect();
+    s.send_all(&s.res.submission_queue_url, &bodies).await;
     let begun = std::time::Instant::now();
     let runner = s.runner_with(rt);
     for id in &ids {
